@@ -1,0 +1,58 @@
+"""headwidget: how redundant are a model's attention heads and KV channels?
+
+Capture streaming key/value statistics from any supported Hugging Face model, then look at
+channel × channel correlations and head × head similarities.
+
+Example:
+    >>> import torch, headwidget
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1)).eval()
+    >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 16)), progress=False)
+    >>> stats.meta.mechanism, stats.head_similarity(0, "key").shape
+    ('mqa', (1, 1))
+"""
+
+from headwidget._version import __version__
+from headwidget.capture import AttentionLayout, RopeLayout, adapter_for, capture, estimate, supported_families
+from headwidget.errors import (
+    CaptureInputError,
+    CrossLayerMissingError,
+    HeadwidgetError,
+    LayerIndexError,
+    MemoryBudgetError,
+    NonFiniteActivationError,
+    RopeCaptureError,
+    StatsFileError,
+    StatsMismatchError,
+    UnknownKindError,
+    UnknownMetricError,
+    UnsupportedModelError,
+)
+from headwidget.moments import Moments
+from headwidget.stats import KVStats, StatsMeta
+
+__all__ = [
+    "AttentionLayout",
+    "CaptureInputError",
+    "CrossLayerMissingError",
+    "HeadwidgetError",
+    "KVStats",
+    "LayerIndexError",
+    "MemoryBudgetError",
+    "Moments",
+    "NonFiniteActivationError",
+    "RopeCaptureError",
+    "RopeLayout",
+    "StatsFileError",
+    "StatsMeta",
+    "StatsMismatchError",
+    "UnknownKindError",
+    "UnknownMetricError",
+    "UnsupportedModelError",
+    "__version__",
+    "adapter_for",
+    "capture",
+    "estimate",
+    "supported_families",
+]

@@ -1,0 +1,49 @@
+"""The adapter registry: one adapter per model family (the single source of the supported-model table)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from headwidget.capture.adapters.base import Adapter, Tap
+from headwidget.capture.adapters.bert import BertAdapter
+from headwidget.capture.adapters.bigcode import GPTBigCodeAdapter
+from headwidget.capture.adapters.deepseek import DeepseekAdapter
+from headwidget.capture.adapters.falcon import FalconAdapter
+from headwidget.capture.adapters.gpt2 import GPT2Adapter
+from headwidget.capture.adapters.llama import LlamaAdapter
+from headwidget.capture.adapters.neox import GPTNeoXAdapter
+from headwidget.errors import UnsupportedModelError
+
+__all__ = ["ADAPTERS", "Adapter", "Tap", "adapter_for", "supported_families"]
+
+ADAPTERS: tuple[type[Adapter], ...] = (
+    LlamaAdapter,
+    GPT2Adapter,
+    GPTNeoXAdapter,
+    FalconAdapter,
+    GPTBigCodeAdapter,
+    BertAdapter,
+    DeepseekAdapter,
+)
+
+
+def supported_families() -> dict[str, tuple[str, ...]]:
+    """``family → config.model_type values`` it accepts.
+
+    >>> supported_families()["gpt2"]
+    ('gpt2',)
+    """
+    return {a.family: a.model_types for a in ADAPTERS}
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter for ``model``; raises :class:`UnsupportedModelError` naming what is supported."""
+    for cls in ADAPTERS:
+        if cls.matches(model):
+            return cls(model)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    families = "; ".join(f"{f} ({', '.join(t)})" for f, t in supported_families().items())
+    raise UnsupportedModelError(
+        f"headwidget has no capture adapter for {type(model).__name__} "
+        f"(config.model_type={model_type!r}). Supported families (model_type values): {families}."
+    )

@@ -1,0 +1,53 @@
+"""Llama-family attention (Llama, Mistral, Qwen2/3, Gemma, SmolLM...): separate k_proj / v_proj."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from headwidget.capture.adapters.base import Adapter, Tap, config_get
+from headwidget.capture.layout import AttentionLayout, RopeLayout, mechanism_of
+
+
+class LlamaAdapter(Adapter):
+    family = "llama"
+    model_types = (
+        "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "smollm3", "olmo", "olmo2",
+        "granite", "stablelm", "cohere", "starcoder2", "helium", "glm",
+    )  # fmt: skip
+    marker = "k_proj"
+
+    def layout(self) -> AttentionLayout:
+        c = self.config
+        heads = c.num_attention_heads
+        kv = config_get(c, "num_key_value_heads", default=heads)
+        head_dim = config_get(c, "head_dim", default=c.hidden_size // heads)
+        rope = getattr(c, "rope_parameters", None) or {}
+        rotary = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+        return AttentionLayout(
+            family=self.family,
+            mechanism=mechanism_of(heads, kv),
+            num_layers=len(self.attention_modules()),
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            value_head_dim=head_dim,
+            hidden_size=c.hidden_size,
+            rope=RopeLayout("half", rotary_dim=rotary),
+        )
+
+    def taps(self, attention: nn.Module) -> list[Tap]:
+        # Qwen3-style models normalise each key head before RoPE: that normed key is the pre-RoPE key.
+        key_module = getattr(attention, "k_norm", None) or attention.k_proj
+        return [Tap(key_module, "key"), Tap(attention.v_proj, "value")]
+
+    def input_tap(self, attention: nn.Module) -> Tap:
+        return Tap(attention.k_proj, "input", on_input=True)
+
+    def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        key = parts["key"]
+        return {
+            "key": key.reshape(*key.shape[:2], -1),
+            "value": parts["value"],
+            **({"input": parts["input"]} if "input" in parts else {}),
+        }

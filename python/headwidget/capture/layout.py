@@ -1,0 +1,98 @@
+"""What a model's attention looks like to headwidget: heads, KV heads, head sizes and RoPE layout."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["AttentionLayout", "RopeLayout"]
+
+
+@dataclass(frozen=True)
+class RopeLayout:
+    """Which dimensions of a key head rotate, and how they pair into rotary planes.
+
+    ``pairing`` is ``"half"`` (HF ``rotate_half``: dim m pairs with m + rotary_dim/2), ``"interleaved"``
+    (GPT-J style: 2m pairs with 2m+1) or ``"none"``. The rotated dims are
+    ``offset .. offset + rotary_dim`` of each head (partial rotary: the rest pass through).
+    ``post_pairing`` is the pairing of the post-RoPE keys as the attention receives them (DeepSeek-V3
+    de-interleaves while rotating).
+
+    >>> RopeLayout("half", rotary_dim=4).planes()
+    [(0, 2), (1, 3)]
+    >>> RopeLayout("interleaved", rotary_dim=4, offset=2).planes()
+    [(2, 3), (4, 5)]
+    """
+
+    pairing: str = "none"
+    rotary_dim: int = 0
+    offset: int = 0
+    post_pairing: str | None = None
+
+    @property
+    def uses_rope(self) -> bool:
+        return self.pairing != "none" and self.rotary_dim > 0
+
+    def planes(self, post: bool = False) -> list[tuple[int, int]]:
+        """Index pairs (within one key head) of the rotary planes."""
+        pairing = (self.post_pairing or self.pairing) if post else self.pairing
+        half = self.rotary_dim // 2
+        o = self.offset
+        if pairing == "half":
+            return [(o + m, o + m + half) for m in range(half)]
+        if pairing == "interleaved":
+            return [(o + 2 * m, o + 2 * m + 1) for m in range(half)]
+        return []
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Shape facts of one model's attention, shared by all its layers."""
+
+    family: str
+    mechanism: str  # "mha" | "gqa" | "mqa" | "mla"
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    value_head_dim: int
+    hidden_size: int
+    rope: RopeLayout = field(default_factory=RopeLayout)
+    latent_dim: int | None = None
+
+    def head_dim_of(self, kind: str) -> int | None:
+        """Channels per head of a statistics kind (None: the kind is not split into heads)."""
+        if kind in ("key", "key_post"):
+            return self.head_dim
+        if kind == "value":
+            return self.value_head_dim
+        return None
+
+    def channels_of(self, kind: str) -> int:
+        if kind in ("key", "key_post"):
+            return self.num_kv_heads * self.head_dim
+        if kind == "value":
+            return self.num_kv_heads * self.value_head_dim
+        if kind == "latent":
+            return int(self.latent_dim or 0)
+        if kind == "input":
+            return self.hidden_size
+        raise KeyError(kind)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AttentionLayout:
+        data = dict(data)
+        data["rope"] = RopeLayout(**data.get("rope", {}))
+        return cls(**data)
+
+
+def mechanism_of(num_heads: int, num_kv_heads: int) -> str:
+    """``"mha"``, ``"mqa"`` or ``"gqa"`` from the head counts."""
+    if num_kv_heads == num_heads:
+        return "mha"
+    if num_kv_heads == 1:
+        return "mqa"
+    return "gqa"

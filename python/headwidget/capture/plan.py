@@ -1,0 +1,150 @@
+"""What a capture will record: layers, kinds, devices, and the memory that takes.
+
+Validating a request here, before any hook is installed, means bad options fail fast and leave the
+model untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headwidget.capture.adapters import Adapter
+from headwidget.capture.layout import AttentionLayout
+from headwidget.capture.memory import (
+    accumulator_bytes,
+    default_budget,
+    format_bytes,
+    transient_bytes,
+)
+from headwidget.errors import CaptureInputError, LayerIndexError, MemoryBudgetError, RopeCaptureError
+
+__all__ = ["CapturePlan", "module_device"]
+
+ROPE_MODES = ("pre", "post", "both")
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of a module's first parameter (CPU for a module without parameters)."""
+    for p in module.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+@dataclass
+class CapturePlan:
+    layout: AttentionLayout
+    layers: list[int]
+    kinds: list[str]
+    cross_layers: list[int] | None
+    attention: list[nn.Module]  # one per captured layer
+    devices: list[torch.device]  # one per captured layer
+
+    @classmethod
+    def make(
+        cls,
+        adapter: Adapter,
+        *,
+        layers: Sequence[int] | None,
+        rope: str,
+        inputs: bool,
+        cross_layer: Sequence[int] | bool | None,
+    ) -> CapturePlan:
+        layout = adapter.layout()
+        modules = adapter.attention_modules()
+        n = len(modules)
+        if layers is None:
+            chosen = list(range(n))
+        else:
+            if isinstance(layers, int):
+                layers = [layers]
+            chosen = []
+            for layer in layers:
+                if not isinstance(layer, int) or isinstance(layer, bool):
+                    raise LayerIndexError(f"layers must be ints, got {layer!r}")
+                if not -n <= layer < n:
+                    raise LayerIndexError(
+                        f"layer {layer} is out of range: {type(adapter.model).__name__} has {n} "
+                        f"layers (0..{n - 1})"
+                    )
+                chosen.append(layer % n)
+            chosen = sorted(set(chosen))
+            if not chosen:
+                raise LayerIndexError("layers is empty: pass None for all layers or a list of indices")
+        if rope not in ROPE_MODES:
+            raise CaptureInputError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
+        kinds = ["key"] if rope in ("pre", "both") else []
+        if rope in ("post", "both"):
+            model_name = type(adapter.model).__name__
+            if not layout.rope.uses_rope:
+                raise RopeCaptureError(
+                    f"{model_name} uses no rotary embedding, so post-RoPE keys equal the key "
+                    "projection output: capture with rope='pre'"
+                )
+            if not adapter.routes_through_interface:
+                raise RopeCaptureError(
+                    f"{model_name} ({adapter.family}) does not pass its keys through "
+                    "transformers.AttentionInterface, so post-RoPE keys cannot be captured; use rope='pre'"
+                )
+            kinds.append("key_post")
+        kinds.append("value")
+        if layout.latent_dim:
+            kinds.append("latent")
+        if inputs:
+            kinds.append("input")
+        cross: list[int] | None = None
+        if cross_layer is True:
+            cross = list(chosen)
+        elif cross_layer:
+            cross = sorted({int(c) % n if -n <= int(c) < n else int(c) for c in cross_layer})  # type: ignore[union-attr]
+            outside = [c for c in cross if c not in chosen]
+            if outside:
+                raise LayerIndexError(
+                    f"cross_layer {outside} are not among the captured layers {chosen}; add them to layers="
+                )
+            if len(cross) < 2:
+                cross = None
+        attention = [modules[i] for i in chosen]
+        taps = [adapter.taps(m)[0].module for m in attention]
+        devices = [module_device(t) for t in taps]
+        return cls(layout, chosen, kinds, cross, attention, devices)
+
+    # ------------------------------------------------------------------ memory
+    def head_kinds(self) -> list[str]:
+        """Kinds whose vectors are split into heads (those get cross-layer statistics)."""
+        return [k for k in self.kinds if self.layout.head_dim_of(k) is not None]
+
+    def bytes_by_device(self, tokens_per_batch: int) -> dict[torch.device, int]:
+        """Accumulators plus one batch's working memory, per device."""
+        out: dict[torch.device, int] = {}
+        shapes = [(self.layout.channels_of(k), self.layout.head_dim_of(k)) for k in self.kinds]
+        widest = max(c for c, _ in shapes)
+        for device in self.devices:
+            out[device] = out.get(device, 0) + accumulator_bytes(shapes)
+        for device in set(self.devices):
+            out[device] += transient_bytes(tokens_per_batch, widest)
+        if self.cross_layers:
+            device = self.devices[self.layers.index(self.cross_layers[0])]
+            joint = [
+                (len(self.cross_layers) * self.layout.channels_of(k), self.layout.head_dim_of(k))
+                for k in self.head_kinds()
+            ]
+            width = max(c for c, _ in joint)
+            out[device] = out.get(device, 0) + accumulator_bytes(joint)
+            out[device] += transient_bytes(tokens_per_batch, width)
+        return out
+
+    def check_budget(self, tokens_per_batch: int, max_memory: int | None) -> None:
+        for device, need in self.bytes_by_device(tokens_per_batch).items():
+            allowed = max_memory if max_memory is not None else default_budget(device)
+            if need > allowed:
+                source = "max_memory" if max_memory is not None else "half the free memory"
+                raise MemoryBudgetError(
+                    f"this capture would allocate {format_bytes(need)} on {device}, over the "
+                    f"{format_bytes(allowed)} allowed ({source}). Capture fewer layers (layers=[...]), "
+                    "a shorter cross_layer list, rope='pre' instead of 'both', inputs=False, a smaller "
+                    f"batch_size/max_length, or raise max_memory= (bytes) if the memory is there."
+                )

@@ -1,0 +1,312 @@
+"""``capture``: run a model over texts with hooks that stream K/V statistics, then remove every hook.
+
+The hooks record the key/value projection outputs (and, on request, the attention input and post-RoPE
+keys) of each captured layer, select the non-padding tokens, and fold them into float64 moments on that
+layer's device. Nothing is changed in the model: hooks are removed and training flags restored on
+normal exit, on exceptions and on KeyboardInterrupt, and the forward pass itself is not modified.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+
+from headwidget.capture.adapters import Adapter, Tap, adapter_for
+from headwidget.capture.inputs import iter_batches
+from headwidget.capture.interface import watch_attention_keys
+from headwidget.capture.plan import CapturePlan, module_device
+from headwidget.capture.tokens import TokenSelection, select_tokens
+from headwidget.errors import CaptureInputError, NonFiniteActivationError, RopeCaptureError
+from headwidget.moments import Moments
+from headwidget.stats import KVStats, StatsMeta, config_fingerprint
+
+__all__ = ["capture", "estimate"]
+
+
+class _Recorder:
+    """Holds the accumulators and the per-forward scratch space of one capture."""
+
+    def __init__(self, adapter: Adapter, plan: CapturePlan) -> None:
+        self.adapter = adapter
+        self.plan = plan
+        lay = plan.layout
+        self.moments: dict[tuple[int, str], Moments] = {}
+        for layer, device in zip(plan.layers, plan.devices, strict=True):
+            for kind in plan.kinds:
+                self.moments[(layer, kind)] = Moments.empty(
+                    lay.channels_of(kind), head_dim=lay.head_dim_of(kind), device=device
+                )
+        self.cross: dict[str, Moments] = {}
+        self.cross_device = torch.device("cpu")
+        if plan.cross_layers:
+            self.cross_device = plan.devices[plan.layers.index(plan.cross_layers[0])]
+            for kind in plan.head_kinds():
+                self.cross[kind] = Moments.empty(
+                    len(plan.cross_layers) * lay.channels_of(kind),
+                    head_dim=lay.head_dim_of(kind),
+                    device=self.cross_device,
+                )
+        self.parts: dict[int, dict[str, torch.Tensor]] = {layer: {} for layer in plan.layers}
+        self.pending_cross: dict[str, dict[int, torch.Tensor]] = {k: {} for k in self.cross}
+        self.selection: TokenSelection | None = None
+        self.finite_flags: list[tuple[int, str, torch.Tensor]] = []
+
+    # ------------------------------------------------------------------ hooks
+    def tap_hook(self, layer: int, tap: Tap) -> Any:
+        parts = self.parts[layer]
+
+        if tap.on_input:
+
+            def record_input(module: nn.Module, args: tuple[Any, ...]) -> None:
+                parts[tap.slot] = args[0]
+
+            return tap.module.register_forward_pre_hook(record_input)
+
+        def record_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            parts[tap.slot] = output[0] if isinstance(output, tuple) else output
+
+        return tap.module.register_forward_hook(record_output)
+
+    def on_post_rope_key(self, layer: int, key: torch.Tensor) -> None:
+        b, g, t, d = key.shape
+        self.parts[layer]["key_post"] = key.transpose(1, 2).reshape(b, t, g * d)
+
+    def layer_done_hook(self, layer: int, attention: nn.Module) -> Any:
+        def layer_done(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            self.fold_layer(layer)
+
+        return attention.register_forward_hook(layer_done)
+
+    # ------------------------------------------------------------------ accumulation
+    def fold_layer(self, layer: int) -> None:
+        parts = self.parts[layer]
+        post = parts.pop("key_post", None)
+        by_kind = self.adapter.split(parts)
+        if "key_post" in self.plan.kinds:
+            if post is None:
+                raise RopeCaptureError(
+                    f"layer {layer}: the attention did not pass its keys through "
+                    "transformers.AttentionInterface (a model-local attention function?), so post-RoPE "
+                    "keys cannot be captured for this model; use rope='pre'"
+                )
+            by_kind["key_post"] = post
+        parts.clear()
+        sel = self.selection
+        assert sel is not None
+        for kind in self.plan.kinds:
+            tensor = by_kind[kind]
+            rows = tensor.reshape(-1, tensor.shape[-1])
+            x = rows.index_select(0, sel.on(rows.device)).detach()
+            if x.dtype != torch.float64:
+                x = x.float()
+            m = self.moments[(layer, kind)]
+            m.update(x, sel.split_a)
+            self.finite_flags.append((layer, kind, torch.isfinite(m.mean).all()))
+            if kind in self.pending_cross and layer in (self.plan.cross_layers or []):
+                self.pending_cross[kind][layer] = x
+                self.fold_cross(kind)
+
+    def fold_cross(self, kind: str) -> None:
+        pending = self.pending_cross[kind]
+        layers = self.plan.cross_layers or []
+        if len(pending) < len(layers):
+            return
+        joint = torch.cat([pending[layer].to(self.cross_device) for layer in layers], dim=1)
+        pending.clear()
+        assert self.selection is not None
+        self.cross[kind].update(joint, self.selection.split_a)
+
+    def check_finite(self) -> None:
+        flags = self.finite_flags
+        self.finite_flags = []
+        if not flags:
+            return
+        ok = torch.stack([f.cpu() for _, _, f in flags])
+        if bool(ok.all()):
+            return
+        layer, kind, _ = flags[int((~ok).nonzero()[0])]
+        raise NonFiniteActivationError(
+            f"layer {layer} produced NaN or infinite {kind} activations (typically an fp16 overflow). "
+            "Run the model in bfloat16 or float32, or exclude that layer with layers=[...]"
+        )
+
+
+def _forward_kwargs(model: nn.Module) -> dict[str, Any]:
+    params = inspect.signature(model.forward).parameters
+    return {"use_cache": False} if "use_cache" in params else {}
+
+
+def _input_device(model: nn.Module) -> torch.device:
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None:
+        return module_device(embeddings)
+    return module_device(model)
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    from headwidget import __version__
+
+    return {"headwidget": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def _model_dtype(model: nn.Module) -> str:
+    for p in model.parameters():
+        return str(p.dtype).removeprefix("torch.")
+    return "float32"
+
+
+def capture(
+    model: nn.Module,
+    texts: Any,
+    *,
+    tokenizer: Any = None,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 8,
+    max_length: int = 512,
+    max_tokens: int | None = None,
+    rope: str = "pre",
+    skip_first_token: bool = False,
+    inputs: bool = False,
+    cross_layer: Sequence[int] | bool | None = None,
+    max_memory: int | None = None,
+    progress: bool = True,
+) -> KVStats:
+    """Stream key/value statistics of ``model`` over ``texts``.
+
+    Args:
+        model: a Hugging Face ``transformers`` model of a supported family (see
+            ``headwidget.supported_families()``), on any device or split with ``device_map``.
+        texts: a string, a list of strings (needs ``tokenizer``), a LongTensor of token ids, or an
+            iterable of dicts with ``input_ids`` and optional ``attention_mask``. Padding never
+            enters a statistic.
+        layers: layer indices to capture (default: all).
+        max_tokens: stop after this many counted tokens.
+        rope: ``"pre"`` (key-projection output), ``"post"`` (the keys attention uses, kind
+            ``"key_post"``) or ``"both"``.
+        skip_first_token: drop each sequence's first real token (BOS / attention sink).
+        inputs: also accumulate the attention input's moments (kind ``"input"``).
+        cross_layer: layers (or ``True`` for all captured) whose heads get joint statistics, needed
+            to compare heads of different layers.
+        max_memory: bytes the statistics may allocate per device (default: half the free memory).
+        progress: show a tqdm bar in tokens/s.
+
+    Returns:
+        :class:`~headwidget.stats.KVStats`.
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50)).eval()
+        >>> stats = headwidget.capture(model, torch.randint(0, 50, (3, 20)), progress=False)
+        >>> stats.tokens, stats.meta.mechanism
+        (60, 'mha')
+    """
+    adapter = adapter_for(model)
+    plan = CapturePlan.make(adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer)
+    if max_tokens is not None and max_tokens < 1:
+        raise CaptureInputError(f"max_tokens must be ≥ 1, got {max_tokens}")
+    plan.check_budget(batch_size * max_length, max_memory)
+    batches = iter_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length)
+    recorder = _Recorder(adapter, plan)
+    device = _input_device(model)
+    kwargs = _forward_kwargs(model)
+    total = 0
+
+    from tqdm.auto import tqdm
+
+    with ExitStack() as stack:
+        for layer, attention in zip(plan.layers, plan.attention, strict=True):
+            taps = list(adapter.taps(attention))
+            if "input" in plan.kinds:
+                taps.append(adapter.input_tap(attention))
+            for tap in taps:
+                stack.callback(recorder.tap_hook(layer, tap).remove)
+            stack.callback(recorder.layer_done_hook(layer, attention).remove)
+        if "key_post" in plan.kinds:
+            layer_of = {id(m): layer for layer, m in zip(plan.layers, plan.attention, strict=True)}
+            stack.enter_context(watch_attention_keys(model, layer_of, recorder.on_post_rope_key))
+        training = {m: m.training for m in model.modules()}
+        stack.callback(lambda: [setattr(m, "training", flag) for m, flag in training.items()])
+        model.eval()
+        stack.enter_context(torch.no_grad())
+        bar = stack.enter_context(
+            tqdm(total=max_tokens, unit="tok", unit_scale=True, disable=not progress,
+                 desc="headwidget capture")  # fmt: skip
+        )
+        for number, batch in enumerate(batches):
+            if not bool(batch.attention_mask.any()):
+                raise CaptureInputError(
+                    f"batch {number} has no real tokens: its attention_mask is all zero. "
+                    "Remove empty texts or all-padding batches"
+                )
+            remaining = None if max_tokens is None else max_tokens - total
+            recorder.selection = select_tokens(
+                batch.attention_mask,
+                batch_number=number,
+                skip_first_token=skip_first_token,
+                limit=remaining,
+            )
+            if recorder.selection.count == 0:
+                continue
+            model(
+                input_ids=batch.input_ids.to(device),
+                attention_mask=batch.attention_mask.to(device),
+                **kwargs,
+            )
+            recorder.check_finite()
+            total += recorder.selection.count
+            bar.update(recorder.selection.count)
+            if max_tokens is not None and total >= max_tokens:
+                break
+
+    if total == 0:
+        raise CaptureInputError(
+            "no tokens were captured: every position was padding (or skipped as a first token)"
+        )
+    cfg = model.config  # type: ignore[union-attr]
+    meta = StatsMeta(
+        model_name=str(getattr(cfg, "name_or_path", "") or ""),
+        model_class=type(model).__name__,
+        layout=plan.layout,
+        layers=plan.layers,
+        kinds=plan.kinds,
+        tokens=total,
+        dtype=_model_dtype(model),
+        skip_first_token=skip_first_token,
+        cross_layers=plan.cross_layers,
+        config_fingerprint=config_fingerprint(cfg),
+        versions=_versions(),
+    )
+    return KVStats(meta, recorder.moments, recorder.cross)
+
+
+def estimate(
+    model: nn.Module,
+    layers: Sequence[int] | None = None,
+    *,
+    rope: str = "pre",
+    inputs: bool = False,
+    cross_layer: Sequence[int] | bool | None = None,
+    batch_size: int = 8,
+    max_length: int = 512,
+) -> int:
+    """Bytes a :func:`capture` with these options will allocate (all devices together).
+
+    Example:
+        >>> from transformers import BertConfig, BertModel
+        >>> model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        ...                              intermediate_size=64))
+        >>> estimate(model) > 2 * 2 * 8 * 32 * 32
+        True
+    """
+    plan = CapturePlan.make(
+        adapter_for(model), layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer
+    )
+    return sum(plan.bytes_by_device(batch_size * max_length).values())

@@ -1,0 +1,58 @@
+"""Exception types raised by headwidget.
+
+Every error says what was wrong and what to do about it. They derive from the built-in
+type a caller would expect (``ValueError``, ``MemoryError``...) so generic handlers still work.
+"""
+
+from __future__ import annotations
+
+
+class HeadwidgetError(Exception):
+    """Base class of every error headwidget raises on purpose."""
+
+
+class UnsupportedModelError(HeadwidgetError, TypeError):
+    """The model's architecture has no capture adapter."""
+
+
+class CaptureInputError(HeadwidgetError, ValueError):
+    """The texts, token ids or batches given to ``capture`` cannot be used."""
+
+
+class UnknownKindError(HeadwidgetError, KeyError):
+    """A statistics kind (``"key"``, ``"value"``...) that was not captured or does not exist."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownMetricError(HeadwidgetError, ValueError):
+    """A similarity metric name that headwidget does not know."""
+
+
+class LayerIndexError(HeadwidgetError, IndexError):
+    """A layer index outside the model, or a layer that was not captured."""
+
+
+class MemoryBudgetError(HeadwidgetError, MemoryError):
+    """The statistics a request needs would not fit in the allowed memory."""
+
+
+class NonFiniteActivationError(HeadwidgetError, FloatingPointError):
+    """A captured activation was NaN or infinite (typically an fp16 overflow)."""
+
+
+class StatsMismatchError(HeadwidgetError, ValueError):
+    """Two statistics objects that cannot be combined (different models, layers or kinds)."""
+
+
+class StatsFileError(HeadwidgetError, OSError):
+    """A statistics file that is missing, corrupt or not written by headwidget."""
+
+
+class RopeCaptureError(HeadwidgetError, ValueError):
+    """Post-RoPE keys were requested where they cannot be captured."""
+
+
+class CrossLayerMissingError(HeadwidgetError, ValueError):
+    """Heads of different layers were compared but the cross-layer statistics were not captured."""
