@@ -1,0 +1,39 @@
+// @vitest-environment jsdom
+import { describe, expect, it } from "vitest";
+import { context2d, h, makeMeasure, setHidden, setText, sizeCanvas } from "../../js/ui/dom";
+import { approxMeasure, font } from "../../js/lib/text";
+
+describe("dom helpers", () => {
+  it("sets text literally, never as markup", () => {
+    const e = h(document, "div", { className: "c", text: "<img src=x onerror=alert(1)>", attrs: { "data-x": "1" } });
+    expect(e.querySelector("img")).toBeNull();
+    expect(e.textContent).toBe("<img src=x onerror=alert(1)>");
+    expect(e.className).toBe("c");
+    expect(e.dataset.x).toBe("1");
+    setText(e, "<b>x</b>");
+    expect(e.children).toHaveLength(0);
+    expect(e.textContent).toBe("<b>x</b>");
+  });
+
+  it("nests children and toggles hidden", () => {
+    const e = h(document, "div", {}, [h(document, "span", { text: "a" }), document.createTextNode("b")]);
+    expect(e.textContent).toBe("ab");
+    setHidden(e, true);
+    expect(e.hidden).toBe(true);
+  });
+
+  it("copes with a missing canvas", () => {
+    const c = document.createElement("canvas");
+    expect(context2d(c)).toBeNull();
+    const m = makeMeasure(document);
+    expect(m("abc", font(10))).toBe(approxMeasure("abc", font(10)));
+  });
+
+  it("sizes canvases in device pixels", () => {
+    const c = document.createElement("canvas");
+    sizeCanvas(c, 100, 50, 2);
+    expect([c.width, c.height, c.style.width, c.style.height]).toEqual([200, 100, "100px", "50px"]);
+    sizeCanvas(c, 0, 0, 1);
+    expect([c.width, c.height]).toEqual([1, 1]);
+  });
+});

@@ -1,0 +1,112 @@
+// @vitest-environment jsdom
+import { describe, expect, it } from "vitest";
+import { COLORBAR_H, cellRect, computeLayout, figureSize } from "../../js/lib/layout";
+import { type Panel, parsePanels } from "../../js/lib/panels";
+import { approxMeasure } from "../../js/lib/text";
+import { Grid } from "../../js/ui/grid";
+import { f32View, rawPanel } from "./helpers/fake_model";
+
+function setup() {
+  const { panels } = parsePanels([
+    rawPanel({ id: "a", title: "first", rows: 2, cols: 3, data: f32View([0, 0.25, NaN, 1, -1, 0.5]) }),
+    rawPanel({
+      id: "b",
+      title: "<img src=x onerror=alert(1)>",
+      rows: 2,
+      cols: 2,
+      row_labels: ["q0", "q1"],
+      col_offset: 100,
+      col_step: 4,
+      data: f32View([1, 2, 3, 4]),
+    }),
+  ]);
+  const layout = computeLayout(panels, 2000, 0, approxMeasure);
+  const clicks: [string, number, number][] = [];
+  const grid = new Grid(document, (p: Panel, r, c) => clicks.push([p.id, r, c]));
+  document.body.replaceChildren(grid.root);
+  grid.setContent({ layout, panels, images: panels.map(() => null) }, 1);
+  /** Grid coordinates of the centre of a cell (jsdom rects are at 0, 0). */
+  const centre = (i: number, row: number, col: number) => {
+    const b = layout.boxes[i];
+    const r = cellRect(b, row, col);
+    return { clientX: b.x + r.x + r.w / 2, clientY: b.y + r.y + r.h / 2 };
+  };
+  const move = (pt: { clientX: number; clientY: number }) =>
+    grid.panelsEl.dispatchEvent(new MouseEvent("mousemove", { ...pt, bubbles: true }));
+  const hover = () => JSON.parse(grid.root.dataset.hover ?? "null");
+  return { grid, layout, clicks, centre, move, hover };
+}
+
+describe("Grid", () => {
+  it("places one wrapper per panel with its plot rectangle", () => {
+    const { grid, layout } = setup();
+    const wraps = [...grid.panelsEl.querySelectorAll<HTMLElement>(".hw-panel")];
+    expect(wraps.map((w) => w.dataset.panelId)).toEqual(["a", "b"]);
+    expect(JSON.parse(wraps[1].dataset.plotRect!)).toEqual(layout.boxes[1].plot);
+    expect(wraps[1].style.left).toBe(`${layout.boxes[1].x}px`);
+    expect(wraps[0].querySelectorAll("canvas")).toHaveLength(2);
+    const size = figureSize(layout);
+    expect(grid.root.style.width).toBe(`${size.w}px`);
+    expect(grid.root.style.height).toBe(`${layout.height + COLORBAR_H}px`);
+  });
+
+  it("shows tooltip and data-hover for the cell under the mouse", () => {
+    const { grid, move, centre, hover } = setup();
+    move(centre(0, 0, 1));
+    expect(hover()).toEqual({ panel: "a", row: 0, col: 1, value: 0.25 });
+    expect(grid.tooltip.visible).toBe(true);
+    expect(grid.tooltip.text).toBe("first\nrow: 0\ncol: 1\nvalue: 0.2500");
+    move(centre(0, 0, 2));
+    expect(grid.tooltip.text.split("\n")[3]).toBe("value: undefined");
+    expect(hover().value).toBeNull();
+  });
+
+  it("uses labels and index ranges, and renders the title as text", () => {
+    const { grid, move, centre } = setup();
+    move(centre(1, 1, 1));
+    expect(grid.tooltip.text).toBe("<img src=x onerror=alert(1)>\nrow: q1\ncol: 104–107\nvalue: 4.000");
+    expect(document.querySelector("img")).toBeNull();
+  });
+
+  it("hides the tooltip outside plots but keeps the last hover", () => {
+    const { grid, move, centre, hover } = setup();
+    move(centre(0, 1, 0));
+    move({ clientX: 1, clientY: 1 });
+    expect(grid.tooltip.visible).toBe(false);
+    expect(hover()).toEqual({ panel: "a", row: 1, col: 0, value: 1 });
+  });
+
+  it("reports clicks on cells only", () => {
+    const { grid, clicks, centre } = setup();
+    grid.panelsEl.dispatchEvent(new MouseEvent("click", { ...centre(1, 0, 1), bubbles: true }));
+    grid.panelsEl.dispatchEvent(new MouseEvent("click", { clientX: 1, clientY: 1, bubbles: true }));
+    expect(clicks).toEqual([["b", 0, 1]]);
+  });
+
+  it("moves the inspected cell with the keyboard", () => {
+    const { grid, clicks, hover } = setup();
+    const key = (k: string) => grid.panelsEl.dispatchEvent(new KeyboardEvent("keydown", { key: k, bubbles: true }));
+    key("ArrowRight");
+    expect(hover()).toMatchObject({ panel: "a", row: 0, col: 1 });
+    key("ArrowDown");
+    key("ArrowDown"); // clamped at the last row
+    key("ArrowRight");
+    key("ArrowRight");
+    expect(hover()).toMatchObject({ panel: "a", row: 1, col: 2 });
+    expect(grid.live.textContent).toBe("first, row: 1, col: 2, value: undefined");
+    key("PageDown");
+    expect(hover()).toMatchObject({ panel: "b", row: 1, col: 1 });
+    key("Enter");
+    expect(clicks).toEqual([["b", 1, 1]]);
+    key("Escape");
+    expect(grid.tooltip.visible).toBe(false);
+  });
+
+  it("removes wrappers when panels go away", () => {
+    const { grid } = setup();
+    grid.setContent({ layout: computeLayout([], 100, 0, approxMeasure), panels: [], images: [] }, 1);
+    expect(grid.panelsEl.querySelectorAll(".hw-panel")).toHaveLength(0);
+    grid.destroy();
+    expect(grid.root.isConnected).toBe(false);
+  });
+});

@@ -1,0 +1,35 @@
+// @vitest-environment jsdom
+import { describe, expect, it } from "vitest";
+import { Tooltip } from "../../js/ui/tooltip";
+
+describe("Tooltip", () => {
+  it("shows title, row, column and value", () => {
+    const t = new Tooltip(document);
+    expect(t.visible).toBe(false);
+    t.show({ title: "head 3", row: "tok5", col: "12", value: 0.123456 }, 10, 20, 500);
+    expect(t.visible).toBe(true);
+    expect(t.text).toBe("head 3\nrow: tok5\ncol: 12\nvalue: 0.1235");
+    expect(t.el.style.left).toBe("24px");
+    expect(t.el.style.top).toBe("34px");
+    t.hide();
+    expect(t.visible).toBe(false);
+  });
+
+  it("says undefined for NaN", () => {
+    const t = new Tooltip(document);
+    t.show({ title: "x", row: "0", col: "0", value: NaN }, 0, 0, 100);
+    expect(t.text.split("\n")[3]).toBe("value: undefined");
+  });
+
+  it("renders markup in any field as literal text", () => {
+    const t = new Tooltip(document);
+    document.body.appendChild(t.el);
+    const evil = "<img src=x onerror=alert(1)>";
+    t.show({ title: evil, row: evil, col: "<script>x</script>", value: 1 }, 0, 0, 100);
+    expect(t.el.querySelector("img, script")).toBeNull();
+    expect(document.querySelector("img")).toBeNull();
+    expect(t.text).toContain(evil);
+    expect(t.text).toContain("col: <script>x</script>");
+    t.el.remove();
+  });
+});
