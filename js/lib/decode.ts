@@ -1,0 +1,124 @@
+/**
+ * Decoding of the binary matrix buffers sent by Python.
+ *
+ * Buffers hold `rows * cols` little-endian values in row-major order:
+ *   - "float32": IEEE 754 single precision
+ *   - "float16": IEEE 754 half precision
+ *   - "uint8":   value = offset + scale * byte, byte 255 means NaN
+ *
+ * In the notebook a buffer arrives as a DataView whose byteOffset may be
+ * anything (including offsets that are not a multiple of the element size);
+ * typed-array views need aligned offsets, so unaligned data is copied first.
+ */
+
+export type Dtype = "float32" | "float16" | "uint8";
+
+export const DTYPES: readonly Dtype[] = ["float32", "float16", "uint8"];
+
+export const BYTES_PER_VALUE: Record<Dtype, number> = {
+  float32: 4,
+  float16: 2,
+  uint8: 1,
+};
+
+/** Byte 255 of a uint8 buffer marks an undefined (NaN) value. */
+export const UINT8_NAN = 255;
+
+export type BinaryLike = ArrayBuffer | ArrayBufferView;
+
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+export function isDtype(x: unknown): x is Dtype {
+  return typeof x === "string" && (DTYPES as readonly string[]).includes(x);
+}
+
+/** The bytes of a buffer-like value (no copy). */
+export function asBytes(data: unknown): Uint8Array {
+  if (data instanceof ArrayBuffer) return new Uint8Array(data);
+  if (ArrayBuffer.isView(data)) {
+    return new Uint8Array(data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);
+  }
+  throw new TypeError(`expected a binary buffer, got ${describe(data)}`);
+}
+
+function describe(x: unknown): string {
+  if (x === null) return "null";
+  if (Array.isArray(x)) return "a list";
+  return typeof x;
+}
+
+/** Convert one IEEE 754 half-precision bit pattern to a number. */
+export function halfToFloat(h: number): number {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exp = (h >> 10) & 0x1f;
+  const frac = h & 0x3ff;
+  if (exp === 0) return sign * frac * 2 ** -24; // zero and subnormals
+  if (exp === 0x1f) return frac === 0 ? sign * Infinity : NaN;
+  return sign * (1 + frac / 1024) * 2 ** (exp - 15);
+}
+
+let halfTable: Float32Array | null = null;
+
+/** All 65536 half-precision values, built on first use (256 KiB). */
+function halfLookup(): Float32Array {
+  if (halfTable === null) {
+    halfTable = new Float32Array(65536);
+    for (let h = 0; h < 65536; h++) halfTable[h] = halfToFloat(h);
+  }
+  return halfTable;
+}
+
+/** Bytes aligned to `align`, copying only when the view is misaligned. */
+function aligned(bytes: Uint8Array, align: number): Uint8Array {
+  if (bytes.byteOffset % align === 0) return bytes;
+  return bytes.slice();
+}
+
+/**
+ * Decode `count` values from `data`.  Extra trailing bytes are ignored; a
+ * buffer that is too short throws, naming the sizes.
+ */
+export function decodeValues(
+  dtype: Dtype,
+  data: unknown,
+  count: number,
+  scale = 1,
+  offset = 0,
+): Float32Array {
+  const width = BYTES_PER_VALUE[dtype];
+  const all = asBytes(data);
+  const need = count * width;
+  if (all.byteLength < need) {
+    throw new RangeError(
+      `buffer holds ${all.byteLength} bytes, ${dtype} data of ${count} values needs ${need}`,
+    );
+  }
+  const bytes = all.subarray(0, need);
+  const out = new Float32Array(count);
+  if (dtype === "uint8") {
+    for (let i = 0; i < count; i++) {
+      const b = bytes[i];
+      out[i] = b === UINT8_NAN ? NaN : offset + scale * b;
+    }
+    return out;
+  }
+  if (!LITTLE_ENDIAN) return decodeWithDataView(dtype, bytes, out);
+  const a = aligned(bytes, width);
+  if (dtype === "float32") {
+    out.set(new Float32Array(a.buffer, a.byteOffset, count));
+    return out;
+  }
+  const halves = new Uint16Array(a.buffer, a.byteOffset, count);
+  const table = halfLookup();
+  for (let i = 0; i < count; i++) out[i] = table[halves[i]];
+  return out;
+}
+
+function decodeWithDataView(dtype: Dtype, bytes: Uint8Array, out: Float32Array): Float32Array {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  for (let i = 0; i < out.length; i++) {
+    out[i] =
+      dtype === "float32" ? view.getFloat32(i * 4, true) : halfToFloat(view.getUint16(i * 2, true));
+  }
+  return out;
+}

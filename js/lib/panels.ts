@@ -1,0 +1,131 @@
+/**
+ * Validation of the `panels` trait: turns the loosely typed dicts sent by
+ * Python into fully populated `Panel` records with decoded values.
+ *
+ * A malformed panel does not stop the others: it is reported in `problems`
+ * and left out of `panels`.
+ */
+
+import { type Dtype, decodeValues, isDtype } from "./decode";
+
+export interface PanelSpec {
+  id: string;
+  title: string;
+  subtitle: string;
+  rows: number;
+  cols: number;
+  row_labels: string[] | null;
+  col_labels: string[] | null;
+  row_offset: number;
+  col_offset: number;
+  row_step: number;
+  col_step: number;
+  dtype: Dtype;
+  scale: number;
+  offset: number;
+  note: string;
+}
+
+export interface Panel extends PanelSpec {
+  /** rows * cols values, row-major; NaN = undefined. */
+  values: Float32Array;
+}
+
+export interface PanelsResult {
+  panels: Panel[];
+  problems: string[];
+}
+
+type Raw = Record<string, unknown>;
+
+function str(raw: Raw, key: string, fallback = ""): string {
+  const v = raw[key];
+  return v === undefined || v === null ? fallback : String(v);
+}
+
+function int(raw: Raw, key: string, fallback: number): number {
+  const v = raw[key];
+  if (v === undefined || v === null) return fallback;
+  const n = Number(v);
+  if (!Number.isFinite(n) || !Number.isInteger(n)) {
+    throw new Error(`"${key}" must be an integer, got ${JSON.stringify(v)}`);
+  }
+  return n;
+}
+
+function num(raw: Raw, key: string, fallback: number): number {
+  const v = raw[key];
+  if (v === undefined || v === null) return fallback;
+  const n = Number(v);
+  if (!Number.isFinite(n)) throw new Error(`"${key}" must be a finite number`);
+  return n;
+}
+
+function labels(raw: Raw, key: string, count: number): string[] | null {
+  const v = raw[key];
+  if (v === undefined || v === null) return null;
+  if (!Array.isArray(v)) throw new Error(`"${key}" must be a list or null`);
+  if (v.length !== count) {
+    throw new Error(`"${key}" has ${v.length} entries for ${count} cells`);
+  }
+  return v.map((x) => (x === null || x === undefined ? "" : String(x)));
+}
+
+/** Validate one raw panel dict; throws an Error describing the first fault. */
+export function parsePanel(raw: unknown, index: number): Panel {
+  if (raw === null || typeof raw !== "object" || Array.isArray(raw)) {
+    throw new Error("not a dict");
+  }
+  const r = raw as Raw;
+  const rows = int(r, "rows", -1);
+  const cols = int(r, "cols", -1);
+  if (rows < 1 || cols < 1) throw new Error(`rows and cols must be >= 1 (got ${rows}×${cols})`);
+  const dtype = r["dtype"] ?? "float32";
+  if (!isDtype(dtype)) throw new Error(`unknown dtype ${JSON.stringify(dtype)}`);
+  const spec: PanelSpec = {
+    id: str(r, "id", String(index)),
+    title: str(r, "title"),
+    subtitle: str(r, "subtitle"),
+    rows,
+    cols,
+    row_labels: labels(r, "row_labels", rows),
+    col_labels: labels(r, "col_labels", cols),
+    row_offset: int(r, "row_offset", 0),
+    col_offset: int(r, "col_offset", 0),
+    row_step: int(r, "row_step", 1),
+    col_step: int(r, "col_step", 1),
+    dtype,
+    scale: num(r, "scale", 1),
+    offset: num(r, "offset", 0),
+    note: str(r, "note"),
+  };
+  if (spec.row_step < 1 || spec.col_step < 1) throw new Error("row_step and col_step must be >= 1");
+  const values = decodeValues(dtype, r["data"], rows * cols, spec.scale, spec.offset);
+  return { ...spec, values };
+}
+
+/** Validate the whole `panels` trait. */
+export function parsePanels(raw: unknown): PanelsResult {
+  const out: PanelsResult = { panels: [], problems: [] };
+  if (raw === undefined || raw === null) return out;
+  if (!Array.isArray(raw)) {
+    out.problems.push("panels: expected a list");
+    return out;
+  }
+  raw.forEach((p, i) => {
+    try {
+      out.panels.push(parsePanel(p, i));
+    } catch (e) {
+      const r = p as Raw | null;
+      const name = r && typeof r === "object" && "id" in r ? ` "${String(r.id)}"` : "";
+      out.problems.push(`panel ${i}${name}: ${e instanceof Error ? e.message : String(e)}`);
+    }
+  });
+  return out;
+}
+
+/** Value of cell (row, col), NaN outside the matrix. */
+export function cellValue(p: Panel, row: number, col: number): number {
+  if (row < 0 || col < 0 || row >= p.rows || col >= p.cols) return NaN;
+  return p.values[row * p.cols + col];
+}
