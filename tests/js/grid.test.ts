@@ -93,7 +93,7 @@ describe("Grid", () => {
     key("ArrowRight");
     key("ArrowRight");
     expect(hover()).toMatchObject({ panel: "a", row: 1, col: 2 });
-    expect(grid.live.textContent).toBe("first, row: 1, col: 2, value: undefined");
+    expect(grid.live.textContent).toBe("first, row: 1, col: 2, value: 0.5000");
     key("PageDown");
     expect(hover()).toMatchObject({ panel: "b", row: 1, col: 1 });
     key("Enter");

@@ -1,0 +1,72 @@
+/**
+ * Small DOM helpers.  All text goes through textContent; nothing here ever
+ * parses HTML.
+ */
+
+import { type Measure, approxMeasure } from "../lib/text";
+
+export interface ElementOptions {
+  className?: string;
+  text?: string;
+  attrs?: Record<string, string>;
+}
+
+export function h<K extends keyof HTMLElementTagNameMap>(
+  doc: Document,
+  tag: K,
+  opts: ElementOptions = {},
+  children: Node[] = [],
+): HTMLElementTagNameMap[K] {
+  const e = doc.createElement(tag);
+  if (opts.className) e.className = opts.className;
+  if (opts.text !== undefined) e.textContent = opts.text;
+  for (const [k, v] of Object.entries(opts.attrs ?? {})) e.setAttribute(k, v);
+  for (const c of children) e.appendChild(c);
+  return e;
+}
+
+/** Set text content, touching the DOM only when it changes. */
+export function setText(e: Element, text: string): void {
+  if (e.textContent !== text) e.textContent = text;
+}
+
+export function setHidden(e: HTMLElement, hidden: boolean): void {
+  if (e.hidden !== hidden) e.hidden = hidden;
+}
+
+/** 2D context or null (jsdom has no canvas). */
+export function context2d(canvas: HTMLCanvasElement): CanvasRenderingContext2D | null {
+  try {
+    return canvas.getContext("2d");
+  } catch {
+    return null;
+  }
+}
+
+/** Canvas text measurement when a canvas exists, else an estimate. */
+export function makeMeasure(doc: Document): Measure {
+  const ctx = context2d(doc.createElement("canvas"));
+  if (!ctx) return approxMeasure;
+  const cache = new Map<string, number>();
+  return (text, f) => {
+    const key = `${f}\u0000${text}`;
+    let w = cache.get(key);
+    if (w === undefined) {
+      ctx.font = f;
+      w = ctx.measureText(text).width;
+      if (cache.size > 5000) cache.clear();
+      cache.set(key, w);
+    }
+    return w;
+  };
+}
+
+/** Size a canvas to CSS size (w, h) at the given device pixel ratio. */
+export function sizeCanvas(c: HTMLCanvasElement, w: number, h: number, dpr: number): void {
+  const pw = Math.max(1, Math.round(w * dpr));
+  const ph = Math.max(1, Math.round(h * dpr));
+  if (c.width !== pw) c.width = pw;
+  if (c.height !== ph) c.height = ph;
+  c.style.width = `${w}px`;
+  c.style.height = `${h}px`;
+}

@@ -1,0 +1,74 @@
+/**
+ * PNG export of the whole figure (colorbar strip + every panel with titles,
+ * ticks and notes), re-drawn into an offscreen canvas at 2× the CSS size
+ * rather than screenshotting the DOM.
+ */
+
+import { COLORBAR_H, figureSize } from "../lib/layout";
+import type { Measure } from "../lib/text";
+import { type ColorScale, drawColorbar } from "./colorbar";
+import { context2d } from "./dom";
+import type { GridContent } from "./grid";
+import { drawPanel } from "./panel_canvas";
+
+export const EXPORT_SCALE = 2;
+export const EXPORT_FILENAME = "headwidget.png";
+/** Canvas limits that hold in Chrome, Firefox and Safari. */
+export const MAX_CANVAS_SIDE = 16384;
+export const MAX_CANVAS_AREA = 16384 * 16384 * 0.25;
+
+/** Scale for a w×h CSS px figure: `wanted`, reduced only if the canvas would be too large. */
+export function exportScale(w: number, h: number, wanted = EXPORT_SCALE): number {
+  if (w <= 0 || h <= 0) return wanted;
+  const bySide = Math.min(MAX_CANVAS_SIDE / w, MAX_CANVAS_SIDE / h);
+  const byArea = Math.sqrt(MAX_CANVAS_AREA / (w * h));
+  return Math.min(wanted, bySide, byArea);
+}
+
+/** Draw the figure into a new canvas; null without canvas support. */
+export function renderFigure(
+  doc: Document,
+  content: GridContent,
+  scale: ColorScale,
+  measure: Measure,
+  wanted = EXPORT_SCALE,
+): HTMLCanvasElement | null {
+  const size = figureSize(content.layout);
+  const k = exportScale(size.w, size.h, wanted);
+  const canvas = doc.createElement("canvas");
+  canvas.width = Math.round(size.w * k);
+  canvas.height = Math.round(size.h * k);
+  const ctx = context2d(canvas);
+  if (!ctx) return null;
+  ctx.setTransform(k, 0, 0, k, 0, 0);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, size.w, size.h);
+  drawColorbar(ctx, size.w, COLORBAR_H, scale, measure);
+  content.layout.boxes.forEach((b, i) => {
+    ctx.setTransform(k, 0, 0, k, k * b.x, k * (COLORBAR_H + b.y));
+    drawPanel(ctx, b, content.images[i] ?? null);
+  });
+  return canvas;
+}
+
+/** Start a browser download of the canvas as headwidget.png. */
+export function downloadCanvas(doc: Document, canvas: HTMLCanvasElement): void {
+  const save = (href: string, revoke: boolean) => {
+    const a = doc.createElement("a");
+    a.href = href;
+    a.download = EXPORT_FILENAME;
+    a.style.display = "none";
+    doc.body.appendChild(a);
+    a.click();
+    a.remove();
+    if (revoke) setTimeout(() => URL.revokeObjectURL(href), 30_000);
+  };
+  if (typeof canvas.toBlob === "function" && typeof URL.createObjectURL === "function") {
+    canvas.toBlob((blob) => {
+      if (blob) save(URL.createObjectURL(blob), true);
+      else save(canvas.toDataURL("image/png"), false);
+    }, "image/png");
+  } else {
+    save(canvas.toDataURL("image/png"), false);
+  }
+}

@@ -1,0 +1,244 @@
+/**
+ * The figure on screen: colorbar canvas on top, then one heatmap canvas
+ * plus one overlay canvas per panel, absolutely placed from the layout.
+ * Hover, click and keyboard inspection all go through layout hit-testing;
+ * there is no DOM element per cell.  The crosshair lives on the overlay, so
+ * hovering never redraws a heatmap.
+ */
+
+import { axisLabel, hoverJson } from "../lib/format";
+import {
+  COLORBAR_H,
+  type GridLayout,
+  type Hit,
+  cellRect,
+  figureSize,
+  hitTest,
+} from "../lib/layout";
+import { type Panel, cellValue } from "../lib/panels";
+import type { Measure } from "../lib/text";
+import { type ColorScale, drawColorbar } from "./colorbar";
+import { context2d, h, setText, sizeCanvas } from "./dom";
+import { type Image, drawCrosshair, drawPanel } from "./panel_canvas";
+import { Tooltip } from "./tooltip";
+
+interface PanelView {
+  wrap: HTMLDivElement;
+  heat: HTMLCanvasElement;
+  overlay: HTMLCanvasElement;
+}
+
+export interface GridContent {
+  layout: GridLayout;
+  panels: Panel[];
+  images: (Image | null)[];
+}
+
+export type ClickHandler = (panel: Panel, row: number, col: number) => void;
+
+export class Grid {
+  /** Figure root (colorbar + panels); carries data-hover. Its size is the export size. */
+  readonly root: HTMLDivElement;
+  readonly colorbar: HTMLCanvasElement;
+  readonly panelsEl: HTMLDivElement;
+  readonly tooltip: Tooltip;
+  /** Screen-reader announcement of the inspected cell. */
+  readonly live: HTMLDivElement;
+  private content: GridContent = { layout: { width: 0, height: 0, columns: 0, boxes: [] }, panels: [], images: [] };
+  private views: PanelView[] = [];
+  private hovered: Hit | null = null;
+  private dpr = 1;
+  private readonly cleanup: (() => void)[] = [];
+
+  constructor(private readonly doc: Document, private readonly onClick: ClickHandler) {
+    this.colorbar = h(doc, "canvas", { className: "hw-colorbar", attrs: { "aria-hidden": "true" } });
+    this.tooltip = new Tooltip(doc);
+    this.panelsEl = h(doc, "div", {
+      className: "hw-panels",
+      attrs: {
+        tabindex: "0",
+        role: "application",
+        "aria-roledescription": "heatmap grid",
+        "aria-label": "Heatmaps. Arrow keys move between cells, Page Up and Page Down between panels, Enter selects.",
+      },
+    });
+    this.live = h(doc, "div", { className: "hw-sr", attrs: { "aria-live": "polite" } });
+    this.root = h(doc, "div", { className: "hw-grid" }, [this.colorbar, this.panelsEl, this.live]);
+    this.panelsEl.appendChild(this.tooltip.el);
+    this.listen(this.panelsEl, "mousemove", (e) => this.onMouse(e as MouseEvent));
+    this.listen(this.panelsEl, "mouseleave", () => this.leave());
+    this.listen(this.panelsEl, "click", (e) => this.onMouseClick(e as MouseEvent));
+    this.listen(this.panelsEl, "keydown", (e) => this.onKey(e as KeyboardEvent));
+    this.listen(this.panelsEl, "blur", () => this.leave());
+  }
+
+  private listen(t: EventTarget, type: string, fn: (e: Event) => void): void {
+    t.addEventListener(type, fn);
+    this.cleanup.push(() => t.removeEventListener(type, fn));
+  }
+
+  get layout(): GridLayout {
+    return this.content.layout;
+  }
+
+  /** What is on screen now (the export draws exactly this). */
+  get current(): GridContent {
+    return this.content;
+  }
+
+  /** Replace layout, panels and images; positions canvases and redraws everything. */
+  setContent(content: GridContent, dpr: number): void {
+    this.content = content;
+    this.dpr = dpr;
+    const { layout } = content;
+    const size = figureSize(layout);
+    this.root.style.width = `${size.w}px`;
+    this.root.style.height = `${size.h}px`;
+    this.panelsEl.style.width = `${layout.width}px`;
+    this.panelsEl.style.height = `${layout.height}px`;
+    while (this.views.length > layout.boxes.length) this.views.pop()!.wrap.remove();
+    while (this.views.length < layout.boxes.length) {
+      const heat = h(this.doc, "canvas", { className: "hw-heatmap" });
+      const overlay = h(this.doc, "canvas", { className: "hw-overlay" });
+      const wrap = h(this.doc, "div", { className: "hw-panel" }, [heat, overlay]);
+      this.panelsEl.insertBefore(wrap, this.tooltip.el);
+      this.views.push({ wrap, heat, overlay });
+    }
+    layout.boxes.forEach((b, i) => {
+      const v = this.views[i];
+      const p = content.panels[i];
+      v.wrap.style.left = `${b.x}px`;
+      v.wrap.style.top = `${b.y}px`;
+      v.wrap.style.width = `${b.w}px`;
+      v.wrap.style.height = `${b.h}px`;
+      v.wrap.dataset.panelId = p.id;
+      v.wrap.dataset.plotRect = JSON.stringify(b.plot);
+      sizeCanvas(v.heat, b.w, b.h, dpr);
+      sizeCanvas(v.overlay, b.w, b.h, dpr);
+    });
+    if (this.hovered && !this.validHit(this.hovered)) this.hovered = null;
+    this.redraw();
+    this.drawOverlays();
+  }
+
+  private validHit(hit: Hit): boolean {
+    const b = this.content.layout.boxes[hit.index];
+    return !!b && hit.row < b.rows && hit.col < b.cols;
+  }
+
+  /** Redraw every heatmap canvas from the cached images. */
+  redraw(): void {
+    this.content.layout.boxes.forEach((b, i) => {
+      const ctx = context2d(this.views[i].heat);
+      if (!ctx) return;
+      ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+      drawPanel(ctx, b, this.content.images[i] ?? null);
+    });
+  }
+
+  drawColorbar(scale: ColorScale, measure: Measure): void {
+    const w = figureSize(this.content.layout).w;
+    const hgt = COLORBAR_H;
+    sizeCanvas(this.colorbar, w, hgt, this.dpr);
+    const ctx = context2d(this.colorbar);
+    if (!ctx) return;
+    ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+    drawColorbar(ctx, w, hgt, scale, measure);
+  }
+
+  private drawOverlays(): void {
+    this.views.forEach((v, i) => {
+      const ctx = context2d(v.overlay);
+      if (!ctx) return;
+      ctx.setTransform(1, 0, 0, 1, 0, 0);
+      ctx.clearRect(0, 0, v.overlay.width, v.overlay.height);
+      const hit = this.hovered;
+      if (hit && hit.index === i) {
+        ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+        drawCrosshair(ctx, this.content.layout.boxes[i], hit.row, hit.col);
+      }
+    });
+  }
+
+  private point(e: MouseEvent): [number, number] {
+    const r = this.panelsEl.getBoundingClientRect();
+    return [e.clientX - r.left, e.clientY - r.top];
+  }
+
+  private onMouse(e: MouseEvent): void {
+    const [x, y] = this.point(e);
+    const hit = hitTest(this.content.layout, x, y);
+    if (hit) this.inspect(hit, x, y, false);
+    else this.leave();
+  }
+
+  private onMouseClick(e: MouseEvent): void {
+    const [x, y] = this.point(e);
+    const hit = hitTest(this.content.layout, x, y);
+    if (hit) this.onClick(this.content.panels[hit.index], hit.row, hit.col);
+  }
+
+  /** Show crosshair, tooltip and data-hover for a cell; (x, y) is where the tooltip goes. */
+  inspect(hit: Hit, x: number, y: number, announce: boolean): void {
+    const p = this.content.panels[hit.index];
+    if (!p) return;
+    const prev = this.hovered;
+    this.hovered = hit;
+    if (!prev || prev.index !== hit.index || prev.row !== hit.row || prev.col !== hit.col) {
+      this.drawOverlays();
+    }
+    const value = cellValue(p, hit.row, hit.col);
+    const content = {
+      title: p.title,
+      row: axisLabel(p.row_labels, p.row_offset, p.row_step, hit.row),
+      col: axisLabel(p.col_labels, p.col_offset, p.col_step, hit.col),
+      value,
+    };
+    this.tooltip.show(content, x, y, this.content.layout.width);
+    this.root.dataset.hover = hoverJson(p.id, hit.row, hit.col, value);
+    if (announce) setText(this.live, Tooltip.lines(content).join(", "));
+  }
+
+  /** Hide tooltip and crosshair (data-hover keeps the last cell). */
+  leave(): void {
+    this.tooltip.hide();
+    if (this.hovered) {
+      this.hovered = null;
+      this.drawOverlays();
+    }
+  }
+
+  private onKey(e: KeyboardEvent): void {
+    const boxes = this.content.layout.boxes;
+    if (boxes.length === 0) return;
+    const cur = this.hovered ?? { index: 0, row: 0, col: 0 };
+    let { index, row, col } = cur;
+    const b = () => boxes[index];
+    switch (e.key) {
+      case "ArrowLeft": col -= 1; break;
+      case "ArrowRight": col += 1; break;
+      case "ArrowUp": row -= 1; break;
+      case "ArrowDown": row += 1; break;
+      case "PageDown": index = Math.min(boxes.length - 1, index + 1); break;
+      case "PageUp": index = Math.max(0, index - 1); break;
+      case "Enter":
+      case " ":
+        if (this.hovered) this.onClick(this.content.panels[index], row, col);
+        e.preventDefault();
+        return;
+      case "Escape": this.leave(); return;
+      default: return;
+    }
+    e.preventDefault();
+    row = Math.max(0, Math.min(b().rows - 1, row));
+    col = Math.max(0, Math.min(b().cols - 1, col));
+    const hit = { index, row, col };
+    const r = cellRect(b(), row, col);
+    this.inspect(hit, b().x + r.x + r.w / 2, b().y + r.y + r.h / 2, true);
+  }
+
+  destroy(): void {
+    for (const f of this.cleanup.splice(0)) f();
+    this.root.remove();
+  }
+}

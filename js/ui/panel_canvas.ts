@@ -1,0 +1,160 @@
+/**
+ * Canvas drawing of one panel.  The matrix is coloured once per data or
+ * scale change into a native-resolution canvas (one pixel per cell); every
+ * redraw then scales that image with smoothing off.  Text is drawn with
+ * fillText, so titles and labels are never parsed as markup.
+ *
+ * drawPanel works in CSS px with the box origin at (0, 0); the caller sets
+ * the transform (device pixel ratio on screen, 2× for export).
+ */
+
+import { type PackedColormap, colorize } from "../lib/colormap";
+import {
+  FONTS,
+  NOTE_LINE_H,
+  PAD,
+  TICK_GAP,
+  TICK_LEN,
+  type PanelBox,
+  cellRect,
+} from "../lib/layout";
+import type { Panel } from "../lib/panels";
+import { context2d } from "./dom";
+
+export const TEXT_COLOR = "#1f1f1f";
+export const MUTED_COLOR = "#5f5f5f";
+export const FRAME_COLOR = "#444";
+
+/** Largest matrix side a canvas can hold in all major browsers. */
+export const MAX_IMAGE_SIDE = 16384;
+
+export type Image = HTMLCanvasElement;
+
+/** Colour a panel into a cols×rows canvas; null without canvas support. */
+export function buildImage(
+  doc: Document,
+  panel: Panel,
+  vmin: number,
+  vmax: number,
+  cmap: PackedColormap,
+): Image | null {
+  if (panel.rows > MAX_IMAGE_SIDE || panel.cols > MAX_IMAGE_SIDE) return null;
+  const c = doc.createElement("canvas");
+  c.width = panel.cols;
+  c.height = panel.rows;
+  const ctx = context2d(c);
+  if (!ctx) return null;
+  const img = ctx.createImageData(panel.cols, panel.rows);
+  colorize(panel.values, vmin, vmax, cmap, new Uint32Array(img.data.buffer));
+  ctx.putImageData(img, 0, 0);
+  return c;
+}
+
+/** Re-colour an existing image in place (same dimensions). */
+export function recolorImage(
+  image: Image,
+  panel: Panel,
+  vmin: number,
+  vmax: number,
+  cmap: PackedColormap,
+): void {
+  const ctx = context2d(image);
+  if (!ctx) return;
+  const img = ctx.createImageData(panel.cols, panel.rows);
+  colorize(panel.values, vmin, vmax, cmap, new Uint32Array(img.data.buffer));
+  ctx.putImageData(img, 0, 0);
+}
+
+export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: Image | null): void {
+  const { plot } = box;
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, box.w, box.h);
+
+  ctx.textBaseline = "alphabetic";
+  ctx.textAlign = "left";
+  ctx.fillStyle = TEXT_COLOR;
+  ctx.font = FONTS.title;
+  ctx.fillText(box.title, PAD, box.titleY);
+  if (box.subtitle) {
+    ctx.fillStyle = MUTED_COLOR;
+    ctx.font = FONTS.subtitle;
+    ctx.fillText(box.subtitle, PAD, box.subtitleY);
+  }
+
+  if (image) {
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(image, plot.x, plot.y, plot.w, plot.h);
+  } else {
+    ctx.fillStyle = "#eee";
+    ctx.fillRect(plot.x, plot.y, plot.w, plot.h);
+  }
+  ctx.strokeStyle = FRAME_COLOR;
+  ctx.lineWidth = 1;
+  ctx.strokeRect(plot.x - 0.5, plot.y - 0.5, plot.w + 1, plot.h + 1);
+
+  ctx.fillStyle = TEXT_COLOR;
+  ctx.font = FONTS.tick;
+  ctx.beginPath();
+  const cellH = plot.h / box.rows;
+  const cellW = plot.w / box.cols;
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  for (const t of box.rowTicks) {
+    const y = plot.y + t.pos * cellH;
+    ctx.moveTo(plot.x - 1 - TICK_LEN, y);
+    ctx.lineTo(plot.x - 1, y);
+    ctx.fillText(t.label, plot.x - 1 - TICK_LEN - TICK_GAP, y);
+  }
+  ctx.textAlign = "center";
+  ctx.textBaseline = "top";
+  const bottom = plot.y + plot.h + 1;
+  for (const t of box.colTicks) {
+    const x = plot.x + t.pos * cellW;
+    ctx.moveTo(x, bottom);
+    ctx.lineTo(x, bottom + TICK_LEN);
+    ctx.fillText(t.label, x, bottom + TICK_LEN + TICK_GAP);
+  }
+  ctx.stroke();
+
+  if (box.noteLines.length) {
+    ctx.textAlign = "left";
+    ctx.textBaseline = "alphabetic";
+    ctx.fillStyle = MUTED_COLOR;
+    ctx.font = FONTS.note;
+    box.noteLines.forEach((line, i) => ctx.fillText(line, PAD, box.noteY + i * NOTE_LINE_H));
+  }
+}
+
+/** Crosshair over cell (row, col): guide lines across the plot and a cell outline. */
+export function drawCrosshair(
+  ctx: CanvasRenderingContext2D,
+  box: PanelBox,
+  row: number,
+  col: number,
+): void {
+  const { plot } = box;
+  const r = cellRect(box, row, col);
+  const cx = r.x + r.w / 2;
+  const cy = r.y + r.h / 2;
+  ctx.save();
+  ctx.lineWidth = 1;
+  ctx.strokeStyle = "rgba(0, 0, 0, 0.45)";
+  ctx.beginPath();
+  ctx.moveTo(plot.x, cy);
+  ctx.lineTo(plot.x + plot.w, cy);
+  ctx.moveTo(cx, plot.y);
+  ctx.lineTo(cx, plot.y + plot.h);
+  ctx.stroke();
+  // Outline at least 6 px wide so that sub-pixel cells stay visible.
+  const w = Math.max(r.w, 6);
+  const hh = Math.max(r.h, 6);
+  const x = cx - w / 2;
+  const y = cy - hh / 2;
+  ctx.lineWidth = 2;
+  ctx.strokeStyle = "#000";
+  ctx.strokeRect(x, y, w, hh);
+  ctx.lineWidth = 1;
+  ctx.strokeStyle = "#fff";
+  ctx.strokeRect(x + 1.5, y + 1.5, w - 3, hh - 3);
+  ctx.restore();
+}

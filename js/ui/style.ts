@@ -1,0 +1,51 @@
+/**
+ * The widget's CSS, injected by JS as one <style> element per view so that
+ * the bundle is a single self-contained file (no separate CSS asset, no
+ * web fonts).  Every rule is scoped under .hw-root.
+ */
+
+import { FONT_FAMILY } from "../lib/text";
+
+export const CSS = `
+.hw-root { font-family: ${FONT_FAMILY}; font-size: 13px; line-height: 1.35;
+  color: var(--jp-ui-font-color1, #1f1f1f); max-width: 100%; overflow-x: auto; }
+.hw-root [hidden] { display: none !important; }
+.hw-controls { display: flex; flex-wrap: wrap; gap: 6px 18px; align-items: center; margin: 0 0 6px; }
+.hw-control { display: inline-flex; gap: 6px; align-items: center; }
+.hw-control > .hw-label { font-weight: 600; }
+.hw-control input[type=range] { width: 160px; }
+.hw-control output { min-width: 7em; font-variant-numeric: tabular-nums; }
+.hw-kinds { display: inline-flex; }
+.hw-kinds button { border: 1px solid #888; background: #f4f4f4; color: #1f1f1f; padding: 2px 9px;
+  margin: 0; cursor: pointer; font: inherit; }
+.hw-kinds button + button { border-left: none; }
+.hw-kinds button[aria-pressed=true] { background: #2b5d9a; border-color: #2b5d9a; color: #fff; }
+.hw-mechanisms { display: inline-flex; flex-wrap: wrap; gap: 2px 10px; border: 0; padding: 0; margin: 0; }
+.hw-mechanisms legend { float: left; font-weight: 600; margin-right: 6px; padding: 0; }
+.hw-root button:focus-visible, .hw-root select:focus-visible, .hw-root input:focus-visible,
+.hw-panels:focus-visible { outline: 2px solid #1a73e8; outline-offset: 1px; }
+.hw-export { font: inherit; padding: 2px 10px; cursor: pointer; }
+.hw-error { border: 1px solid #c62828; background: #fdecea; color: #7f1d1d; padding: 6px 10px;
+  margin: 0 0 6px; white-space: pre-wrap; border-radius: 3px; }
+.hw-status { font-size: 12px; color: var(--jp-ui-font-color2, #616161); min-height: 1.35em; margin: 0 0 4px; }
+.hw-grid { position: relative; background: #fff; }
+.hw-grid canvas { display: block; }
+.hw-panels { position: relative; }
+.hw-panel { position: absolute; }
+.hw-panel canvas { position: absolute; left: 0; top: 0; }
+.hw-overlay { pointer-events: none; }
+.hw-tooltip { position: absolute; z-index: 10; pointer-events: none; background: rgba(255,255,255,0.97);
+  color: #111; border: 1px solid #999; border-radius: 3px; padding: 4px 7px; font-size: 12px;
+  white-space: nowrap; box-shadow: 0 1px 4px rgba(0,0,0,0.25); }
+.hw-tooltip .hw-tt-title { font-weight: 600; }
+.hw-tooltip .hw-tt-value { font-variant-numeric: tabular-nums; }
+.hw-sr { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0);
+  white-space: nowrap; margin: -1px; padding: 0; border: 0; }
+`;
+
+export function injectStyle(doc: Document, parent: HTMLElement): HTMLStyleElement {
+  const s = doc.createElement("style");
+  s.textContent = CSS;
+  parent.appendChild(s);
+  return s;
+}

@@ -1,0 +1,91 @@
+// @vitest-environment jsdom
+import { describe, expect, it } from "vitest";
+import { View } from "../../js/ui/view";
+import { FakeModel, f32View, rawPanel } from "./helpers/fake_model";
+
+const XSS = "<img src=x onerror=alert(1)>";
+
+function mount(state: Record<string, unknown> = {}) {
+  const fm = new FakeModel({
+    panels: [
+      rawPanel({ id: "a", title: XSS, subtitle: "s", note: "n", rows: 2, cols: 2, data: f32View([0.1, 0.2, 0.3, 0.4], 3) }),
+      rawPanel({ id: "b", title: "B", rows: 1, cols: 2, data: f32View([1, NaN]) }),
+    ],
+    vmin: -1,
+    vmax: 1,
+    colormap: "diverging",
+    colorbar_label: "cos",
+    columns: 0,
+    view: "channels",
+    error: "",
+    status: "",
+    ...state,
+  });
+  const el = document.createElement("div");
+  document.body.replaceChildren(el);
+  const view = new View(fm.asModel(), el);
+  return { fm, el, view };
+}
+
+describe("View", () => {
+  it("renders controls, messages and one panel wrapper per panel", () => {
+    const { el } = mount();
+    expect(el.querySelector(".hw-controls")).not.toBeNull();
+    expect([...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.dataset.panelId)).toEqual(["a", "b"]);
+    expect(el.querySelector<HTMLElement>(".hw-root")!.dataset.view).toBe("channels");
+  });
+
+  it("renders a hostile title as literal text and creates no element from it", () => {
+    const { el } = mount();
+    expect(document.querySelector("img")).toBeNull();
+    const li = el.querySelector('.hw-sr li[data-panel-id="a"]')!;
+    expect(li.textContent).toBe(`${XSS} — s — n`);
+  });
+
+  it("reports malformed panels and keeps the rest", () => {
+    const { el, fm } = mount();
+    fm.set("panels", [rawPanel({ id: "bad", rows: 3, data: f32View([1]) }), rawPanel({ id: "ok", data: f32View([1]) })]);
+    expect([...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.dataset.panelId)).toEqual(["ok"]);
+    const err = el.querySelector<HTMLElement>(".hw-error")!;
+    expect(err.hidden).toBe(false);
+    expect(err.textContent).toMatch(/^panel 0 "bad": buffer holds 4 bytes/);
+  });
+
+  it("relayouts when columns change", () => {
+    const { el, fm } = mount();
+    const lefts = () => [...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.style.left);
+    expect(lefts()[1]).not.toBe("0px"); // side by side at the fallback width
+    fm.set("columns", 1);
+    expect(lefts()).toEqual(["0px", "0px"]);
+  });
+
+  it("sends click messages", () => {
+    const { el, fm, view } = mount();
+    const b = view.grid.layout.boxes[1];
+    const x = b.x + b.plot.x + (1.5 * b.plot.w) / 2;
+    const y = b.y + b.plot.y + b.plot.h / 2;
+    el.querySelector(".hw-panels")!.dispatchEvent(new MouseEvent("click", { clientX: x, clientY: y, bubbles: true }));
+    expect(fm.sent).toEqual([{ type: "click", panel: "b", row: 0, col: 1 }]);
+  });
+
+  it("answers an export request once per model, with an error when there is no canvas", () => {
+    const { fm } = mount();
+    const second = new View(fm.asModel(), document.createElement("div"));
+    fm.emit("msg:custom", { type: "export_png" }, []);
+    expect(fm.sent).toEqual([{ type: "png", data_url: null, error: "canvas unavailable" }]);
+    fm.emit("msg:custom", { type: "something else" }, []);
+    expect(fm.sent).toHaveLength(1);
+    second.destroy();
+  });
+
+  it("lets the next view answer after the first is destroyed, and cleans up listeners", () => {
+    const { fm, view, el } = mount();
+    const other = new View(fm.asModel(), document.createElement("div"));
+    view.destroy();
+    expect(el.children).toHaveLength(0);
+    fm.emit("msg:custom", { type: "export_png" }, []);
+    expect(fm.sent).toHaveLength(1);
+    other.destroy();
+    expect(fm.listenerCount()).toBe(0);
+  });
+});
