@@ -56,3 +56,32 @@ class RopeCaptureError(HeadwidgetError, ValueError):
 
 class CrossLayerMissingError(HeadwidgetError, ValueError):
     """Heads of different layers were compared but the cross-layer statistics were not captured."""
+
+
+class RopeAlignmentError(HeadwidgetError, ValueError):
+    """RoPE-compatible alignment was asked for heads that have no rotary embedding."""
+
+
+class HeldOutSplitError(HeadwidgetError, ValueError):
+    """A held-out score was asked for but it cannot be formed (an empty token split, or a metric
+    whose statistics are not kept per split)."""
+
+
+class MechanismSpecError(HeadwidgetError, ValueError):
+    """A mechanism spec (``"mha"``, ``"gqa:4"``, ``"lrkv:16"``, ``"mla:512"``...) that cannot be parsed."""
+
+
+class GroupCountError(HeadwidgetError, ValueError):
+    """A number of groups that does not divide the number of heads evenly."""
+
+
+class RankRangeError(HeadwidgetError, ValueError):
+    """A rank (LRKV ``r``, MLA ``d_c``) outside the range the weights allow."""
+
+
+class DegenerateHeadsError(HeadwidgetError, ValueError):
+    """Heads whose centred Gram vanishes (for example identical heads): no correlation is defined."""
+
+
+class UnsupportedAlignmentError(HeadwidgetError, TypeError):
+    """A model whose attention cannot be rotated exactly (family or per-head key/query norms)."""
