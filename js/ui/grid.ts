@@ -194,7 +194,7 @@ export class Grid {
       col: axisLabel(p.col_labels, p.col_offset, p.col_step, hit.col),
       value,
     };
-    this.tooltip.show(content, x, y, this.content.layout.width);
+    this.tooltip.show(content, x, y, this.content.layout.width, this.content.layout.height);
     this.root.dataset.hover = hoverJson(p.id, hit.row, hit.col, value);
     if (announce) setText(this.live, Tooltip.lines(content).join(", "));
   }

@@ -43,10 +43,11 @@ export class Tooltip {
   }
 
   /**
-   * Show at pointer position (x, y) inside a container of the given width:
-   * right of and below the pointer, flipped left when it would overflow.
+   * Show at pointer position (x, y) inside a container of the given size:
+   * right of and below the pointer, flipped left / above when it would
+   * overflow (and there is room on the other side).
    */
-  show(c: TooltipContent, x: number, y: number, containerWidth: number): void {
+  show(c: TooltipContent, x: number, y: number, containerWidth: number, containerHeight = Infinity): void {
     const [t, r, k, v] = Tooltip.lines(c);
     setText(this.title, t);
     setHidden(this.title, t === "");
@@ -55,9 +56,11 @@ export class Tooltip {
     setText(this.value, v);
     setHidden(this.el, false);
     const w = this.el.offsetWidth;
+    const hgt = this.el.offsetHeight;
     const left = x + OFFSET + w > containerWidth && x - OFFSET - w >= 0 ? x - OFFSET - w : x + OFFSET;
+    const top = y + OFFSET + hgt > containerHeight && y - OFFSET - hgt >= 0 ? y - OFFSET - hgt : y + OFFSET;
     this.el.style.left = `${left}px`;
-    this.el.style.top = `${y + OFFSET}px`;
+    this.el.style.top = `${top}px`;
   }
 
   hide(): void {

@@ -15,6 +15,16 @@ describe("Tooltip", () => {
     expect(t.visible).toBe(false);
   });
 
+  it("flips left and above near the far edges when there is room", () => {
+    const t = new Tooltip(document);
+    Object.defineProperty(t.el, "offsetWidth", { value: 100 });
+    Object.defineProperty(t.el, "offsetHeight", { value: 60 });
+    t.show({ title: "a", row: "0", col: "0", value: 1 }, 300, 200, 350, 240);
+    expect([t.el.style.left, t.el.style.top]).toEqual(["186px", "126px"]);
+    t.show({ title: "a", row: "0", col: "0", value: 1 }, 50, 30, 120, 80);
+    expect([t.el.style.left, t.el.style.top]).toEqual(["64px", "44px"]); // no room on the other side
+  });
+
   it("says undefined for NaN", () => {
     const t = new Tooltip(document);
     t.show({ title: "x", row: "0", col: "0", value: NaN }, 0, 0, 100);
