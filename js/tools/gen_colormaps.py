@@ -50,11 +50,8 @@ def interp(anchors, s):
 def diverging():
     out = []
     for i in range(256):
-        if i <= 128:
-            rgb = interp(BLUE_HALF, i / 128)
-        else:
-            rgb = interp(RED_HALF, (i - 128) / 127)
-        out.append([int(round(c)) for c in rgb])
+        rgb = interp(BLUE_HALF, i / 128) if i <= 128 else interp(RED_HALF, (i - 128) / 127)
+        out.append([round(c) for c in rgb])
     assert out[128] == [255, 255, 255]
     assert min(out[127]) >= 250
     return out
@@ -63,7 +60,7 @@ def diverging():
 def magma():
     colors = np.asarray(colormaps["magma"].colors, dtype=float)
     assert colors.shape == (256, 3)
-    return [[int(round(c * 255)) for c in row] for row in colors]
+    return [[round(c * 255) for c in row] for row in colors]
 
 
 def main():
@@ -73,7 +70,10 @@ def main():
         assert d >= 60, (name, d)
     root = pathlib.Path(__file__).resolve().parents[2]
     path = root / "python" / "headwidget" / "colormaps.json"
-    rows = lambda stops: ",\n".join("      " + json.dumps(s) for s in stops)
+
+    def rows(stops):
+        return ",\n".join("      " + json.dumps(s) for s in stops)
+
     text = "{\n"
     for name in ("diverging", "magma"):
         text += f'  "{name}": {{\n    "stops": [\n{rows(tables[name]["stops"])}\n    ]\n  }},\n'

@@ -45,7 +45,7 @@ def _unavailable(reason: str) -> None:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - signature of the base class
+    def log_message(self, format, *args):
         pass
 
 
@@ -112,6 +112,16 @@ class Harness:
     def js(self, expr: str, arg=None):
         return self.page.evaluate(expr, arg)
 
+    def rect(self, selector: str) -> dict:
+        """Bounding box of the first element matching `selector`, in page CSS px."""
+        return self.js(
+            """(sel) => {
+              const r = document.querySelector(sel).getBoundingClientRect();
+              return { x: r.left, y: r.top, w: r.width, h: r.height };
+            }""",
+            selector,
+        )
+
     def plot_rect(self, panel_id: str) -> dict:
         """Plot rectangle of a panel, in page CSS px."""
         return self.js(
@@ -136,8 +146,9 @@ class Harness:
               const c = w.querySelector("." + cls);
               const r = c.getBoundingClientRect();
               const k = c.width / r.width;
-              const d = c.getContext("2d").getImageData(Math.floor((x - r.left) * k), Math.floor((y - r.top) * k), 1, 1).data;
-              return Array.from(d);
+              const px = Math.floor((x - r.left) * k);
+              const py = Math.floor((y - r.top) * k);
+              return Array.from(c.getContext("2d").getImageData(px, py, 1, 1).data);
             }""",
             [panel_id, x, y, layer],
         )
@@ -168,7 +179,9 @@ def _check_clean(h: Harness) -> None:
     assert h.errors == [], f"page errors: {h.errors}"
     assert h.dialogs == [], f"dialogs opened: {h.dialogs}"
     # No request may leave the local server (blob:/data: URLs are not network requests).
-    remote = [u for u in h.requests if not (u.startswith(h.base_url + "/") or u.startswith(("blob:", "data:")))]
+    remote = [
+        u for u in h.requests if not (u.startswith(h.base_url + "/") or u.startswith(("blob:", "data:")))
+    ]
     assert remote == [], f"requests outside the local server: {remote}"
 
 

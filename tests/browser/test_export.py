@@ -19,11 +19,28 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 def mount(h):
     panels = [
-        {"id": f"p{i}", "title": f"head {i}", "subtitle": "mean", "note": "downsampled 4096→1024: mean of 4×4 blocks",
-         "rows": 2, "cols": 2, "dtype": "float32", "data": list(VALUES.astype("<f4").tobytes())}
+        {
+            "id": f"p{i}",
+            "title": f"head {i}",
+            "subtitle": "mean",
+            "note": "downsampled 4096→1024: mean of 4×4 blocks",
+            "rows": 2,
+            "cols": 2,
+            "dtype": "float32",
+            "data": list(VALUES.astype("<f4").tobytes()),
+        }
         for i in range(3)
     ]
-    h.mount({"panels": panels, "vmin": -1, "vmax": 1, "colormap": "diverging", "colorbar_label": "cosine", "columns": 2})
+    h.mount(
+        {
+            "panels": panels,
+            "vmin": -1,
+            "vmax": 1,
+            "colormap": "diverging",
+            "colorbar_label": "cosine",
+            "columns": 2,
+        }
+    )
 
 
 def decoded_pixels(h, data_url, points):
@@ -52,29 +69,27 @@ def test_export_message_replies_with_png(harness, colour_of):
     url = sent[0]["data_url"]
     assert url.startswith("data:image/png;base64,")
     w, hh = png_size(base64.b64decode(url.split(",", 1)[1]))
-    grid = h.js("() => { const r = document.querySelector('.hw-grid').getBoundingClientRect(); return [r.width, r.height]; }")
-    assert (w, hh) == (round(2 * grid[0]), round(2 * grid[1]))
+    g = h.rect(".hw-grid")
+    assert (w, hh) == (round(2 * g["w"]), round(2 * g["h"]))
 
     # Heatmap cells of panel p2 (second grid row) at their exported positions.
-    origin = h.js("() => { const r = document.querySelector('.hw-grid').getBoundingClientRect(); return [r.left, r.top]; }")
     pts, want = [], []
     for r in range(2):
         for c in range(2):
             x, y = h.cell_centre("p2", r, c, 2, 2)
-            pts.append([int(2 * (x - origin[0])), int(2 * (y - origin[1]))])
-            want.append(colour_of("diverging", float(VALUES[r, c]), -1, 1) + [255])
-    got = decoded_pixels(h, url, pts)
-    assert got == want
+            pts.append([int(2 * (x - g["x"])), int(2 * (y - g["y"]))])
+            want.append([*colour_of("diverging", float(VALUES[r, c]), -1, 1), 255])
+    assert decoded_pixels(h, url, pts) == want
 
-    # Text is drawn: the colorbar label ("cosine", baseline at y=14 CSS px) and the
-    # title of panel p1 are not blank white.
-    label_area = [[2 * x, 2 * y] for x in range(16, 60, 1) for y in range(5, 14, 2)]
-    p1 = h.js("() => { const w = document.querySelector('.hw-panel[data-panel-id=p1]'); return [w.offsetLeft, w.offsetTop]; }")
-    title_area = [[2 * (p1[0] + x), 2 * (52 + p1[1] + y)] for x in range(6, 50, 1) for y in range(8, 18, 2)]
-    tp = decoded_pixels(h, url, title_area)
-    assert sum(p[:3] != [255, 255, 255] for p in tp) > 10
-    title_band = label_area
-    # The colorbar draws stop i over CSS x 16+i .. 17+i, y 20..32.
+    # Text is drawn: the title of panel p1 (first line of its box) is not blank white.
+    wrap = h.rect(".hw-panel[data-panel-id=p1]")
+    ox, oy = wrap["x"] - g["x"], wrap["y"] - g["y"]
+    title_area = [[int(2 * (ox + x)), int(2 * (oy + y))] for x in range(6, 50) for y in range(8, 18, 2)]
+    assert sum(p[:3] != [255, 255, 255] for p in decoded_pixels(h, url, title_area)) > 10
+
+    # Colorbar: its label ("cosine", baseline at y=14 CSS px) is drawn, and stop i
+    # fills CSS x 16+i .. 17+i, y 20..32.
+    title_band = [[2 * x, 2 * y] for x in range(16, 60) for y in range(5, 14, 2)]
     bar = [[2 * (16 + 128) + 1, 2 * 26]]  # entry 128: white
     bar_ends = [[2 * 16 + 1, 2 * 26], [2 * (16 + 255) + 1, 2 * 26]]
     px = decoded_pixels(h, url, title_band + bar + bar_ends)
@@ -93,5 +108,5 @@ def test_export_button_downloads_headwidget_png(harness, tmp_path):
     assert d.suggested_filename == "headwidget.png"
     path = tmp_path / "out.png"
     d.save_as(path)
-    grid = h.js("() => { const r = document.querySelector('.hw-grid').getBoundingClientRect(); return [r.width, r.height]; }")
-    assert png_size(path.read_bytes()) == (round(2 * grid[0]), round(2 * grid[1]))
+    g = h.rect(".hw-grid")
+    assert png_size(path.read_bytes()) == (round(2 * g["w"]), round(2 * g["h"]))

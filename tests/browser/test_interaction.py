@@ -12,16 +12,33 @@ VALUES = np.array([[0.25, -0.5, np.nan], [0.123456, 1.0, -1.0]], dtype=np.float3
 
 def mount(h, **state):
     base = {
-        "panels": [{
-            "id": "attn", "title": "layer 3 · head 5", "rows": 2, "cols": 3,
-            "row_labels": ["q_first", "q_second"], "col_offset": 64, "col_step": 4,
-            "dtype": "float32", "data": list(VALUES.astype("<f4").tobytes()),
-        }],
-        "vmin": -1, "vmax": 1, "colormap": "diverging", "colorbar_label": "cosine",
-        "num_layers": 30, "layer": 3, "layer_label": "layer 3 of 30",
-        "num_channels": 128, "channel_start": 0, "channel_width": 64,
-        "kinds_available": ["key", "value"], "kind": "key",
-        "metrics_available": ["mean", "max"], "metric": "mean",
+        "panels": [
+            {
+                "id": "attn",
+                "title": "layer 3 · head 5",
+                "rows": 2,
+                "cols": 3,
+                "row_labels": ["q_first", "q_second"],
+                "col_offset": 64,
+                "col_step": 4,
+                "dtype": "float32",
+                "data": list(VALUES.astype("<f4").tobytes()),
+            }
+        ],
+        "vmin": -1,
+        "vmax": 1,
+        "colormap": "diverging",
+        "colorbar_label": "cosine",
+        "num_layers": 30,
+        "layer": 3,
+        "layer_label": "layer 3 of 30",
+        "num_channels": 128,
+        "channel_start": 0,
+        "channel_width": 64,
+        "kinds_available": ["key", "value"],
+        "kind": "key",
+        "metrics_available": ["mean", "max"],
+        "metric": "mean",
     }
     base.update(state)
     h.mount(base)
@@ -39,7 +56,11 @@ def test_hover_shows_tooltip_crosshair_and_data_hover(harness):
     h.page.mouse.move(x, y)
     assert tooltip_lines(h) == ["layer 3 · head 5", "row: q_first", "col: 64–67", "value: 0.2500"]
     assert json.loads(h.js("() => document.querySelector('.hw-grid').dataset.hover")) == {
-        "panel": "attn", "row": 0, "col": 0, "value": 0.25}
+        "panel": "attn",
+        "row": 0,
+        "col": 0,
+        "value": 0.25,
+    }
     # crosshair on the overlay, heatmap untouched
     assert h.pixel("attn", x, y, "hw-overlay")[3] > 0
     rect = h.plot_rect("attn")
@@ -87,14 +108,19 @@ def test_ui_follows_python(harness):
     h.js("""() => {
       model.kernelSet('layer', 12); model.kernelSet('layer_label', 'layer 12 of 30');
       model.kernelSet('kind', 'value'); model.kernelSet('metric', 'max');
-      model.kernelSet('error', 'capture failed: <b>out of memory</b>'); model.kernelSet('status', 'computing…');
+      model.kernelSet('error', 'capture failed: <b>out of memory</b>');
+      model.kernelSet('status', 'computing…');
     }""")
     assert h.js("() => document.querySelector('input[data-trait=layer]').value") == "12"
     assert h.js("() => document.querySelector('.hw-controls output').textContent") == "layer 12 of 30"
-    assert h.js("() => document.querySelector('button[data-value=value]').getAttribute('aria-pressed')") == "true"
+    assert (
+        h.js("() => document.querySelector('button[data-value=value]').getAttribute('aria-pressed')")
+        == "true"
+    )
     assert h.js("() => document.querySelector('select[data-trait=metric]').value") == "max"
     err = h.page.locator(".hw-error")
-    assert err.is_visible() and err.inner_text() == "capture failed: <b>out of memory</b>"
+    assert err.is_visible()
+    assert err.inner_text() == "capture failed: <b>out of memory</b>"
     assert h.page.locator(".hw-error b").count() == 0
     assert h.page.locator(".hw-status").inner_text() == "computing…"
     h.js("() => model.kernelSet('num_channels', 0)")

@@ -15,7 +15,8 @@ MEASURE = """async ([n, runs]) => {
   for (let i = 0; i < vals.length; i++) vals[i] = Math.sin(i * 0.001) * (i % 97 === 0 ? NaN : 1);
   const buf = new ArrayBuffer(vals.byteLength + 1);
   new Uint8Array(buf, 1).set(new Uint8Array(vals.buffer));
-  const mk = () => hw.panel({ id: 'big', title: 'big', rows: n, cols: n, data: new DataView(buf, 1, vals.byteLength) });
+  const data = () => new DataView(buf, 1, vals.byteLength);
+  const mk = () => hw.panel({ id: 'big', title: 'big', rows: n, cols: n, data: data() });
   const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
   hw.mount({ panels: [], vmin: -1, vmax: 1 });
   await frame();
@@ -44,7 +45,8 @@ MEASURE = """async ([n, runs]) => {
   const panels = document.querySelector('.hw-panels');
   const r = panels.getBoundingClientRect();
   for (let k = 0; k < runs * 4; k++) {
-    const ev = new MouseEvent('mousemove', { clientX: r.left + 100 + k, clientY: r.top + 100 + k, bubbles: true });
+    const at = { clientX: r.left + 100 + k, clientY: r.top + 100 + k, bubbles: true };
+    const ev = new MouseEvent('mousemove', at);
     const t0 = performance.now();
     panels.dispatchEvent(ev);
     hover.push(performance.now() - t0);

@@ -17,8 +17,15 @@ VALUES = np.array(
 
 def f32_panel(pid, values, **extra):
     rows, cols = values.shape
-    return {"id": pid, "title": pid, "rows": rows, "cols": cols, "dtype": "float32",
-            "data": list(values.astype("<f4").tobytes()), **extra}
+    return {
+        "id": pid,
+        "title": pid,
+        "rows": rows,
+        "cols": cols,
+        "dtype": "float32",
+        "data": list(values.astype("<f4").tobytes()),
+        **extra,
+    }
 
 
 def test_cells_have_colormap_colours(harness_dpr, colour_of):
@@ -27,7 +34,7 @@ def test_cells_have_colormap_colours(harness_dpr, colour_of):
     for r in range(3):
         for c in range(4):
             x, y = h.cell_centre("p", r, c, 3, 4)
-            want = colour_of("diverging", float(VALUES[r, c]), -1, 1) + [255]
+            want = [*colour_of("diverging", float(VALUES[r, c]), -1, 1), 255]
             assert h.pixel("p", x, y) == want, (r, c, float(VALUES[r, c]))
     # exact landmarks of the table
     assert h.pixel("p", *h.cell_centre("p", 0, 2, 3, 4))[:3] == [255, 255, 255]  # 0 -> white
@@ -39,7 +46,7 @@ def test_scale_and_colormap_changes_recolour(harness, colour_of):
     h.mount({"panels": [f32_panel("p", VALUES)], "vmin": -1, "vmax": 1, "colormap": "diverging"})
     h.js("() => { model.kernelSet('colormap', 'magma'); model.kernelSet('vmin', 0); }")
     for r, c in [(0, 0), (0, 3), (1, 1), (1, 2), (2, 0), (2, 3)]:
-        want = colour_of("magma", float(VALUES[r, c]), 0, 1) + [255]
+        want = [*colour_of("magma", float(VALUES[r, c]), 0, 1), 255]
         assert h.pixel("p", *h.cell_centre("p", r, c, 3, 4)) == want
 
 
@@ -48,21 +55,42 @@ def test_float16_and_uint8_panels(harness, colour_of):
     half = np.array([[0.5, -0.25], [np.nan, 6e-8]], dtype="<f2")  # 6e-8 is a subnormal half
     scale, offset = 2 / 254, -1.0
     codes = np.array([[0, 127], [254, 255]], dtype=np.uint8)
-    h.mount({
-        "panels": [
-            {"id": "h", "title": "h", "rows": 2, "cols": 2, "dtype": "float16", "data": list(half.tobytes()), "pad": 3},
-            {"id": "u", "title": "u", "rows": 2, "cols": 2, "dtype": "uint8", "scale": scale, "offset": offset,
-             "data": list(codes.tobytes()), "pad": 1},
-        ],
-        "vmin": -1, "vmax": 1, "colormap": "diverging",
-    })
+    h.mount(
+        {
+            "panels": [
+                {
+                    "id": "h",
+                    "title": "h",
+                    "rows": 2,
+                    "cols": 2,
+                    "dtype": "float16",
+                    "data": list(half.tobytes()),
+                    "pad": 3,
+                },
+                {
+                    "id": "u",
+                    "title": "u",
+                    "rows": 2,
+                    "cols": 2,
+                    "dtype": "uint8",
+                    "scale": scale,
+                    "offset": offset,
+                    "data": list(codes.tobytes()),
+                    "pad": 1,
+                },
+            ],
+            "vmin": -1,
+            "vmax": 1,
+            "colormap": "diverging",
+        }
+    )
     for r in range(2):
         for c in range(2):
             v = float(half[r, c])
-            assert h.pixel("h", *h.cell_centre("h", r, c, 2, 2)) == colour_of("diverging", v, -1, 1) + [255]
+            assert h.pixel("h", *h.cell_centre("h", r, c, 2, 2)) == [*colour_of("diverging", v, -1, 1), 255]
             b = int(codes[r, c])
             u = float("nan") if b == 255 else float(np.float32(offset + scale * b))
-            assert h.pixel("u", *h.cell_centre("u", r, c, 2, 2)) == colour_of("diverging", u, -1, 1) + [255]
+            assert h.pixel("u", *h.cell_centre("u", r, c, 2, 2)) == [*colour_of("diverging", u, -1, 1), 255]
 
 
 def test_large_panel_draws_every_row_band(harness, colour_of):
@@ -75,4 +103,4 @@ def test_large_panel_draws_every_row_band(harness, colour_of):
     assert rect["w"] == rect["h"] == 320
     for r, c in [(0, 0), (17, 200), (128, 128), (255, 255)]:
         x, y = h.cell_centre("big", r, c, n, n)
-        assert h.pixel("big", x, y) == colour_of("diverging", float(vals[r, c]), -1, 1) + [255]
+        assert h.pixel("big", x, y) == [*colour_of("diverging", float(vals[r, c]), -1, 1), 255]
