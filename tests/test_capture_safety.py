@@ -38,18 +38,37 @@ def test_outputs_bitwise_identical_and_hooks_gone(name):
 
 
 def test_outputs_identical_while_hooked():
-    """The forward pass that capture runs is the model's own: compare logits computed inside it."""
+    """The forward pass that capture runs is the model's own: compare attention outputs inside it."""
     model = make_model("llama_gqa", dtype=torch.float32)
     batch = ragged_batches()[0]
-    with torch.no_grad():
-        plain = model(**batch).logits
+    attn = model.model.layers[1].self_attn
     seen = []
-    handle = model.lm_head.register_forward_hook(lambda m, a, out: seen.append(out.clone()))
+    handle = attn.register_forward_hook(lambda m, a, out: seen.append(out[0].clone()))
     try:
+        with torch.no_grad():
+            model(**batch)
         headwidget.capture(model, [batch], rope="both", progress=False)
     finally:
         handle.remove()
-    assert torch.equal(seen[0], plain)
+    assert len(seen) == 2 and torch.equal(seen[0], seen[1])
+
+
+def test_forward_stops_after_the_last_captured_layer():
+    model = make_model("llama_gqa", dtype=torch.float32)
+    calls = []
+    handles = [
+        model.model.layers[1].self_attn.register_forward_pre_hook(lambda *a: calls.append("attn1")),
+        model.model.layers[1].mlp.register_forward_pre_hook(lambda *a: calls.append("mlp1")),
+        model.lm_head.register_forward_hook(lambda *a: calls.append("lm_head")),
+    ]
+    try:
+        headwidget.capture(model, ragged_batches(), layers=[0], progress=False)
+        assert calls == []
+        headwidget.capture(model, ragged_batches(), progress=False)
+        assert calls == ["attn1", "attn1"]  # the last attention runs; its MLP and the LM head do not
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def test_training_flags_and_requires_grad_untouched():

@@ -2,7 +2,8 @@
 
 The hooks record the key/value projection outputs (and, on request, the attention input and post-RoPE
 keys) of each captured layer, select the non-padding tokens, and fold them into float64 moments on that
-layer's device. Nothing is changed in the model: hooks are removed and training flags restored on
+layer's device. The forward pass stops after the last captured layer's attention, so the rest of the
+network (and the LM head) is never computed. Nothing is changed in the model: hooks are removed and training flags restored on
 normal exit, on exceptions and on KeyboardInterrupt, and the forward pass itself is not modified.
 """
 
@@ -26,6 +27,10 @@ from headwidget.moments import Moments
 from headwidget.stats import KVStats, StatsMeta, config_fingerprint
 
 __all__ = ["capture", "estimate"]
+
+
+class _ForwardDone(Exception):
+    """Raised after the last captured layer: the rest of the forward pass is not needed."""
 
 
 class _Recorder:
@@ -77,8 +82,12 @@ class _Recorder:
         self.parts[layer]["key_post"] = key.transpose(1, 2).reshape(b, t, g * d)
 
     def layer_done_hook(self, layer: int, attention: nn.Module) -> Any:
+        last = layer == self.plan.layers[-1]
+
         def layer_done(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             self.fold_layer(layer)
+            if last:
+                raise _ForwardDone
 
         return attention.register_forward_hook(layer_done)
 
@@ -255,11 +264,14 @@ def capture(
             )
             if recorder.selection.count == 0:
                 continue
-            model(
-                input_ids=batch.input_ids.to(device),
-                attention_mask=batch.attention_mask.to(device),
-                **kwargs,
-            )
+            try:
+                model(
+                    input_ids=batch.input_ids.to(device),
+                    attention_mask=batch.attention_mask.to(device),
+                    **kwargs,
+                )
+            except _ForwardDone:
+                pass  # the layers after the last captured one (and the LM head) are skipped
             recorder.check_finite()
             total += recorder.selection.count
             bar.update(recorder.selection.count)
