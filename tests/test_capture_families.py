@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from references import head_metric
-from tiny_models import FACTORIES, ROPE_FAMILIES, make_model, ragged_batches, reference_activations
 
 import headwidget
+from references import head_metric
+from tiny_models import FACTORIES, ROPE_FAMILIES, make_model, ragged_batches, reference_activations
 
 METRICS = ("token_cosine", "cosine", "pearson", "cka")
 
@@ -52,9 +52,13 @@ def test_channel_window_is_a_sub_block(family_case):
     _, _, stats, ref = family_case
     x = ref[1]["value"]
     window = slice(2, 9)
-    np.testing.assert_allclose(stats.channel_corr(1, "value", channels=window), np.corrcoef(x[:, 2:9].T), atol=1e-8)
+    np.testing.assert_allclose(
+        stats.channel_corr(1, "value", channels=window), np.corrcoef(x[:, 2:9].T), atol=1e-8
+    )
     picked = [0, 5, 3]
-    np.testing.assert_allclose(stats.channel_corr(1, "value", channels=picked), np.corrcoef(x[:, picked].T), atol=1e-8)
+    np.testing.assert_allclose(
+        stats.channel_corr(1, "value", channels=picked), np.corrcoef(x[:, picked].T), atol=1e-8
+    )
 
 
 @pytest.mark.parametrize("metric", METRICS)
@@ -94,7 +98,9 @@ def test_cross_layer_heads_match_concatenated_reference():
         )
     # The within-layer blocks of the joint result agree with the per-layer statistics.
     np.testing.assert_allclose(
-        stats.head_similarity([0, 1], "value", "cka")[2:, 2:], stats.head_similarity(1, "value", "cka"), atol=1e-12
+        stats.head_similarity([0, 1], "value", "cka")[2:, 2:],
+        stats.head_similarity(1, "value", "cka"),
+        atol=1e-12,
     )
 
 

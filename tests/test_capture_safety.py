@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import make_model, ragged_batches
 
 import headwidget
+from tiny_models import make_model, ragged_batches
 
 
 def hook_counts(model: torch.nn.Module) -> tuple[int, int]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import make_model, ragged_batches
 from transformers import T5Config, T5Model
 
 import headwidget
 from headwidget import KVStats
+from tiny_models import make_model, ragged_batches
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_wrong_batch_type(model):
 
 @pytest.mark.parametrize("layers", [[2], [-3], [0, 7]])
 def test_capture_layer_out_of_range(model, layers):
-    with pytest.raises(headwidget.LayerIndexError, match="out of range.*2 layers"):
+    with pytest.raises(headwidget.LayerIndexError, match=r"out of range.*2 layers"):
         headwidget.capture(model, ragged_batches(), layers=layers, progress=False)
     assert no_hooks(model)
 
@@ -90,7 +90,7 @@ def test_unknown_rope_mode(model):
 
 def test_post_rope_on_models_without_rope():
     for name in ("gpt2", "bert"):
-        with pytest.raises(headwidget.RopeCaptureError, match="no rotary embedding.*rope='pre'"):
+        with pytest.raises(headwidget.RopeCaptureError, match=r"no rotary embedding.*rope='pre'"):
             headwidget.capture(make_model(name), ragged_batches(), rope="post", progress=False)
     with pytest.raises(headwidget.RopeCaptureError, match="AttentionInterface"):
         headwidget.capture(make_model("falcon_new"), ragged_batches(), rope="both", progress=False)
@@ -142,7 +142,7 @@ def test_foreign_or_corrupt_safetensors(stats, tmp_path):
         header = fh.metadata()
     incomplete = tmp_path / "incomplete.safetensors"
     save_file(tensors, str(incomplete), metadata=header)
-    with pytest.raises(headwidget.StatsFileError, match="corrupt or incomplete.*layer1.value.m2"):
+    with pytest.raises(headwidget.StatsFileError, match=r"corrupt or incomplete.*layer1.value.m2"):
         KVStats.load(incomplete)
     assert json.loads(header["meta"])["tokens"] == stats.tokens
     KVStats.load(good)  # the good file is still readable
@@ -170,5 +170,7 @@ def test_estimate_grows_with_options(model):
 
 def test_unsupported_model_names_class_and_families():
     t5 = T5Model(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4))
-    with pytest.raises(headwidget.UnsupportedModelError, match=r"T5Model.*model_type='t5'.*llama.*gpt2.*deepseek"):
+    with pytest.raises(
+        headwidget.UnsupportedModelError, match=r"T5Model.*model_type='t5'.*llama.*gpt2.*deepseek"
+    ):
         headwidget.capture(t5, torch.zeros(1, 4, dtype=torch.long), progress=False)

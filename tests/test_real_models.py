@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from references import head_metric
-from tiny_models import reference_activations
 
 import headwidget
+from references import head_metric
+from tiny_models import reference_activations
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,9 @@ def test_smollm2_gqa_statistics_match_reference(smollm2, english_texts):
         assert sim.shape == (3, 3)
         np.testing.assert_allclose(sim, head_metric(ref[layer]["key"], 64, "token_cosine"), atol=1e-5)
         # post-RoPE keys: with rope base 1e5 the fast-rotating first channels decorrelate
-        np.testing.assert_allclose(stats.channel_corr(layer, "key_post"), np.corrcoef(ref[layer]["key_post"].T), atol=1e-4)
+        np.testing.assert_allclose(
+            stats.channel_corr(layer, "key_post"), np.corrcoef(ref[layer]["key_post"].T), atol=1e-4
+        )
 
 
 def test_capture_from_strings_with_tokenizer(smollm2, english_texts):
@@ -65,8 +67,12 @@ def test_minilm_bert_statistics_match_reference(minilm, english_texts):
     ref = reference_activations("bert", model, batches)
     for layer in (0, 5):
         for kind in ("key", "value"):
-            np.testing.assert_allclose(stats.channel_corr(layer, kind), np.corrcoef(ref[layer][kind].T), atol=2e-5)
+            np.testing.assert_allclose(
+                stats.channel_corr(layer, kind), np.corrcoef(ref[layer][kind].T), atol=2e-5
+            )
             for metric in ("pearson", "cka"):
                 np.testing.assert_allclose(
-                    stats.head_similarity(layer, kind, metric), head_metric(ref[layer][kind], 32, metric), atol=1e-5
+                    stats.head_similarity(layer, kind, metric),
+                    head_metric(ref[layer][kind], 32, metric),
+                    atol=1e-5,
                 )

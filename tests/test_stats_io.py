@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from tiny_models import make_model, ragged_batches
 
 import headwidget
 from headwidget import KVStats
+from tiny_models import make_model, ragged_batches
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,9 @@ def llama_stats():
 def assert_stats_equal(a: KVStats, b: KVStats, rtol: float = 0.0) -> None:
     assert a.meta.to_json() == b.meta.to_json()
     assert sorted(a._moments) == sorted(b._moments) and sorted(a._cross) == sorted(b._cross)
-    pairs = [(a._moments[k], b._moments[k]) for k in a._moments] + [(a._cross[k], b._cross[k]) for k in a._cross]
+    pairs = [(a._moments[k], b._moments[k]) for k in a._moments] + [
+        (a._cross[k], b._cross[k]) for k in a._cross
+    ]
     for ma, mb in pairs:
         assert ma.count == mb.count and ma.split_count == mb.split_count
         for ta, tb in ((ma.mean, mb.mean), (ma.m2, mb.m2), (ma.norm_gram, mb.norm_gram)):
@@ -67,11 +69,17 @@ def test_merge_of_two_captures_equals_capture_of_all(llama_stats):
     assert merged.tokens == whole.tokens
     for layer in (0, 1):
         for kind in whole.kinds:
-            np.testing.assert_allclose(merged.covariance(layer, kind), whole.covariance(layer, kind), rtol=1e-10, atol=1e-13)
-            np.testing.assert_allclose(merged.channel_corr(layer, kind), whole.channel_corr(layer, kind), atol=1e-12)
+            np.testing.assert_allclose(
+                merged.covariance(layer, kind), whole.covariance(layer, kind), rtol=1e-10, atol=1e-13
+            )
+            np.testing.assert_allclose(
+                merged.channel_corr(layer, kind), whole.channel_corr(layer, kind), atol=1e-12
+            )
         for metric in ("token_cosine", "pearson", "cka"):
             np.testing.assert_allclose(
-                merged.head_similarity([0, 1], "key", metric), whole.head_similarity([0, 1], "key", metric), atol=1e-12
+                merged.head_similarity([0, 1], "key", metric),
+                whole.head_similarity([0, 1], "key", metric),
+                atol=1e-12,
             )
 
 

@@ -36,7 +36,7 @@ D = 48
 
 
 def _deepseek_kwargs() -> dict:
-    return dict(
+    return dict(  # noqa: C408
         vocab_size=VOCAB, hidden_size=D, intermediate_size=64, moe_intermediate_size=16,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
         qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, n_routed_experts=4,
@@ -89,8 +89,10 @@ def make_model(name: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
     """Self-attention modules by class name (independent of the adapters' marker attributes)."""
-    names = ("LlamaAttention", "GPT2Attention", "GPTNeoXAttention", "FalconAttention",
-             "GPTBigCodeAttention", "BertSelfAttention", "DeepseekV2Attention", "DeepseekV3Attention")  # fmt: skip
+    names = (
+        *("LlamaAttention", "GPT2Attention", "GPTNeoXAttention", "FalconAttention"),
+        *("GPTBigCodeAttention", "BertSelfAttention", "DeepseekV2Attention", "DeepseekV3Attention"),
+    )
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
@@ -100,9 +102,11 @@ def record_attention_inputs(model: nn.Module, batches: list[dict]) -> list[list[
     seen: list[list[torch.Tensor]] = [[] for _ in mods]
     handles = []
     for i, m in enumerate(mods):
+
         def hook(module, args, kwargs, i=i):
             x = args[0] if args else kwargs["hidden_states"]
             seen[i].append(x.detach().clone())
+
         handles.append(m.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
@@ -117,10 +121,8 @@ def record_attention_inputs(model: nn.Module, batches: list[dict]) -> list[list[
 def _linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     w = layer.weight.detach().double()
     b = None if getattr(layer, "bias", None) is None else layer.bias.detach().double()
-    if type(layer).__name__ == "Conv1D":  # GPT-2: y = x W + b with W (in, out)
-        y = x @ w
-    else:
-        y = x @ w.T
+    # GPT-2's Conv1D computes y = x W + b with W (in, out); nn.Linear stores W (out, in).
+    y = x @ w if type(layer).__name__ == "Conv1D" else x @ w.T
     return y if b is None else y + b
 
 
@@ -200,7 +202,10 @@ def reference_kv(name: str, model: nn.Module, attn: nn.Module, x: torch.Tensor) 
         return {"key": yh[:, :, 1], "value": yh[:, :, 2]}
     if name == "bert":
         h = c.num_attention_heads
-        return {"key": _linear(x, attn.key).reshape(t, h, -1), "value": _linear(x, attn.value).reshape(t, h, -1)}
+        return {
+            "key": _linear(x, attn.key).reshape(t, h, -1),
+            "value": _linear(x, attn.value).reshape(t, h, -1),
+        }
     if name.startswith("deepseek"):
         h, r = c.num_attention_heads, c.kv_lora_rank
         nope, rope, vd = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
@@ -219,7 +224,9 @@ def reference_kv(name: str, model: nn.Module, attn: nn.Module, x: torch.Tensor) 
     raise KeyError(name)
 
 
-def ragged_batches(seed: int = 1, lengths: tuple[tuple[int, ...], ...] = ((13, 7, 10), (9, 12))) -> list[dict]:
+def ragged_batches(
+    seed: int = 1, lengths: tuple[tuple[int, ...], ...] = ((13, 7, 10), (9, 12))
+) -> list[dict]:
     """Right-padded batches of random ids with ragged lengths (padding id 0, mask 0)."""
     gen = torch.Generator().manual_seed(seed)
     batches = []

@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             models = args.models.split(",") if args.models else None
             unknown = [m for m in models or [] if m not in MODELS]
             if unknown:
-                print(f"headwidget demo: unknown model(s) {unknown}; choose from {list(MODELS)}", file=sys.stderr)
+                print(
+                    f"headwidget demo: unknown model(s) {unknown}; choose from {list(MODELS)}",
+                    file=sys.stderr,
+                )
                 return 2
             run_demo(
                 args.out, max_tokens=args.max_tokens, max_length=args.max_length,

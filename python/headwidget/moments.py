@@ -141,9 +141,7 @@ class Moments:
             )
         out = self.clone()
         if other.count:
-            out._merge_parts(
-                other.count, other.mean.to(out.mean.device), other.m2.to(out.m2.device)
-            )
+            out._merge_parts(other.count, other.mean.to(out.mean.device), other.m2.to(out.m2.device))
         if out.norm_gram is not None and other.norm_gram is not None:
             out.norm_gram.add_(other.norm_gram.to(out.norm_gram.device))
             out.split_count = (
@@ -201,19 +199,19 @@ class Moments:
             dtype=F64,
             device=self.mean.device,
         )
-        dist.all_reduce(head, group=group)  # type: ignore[arg-type]
+        dist.all_reduce(head, group=group)
         total = float(head[0])
         weighted = self.mean * self.count
-        dist.all_reduce(weighted, group=group)  # type: ignore[arg-type]
+        dist.all_reduce(weighted, group=group)
         global_mean = weighted / total if total else weighted
         shift = self.mean - global_mean
         self.m2.addr_(shift, shift, alpha=float(self.count))
-        dist.all_reduce(self.m2, group=group)  # type: ignore[arg-type]
+        dist.all_reduce(self.m2, group=group)
         if self.norm_gram is not None:
-            dist.all_reduce(self.norm_gram, group=group)  # type: ignore[arg-type]
+            dist.all_reduce(self.norm_gram, group=group)
         self.mean.copy_(global_mean)
-        self.count = int(round(total))
-        self.split_count = (int(round(float(head[1]))), int(round(float(head[2]))))
+        self.count = round(total)
+        self.split_count = (round(float(head[1])), round(float(head[2])))
 
     # ------------------------------------------------------------------ derived quantities
     def covariance(self) -> torch.Tensor:
@@ -249,9 +247,7 @@ class Moments:
         return out
 
     @classmethod
-    def from_tensors(
-        cls, tensors: dict[str, torch.Tensor], prefix: str, head_dim: int | None
-    ) -> Moments:
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str, head_dim: int | None) -> Moments:
         count = int(tensors[f"{prefix}.count"][0])
         mean = tensors[f"{prefix}.mean"]
         m2 = tensors[f"{prefix}.m2"]

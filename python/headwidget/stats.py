@@ -215,9 +215,7 @@ class KVStats:
                 f"(captured cross_layer={cross or None}); capture with cross_layer={layers}"
             )
         width = self.meta.layout.channels_of(kind)
-        index = torch.cat(
-            [torch.arange(width) + cross.index(layer) * width for layer in layers]
-        )
+        index = torch.cat([torch.arange(width) + cross.index(layer) * width for layer in layers])
         return self._cross[kind].select(index)
 
     def head_similarity(
@@ -230,9 +228,7 @@ class KVStats:
         the flattened (layer, head) set, layer-major (index = position·G + g).
         """
         if metric not in HEAD_METRICS:
-            raise UnknownMetricError(
-                f"unknown metric {metric!r}; choose one of {', '.join(HEAD_METRICS)}"
-            )
+            raise UnknownMetricError(f"unknown metric {metric!r}; choose one of {', '.join(HEAD_METRICS)}")
         if self.meta.layout.head_dim_of(kind) is None:
             raise UnknownKindError(f"kind {kind!r} is not split into heads; use 'key' or 'value'")
         return head_similarity_from_moments(self.head_moments(layer, kind), metric).cpu().numpy()
@@ -254,7 +250,8 @@ class KVStats:
         problems = self._compatibility_problems(other)
         if problems:
             raise StatsMismatchError(
-                "cannot merge statistics of different captures: " + "; ".join(problems)
+                "cannot merge statistics of different captures: "
+                + "; ".join(problems)
                 + ". Capture both with the same model and the same layers/rope/inputs/cross_layer options."
             )
         moments = {key: m.merge(other._moments[key]) for key, m in self._moments.items()}
@@ -326,9 +323,7 @@ class KVStats:
             meta = StatsMeta.from_json(json.loads(header["meta"]))
             layout = meta.layout
             moments = {
-                (layer, kind): Moments.from_tensors(
-                    tensors, f"layer{layer}.{kind}", layout.head_dim_of(kind)
-                )
+                (layer, kind): Moments.from_tensors(tensors, f"layer{layer}.{kind}", layout.head_dim_of(kind))
                 for layer in meta.layers
                 for kind in meta.kinds
             }
@@ -336,9 +331,7 @@ class KVStats:
             if meta.cross_layers:
                 for kind in meta.kinds:
                     if f"cross.{kind}.mean" in tensors:
-                        cross[kind] = Moments.from_tensors(
-                            tensors, f"cross.{kind}", layout.head_dim_of(kind)
-                        )
+                        cross[kind] = Moments.from_tensors(tensors, f"cross.{kind}", layout.head_dim_of(kind))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
             raise StatsFileError(f"{path} is corrupt or incomplete: {err}") from err
         return cls(meta, moments, cross)

@@ -50,7 +50,8 @@ def english_sample(
     if pending:
         paragraphs.append(pending)
     if max_chars is not None:
-        out, total = [], 0
+        out: list[str] = []
+        total = 0
         for p in paragraphs:
             if total + len(p) > max_chars and out:
                 break

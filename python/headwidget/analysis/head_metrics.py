@@ -33,7 +33,7 @@ HEAD_METRICS = ("token_cosine", "cosine", "pearson", "cka")
 
 
 def head_blocks(matrix: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """View a (C×C) matrix as (heads, heads, head_dim, head_dim) blocks: ``out[i, j] = M[i-block, j-block]``."""
+    """View a (C×C) matrix as (heads, heads, head_dim, head_dim) blocks: ``out[i, j]`` = block (i, j)."""
     c = matrix.shape[-1]
     h = c // head_dim
     return matrix.reshape(h, head_dim, h, head_dim).permute(0, 2, 1, 3)

@@ -31,9 +31,7 @@ def _pad(rows: list[list[int]], pad_id: int) -> Batch:
     return Batch(ids, mask)
 
 
-def _from_strings(
-    texts: list[str], tokenizer: Any, batch_size: int, max_length: int
-) -> Iterator[Batch]:
+def _from_strings(texts: list[str], tokenizer: Any, batch_size: int, max_length: int) -> Iterator[Batch]:
     if tokenizer is None:
         raise CaptureInputError(
             "texts are strings but no tokenizer was given: pass tokenizer=AutoTokenizer.from_pretrained(...)"
@@ -41,9 +39,7 @@ def _from_strings(
         )
     for text in texts:
         if not isinstance(text, str):
-            raise CaptureInputError(
-                f"texts must all be strings; found {type(text).__name__}: {text!r:.60}"
-            )
+            raise CaptureInputError(f"texts must all be strings; found {type(text).__name__}: {text!r:.60}")
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = 0 if pad_id is None else int(pad_id)
     for start in range(0, len(texts), batch_size):

@@ -20,10 +20,10 @@ __all__ = ["watch_attention_keys"]
 
 
 def _eager_for(module: nn.Module) -> Callable[..., Any]:
-    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    fn: Callable[..., Any] | None = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if fn is None:
         raise RuntimeError(f"{type(module).__name__} has no eager attention function to delegate to")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 @contextmanager
@@ -39,9 +39,9 @@ def watch_attention_keys(
     from transformers.modeling_utils import AttentionInterface
 
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    mapping = AttentionInterface._global_mapping
+    mapping: dict[str, Any] = AttentionInterface._global_mapping
     had_entry = impl in mapping
-    original = mapping.get(impl)
+    original: Callable[..., Any] | None = mapping.get(impl)
 
     def watched(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         layer = layer_of.get(id(module))

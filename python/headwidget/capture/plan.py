@@ -99,7 +99,7 @@ class CapturePlan:
         if cross_layer is True:
             cross = list(chosen)
         elif cross_layer:
-            cross = sorted({int(c) % n if -n <= int(c) < n else int(c) for c in cross_layer})  # type: ignore[union-attr]
+            cross = sorted({int(c) % n if -n <= int(c) < n else int(c) for c in cross_layer})
             outside = [c for c in cross if c not in chosen]
             if outside:
                 raise LayerIndexError(

@@ -3,15 +3,17 @@
 The hooks record the key/value projection outputs (and, on request, the attention input and post-RoPE
 keys) of each captured layer, select the non-padding tokens, and fold them into float64 moments on that
 layer's device. The forward pass stops after the last captured layer's attention, so the rest of the
-network (and the LM head) is never computed. Nothing is changed in the model: hooks are removed and training flags restored on
-normal exit, on exceptions and on KeyboardInterrupt, and the forward pass itself is not modified.
+network (and the LM head) is never computed.
+
+Nothing is changed in the model: hooks are removed and training flags restored on normal exit, on
+exceptions and on KeyboardInterrupt, and the computation of every layer is the model's own.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from typing import Any
 
 import torch
@@ -145,14 +147,20 @@ class _Recorder:
         )
 
 
+def _restore_training(flags: dict[nn.Module, bool]) -> None:
+    for module, flag in flags.items():
+        module.training = flag
+
+
 def _forward_kwargs(model: nn.Module) -> dict[str, Any]:
     params = inspect.signature(model.forward).parameters
     return {"use_cache": False} if "use_cache" in params else {}
 
 
 def _input_device(model: nn.Module) -> torch.device:
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embeddings is not None:
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
+    if isinstance(embeddings, nn.Module):
         return module_device(embeddings)
     return module_device(model)
 
@@ -242,12 +250,11 @@ def capture(
             layer_of = {id(m): layer for layer, m in zip(plan.layers, plan.attention, strict=True)}
             stack.enter_context(watch_attention_keys(model, layer_of, recorder.on_post_rope_key))
         training = {m: m.training for m in model.modules()}
-        stack.callback(lambda: [setattr(m, "training", flag) for m, flag in training.items()])
+        stack.callback(_restore_training, training)
         model.eval()
         stack.enter_context(torch.no_grad())
         bar = stack.enter_context(
-            tqdm(total=max_tokens, unit="tok", unit_scale=True, disable=not progress,
-                 desc="headwidget capture")  # fmt: skip
+            tqdm(total=max_tokens, unit="tok", unit_scale=True, disable=not progress, desc="capture")
         )
         for number, batch in enumerate(batches):
             if not bool(batch.attention_mask.any()):
@@ -264,14 +271,13 @@ def capture(
             )
             if recorder.selection.count == 0:
                 continue
-            try:
+            # _ForwardDone skips the layers after the last captured one (and the LM head).
+            with suppress(_ForwardDone):
                 model(
                     input_ids=batch.input_ids.to(device),
                     attention_mask=batch.attention_mask.to(device),
                     **kwargs,
                 )
-            except _ForwardDone:
-                pass  # the layers after the last captured one (and the LM head) are skipped
             recorder.check_finite()
             total += recorder.selection.count
             bar.update(recorder.selection.count)
@@ -282,7 +288,7 @@ def capture(
         raise CaptureInputError(
             "no tokens were captured: every position was padding (or skipped as a first token)"
         )
-    cfg = model.config  # type: ignore[union-attr]
+    cfg: Any = model.config
     meta = StatsMeta(
         model_name=str(getattr(cfg, "name_or_path", "") or ""),
         model_class=type(model).__name__,

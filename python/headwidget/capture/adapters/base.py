@@ -47,7 +47,7 @@ class Adapter:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.config = model.config  # type: ignore[union-attr]
+        self.config: Any = model.config
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -67,7 +67,7 @@ class Adapter:
     def layout(self) -> AttentionLayout:
         raise NotImplementedError
 
-    def taps(self, attention: nn.Module) -> list[Tap]:
+    def taps(self, attention: Any) -> list[Tap]:
         """The submodules to record for one layer: slots are read back by :meth:`split`."""
         raise NotImplementedError
 
@@ -75,7 +75,7 @@ class Adapter:
         """Turn recorded slots into ``{kind: (B, T, C)}`` tensors (kinds key, value, input, latent)."""
         raise NotImplementedError
 
-    def input_tap(self, attention: nn.Module) -> Tap:
+    def input_tap(self, attention: Any) -> Tap:
         """The tap whose input is the attention layer's input (what enters the K/V projections)."""
         first = self.taps(attention)[0]
         return Tap(first.module, "input", on_input=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -31,7 +33,7 @@ class BertAdapter(Adapter):
             hidden_size=c.hidden_size,
         )
 
-    def taps(self, attention: nn.Module) -> list[Tap]:
+    def taps(self, attention: Any) -> list[Tap]:
         return [Tap(attention.key, "key"), Tap(attention.value, "value")]
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
 
 from headwidget.capture.adapters.base import Adapter, Tap
 from headwidget.capture.layout import AttentionLayout, mechanism_of
@@ -29,7 +30,7 @@ class GPTBigCodeAdapter(Adapter):
             hidden_size=c.n_embd,
         )
 
-    def taps(self, attention: nn.Module) -> list[Tap]:
+    def taps(self, attention: Any) -> list[Tap]:
         return [Tap(attention.c_attn, "qkv")]
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

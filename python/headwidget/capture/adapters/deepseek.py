@@ -8,8 +8,9 @@ pre-RoPE rope part), the per-head V, and the latent as kind ``"latent"``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
 
 from headwidget.capture.adapters.base import Adapter, Tap
 from headwidget.capture.layout import AttentionLayout, RopeLayout
@@ -43,14 +44,14 @@ class DeepseekAdapter(Adapter):
             latent_dim=c.kv_lora_rank,
         )
 
-    def taps(self, attention: nn.Module) -> list[Tap]:
+    def taps(self, attention: Any) -> list[Tap]:
         return [
             Tap(attention.kv_a_proj_with_mqa, "compressed"),
             Tap(attention.kv_a_layernorm, "latent"),
             Tap(attention.kv_b_proj, "expanded"),
         ]
 
-    def input_tap(self, attention: nn.Module) -> Tap:
+    def input_tap(self, attention: Any) -> Tap:
         return Tap(attention.kv_a_proj_with_mqa, "input", on_input=True)
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

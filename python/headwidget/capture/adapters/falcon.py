@@ -6,8 +6,9 @@ not captured for it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
 
 from headwidget.capture.adapters.base import Adapter, Tap, config_get
 from headwidget.capture.layout import AttentionLayout, RopeLayout, mechanism_of
@@ -43,7 +44,7 @@ class FalconAdapter(Adapter):
             rope=rope,
         )
 
-    def taps(self, attention: nn.Module) -> list[Tap]:
+    def taps(self, attention: Any) -> list[Tap]:
         return [Tap(attention.query_key_value, "qkv")]
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
 
 from headwidget.capture.adapters.base import Adapter, Tap, config_get
 from headwidget.capture.layout import AttentionLayout, RopeLayout, mechanism_of
@@ -36,12 +37,12 @@ class LlamaAdapter(Adapter):
             rope=RopeLayout("half", rotary_dim=rotary),
         )
 
-    def taps(self, attention: nn.Module) -> list[Tap]:
+    def taps(self, attention: Any) -> list[Tap]:
         # Qwen3-style models normalise each key head before RoPE: that normed key is the pre-RoPE key.
         key_module = getattr(attention, "k_norm", None) or attention.k_proj
         return [Tap(key_module, "key"), Tap(attention.v_proj, "value")]
 
-    def input_tap(self, attention: nn.Module) -> Tap:
+    def input_tap(self, attention: Any) -> Tap:
         return Tap(attention.k_proj, "input", on_input=True)
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

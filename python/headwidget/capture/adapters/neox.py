@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
 
 from headwidget.capture.adapters.base import Adapter, Tap
 from headwidget.capture.layout import AttentionLayout, RopeLayout
@@ -32,7 +33,7 @@ class GPTNeoXAdapter(Adapter):
             rope=RopeLayout("half", rotary_dim=int(head_dim * factor)),
         )
 
-    def taps(self, attention: nn.Module) -> list[Tap]:
+    def taps(self, attention: Any) -> list[Tap]:
         return [Tap(attention.query_key_value, "qkv")]
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
