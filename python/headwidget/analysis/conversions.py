@@ -1,0 +1,213 @@
+"""Convert one layer's key/value projections to another KV-cache mechanism, and price the result.
+
+Specs (per layer, cache elements per token with K and V together, ``d_v`` the value head size):
+
+============  ==============================================  ================================
+spec          effective per-head K (and V alike)               cached elements per token
+============  ==============================================  ================================
+``model``     the layer as the model has it                    as the model stores it
+``mha``       every query head keeps its own K/V               ``H·(d_h + d_v)``
+``gqa:G``     mean over contiguous groups of ``H/G`` heads    ``G·(d_h + d_v)``
+``mqa``       mean over all heads (``gqa:1``)                  ``d_h + d_v``
+``lrkv:r``    shared mean + rank-r truncation of each          ``d_h + d_v + 2·H·r``
+              head's residual ``W_h − mean``
+``mla:d_c``   rank-``d_c`` factorisation of the stacked        ``d_c`` (+ ``d_h^R``: 0 here)
+              ``[W_K^1; …; W_K^H; W_V^1; …; W_V^H]``
+============  ==============================================  ================================
+
+Fidelity is ``‖(W − Ŵ) Σ_x^{1/2}‖_F / ‖W Σ_x^{1/2}‖_F`` over the stacked per-query-head weights.
+With ``stats`` holding kind ``"input"`` for the layer, ``Σ_x = E[x xᵀ]`` is the uncentred second moment
+of the attention input (so the error is the relative RMS error of the projected keys/values over the
+captured tokens) and the low-rank fits minimise that weighted error: the best rank-r ``Ŵ`` is
+``U_r U_rᵀ W`` with ``U_r`` the top left singular vectors of ``W Σ_x^{1/2}`` (no inverse needed).
+Otherwise ``Σ_x = I`` (weight space). Group means are optimal under any weighting. Biases are left out.
+
+MLA conversions put every key dim through the latent (``d_h^R = 0``). A deployable MLA keeps RoPE dims
+outside the latent as a shared decoupled key (cost ``d_c + d_h^R``); the ``model`` spec of a DeepSeek
+model reports exactly that.
+
+Example:
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+    >>> c = convert(model, 0, "gqa:2")
+    >>> tuple(c.k_weight.shape), c.kv_bytes_per_token(), c.reconstruction_error["key"] > 0
+    ((4, 8, 32), 64, True)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from headwidget.analysis.weights import HeadWeights, head_weights
+from headwidget.errors import GroupCountError, MechanismSpecError, RankRangeError
+
+__all__ = ["Conversion", "convert", "mechanism_sweep", "parse_spec"]
+
+F64 = torch.float64
+SPEC_FORMS = "model, mha, gqa:G, mqa, lrkv:r, mla:d_c"
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """``"gqa:4"`` → ``("gqa", 4)``; ``"mqa"`` → ``("mqa", None)``.
+
+    >>> parse_spec(" LRKV:16 ")
+    ('lrkv', 16)
+    """
+    text = str(spec).strip().lower()
+    m = re.fullmatch(r"(model|mha|mqa)|(gqa|lrkv|mla):(\d+)", text)
+    if m is None:
+        raise MechanismSpecError(
+            f"cannot read mechanism spec {spec!r}; write one of {SPEC_FORMS} with whole numbers, "
+            "e.g. 'gqa:4', 'lrkv:16', 'mla:512'"
+        )
+    if m.group(1):
+        return m.group(1), None
+    return m.group(2), int(m.group(3))
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """One layer converted to a mechanism: effective per-query-head K/V weights, cost and fidelity."""
+
+    spec: str
+    mechanism: str
+    source: HeadWeights
+    k_weight: torch.Tensor
+    v_weight: torch.Tensor
+    kv_elements: int
+    reconstruction_error: dict[str, float]
+    weighting: str
+
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Bytes of K/V cache per token for this layer in ``dtype``."""
+        return self.kv_elements * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def q_weight(self) -> torch.Tensor:
+        """The (unchanged) query weights (H, d_h, d)."""
+        return self.source.q
+
+    @property
+    def o_weight(self) -> torch.Tensor:
+        """The (unchanged) output weights (H, d, d_v)."""
+        return self.source.o
+
+
+def _input_sqrt(stats: Any, layer: int) -> torch.Tensor | None:
+    """``E[x xᵀ]^{1/2}`` of the attention input of ``layer``, or None when it was not captured."""
+    if stats is None or "input" not in stats.kinds or layer not in stats.layers:
+        return None
+    m = stats.moments(layer, "input")
+    second = (m.gram() / max(m.count, 1)).to("cpu", F64)
+    vals, vecs = torch.linalg.eigh((second + second.T) / 2)
+    vals = vals.clamp_min(1e-12 * float(vals.max().clamp_min(0)))
+    return (vecs * vals.sqrt()) @ vecs.T
+
+
+def _top_projection(w: torch.Tensor, sqrt: torch.Tensor | None, rank: int) -> torch.Tensor:
+    """``U_r U_rᵀ w`` for w (…, m, d), U_r the top-``rank`` left singular vectors of ``w Σ^{1/2}``."""
+    if rank >= w.shape[-2]:
+        return w.clone()
+    weighted = w if sqrt is None else w @ sqrt
+    u = torch.linalg.svd(weighted, full_matrices=False)[0][..., :rank]
+    return u @ (u.transpose(-2, -1) @ w)
+
+
+def _error(w: torch.Tensor, approx: torch.Tensor, sqrt: torch.Tensor | None) -> float:
+    diff = (w - approx).reshape(-1, w.shape[-1])
+    ref = w.reshape(-1, w.shape[-1])
+    if sqrt is not None:
+        diff, ref = diff @ sqrt, ref @ sqrt
+    den = float(torch.linalg.matrix_norm(ref))
+    return float(torch.linalg.matrix_norm(diff)) / den if den > 0 else 0.0
+
+
+def _shared_plus_low_rank(w: torch.Tensor, sqrt: torch.Tensor | None, rank: int) -> torch.Tensor:
+    shared = w.mean(0)
+    return shared + _top_projection(w - shared, sqrt, rank)
+
+
+def _group_mean(w: torch.Tensor, groups: int) -> torch.Tensor:
+    h = w.shape[0]
+    means = w.reshape(groups, h // groups, *w.shape[1:]).mean(1)
+    return means.repeat_interleave(h // groups, dim=0)
+
+
+def convert(model: nn.Module | HeadWeights, layer: int, spec: str, stats: Any = None) -> Conversion:
+    """Convert the K/V projections of ``layer`` to the mechanism ``spec`` (see the module docstring).
+
+    Args:
+        model: a supported Hugging Face model, or :class:`~headwidget.analysis.weights.HeadWeights`.
+        layer: the layer index.
+        spec: ``"model"``, ``"mha"``, ``"gqa:G"``, ``"mqa"``, ``"lrkv:r"`` or ``"mla:d_c"``.
+        stats: :class:`~headwidget.stats.KVStats` with kind ``"input"`` for data-aware fits and errors.
+
+    Raises:
+        MechanismSpecError: an unreadable spec. GroupCountError: G does not divide H.
+        RankRangeError: r or d_c outside what the layer allows.
+    """
+    name, arg = parse_spec(spec)
+    w = model if isinstance(model, HeadWeights) else head_weights(model, layer)
+    heads, d_h, d_v, d = w.num_heads, int(w.k.shape[1]), int(w.v.shape[1]), int(w.k.shape[2])
+    sqrt = _input_sqrt(stats, layer)
+    k, v = w.k[w.kv_of], w.v[w.kv_of]
+    if name in ("gqa", "mqa"):
+        groups = 1 if name == "mqa" else int(arg or 0)
+        if groups < 1 or heads % groups:
+            divisors = ", ".join(str(g) for g in range(1, heads + 1) if heads % g == 0)
+            raise GroupCountError(f"gqa:{groups} needs a divisor of the {heads} query heads: {divisors}")
+        k_hat, v_hat, elements = _group_mean(k, groups), _group_mean(v, groups), groups * (d_h + d_v)
+    elif name == "lrkv":
+        rank = int(arg or 0)
+        if rank > max(d_h, d_v):
+            raise RankRangeError(f"lrkv:{rank}: r must lie in 0..{max(d_h, d_v)} (the head size)")
+        k_hat, v_hat = _shared_plus_low_rank(k, sqrt, rank), _shared_plus_low_rank(v, sqrt, rank)
+        elements = d_h + d_v + 2 * heads * rank
+    elif name == "mla":
+        rank, top = int(arg or 0), heads * (d_h + d_v)
+        if not 1 <= rank <= top:
+            raise RankRangeError(
+                f"mla:{rank}: d_c must lie in 1..{top} (rows of the stacked K/V weights; beyond "
+                f"min(rows, d) = {min(top, d)} the factorisation is already exact)"
+            )
+        stacked = torch.cat([k.reshape(-1, d), v.reshape(-1, d)])
+        approx = _top_projection(stacked, sqrt, rank)
+        k_hat, v_hat = approx[: heads * d_h].reshape(k.shape), approx[heads * d_h :].reshape(v.shape)
+        elements = rank
+    else:
+        k_hat, v_hat = k.clone(), v.clone()
+        elements = w.kv_elements() if name == "model" else heads * (d_h + d_v)
+    errors = {"key": _error(k, k_hat, sqrt), "value": _error(v, v_hat, sqrt)}
+    mechanism = w.mechanism if name == "model" else name
+    canonical = name if arg is None else f"{name}:{arg}"
+    weighting = "weight-space" if sqrt is None else "data-aware"
+    return Conversion(canonical, mechanism, w, k_hat, v_hat, elements, errors, weighting)
+
+
+def mechanism_sweep(
+    model: nn.Module | HeadWeights, layer: int, specs: Sequence[str], stats: Any = None
+) -> list[dict[str, Any]]:
+    """One row per spec: ``spec``, ``mechanism``, ``kv_bytes_per_token`` (bf16), ``key_error``,
+    ``value_error``, ``weighting``.
+
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+    >>> [row["kv_bytes_per_token"] for row in mechanism_sweep(model, 0, ["mha", "mqa", "lrkv:2"])]
+    [128, 32, 64]
+    """
+    w = model if isinstance(model, HeadWeights) else head_weights(model, layer)
+    rows = []
+    for spec in specs:
+        c = convert(w, layer, spec, stats)
+        rows.append({
+            "spec": c.spec, "mechanism": c.mechanism, "kv_bytes_per_token": c.kv_bytes_per_token(),
+            "key_error": c.reconstruction_error["key"], "value_error": c.reconstruction_error["value"],
+            "weighting": c.weighting,
+        })  # fmt: skip
+    return rows
