@@ -26,8 +26,8 @@ def summary_table(stats: KVStats) -> str:
         >>> m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40)).eval()
         >>> print(summary_table(headwidget.capture(m, torch.randint(0, 40, (2, 30)), progress=False)))
         ... # doctest: +ELLIPSIS
-        layer  mean|ρ| K  mean|ρ| V  head cos K  head cos V
-            0  ...
+        layer   mean|ρ| K   mean|ρ| V   head cos K   head cos V
+            0 ...
     """
     header = "  ".join(
         f"{title:>{len(fmt.format(0 if key == 'layer' else 0.0))}}" for key, title, fmt in COLUMNS

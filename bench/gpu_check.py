@@ -1,0 +1,139 @@
+"""One short GPU check: capture overhead on a lent accelerator, printed as side-by-side ratios.
+
+1. A synthetic LLaMA-7B-shaped attention stack (32 layers, hidden 4096, 32 heads, d_h 128 → C = 4096
+   channels of K and of V per layer; small MLPs to keep the weights at ~5 GB) in bfloat16, random
+   init: capture of all layers vs the same forward stopped after the last attention.
+2. SmolLM2-135M on the GPU (8×256 tokens): the same ratios as ``bench/capture.py`` (a).
+3. Accuracy: correlations from the GPU capture vs a float64 recomputation on the GPU.
+
+Run on the device machine: ``python bench/gpu_check.py`` (about a minute); ``--device cpu --small``
+is a smoke run of the same code here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import suppress
+
+import torch
+from torch import nn
+
+import headwidget
+
+
+class _Stop(Exception):
+    pass
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn: Callable[[], object], device: torch.device, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _forward_to_last_attention(model: nn.Module, attention: nn.Module, ids: torch.Tensor) -> None:
+    def stop(*_: object) -> None:
+        raise _Stop
+
+    handle = attention.register_forward_hook(stop)
+    try:
+        with torch.no_grad(), suppress(_Stop):
+            model(input_ids=ids, use_cache=False)
+    finally:
+        handle.remove()
+
+
+def compare(name: str, model: nn.Module, ids: torch.Tensor, device: torch.device, repeats: int) -> None:
+    last = model.model.layers[-1].self_attn  # type: ignore[union-attr,index]
+    routes: dict[str, Callable[[], object]] = {
+        "forward to last attention": lambda: _forward_to_last_attention(model, last, ids),
+        "capture K,V (moments + head Gram)": lambda: headwidget.capture(
+            model, ids, batch_size=ids.shape[0], max_length=ids.shape[1], progress=False
+        ),
+        "capture K,V,K_post": lambda: headwidget.capture(
+            model, ids, batch_size=ids.shape[0], max_length=ids.shape[1], rope="both", progress=False
+        ),
+    }
+    for fn in routes.values():
+        fn()  # warm-up (kernels, allocator)
+    times: dict[str, list[float]] = {k: [] for k in routes}
+    for _ in range(repeats):
+        for key, fn in routes.items():
+            times[key] += _median_time(fn, device, 1)
+    base = statistics.median(times["forward to last attention"])
+    print(f"\n{name}: {tuple(ids.shape)} tokens on {device}, median of {repeats} interleaved runs")
+    for key, ts in times.items():
+        print(
+            f"  {key:36s} {statistics.median(ts) * 1e3:9.1f} ms   ratio {statistics.median(ts) / base:6.3f}"
+        )
+
+
+def accuracy(model: nn.Module, ids: torch.Tensor) -> None:
+    layer = len(model.model.layers) - 1  # type: ignore[union-attr,arg-type]
+    stats = headwidget.capture(model, ids, layers=[layer], progress=False)
+    seen: list[torch.Tensor] = []
+    proj = model.model.layers[layer].self_attn.k_proj  # type: ignore[union-attr,index]
+    handle = proj.register_forward_hook(lambda m, a, out: seen.append(out.detach()))
+    attention = model.model.layers[layer].self_attn  # type: ignore[union-attr,index]
+    try:
+        _forward_to_last_attention(model, attention, ids)
+    finally:
+        handle.remove()
+    k = seen[0].reshape(-1, seen[0].shape[-1]).double()
+    ref = torch.corrcoef(k.T).cpu().numpy()
+    err = abs(stats.channel_corr(layer, "key") - ref).max()
+    print(
+        f"\n  max |corr − float64 corrcoef| (layer {layer} keys, {k.shape[0]} tokens, C={k.shape[1]}): {err:.2e}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke run on CPU)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, layers, inter, tokens = (256, 4, 256, (2, 64)) if args.small else (4096, 32, 1024, (8, 512))
+    config = LlamaConfig(
+        vocab_size=1024, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+        num_attention_heads=hidden // 128, num_key_value_heads=hidden // 128, head_dim=128,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with device:
+        synthetic = LlamaForCausalLM(config).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
+    synthetic.eval()
+    ids = torch.randint(0, 1024, tokens, device=device)
+    need = headwidget.estimate(synthetic, batch_size=tokens[0], max_length=tokens[1])
+    print(f"synthetic stack: {layers} layers, C={hidden} per kind, statistics need {need / 2**30:.1f} GiB")
+    compare("synthetic LLaMA-7B-shaped stack", synthetic, ids, device, args.repeats)
+    accuracy(synthetic, ids)
+    del synthetic
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    from headwidget.embedded import load_smollm2
+
+    smol, _ = load_smollm2(device=str(device))
+    ids = torch.randint(0, smol.config.vocab_size, (2, 64) if args.small else (8, 256), device=device)
+    compare("SmolLM2-135M", smol, ids, device, args.repeats)
+    accuracy(smol, ids)
+
+
+if __name__ == "__main__":
+    main()
