@@ -95,9 +95,8 @@ def accuracy(model: nn.Module, ids: torch.Tensor) -> None:
     k = seen[0].reshape(-1, seen[0].shape[-1]).double()
     ref = torch.corrcoef(k.T).cpu().numpy()
     err = abs(stats.channel_corr(layer, "key") - ref).max()
-    print(
-        f"\n  max |corr − float64 corrcoef| (layer {layer} keys, {k.shape[0]} tokens, C={k.shape[1]}): {err:.2e}"
-    )
+    where = f"layer {layer} keys, {k.shape[0]} tokens, C={k.shape[1]}"
+    print(f"\n  max |corr − float64 corrcoef| ({where}): {err:.2e}")
 
 
 def main() -> None:
