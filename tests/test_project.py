@@ -1,0 +1,53 @@
+"""Project-level invariants: one version, one supported-model table, README setup = CI."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+import tomllib
+
+import headwidget
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_version_single_sourced_from_package_json():
+    package = json.loads((ROOT / "package.json").read_text())["version"]
+    assert headwidget.__version__ == package
+    assert version("headwidget") == package
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["hatch"]["version"]["path"] == "package.json"
+
+
+def test_readme_model_table_matches_adapter_registry():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Supported models", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| family")
+    ]
+    table = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        table[cells[0]] = tuple(t.strip() for t in cells[1].split(","))
+    assert table == headwidget.supported_families()
+
+
+def test_readme_setup_commands_are_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", readme, flags=re.S)
+    assert commands[0] == "bash .ci/install && .venv/bin/headwidget demo"
+    assert commands[1] == "bash .ci/run"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash .ci/install --browser" in ci and "bash .ci/test" in ci
+    install = (ROOT / ".ci" / "install").read_text()
+    assert "apt-get install" in install and "chromium" in install
+    assert "torch==2.13.0" in install and "npm ci" in install and "npm run" in install
+
+
+def test_console_script_is_declared():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["headwidget"] == "headwidget.cli:main"
