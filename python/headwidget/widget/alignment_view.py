@@ -1,0 +1,108 @@
+"""``AlignmentView``: head × head similarity of keys and values, before and after alignment.
+
+Reference: the head-alignment paper's figure (keys and values, each before and after orthogonal
+alignment, colour 0..1). Heads are the real KV heads of the selected layer, or of a flattened list of
+layers (needs ``capture(..., cross_layer=[...])``). ``alignment`` picks the key alignment: ``"auto"``
+(RoPE-compatible plane rotations for RoPE models, else orthogonal), ``"rope"``, ``"orthogonal"`` or
+``"none"``; values are aligned with orthogonal Procrustes (RoPE does not touch them). Each "after" panel
+says whether it shows held-out scores (rotations fitted on one token split, scored on the other) or
+in-sample ones.
+
+Example:
+    >>> import torch, headwidget
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)).eval()
+    >>> stats = headwidget.capture(model, torch.randint(0, 64, (4, 32)), progress=False)
+    >>> view = AlignmentView(stats, layer=0)
+    >>> [p.title for p in view.grid.panels]
+    ['Keys · before', 'Keys · after (rope)', 'Values · before', 'Values · after (orthogonal)']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from headwidget.analysis.alignment import AlignmentResult, align
+from headwidget.stats import KVStats
+from headwidget.widget.base import HeadWidget
+from headwidget.widget.panels import Panel, PanelGrid
+
+__all__ = ["AlignmentView"]
+
+METRICS = ["token_cosine", "cosine", "pearson"]
+
+
+class AlignmentView(HeadWidget):
+    """Keys/values × before/after head similarity over one layer or a flattened layer set."""
+
+    view_name = "alignment"
+
+    def __init__(
+        self,
+        stats: KVStats,
+        *,
+        layer: int | None = None,
+        layers: Sequence[int] | None = None,
+        kind: str = "key",
+        metric: str = "token_cosine",
+        alignment: str = "auto",
+        heldout: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.stats = stats
+        self.fixed_layers = list(layers) if layers is not None else None
+        self.heldout = heldout
+        self._results: dict[tuple[Any, ...], AlignmentResult] = {}
+        uses_rope = stats.meta.layout.rope.uses_rope
+        key_kinds = [k for k in ("key", "key_post") if k in stats.kinds]
+        super().__init__(**kwargs)
+        with self.hold_trait_notifications():
+            self.num_layers = 0 if self.fixed_layers else stats.meta.layout.num_layers
+            self.layer = stats.layers[0] if layer is None else layer
+            self.kinds_available = key_kinds if len(key_kinds) > 1 else []
+            self.kind = kind
+            self.metrics_available = METRICS
+            self.metric = metric
+            self.alignments_available = ["auto", *(["rope"] if uses_rope else []), "orthogonal", "none"]
+            self.alignment = alignment
+        self.refresh()
+
+    def result(self, kind: str) -> AlignmentResult:
+        """The alignment result behind the panels of ``kind`` (cached per state)."""
+        layers = self.fixed_layers or [self.layer]
+        if kind == "value":
+            method = "none" if self.alignment == "none" else "orthogonal"
+        else:
+            method = None if self.alignment == "auto" else self.alignment
+        key = (tuple(layers), kind, method, self.metric, self.heldout)
+        if key not in self._results:
+            self._results[key] = align(
+                self.stats, layers, kind=kind, method=method, metric=self.metric, heldout=self.heldout
+            )
+        return self._results[key]
+
+    def compute(self) -> PanelGrid:
+        if self.kind not in ("key", "key_post"):
+            raise ValueError(f"kind must be 'key' or 'key_post' for the alignment view, got {self.kind!r}")
+        panels = []
+        for kind in (self.kind, "value"):
+            res = self.result(kind)
+            title = "Keys" if kind == "key" else ("Keys (post-RoPE)" if kind == "key_post" else "Values")
+            labels = list(res.labels)
+            aligned = res.method != "none"
+            shows = res.shows if aligned else "in-sample"
+            panels.append(Panel(f"{kind}-before", f"{title} · before", res.before,
+                                subtitle=f"{res.metric}, {res.token_count} tokens",
+                                row_labels=labels, col_labels=labels))  # fmt: skip
+            after = res.shown if aligned else res.before
+            panels.append(Panel(f"{kind}-after", f"{title} · after ({res.method})", after,
+                                subtitle=f"{shows} scores", row_labels=labels, col_labels=labels))  # fmt: skip
+        layers = self.fixed_layers or [self.layer]
+        self.layer_label = (
+            f"layers {layers}" if self.fixed_layers else f"layer {self.layer} of {self.num_layers}"
+        )
+        return PanelGrid(
+            panels, vmin=0.0, vmax=1.0, colormap="magma", colorbar_label="head similarity", columns=2
+        )

@@ -1,0 +1,120 @@
+"""``ChannelView``: channel × channel correlation of K (top row) and V (bottom row) per layer.
+
+Reference: the coupled-quantization paper's figure (keys over values, several layers, colour −1..1).
+The layer slider picks the layer to explore; ``pinned`` layers stay beside it. The channel window
+(start, width) is shown at full resolution when it has at most ``max_cells`` channels, otherwise
+block-averaged (NaN-aware mean) down to at most ``max_cells``, and the panel says so.
+
+Example:
+    >>> import torch, headwidget
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 16)), progress=False)
+    >>> view = ChannelView(stats, layer=1, channel_start=0, channel_width=8)
+    >>> [p.title for p in view.grid.panels], view.grid.panels[0].matrix.shape
+    (['Keys · layer 1', 'Values · layer 1'], (8, 8))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import traitlets as t
+
+from headwidget.analysis.downsample import downsample
+from headwidget.stats import KVStats
+from headwidget.widget.base import HeadWidget
+from headwidget.widget.panels import Panel, PanelGrid
+
+__all__ = ["ChannelView"]
+
+KIND_TITLES = {"key": "Keys", "key_post": "Keys (post-RoPE)", "value": "Values"}
+
+
+class ChannelView(HeadWidget):
+    """K and V channel correlation for the selected layer (and pinned layers), one window."""
+
+    view_name = "channels"
+    pinned = t.List(t.Int()).tag(sync=True)
+
+    def __init__(
+        self,
+        stats: KVStats,
+        *,
+        layer: int | None = None,
+        pinned: Sequence[int] = (),
+        kind: str = "key",
+        channel_start: int = 0,
+        channel_width: int | None = None,
+        max_cells: int = 1024,
+        **kwargs: Any,
+    ) -> None:
+        self.stats = stats
+        self.max_cells = max_cells
+        channels = stats.meta.layout.channels_of("key")
+        key_kinds = [k for k in ("key", "key_post") if k in stats.kinds]
+        super().__init__(**kwargs)
+        self._corr = lru_cache(maxsize=64)(self._full_corr)
+        with self.hold_trait_notifications():
+            self.num_layers = stats.meta.layout.num_layers
+            self.num_channels = channels
+            self.kinds_available = key_kinds if len(key_kinds) > 1 else []
+            self.kind = kind
+            self.layer = stats.layers[0] if layer is None else layer
+            self.pinned = list(pinned)
+            self.channel_start = channel_start
+            self.channel_width = channels if channel_width is None else channel_width
+        self.observe(self._on_state_change, names=["pinned"])
+        self.refresh()
+
+    def _full_corr(self, layer: int, kind: str) -> np.ndarray:
+        return self.stats.channel_corr(layer, kind)
+
+    def _window(self, total: int) -> tuple[int, int]:
+        start, width = self.channel_start, self.channel_width
+        if width < 1:
+            raise ValueError(f"channel_width must be ≥ 1, got {width}")
+        if not 0 <= start < total:
+            raise IndexError(f"channel_start {start} is outside 0..{total - 1}")
+        return start, min(start + width, total)
+
+    def compute(self) -> PanelGrid:
+        stats = self.stats
+        if self.kind not in ("key", "key_post"):
+            raise ValueError(f"kind must be 'key' or 'key_post' for the channel view, got {self.kind!r}")
+        layers = sorted({self.layer, *self.pinned})
+        panels = []
+        for kind in (self.kind, "value"):
+            for layer in layers:
+                full = self._corr(layer, kind)
+                start, stop = self._window(full.shape[0])
+                window = full[start:stop, start:stop]
+                matrix, block, note = window, 1, ""
+                if window.shape[0] > self.max_cells:
+                    matrix, block = downsample(window, self.max_cells, how="mean")
+                    note = (
+                        f"downsampled {window.shape[0]}→{matrix.shape[0]}: mean of {block}×{block} "
+                        "blocks (NaN cells ignored)"
+                    )
+                panels.append(
+                    Panel(
+                        id=f"{kind}-{layer}",
+                        title=f"{KIND_TITLES[kind]} · layer {layer}",
+                        subtitle=f"channels {start}–{stop - 1}",
+                        matrix=matrix,
+                        row_offset=start,
+                        col_offset=start,
+                        row_step=block,
+                        col_step=block,
+                        note=note,
+                    )
+                )
+        self.layer_label = f"layer {self.layer} of {self.num_layers} ({stats.tokens} tokens)"
+        return PanelGrid(
+            panels, vmin=-1.0, vmax=1.0, colormap="diverging",
+            colorbar_label="Pearson correlation", columns=len(layers),
+        )  # fmt: skip

@@ -1,0 +1,106 @@
+"""``MechanismView``: operator-space head correlation of one layer under several attention mechanisms.
+
+Reference: the low-rank KV paper's figure (MHA, LRKV r=16, LRKV r=64, MQA, MLA side by side, colour
+−1..1). Each panel is the (H × H) correlation of the heads' QK forms ``W_Q^h ᵀ W_K^{g(h)}`` (or OV
+forms ``W_O^h W_V^{g(h)}``) after converting the layer's K/V projections to that mechanism, centred
+across heads. Under each title: KV-cache bytes per token (bf16, this layer), the entropy effective rank
+of the heads, and the K/V reconstruction errors (data-aware when the statistics hold the attention
+input). Passing a dict of real models shows one panel per model instead.
+
+Example:
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)).eval()
+    >>> view = MechanismView(model, mechanisms=["mha", "mqa", "lrkv:2"])
+    >>> [p.title for p in view.grid.panels]
+    ['mha', 'mqa', 'lrkv:2']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from headwidget.analysis.conversions import convert
+from headwidget.analysis.diversity import head_diversity
+from headwidget.analysis.operator_space import operator_similarity
+from headwidget.analysis.weights import head_weights
+from headwidget.capture.adapters import adapter_for
+from headwidget.stats import KVStats
+from headwidget.widget.base import HeadWidget
+from headwidget.widget.panels import Panel, PanelGrid
+
+__all__ = ["MechanismView", "default_mechanisms"]
+
+
+def default_mechanisms(model: nn.Module) -> list[str]:
+    """The reference figure's line-up sized for this model: the model itself, LRKV at d_h/8 and d_h/2,
+    MQA, and MLA with a latent of 4·d_h (DeepSeek-V2's ratio)."""
+    d_h = adapter_for(model).layout().head_dim
+    return ["model", f"lrkv:{max(1, d_h // 8)}", f"lrkv:{max(1, d_h // 2)}", "mqa", f"mla:{4 * d_h}"]
+
+
+class MechanismView(HeadWidget):
+    """One head-correlation panel per mechanism spec (or per real model)."""
+
+    view_name = "mechanisms"
+
+    def __init__(
+        self,
+        model: nn.Module | Mapping[str, nn.Module],
+        *,
+        layer: int = 0,
+        mechanisms: Sequence[str] | None = None,
+        circuit: str = "qk",
+        stats: KVStats | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.models = dict(model) if isinstance(model, Mapping) else None
+        self.model = next(iter(self.models.values())) if self.models else model
+        self.stats = stats
+        self._weights: dict[tuple[int, int], Any] = {}
+        super().__init__(**kwargs)
+        first = self.model
+        assert isinstance(first, nn.Module)
+        with self.hold_trait_notifications():
+            self.num_layers = min(
+                adapter_for(m).layout().num_layers for m in (self.models or {"": first}).values()
+            )
+            self.layer = layer
+            self.metrics_available = ["qk", "ov"]
+            self.metric = circuit
+            if self.models is None:
+                self.mechanisms_available = default_mechanisms(first)
+                self.mechanisms = list(mechanisms) if mechanisms is not None else self.mechanisms_available
+        self.refresh()
+
+    def _source(self, model: nn.Module) -> Any:
+        key = (id(model), self.layer)
+        if key not in self._weights:
+            self._weights[key] = head_weights(model, self.layer)
+        return self._weights[key]
+
+    def _panel(self, panel_id: str, title: str, model: nn.Module, spec: str) -> Panel:
+        conversion = convert(self._source(model), self.layer, spec, self.stats)
+        sim = operator_similarity(conversion, self.layer, self.metric)
+        rank = head_diversity(sim)["effective_rank"]
+        err = conversion.reconstruction_error
+        subtitle = (
+            f"{conversion.kv_bytes_per_token()} B/token · eff. rank {rank:.2f} · "
+            f"err K {err['key']:.3f} V {err['value']:.3f}"
+        )
+        labels = [f"H{h}" for h in range(sim.shape[0])]
+        return Panel(panel_id, title, sim, subtitle=subtitle, row_labels=labels, col_labels=labels)
+
+    def compute(self) -> PanelGrid:
+        if self.metric not in ("qk", "ov"):
+            raise ValueError(f"circuit must be 'qk' or 'ov', got {self.metric!r}")
+        if self.models is not None:
+            panels = [self._panel(name, name, m, "model") for name, m in self.models.items()]
+        else:
+            assert isinstance(self.model, nn.Module)
+            panels = [self._panel(spec, spec, self.model, spec) for spec in self.mechanisms]
+        self.layer_label = f"layer {self.layer} of {self.num_layers}"
+        label = f"{self.metric.upper()} operator correlation (centred across heads)"
+        return PanelGrid(panels, vmin=-1.0, vmax=1.0, colormap="diverging", colorbar_label=label)

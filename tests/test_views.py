@@ -1,0 +1,149 @@
+"""Views turn a state into the right matrices (checked against KVStats and the analyses directly)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import make_model, ragged_batches
+
+import headwidget
+from headwidget.analysis.alignment import align
+from headwidget.analysis.conversions import convert
+from headwidget.analysis.operator_space import operator_similarity
+from headwidget.widget import AlignmentView, ChannelView, MechanismView, explore
+from headwidget.widget.panels import Panel, encode_panel
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model = make_model("llama_gqa", dtype=torch.float32)
+    stats = headwidget.capture(
+        model, ragged_batches(), rope="both", inputs=True, cross_layer=True, progress=False
+    )
+    return model, stats
+
+
+def decode(panel: dict) -> np.ndarray:
+    dtype = {"float16": "<f2", "float32": "<f4"}[panel["dtype"]]
+    return np.frombuffer(panel["data"], dtype=dtype).reshape(panel["rows"], panel["cols"]).astype(np.float64)
+
+
+def test_channel_view_window_matches_stats(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=1, channel_start=3, channel_width=9)
+    assert [p.id for p in view.grid.panels] == ["key-1", "value-1"]
+    np.testing.assert_array_equal(view.grid.panels[0].matrix, stats.channel_corr(1, "key")[3:12, 3:12])
+    np.testing.assert_array_equal(view.grid.panels[1].matrix, stats.channel_corr(1, "value")[3:12, 3:12])
+    sent = view.panels[0]
+    assert (sent["row_offset"], sent["row_step"], sent["rows"]) == (3, 1, 9)
+    assert np.abs(decode(sent) - stats.channel_corr(1, "key")[3:12, 3:12]).max() <= 4.9e-4
+
+
+def test_channel_view_follows_state_changes(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=0)
+    assert view.kinds_available == ["key", "key_post"]
+    view.kind = "key_post"
+    np.testing.assert_array_equal(view.grid.panels[0].matrix, stats.channel_corr(0, "key_post"))
+    view.pinned = [1]
+    assert [p.id for p in view.grid.panels] == ["key_post-0", "key_post-1", "value-0", "value-1"]
+    assert view.columns == 2
+    view.layer = 1
+    assert [p.id for p in view.grid.panels] == ["key_post-1", "value-1"]
+
+
+def test_channel_view_downsamples_with_a_visible_rule(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=0, max_cells=5)  # 16 channels → blocks of 4 → 4×4
+    panel = view.grid.panels[0]
+    full = stats.channel_corr(0, "key")
+    expected = np.array(
+        [[full[4 * i : 4 * i + 4, 4 * j : 4 * j + 4].mean() for j in range(4)] for i in range(4)]
+    )
+    np.testing.assert_allclose(panel.matrix, expected, atol=1e-12)
+    assert panel.row_step == 4 and "mean of 4×4 blocks" in panel.note
+
+
+def test_bad_states_show_an_error_and_keep_the_panels(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=0)
+    before = view.panels
+    view.layer = 9
+    assert "out of range" in view.error and view.panels == before
+    view.layer = 1
+    assert view.error == "" and view.panels[0]["id"] == "key-1"
+    view.channel_start = 40
+    assert "channel_start 40 is outside 0..15" in view.error
+    view.channel_start = 0
+    view.channel_width = 0
+    assert "channel_width must be ≥ 1" in view.error
+    only_first = headwidget.capture(make_model("llama_gqa", dtype=torch.float32), ragged_batches(), layers=[0],
+                                    progress=False)  # fmt: skip
+    assert "was not captured" in ChannelView(only_first, layer=1).error
+
+
+def test_wire_format_two_bytes_per_cell_and_nan_survives():
+    matrix = np.linspace(-1, 1, 1024 * 1024).reshape(1024, 1024)
+    matrix[5, 7] = np.nan
+    sent = encode_panel(Panel("p", "t", matrix), vmin=-1, vmax=1)
+    assert sent["dtype"] == "float16" and len(sent["data"]) == 2 * 1024 * 1024
+    back = decode(sent)
+    assert np.isnan(back[5, 7]) and np.isnan(back).sum() == 1
+    finite = ~np.isnan(matrix)
+    assert np.abs(back[finite] - matrix[finite]).max() <= 2**-11
+    wide = encode_panel(Panel("q", "t", np.array([[0.0, 250.0]])), vmin=-1, vmax=1)
+    assert wide["dtype"] == "float32" and decode(wide)[0, 1] == 250.0
+
+
+def test_alignment_view_matches_align(llama):
+    _, stats = llama
+    view = AlignmentView(stats, layer=1)
+    keys, values = align(stats, [1], kind="key"), align(stats, [1], kind="value", method="orthogonal")
+    got = {p.id: p.matrix for p in view.grid.panels}
+    np.testing.assert_array_equal(got["key-before"], keys.before)
+    np.testing.assert_array_equal(got["key-after"], keys.shown)
+    np.testing.assert_array_equal(got["value-after"], values.shown)
+    assert view.grid.panels[0].row_labels == ["L1·H0", "L1·H1"]
+    view.alignment = "none"
+    np.testing.assert_array_equal(view.grid.panels[1].matrix, view.grid.panels[0].matrix)
+
+
+def test_alignment_view_over_layers_needs_cross_layer(llama):
+    model, stats = llama
+    view = AlignmentView(stats, layers=[0, 1])
+    assert view.grid.panels[0].matrix.shape == (4, 4) and view.num_layers == 0
+    plain = headwidget.capture(model, ragged_batches(), progress=False)
+    assert "cross_layer=[0, 1]" in AlignmentView(plain, layers=[0, 1]).error
+
+
+def test_mechanism_view_matches_conversion(llama):
+    model, stats = llama
+    view = MechanismView(model, layer=1, mechanisms=["model", "mqa", "lrkv:2"], stats=stats)
+    assert [p.title for p in view.grid.panels] == ["model", "mqa", "lrkv:2"]
+    expected = operator_similarity(convert(model, 1, "lrkv:2", stats), 1, "qk")
+    np.testing.assert_array_equal(view.grid.panels[2].matrix, expected)
+    assert view.grid.panels[1].subtitle.startswith(f"{convert(model, 1, 'mqa').kv_bytes_per_token()} B/token")
+    view.metric = "ov"
+    np.testing.assert_array_equal(
+        view.grid.panels[0].matrix, operator_similarity(convert(model, 1, "model"), 1, "ov")
+    )
+    view.mechanisms = ["gqa:5"]
+    assert "gqa:5" in view.error
+
+
+def test_mechanism_view_of_several_real_models():
+    models = {"llama gqa": make_model("llama_gqa"), "llama mqa": make_model("llama_mqa")}
+    view = MechanismView(models, layer=0)
+    assert [p.title for p in view.grid.panels] == ["llama gqa", "llama mqa"]
+    assert view.grid.panels[0].matrix.shape == (6, 6) and view.grid.panels[1].matrix.shape == (4, 4)
+
+
+def test_explore_links_the_layer_across_tabs():
+    model = make_model("llama_gqa", dtype=torch.float32)
+    dash = explore(model, ragged_batches(), progress=False)
+    dash.channels.layer = 1
+    assert dash.alignment.layer == 1 and dash.mechanisms is not None and dash.mechanisms.layer == 1
+    assert dash.alignment.grid.panels[0].row_labels == ["L1·H0", "L1·H1"]
+    dash.mechanisms.layer = 0
+    assert dash.channels.layer == 0
