@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_models import make_model, ragged_batches
 
 import headwidget
 from headwidget.analysis.alignment import align
@@ -13,6 +12,7 @@ from headwidget.analysis.conversions import convert
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.widget import AlignmentView, ChannelView, MechanismView, explore
 from headwidget.widget.panels import Panel, encode_panel
+from tiny_models import make_model, ragged_batches
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +78,9 @@ def test_bad_states_show_an_error_and_keep_the_panels(llama):
     view.channel_start = 0
     view.channel_width = 0
     assert "channel_width must be ≥ 1" in view.error
-    only_first = headwidget.capture(make_model("llama_gqa", dtype=torch.float32), ragged_batches(), layers=[0],
-                                    progress=False)  # fmt: skip
+    only_first = headwidget.capture(
+        make_model("llama_gqa", dtype=torch.float32), ragged_batches(), layers=[0], progress=False
+    )
     assert "was not captured" in ChannelView(only_first, layer=1).error
 
 
@@ -147,3 +148,31 @@ def test_explore_links_the_layer_across_tabs():
     assert dash.alignment.grid.panels[0].row_labels == ["L1·H0", "L1·H1"]
     dash.mechanisms.layer = 0
     assert dash.channels.layer == 0
+    dash.trends.points[1].selected = [1]
+    assert dash.channels.layer == 1 and dash.alignment.layer == 1
+    assert dash.tabs.titles == ("Channels", "Head alignment", "Mechanisms")
+
+
+def test_layer_trends_numbers_and_linking(llama):
+    from headwidget.widget import LayerTrends
+    from headwidget.widget.trends import layer_series
+
+    model, stats = llama
+    series = layer_series(stats, model=model, mechanisms=["mqa"])
+    rho = stats.channel_corr(1, "value")
+    assert series["V mean |channel corr|"][1] == pytest.approx(
+        np.abs(rho[~np.eye(16, dtype=bool)]).mean(), abs=1e-12
+    )
+    before = align(stats, [1], kind="key").before
+    assert series["K head similarity · before"][1] == pytest.approx(before[0, 1], abs=1e-12)
+    assert series["eff. rank · mqa"][0] > 0
+    view = ChannelView(stats, layer=0)
+    trends = LayerTrends(stats, layer=0)
+    import traitlets
+
+    traitlets.link((view, "layer"), (trends, "layer"))
+    trends.points[0].selected = [1]  # a click on layer 1's point in the chart
+    assert trends.layer == 1 and view.layer == 1 and trends.rule.x.tolist() == [1.0, 1.0]
+    assert trends.points[0].selected is None
+    view.layer = 0
+    assert trends.rule.x.tolist() == [0.0, 0.0]

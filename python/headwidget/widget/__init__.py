@@ -6,12 +6,14 @@ from headwidget.widget.channel_view import ChannelView
 from headwidget.widget.explore import Dashboard, explore
 from headwidget.widget.mechanism_view import MechanismView
 from headwidget.widget.panels import Panel, PanelGrid
+from headwidget.widget.trends import LayerTrends
 
 __all__ = [
     "AlignmentView",
     "ChannelView",
     "Dashboard",
     "HeadWidget",
+    "LayerTrends",
     "MechanismView",
     "Panel",
     "PanelGrid",

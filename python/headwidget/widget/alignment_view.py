@@ -56,7 +56,7 @@ class AlignmentView(HeadWidget):
         self.heldout = heldout
         self._results: dict[tuple[Any, ...], AlignmentResult] = {}
         uses_rope = stats.meta.layout.rope.uses_rope
-        key_kinds = [k for k in ("key", "key_post") if k in stats.kinds]
+        key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
         super().__init__(**kwargs)
         with self.hold_trait_notifications():
             self.num_layers = 0 if self.fixed_layers else stats.meta.layout.num_layers
@@ -72,6 +72,7 @@ class AlignmentView(HeadWidget):
     def result(self, kind: str) -> AlignmentResult:
         """The alignment result behind the panels of ``kind`` (cached per state)."""
         layers = self.fixed_layers or [self.layer]
+        method: str | None
         if kind == "value":
             method = "none" if self.alignment == "none" else "orthogonal"
         else:
@@ -93,12 +94,27 @@ class AlignmentView(HeadWidget):
             labels = list(res.labels)
             aligned = res.method != "none"
             shows = res.shows if aligned else "in-sample"
-            panels.append(Panel(f"{kind}-before", f"{title} · before", res.before,
-                                subtitle=f"{res.metric}, {res.token_count} tokens",
-                                row_labels=labels, col_labels=labels))  # fmt: skip
+            panels.append(
+                Panel(
+                    f"{kind}-before",
+                    f"{title} · before",
+                    res.before,
+                    subtitle=f"{res.metric}, {res.token_count} tokens",
+                    row_labels=labels,
+                    col_labels=labels,
+                )
+            )
             after = res.shown if aligned else res.before
-            panels.append(Panel(f"{kind}-after", f"{title} · after ({res.method})", after,
-                                subtitle=f"{shows} scores", row_labels=labels, col_labels=labels))  # fmt: skip
+            panels.append(
+                Panel(
+                    f"{kind}-after",
+                    f"{title} · after ({res.method})",
+                    after,
+                    subtitle=f"{shows} scores",
+                    row_labels=labels,
+                    col_labels=labels,
+                )
+            )
         layers = self.fixed_layers or [self.layer]
         self.layer_label = (
             f"layers {layers}" if self.fixed_layers else f"layer {self.layer} of {self.num_layers}"

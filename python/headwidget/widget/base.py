@@ -38,7 +38,7 @@ def bundle_path() -> Path:
     return path
 
 
-class HeadWidget(anywidget.AnyWidget):  # type: ignore[misc]
+class HeadWidget(anywidget.AnyWidget):
     """Panels of matrices with a shared colour scale, plus the controls that choose them."""
 
     _esm = t.Unicode("").tag(sync=True)
@@ -129,13 +129,13 @@ class HeadWidget(anywidget.AnyWidget):  # type: ignore[misc]
         kind = content.get("type")
         if kind == "click":
             event = {k: content.get(k) for k in ("panel", "row", "col")}
-            for callback in list(self._click_callbacks):
-                callback(event)
+            for on_click in list(self._click_callbacks):
+                on_click(event)
         elif kind == "png" and content.get("data_url"):
             png = base64.b64decode(str(content["data_url"]).split(",", 1)[1])
-            callbacks, self._png_callbacks = self._png_callbacks, []
-            for callback in callbacks:
-                callback(png)
+            waiting, self._png_callbacks = self._png_callbacks, []
+            for on_png in waiting:
+                on_png(png)
 
     def __repr__(self) -> str:
         titles = json.dumps([p["title"] for p in self.panels])

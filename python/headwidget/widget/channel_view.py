@@ -56,7 +56,7 @@ class ChannelView(HeadWidget):
         self.stats = stats
         self.max_cells = max_cells
         channels = stats.meta.layout.channels_of("key")
-        key_kinds = [k for k in ("key", "key_post") if k in stats.kinds]
+        key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
         super().__init__(**kwargs)
         self._corr = lru_cache(maxsize=64)(self._full_corr)
         with self.hold_trait_notifications():

@@ -12,15 +12,24 @@ from headwidget.stats import KVStats
 from headwidget.widget.alignment_view import AlignmentView
 from headwidget.widget.channel_view import ChannelView
 from headwidget.widget.mechanism_view import MechanismView
+from headwidget.widget.trends import LayerTrends
 
 __all__ = ["Dashboard", "explore"]
 
 
-class Dashboard(ipywidgets.Tab):  # type: ignore[misc]
-    """Tabs with a :class:`ChannelView`, an :class:`AlignmentView` and (given a model) a
-    :class:`MechanismView`; moving the layer in one tab moves it in all."""
+class Dashboard(ipywidgets.VBox):
+    """A :class:`LayerTrends` chart over tabs with a :class:`ChannelView`, an :class:`AlignmentView`
+    and (given a model) a :class:`MechanismView`. The layer is shared: moving it in one tab, or
+    clicking a layer in the chart, moves it everywhere."""
 
-    def __init__(self, stats: KVStats, model: nn.Module | None = None, **view_options: Any) -> None:
+    def __init__(
+        self,
+        stats: KVStats,
+        model: nn.Module | None = None,
+        *,
+        mechanisms_trend: bool = False,
+        **view_options: Any,
+    ) -> None:
         self.stats = stats
         self.model = model
         self.channels = ChannelView(stats, **view_options)
@@ -32,8 +41,13 @@ class Dashboard(ipywidgets.Tab):  # type: ignore[misc]
             self.mechanisms = MechanismView(model, layer=self.channels.layer, stats=stats)
             views.append(self.mechanisms)
             titles.append("Mechanisms")
-        super().__init__(children=views, titles=titles)
-        self._links = [traitlets.link((self.channels, "layer"), (v, "layer")) for v in views[1:]]
+        specs = self.mechanisms.mechanisms if self.mechanisms is not None and mechanisms_trend else ()
+        self.trends = LayerTrends(stats, model=model, mechanisms=specs, layer=self.channels.layer)
+        self.tabs = ipywidgets.Tab(children=views, titles=titles)
+        super().__init__(children=[self.trends, self.tabs])
+        self._links = [
+            traitlets.link((self.channels, "layer"), (v, "layer")) for v in [*views[1:], self.trends]
+        ]
 
 
 def explore(
@@ -54,7 +68,7 @@ def explore(
         >>> from transformers import GPT2Config, GPT2LMHeadModel
         >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)).eval()
         >>> dash = explore(model, torch.randint(0, 64, (4, 24)), progress=False)
-        >>> dash.titles, dash.channels.layer
+        >>> dash.tabs.titles, dash.channels.layer
         (('Channels', 'Head alignment', 'Mechanisms'), 0)
     """
     from headwidget.capture import capture
