@@ -31,14 +31,34 @@ from headwidget.errors import (
 )
 from headwidget.moments import Moments
 from headwidget.stats import KVStats, StatsMeta
+from headwidget.widget import AlignmentView, ChannelView, HeadWidget, LayerTrends, MechanismView, explore
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext headwidget``: registers the ``%headwidget`` magic and the ``KVStats`` display."""
+    from headwidget.magic import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: object) -> None:
+    from headwidget.magic import unload_ipython_extension as unload
+
+    unload(ipython)
+
 
 __all__ = [
+    "AlignmentView",
     "AttentionLayout",
     "CaptureInputError",
+    "ChannelView",
     "CrossLayerMissingError",
+    "HeadWidget",
     "HeadwidgetError",
     "KVStats",
     "LayerIndexError",
+    "LayerTrends",
+    "MechanismView",
     "MemoryBudgetError",
     "Moments",
     "NonFiniteActivationError",
@@ -54,5 +74,8 @@ __all__ = [
     "adapter_for",
     "capture",
     "estimate",
+    "explore",
+    "load_ipython_extension",
     "supported_families",
+    "unload_ipython_extension",
 ]

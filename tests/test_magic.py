@@ -1,0 +1,60 @@
+"""The IPython extension, driven through IPython's own API."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+import headwidget
+from headwidget.widget import AlignmentView, ChannelView, Dashboard, MechanismView
+from tiny_models import make_model, ragged_batches
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture(scope="module")
+def shell():
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "headwidget")
+    model = make_model("llama_gqa", dtype=torch.float32)
+    ip.user_ns.update(model=model, batches=ragged_batches())
+    ip.user_ns["stats"] = headwidget.capture(model, ragged_batches(), cross_layer=True, progress=False)
+    yield ip
+    ip.run_line_magic("unload_ext", "headwidget")
+
+
+def test_channels_view_with_pinned_layers(shell):
+    view = shell.run_line_magic("headwidget", "model --texts batches --view channels --layers 1,0")
+    assert isinstance(view, ChannelView)
+    assert (view.layer, view.pinned) == (1, [0])
+    assert [p.id for p in view.grid.panels] == ["key-0", "key-1", "value-0", "value-1"]
+
+
+def test_alignment_over_layers_captures_cross_layer_statistics(shell):
+    view = shell.run_line_magic("headwidget", "model --texts batches --view alignment --layers 0,1")
+    assert isinstance(view, AlignmentView) and view.error == ""
+    assert view.grid.panels[0].matrix.shape == (4, 4)
+
+
+def test_saved_statistics_and_default_dashboard(shell):
+    view = shell.run_line_magic("headwidget", "stats --view alignment --layers 0,1")
+    assert view.grid.panels[0].row_labels[2] == "L1·H0"
+    dash = shell.run_line_magic("headwidget", "model --texts batches")
+    assert isinstance(dash, Dashboard) and dash.mechanisms is not None
+    assert isinstance(shell.run_line_magic("headwidget", "model --view mechanisms --layers 1"), MechanismView)
+
+
+def test_usage_errors_name_the_problem(shell):
+    with pytest.raises(headwidget.HeadwidgetError, match="'nothing' is not defined"):
+        shell.run_line_magic("headwidget", "nothing")
+    with pytest.raises(headwidget.HeadwidgetError, match="needs --texts"):
+        shell.run_line_magic("headwidget", "model --view channels")
+    with pytest.raises(headwidget.HeadwidgetError, match="comma-separated integers"):
+        shell.run_line_magic("headwidget", "stats --layers one,two")
+
+
+def test_kvstats_displays_as_the_explorer(shell):
+    data, _ = shell.display_formatter.format(shell.user_ns["stats"])
+    assert WIDGET_MIME in data
+    assert "text/plain" in data and "KVStats(" in data["text/plain"]
