@@ -39,8 +39,11 @@ def test_demo_writes_readable_statistics(tmp_path):
     exe = shutil.which("headwidget") or f"{sys.prefix}/bin/headwidget"
     result = subprocess.run(
         [exe, "demo", "--out", str(tmp_path), "--max-tokens", "300", "--max-length", "64", "--no-progress"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert "pydoc_data.topics" in result.stdout
     assert "llama/gqa, 30 layers, H=9 G=3 d_h=64" in result.stdout
@@ -52,3 +55,81 @@ def test_demo_writes_readable_statistics(tmp_path):
     # the printed table shows the saved numbers
     first_row = f"{0:>5d}  {smol.summary()[0]['key_abs_corr']:>10.3f}"
     assert first_row in result.stdout
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    from headwidget.texts import english_sample
+
+    path = tmp_path_factory.mktemp("texts") / "sample.txt"
+    path.write_text("\n\n".join(english_sample(max_chars=4000)), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_capture_from_a_model_directory(tmp_path, text_file, minilm, capsys):
+    model, tokenizer = minilm
+    model.save_pretrained(tmp_path / "minilm")
+    tokenizer.save_pretrained(tmp_path / "minilm")
+    out = tmp_path / "stats" / "minilm.safetensors"
+    code = main(
+        [
+            "capture",
+            "--model",
+            str(tmp_path / "minilm"),
+            "--texts",
+            str(text_file),
+            "--out",
+            str(out),
+            "--layers",
+            "0,5",
+            "--max-tokens",
+            "200",
+            "--inputs",
+            "--cross-layer",
+            "all",
+            "--no-progress",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    stats = KVStats.load(out)
+    assert stats.layers == [0, 5] and stats.tokens == 200 and "input" in stats.kinds
+    assert stats.head_similarity([0, 5], "key").shape == (24, 24)
+    assert "saved KVStats(" in capsys.readouterr().out
+
+
+def test_capture_usage_errors_exit_2(tmp_path, text_file, capsys):
+    assert (
+        main(["capture", "--model", str(tmp_path), "--texts", str(text_file), "--out", "x.safetensors"]) == 2
+    )
+    assert "not a model directory" in capsys.readouterr().err
+    assert main(["capture", "--model", "minilm-l6", "--texts", str(tmp_path / "no.txt"), "--out", "x"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad_layers = ["--layers", "a,b"]
+    assert (
+        main(["capture", "--model", "minilm-l6", "--texts", str(text_file), "--out", "x", *bad_layers]) == 2
+    )
+    assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_headwidget_errors_exit_1(tmp_path, text_file, capsys):
+    code = main(
+        [
+            "capture",
+            "--model",
+            "minilm-l6",
+            "--texts",
+            str(text_file),
+            "--out",
+            str(tmp_path / "s"),
+            "--layers",
+            "9",
+            "--no-progress",
+        ]
+    )
+    assert code == 1
+    assert "layer 9 is out of range" in capsys.readouterr().err
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"junk")
+    assert main(["figure", str(bad), "--out", str(tmp_path / "f.png")]) == 1
+    assert "not a readable safetensors file" in capsys.readouterr().err
