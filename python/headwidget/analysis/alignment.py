@@ -31,68 +31,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from headwidget.analysis.head_metrics import head_blocks
-from headwidget.analysis.procrustes import HeadSplit, best_scores, fit_rotations, plane_angles, plane_terms
+from headwidget.analysis.pair_scores import pair_block, score_pairs
+from headwidget.analysis.procrustes import HeadSplit, fit_rotations
 from headwidget.errors import HeldOutSplitError, MemoryBudgetError, RopeAlignmentError, UnknownMetricError
 
-__all__ = ["ALIGN_METHODS", "ALIGN_METRICS", "AlignmentResult", "align", "aligned_scores"]
+__all__ = ["ALIGN_METHODS", "ALIGN_METRICS", "AlignmentResult", "align"]
 
 ALIGN_METHODS = ("rope", "orthogonal", "none")
 ALIGN_METRICS = ("token_cosine", "cosine", "pearson")
-CHUNK_BYTES = 128 * 2**20
 ROTATIONS_BUDGET = 2 * 2**30
 
 
-def aligned_scores(fit: torch.Tensor, split: HeadSplit, score: torch.Tensor | None = None) -> torch.Tensor:
-    """Raw ``tr(Q_ij^T B_ij)`` for all head pairs, unnormalised, as a (P, P) float64 tensor.
-
-    ``fit`` is a (C, C) Gram whose d_h×d_h blocks choose each pair's rotation; the rotation is scored on
-    ``score`` (default: ``fit`` itself, the in-sample maximum). Diagonal entries are the traces
-    (the best rotation of a head onto itself is the identity).
-
-    >>> g = torch.eye(4, dtype=torch.float64)
-    >>> aligned_scores(g, HeadSplit.make(2, [])).tolist()
-    [[2.0, 0.0], [0.0, 2.0]]
-    """
-    d = split.head_dim
-    fit_b = head_blocks(fit, d)
-    score_b = fit_b if score is None else head_blocks(score, d)
-    heads = fit_b.shape[0]
-    out = torch.zeros(heads, heads, dtype=fit.dtype, device=fit.device)
-    if split.has_planes:
-        rows = max(1, CHUNK_BYTES // (32 * heads * split.p.numel()))
-        for r0 in range(0, heads, rows):
-            alpha, beta = plane_terms(fit_b[r0 : r0 + rows], split)
-            if score is None:
-                out[r0 : r0 + rows] += torch.sqrt(alpha * alpha + beta * beta).sum(-1)
-            else:
-                cos, sin = plane_angles(alpha, beta)
-                a1, b1 = plane_terms(score_b[r0 : r0 + rows], split)
-                out[r0 : r0 + rows] += (cos * a1 + sin * b1).sum(-1)
-    rest = split.rest.to(fit.device)
-    if rest.numel():
-        ii, jj = torch.triu_indices(heads, heads, 1, device=fit.device)
-        step = max(1, CHUNK_BYTES // (8 * rest.numel() ** 2))
-        rest_only = HeadSplit.make(int(rest.numel()), [])
-        for s in range(0, ii.numel(), step):
-            i, j = ii[s : s + step], jj[s : s + step]
-            block = fit_b[i, j][:, rest[:, None], rest[None, :]]
-            if score is None:
-                value = best_scores(block, rest_only)
-            else:
-                q = fit_rotations(block, rest_only)
-                value = (q * score_b[i, j][:, rest[:, None], rest[None, :]]).sum((-2, -1))
-            out[i, j] += value
-            out[j, i] += value
-    diag = torch.diagonal(score_b, dim1=-2, dim2=-1).sum(-1)
-    out[torch.arange(heads), torch.arange(heads)] = torch.diagonal(diag)
-    return out
-
-
-def _normaliser(gram: torch.Tensor, head_dim: int, metric: str, tokens: int) -> torch.Tensor:
+def _normaliser(trace: torch.Tensor, metric: str, tokens: int) -> torch.Tensor:
     if metric == "token_cosine":
-        return torch.full((1, 1), float(tokens), dtype=gram.dtype, device=gram.device)
-    tr = torch.diagonal(torch.diagonal(head_blocks(gram, head_dim), dim1=-2, dim2=-1).sum(-1))
+        return torch.full((1, 1), float(tokens), dtype=trace.dtype, device=trace.device)
+    tr = torch.diagonal(trace)
     return torch.sqrt(torch.outer(tr, tr).clamp_min(0))
 
 
@@ -120,7 +73,7 @@ class AlignmentResult:
     method: str
     kind: str
     metric: str
-    _fit: torch.Tensor = field(repr=False)
+    _fit: tuple[torch.Tensor, ...] = field(repr=False)
     _split: HeadSplit = field(repr=False)
 
     @property
@@ -135,7 +88,8 @@ class AlignmentResult:
         d = self._split.head_dim
         if i == j or self.method == "none":
             return torch.eye(d, dtype=torch.float64)
-        block = head_blocks(self._fit, d)[i, j][None]
+        device = self._fit[0].device
+        block = pair_block(self._fit, d, torch.tensor([i], device=device), torch.tensor([j], device=device))
         return fit_rotations(block, self._split)[0].cpu()
 
     @cached_property
@@ -152,8 +106,8 @@ class AlignmentResult:
         out = torch.eye(d, dtype=torch.float64).repeat(heads, heads, 1, 1)
         if self.method != "none" and heads > 1:
             ii, jj = torch.triu_indices(heads, heads, 1)
-            blocks = head_blocks(self._fit, d)[ii.to(self._fit.device), jj.to(self._fit.device)]
-            q = fit_rotations(blocks, self._split).cpu()
+            device = self._fit[0].device
+            q = fit_rotations(pair_block(self._fit, d, ii.to(device), jj.to(device)), self._split).cpu()
             out[ii, jj] = q
             out[jj, ii] = q.transpose(-2, -1)
         return out
@@ -213,27 +167,25 @@ def align(
     planes = layout.rope.planes(post=kind == "key_post") if method == "rope" else []
     split = HeadSplit.make(d, planes)
     n, n_split = moments.count, moments.split_count
-    if metric == "token_cosine":
-        fit = moments.token_gram()
+    if metric == "token_cosine":  # the two token splits: their sum is the Gram of all tokens
+        fit: tuple[torch.Tensor, ...] = (moments.token_gram(0), moments.token_gram(1))
     else:
-        fit = moments.gram() if metric == "cosine" else moments.m2
-    norm = _normaliser(fit, d, metric, n)
-    before = _divide(torch.diagonal(head_blocks(fit, d), dim1=-2, dim2=-1).sum(-1), norm)
-    after = before if method == "none" else _divide(aligned_scores(fit, split), norm)
+        fit = (moments.gram() if metric == "cosine" else moments.m2,)
     can_hold_out = metric == "token_cosine" and min(n_split) > 0
     if heldout and not can_hold_out:
         raise HeldOutSplitError(
             f"held-out scores need the token_cosine metric and two non-empty token splits (got "
             f"metric {metric!r}, splits {n_split}); use heldout=False or capture more tokens"
         )
+    want_held = can_hold_out and heldout is not False
+    raw = score_pairs(fit, split, best=method != "none", heldout=want_held)
+    norm = _normaliser(raw.trace, metric, n)
+    before = _divide(raw.trace, norm)
+    after = before if raw.best is None else _divide(raw.best, norm)
     held = None
-    if can_hold_out and heldout is not False:
-        g0, g1 = moments.token_gram(0), moments.token_gram(1)
-        if method == "none":
-            raw = torch.diagonal(head_blocks(g1, d), dim1=-2, dim2=-1).sum(-1)
-        else:
-            raw = aligned_scores(g0, split, score=g1)
-        held = _divide(raw, _normaliser(g1, d, metric, n_split[1]))
+    if want_held and raw.heldout_trace is not None:
+        held_raw = raw.heldout_trace if raw.heldout is None else raw.heldout
+        held = _divide(held_raw, _normaliser(raw.heldout_trace, metric, n_split[1]))
     show_held = held is not None and (heldout is True or (heldout is None and n < 10 * d * d))
     heads = moments.channels // d // len(layer_list)
     labels = [f"L{layer}·H{g}" for layer in layer_list for g in range(heads)]

@@ -69,6 +69,27 @@ class HeadSplit:
     def has_planes(self) -> bool:
         return bool(self.p.numel())
 
+    @property
+    def progression(self) -> tuple[int, int, int, int] | None:
+        """``(p0, step, planes, δ)`` when ``p = p0 + step·m`` and ``q = p + δ``, else None.
+
+        Every RoPE layout is one: half-split ``(o, 1, r/2, r/2)``, interleaved ``(o, 2, r/2, 1)``.
+        """
+        m = int(self.p.numel())
+        if m == 0:
+            return None
+        p0, delta = int(self.p[0]), int(self.q[0] - self.p[0])
+        step = int(self.p[1] - self.p[0]) if m > 1 else 1
+        expect = p0 + step * torch.arange(m)
+        if (
+            step < 1
+            or delta < 1
+            or not torch.equal(self.p, expect)
+            or not torch.equal(self.q, expect + delta)
+        ):
+            return None
+        return p0, step, m, delta
+
     def rest_block(self, blocks: torch.Tensor) -> torch.Tensor:
         """The (…, r, r) sub-blocks of the non-rotary dims."""
         rest = self.rest.to(blocks.device)
