@@ -1,6 +1,39 @@
 """Pure functions from statistics (and weights) to matrices: every one has a float64 reference test."""
 
+from headwidget.analysis.align_model import align_model, fit_group_rotations
+from headwidget.analysis.alignment import ALIGN_METHODS, ALIGN_METRICS, AlignmentResult, align
+from headwidget.analysis.conversions import Conversion, convert, mechanism_sweep, parse_spec
 from headwidget.analysis.correlation import channel_corr_from_moments, corr_from_comoment
+from headwidget.analysis.diversity import head_diversity
+from headwidget.analysis.downsample import DOWNSAMPLE_RULES, downsample
+from headwidget.analysis.grouping import group_heads, within_group_mean
 from headwidget.analysis.head_metrics import HEAD_METRICS, head_similarity_from_moments
+from headwidget.analysis.operator_space import CIRCUITS, operator_gram, operator_similarity
+from headwidget.analysis.weights import HeadWeights, head_weights
 
-__all__ = ["HEAD_METRICS", "channel_corr_from_moments", "corr_from_comoment", "head_similarity_from_moments"]
+__all__ = [
+    "ALIGN_METHODS",
+    "ALIGN_METRICS",
+    "CIRCUITS",
+    "DOWNSAMPLE_RULES",
+    "HEAD_METRICS",
+    "AlignmentResult",
+    "Conversion",
+    "HeadWeights",
+    "align",
+    "align_model",
+    "channel_corr_from_moments",
+    "convert",
+    "corr_from_comoment",
+    "downsample",
+    "fit_group_rotations",
+    "group_heads",
+    "head_diversity",
+    "head_similarity_from_moments",
+    "head_weights",
+    "mechanism_sweep",
+    "operator_gram",
+    "operator_similarity",
+    "parse_spec",
+    "within_group_mean",
+]
