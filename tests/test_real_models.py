@@ -37,7 +37,7 @@ def test_smollm2_gqa_statistics_match_reference(smollm2, english_texts):
     )  # fmt: skip
     batches = _batches(tokenizer, english_texts[:6])
     stats = headwidget.capture(model, batches, layers=[0, 29], rope="both", progress=False)
-    ref = reference_activations("llama_gqa", model, batches)
+    ref = reference_activations("llama_gqa", model, batches, layers=[0, 29])
     for layer in (0, 29):
         for kind in ("key", "value"):
             x = ref[layer][kind]

@@ -241,12 +241,16 @@ def ragged_batches(
     return batches
 
 
-def reference_activations(name: str, model: nn.Module, batches: list[dict]) -> list[dict[str, np.ndarray]]:
+def reference_activations(
+    name: str, model: nn.Module, batches: list[dict], layers: list[int] | None = None
+) -> dict[int, dict[str, np.ndarray]]:
     """Per layer, ``kind → (N, C)`` float64 arrays over all non-padding tokens of all batches."""
     inputs = record_attention_inputs(model, batches)
     mods = attention_modules(model)
-    out = []
+    out: dict[int, dict[str, np.ndarray]] = {}
     for layer, attn in enumerate(mods):
+        if layers is not None and layer not in layers:
+            continue
         rows: dict[str, list[np.ndarray]] = {}
         for b, batch in enumerate(batches):
             x_b = inputs[layer][b]
@@ -256,5 +260,5 @@ def reference_activations(name: str, model: nn.Module, batches: list[dict]) -> l
                 for kind, tensor in kv.items():
                     rows.setdefault(kind, []).append(tensor.reshape(n, -1).numpy())
                 rows.setdefault("input", []).append(x_b[i, :n].double().numpy())
-        out.append({k: np.concatenate(v) for k, v in rows.items()})
+        out[layer] = {k: np.concatenate(v) for k, v in rows.items()}
     return out
