@@ -148,6 +148,15 @@ def align_model(
         groups: KV-head groups, either ``{layer: [[heads], ...]}`` or one grouping for every layer.
         layers: the layers to rotate when ``groups`` is not a mapping (default: every captured layer).
 
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)).eval()
+        >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 24)), progress=False)
+        >>> align_model(model, stats, {0: [[0, 1]]}) is not model
+        True
+
     Raises:
         UnsupportedAlignmentError: another family, or a model with ``q_norm``/``k_norm``.
         StatsMismatchError: ``stats`` were captured from a model of another shape.

@@ -84,7 +84,10 @@ class AlignmentResult:
         return self.after
 
     def rotation(self, i: int, j: int) -> torch.Tensor:
-        """The d_h×d_h rotation ``Q_ij`` (fitted on all tokens) that aligns head i onto head j."""
+        """The d_h×d_h rotation ``Q_ij`` (fitted on all tokens) that aligns head i onto head j.
+
+        The score is ``mean_t cos(x_i Q_ij, x_j)`` with token vectors as rows; ``Q_ii = I``.
+        """
         d = self._split.head_dim
         if i == j or self.method == "none":
             return torch.eye(d, dtype=torch.float64)
@@ -148,6 +151,15 @@ def align(
             ``"pearson"``: Frobenius cosine of the uncentred / centred Gram blocks, in-sample only.
         heldout: ``True`` to show held-out scores, ``False`` for in-sample, ``None`` for held-out
             exactly when ``N < 10·d_h²`` and both token splits are non-empty.
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4)).eval()
+        >>> stats = headwidget.capture(gpt2, torch.randint(0, 64, (2, 32)), progress=False)
+        >>> res = align(stats, 0, "value", heldout=True)
+        >>> res.method, res.shows, res.token_count, res.after_heldout.shape
+        ('orthogonal', 'held-out', 64, (4, 4))
 
     Raises:
         CrossLayerMissingError: several layers but no cross-layer statistics for them.

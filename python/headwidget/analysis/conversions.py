@@ -85,7 +85,13 @@ class Conversion:
     weighting: str
 
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> int:
-        """Bytes of K/V cache per token for this layer in ``dtype``."""
+        """Bytes of K/V cache per token for this layer in ``dtype``.
+
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+        >>> convert(gpt2, 0, "mla:12").kv_bytes_per_token(torch.float32)
+        48
+        """
         return self.kv_elements * torch.empty((), dtype=dtype).element_size()
 
     @property
@@ -147,6 +153,14 @@ def convert(model: nn.Module | HeadWeights, layer: int, spec: str, stats: Any = 
         layer: the layer index.
         spec: ``"model"``, ``"mha"``, ``"gqa:G"``, ``"mqa"``, ``"lrkv:r"`` or ``"mla:d_c"``.
         stats: :class:`~headwidget.stats.KVStats` with kind ``"input"`` for data-aware fits and errors.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4))
+        >>> full = convert(model, 0, "lrkv:8")
+        >>> full.reconstruction_error["key"] < 1e-12, full.weighting
+        (True, 'weight-space')
 
     Raises:
         MechanismSpecError: an unreadable spec. GroupCountError: G does not divide H.

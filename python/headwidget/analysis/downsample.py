@@ -48,6 +48,10 @@ def downsample(matrix: Any, size: int, how: str = "mean") -> tuple[np.ndarray, i
         matrix: a 2-D numpy array or torch tensor (converted to float64).
         size: the largest allowed output side (≥ 1).
         how: ``"mean"`` or ``"maxabs"``.
+
+    >>> out, block = downsample(np.full((1000, 1000), 0.5), 300)
+    >>> out.shape, block
+    ((250, 250), 4)
     """
     if how not in DOWNSAMPLE_RULES:
         raise ValueError(f"unknown aggregation {how!r}; choose 'mean' or 'maxabs'")

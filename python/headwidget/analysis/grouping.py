@@ -111,7 +111,11 @@ def group_heads(
 def within_group_mean(
     similarity: np.ndarray | Sequence[Sequence[float]], groups: Sequence[Sequence[int]]
 ) -> float:
-    """Mean similarity over the pairs ``i < j`` that share a group (NaN when no group has two heads)."""
+    """Mean similarity over the pairs ``i < j`` that share a group (NaN when no group has two heads).
+
+    >>> within_group_mean([[1, 0.5, 0.1], [0.5, 1, 0.3], [0.1, 0.3, 1]], [[0, 1], [2]])
+    0.5
+    """
     s = np.asarray(similarity, dtype=np.float64)
     pairs = [s[i, j] for g in groups for a, i in enumerate(g) for j in g[a + 1 :]]
     return float(np.mean(pairs)) if pairs else float("nan")

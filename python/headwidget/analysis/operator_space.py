@@ -94,6 +94,14 @@ def operator_similarity(
         circuit: ``"qk"`` or ``"ov"``.
         centre: centre the Gram across heads first (the default); ``False`` gives plain cosines.
 
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=1))
+        >>> s = operator_similarity(model, 0, "qk")  # MQA: the heads share one key projection
+        >>> s.shape, bool(((s >= -1) & (s <= 1)).all())
+        ((4, 4), True)
+
     Raises:
         DegenerateHeadsError: a head whose (centred) form is zero, e.g. all heads identical.
     """

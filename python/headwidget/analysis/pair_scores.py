@@ -50,7 +50,12 @@ def _view(gram: torch.Tensor, d: int) -> torch.Tensor:
 
 
 def pair_block(parts: Parts, d: int, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-    """The (B, d, d) blocks ``(i[b], j[b])`` of the summed Gram."""
+    """The (B, d, d) blocks ``(i[b], j[b])`` of the summed Gram.
+
+    >>> g = torch.arange(16.0).reshape(4, 4)
+    >>> pair_block([g, g], 2, torch.tensor([0]), torch.tensor([1])).tolist()
+    [[[4.0, 6.0], [12.0, 14.0]]]
+    """
     return sum(_view(g, d).permute(0, 2, 1, 3)[i, j] for g in parts)  # type: ignore[return-value]
 
 
@@ -83,6 +88,11 @@ def score_pairs(parts: Parts, split: HeadSplit, *, best: bool = True, heldout: b
     """All-pairs scores of the Gram ``sum(parts)`` (see the module docstring).
 
     ``heldout=True`` needs exactly two parts: rotations fitted on ``parts[0]`` are scored on ``parts[1]``.
+
+    >>> x = torch.randn(50, 8, dtype=torch.float64)
+    >>> s = score_pairs([x.T @ x], HeadSplit.make(4, [(0, 2), (1, 3)]))
+    >>> bool((s.best >= s.trace - 1e-12).all()), s.heldout is None
+    (True, True)
     """
     if heldout and len(parts) != 2:
         raise ValueError("held-out scores need the Gram as two parts (fit split, score split)")

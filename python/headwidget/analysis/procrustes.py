@@ -137,7 +137,12 @@ def batched_svd(blocks: torch.Tensor, *, vectors: bool = True) -> tuple[torch.Te
 
 
 def plane_terms(blocks: torch.Tensor, split: HeadSplit) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(α, β)`` per rotary plane, shape (…, planes), of blocks shaped (…, d_h, d_h)."""
+    """``(α, β)`` per rotary plane, shape (…, planes), of blocks shaped (…, d_h, d_h).
+
+    >>> a = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]], dtype=torch.float64)
+    >>> [t.tolist() for t in plane_terms(a, HeadSplit.make(2, [(0, 1)]))]
+    [[[5.0]], [[-1.0]]]
+    """
     p, q = split.p.to(blocks.device), split.q.to(blocks.device)
     alpha = blocks[..., p, p] + blocks[..., q, q]
     beta = blocks[..., p, q] - blocks[..., q, p]
@@ -145,7 +150,11 @@ def plane_terms(blocks: torch.Tensor, split: HeadSplit) -> tuple[torch.Tensor, t
 
 
 def plane_angles(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cos θ, sin θ)`` of the best plane rotation; the identity where ``α = β = 0``."""
+    """``(cos θ, sin θ)`` of the best plane rotation; the identity where ``α = β = 0``.
+
+    >>> [t.tolist() for t in plane_angles(torch.tensor([0.0, 0.0]), torch.tensor([2.0, 0.0]))]
+    [[0.0, 1.0], [1.0, 0.0]]
+    """
     radius = torch.sqrt(alpha * alpha + beta * beta)
     safe = torch.where(radius > 0, radius, torch.ones_like(radius))
     cos = torch.where(radius > 0, alpha / safe, torch.ones_like(radius))
@@ -154,7 +163,12 @@ def plane_angles(alpha: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def best_scores(blocks: torch.Tensor, split: HeadSplit) -> torch.Tensor:
-    """``max_Q tr(Q^T A)`` for each block of (B, d_h, d_h) under the rotations ``split`` allows."""
+    """``max_Q tr(Q^T A)`` for each block of (B, d_h, d_h) under the rotations ``split`` allows.
+
+    >>> a = torch.tensor([[[0.0, 1.0], [-1.0, 0.0]]], dtype=torch.float64)  # a 90° turn
+    >>> best_scores(a, HeadSplit.make(2, [(0, 1)])).tolist(), best_scores(a, HeadSplit.make(2, [])).tolist()
+    ([2.0], [2.0])
+    """
     total = torch.zeros(blocks.shape[0], dtype=blocks.dtype, device=blocks.device)
     if split.has_planes:
         alpha, beta = plane_terms(blocks, split)
@@ -166,7 +180,12 @@ def best_scores(blocks: torch.Tensor, split: HeadSplit) -> torch.Tensor:
 
 
 def fit_rotations(blocks: torch.Tensor, split: HeadSplit) -> torch.Tensor:
-    """The maximising rotations (B, d_h, d_h): plane rotations plus Procrustes on the other dims."""
+    """The maximising rotations (B, d_h, d_h): plane rotations plus Procrustes on the other dims.
+
+    >>> a = torch.tensor([[[0.0, 1.0], [-1.0, 0.0]]], dtype=torch.float64)
+    >>> fit_rotations(a, HeadSplit.make(2, [(0, 1)]))[0].tolist()
+    [[0.0, 1.0], [-1.0, 0.0]]
+    """
     b, d = blocks.shape[0], split.head_dim
     out = torch.zeros(b, d, d, dtype=blocks.dtype, device=blocks.device)
     if split.has_planes:
@@ -184,5 +203,9 @@ def fit_rotations(blocks: torch.Tensor, split: HeadSplit) -> torch.Tensor:
 
 
 def score_rotations(rotations: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """``tr(Q^T A)`` for each pair of rotation and block (B,)."""
+    """``tr(Q^T A)`` for each pair of rotation and block (B,).
+
+    >>> score_rotations(torch.eye(2)[None], torch.ones(1, 2, 2)).tolist()
+    [2.0]
+    """
     return (rotations * blocks).sum((-2, -1))

@@ -61,7 +61,13 @@ class HeadWeights:
 
     @property
     def kv_of(self) -> torch.Tensor:
-        """The KV head each query head reads, (H,)."""
+        """The KV head each query head reads, (H,).
+
+        >>> z = torch.zeros
+        >>> w = HeadWeights(q=z(4, 2, 8), k=z(2, 2, 8), v=z(2, 2, 8), o=z(4, 8, 2))
+        >>> w.kv_of.tolist(), w.kv_elements()
+        ([0, 0, 1, 1], 8)
+        """
         return torch.arange(self.num_heads) // (self.num_heads // self.num_kv_heads)
 
     def kv_elements(self) -> int:
@@ -142,6 +148,14 @@ def _deepseek(attn: Any, cfg: Any, heads: int) -> dict[str, Any]:
 
 def head_weights(model: nn.Module, layer: int) -> HeadWeights:
     """The per-head Q/K/V/O weights of ``layer`` of ``model`` (float64, CPU; see the module doc).
+
+    Example:
+        >>> from transformers import BertConfig, BertModel
+        >>> bert = BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+        ...                             num_attention_heads=4, intermediate_size=64))
+        >>> w = head_weights(bert, -1)
+        >>> tuple(w.v.shape), tuple(w.v_bias.shape), tuple(w.o_bias.shape)
+        ((4, 8, 32), (4, 8), (32,))
 
     Raises:
         LayerIndexError: ``layer`` is not a layer of the model.
