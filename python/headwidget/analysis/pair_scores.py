@@ -25,7 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from headwidget.analysis.procrustes import HeadSplit, best_scores, fit_rotations, plane_angles, plane_terms
+from headwidget.analysis.procrustes import (
+    HeadSplit,
+    best_scores,
+    fit_rotations,
+    map_chunks,
+    plane_angles,
+    plane_terms,
+)
 
 __all__ = ["PairScores", "pair_block", "score_pairs"]
 
@@ -102,20 +109,32 @@ def score_pairs(parts: Parts, split: HeadSplit, *, best: bool = True, heldout: b
     trace, held_trace = zeros(), zeros()
     fit_best, fit_held = (zeros() if best else None), (zeros() if heldout else None)
     rows = max(1, min(CHUNK_BYTES // (32 * d * heads * len(parts)), -(-heads // 8)))
-    for r0 in range(0, heads, rows):
-        r1 = min(heads, r0 + rows)
-        reads = [_read(g, split, r0, r1) for g in parts]
-        trace[r0:r1, r0:] = torch.stack([r[0] for r in reads]).sum(0)
-        if heldout:
-            held_trace[r0:r1, r0:] = reads[1][0]
-        if split.has_planes and fit_best is not None:
+
+    Opt = torch.Tensor | None
+
+    def rows_chunk(r0: int) -> tuple[int, torch.Tensor, Opt, Opt, Opt]:
+        reads = [_read(g, split, r0, min(heads, r0 + rows)) for g in parts]
+        tr = torch.stack([r[0] for r in reads]).sum(0)
+        b = h = None
+        if split.has_planes and best:
             alpha, beta = reads[0][1], reads[0][2]
             for r in reads[1:]:
                 alpha, beta = alpha + r[1], beta + r[2]
-            fit_best[r0:r1, r0:] += torch.sqrt(alpha * alpha + beta * beta).sum(1)
-        if split.has_planes and fit_held is not None:
+            b = torch.sqrt(alpha * alpha + beta * beta).sum(1)
+        if split.has_planes and heldout:
             cos, sin = plane_angles(reads[0][1], reads[0][2])
-            fit_held[r0:r1, r0:] += (cos * reads[1][1] + sin * reads[1][2]).sum(1)
+            h = (cos * reads[1][1] + sin * reads[1][2]).sum(1)
+        return r0, tr, b, h, (reads[1][0] if heldout else None)
+
+    for r0, tr, b, h, held_tr in map_chunks(rows_chunk, range(0, heads, rows), first.device):
+        r1 = min(heads, r0 + rows)
+        trace[r0:r1, r0:] = tr
+        if held_tr is not None:
+            held_trace[r0:r1, r0:] = held_tr
+        if b is not None and fit_best is not None:
+            fit_best[r0:r1, r0:] += b
+        if h is not None and fit_held is not None:
+            fit_held[r0:r1, r0:] += h
     rest = split.rest.to(first.device)
     if rest.numel() and (best or heldout):
         ii, jj = torch.triu_indices(heads, heads, 1, device=first.device)

@@ -25,16 +25,18 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 __all__ = ["HeadSplit", "batched_svd", "best_scores", "fit_rotations", "plane_terms", "score_rotations"]
 
 F64 = torch.float64
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,24 @@ def _single_threaded() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+def map_chunks(fn: Callable[[int], T], starts: Iterable[int], device: torch.device) -> list[T]:
+    """``[fn(s) for s in starts]``, on the CPU spread over one Python thread per core.
+
+    Each worker runs torch single-threaded: memory-bound gathers gain little from intra-op threads,
+    and OpenMP's spinning barriers slow them down many times over when other processes share the
+    cores; plain threads (torch releases the GIL) do not.
+
+    >>> map_chunks(lambda s: s * 2, range(3), torch.device("cpu"))
+    [0, 2, 4]
+    """
+    items = list(starts)
+    workers = min(torch.get_num_threads(), len(items))
+    if device.type != "cpu" or workers <= 1:
+        return [fn(s) for s in items]
+    with _single_threaded(), ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, items))
 
 
 def batched_svd(blocks: torch.Tensor, *, vectors: bool = True) -> tuple[torch.Tensor, ...]:
