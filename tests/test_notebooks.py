@@ -1,0 +1,35 @@
+"""Every example notebook runs top to bottom in a fresh kernel without an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "example_notebooks").glob("*.ipynb"))
+
+
+def test_there_is_a_quickstart_and_one_notebook_per_reference_figure():
+    names = {p.stem for p in NOTEBOOKS}
+    assert {"quickstart", "channel_correlation", "head_alignment", "mechanisms"} <= names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path, tmp_path):
+    book = nbformat.read(path, as_version=4)
+    NotebookClient(
+        book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    widgets = [
+        o
+        for c in book.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
+    assert widgets, "each notebook displays at least one widget"
