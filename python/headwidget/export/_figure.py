@@ -1,0 +1,198 @@
+"""A matplotlib :class:`~matplotlib.figure.Figure` of a :class:`PanelGrid`, laid out like the widget.
+
+Panels fill a grid row by row with ``grid.columns`` columns (0: one row), as in the reference figures:
+the channel view puts keys over values with one column per layer, the alignment view keys and values
+× before and after, the mechanism view one row. Each panel shows its title, subtitle, tick labels
+(explicit labels, else original indices ``offset + i * step``) and note; one colorbar serves all.
+Cells are flat colours from the widget's own 256-entry tables (:mod:`._colormaps`).
+
+No pyplot: the figure has its own Agg canvas, and every draw runs inside :func:`export_style`, a
+temporary matplotlib style, so neither the user's rcParams change the output nor the export theirs.
+The layout ("compressed", made for grids of fixed-aspect plots) is computed once and then frozen, so
+the saved PNG, SVG and PDF, at any dpi, have the same geometry (see ``cell_box``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import matplotlib.style
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from headwidget.export._colormaps import LutNorm, colormap, nan_color
+from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, text_width, wrap
+from headwidget.export._source import ExportError, GridSource, grid_of
+from headwidget.widget.panels import Panel, PanelGrid
+
+__all__ = ["PANEL_LABEL", "export_style", "figure"]
+
+TEXT_COLOR, MUTED_COLOR, FRAME_COLOR = "#1f1f1f", "#5f5f5f", "#444444"
+TITLE_PT, SUBTITLE_PT, TICK_PT, NOTE_PT, LABEL_PT = 9.0, 7.5, 7.0, 6.5, 8.0
+PLOT_IN = 2.2  # longest plot side on an automatically sized figure (the widget's 320 px)
+COLORBAR_IN = 0.75  # colorbar, its ticks and one label line
+STYLE = {
+    "svg.fonttype": "none",  # text stays <text> in SVG
+    "pdf.fonttype": 42,  # TrueType text in PDF (selectable, searchable)
+    "ps.fonttype": 42,
+    "svg.hashsalt": "headwidget",  # stable SVG ids: the same grid writes the same file
+    "text.parse_math": False,  # a "$" in a title is a dollar sign
+    "figure.facecolor": "white",
+    "savefig.facecolor": "white",
+    "text.color": TEXT_COLOR,
+    "axes.linewidth": 0.6,
+    "axes.edgecolor": FRAME_COLOR,
+}
+PANEL_LABEL = "headwidget-panel-{}"
+LAYOUT_PASSES = 2
+
+
+@contextlib.contextmanager
+def export_style() -> Iterator[None]:
+    """matplotlib's default style plus the export's settings, restored on exit.
+
+    Example:
+        >>> import matplotlib
+        >>> with export_style():
+        ...     matplotlib.rcParams["svg.fonttype"]
+        'none'
+    """
+    with matplotlib.style.context(["default", STYLE]):
+        yield
+
+
+def plot_size(rows: int, cols: int) -> tuple[float, float]:
+    """Plot (width, height) in inches: square cells, thin matrices stretched (``js/lib/layout.ts``)."""
+    s = min(320 / rows, 320 / cols)
+
+    def side(n: int) -> float:
+        return round(max(n * s, min(96, n * 24, 320))) * PLOT_IN / 320
+
+    return side(cols), side(rows)
+
+
+def _row_label_width(panel: Panel) -> float:
+    rows = np.shape(panel.matrix)[0]
+    labels = panel.row_labels or [str(panel.row_offset + rows * panel.row_step - 1)]
+    return max(text_width(fit_label(str(s), MAX_LABEL_CHARS["row"]), TICK_PT) for s in labels) + 0.1
+
+
+def _auto_size(grid: PanelGrid, nrows: int, ncols: int, title: str | None) -> tuple[float, float]:
+    """Width: the widest panel of each grid column; height: the tallest panel of each grid row."""
+    widths, heights = [0.0] * ncols, [0.0] * nrows
+    for k, p in enumerate(grid.panels):
+        plot_w, plot_h = plot_size(*np.shape(p.matrix))
+        label_w = _row_label_width(p)
+        text_w = max(plot_w + label_w, PLOT_IN * 0.6)
+        wrap_w = text_w - label_w - 0.1
+        lines = len(wrap(p.subtitle, wrap_w, SUBTITLE_PT)), len(wrap(p.note, wrap_w, NOTE_PT, style="italic"))
+        text_h = TITLE_PT * 1.4 + SUBTITLE_PT * 1.25 * lines[0] + TICK_PT * 2 + NOTE_PT * 1.3 * lines[1]
+        widths[k % ncols] = max(widths[k % ncols], text_w + 0.1)
+        heights[k // ncols] = max(heights[k // ncols], plot_h + text_h / 72 + 0.1)
+    label = len(wrap(grid.colorbar_label, 0.85 * (sum(heights) - 0.5), LABEL_PT))
+    width = sum(widths) + COLORBAR_IN + 0.14 * max(0, label - 1)
+    return round(width, 2), round(sum(heights) + (0.3 if title else 0.05), 2)
+
+
+def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: float) -> None:
+    matrix = np.asarray(panel.matrix, dtype=np.float64)
+    rows, cols = matrix.shape
+    big = np.finfo(np.float64).max  # ±inf take the end colours, as in the widget (imshow masks inf)
+    ax.imshow(
+        np.nan_to_num(matrix, nan=np.nan, posinf=big, neginf=-big), cmap=colormap(grid.colormap),
+        norm=LutNorm(grid.vmin, grid.vmax), interpolation="nearest", interpolation_stage="rgba",
+        extent=(0, cols, rows, 0), aspect="auto",
+    )  # fmt: skip
+    w, h = plot_size(rows, cols)
+    ax.set_box_aspect(h / w)
+    for orient, axis, n, labels, offset, step in (
+        ("col", ax.xaxis, cols, panel.col_labels, panel.col_offset, panel.col_step),
+        ("row", ax.yaxis, rows, panel.row_labels, panel.row_offset, panel.row_step),
+    ):
+        locator, formatter = panel_axis(n, labels, offset, step, orient, TICK_PT)
+        axis.set_major_locator(locator)
+        axis.set_major_formatter(formatter)
+    ax.tick_params(length=2.5, width=0.6, pad=1.5, labelsize=TICK_PT, colors=TEXT_COLOR)
+    subtitle = wrap(panel.subtitle, text_w, SUBTITLE_PT)
+    pad = 2.0 + (SUBTITLE_PT * 1.2 * len(subtitle) + 2.0 if subtitle else 0.0)
+    ax.set_title(panel.title, loc="left", fontsize=TITLE_PT, fontweight="bold", pad=pad)
+    if subtitle:
+        ax.annotate(
+            "\n".join(subtitle), xy=(0, 1), xycoords="axes fraction", xytext=(0, 3),
+            textcoords="offset points", ha="left", va="bottom", fontsize=SUBTITLE_PT, color=MUTED_COLOR,
+        )  # fmt: skip
+    if panel.note:
+        note = "\n".join(wrap(panel.note, text_w, NOTE_PT, style="italic"))
+        ax.set_xlabel(note, loc="left", fontsize=NOTE_PT, style="italic", color=MUTED_COLOR, labelpad=3)
+    ax.set_label(PANEL_LABEL.format(index))
+    ax.set_gid(panel.id)  # the panel's <g id> in SVG
+
+
+def _colorbar(fig: Figure, axes: list[Axes], grid: PanelGrid, length: float) -> None:
+    # A flat grid (vmax <= vmin) shows every cell in the middle colour: centre the bar on vmin.
+    lo, hi = (grid.vmin, grid.vmax) if grid.vmax > grid.vmin else (grid.vmin - 0.5, grid.vmin + 0.5)
+    mappable = ScalarMappable(norm=Normalize(lo, hi), cmap=colormap(grid.colormap))
+    cbar = fig.colorbar(mappable, ax=axes, location="right", shrink=0.9, aspect=24, pad=0.02)
+    cbar.set_label("\n".join(wrap(grid.colorbar_label, length, LABEL_PT)), fontsize=LABEL_PT)
+    cbar.set_ticks(MaxNLocator(5, steps=[1, 2, 5, 10]))
+    cbar.ax.tick_params(length=2.5, width=0.6, labelsize=TICK_PT)
+    cbar.outline.set_linewidth(0.6)
+    if any(np.isnan(np.asarray(p.matrix, dtype=np.float64)).any() for p in grid.panels):
+        r, g, b = (c / 255 for c in nan_color())
+        swatch = Patch(facecolor=(r, g, b), edgecolor=FRAME_COLOR, linewidth=0.6, label="undefined")
+        cbar.ax.legend(
+            handles=[swatch], loc="upper left", bbox_to_anchor=(0.0, -0.02), frameon=False,
+            fontsize=TICK_PT, handlelength=1.0, handleheight=1.0, handletextpad=0.4, borderaxespad=0.0,
+        )  # fmt: skip
+
+
+def figure(
+    source: GridSource, *, dpi: float = 200, size: tuple[float, float] | None = None, title: str | None = None
+) -> Figure:
+    """The figure of a view's (or a grid's) panels; ``size`` is (width, height) in inches.
+
+    Without ``size`` the figure is sized for plots of about 2.2 inches and their text.
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> grid = PanelGrid([Panel("k", "Keys", np.eye(4)), Panel("v", "Values", -np.eye(4))],
+        ...                  -1.0, 1.0, "diverging", "Pearson correlation", columns=1)
+        >>> fig = figure(grid, dpi=100, size=(3, 5))
+        >>> fig.canvas.get_width_height(), len(fig.axes)  # two panels and the colorbar
+        ((300, 500), 3)
+    """
+    grid = grid_of(source)
+    if size is not None and not (len(size) == 2 and min(size) > 0):
+        raise ExportError(f"size must be (width, height) in inches, both > 0; got {size!r}")
+    if not dpi > 0:
+        raise ExportError(f"dpi must be > 0, got {dpi!r}")
+    n = len(grid.panels)
+    ncols = min(grid.columns, n) if grid.columns > 0 else n
+    nrows = math.ceil(n / ncols)
+    with export_style():
+        width, height = size if size is not None else _auto_size(grid, nrows, ncols, title)
+        column_w = (width - COLORBAR_IN) / ncols
+        fig = Figure(figsize=(width, height), dpi=dpi, layout="compressed")
+        FigureCanvasAgg(fig)
+        axes = list(fig.subplots(nrows, ncols, squeeze=False).flat)
+        for ax in axes[n:]:
+            ax.remove()
+        for index, (ax, panel) in enumerate(zip(axes, grid.panels, strict=False)):
+            # Subtitle and note start at the plot's left edge: wrap them before the next panel.
+            _draw_panel(ax, index, panel, grid, max(1.0, column_w - _row_label_width(panel) - 0.2))
+        _colorbar(fig, axes[:n], grid, 0.8 * (height - 0.4))
+        if title:
+            fig.suptitle(title, fontsize=TITLE_PT + 2, fontweight="bold")
+        for _ in range(LAYOUT_PASSES):  # the layout settles on the text sizes in two passes
+            fig.draw_without_rendering()
+    fig.set_layout_engine("none")  # frozen: every later draw, at any dpi, has this geometry
+    return fig

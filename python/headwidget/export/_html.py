@@ -1,0 +1,126 @@
+"""A standalone, offline HTML page of a view: the widget's own front end over precomputed panels.
+
+The page holds everything it needs: the built bundle (``static/widget.js``, base64) and the panels
+(wire format of :func:`~headwidget.widget.panels.encode_panel`, base64) in one JSON blob, and a small
+inline model (``offline_model.js``) that stands in for the kernel. Hover, the tooltip, the colorbar,
+the PNG button and the layer slider work as in the notebook; the slider switches between the layers
+exported (see :func:`._source.collect_frames`). Other controls need Python and are hidden. A
+Content-Security-Policy forbids every network request, so the page shows the same thing offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from headwidget.export._source import GridSource, collect_frames
+from headwidget.widget.base import bundle_path
+
+__all__ = ["DEFAULT_MAX_BYTES", "page_data", "save_html"]
+
+OFFLINE_MODEL = Path(__file__).with_name("offline_model.js")
+DEFAULT_MAX_BYTES = 64 * 2**20
+#: Hidden controls: their traits only have values the kernel could recompute from.
+NO_CONTROLS: dict[str, Any] = {
+    "channel_start": 0, "channel_width": 0, "num_channels": 0, "kinds_available": [],
+    "metrics_available": [], "alignments_available": [], "mechanisms": [], "mechanisms_available": [],
+    "error": "", "status": "",
+}  # fmt: skip
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline' data:; style-src 'unsafe-inline'; "
+    "img-src data: blob:; base-uri 'none'; form-action 'none'"
+)
+TEMPLATE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="headwidget">
+<title>{title}</title>
+<style>body {{ margin: 16px; background: #fff; color: #1f1f1f; font-family: system-ui, sans-serif; }}
+h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}</style>
+</head>
+<body>
+{heading}<div id="headwidget-root"></div>
+<noscript>This page needs JavaScript to draw the heatmaps.</noscript>
+<script type="application/json" id="headwidget-data">{data}</script>
+<script type="module">
+{script}
+</script>
+</body>
+</html>
+"""
+
+
+def page_data(
+    source: GridSource, *, layers: Sequence[int] | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+) -> dict[str, Any]:
+    """The JSON the page embeds: ``state`` (the model's traits), ``frames`` by layer, ``errors``, ``bundle``.
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> data = page_data(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
+        >>> sorted(data), list(data["frames"]), data["frames"]["0"]["panels"][0]["title"]
+        (['bundle', 'errors', 'frames', 'state'], ['0'], 'A')
+    """
+    frames = collect_frames(source, layers, max_bytes)
+    state = {**NO_CONTROLS, **frames.state}
+    first = frames.frames[int(state["layer"])]
+    state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns")})
+    state["panels"] = []
+    return {
+        "state": state,
+        "frames": {str(k): v for k, v in frames.frames.items()},
+        "errors": {str(k): v for k, v in frames.errors.items()},
+        "bundle": base64.b64encode(bundle_path().read_bytes()).decode("ascii"),
+    }
+
+
+def _script_json(data: dict[str, Any]) -> str:
+    # Inside <script>, "</script>" or "<!--" in a title must not end the element: escape < > &.
+    text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def save_html(
+    source: GridSource,
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    layers: Sequence[int] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Path:
+    """Write ``source`` as a standalone interactive page that works offline; returns the path.
+
+    A view with a layer slider gets a frame for each of ``layers`` (default: all of the view's
+    layers); a :class:`PanelGrid` gets one. Raises :class:`ExportError` beyond ``max_bytes`` of panel
+    data, with what to do about it.
+
+    Example:
+        >>> import numpy as np, tempfile, pathlib
+        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> grid = PanelGrid([Panel("a", "Keys", np.eye(3))], -1.0, 1.0, "diverging", "correlation")
+        >>> out = save_html(grid, pathlib.Path(tempfile.mkdtemp()) / "keys.html", title="Keys")
+        >>> text = out.read_text()
+        >>> "<title>Keys</title>" in text, "://" in text  # no URL anywhere
+        (True, False)
+    """
+    data = page_data(source, layers=layers, max_bytes=max_bytes)
+    name = title or "headwidget"
+    page = TEMPLATE.format(
+        csp=CSP,
+        title=html.escape(name),
+        heading=f"<h1>{html.escape(title)}</h1>\n" if title else "",
+        data=_script_json(data),
+        script=OFFLINE_MODEL.read_text(encoding="utf-8"),
+    )
+    path = Path(path)
+    path.write_text(page, encoding="utf-8")
+    return path

@@ -1,0 +1,102 @@
+"""``save(view_or_grid, path)``: one call for every export format, picked by the file suffix.
+
+Also :func:`cell_box`, where a matrix cell lands in the saved image: what tests need to read the
+colour of a known cell back from the PNG.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from headwidget.export._figure import PANEL_LABEL, export_style, figure
+from headwidget.export._html import save_html
+from headwidget.export._source import ExportError, GridSource
+
+__all__ = ["FORMATS", "cell_box", "save"]
+
+#: Suffix → what is written. PNG/SVG/PDF are matplotlib figures; HTML is the interactive page.
+FORMATS = {
+    ".png": "PNG image (matplotlib, Agg)",
+    ".svg": "SVG with text as <text> elements",
+    ".pdf": "PDF with TrueType (type 42) text",
+    ".html": "standalone interactive page (widget bundle and data inlined, works offline)",
+}
+# No creation dates in SVG/PDF, so that the same grid writes the same bytes.
+METADATA: dict[str, dict[str, str | None]] = {
+    ".png": {},
+    ".svg": {"Date": None},
+    ".pdf": {"CreationDate": None},
+}
+
+
+def save(
+    source: GridSource,
+    path: str | os.PathLike[str],
+    *,
+    dpi: float = 200,
+    size: tuple[float, float] | None = None,
+    title: str | None = None,
+    layers: Sequence[int] | None = None,
+) -> Path:
+    """Write a view (or a :class:`PanelGrid`) to ``path``; the suffix picks the format.
+
+    - ``.png``, ``.svg``, ``.pdf``: the figure of :func:`headwidget.export.figure` — the panels the
+      view shows now, ``dpi`` dots per inch, ``size`` (width, height) in inches (default: sized for
+      the panels), ``title`` above all panels.
+    - ``.html``: :func:`headwidget.export.save_html` — an offline page with hover and the layer slider
+      over ``layers`` (default: every layer of the view); ``dpi`` and ``size`` do not apply.
+
+    Returns the path written.
+
+    Example:
+        >>> import numpy as np, tempfile, pathlib
+        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> grid = PanelGrid([Panel("a", "Keys · layer 0", np.eye(3))], -1.0, 1.0, "diverging", "r")
+        >>> out = save(grid, pathlib.Path(tempfile.mkdtemp()) / "fig.png", dpi=50, size=(3, 2))
+        >>> out.read_bytes()[:4], out.suffix
+        (b'\\x89PNG', '.png')
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        known = ", ".join(FORMATS)
+        raise ExportError(f"cannot export to {path.name!r}: the suffix must be one of {known}")
+    if suffix == ".html":
+        return save_html(source, path, title=title, layers=layers)
+    if layers is not None:
+        raise ExportError("layers= applies to .html exports; a figure shows the view's current panels")
+    fig = figure(source, dpi=dpi, size=size, title=title)
+    with export_style():
+        fig.savefig(path, format=suffix[1:], dpi="figure", metadata=METADATA[suffix])
+    return path
+
+
+def cell_box(fig: Figure, panel: int, row: int, col: int) -> tuple[float, float, float, float]:
+    """Pixel box (left, top, right, bottom) of a cell in the image of ``fig`` saved at its own dpi.
+
+    Pixel coordinates start at the top-left corner, as in ``matplotlib.image.imread`` arrays.
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> fig = figure(PanelGrid([Panel("a", "A", np.zeros((2, 2)))], 0.0, 1.0, "magma", ""), dpi=50)
+        >>> left, top, right, bottom = cell_box(fig, 0, 1, 1)
+        >>> right > left and bottom > top
+        True
+    """
+    matches = [ax for ax in fig.axes if ax.get_label() == PANEL_LABEL.format(panel)]
+    if not matches:
+        raise ExportError(f"the figure has no panel {panel}")
+    ax = matches[0]
+    rows, cols = ax.get_images()[0].get_size()
+    if not (0 <= row < rows and 0 <= col < cols):
+        raise ExportError(f"cell ({row}, {col}) is outside panel {panel}'s {rows}×{cols} matrix")
+    ax.apply_aspect()
+    corners = [(col / cols, 1 - row / rows), ((col + 1) / cols, 1 - (row + 1) / rows)]
+    (x0, y0), (x1, y1) = ax.transAxes.transform(corners)
+    height = fig.bbox.height
+    return float(x0), float(height - y0), float(x1), float(height - y1)

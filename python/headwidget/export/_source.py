@@ -1,0 +1,181 @@
+"""What the exporters take: a :class:`PanelGrid` or a view, and a view's panel sets across layers.
+
+A view is anything with a ``grid`` property (the panels it shows now). The offline HTML page cannot
+run Python, so what its layer slider can show is computed here ("frames"): the view is moved to each
+requested layer, its grid is taken, and it is moved back. Within ``hold_sync`` a live widget's front
+end only receives its final (original) state. A layer the view cannot show (not captured, say) keeps
+the view's error message, which the page shows when the slider reaches it.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from headwidget.errors import HeadwidgetError
+from headwidget.export._colormaps import colormap
+from headwidget.widget.panels import PanelGrid, encode_panel
+
+__all__ = ["ExportError", "Frames", "GridSource", "HasGrid", "collect_frames", "frame_json", "grid_of"]
+
+
+class ExportError(HeadwidgetError, ValueError):
+    """A grid or an export request that cannot be written (empty grid, bad matrix, unknown format…)."""
+
+
+@runtime_checkable
+class HasGrid(Protocol):
+    """A view: ``view.grid`` is the :class:`PanelGrid` it shows now."""
+
+    @property
+    def grid(self) -> PanelGrid: ...
+
+
+GridSource = PanelGrid | HasGrid
+
+
+def _check(grid: PanelGrid) -> PanelGrid:
+    if not grid.panels:
+        raise ExportError("the grid has no panels to draw")
+    if not (math.isfinite(grid.vmin) and math.isfinite(grid.vmax)):
+        raise ExportError(f"the colour range must be finite, got vmin={grid.vmin}, vmax={grid.vmax}")
+    try:
+        colormap(grid.colormap)
+    except ValueError as err:
+        raise ExportError(str(err)) from None
+    for panel in grid.panels:
+        shape = np.shape(panel.matrix)
+        if len(shape) != 2 or 0 in shape:
+            raise ExportError(f"panel {panel.id!r}: expected a non-empty 2-D matrix, got shape {shape}")
+        for name, labels, n in (
+            ("row_labels", panel.row_labels, shape[0]),
+            ("col_labels", panel.col_labels, shape[1]),
+        ):
+            if labels is not None and len(labels) != n:
+                raise ExportError(f"panel {panel.id!r}: {name} has {len(labels)} entries for {n} cells")
+    return grid
+
+
+def grid_of(source: GridSource) -> PanelGrid:
+    """The checked :class:`PanelGrid` of a grid or of a view.
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.widget.panels import Panel
+        >>> grid = PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r")
+        >>> grid_of(grid) is grid
+        True
+    """
+    if isinstance(source, PanelGrid):
+        return _check(source)
+    if isinstance(source, HasGrid):
+        grid = source.grid
+        if isinstance(grid, PanelGrid):
+            return _check(grid)
+    raise TypeError(f"expected a PanelGrid or a view with a .grid, got {type(source).__name__}")
+
+
+#: Traits of a view that the page shows as they were (its controls other than the layer are hidden).
+VIEW_TRAITS = ("view", "num_layers", "layer", "layer_label", "kind", "metric", "alignment")
+
+
+@dataclass
+class Frames:
+    """The page's content: the view's fixed state, a frame per exported layer, errors of the others."""
+
+    state: dict[str, Any]
+    frames: dict[int, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+def frame_json(grid: PanelGrid, layer_label: str = "") -> dict[str, Any]:
+    """A grid as the page's JSON: the widget's traits, panels' data as base64 of the wire format.
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.widget.panels import Panel
+        >>> frame = frame_json(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
+        >>> frame["panels"][0]["dtype"], frame["panels"][0]["data"]
+        ('float16', 'ADwAAAAAADw=')
+    """
+    panels = []
+    for panel in grid.panels:
+        encoded = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)
+        encoded["data"] = base64.b64encode(encoded["data"]).decode("ascii")
+        panels.append(encoded)
+    return {
+        "vmin": grid.vmin, "vmax": grid.vmax, "colormap": grid.colormap,
+        "colorbar_label": grid.colorbar_label, "columns": grid.columns,
+        "layer_label": layer_label, "panels": panels,
+    }  # fmt: skip
+
+
+def _add(frames: Frames, layer: int, grid: PanelGrid, label: str, max_bytes: int) -> None:
+    frame = frame_json(grid_of(grid), label)
+    frames.frames[layer] = frame
+    frames.nbytes += sum(len(p["data"]) for p in frame["panels"])
+    if frames.nbytes > max_bytes:
+        raise ExportError(
+            f"the page would hold more than {max_bytes / 2**20:.0f} MiB of panel data after "
+            f"{len(frames.frames)} layers: pass fewer layers (layers=[...]), a narrower channel window "
+            "or a smaller max_cells, or raise max_bytes"
+        )
+
+
+def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: int) -> Frames:
+    """Frames of a grid (one frame, no slider) or of a view over ``layers`` (default: all).
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.widget.panels import Panel
+        >>> grid = PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r")
+        >>> frames = collect_frames(grid, None, 2**20)
+        >>> list(frames.frames), frames.state["num_layers"]
+        ([0], 0)
+    """
+    if isinstance(source, PanelGrid):
+        if layers is not None:
+            raise ExportError("layers= needs a view with a layer slider; a PanelGrid has one panel set")
+        frames = Frames(state={"view": "", "num_layers": 0, "layer": 0, "layer_label": ""})
+        _add(frames, 0, source, "", max_bytes)
+        return frames
+    view: Any = source
+    current = grid_of(view)  # computes the panels if the view has none yet
+    state = {k: getattr(view, k) for k in VIEW_TRAITS if hasattr(view, k)}
+    state.setdefault("num_layers", 0)
+    state.setdefault("layer", 0)
+    frames = Frames(state=state)
+    start = int(state["layer"])
+    if state["num_layers"] < 1:
+        if layers is not None:
+            raise ExportError(f"{type(view).__name__} here has no layer slider; layers= does not apply")
+        _add(frames, start, current, str(state.get("layer_label", "")), max_bytes)
+        return frames
+    wanted = sorted({int(x) for x in (range(state["num_layers"]) if layers is None else layers)})
+    hold = view.hold_sync() if hasattr(view, "hold_sync") else nullcontext()
+    with hold:
+        try:
+            for layer in wanted:
+                if layer == start:
+                    _add(frames, layer, current, str(state.get("layer_label", "")), max_bytes)
+                    continue
+                view.layer = layer
+                if getattr(view, "error", ""):
+                    frames.errors[layer] = str(view.error)
+                else:
+                    _add(frames, layer, view.grid, str(getattr(view, "layer_label", "")), max_bytes)
+        finally:
+            view.layer = start
+    if start not in frames.frames:  # the page opens on the first exported layer
+        if not frames.frames:
+            raise ExportError(f"none of the layers {wanted} could be shown: {frames.errors}")
+        state["layer"] = min(frames.frames)
+        state["layer_label"] = frames.frames[state["layer"]]["layer_label"]
+    return frames

@@ -1,0 +1,108 @@
+// Offline stand-in for the anywidget model of a saved headwidget page (see _html.py).
+// It reads the page's JSON blob, imports the inlined widget bundle from a data: URL and renders it
+// with a model that has get/set/on/off/save_changes/send. When the layer slider commits a layer,
+// save_changes() swaps in that layer's precomputed panels (or shows why it is missing).
+// No request leaves the page.
+
+const data = JSON.parse(document.getElementById("headwidget-data").textContent);
+const FRAME_TRAITS = ["vmin", "vmax", "colormap", "colorbar_label", "columns"];
+
+function base64Bytes(text) {
+  const raw = atob(text);
+  const bytes = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+  return new DataView(bytes.buffer);
+}
+
+function same(a, b) {
+  if (a === b) return true;
+  return Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => x === b[i]);
+}
+
+class OfflineModel {
+  constructor(page) {
+    this.page = page;
+    this.state = { ...page.state };
+    this.listeners = new Map();
+    this.decoded = new Map();
+    this.sent = []; // clicks and PNG replies: there is no kernel to receive them
+    this.widget_manager = {};
+    this.shown = null;
+    this.show(this.state.layer, false);
+  }
+
+  get(key) {
+    return this.state[key];
+  }
+
+  set(key, value) {
+    const old = this.state[key];
+    this.state[key] = value;
+    if (!same(old, value)) this.emit(`change:${key}`, this, value);
+  }
+
+  on(event, callback) {
+    if (!this.listeners.has(event)) this.listeners.set(event, []);
+    this.listeners.get(event).push(callback);
+  }
+
+  off(event, callback) {
+    if (event == null) return this.listeners.clear();
+    if (callback == null) return this.listeners.delete(event);
+    const list = this.listeners.get(event) || [];
+    const i = list.indexOf(callback);
+    if (i >= 0) list.splice(i, 1);
+  }
+
+  emit(event, ...args) {
+    for (const callback of [...(this.listeners.get(event) || [])]) callback(...args);
+  }
+
+  save_changes() {
+    if (this.state.layer !== this.shown) this.show(this.state.layer, true);
+  }
+
+  send(content) {
+    this.sent.push(content);
+  }
+
+  /** Panels of a layer with their data decoded to DataViews (once), or null if not exported. */
+  frame(layer) {
+    const frame = this.page.frames[String(layer)];
+    if (!frame) return null;
+    if (!this.decoded.has(layer)) {
+      this.decoded.set(layer, frame.panels.map((p) => ({ ...p, data: base64Bytes(p.data) })));
+    }
+    return { ...frame, panels: this.decoded.get(layer) };
+  }
+
+  show(layer, notify) {
+    const set = notify ? (k, v) => this.set(k, v) : (k, v) => (this.state[k] = v);
+    this.shown = layer;
+    const frame = this.frame(layer);
+    if (!frame) {
+      const held = Object.keys(this.page.frames).join(", ");
+      const why = this.page.errors[String(layer)];
+      set("error", why ? `layer ${layer}: ${why}` : `layer ${layer} is not in this file (it holds layers ${held}); ` +
+        "export it with save(view, path, layers=[...])");
+      set("layer_label", `layer ${layer} (not in this file)`);
+      return;
+    }
+    for (const key of FRAME_TRAITS) set(key, frame[key]);
+    set("layer_label", frame.layer_label);
+    set("panels", frame.panels);
+    set("error", "");
+  }
+}
+
+const root = document.getElementById("headwidget-root");
+try {
+  const widget = (await import(`data:text/javascript;base64,${data.bundle}`)).default;
+  const model = new OfflineModel(data);
+  widget.render({ model, el: root });
+  window.headwidget = { model };
+  document.documentElement.dataset.headwidgetReady = "true";
+} catch (err) {
+  root.textContent = `headwidget could not start: ${err instanceof Error ? err.message : err}`;
+  document.documentElement.dataset.headwidgetReady = "error";
+}

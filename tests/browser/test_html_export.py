@@ -1,0 +1,160 @@
+"""The saved HTML page, opened from a file:// URL in headless chromium: offline, drawn, interactive."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import headwidget
+from headwidget.export import save
+from headwidget.widget import ChannelView
+from tiny_models import make_model, ragged_batches
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def stats():
+    model = make_model("llama_gqa", dtype=torch.float32)
+    return headwidget.capture(model, ragged_batches(), rope="both", progress=False)
+
+
+class Page:
+    """A saved page open in chromium, with what it requested and any script error."""
+
+    def __init__(self, browser, path):
+        self.url = path.resolve().as_uri()
+        self.context = browser.new_context(viewport={"width": 1100, "height": 900}, device_scale_factor=1)
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.goto(self.url)
+        self.page.wait_for_function("() => document.documentElement.dataset.headwidgetReady")
+        assert self.js("document.documentElement.dataset.headwidgetReady") == "true", self.text(".hw-root")
+
+    def js(self, expr: str, arg=None):
+        return self.page.evaluate(expr, arg)
+
+    def text(self, selector: str) -> str:
+        return self.js("(s) => document.querySelector(s)?.textContent ?? document.body.textContent", selector)
+
+    def panel_ids(self) -> list[str]:
+        return self.js("[...document.querySelectorAll('.hw-panel')].map((p) => p.dataset.panelId)")
+
+    def cell_centre(self, panel_id: str, row: int, col: int) -> tuple[float, float]:
+        r = self.js(
+            """(id) => {
+              const w = document.querySelector(`.hw-panel[data-panel-id="${id}"]`);
+              const p = JSON.parse(w.dataset.plotRect), b = w.getBoundingClientRect();
+              return { x: b.left + p.x, y: b.top + p.y, w: p.w, h: p.h };
+            }""",
+            panel_id,
+        )
+        rows, cols = self.js(
+            """(id) => {
+              const p = window.headwidget.model.get("panels").find((q) => q.id === id);
+              return [p.rows, p.cols];
+            }""",
+            panel_id,
+        )
+        return r["x"] + (col + 0.5) * r["w"] / cols, r["y"] + (row + 0.5) * r["h"] / rows
+
+    def pixel(self, panel_id: str, x: float, y: float) -> list[int]:
+        return self.js(
+            """([id, x, y]) => {
+              const c = document.querySelector(`.hw-panel[data-panel-id="${id}"] .hw-heatmap`);
+              const r = c.getBoundingClientRect(), k = c.width / r.width;
+              const px = Math.floor((x - r.left) * k), py = Math.floor((y - r.top) * k);
+              const d = c.getContext("2d").getImageData(px, py, 1, 1).data;
+              return [d[0], d[1], d[2]];
+            }""",
+            [panel_id, x, y],
+        )
+
+    def close(self) -> None:
+        self.context.close()
+        assert self.errors == [], f"script errors: {self.errors}"
+        # The page itself is the only file it loads; the bundle comes from an inline data: URL.
+        assert [u for u in self.requests if not u.startswith("data:")] == [self.url]
+
+
+@pytest.fixture
+def open_page(browser, bundle):
+    pages: list[Page] = []
+
+    def opener(path):
+        pages.append(Page(browser, path))
+        return pages[-1]
+
+    yield opener
+    for page in pages:
+        page.close()
+
+
+def wire(value: float) -> float:
+    """The value the browser draws: the panel data travels as float16 (values inside [-1, 1])."""
+    return float(np.float16(value))
+
+
+def test_page_draws_hovers_and_switches_layers_offline(stats, open_page, colour_of, tmp_path):
+    view = ChannelView(stats, layer=0)
+    path = save(view, tmp_path / "channels.html", title="Channel correlation")
+    page = open_page(path)
+    assert page.text("h1") == "Channel correlation"
+    assert page.panel_ids() == ["key-0", "value-0"]
+
+    key0 = stats.channel_corr(0, "key")
+    off = np.abs(key0 - np.eye(len(key0)))
+    r, c = np.unravel_index(np.nanargmax(off), off.shape)  # the strongest off-diagonal correlation
+    x, y = page.cell_centre("key-0", r, c)
+    assert page.pixel("key-0", x, y) == colour_of("diverging", wire(key0[r, c]), -1.0, 1.0)
+
+    page.page.mouse.move(x, y)
+    tooltip = page.page.locator(".hw-tooltip")
+    assert tooltip.is_visible()
+    assert tooltip.inner_text().split("\n") == [
+        "Keys · layer 0",
+        f"row: {r}",
+        f"col: {c}",
+        f"value: {wire(key0[r, c]):#.4g}",
+    ]
+
+    slider = page.page.locator("input[data-trait=layer]")
+    slider.focus()
+    page.page.keyboard.press("ArrowRight")  # input + change; the commit follows after the debounce
+    page.page.wait_for_selector('.hw-panel[data-panel-id="key-1"]')
+    assert page.js("window.headwidget.model.get('layer')") == 1
+    assert "layer 1 of 2" in page.text(".hw-controls output")
+    key1 = stats.channel_corr(1, "key")
+    x, y = page.cell_centre("key-1", r, c)
+    assert page.pixel("key-1", x, y) == colour_of("diverging", wire(key1[r, c]), -1.0, 1.0)
+    assert page.js("window.headwidget.model.sent") == []
+
+
+def test_layers_left_out_say_how_to_add_them(stats, open_page, tmp_path):
+    view = ChannelView(stats, layer=0, channel_width=4)
+    page = open_page(save(view, tmp_path / "layer1.html", layers=[1]))
+    assert page.js("window.headwidget.model.get('layer')") == 1  # opens on the first exported layer
+    assert page.panel_ids() == ["key-1", "value-1"]
+    page.page.locator("input[data-trait=layer]").focus()
+    page.page.keyboard.press("ArrowLeft")
+    page.page.wait_for_function("() => window.headwidget.model.get('error') !== ''")
+    assert "layer 0 is not in this file (it holds layers 1)" in page.text(".hw-error")
+    assert page.panel_ids() == ["key-1", "value-1"]
+
+
+def test_network_requests_are_refused_by_the_page(stats, open_page, tmp_path):
+    page = open_page(save(ChannelView(stats, layer=0, channel_width=4), tmp_path / "p.html"))
+    blocked = page.js(
+        """async () => {
+          try { await fetch("http://127.0.0.1:9/x"); return "fetched"; } catch (e) { return "blocked"; }
+        }"""
+    )
+    assert blocked == "blocked"
+    assert any("Content Security Policy" in e for e in page.errors), page.errors  # refused, not just failed
+    page.errors.clear()
+    page.requests[:] = [u for u in page.requests if not u.startswith("http://127.0.0.1:9/")]

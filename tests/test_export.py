@@ -1,0 +1,246 @@
+"""Figure and HTML export: colours of known cells, text kept as text, sizes, real views, page data."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import matplotlib
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+
+import headwidget
+from headwidget.export import ExportError, cell_box, colormap, figure, lut_index, page_data, save
+from headwidget.widget import AlignmentView, ChannelView, MechanismView
+from headwidget.widget.panels import Panel, PanelGrid, encode_panel
+from tiny_models import make_model, ragged_batches
+
+COLORMAPS = json.loads((Path(headwidget.__file__).parent / "colormaps.json").read_text())
+N = 6
+
+
+def reference_colour(value: float, vmin: float, vmax: float, name: str) -> tuple[int, int, int]:
+    """The rule of js/lib/colormap.ts, written out with Python floats."""
+    if math.isnan(value):
+        return tuple(COLORMAPS["nan_color"])
+    t = (value - vmin) / (vmax - vmin) if vmax > vmin else 0.5
+    return tuple(COLORMAPS[name]["stops"][math.floor(min(max(t, 0.0), 1.0) * 255 + 0.5)])
+
+
+def known_matrix(low: float = -1.0, other: float = 0.25, between: float = -0.9) -> np.ndarray:
+    m = np.full((N, N), other)
+    np.fill_diagonal(m, 1.0)
+    m[0, N - 1] = m[N - 1, 0] = low
+    m[1, 3] = np.nan
+    m[2, 4] = between
+    return m
+
+
+def known_grid(columns: int = 2, count: int = 3, colormap_name: str = "diverging") -> PanelGrid:
+    vmin = -1.0 if colormap_name == "diverging" else 0.0
+    low, between = (-1.0, -0.9) if vmin < 0 else (0.0, 0.05)
+    panels = [
+        Panel(f"p{k}", f"Keys · layer {k}", known_matrix(low, 0.25 * (k + 1), between),
+              subtitle=f"channels 0–{N - 1}", note="mean of 4×4 blocks" if k == 0 else "")
+        for k in range(count)
+    ]  # fmt: skip
+    return PanelGrid(panels, vmin, 1.0, colormap_name, "Pearson correlation", columns=columns)
+
+
+def read_png(path: Path) -> np.ndarray:
+    return np.round(matplotlib.image.imread(path)[..., :3] * 255).astype(int)
+
+
+@pytest.mark.parametrize(("colormap_name", "dpi"), [("diverging", 72), ("diverging", 150), ("magma", 100)])
+def test_png_cells_have_the_widget_colour_of_their_value(tmp_path, colormap_name, dpi):
+    grid = known_grid(colormap_name=colormap_name)
+    path = save(grid, tmp_path / "grid.png", dpi=dpi)
+    pixels = read_png(path)
+    fig = figure(grid, dpi=dpi)
+    assert pixels.shape[:2] == fig.canvas.get_width_height()[::-1]
+    for k, panel in enumerate(grid.panels):
+        for r in range(N):
+            for c in range(N):
+                left, top, right, bottom = cell_box(fig, k, r, c)
+                # 3 px in from the edges: the frame (0.6 pt, snapped to pixels) covers edge pixels.
+                inside = pixels[
+                    math.ceil(top) + 3 : math.floor(bottom) - 2, math.ceil(left) + 3 : math.floor(right) - 2
+                ]
+                assert inside.shape[0] > 10 and inside.shape[1] > 10
+                want = reference_colour(panel.matrix[r, c], grid.vmin, grid.vmax, colormap_name)
+                # Every pixel inside the cell: the cell is one flat colour, the LUT entry of its value.
+                assert (inside.reshape(-1, 3) == want).all(), (k, r, c, panel.matrix[r, c])
+
+
+def test_matplotlibs_own_lookup_would_differ_so_the_pixel_test_can_fail():
+    cmap = colormap("diverging")
+    plain = tuple(np.round(np.asarray(cmap((-0.9 + 1.0) / 2.0)[:3]) * 255).astype(int).tolist())
+    assert plain != reference_colour(-0.9, -1.0, 1.0, "diverging")
+
+
+def test_lut_index_matches_the_rule_on_edges_and_random_values():
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.uniform(-1.2, 1.2, 5000), (np.arange(256) / 255) * 2 - 1, [np.inf, -np.inf]])
+    got = lut_index(values, -1.0, 1.0)
+    want = [
+        COLORMAPS["diverging"]["stops"].index(list(reference_colour(v, -1.0, 1.0, "diverging")))
+        for v in values[:50]
+    ]
+    assert got[:50].tolist() == want
+    expected = [math.floor(min(max((v + 1.0) / 2.0, 0.0), 1.0) * 255 + 0.5) for v in values]
+    assert got.tolist() == expected
+    assert lut_index([np.nan, 0.3], 0.0, 0.0).tolist() == [-1, 128]  # flat range: middle colour
+
+
+def test_svg_keeps_titles_and_labels_as_text(tmp_path):
+    grid = known_grid()
+    path = save(grid, tmp_path / "grid.svg", title="Channel correlation")
+    root = ET.parse(path).getroot()
+    texts = {"".join(t.itertext()).strip() for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    for panel in grid.panels:
+        assert panel.title in texts
+        assert panel.subtitle in texts
+    assert {"Pearson correlation", "Channel correlation", "mean of 4×4 blocks", "undefined"} <= texts
+    assert '<path id="DejaVuSans' not in path.read_text()  # no glyph outlines
+
+
+def test_pdf_is_a_pdf_with_truetype_text(tmp_path):
+    data = save(known_grid(), tmp_path / "grid.pdf").read_bytes()
+    assert data.startswith(b"%PDF") and len(data) > 2000
+    assert b"/FontFile2" in data and b"/Type3" not in data
+
+
+def test_dpi_and_size_set_the_pixel_size(tmp_path):
+    grid = known_grid()
+    assert read_png(save(grid, tmp_path / "a.png", dpi=100, size=(4, 3))).shape[:2] == (300, 400)
+    assert read_png(save(grid, tmp_path / "b.png", dpi=200, size=(4, 3))).shape[:2] == (600, 800)
+    auto_100 = read_png(save(grid, tmp_path / "c.png", dpi=100)).shape[:2]
+    auto_200 = read_png(save(grid, tmp_path / "d.png", dpi=200)).shape[:2]
+    assert abs(auto_200[0] - 2 * auto_100[0]) <= 1 and abs(auto_200[1] - 2 * auto_100[1]) <= 1
+    one_row = figure(known_grid(columns=0, count=4), dpi=100).get_size_inches()
+    one_col = figure(known_grid(columns=1, count=4), dpi=100).get_size_inches()
+    assert one_row[0] > 2 * one_col[0] and one_col[1] > 2 * one_row[1]
+
+
+def test_panels_are_placed_row_major_in_the_grids_columns():
+    fig = figure(known_grid(columns=2, count=4), dpi=100)
+    corner = [cell_box(fig, k, 0, 0) for k in range(4)]
+    assert corner[0][1] == pytest.approx(corner[1][1]) and corner[2][1] > corner[0][1] + 50
+    assert corner[0][0] == pytest.approx(corner[2][0]) and corner[1][0] > corner[0][0] + 50
+    fig = figure(known_grid(columns=0, count=4), dpi=100)
+    tops = [cell_box(fig, k, 0, 0)[1] for k in range(4)]
+    assert tops == pytest.approx([tops[0]] * 4)
+
+
+def test_export_leaves_matplotlib_state_alone_and_ignores_user_rcparams(tmp_path):
+    grid = known_grid()
+    before = dict(matplotlib.rcParams)
+    clean = save(grid, tmp_path / "clean.svg").read_bytes()
+    assert dict(matplotlib.rcParams) == before
+    with matplotlib.rc_context({"font.size": 20, "svg.fonttype": "path", "axes.linewidth": 3}):
+        styled = save(grid, tmp_path / "styled.svg").read_bytes()
+    assert styled == clean
+    sources = (Path(headwidget.__file__).parent / "export").glob("*.py")
+    pyplot = re.compile(r"import\s+matplotlib\.pyplot|from\s+matplotlib\s+import\s+pyplot|\bplt\.")
+    assert not [p.name for p in sources if pyplot.search(p.read_text())]
+
+
+def test_bad_requests_are_specific_errors(tmp_path):
+    grid = known_grid()
+    with pytest.raises(ExportError, match="suffix must be one of"):
+        save(grid, tmp_path / "grid.jpg")
+    with pytest.raises(ExportError, match=r"layers= applies to \.html"):
+        save(grid, tmp_path / "grid.png", layers=[0])
+    with pytest.raises(ExportError, match="no panels"):
+        save(PanelGrid([], -1.0, 1.0, "diverging", ""), tmp_path / "empty.png")
+    with pytest.raises(ExportError, match="col_labels has 2 entries for 6 cells"):
+        save(
+            PanelGrid([Panel("x", "X", np.eye(N), col_labels=["a", "b"])], -1, 1, "diverging", ""),
+            tmp_path / "x.png",
+        )
+    with pytest.raises(ExportError, match="unknown colormap 'jet'"):
+        figure(PanelGrid([Panel("x", "X", np.eye(2))], -1, 1, "jet", ""))
+    with pytest.raises(TypeError, match="expected a PanelGrid or a view"):
+        figure(np.eye(2))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = make_model("llama_gqa", dtype=torch.float32)
+    stats = headwidget.capture(model, ragged_batches(), rope="both", progress=False)
+    return model, stats
+
+
+def panel_axes(fig):
+    return [ax for ax in fig.axes if ax.get_label().startswith("headwidget-panel-")]
+
+
+def test_real_views_export_their_panels(tiny, tmp_path):
+    model, stats = tiny
+    channel = ChannelView(stats, layer=0, pinned=[1], channel_width=8)
+    alignment = AlignmentView(stats, layer=1)
+    mechanisms = MechanismView(model, mechanisms=["model", "mqa", "lrkv:2"])
+    cases = [(channel, 2, ".png"), (alignment, 2, ".svg"), (mechanisms, 1, ".pdf")]
+    for view, rows, suffix in cases:
+        fig = figure(view, dpi=60)
+        axes = panel_axes(fig)
+        assert [ax.get_gid() for ax in axes] == [p.id for p in view.grid.panels]
+        assert [ax.get_title(loc="left") for ax in axes] == [p.title for p in view.grid.panels]
+        assert len({round(cell_box(fig, k, 0, 0)[1]) for k in range(len(axes))}) == rows
+        assert save(view, tmp_path / f"{view.view_name}{suffix}", dpi=60).stat().st_size > 1000
+    # The channel view's layout of the reference figure: keys over values, one column per layer.
+    assert [p.id for p in channel.grid.panels] == ["key-0", "key-1", "value-0", "value-1"]
+
+
+def decode(panel: dict) -> np.ndarray:
+    raw = base64.b64decode(panel["data"])
+    dtype = {"float16": "<f2", "float32": "<f4"}[panel["dtype"]]
+    return np.frombuffer(raw, dtype=dtype).reshape(panel["rows"], panel["cols"])
+
+
+def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
+    _, stats = tiny
+    view = ChannelView(stats, layer=1, channel_start=2, channel_width=5)
+    sent_before = view.panels
+    data = page_data(view)
+    assert view.layer == 1 and view.panels == sent_before  # the live view is back where it was
+    assert sorted(data["frames"]) == ["0", "1"] and data["errors"] == {}
+    assert data["state"]["layer"] == 1 and data["state"]["num_layers"] == 2
+    assert data["state"]["kinds_available"] == [] and data["state"]["num_channels"] == 0
+    for layer in (0, 1):
+        grid = ChannelView(stats, layer=layer, channel_start=2, channel_width=5).grid
+        frame = data["frames"][str(layer)]
+        assert [p["id"] for p in frame["panels"]] == [p.id for p in grid.panels]
+        for sent, panel in zip(frame["panels"], grid.panels, strict=True):
+            wire = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)
+            assert decode(sent).tobytes() == wire["data"]
+            assert sent["row_offset"] == 2 and sent["title"] == panel.title
+    assert base64.b64decode(data["bundle"]) == headwidget.widget.base.bundle_path().read_bytes()
+
+
+def test_html_layers_subset_missing_layers_and_size_limit(tiny, tmp_path):
+    _, stats = tiny
+    view = ChannelView(stats, layer=0)
+    data = page_data(view, layers=[1, 7])
+    assert sorted(data["frames"]) == ["1"] and "out of range" in data["errors"]["7"]
+    assert data["state"]["layer"] == 1 and view.layer == 0 and view.error == ""
+    with pytest.raises(ExportError, match="raise max_bytes"):
+        page_data(view, max_bytes=100)
+    with pytest.raises(ExportError, match="layers= needs a view with a layer slider"):
+        page_data(known_grid(), layers=[0])
+
+
+def test_html_page_is_self_contained_and_escapes_text(tmp_path):
+    hostile = "</script><script>alert(1)</script>"
+    grid = PanelGrid([Panel("a", hostile, np.eye(2))], -1.0, 1.0, "diverging", "r & <b>")
+    text = save(grid, tmp_path / "page.html", title=hostile).read_text()
+    assert text.count("</script>") == 2 and "<script>alert" not in text
+    assert not re.search(r"(src|href)=\"?(https?:)?//", text) and "://" not in text
+    blob = text.split('id="headwidget-data">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(blob)["frames"]["0"]["panels"][0]["title"] == hostile
