@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +87,34 @@ def _read(g: torch.Tensor, split: HeadSplit, r0: int, r1: int) -> tuple[torch.Te
     return trace, diag[:, ps] + diag[:, qs], upper[:, ps] - lower[:, ps]
 
 
+def _upper_blocks(
+    parts: Parts, split: HeadSplit, per_chunk: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]:
+    """Chunks of pairs ``i < j`` (row-major) with each part's non-rotary blocks, (B, r, r).
+
+    Each row ``i`` is one strided view of the Gram (rows of d contiguous entries), so a chunk is a
+    few plain copies rather than an element-wise gather.
+    """
+    d = split.head_dim
+    heads = parts[0].shape[0] // d
+    rest = split.rest.to(parts[0].device)
+    r0 = 0
+    while r0 < heads - 1:
+        r1, count = r0, 0
+        while r1 < heads - 1 and (count == 0 or count + heads - 1 - r1 <= per_chunk):
+            count += heads - 1 - r1
+            r1 += 1
+        blocks = [
+            torch.cat([_view(g, d)[i, :, i + 1 :, :].permute(1, 0, 2) for i in range(r0, r1)]) for g in parts
+        ]
+        if rest.numel() != d:
+            blocks = [b.index_select(-2, rest).index_select(-1, rest) for b in blocks]
+        i = torch.cat([torch.full((heads - 1 - k,), k) for k in range(r0, r1)]).to(rest.device)
+        j = torch.cat([torch.arange(k + 1, heads) for k in range(r0, r1)]).to(rest.device)
+        yield i, j, blocks
+        r0 = r1
+
+
 def _mirror(upper: torch.Tensor) -> torch.Tensor:
     return torch.triu(upper) + torch.triu(upper, 1).T
 
@@ -135,14 +163,10 @@ def score_pairs(parts: Parts, split: HeadSplit, *, best: bool = True, heldout: b
             fit_best[r0:r1, r0:] += b
         if h is not None and fit_held is not None:
             fit_held[r0:r1, r0:] += h
-    rest = split.rest.to(first.device)
-    if rest.numel() and (best or heldout):
-        ii, jj = torch.triu_indices(heads, heads, 1, device=first.device)
-        step = max(1, CHUNK_BYTES // (8 * d * d * len(parts)))
-        rest_only = HeadSplit.make(int(rest.numel()), [])
-        for s in range(0, ii.numel(), step):
-            i, j = ii[s : s + step], jj[s : s + step]
-            blocks = [split.rest_block(pair_block((g,), d, i, j)) for g in parts]
+    if split.rest.numel() and (best or heldout):
+        rest_only = HeadSplit.make(int(split.rest.numel()), [])
+        per_chunk = max(1, CHUNK_BYTES // (8 * d * d * len(parts)))
+        for i, j, blocks in _upper_blocks(parts, split, per_chunk):
             if fit_best is not None:
                 fit_best[i, j] += best_scores(sum(blocks), rest_only)  # type: ignore[arg-type]
             if fit_held is not None:
