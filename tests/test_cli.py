@@ -48,6 +48,12 @@ def test_demo_writes_readable_statistics(tmp_path):
     assert "pydoc_data.topics" in result.stdout
     assert "llama/gqa, 30 layers, H=9 G=3 d_h=64" in result.stdout
     assert "bert/mha, 6 layers, H=12 G=12 d_h=32" in result.stdout
+    for name in ("channel_correlation", "head_alignment", "mechanisms"):
+        assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+        assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+    assert 'id="headwidget-data"' in (tmp_path / "explorer.html").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "| mqa | 128 |" in report and "| key | rope |" in report
     smol = KVStats.load(tmp_path / "smollm2-135m.safetensors")
     mini = KVStats.load(tmp_path / "minilm-l6.safetensors")
     assert smol.tokens == 300 and mini.tokens == 300
@@ -133,3 +139,46 @@ def test_headwidget_errors_exit_1(tmp_path, text_file, capsys):
     bad.write_bytes(b"junk")
     assert main(["figure", str(bad), "--out", str(tmp_path / "f.png")]) == 1
     assert "not a readable safetensors file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_figure_from_saved_statistics(tmp_path, text_file, capsys):
+    stats = tmp_path / "mini.safetensors"
+    args = ["--texts", str(text_file), "--max-tokens", "200", "--no-progress", "--cross-layer", "0,1"]
+    assert main(["capture", "--model", "minilm-l6", "--out", str(stats), *args]) == 0
+    out = tmp_path / "fig.svg"
+    assert (
+        main(
+            [
+                "figure",
+                str(stats),
+                "--view",
+                "channels",
+                "--layers",
+                "0,5",
+                "--channels",
+                "0:16",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    svg = out.read_text()
+    assert "Keys · layer 5" in svg and "Values · layer 0" in svg
+    assert (
+        main(
+            ["figure", str(stats), "--view", "alignment", "--layers", "0,1", "--out", str(tmp_path / "a.png")]
+        )
+        == 0
+    )
+    assert (
+        main(
+            ["figure", str(stats), "--view", "alignment", "--layers", "0,2", "--out", str(tmp_path / "b.png")]
+        )
+        == 1
+    )
+    assert "cross_layer=[0, 2]" in capsys.readouterr().err
+    assert main(["figure", str(stats), "--view", "mechanisms", "--out", str(tmp_path / "m.png")]) == 2
+    assert "needs --model" in capsys.readouterr().err
+    assert main(["figure", str(stats), "--out", str(tmp_path / "fig.jpg")]) == 2

@@ -27,7 +27,8 @@ def _demo_parser(sub: Any) -> None:
         "and save the statistics (safetensors) under --out.",
     )
     demo.add_argument("--out", type=Path, default=Path("headwidget-demo"), help="output directory")
-    demo.add_argument("--max-tokens", type=int, default=8192, help="tokens per model (default: 8192)")
+    demo.add_argument("--max-tokens", type=int, default=4096, help="tokens per model (default: 4096)")
+    demo.add_argument("--no-figures", action="store_true", help="only capture, print and save statistics")
     demo.add_argument("--max-length", type=int, default=256, help="tokens per text (default: 256)")
     demo.add_argument("--batch-size", type=int, default=8, help="texts per forward pass (default: 8)")
     demo.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -137,7 +138,7 @@ def load_model(name: str, *, device: str | None = None, dtype: str = "float32") 
     model = loader.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]
 
 
 def read_texts(path: Path) -> list[str]:
@@ -166,6 +167,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         device=args.device,
         models=models,
         progress=not args.no_progress,
+        figures=not args.no_figures,
     )
     return 0
 

