@@ -14,6 +14,17 @@ Example:
 """
 
 from headwidget._version import __version__
+from headwidget.analysis import (
+    align,
+    align_model,
+    convert,
+    downsample,
+    group_heads,
+    head_diversity,
+    head_weights,
+    mechanism_sweep,
+    operator_similarity,
+)
 from headwidget.capture import AttentionLayout, RopeLayout, adapter_for, capture, estimate, supported_families
 from headwidget.errors import (
     CaptureInputError,
@@ -72,10 +83,19 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "adapter_for",
+    "align",
+    "align_model",
     "capture",
+    "convert",
+    "downsample",
     "estimate",
     "explore",
+    "group_heads",
+    "head_diversity",
+    "head_weights",
     "load_ipython_extension",
+    "mechanism_sweep",
+    "operator_similarity",
     "supported_families",
     "unload_ipython_extension",
 ]
