@@ -215,3 +215,7 @@ def lut_colour(colormaps: dict, name: str, value: float, vmin: float, vmax: floa
 @pytest.fixture(scope="session")
 def colour_of(colormaps):
     return functools.partial(lut_colour, colormaps)
+
+
+# JupyterLab end to end (a server per session, notebook pages): see jupyter_fixtures.py.
+from .jupyter_fixtures import jupyterlab, lab_page  # noqa: E402, F401

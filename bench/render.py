@@ -1,0 +1,446 @@
+"""Rendering benchmarks of the widget, measured side by side in one run (headless chromium).
+
+(a) first paint of a 4096-channel layer: a :class:`ChannelView` over synthetic statistics with
+    C = 4096 (K and V panels, each block-averaged to 1024×1024) in the static harness page; time from
+    setting ``panels`` to the next animation frame (decode, colour, layout, draw). Target ≤ 100 ms.
+(b) re-render of a 1024×1024 full-resolution window (K and V): relayout plus drawing the cached images,
+    forced to raster by a pixel read; and a recolour (new colour range). Target ≤ 5 ms.
+(c) bytes on the wire per displayed cell: the panels' binary buffers, and everything the kernel
+    websocket received for one layer change in JupyterLab (JSON, framing, other traits). Target ≤ 2.
+(d) the JupyterLab round trip for the 4096-channel layer: slider ``change`` event in the page to the
+    first animation frame after the new panels are drawn, split at the websocket send (the slider
+    debounce before it) and the arrival of the panels (kernel compute and transfer before it);
+    first visits of a layer and revisits (the full correlation is cached). Target ≤ 100 ms.
+(e) anchors on the same 4096×4096 float32 matrix: a plotly heatmap in an offline HTML file (time to
+    the first frame showing it, file size; only when ``plotly`` is installed), and JSON lists
+    (encode time, size).
+
+Run: ``.venv/bin/python bench/render.py`` (after ``npm run build``; needs chromium, playwright and
+jupyterlab as for the browser tests; ``--quick`` for a smaller run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import functools
+import http.server
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BROWSER_TESTS = ROOT / "tests" / "browser"
+CHROMIUM = Path(os.environ.get("HEADWIDGET_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+#: Traits the harness page's fake model takes besides ``panels``.
+STATE_TRAITS = (
+    "vmin", "vmax", "colormap", "colorbar_label", "columns", "view", "layer", "num_layers", "layer_label",
+    "channel_start", "channel_width", "num_channels", "kind", "kinds_available",
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- data
+def synthetic_stats(
+    channels: int = 4096, layers: int = 4, head_dim: int = 128, rank: int = 64, seed: int = 0
+) -> Any:
+    """``KVStats`` of key and value moments with low-rank-plus-diagonal covariances, per-head blocks.
+
+    >>> synthetic_stats(256, layers=2, head_dim=64).channel_corr(1, "value").shape
+    (256, 256)
+    """
+    from headwidget.capture.layout import AttentionLayout
+    from headwidget.moments import Moments
+    from headwidget.stats import KVStats, StatsMeta
+
+    gen = torch.Generator().manual_seed(seed)
+    heads, tokens = channels // head_dim, 100_000
+    layout = AttentionLayout(
+        family="llama", mechanism="mha", num_layers=layers, num_heads=heads, num_kv_heads=heads,
+        head_dim=head_dim, value_head_dim=head_dim, hidden_size=channels,
+    )  # fmt: skip
+    meta = StatsMeta("synthetic", "Synthetic", layout, list(range(layers)), ["key", "value"], tokens=tokens)
+    moments = {}
+    for layer in range(layers):
+        for kind in ("key", "value"):
+            f = torch.randn(channels, rank, generator=gen, dtype=torch.float64)
+            scale = torch.randn(heads, 8, generator=gen, dtype=torch.float64) * 3
+            f[:, :8] *= torch.repeat_interleave(scale, head_dim, dim=0)  # shared directions per head
+            noise = torch.diag(torch.rand(channels, generator=gen, dtype=torch.float64) * rank)
+            m2 = (f @ f.T + noise) * tokens
+            moments[(layer, kind)] = Moments(tokens, torch.zeros(channels, dtype=torch.float64), m2)
+    return KVStats(meta, moments)
+
+
+def harness_state(view: Any) -> dict[str, Any]:
+    """The view's traits for the harness page, panels' bytes as base64."""
+    state = {k: getattr(view, k) for k in STATE_TRAITS}
+    state["panels"] = [{**p, "data": base64.b64encode(p["data"]).decode()} for p in view.panels]
+    return state
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+# ---------------------------------------------------------------------------------------- browser
+@contextlib.contextmanager
+def static_server(directory: Path) -> Iterator[str]:
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(directory))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+HARNESS_SETUP = """(state) => {
+  const dv = (b64) => { const s = atob(b64); const u = new Uint8Array(s.length);
+    for (let i = 0; i < s.length; i++) u[i] = s.charCodeAt(i); return new DataView(u.buffer); };
+  window.benchBufs = state.panels.map((p) => dv(p.data));
+  window.benchPanels = () => state.panels.map((p, i) => hw.panel({ ...p, data: window.benchBufs[i] }));
+  hw.mount({ ...state, panels: [] });
+}"""
+
+FIRST_PAINT = """async (runs) => {
+  const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
+  await frame();
+  const sync = [], paint = [];
+  for (let k = 0; k < runs; k++) {
+    const panels = benchPanels();
+    const t0 = performance.now();
+    model.kernelSet('panels', panels);       // decode + colour + layout + draw
+    const t1 = performance.now();
+    await frame();
+    sync.push(t1 - t0); paint.push(performance.now() - t0);
+    model.kernelSet('panels', []);
+    await frame();
+  }
+  return { sync, paint };
+}"""
+
+RERENDER = """async (runs) => {
+  const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
+  model.kernelSet('panels', benchPanels());
+  await frame();
+  const heat = document.querySelector('.hw-heatmap').getContext('2d');
+  const redraw = [], recolour = [];
+  for (let k = 0; k < runs; k++) {
+    let t0 = performance.now();
+    model.kernelSet('columns', (k + 1) % 2);   // relayout + drawImage of the cached images
+    heat.getImageData(0, 0, 1, 1);              // the canvas is rasterised before the clock stops
+    redraw.push(performance.now() - t0);
+    t0 = performance.now();
+    model.kernelSet('vmax', k % 2 ? 1 : 0.9);   // recolour every cell, then draw
+    heat.getImageData(0, 0, 1, 1);
+    recolour.push(performance.now() - t0);
+    await frame();
+  }
+  return { redraw, recolour };
+}"""
+
+
+def bench_harness(browser: Any, server: str, stats: Any, runs: int) -> dict[str, Any]:
+    from headwidget.widget import ChannelView
+
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    page.goto(f"{server}/tests/browser/harness.html")
+    page.wait_for_function("window.hwReady === true")
+    out: dict[str, Any] = {}
+
+    view = ChannelView(stats, layer=0)  # whole layer: 4096 channels, shown as 1024×1024 blocks
+    page.evaluate(HARNESS_SETUP, harness_state(view))
+    t = page.evaluate(FIRST_PAINT, runs + 1)
+    out["paint_cold"] = t["paint"][0]
+    out["paint"] = median(t["paint"][1:])
+    out["paint_sync"] = median(t["sync"][1:])
+    out["buffer_bytes_per_cell"] = sum(len(p["data"]) for p in view.panels) / sum(
+        p["rows"] * p["cols"] for p in view.panels
+    )
+    out["panel_shape"] = f"{view.panels[0]['rows']}×{view.panels[0]['cols']}"
+    out["panels"] = len(view.panels)
+    out["displayed_cells"] = sum(p["rows"] * p["cols"] for p in view.panels)
+    started = time.perf_counter()
+    view.layer = 1
+    out["kernel_first_visit"] = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    view.layer = 0
+    out["kernel_revisit"] = (time.perf_counter() - started) * 1000
+
+    window = ChannelView(stats, layer=0, channel_start=0, channel_width=1024)  # full resolution
+    assert window.panels[0]["row_step"] == 1 and window.panels[0]["rows"] == 1024
+    page.evaluate(HARNESS_SETUP, harness_state(window))
+    t = page.evaluate(RERENDER, runs * 2)
+    out["redraw"] = median(t["redraw"])
+    out["recolour"] = median(t["recolour"])
+    page.close()
+    return out
+
+
+# ---------------------------------------------------------------------------------------- JupyterLab
+#: Timestamps in the JupyterLab page: slider changes, websocket traffic, heatmap draws, frames.
+LAB_RECORDER = """(() => {
+  const T = window.__bench = { changes: [], sends: [], recvs: [], draws: [], frames: [] };
+  const size = (d) => d == null ? 0 : (d.byteLength ?? d.size ?? d.length ?? 0);
+  document.addEventListener('change', (e) => {
+    if (e.target?.dataset?.trait === 'layer') T.changes.push(performance.now());
+  }, true);
+  const WS = window.WebSocket;
+  window.WebSocket = class extends WS {
+    constructor(...args) {
+      super(...args);   // listen before JupyterLab's own handler: arrival time, not handling time
+      this.addEventListener('message', (ev) => T.recvs.push([performance.now(), size(ev.data)]));
+    }
+    send(data) { T.sends.push([performance.now(), size(data)]); return super.send(data); }
+  };
+  const draw = CanvasRenderingContext2D.prototype.drawImage;
+  CanvasRenderingContext2D.prototype.drawImage = function (...args) {
+    const r = draw.apply(this, args);
+    if (this.canvas.classList && this.canvas.classList.contains('hw-heatmap')) {
+      T.draws.push(performance.now());
+      requestAnimationFrame(() => T.frames.push(performance.now()));
+    }
+    return r;
+  };
+})();"""
+
+MOVE_SLIDER = """(layer) => {
+  const s = document.querySelector('.hw-root[data-view="channels"] input[data-trait="layer"]');
+  window.__benchMark = performance.now();
+  s.value = String(layer);
+  s.dispatchEvent(new Event('input', { bubbles: true }));
+  s.dispatchEvent(new Event('change', { bubbles: true }));
+  return window.__benchMark;
+}"""
+
+REDRAWN = """([since, panels]) => {
+  const T = window.__bench;
+  const draws = T.draws.filter((t) => t > since);
+  return draws.length >= panels && T.frames.some((t) => t > draws[panels - 1]);
+}"""
+
+TRIAL = """([since, panels]) => {
+  const T = window.__bench;
+  const change = T.changes.find((t) => t >= since);
+  const send = T.sends.find(([t]) => t >= change)[0];
+  const draws = T.draws.filter((t) => t > since);
+  const drawn = draws[panels - 1];
+  const frame = T.frames.find((t) => t > drawn);
+  const recvs = T.recvs.filter(([t]) => t > send && t <= drawn);
+  const panelsMsg = recvs.reduce((a, b) => (b[1] > a[1] ? b : a));
+  return { change, send, arrive: panelsMsg[0], drawn, frame,
+           bytes: recvs.reduce((s, [, n]) => s + n, 0), messages: recvs.length };
+}"""
+
+
+def lab_cell(channels: int, layers: int) -> str:
+    return f"""\
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("headwidget_bench_render", {str(Path(__file__).resolve())!r})
+bench = importlib.util.module_from_spec(spec); sys.modules[spec.name] = bench; spec.loader.exec_module(bench)
+from headwidget.widget import ChannelView
+view = ChannelView(bench.synthetic_stats({channels}, layers={layers}), layer=0)
+view"""
+
+
+def bench_lab(browser: Any, channels: int, layers: int, revisits: int) -> dict[str, Any]:
+    sys.path.insert(0, str(BROWSER_TESTS))
+    from jupyter_fixtures import LabPage, running_jupyterlab, write_notebook
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root, work = Path(tmp, "notebooks"), Path(tmp, "jupyter")
+        root.mkdir()
+        work.mkdir()
+        write_notebook(root / "render_bench.ipynb", lab_cell(channels, layers))
+        with running_jupyterlab(root, work) as lab:
+            context = browser.new_context(viewport={"width": 1400, "height": 1100})
+            context.add_init_script(LAB_RECORDER)
+            page = context.new_page()
+            page.set_default_timeout(120_000)
+            lp = LabPage(page=page, lab=lab)
+            lp.open("render_bench.ipynb")
+            lp.run_cell(0, timeout_s=180)
+            page.wait_for_selector('.hw-root[data-view="channels"] .hw-panel canvas.hw-heatmap')
+            npanels = page.locator('.hw-root[data-view="channels"] .hw-panel').count()
+            first, again = [], []
+            order = list(range(1, layers)) + [i % layers for i in range(revisits)]
+            for n, layer in enumerate(order):
+                time.sleep(0.3)  # let the previous update settle
+                since = page.evaluate(MOVE_SLIDER, layer)
+                page.wait_for_function(REDRAWN, arg=[since, npanels], polling=5)
+                (first if n < layers - 1 else again).append(page.evaluate(TRIAL, [since, npanels]))
+            check = lp.run("print(view.layer)")
+            assert check.strip() == str(order[-1]), check
+            context.close()
+
+    def summary(trials: list[dict[str, float]]) -> dict[str, float]:
+        return {
+            "total": median([t["frame"] - t["change"] for t in trials]),
+            "debounce": median([t["send"] - t["change"] for t in trials]),
+            "kernel": median([t["arrive"] - t["send"] for t in trials]),
+            "page": median([t["frame"] - t["arrive"] for t in trials]),
+            "bytes": median([t["bytes"] for t in trials]),
+        }
+
+    return {"first": summary(first), "revisit": summary(again), "n_first": len(first), "n_again": len(again)}
+
+
+# ---------------------------------------------------------------------------------------- anchors
+def bench_json(matrix: np.ndarray) -> dict[str, float]:
+    started = time.perf_counter()
+    text = json.dumps(matrix.tolist())
+    return {"seconds": time.perf_counter() - started, "bytes": len(text.encode())}
+
+
+PLOTLY_DRAWN = """() => {
+  const img = document.querySelector('.js-plotly-plot .heatmaplayer image');
+  return img && img.getAttribute('href') ? performance.now() : false;
+}"""
+
+
+def bench_plotly(browser: Any, matrix: np.ndarray, directory: Path) -> dict[str, float] | None:
+    if importlib.util.find_spec("plotly") is None:
+        return None
+    import plotly.graph_objects as go
+
+    path = directory / "plotly_heatmap.html"
+    started = time.perf_counter()
+    fig = go.Figure(go.Heatmap(z=matrix, zmin=-1, zmax=1, colorscale="RdBu_r"))
+    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    write_s = time.perf_counter() - started
+    with static_server(directory) as server:
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.goto(f"{server}/{path.name}", wait_until="commit", timeout=300_000)
+        drawn = page.wait_for_function(PLOTLY_DRAWN, polling="raf", timeout=300_000).json_value()
+        page.close()
+    return {"first_frame_ms": float(drawn), "bytes": path.stat().st_size, "write_s": write_s}
+
+
+# ---------------------------------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--channels", type=int, default=4096)
+    parser.add_argument("--runs", type=int, default=7, help="repeats in the harness page (medians)")
+    parser.add_argument("--layers", type=int, default=4, help="layers of the synthetic statistics")
+    parser.add_argument("--revisits", type=int, default=6, help="cached layer changes in JupyterLab")
+    parser.add_argument("--quick", action="store_true", help="2048 channels, fewer repeats, no plotly")
+    args = parser.parse_args()
+    if args.quick:
+        args.channels, args.runs, args.revisits = 2048, 3, 2
+    bundle = ROOT / "python" / "headwidget" / "static" / "widget.js"
+    if not bundle.is_file():
+        raise SystemExit(f"{bundle} is missing: run `npm ci && npm run build` first")
+    from playwright.sync_api import sync_playwright
+
+    c = args.channels
+    print(f"headwidget render bench: C = {c}, {sys.executable} {' '.join(sys.argv)}", flush=True)
+    started = time.perf_counter()
+    stats = synthetic_stats(c, layers=args.layers)
+    matrix = stats.channel_corr(0, "key").astype(np.float32)
+    print(f"synthetic statistics: {time.perf_counter() - started:.1f} s", flush=True)
+
+    with sync_playwright() as p, tempfile.TemporaryDirectory() as tmp:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        with static_server(ROOT) as server:
+            h = bench_harness(browser, server, stats, args.runs)
+        print("harness page: done", flush=True)
+        lab = bench_lab(browser, c, args.layers, args.revisits)
+        print("JupyterLab: done", flush=True)
+        plot = None if args.quick else bench_plotly(browser, matrix, Path(tmp))
+        browser.close()
+    js = bench_json(matrix)
+
+    cells = h["displayed_cells"]
+    f, r = lab["first"], lab["revisit"]
+    rows = [
+        (
+            "(a) first paint, whole layer",
+            f"{h['paint']:.1f} ms",
+            "≤ 100 ms",
+            f"{h['panels']} panels of {h['panel_shape']} (C={c} block-averaged); draw call "
+            f"{h['paint_sync']:.1f} ms; first ever {h['paint_cold']:.1f} ms",
+        ),
+        (
+            "(b) re-render 1024×1024 window",
+            f"{h['redraw']:.2f} ms",
+            "≤ 5 ms",
+            f"K+V full resolution, relayout+draw; recolour {h['recolour']:.1f} ms",
+        ),
+        (
+            "(c) bytes per displayed cell",
+            f"{h['buffer_bytes_per_cell']:.2f} B",
+            "≤ 2 B",
+            f"binary buffers; websocket total {r['bytes'] / cells:.3f} B/cell ({r['bytes'] / 1e6:.2f} MB)",
+        ),
+    ]
+    for name, t, n in (("revisit", r, lab["n_again"]), ("1st visit", f, lab["n_first"])):
+        split = f"debounce {t['debounce']:.0f} + kernel&wire {t['kernel']:.0f} + page {t['page']:.0f} ms"
+        rows.append(
+            (f"(d) lab slider → frame, {name}", f"{t['total']:.0f} ms", "≤ 100 ms", f"{split} (n={n})")
+        )
+    rows.append(
+        (
+            "    kernel refresh (in process)",
+            f"{h['kernel_revisit']:.0f} ms",
+            "",
+            f"revisit; first visit {h['kernel_first_visit']:.0f} ms (correlation + downsample + encode)",
+        )
+    )
+    if plot is None:
+        rows.append(("(e) plotly heatmap", "skipped", "anchor", "plotly not installed (or --quick)"))
+    else:
+        size = plot["bytes"]
+        note = f"{c}×{c} float32; HTML {size / 1e6:.1f} MB = {size / c**2:.2f} B/cell"
+        rows.append(
+            (
+                "(e) plotly heatmap, offline HTML",
+                f"{plot['first_frame_ms']:.0f} ms",
+                "anchor",
+                f"{note}; write_html {plot['write_s']:.1f} s",
+            )
+        )
+    note = f"{js['bytes'] / 1e6:.1f} MB = {js['bytes'] / c**2:.2f} B/cell (encode only)"
+    rows.append(("(e) JSON lists of the matrix", f"{js['seconds'] * 1000:.0f} ms", "anchor", note))
+    if plot is not None:
+        rows.append(
+            ("    plotly / headwidget first paint", f"{plot['first_frame_ms'] / h['paint']:.0f}×", "", "")
+        )
+    sent = cells * h["buffer_bytes_per_cell"]
+    note = "JSON holds the full C×C; headwidget sends what is displayed"
+    rows.append(("    JSON / headwidget bytes", f"{js['bytes'] / sent:.0f}×", "", note))
+
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    print()
+    print(f"{'quantity':<{widths[0]}}  {'measured':>{widths[1]}}  {'target':<{widths[2]}}  notes")
+    for row in rows:
+        print(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}")
+    print(f"\ncommand: cd {ROOT} && {sys.executable} {' '.join(sys.argv)}")
+    print(f"total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
