@@ -11,6 +11,13 @@ export interface ElementOptions {
   attrs?: Record<string, string>;
 }
 
+/**
+ * Form controls that own their keys. JupyterLab binds notebook shortcuts (ArrowRight moves the cell
+ * cursor) on any focused element it does not consider editable, range inputs included; this
+ * attribute makes it leave the key to the control.
+ */
+const OWNS_KEYS = new Set(["input", "select", "button", "textarea"]);
+
 export function h<K extends keyof HTMLElementTagNameMap>(
   doc: Document,
   tag: K,
@@ -18,6 +25,7 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   children: Node[] = [],
 ): HTMLElementTagNameMap[K] {
   const e = doc.createElement(tag);
+  if (OWNS_KEYS.has(tag)) e.setAttribute("data-lm-suppress-shortcuts", "true");
   if (opts.className) e.className = opts.className;
   if (opts.text !== undefined) e.textContent = opts.text;
   for (const [k, v] of Object.entries(opts.attrs ?? {})) e.setAttribute(k, v);

@@ -6,7 +6,10 @@
 
 import { h, setHidden, setText } from "./dom";
 
-/** Delay between a slider's `change` event and the commit to the model. */
+/**
+ * A slider commits its first change at once, then holds further commits for this long and sends
+ * only the latest value at the end, so a held arrow key does not flood the kernel.
+ */
 export const SLIDER_DEBOUNCE_MS = 150;
 
 function sameList(a: readonly string[], b: readonly string[]): boolean {
@@ -18,6 +21,7 @@ export class Slider {
   readonly input: HTMLInputElement;
   readonly output: HTMLOutputElement;
   private timer: ReturnType<typeof setTimeout> | null = null;
+  private dirty = false;
 
   constructor(
     doc: Document,
@@ -34,30 +38,45 @@ export class Slider {
       this.input,
       this.output,
     ]);
-    // Preview while dragging; commit (debounced) only when the value settles.
+    // Preview while dragging; commit when the value settles (`change`), throttled.
     this.input.addEventListener("input", () => this.onPreview(this.value));
-    this.input.addEventListener("change", () => this.schedule());
+    this.input.addEventListener("change", () => this.changed());
   }
 
   get value(): number {
     return Number(this.input.value);
   }
 
+  /** A user change not yet committed (held back by the throttle). */
   get pending(): boolean {
-    return this.timer !== null;
+    return this.dirty;
   }
 
-  private schedule(): void {
-    if (this.timer !== null) clearTimeout(this.timer);
-    this.timer = setTimeout(() => this.flush(), this.debounceMs);
+  private changed(): void {
+    if (this.timer === null) {
+      this.commit();
+    } else {
+      this.dirty = true;
+    }
+  }
+
+  private commit(): void {
+    this.dirty = false;
+    this.onCommit(this.value);
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      if (this.dirty) this.commit();
+    }, this.debounceMs);
   }
 
   /** Commit a pending change now. */
   flush(): void {
-    if (this.timer === null) return;
-    clearTimeout(this.timer);
+    if (this.timer !== null) clearTimeout(this.timer);
     this.timer = null;
-    this.onCommit(this.value);
+    if (this.dirty) {
+      this.dirty = false;
+      this.onCommit(this.value);
+    }
   }
 
   /** Follow the model; the value is left alone while a user change is pending. */

@@ -93,13 +93,13 @@ def test_layer_slider_arrow_key_commits(harness):
     h.page.wait_for_function("model.saves.length >= 1", timeout=5000)
     assert h.js("() => model.get('layer')") == 4
     assert h.js("() => model.saves[model.saves.length - 1].layer") == 4
-    # several quick presses are debounced into one more commit
+    # three quick presses: at most one commit at once and one for the latest value after the hold-off
     n = h.js("() => model.saves.length")
     for _ in range(3):
         h.page.keyboard.press("ArrowRight")
     h.page.wait_for_function("model.get('layer') === 7", timeout=5000)
     h.page.wait_for_timeout(300)
-    assert h.js("() => model.saves.length") == n + 1
+    assert n + 1 <= h.js("() => model.saves.length") <= n + 2
 
 
 def test_ui_follows_python(harness):

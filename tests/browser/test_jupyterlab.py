@@ -121,12 +121,6 @@ def test_layer_slider_mouse_reaches_the_kernel(lab, colour_of):
     check_layer_one_then_reset(lab, colour_of, before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JupyterLab's command-mode shortcuts (ArrowRight: notebook:move-cursor-heading-below-or-expand, "
-    "selector '.jp-Notebook.jp-mod-commandMode:not(.jp-mod-readWrite) :focus') take the arrow keys "
-    "of a focused range input; the widget's inputs need the data-lm-suppress-shortcuts attribute",
-)
 def test_layer_slider_keyboard_reaches_the_kernel(lab, colour_of):
     before = digest(lab)
     move_layer_slider(lab, "keyboard")

@@ -69,9 +69,9 @@ describe("Controls", () => {
     fire(c.layer.input, "input");
     expect(c.layer.output.textContent).toBe("layer 4…");
     fire(c.layer.input, "change");
-    expect(fm.saves).toHaveLength(0);
-    vi.advanceTimersByTime(SLIDER_DEBOUNCE_MS);
     expect(fm.state.layer).toBe(4);
+    expect(fm.saves).toHaveLength(1);
+    vi.advanceTimersByTime(SLIDER_DEBOUNCE_MS);
     expect(fm.saves).toHaveLength(1);
   });
 

@@ -15,6 +15,13 @@ describe("dom helpers", () => {
     expect(e.textContent).toBe("<b>x</b>");
   });
 
+  it("marks form controls so JupyterLab leaves their keys to them", () => {
+    for (const tag of ["input", "select", "button", "textarea"] as const) {
+      expect(h(document, tag).getAttribute("data-lm-suppress-shortcuts")).toBe("true");
+    }
+    expect(h(document, "div").hasAttribute("data-lm-suppress-shortcuts")).toBe(false);
+  });
+
   it("nests children and toggles hidden", () => {
     const e = h(document, "div", {}, [h(document, "span", { text: "a" }), document.createTextNode("b")]);
     expect(e.textContent).toBe("ab");

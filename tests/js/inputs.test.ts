@@ -8,7 +8,7 @@ describe("Slider", () => {
   beforeEach(() => vi.useFakeTimers());
   afterEach(() => vi.useRealTimers());
 
-  it("previews on input and commits once, debounced, after change", () => {
+  it("previews on input, commits the first change at once and throttles the rest", () => {
     const commits: number[] = [];
     const previews: number[] = [];
     const s = new Slider(document, "Layer", "layer", (v) => commits.push(v), (v) => previews.push(v));
@@ -22,24 +22,34 @@ describe("Slider", () => {
     expect(previews).toEqual([3, 4]);
     expect(commits).toEqual([]);
     fire(s.input, "change");
+    expect(commits).toEqual([4]);
     s.input.value = "5";
     fire(s.input, "change");
+    s.input.value = "6";
+    fire(s.input, "change");
     vi.advanceTimersByTime(SLIDER_DEBOUNCE_MS - 1);
-    expect(commits).toEqual([]);
+    expect(commits).toEqual([4]);
     vi.advanceTimersByTime(1);
-    expect(commits).toEqual([5]);
+    expect(commits).toEqual([4, 6]);
     vi.advanceTimersByTime(1000);
-    expect(commits).toEqual([5]);
+    expect(commits).toEqual([4, 6]);
+    s.input.value = "2";
+    fire(s.input, "change");
+    expect(commits).toEqual([4, 6, 2]);
   });
 
   it("does not overwrite a pending user value, then follows the model again", () => {
-    const s = new Slider(document, "x", "x", () => {});
+    const commits: number[] = [];
+    const s = new Slider(document, "x", "x", (v) => commits.push(v));
     s.set(0, 9, 2);
+    s.input.value = "6";
+    fire(s.input, "change"); // committed at once
     s.input.value = "7";
-    fire(s.input, "change");
-    s.set(0, 9, 2);
+    fire(s.input, "change"); // held back by the throttle: pending
+    s.set(0, 9, 6);
     expect(s.input.value).toBe("7");
     vi.runAllTimers();
+    expect(commits).toEqual([6, 7]);
     s.set(0, 9, 1);
     expect(s.input.value).toBe("1");
   });
@@ -52,8 +62,10 @@ describe("Slider", () => {
     expect([s.input.min, s.input.max]).toEqual(["0", "4"]);
     s.input.value = "1";
     fire(s.input, "change");
+    s.input.value = "3";
+    fire(s.input, "change");
     s.destroy();
-    expect(commits).toEqual([1]);
+    expect(commits).toEqual([1, 3]);
   });
 });
 
