@@ -24,15 +24,10 @@ __all__ = ["channel_corr_from_moments", "corr_from_comoment", "resolve_channels"
 
 def corr_from_comoment(m2: torch.Tensor) -> torch.Tensor:
     """Normalise a (C×C) co-moment or covariance to a correlation; NaN where a variance is zero."""
-    var = torch.diagonal(m2).clamp_min(0)
-    std = torch.sqrt(var)
-    denom = torch.outer(std, std)
-    rho = m2 / torch.where(denom > 0, denom, torch.ones_like(denom))
-    rho = rho.clamp(-1.0, 1.0)
-    undefined = std <= 0
-    rho[undefined, :] = float("nan")
-    rho[:, undefined] = float("nan")
-    return rho
+    std = torch.sqrt(torch.diagonal(m2).clamp_min(0))
+    # 1/std, NaN for a zero-variance channel: NaN then fills its row and column.
+    inv = torch.where(std > 0, 1.0 / torch.where(std > 0, std, 1.0), float("nan"))
+    return (m2 * inv[:, None]).mul_(inv[None, :]).clamp_(-1.0, 1.0)
 
 
 def resolve_channels(channels: slice | range | list[int] | None, total: int) -> torch.Tensor | slice:

@@ -59,6 +59,7 @@ class ChannelView(HeadWidget):
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
         super().__init__(**kwargs)
         self._corr = lru_cache(maxsize=64)(self._full_corr)
+        self._shown = lru_cache(maxsize=256)(self._window_matrix)
         with self.hold_trait_notifications():
             self.num_layers = stats.meta.layout.num_layers
             self.num_channels = channels
@@ -73,6 +74,13 @@ class ChannelView(HeadWidget):
 
     def _full_corr(self, layer: int, kind: str) -> np.ndarray:
         return self.stats.channel_corr(layer, kind)
+
+    def _window_matrix(self, layer: int, kind: str, start: int, stop: int) -> tuple[np.ndarray, int]:
+        """The matrix a panel shows for a window, and its block size (cached: revisits are free)."""
+        window = self._corr(layer, kind)[start:stop, start:stop]
+        if window.shape[0] <= self.max_cells:
+            return window, 1
+        return downsample(window, self.max_cells, how="mean")
 
     def _window(self, total: int) -> tuple[int, int]:
         start, width = self.channel_start, self.channel_width
@@ -90,14 +98,12 @@ class ChannelView(HeadWidget):
         panels = []
         for kind in (self.kind, "value"):
             for layer in layers:
-                full = self._corr(layer, kind)
-                start, stop = self._window(full.shape[0])
-                window = full[start:stop, start:stop]
-                matrix, block, note = window, 1, ""
-                if window.shape[0] > self.max_cells:
-                    matrix, block = downsample(window, self.max_cells, how="mean")
+                start, stop = self._window(self._corr(layer, kind).shape[0])
+                matrix, block = self._shown(layer, kind, start, stop)
+                note = ""
+                if block > 1:
                     note = (
-                        f"downsampled {window.shape[0]}→{matrix.shape[0]}: mean of {block}×{block} "
+                        f"downsampled {stop - start}→{matrix.shape[0]}: mean of {block}×{block} "
                         "blocks (NaN cells ignored)"
                     )
                 panels.append(
