@@ -65,3 +65,12 @@ def test_bad_arguments() -> None:
         downsample(np.eye(4), 0)
     with pytest.raises(ValueError, match="2-D"):
         downsample(np.zeros(4), 2)
+
+
+@pytest.mark.parametrize(("shape", "size"), [((64, 64), 16), ((48, 96), 12), ((30, 45), 8)])
+def test_whole_blocks_without_nan_match_brute_force(shape: tuple[int, int], size: int) -> None:
+    m = np.random.default_rng(7).uniform(-1, 1, shape)  # no NaN: the plain block-mean path when b divides
+    got, block = downsample(m, size, "mean")
+    want, want_block = brute(m, size, "mean")
+    assert block == want_block
+    np.testing.assert_allclose(got, want, atol=1e-12)

@@ -66,6 +66,9 @@ def downsample(matrix: Any, size: int, how: str = "mean") -> tuple[np.ndarray, i
     if b == 1:
         return m.copy(), 1
     rows_b, cols_b = -(-m.shape[0] // b), -(-m.shape[1] // b)
+    if how == "mean" and m.shape[0] % b == 0 and m.shape[1] % b == 0 and not np.isnan(m).any():
+        # whole blocks, nothing undefined: a plain block mean (same numbers, a third of the time)
+        return m.reshape(rows_b, b, cols_b, b).mean(axis=(1, 3)), b
     out = np.empty((rows_b, cols_b))
     step = max(1, CHUNK_CELLS // (b * b * cols_b))  # block rows per chunk
     for i0 in range(0, rows_b, step):
