@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from references import token_cosine
-from tiny_models import make_model, ragged_batches, reference_activations
 
 import headwidget
 from headwidget.report import summary_table
+from references import token_cosine
+from tiny_models import make_model, ragged_batches, reference_activations
 
 
 def test_summary_rows_match_numpy():

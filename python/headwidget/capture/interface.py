@@ -20,7 +20,9 @@ __all__ = ["watch_attention_keys"]
 
 
 def _eager_for(module: nn.Module) -> Callable[..., Any]:
-    fn: Callable[..., Any] | None = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    fn: Callable[..., Any] | None = getattr(
+        sys.modules[type(module).__module__], "eager_attention_forward", None
+    )
     if fn is None:
         raise RuntimeError(f"{type(module).__name__} has no eager attention function to delegate to")
     return fn
