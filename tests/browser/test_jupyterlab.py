@@ -144,3 +144,16 @@ def test_python_change_redraws_the_canvas(lab, colour_of):
     shifted = digest(lab)
     lab.run("dash.channels.channel_start = 0")
     assert wait_for_redraw(lab, shifted) == before
+
+
+def test_clicking_a_layer_in_the_trend_chart_selects_it(lab):
+    """The bqplot chart above the tabs is linked to the views: a click on layer 1's point moves them."""
+    lab.run("dash.channels.layer = 0")
+    before = digest(lab)
+    dots = lab.page.locator(".bqplot .dot")
+    lab.page.wait_for_function("() => document.querySelectorAll('.bqplot .dot').length >= 2", timeout=30_000)
+    # points are drawn per series in layer order: the second dot of the first series is layer 1
+    dots.nth(1).click(force=True)
+    wait_for_redraw(lab, before)
+    assert lab.run("print(dash.trends.layer, dash.channels.layer, dash.alignment.layer)").split() == ["1"] * 3
+    lab.run("dash.channels.layer = 0")

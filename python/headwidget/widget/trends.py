@@ -128,12 +128,10 @@ class LayerTrends(ipywidgets.VBox):
         marks.append(self.rule)
         axes = [
             bq.Axis(scale=xs, label="layer", tick_format="d"),
-            bq.Axis(scale=ys, orientation="vertical", label="mean |corr| / similarity"),
+            bq.Axis(scale=ys, side="left", label="mean |corr| / similarity"),
         ]
         if any(n.startswith("eff. rank") for n in self.series):
-            axes.append(
-                bq.Axis(scale=rank_scale, orientation="vertical", side="right", label="effective rank")
-            )
+            axes.append(bq.Axis(scale=rank_scale, side="right", label="effective rank"))
         self.figure = bq.Figure(
             marks=marks,
             axes=axes,
