@@ -176,3 +176,14 @@ def test_layer_trends_numbers_and_linking(llama):
     assert trends.points[0].selected is None
     view.layer = 0
     assert trends.rule.x.tolist() == [0.0, 0.0]
+
+
+def test_channel_view_prefetches_the_neighbouring_layers(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=0, channel_start=2, channel_width=5)
+    view._prefetcher.submit(lambda: None).result()  # wait for the background work queued so far
+    assert view._shown.cache_info().currsize == 4  # layer 0 shown, layer 1 prefetched: K and V each
+    misses = view._shown.cache_info().misses
+    view.layer = 1  # both panels come from the cache: no new computation
+    assert view._shown.cache_info().misses == misses
+    np.testing.assert_array_equal(view.grid.panels[0].matrix, stats.channel_corr(1, "key")[2:7, 2:7])

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -60,6 +61,7 @@ class ChannelView(HeadWidget):
         super().__init__(**kwargs)
         self._corr = lru_cache(maxsize=64)(self._full_corr)
         self._shown = lru_cache(maxsize=256)(self._window_matrix)
+        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-prefetch")
         with self.hold_trait_notifications():
             self.num_layers = stats.meta.layout.num_layers
             self.num_channels = channels
@@ -81,6 +83,17 @@ class ChannelView(HeadWidget):
         if window.shape[0] <= self.max_cells:
             return window, 1
         return downsample(window, self.max_cells, how="mean")
+
+    def _prefetch_neighbours(self, layer: int, kind: str, start: int) -> None:
+        """Compute the panels of the layers next to ``layer`` in the background (same window), so a
+        slider step to them is a cache hit."""
+        for neighbour in (layer + 1, layer - 1):
+            if neighbour not in self.stats.layers:
+                continue
+            for k in (kind, "value"):
+                total = self._corr(neighbour, k).shape[0]
+                if start < total:
+                    self._shown(neighbour, k, start, min(start + max(self.channel_width, 1), total))
 
     def _window(self, total: int) -> tuple[int, int]:
         start, width = self.channel_start, self.channel_width
@@ -120,6 +133,7 @@ class ChannelView(HeadWidget):
                     )
                 )
         self.layer_label = f"layer {self.layer} of {self.num_layers} ({stats.tokens} tokens)"
+        self._prefetcher.submit(self._prefetch_neighbours, self.layer, self.kind, self.channel_start)
         return PanelGrid(
             panels, vmin=-1.0, vmax=1.0, colormap="diverging",
             colorbar_label="Pearson correlation", columns=len(layers),
