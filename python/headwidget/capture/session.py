@@ -97,7 +97,10 @@ class _Recorder:
     def fold_layer(self, layer: int) -> None:
         parts = self.parts[layer]
         post = parts.pop("key_post", None)
+        attention_input = parts.pop("input", None)
         by_kind = self.adapter.split(parts)
+        if attention_input is not None:
+            by_kind["input"] = attention_input
         if "key_post" in self.plan.kinds:
             if post is None:
                 raise RopeCaptureError(

@@ -72,7 +72,10 @@ class Adapter:
         raise NotImplementedError
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Turn recorded slots into ``{kind: (B, T, C)}`` tensors (kinds key, value, input, latent)."""
+        """Turn recorded K/V slots into ``{kind: (B, T, C)}`` tensors (key, value, and latent for MLA).
+
+        The ``"input"`` slot never reaches this method: the capture session handles it for every family.
+        """
         raise NotImplementedError
 
     def input_tap(self, attention: Any) -> Tap:

@@ -37,4 +37,4 @@ class BertAdapter(Adapter):
         return [Tap(attention.key, "key"), Tap(attention.value, "value")]
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return dict(parts)
+        return {"key": parts["key"], "value": parts["value"]}

@@ -46,6 +46,4 @@ class GPTBigCodeAdapter(Adapter):
             key = per_head[:, :, :, 1].reshape(b, t, -1)
             value = per_head[:, :, :, 2].reshape(b, t, -1)
         out = {"key": key, "value": value}
-        if "input" in parts:
-            out["input"] = parts["input"]
         return out

@@ -70,6 +70,4 @@ class DeepseekAdapter(Adapter):
             "value": value.reshape(b, t, -1),
             "latent": parts["latent"].reshape(b, t, -1),
         }
-        if "input" in parts:
-            out["input"] = parts["input"]
         return out

@@ -64,6 +64,4 @@ class FalconAdapter(Adapter):
             per_head = qkv.reshape(b, t, heads, 3, head_dim)
             key, value = per_head[:, :, :, 1], per_head[:, :, :, 2]
         out = {"key": key.reshape(b, t, -1), "value": value.reshape(b, t, -1)}
-        if "input" in parts:
-            out["input"] = parts["input"]
         return out

@@ -35,6 +35,4 @@ class GPT2Adapter(Adapter):
         d = self.config.n_embd
         qkv = parts["qkv"]
         out = {"key": qkv[..., d : 2 * d], "value": qkv[..., 2 * d :]}
-        if "input" in parts:
-            out["input"] = parts["input"]
         return out

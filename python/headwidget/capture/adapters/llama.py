@@ -50,5 +50,4 @@ class LlamaAdapter(Adapter):
         return {
             "key": key.reshape(*key.shape[:2], -1),
             "value": parts["value"],
-            **({"input": parts["input"]} if "input" in parts else {}),
         }

@@ -46,6 +46,4 @@ class GPTNeoXAdapter(Adapter):
             "key": per_head[:, :, :, 1].reshape(b, t, -1),
             "value": per_head[:, :, :, 2].reshape(b, t, -1),
         }
-        if "input" in parts:
-            out["input"] = parts["input"]
         return out
