@@ -142,7 +142,10 @@ def test_mechanism_view_of_several_real_models():
 
 def test_explore_links_the_layer_across_tabs():
     model = make_model("llama_gqa", dtype=torch.float32)
-    dash = explore(model, ragged_batches(), progress=False)
+    dash = explore(model, ragged_batches(), progress=False, mechanisms_trend=True)
+    assert dash.mechanisms is not None
+    ranks = dash.trends.series[f"eff. rank · {dash.mechanisms.mechanisms[3]}"]
+    assert len(ranks) == 2 and all(r > 0 for r in ranks)
     dash.channels.layer = 1
     assert dash.alignment.layer == 1 and dash.mechanisms is not None and dash.mechanisms.layer == 1
     assert dash.alignment.grid.panels[0].row_labels == ["L1·H0", "L1·H1"]

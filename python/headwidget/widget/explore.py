@@ -54,6 +54,8 @@ def explore(
     model_or_stats: nn.Module | KVStats | None = None,
     texts: Any = None,
     tokenizer: Any = None,
+    *,
+    mechanisms_trend: bool = False,
     **capture_options: Any,
 ) -> Dashboard:
     """Capture (if needed) and show the three views in tabs.
@@ -62,6 +64,10 @@ def explore(
       sample that ships with Python;
     - a model: captured over ``texts`` (with ``tokenizer`` for strings) with ``capture_options``;
     - a :class:`KVStats`: shown as it is (no mechanism tab: that needs the model's weights).
+
+    ``mechanisms_trend=True`` adds, per layer, the heads' effective rank under each mechanism of the
+    mechanism tab to the trend chart (a conversion per layer and mechanism: about 15 s for SmolLM2 on
+    two CPU cores, so it is off by default).
 
     Example:
         >>> import torch
@@ -88,4 +94,4 @@ def explore(
         raise ValueError("explore(model) needs texts to capture: explore(model, texts, tokenizer=...)")
     capture_options.setdefault("inputs", True)
     stats = capture(model, texts, tokenizer=tokenizer, **capture_options)
-    return Dashboard(stats, model)
+    return Dashboard(stats, model, mechanisms_trend=mechanisms_trend)
