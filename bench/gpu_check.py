@@ -5,6 +5,9 @@
    init: capture of all layers vs the same forward stopped after the last attention.
 2. SmolLM2-135M on the GPU (8×256 tokens): the same ratios as ``bench/capture.py`` (a).
 3. Accuracy: correlations from the GPU capture vs a float64 recomputation on the GPU.
+4. Analyses on the device: batched head alignment (RoPE and orthogonal, 128 heads × d_h 128) vs a
+   per-pair loop on a subset, and operator similarity of a 7B-shaped layer (Frobenius trick vs dense
+   d×d forms), with the helpers of ``bench/analysis.py``.
 
 Run on the device machine: ``python bench/gpu_check.py`` (about a minute); ``--device cpu --small``
 is a smoke run of the same code here.
@@ -99,6 +102,54 @@ def accuracy(model: nn.Module, ids: torch.Tensor) -> None:
     print(f"\n  max |corr − float64 corrcoef| ({where}): {err:.2e}")
 
 
+def analyses(device: torch.device, small: bool) -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from analysis import loop_align, synthetic_stats
+    from headwidget.analysis import align, operator_similarity
+    from headwidget.analysis.weights import HeadWeights
+
+    heads, d = (8, 16) if small else (128, 128)
+    stats = synthetic_stats(heads, d, tokens=512).to(device)
+    pairs = [(i, j) for i in range(heads) for j in range(i + 1, heads)]
+    subset = pairs[: min(len(pairs), 200)]
+    print(
+        f"\nhead alignment on {device}: {heads} heads × d_h {d} ({len(pairs)} pairs); loop over {len(subset)}"
+    )
+    for method, kind in (("rope", "key"), ("orthogonal", "value")):
+        align(stats, 0, kind, method=method, heldout=True)  # warm-up
+        batched = statistics.median(
+            _median_time(lambda m=method, k=kind: align(stats, 0, k, method=m, heldout=True), device, 3)
+        ) / len(pairs)
+        loop = statistics.median(_median_time(lambda m=method: loop_align(stats, subset, m, True), device, 1))
+        loop /= len(subset)
+        print(
+            f"  {method:10s} batched {batched * 1e6:9.1f} µs/pair   loop {loop * 1e6:9.1f} µs/pair   "
+            f"speed-up {loop / batched:7.1f}×"
+        )
+    h, m, dm = (4, 16, 64) if small else (32, 128, 4096)
+    gen = torch.Generator(device=device).manual_seed(1)
+    w = HeadWeights(
+        *(
+            torch.randn(*s, generator=gen, device=device, dtype=torch.float64)
+            for s in ((h, m, dm), (h, m, dm), (h, m, dm), (h, dm, m))
+        )
+    )
+    trick = statistics.median(_median_time(lambda: operator_similarity(w, 0, "qk"), device, 3))
+
+    def dense() -> None:
+        forms = [(w.q[i].T @ w.k[i]).reshape(-1) for i in range(h)]
+        torch.stack([torch.stack([a @ b for b in forms]) for a in forms])
+
+    dense_t = statistics.median(_median_time(dense, device, 1))
+    print(
+        f"operator similarity on {device} (H {h}, d_h {m}, d {dm}): trick {trick * 1e3:.1f} ms, "
+        f"dense forms kept {dense_t * 1e3:.1f} ms, speed-up {dense_t / trick:.1f}×"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -110,9 +161,14 @@ def main() -> None:
 
     hidden, layers, inter, tokens = (256, 4, 256, (2, 64)) if args.small else (4096, 32, 1024, (8, 512))
     config = LlamaConfig(
-        vocab_size=1024, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=hidden // 128, num_key_value_heads=hidden // 128, head_dim=128,
-    )  # fmt: skip
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 128,
+        num_key_value_heads=hidden // 128,
+        head_dim=128,
+    )
     torch.manual_seed(0)
     with device:
         synthetic = LlamaForCausalLM(config).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -132,6 +188,8 @@ def main() -> None:
     ids = torch.randint(0, smol.config.vocab_size, (2, 64) if args.small else (8, 256), device=device)
     compare("SmolLM2-135M", smol, ids, device, args.repeats)
     accuracy(smol, ids)
+    del smol
+    analyses(device, args.small)
 
 
 if __name__ == "__main__":
