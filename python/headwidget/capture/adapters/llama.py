@@ -13,9 +13,11 @@ from headwidget.capture.layout import AttentionLayout, RopeLayout, mechanism_of
 class LlamaAdapter(Adapter):
     family = "llama"
     model_types = (
-        "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "smollm3", "olmo", "olmo2",
-        "granite", "stablelm", "cohere", "starcoder2", "helium", "glm",
+        "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite",
+        "starcoder2", "cohere", "helium", "glm",
     )  # fmt: skip
+    #: Families whose ``rotate_half`` pairs dims (2m, 2m+1) instead of (m, m + d/2).
+    interleaved_rope = ("cohere", "helium", "glm")
     marker = "k_proj"
 
     def layout(self) -> AttentionLayout:
@@ -24,7 +26,9 @@ class LlamaAdapter(Adapter):
         kv = config_get(c, "num_key_value_heads", default=heads)
         head_dim = config_get(c, "head_dim", default=c.hidden_size // heads)
         rope = getattr(c, "rope_parameters", None) or {}
-        rotary = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+        factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+        rotary = int(head_dim * factor)
+        pairing = "interleaved" if c.model_type in self.interleaved_rope else "half"
         return AttentionLayout(
             family=self.family,
             mechanism=mechanism_of(heads, kv),
@@ -34,7 +38,7 @@ class LlamaAdapter(Adapter):
             head_dim=head_dim,
             value_head_dim=head_dim,
             hidden_size=c.hidden_size,
-            rope=RopeLayout("half", rotary_dim=rotary),
+            rope=RopeLayout(pairing, rotary_dim=rotary),
         )
 
     def taps(self, attention: Any) -> list[Tap]:
