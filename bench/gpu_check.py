@@ -1,4 +1,4 @@
-"""One short GPU check: capture overhead on a lent accelerator, printed as side-by-side ratios.
+"""One short GPU check: capture overhead on a CUDA GPU, printed as side-by-side ratios.
 
 1. A synthetic LLaMA-7B-shaped attention stack (32 layers, hidden 4096, 32 heads, d_h 128 → C = 4096
    channels of K and of V per layer; small MLPs to keep the weights at ~5 GB) in bfloat16, random
@@ -9,7 +9,7 @@
    per-pair loop on a subset, and operator similarity of a 7B-shaped layer (Frobenius trick vs dense
    d×d forms), with the helpers of ``bench/analysis.py``.
 
-Run on the device machine: ``python bench/gpu_check.py`` (about a minute); ``--device cpu --small``
+Run on a machine with a CUDA GPU: ``python bench/gpu_check.py`` (a few minutes); ``--device cpu --small``
 is a smoke run of the same code here.
 """
 

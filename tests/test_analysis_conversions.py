@@ -141,3 +141,23 @@ def test_bad_specs_say_what_to_do(run: dict) -> None:
     for spec in ("mla:0", "mla:129"):
         with pytest.raises(RankRangeError, match=r"1\.\.128"):
             convert(w, 0, spec)
+
+
+def test_statistics_of_another_model_are_refused_and_negative_layers_use_the_stats() -> None:
+    import headwidget
+    from headwidget.errors import StatsMismatchError
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    other_config = LlamaConfig(**{**config.to_dict(), "intermediate_size": 48})
+    model, other = LlamaForCausalLM(config).eval(), LlamaForCausalLM(other_config).eval()
+    ids = torch.randint(0, 64, (2, 24))
+    stats = headwidget.capture(model, ids, inputs=True, progress=False)
+    assert convert(model, -1, "mqa", stats).weighting == "data-aware"
+    assert (
+        convert(model, -1, "mqa", stats).reconstruction_error
+        == convert(model, 1, "mqa", stats).reconstruction_error
+    )
+    with pytest.raises(StatsMismatchError, match="captured from LlamaForCausalLM with another config"):
+        convert(other, 0, "mqa", stats)

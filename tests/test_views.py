@@ -168,7 +168,12 @@ def test_layer_trends_numbers_and_linking(llama):
     )
     before = align(stats, [1], kind="key").before
     assert series["K head similarity · before"][1] == pytest.approx(before[0, 1], abs=1e-12)
-    assert series["eff. rank · mqa"][0] > 0
+    after = align(stats, [1], kind="value", method="orthogonal").shown
+    assert series["V head similarity · after"][1] == pytest.approx(after[0, 1], abs=1e-12)
+    from headwidget.analysis import convert, head_diversity, operator_similarity
+
+    rank = head_diversity(operator_similarity(convert(model, 0, "mqa", stats), 0, "qk"))["effective_rank"]
+    assert series["eff. rank · mqa"][0] == pytest.approx(rank, abs=1e-12)
     view = ChannelView(stats, layer=0)
     trends = LayerTrends(stats, layer=0)
     import traitlets
@@ -190,3 +195,22 @@ def test_channel_view_prefetches_the_neighbouring_layers(llama):
     view.layer = 1  # both panels come from the cache: no new computation
     assert view._shown.cache_info().misses == misses
     np.testing.assert_array_equal(view.grid.panels[0].matrix, stats.channel_corr(1, "key")[2:7, 2:7])
+    view.max_cells = 3  # part of the cache key: a new block size, not the cached full-resolution panel
+    view.refresh()
+    assert view.grid.panels[0].row_step == 2
+    view.close()
+    quiet = ChannelView(stats, layer=0, prefetch=False)
+    quiet._prefetcher.submit(lambda: None).result()
+    assert quiet._shown.cache_info().currsize == 2
+
+
+def test_alignment_view_says_when_negative_scores_are_drawn_as_zero(llama):
+    _, stats = llama
+    view = AlignmentView(stats, layer=0, metric="pearson")
+    lowest = float(np.nanmin(view.grid.panels[0].matrix))
+    assert lowest < 0  # heads of this random-init model anti-correlate a little before alignment
+    assert (view.vmin, view.vmax, view.colormap) == (0.0, 1.0, "magma")
+    assert view.grid.panels[0].note == f"lowest score {lowest:.3f}, drawn as 0"
+    assert view.colorbar_label == "head similarity (scores below 0 drawn as 0)"
+    after = view.grid.panels[1]
+    assert float(np.nanmin(after.matrix)) >= 0 or after.note.startswith("lowest score")

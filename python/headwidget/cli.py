@@ -228,6 +228,7 @@ def _run_figure(args: argparse.Namespace) -> int:
             kind=args.kind,
             channel_start=start,
             channel_width=stop - start,
+            prefetch=False,
         )
     elif args.view == "alignment":
         view = AlignmentView(stats, layers=layers, kind=args.kind)

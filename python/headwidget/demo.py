@@ -61,12 +61,14 @@ def _figures(
     report: list[str] = []
     if "smollm2-135m" in stats:
         smol = stats["smollm2-135m"]
-        channels = ChannelView(smol, layer=CHANNEL_LAYERS[0], pinned=CHANNEL_LAYERS[1:], channel_width=32)
+        channels = ChannelView(
+            smol, layer=CHANNEL_LAYERS[0], pinned=CHANNEL_LAYERS[1:], channel_width=32, prefetch=False
+        )
         alignment = AlignmentView(smol, layers=ALIGNMENT_LAYERS)
         for name, view in (("channel_correlation", channels), ("head_alignment", alignment)):
             for suffix in (".png", ".pdf"):
                 echo(f"wrote {view.save(out / f'{name}{suffix}', dpi=150)}")
-        explorer = ChannelView(smol, channel_width=64)
+        explorer = ChannelView(smol, channel_width=64, prefetch=False)
         echo(f"wrote {explorer.save(out / 'explorer.html')} (standalone, offline)")
         report += ["## Head similarity before/after alignment (SmolLM2, layers " + f"{ALIGNMENT_LAYERS})", ""]
         report += [

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from headwidget.analysis.weights import HeadWeights, head_weights
-from headwidget.errors import GroupCountError, MechanismSpecError, RankRangeError
+from headwidget.errors import GroupCountError, MechanismSpecError, RankRangeError, StatsMismatchError
 
 __all__ = ["Conversion", "convert", "mechanism_sweep", "parse_spec"]
 
@@ -105,9 +105,29 @@ class Conversion:
         return self.source.o
 
 
+def _check_stats_source(model: nn.Module | HeadWeights, stats: Any) -> None:
+    """Refuse statistics captured from another model (a data-aware fit would silently be wrong)."""
+    if stats is None or isinstance(model, HeadWeights):
+        return
+    from headwidget.stats import config_fingerprint
+
+    same = stats.meta.model_class == type(model).__name__ and stats.meta.config_fingerprint == (
+        config_fingerprint(model.config)
+    )
+    if not same:
+        raise StatsMismatchError(
+            f"these statistics were captured from {stats.meta.model_class} with another config, not from "
+            f"this {type(model).__name__}; capture them from this model (inputs=True) or pass stats=None"
+        )
+
+
 def _input_sqrt(stats: Any, layer: int) -> torch.Tensor | None:
     """``E[x xᵀ]^{1/2}`` of the attention input of ``layer``, or None when it was not captured."""
-    if stats is None or "input" not in stats.kinds or layer not in stats.layers:
+    if stats is None or "input" not in stats.kinds:
+        return None
+    if layer < 0:
+        layer += stats.meta.layout.num_layers
+    if layer not in stats.layers:
         return None
     m = stats.moments(layer, "input")
     second = (m.gram() / max(m.count, 1)).to("cpu", F64)
@@ -167,6 +187,7 @@ def convert(model: nn.Module | HeadWeights, layer: int, spec: str, stats: Any = 
         RankRangeError: r or d_c outside what the layer allows.
     """
     name, arg = parse_spec(spec)
+    _check_stats_source(model, stats)
     w = model if isinstance(model, HeadWeights) else head_weights(model, layer)
     heads, d_h, d_v, d = w.num_heads, int(w.k.shape[1]), int(w.v.shape[1]), int(w.k.shape[2])
     sqrt = _input_sqrt(stats, layer)

@@ -9,6 +9,7 @@ Calls from any other module pass straight through. The original entry is restore
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +18,8 @@ import torch
 from torch import nn
 
 __all__ = ["watch_attention_keys"]
+
+_REGISTRY_LOCK = threading.RLock()
 
 
 def _eager_for(module: nn.Module) -> Callable[..., Any]:
@@ -40,23 +43,24 @@ def watch_attention_keys(
     """
     from transformers.modeling_utils import AttentionInterface
 
-    impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    mapping: dict[str, Any] = AttentionInterface._global_mapping
-    had_entry = impl in mapping
-    original: Callable[..., Any] | None = mapping.get(impl)
+    with _REGISTRY_LOCK:  # one post-RoPE capture at a time swaps the process-wide registry entry
+        impl = getattr(model.config, "_attn_implementation", None) or "eager"
+        mapping: dict[str, Any] = AttentionInterface._global_mapping
+        had_entry = impl in mapping
+        original: Callable[..., Any] | None = mapping.get(impl)
 
-    def watched(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        layer = layer_of.get(id(module))
-        if layer is not None:
-            on_key(layer, key)
-        fn = original if original is not None else _eager_for(module)
-        return fn(module, query, key, value, *args, **kwargs)
+        def watched(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+            layer = layer_of.get(id(module))
+            if layer is not None:
+                on_key(layer, key)
+            fn = original if original is not None else _eager_for(module)
+            return fn(module, query, key, value, *args, **kwargs)
 
-    mapping[impl] = watched
-    try:
-        yield
-    finally:
-        if had_entry:
-            mapping[impl] = original
-        else:
-            mapping.pop(impl, None)
+        mapping[impl] = watched
+        try:
+            yield
+        finally:
+            if had_entry:
+                mapping[impl] = original
+            else:
+                mapping.pop(impl, None)

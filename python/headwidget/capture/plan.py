@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -63,8 +64,9 @@ class CapturePlan:
                 layers = [layers]
             chosen = []
             for layer in layers:
-                if not isinstance(layer, int) or isinstance(layer, bool):
+                if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool):
                     raise LayerIndexError(f"layers must be ints, got {layer!r}")
+                layer = int(layer)
                 if not -n <= layer < n:
                     raise LayerIndexError(
                         f"layer {layer} is out of range: {type(adapter.model).__name__} has {n} "
@@ -97,7 +99,7 @@ class CapturePlan:
             kinds.append("input")
         cross: list[int] | None = None
         if cross_layer is True:
-            cross = list(chosen)
+            cross = list(chosen) if len(chosen) > 1 else None
         elif cross_layer:
             cross = sorted({int(c) % n if -n <= int(c) < n else int(c) for c in cross_layer})
             outside = [c for c in cross if c not in chosen]

@@ -6,7 +6,8 @@ layers (needs ``capture(..., cross_layer=[...])``). ``alignment`` picks the key 
 (RoPE-compatible plane rotations for RoPE models, else orthogonal), ``"rope"``, ``"orthogonal"`` or
 ``"none"``; values are aligned with orthogonal Procrustes (RoPE does not touch them). Each "after" panel
 says whether it shows held-out scores (rotations fitted on one token split, scored on the other) or
-in-sample ones.
+in-sample ones. Scores are drawn on the paper's 0..1 scale (magma); a panel with negative scores
+(possible for every metric before alignment) says so in its note and in the colour bar's label.
 
 Example:
     >>> import torch, headwidget
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from headwidget.analysis.alignment import AlignmentResult, align
 from headwidget.stats import KVStats
@@ -119,6 +122,10 @@ class AlignmentView(HeadWidget):
         self.layer_label = (
             f"layers {layers}" if self.fixed_layers else f"layer {self.layer} of {self.num_layers}"
         )
-        return PanelGrid(
-            panels, vmin=0.0, vmax=1.0, colormap="magma", colorbar_label="head similarity", columns=2
-        )
+        label = "head similarity"
+        for panel in panels:
+            lowest = float(np.nanmin(panel.matrix)) if np.isfinite(panel.matrix).any() else 0.0
+            if lowest < 0:  # the paper's 0..1 scale draws it as 0: say so rather than clip silently
+                panel.note = f"lowest score {lowest:.3f}, drawn as 0"
+                label = "head similarity (scores below 0 drawn as 0)"
+        return PanelGrid(panels, vmin=0.0, vmax=1.0, colormap="magma", colorbar_label=label, columns=2)

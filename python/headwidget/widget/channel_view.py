@@ -52,15 +52,19 @@ class ChannelView(HeadWidget):
         channel_start: int = 0,
         channel_width: int | None = None,
         max_cells: int = 1024,
+        prefetch: bool = True,
         **kwargs: Any,
     ) -> None:
         self.stats = stats
         self.max_cells = max_cells
+        self.prefetch = prefetch
         channels = stats.meta.layout.channels_of("key")
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
         super().__init__(**kwargs)
-        self._corr = lru_cache(maxsize=64)(self._full_corr)
-        self._shown = lru_cache(maxsize=256)(self._window_matrix)
+        # Full correlations are C×C float64 (128 MiB at C = 4096): keep about 1 GiB of them.
+        full_bytes = 8 * channels * channels
+        self._corr = lru_cache(maxsize=max(4, min(64, 2**30 // full_bytes)))(self._full_corr)
+        self._shown = lru_cache(maxsize=64)(self._window_matrix)
         self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-prefetch")
         with self.hold_trait_notifications():
             self.num_layers = stats.meta.layout.num_layers
@@ -77,23 +81,33 @@ class ChannelView(HeadWidget):
     def _full_corr(self, layer: int, kind: str) -> np.ndarray:
         return self.stats.channel_corr(layer, kind)
 
-    def _window_matrix(self, layer: int, kind: str, start: int, stop: int) -> tuple[np.ndarray, int]:
+    def _window_matrix(
+        self, layer: int, kind: str, start: int, stop: int, max_cells: int
+    ) -> tuple[np.ndarray, int]:
         """The matrix a panel shows for a window, and its block size (cached: revisits are free)."""
         window = self._corr(layer, kind)[start:stop, start:stop]
-        if window.shape[0] <= self.max_cells:
+        if window.shape[0] <= max_cells:
             return window, 1
-        return downsample(window, self.max_cells, how="mean")
+        return downsample(window, max_cells, how="mean")
 
-    def _prefetch_neighbours(self, layer: int, kind: str, start: int) -> None:
+    def _prefetch_neighbours(self, layer: int, kind: str, start: int, width: int, max_cells: int) -> None:
         """Compute the panels of the layers next to ``layer`` in the background (same window), so a
-        slider step to them is a cache hit."""
-        for neighbour in (layer + 1, layer - 1):
-            if neighbour not in self.stats.layers:
-                continue
-            for k in (kind, "value"):
-                total = self._corr(neighbour, k).shape[0]
-                if start < total:
-                    self._shown(neighbour, k, start, min(start + max(self.channel_width, 1), total))
+        slider step to them is a cache hit. Best effort: a failure here only means no head start."""
+        try:
+            for neighbour in (layer + 1, layer - 1):
+                if neighbour not in self.stats.layers:
+                    continue
+                for k in (kind, "value"):
+                    total = self._corr(neighbour, k).shape[0]
+                    if start < total:
+                        self._shown(neighbour, k, start, min(start + width, total), max_cells)
+        except Exception:
+            return
+
+    def close(self) -> None:
+        """Close the widget and stop its background prefetching."""
+        self._prefetcher.shutdown(wait=False, cancel_futures=True)
+        super().close()
 
     def _window(self, total: int) -> tuple[int, int]:
         start, width = self.channel_start, self.channel_width
@@ -112,7 +126,7 @@ class ChannelView(HeadWidget):
         for kind in (self.kind, "value"):
             for layer in layers:
                 start, stop = self._window(self._corr(layer, kind).shape[0])
-                matrix, block = self._shown(layer, kind, start, stop)
+                matrix, block = self._shown(layer, kind, start, stop, self.max_cells)
                 note = ""
                 if block > 1:
                     note = (
@@ -133,7 +147,9 @@ class ChannelView(HeadWidget):
                     )
                 )
         self.layer_label = f"layer {self.layer} of {self.num_layers} ({stats.tokens} tokens)"
-        self._prefetcher.submit(self._prefetch_neighbours, self.layer, self.kind, self.channel_start)
+        if self.prefetch:
+            args = (self.layer, self.kind, self.channel_start, max(self.channel_width, 1), self.max_cells)
+            self._prefetcher.submit(self._prefetch_neighbours, *args)
         return PanelGrid(
             panels, vmin=-1.0, vmax=1.0, colormap="diverging",
             colorbar_label="Pearson correlation", columns=len(layers),
