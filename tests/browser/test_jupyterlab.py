@@ -149,11 +149,25 @@ def test_python_change_redraws_the_canvas(lab, colour_of):
 def test_clicking_a_layer_in_the_trend_chart_selects_it(lab):
     """The bqplot chart above the tabs is linked to the views: a click on layer 1's point moves them."""
     lab.run("dash.channels.layer = 0")
+    slider = lab.page.locator(f'{ROOT} input[data-trait="layer"]')
+    lab.page.wait_for_function(
+        "(root) => document.querySelector(root + ' input[data-trait=\"layer\"]').value === '0'", arg=ROOT
+    )
+    lab.page.wait_for_timeout(300)  # let the layer-0 panels finish drawing before taking the digest
     before = digest(lab)
     dots = lab.page.locator(".bqplot .dot")
     lab.page.wait_for_function("() => document.querySelectorAll('.bqplot .dot').length >= 2", timeout=30_000)
     # points are drawn per series in layer order: the second dot of the first series is layer 1
-    dots.nth(1).click(force=True)
+    dots.nth(1).scroll_into_view_if_needed()
+    # the browser's click event dispatched on the SVG point itself: earlier tests can leave a tooltip
+    # or hover layer over the chart, which would take a click at those coordinates
+    dots.nth(1).dispatch_event("click")
+    lab.page.wait_for_function(
+        "(root) => document.querySelector(root + ' input[data-trait=\"layer\"]').value === '1'",
+        arg=ROOT,
+        timeout=30_000,
+    )
+    assert slider.input_value() == "1"
     wait_for_redraw(lab, before)
     assert lab.run("print(dash.trends.layer, dash.channels.layer, dash.alignment.layer)").split() == ["1"] * 3
     lab.run("dash.channels.layer = 0")
