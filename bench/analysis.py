@@ -26,7 +26,7 @@ from headwidget.analysis.alignment import align
 from headwidget.analysis.operator_space import operator_gram, operator_similarity
 from headwidget.analysis.procrustes import _single_threaded
 from headwidget.analysis.weights import HeadWeights
-from headwidget.capture.layout import AttentionLayout, RopeLayout
+from headwidget.core.layout import AttentionLayout, RopeLayout
 from headwidget.moments import Moments, normalise_heads
 from headwidget.stats import KVStats, StatsMeta
 

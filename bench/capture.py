@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 import headwidget
-from headwidget.analysis.correlation import corr_from_comoment
 from headwidget.capture import session as capture_session
 from headwidget.moments import Moments
+from headwidget.moments.correlation import corr_from_comoment
 
 
 class _Stop(Exception):

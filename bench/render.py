@@ -64,7 +64,7 @@ def synthetic_stats(
     >>> synthetic_stats(256, layers=2, head_dim=64).channel_corr(1, "value").shape
     (256, 256)
     """
-    from headwidget.capture.layout import AttentionLayout
+    from headwidget.core.layout import AttentionLayout
     from headwidget.moments import Moments
     from headwidget.stats import KVStats, StatsMeta
 

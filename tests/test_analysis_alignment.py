@@ -9,7 +9,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import headwidget
 from headwidget.analysis.alignment import align
-from headwidget.capture.layout import AttentionLayout, RopeLayout
+from headwidget.core.layout import AttentionLayout, RopeLayout
 from headwidget.errors import (
     CrossLayerMissingError,
     HeldOutSplitError,
@@ -81,7 +81,7 @@ def test_orthogonal_after_equals_explicit_per_pair_svd(llama_run: dict, kind: st
     assert res.labels == ["L0·H0", "L0·H1", "L1·H0", "L1·H1"]
     assert res.token_count == n == 96
     assert res.after_heldout is None
-    assert res.shows == "in-sample"
+    assert res.scoring == "in-sample"
 
 
 def plane_grid_max(a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray) -> float:
@@ -131,7 +131,7 @@ def test_after_at_least_before_identity_diagonal(llama_run: dict, kind: str) -> 
     assert (res.after >= res.before - 1e-12).all()
     np.testing.assert_allclose(np.diag(res.after), np.diag(res.before), atol=1e-12)
     np.testing.assert_allclose(res.after, res.after.T, atol=1e-12)
-    assert res.shows == "held-out"  # 96 tokens < 10·16²
+    assert res.scoring == "held-out"  # 96 tokens < 10·16²
     assert res.after_heldout is not None
     assert res.shown is res.after_heldout
 
@@ -201,7 +201,7 @@ def test_random_heads_in_sample_bias_and_heldout_zero(tokens: int, bias: float) 
     assert res.after[off].mean() == pytest.approx(bias, abs=0.025)
     assert abs(res.after_heldout[off].mean()) < 0.02
     assert abs(res.before[off].mean()) < 0.02
-    assert res.shows == "held-out"  # fewer than 10·32² tokens
+    assert res.scoring == "held-out"  # fewer than 10·32² tokens
 
 
 @pytest.mark.parametrize("metric", ["cosine", "pearson"])
@@ -218,7 +218,7 @@ def test_gram_metrics_after_are_nuclear_norms(metric: str) -> None:
             nuc = np.linalg.svd(h[i].T @ h[j], compute_uv=False).sum()
             assert res.after[i, j] == pytest.approx(nuc / den, abs=1e-12)
     assert res.after_heldout is None
-    assert res.shows == "in-sample"
+    assert res.scoring == "in-sample"
 
 
 def test_pairs_are_solved_in_batched_calls(monkeypatch: pytest.MonkeyPatch) -> None:

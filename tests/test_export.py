@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import headwidget
+from headwidget.core.panels import Panel, PanelGrid, encode_panel
 from headwidget.export import ExportError, cell_box, colormap, figure, lut_index, page_data, save
 from headwidget.widget import AlignmentView, ChannelView, MechanismView
-from headwidget.widget.panels import Panel, PanelGrid, encode_panel
 from tiny_models import make_model, ragged_batches
 
 COLORMAPS = json.loads((Path(headwidget.__file__).parent / "colormaps.json").read_text())
@@ -221,7 +221,7 @@ def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
             wire = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)
             assert decode(sent).tobytes() == wire["data"]
             assert sent["row_offset"] == 2 and sent["title"] == panel.title
-    assert base64.b64decode(data["bundle"]) == headwidget.widget.base.bundle_path().read_bytes()
+    assert base64.b64decode(data["bundle"]) == headwidget.core.bundle_path().read_bytes()
 
 
 def test_html_layers_subset_missing_layers_and_size_limit(tiny, tmp_path):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from headwidget.analysis.correlation import corr_from_comoment
 from headwidget.moments import Moments, normalise_heads
+from headwidget.moments.correlation import corr_from_comoment
 
 
 def hard_activations(n: int = 60_000, c: int = 24, seed: int = 0) -> np.ndarray:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import headwidget
-from headwidget.capture.adapters.llama import LlamaAdapter
+from headwidget.adapters.llama import LlamaAdapter
 from tiny_models import make_model
 
 

@@ -10,8 +10,8 @@ import headwidget
 from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import convert
 from headwidget.analysis.operator_space import operator_similarity
+from headwidget.core.panels import Panel, encode_panel
 from headwidget.widget import AlignmentView, ChannelView, MechanismView, explore
-from headwidget.widget.panels import Panel, encode_panel
 from tiny_models import make_model, ragged_batches
 
 

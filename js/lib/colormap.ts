@@ -74,7 +74,9 @@ export function packedColormap(name: string): PackedColormap {
   let p = packedCache.get(key);
   if (!p) {
     const lut = new Uint32Array(256);
-    colormapStops(key).forEach((c, i) => (lut[i] = packRGBA(c)));
+    colormapStops(key).forEach((c, i) => {
+      lut[i] = packRGBA(c);
+    });
     p = { lut, nan: packRGBA(NAN_COLOR) };
     packedCache.set(key, p);
   }
@@ -104,7 +106,7 @@ export function colorize(
   }
   for (let i = 0; i < n; i++) {
     const v = values[i];
-    if (v !== v) {
+    if (Number.isNaN(v)) {
       out[i] = nan; // NaN
       continue;
     }

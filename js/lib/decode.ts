@@ -4,25 +4,20 @@
  * Buffers hold `rows * cols` little-endian values in row-major order:
  *   - "float32": IEEE 754 single precision
  *   - "float16": IEEE 754 half precision
- *   - "uint8":   value = offset + scale * byte, byte 255 means NaN
  *
  * In the notebook a buffer arrives as a DataView whose byteOffset may be
  * anything (including offsets that are not a multiple of the element size);
  * typed-array views need aligned offsets, so unaligned data is copied first.
  */
 
-export type Dtype = "float32" | "float16" | "uint8";
+export type Dtype = "float32" | "float16";
 
-export const DTYPES: readonly Dtype[] = ["float32", "float16", "uint8"];
+export const DTYPES: readonly Dtype[] = ["float32", "float16"];
 
 export const BYTES_PER_VALUE: Record<Dtype, number> = {
   float32: 4,
   float16: 2,
-  uint8: 1,
 };
-
-/** Byte 255 of a uint8 buffer marks an undefined (NaN) value. */
-export const UINT8_NAN = 255;
 
 export type BinaryLike = ArrayBuffer | ArrayBufferView;
 
@@ -78,13 +73,7 @@ function aligned(bytes: Uint8Array, align: number): Uint8Array {
  * Decode `count` values from `data`.  Extra trailing bytes are ignored; a
  * buffer that is too short throws, naming the sizes.
  */
-export function decodeValues(
-  dtype: Dtype,
-  data: unknown,
-  count: number,
-  scale = 1,
-  offset = 0,
-): Float32Array {
+export function decodeValues(dtype: Dtype, data: unknown, count: number): Float32Array {
   const width = BYTES_PER_VALUE[dtype];
   const all = asBytes(data);
   const need = count * width;
@@ -95,13 +84,6 @@ export function decodeValues(
   }
   const bytes = all.subarray(0, need);
   const out = new Float32Array(count);
-  if (dtype === "uint8") {
-    for (let i = 0; i < count; i++) {
-      const b = bytes[i];
-      out[i] = b === UINT8_NAN ? NaN : offset + scale * b;
-    }
-    return out;
-  }
   if (!LITTLE_ENDIAN) return decodeWithDataView(dtype, bytes, out);
   const a = aligned(bytes, width);
   if (dtype === "float32") {

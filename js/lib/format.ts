@@ -17,7 +17,10 @@ export function formatTick(v: number): string {
   if (v === 0) return "0";
   const a = Math.abs(v);
   if (a >= 1e5 || a < 1e-4) {
-    return v.toExponential(2).replace(/\.?0+e/, "e").replace("e+", "e");
+    return v
+      .toExponential(2)
+      .replace(/\.?0+e/, "e")
+      .replace("e+", "e");
   }
   return String(Number(v.toPrecision(4)));
 }

@@ -9,8 +9,8 @@
  */
 
 import type { PanelSpec } from "./panels";
-import { type Measure, fitText, font, wrapText } from "./text";
-import { type Tick, axisTicks } from "./ticks";
+import { fitText, font, type Measure, wrapText } from "./text";
+import { axisTicks, type Tick } from "./ticks";
 
 export interface Rect {
   x: number;

@@ -21,8 +21,6 @@ export interface PanelSpec {
   row_step: number;
   col_step: number;
   dtype: Dtype;
-  scale: number;
-  offset: number;
   note: string;
 }
 
@@ -53,14 +51,6 @@ function int(raw: Raw, key: string, fallback: number): number {
   return n;
 }
 
-function num(raw: Raw, key: string, fallback: number): number {
-  const v = raw[key];
-  if (v === undefined || v === null) return fallback;
-  const n = Number(v);
-  if (!Number.isFinite(n)) throw new Error(`"${key}" must be a finite number`);
-  return n;
-}
-
 function labels(raw: Raw, key: string, count: number): string[] | null {
   const v = raw[key];
   if (v === undefined || v === null) return null;
@@ -80,7 +70,7 @@ export function parsePanel(raw: unknown, index: number): Panel {
   const rows = int(r, "rows", -1);
   const cols = int(r, "cols", -1);
   if (rows < 1 || cols < 1) throw new Error(`rows and cols must be >= 1 (got ${rows}×${cols})`);
-  const dtype = r["dtype"] ?? "float32";
+  const dtype = r.dtype ?? "float32";
   if (!isDtype(dtype)) throw new Error(`unknown dtype ${JSON.stringify(dtype)}`);
   const spec: PanelSpec = {
     id: str(r, "id", String(index)),
@@ -95,12 +85,10 @@ export function parsePanel(raw: unknown, index: number): Panel {
     row_step: int(r, "row_step", 1),
     col_step: int(r, "col_step", 1),
     dtype,
-    scale: num(r, "scale", 1),
-    offset: num(r, "offset", 0),
     note: str(r, "note"),
   };
   if (spec.row_step < 1 || spec.col_step < 1) throw new Error("row_step and col_step must be >= 1");
-  const values = decodeValues(dtype, r["data"], rows * cols, spec.scale, spec.offset);
+  const values = decodeValues(dtype, r.data, rows * cols);
   return { ...spec, values };
 }
 

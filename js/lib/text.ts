@@ -35,7 +35,11 @@ export function fitText(text: string, maxWidth: number, f: string, measure: Meas
     if (measure(chars.slice(0, mid).join("") + ELLIPSIS, f) <= maxWidth) lo = mid;
     else hi = mid - 1;
   }
-  return lo === 0 ? (measure(ELLIPSIS, f) <= maxWidth ? ELLIPSIS : "") : chars.slice(0, lo).join("") + ELLIPSIS;
+  return lo === 0
+    ? measure(ELLIPSIS, f) <= maxWidth
+      ? ELLIPSIS
+      : ""
+    : chars.slice(0, lo).join("") + ELLIPSIS;
 }
 
 /** Greedy word wrap to maxWidth; words longer than a line are cut with fitText. */

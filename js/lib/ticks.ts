@@ -5,7 +5,7 @@
  * [i, i + 1), so a tick at the centre of cell i has pos = i + 0.5.
  */
 
-import { type Measure, fitText, fontSize } from "./text";
+import { fitText, fontSize, type Measure } from "./text";
 
 export interface Tick {
   pos: number;

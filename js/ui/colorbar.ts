@@ -4,10 +4,10 @@
  * (NaN) cells.  Drawn on its own canvas on screen and into the export.
  */
 
-import { NAN_COLOR, colormapStops, cssColor } from "../lib/colormap";
+import { colormapStops, cssColor, NAN_COLOR } from "../lib/colormap";
 import { formatTick } from "../lib/format";
 import { COLORBAR_W, FONTS, type Rect } from "../lib/layout";
-import { type Measure, fitText } from "../lib/text";
+import { fitText, type Measure } from "../lib/text";
 import { valueTicks } from "../lib/ticks";
 import { MUTED_COLOR, TEXT_COLOR } from "./panel_canvas";
 
@@ -58,7 +58,11 @@ export function drawColorbar(
   ctx.textBaseline = "alphabetic";
   ctx.fillStyle = TEXT_COLOR;
   ctx.font = FONTS.subtitle;
-  ctx.fillText(fitText(s.label, Math.max(COLORBAR_W, width) - 2 * g.labelX, FONTS.subtitle, measure), g.labelX, g.labelY);
+  ctx.fillText(
+    fitText(s.label, Math.max(COLORBAR_W, width) - 2 * g.labelX, FONTS.subtitle, measure),
+    g.labelX,
+    g.labelY,
+  );
 
   const stops = colormapStops(s.colormap);
   const { bar } = g;
@@ -88,7 +92,11 @@ export function drawColorbar(
   ctx.stroke();
   if (!(s.vmax > s.vmin)) {
     ctx.textAlign = "left";
-    ctx.fillText(`all values shown as the middle colour (vmin = vmax = ${formatTick(s.vmin)})`, bar.x, bar.y + bar.h + 6);
+    ctx.fillText(
+      `all values shown as the middle colour (vmin = vmax = ${formatTick(s.vmin)})`,
+      bar.x,
+      bar.y + bar.h + 6,
+    );
   }
 
   const sw = g.nanSwatch;

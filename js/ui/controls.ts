@@ -9,14 +9,7 @@
 
 import { h } from "./dom";
 import { Checklist, Choice, Slider, Toggles } from "./inputs";
-import {
-  type Model,
-  commit,
-  getNumber,
-  getString,
-  getStringList,
-  onChanges,
-} from "./model";
+import { commit, getNumber, getString, getStringList, type Model, onChanges } from "./model";
 
 export const CONTROL_TRAITS = [
   "view",
@@ -55,7 +48,11 @@ export class Controls {
   readonly exportButton: HTMLButtonElement;
   private readonly unbind: () => void;
 
-  constructor(doc: Document, private readonly model: Model, onExport: () => void) {
+  constructor(
+    doc: Document,
+    private readonly model: Model,
+    onExport: () => void,
+  ) {
     const m = model;
     this.layer = new Slider(
       doc,
@@ -86,7 +83,9 @@ export class Controls {
     this.kind = new Toggles(doc, "Kind", "kind", (v) => commit(m, { kind: v }));
     this.metric = new Choice(doc, "Metric", "metric", (v) => commit(m, { metric: v }));
     this.alignment = new Choice(doc, "Alignment", "alignment", (v) => commit(m, { alignment: v }));
-    this.mechanisms = new Checklist(doc, "Mechanisms", "mechanisms", (v) => commit(m, { mechanisms: v }));
+    this.mechanisms = new Checklist(doc, "Mechanisms", "mechanisms", (v) =>
+      commit(m, { mechanisms: v }),
+    );
     this.exportButton = h(doc, "button", {
       className: "hw-export",
       text: "Export PNG",
@@ -108,7 +107,9 @@ export class Controls {
 
   private previewChannels(start: number, width: number): void {
     const total = getNumber(this.model, "num_channels");
-    this.channelWidth.setOutput(channelText(Math.min(start, Math.max(0, total - width)), width, total) + "…");
+    this.channelWidth.setOutput(
+      `${channelText(Math.min(start, Math.max(0, total - width)), width, total)}…`,
+    );
   }
 
   /** Commit a new width, pulling the start back so that the window stays inside. */

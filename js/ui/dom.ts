@@ -3,7 +3,7 @@
  * parses HTML.
  */
 
-import { type Measure, approxMeasure } from "../lib/text";
+import { approxMeasure, type Measure } from "../lib/text";
 
 export interface ElementOptions {
   className?: string;

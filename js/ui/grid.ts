@@ -9,17 +9,17 @@
 import { axisLabel, hoverJson } from "../lib/format";
 import {
   COLORBAR_H,
-  type GridLayout,
-  type Hit,
   cellRect,
   figureSize,
+  type GridLayout,
+  type Hit,
   hitTest,
 } from "../lib/layout";
-import { type Panel, cellValue } from "../lib/panels";
+import { cellValue, type Panel } from "../lib/panels";
 import type { Measure } from "../lib/text";
 import { type ColorScale, drawColorbar } from "./colorbar";
 import { context2d, h, setText, sizeCanvas } from "./dom";
-import { type Image, drawCrosshair, drawPanel } from "./panel_canvas";
+import { drawCrosshair, drawPanel, type Image } from "./panel_canvas";
 import { Tooltip } from "./tooltip";
 
 interface PanelView {
@@ -44,14 +44,24 @@ export class Grid {
   readonly tooltip: Tooltip;
   /** Screen-reader announcement of the inspected cell. */
   readonly live: HTMLDivElement;
-  private content: GridContent = { layout: { width: 0, height: 0, columns: 0, boxes: [] }, panels: [], images: [] };
+  private content: GridContent = {
+    layout: { width: 0, height: 0, columns: 0, boxes: [] },
+    panels: [],
+    images: [],
+  };
   private views: PanelView[] = [];
   private hovered: Hit | null = null;
   private dpr = 1;
   private readonly cleanup: (() => void)[] = [];
 
-  constructor(private readonly doc: Document, private readonly onClick: ClickHandler) {
-    this.colorbar = h(doc, "canvas", { className: "hw-colorbar", attrs: { "aria-hidden": "true" } });
+  constructor(
+    private readonly doc: Document,
+    private readonly onClick: ClickHandler,
+  ) {
+    this.colorbar = h(doc, "canvas", {
+      className: "hw-colorbar",
+      attrs: { "aria-hidden": "true" },
+    });
     this.tooltip = new Tooltip(doc);
     this.panelsEl = h(doc, "div", {
       className: "hw-panels",
@@ -59,7 +69,8 @@ export class Grid {
         tabindex: "0",
         role: "application",
         "aria-roledescription": "heatmap grid",
-        "aria-label": "Heatmaps. Arrow keys move between cells, Page Up and Page Down between panels, Enter selects.",
+        "aria-label":
+          "Heatmaps. Arrow keys move between cells, Page Up and Page Down between panels, Enter selects.",
       },
     });
     this.live = h(doc, "div", { className: "hw-sr", attrs: { "aria-live": "polite" } });
@@ -96,7 +107,7 @@ export class Grid {
     this.root.style.height = `${size.h}px`;
     this.panelsEl.style.width = `${layout.width}px`;
     this.panelsEl.style.height = `${layout.height}px`;
-    while (this.views.length > layout.boxes.length) this.views.pop()!.wrap.remove();
+    while (this.views.length > layout.boxes.length) this.views.pop()?.wrap.remove();
     while (this.views.length < layout.boxes.length) {
       const heat = h(this.doc, "canvas", { className: "hw-heatmap" });
       const overlay = h(this.doc, "canvas", { className: "hw-overlay" });
@@ -215,19 +226,34 @@ export class Grid {
     let { index, row, col } = cur;
     const b = () => boxes[index];
     switch (e.key) {
-      case "ArrowLeft": col -= 1; break;
-      case "ArrowRight": col += 1; break;
-      case "ArrowUp": row -= 1; break;
-      case "ArrowDown": row += 1; break;
-      case "PageDown": index = Math.min(boxes.length - 1, index + 1); break;
-      case "PageUp": index = Math.max(0, index - 1); break;
+      case "ArrowLeft":
+        col -= 1;
+        break;
+      case "ArrowRight":
+        col += 1;
+        break;
+      case "ArrowUp":
+        row -= 1;
+        break;
+      case "ArrowDown":
+        row += 1;
+        break;
+      case "PageDown":
+        index = Math.min(boxes.length - 1, index + 1);
+        break;
+      case "PageUp":
+        index = Math.max(0, index - 1);
+        break;
       case "Enter":
       case " ":
         if (this.hovered) this.onClick(this.content.panels[index], row, col);
         e.preventDefault();
         return;
-      case "Escape": this.leave(); return;
-      default: return;
+      case "Escape":
+        this.leave();
+        return;
+      default:
+        return;
     }
     e.preventDefault();
     row = Math.max(0, Math.min(b().rows - 1, row));

@@ -119,7 +119,9 @@ export class Choice {
     if (!sameList(options, this.options)) {
       this.options = options.slice();
       this.select.replaceChildren(
-        ...options.map((o) => h(this.select.ownerDocument, "option", { text: o, attrs: { value: o } })),
+        ...options.map((o) =>
+          h(this.select.ownerDocument, "option", { text: o, attrs: { value: o } }),
+        ),
       );
     }
     const i = options.indexOf(value);
@@ -133,8 +135,16 @@ export class Toggles {
   private options: string[] = [];
   private buttons: HTMLButtonElement[] = [];
 
-  constructor(doc: Document, label: string, private readonly trait: string, private readonly onPick: (v: string) => void) {
-    this.group = h(doc, "div", { className: "hw-kinds", attrs: { role: "group", "aria-label": label } });
+  constructor(
+    doc: Document,
+    label: string,
+    private readonly trait: string,
+    private readonly onPick: (v: string) => void,
+  ) {
+    this.group = h(doc, "div", {
+      className: "hw-kinds",
+      attrs: { role: "group", "aria-label": label },
+    });
     this.el = h(doc, "div", { className: "hw-control" }, [
       h(doc, "span", { className: "hw-label", text: label }),
       this.group,
@@ -155,7 +165,9 @@ export class Toggles {
       });
       this.group.replaceChildren(...this.buttons);
     }
-    this.buttons.forEach((b, i) => b.setAttribute("aria-pressed", String(options[i] === value)));
+    this.buttons.forEach((b, i) => {
+      b.setAttribute("aria-pressed", String(options[i] === value));
+    });
   }
 }
 
@@ -164,7 +176,12 @@ export class Checklist {
   private options: string[] = [];
   private boxes: HTMLInputElement[] = [];
 
-  constructor(doc: Document, label: string, private readonly trait: string, private readonly onPick: (v: string[]) => void) {
+  constructor(
+    doc: Document,
+    label: string,
+    private readonly trait: string,
+    private readonly onPick: (v: string[]) => void,
+  ) {
     this.el = h(doc, "fieldset", { className: "hw-control hw-mechanisms" }, [
       h(doc, "legend", { text: label }),
     ]);
@@ -174,10 +191,12 @@ export class Checklist {
     setHidden(this.el, options.length === 0);
     if (!sameList(options, this.options)) {
       this.options = options.slice();
-      this.el.querySelectorAll("label").forEach((l) => l.remove());
+      for (const l of this.el.querySelectorAll("label")) l.remove();
       const doc = this.el.ownerDocument;
       this.boxes = options.map((o) => {
-        const box = h(doc, "input", { attrs: { type: "checkbox", "data-trait": this.trait, value: o } });
+        const box = h(doc, "input", {
+          attrs: { type: "checkbox", "data-trait": this.trait, value: o },
+        });
         box.addEventListener("change", () => this.onPick(this.checked()));
         this.el.appendChild(h(doc, "label", {}, [box, doc.createTextNode(` ${o}`)]));
         return box;

@@ -5,7 +5,7 @@
  */
 
 import { h, setHidden, setText } from "./dom";
-import { type Model, getString, onChanges } from "./model";
+import { getString, type Model, onChanges } from "./model";
 
 export class Messages {
   readonly error: HTMLDivElement;
@@ -13,9 +13,15 @@ export class Messages {
   private local: string[] = [];
   private readonly unbind: () => void;
 
-  constructor(doc: Document, private readonly model: Model) {
+  constructor(
+    doc: Document,
+    private readonly model: Model,
+  ) {
     this.error = h(doc, "div", { className: "hw-error", attrs: { role: "alert" } });
-    this.status = h(doc, "div", { className: "hw-status", attrs: { role: "status", "aria-live": "polite" } });
+    this.status = h(doc, "div", {
+      className: "hw-status",
+      attrs: { role: "status", "aria-live": "polite" },
+    });
     this.unbind = onChanges(model, ["error", "status"], () => this.sync());
     this.sync();
   }

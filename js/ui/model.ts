@@ -6,6 +6,7 @@
 import type { AnyModel } from "@anywidget/types";
 
 export type Model = AnyModel;
+// biome-ignore lint/suspicious/noExplicitAny: anywidget hands handlers untyped arguments
 export type Handler = (...args: any[]) => void;
 
 export function getNumber(model: Model, key: string, fallback = 0): number {

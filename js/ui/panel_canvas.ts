@@ -8,15 +8,15 @@
  * the transform (device pixel ratio on screen, 2× for export).
  */
 
-import { type PackedColormap, colorize } from "../lib/colormap";
+import { colorize, type PackedColormap } from "../lib/colormap";
 import {
+  cellRect,
   FONTS,
   NOTE_LINE_H,
   PAD,
+  type PanelBox,
   TICK_GAP,
   TICK_LEN,
-  type PanelBox,
-  cellRect,
 } from "../lib/layout";
 import type { Panel } from "../lib/panels";
 import { context2d } from "./dom";
@@ -121,7 +121,9 @@ export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: I
     ctx.textBaseline = "alphabetic";
     ctx.fillStyle = MUTED_COLOR;
     ctx.font = FONTS.note;
-    box.noteLines.forEach((line, i) => ctx.fillText(line, PAD, box.noteY + i * NOTE_LINE_H));
+    box.noteLines.forEach((line, i) => {
+      ctx.fillText(line, PAD, box.noteY + i * NOTE_LINE_H);
+    });
   }
 }
 

@@ -47,7 +47,13 @@ export class Tooltip {
    * right of and below the pointer, flipped left / above when it would
    * overflow (and there is room on the other side).
    */
-  show(c: TooltipContent, x: number, y: number, containerWidth: number, containerHeight = Infinity): void {
+  show(
+    c: TooltipContent,
+    x: number,
+    y: number,
+    containerWidth: number,
+    containerHeight = Infinity,
+  ): void {
     const [t, r, k, v] = Tooltip.lines(c);
     setText(this.title, t);
     setHidden(this.title, t === "");
@@ -57,8 +63,10 @@ export class Tooltip {
     setHidden(this.el, false);
     const w = this.el.offsetWidth;
     const hgt = this.el.offsetHeight;
-    const left = x + OFFSET + w > containerWidth && x - OFFSET - w >= 0 ? x - OFFSET - w : x + OFFSET;
-    const top = y + OFFSET + hgt > containerHeight && y - OFFSET - hgt >= 0 ? y - OFFSET - hgt : y + OFFSET;
+    const left =
+      x + OFFSET + w > containerWidth && x - OFFSET - w >= 0 ? x - OFFSET - w : x + OFFSET;
+    const top =
+      y + OFFSET + hgt > containerHeight && y - OFFSET - hgt >= 0 ? y - OFFSET - hgt : y + OFFSET;
     this.el.style.left = `${left}px`;
     this.el.style.top = `${top}px`;
   }

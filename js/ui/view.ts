@@ -11,11 +11,11 @@ import type { Measure } from "../lib/text";
 import type { ColorScale } from "./colorbar";
 import { Controls } from "./controls";
 import { h, makeMeasure } from "./dom";
-import { EXPORT_SCALE, downloadCanvas, renderFigure } from "./export_png";
+import { downloadCanvas, EXPORT_SCALE, renderFigure } from "./export_png";
 import { Grid, type GridContent } from "./grid";
 import { Messages } from "./messages";
-import { type Model, getNumber, getString, onChanges } from "./model";
-import { type Image, buildImage, recolorImage } from "./panel_canvas";
+import { getNumber, getString, type Model, onChanges } from "./model";
+import { buildImage, type Image, recolorImage } from "./panel_canvas";
 import { injectStyle } from "./style";
 
 /** Width used before the element is attached and has a size. */
@@ -40,7 +40,10 @@ export class View {
   private lastDpr = 1;
   private readonly cleanup: (() => void)[] = [];
 
-  constructor(private readonly model: Model, private readonly el: HTMLElement) {
+  constructor(
+    private readonly model: Model,
+    private readonly el: HTMLElement,
+  ) {
     this.doc = el.ownerDocument;
     const doc = this.doc;
     this.measure = makeMeasure(doc);
@@ -48,9 +51,17 @@ export class View {
     injectStyle(doc, this.root);
     this.controls = new Controls(doc, model, () => this.download());
     this.messages = new Messages(doc, model);
-    this.grid = new Grid(doc, (p, row, col) => model.send({ type: "click", panel: p.id, row, col }));
+    this.grid = new Grid(doc, (p, row, col) =>
+      model.send({ type: "click", panel: p.id, row, col }),
+    );
     this.textList = h(doc, "ul", { className: "hw-sr" });
-    this.root.append(this.controls.el, this.messages.error, this.messages.status, this.grid.root, this.textList);
+    this.root.append(
+      this.controls.el,
+      this.messages.error,
+      this.messages.status,
+      this.grid.root,
+      this.textList,
+    );
     el.appendChild(this.root);
 
     this.cleanup.push(
@@ -95,7 +106,9 @@ export class View {
     this.images = this.panels.map((p) => buildImage(this.doc, p, s.vmin, s.vmax, cmap));
     this.panels.forEach((p, i) => {
       if (this.images[i] === null && (p.rows > 16384 || p.cols > 16384)) {
-        this.problems.push(`panel "${p.id}": ${p.rows}×${p.cols} is too large to draw; downsample it`);
+        this.problems.push(
+          `panel "${p.id}": ${p.rows}×${p.cols} is too large to draw; downsample it`,
+        );
       }
     });
     this.messages.setLocalProblems(this.problems);
@@ -130,7 +143,12 @@ export class View {
   }
 
   private content(): GridContent {
-    const layout = computeLayout(this.panels, this.availableWidth(), getNumber(this.model, "columns"), this.measure);
+    const layout = computeLayout(
+      this.panels,
+      this.availableWidth(),
+      getNumber(this.model, "columns"),
+      this.measure,
+    );
     return { layout, panels: this.panels, images: this.images };
   }
 
@@ -167,25 +185,44 @@ export class View {
 
   /** The whole figure as a PNG data URL at 2× CSS size, or null without canvas support. */
   exportDataUrl(scale = EXPORT_SCALE): string | null {
-    const canvas = renderFigure(this.doc, this.grid.current, this.colorScale(), this.measure, scale);
+    const canvas = renderFigure(
+      this.doc,
+      this.grid.current,
+      this.colorScale(),
+      this.measure,
+      scale,
+    );
     return canvas ? canvas.toDataURL("image/png") : null;
   }
 
   download(): void {
     const canvas = renderFigure(this.doc, this.grid.current, this.colorScale(), this.measure);
     if (canvas) downloadCanvas(this.doc, canvas);
-    else this.messages.setLocalProblems([...this.problems, "export: this browser cannot draw to a canvas"]);
+    else
+      this.messages.setLocalProblems([
+        ...this.problems,
+        "export: this browser cannot draw to a canvas",
+      ]);
   }
 
   private onCustom(msg: unknown): void {
-    if (!msg || typeof msg !== "object" || (msg as { type?: unknown }).type !== "export_png") return;
+    if (!msg || typeof msg !== "object" || (msg as { type?: unknown }).type !== "export_png")
+      return;
     // Several views of one model all receive the message; the oldest live one answers.
     if (viewsByModel.get(this.model)?.[0] !== this) return;
     try {
       const url = this.exportDataUrl();
-      this.model.send(url ? { type: "png", data_url: url } : { type: "png", data_url: null, error: "canvas unavailable" });
+      this.model.send(
+        url
+          ? { type: "png", data_url: url }
+          : { type: "png", data_url: null, error: "canvas unavailable" },
+      );
     } catch (e) {
-      this.model.send({ type: "png", data_url: null, error: e instanceof Error ? e.message : String(e) });
+      this.model.send({
+        type: "png",
+        data_url: null,
+        error: e instanceof Error ? e.message : String(e),
+      });
     }
   }
 

@@ -25,6 +25,7 @@ import torch
 from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import mechanism_sweep
 from headwidget.capture import capture
+from headwidget.core.kinds import Kind
 from headwidget.embedded import load_minilm, load_smollm2
 from headwidget.report import summary_table
 from headwidget.stats import KVStats
@@ -75,11 +76,16 @@ def _figures(
             "| kind | method | before | after (in-sample) | after (held-out) | shown |",
             "|---|---|---|---|---|---|",
         ]
-        for kind, method in (("key", "rope"), ("key", "orthogonal"), ("value", "orthogonal")):
+        pairs: tuple[tuple[Kind, str], ...] = (
+            ("key", "rope"),
+            ("key", "orthogonal"),
+            ("value", "orthogonal"),
+        )
+        for kind, method in pairs:
             res = align(smol, ALIGNMENT_LAYERS, kind=kind, method=method)
             held = _off_diagonal_mean(res.after_heldout) if res.after_heldout is not None else float("nan")
             before, after = _off_diagonal_mean(res.before), _off_diagonal_mean(res.after)
-            report.append(f"| {kind} | {method} | {before:.3f} | {after:.3f} | {held:.3f} | {res.shows} |")
+            report.append(f"| {kind} | {method} | {before:.3f} | {after:.3f} | {held:.3f} | {res.scoring} |")
         report.append("")
     if "minilm-l6" in stats:
         mini = stats["minilm-l6"]

@@ -26,8 +26,31 @@ class UnknownKindError(HeadwidgetError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class UnknownMetricError(HeadwidgetError, ValueError):
+class UnknownOptionError(HeadwidgetError, ValueError):
+    """A named choice (metric, circuit, alignment method, aggregation, view...) that does not exist.
+
+    The message names the choice, what was given, and every valid value.
+    """
+
+
+class UnknownMetricError(UnknownOptionError):
     """A similarity metric name that headwidget does not know."""
+
+
+class UnknownCircuitError(UnknownOptionError):
+    """An operator circuit other than ``"qk"`` or ``"ov"``."""
+
+
+class UnknownAlignmentMethodError(UnknownOptionError):
+    """An alignment method other than ``"rope"``, ``"orthogonal"`` or ``"none"``."""
+
+
+class UnknownAggregationError(UnknownOptionError):
+    """A downsampling aggregation other than ``"mean"`` or ``"maxabs"``."""
+
+
+class UnknownViewError(UnknownOptionError):
+    """A view name that is not in the view registry."""
 
 
 class LayerIndexError(HeadwidgetError, IndexError):

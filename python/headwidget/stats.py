@@ -28,9 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from headwidget.analysis.correlation import channel_corr_from_moments, resolve_channels
-from headwidget.analysis.head_metrics import HEAD_METRICS, head_similarity_from_moments
-from headwidget.capture.layout import AttentionLayout
+from headwidget.core.kinds import Kind, check_kind
+from headwidget.core.layout import AttentionLayout
 from headwidget.errors import (
     CrossLayerMissingError,
     LayerIndexError,
@@ -39,11 +38,11 @@ from headwidget.errors import (
     UnknownKindError,
     UnknownMetricError,
 )
-from headwidget.moments import Moments
+from headwidget.moments import HEAD_METRICS, Moments, channel_corr_from_moments, head_similarity_from_moments
+from headwidget.moments.correlation import resolve_channels
 
-__all__ = ["KINDS", "KVStats", "StatsMeta"]
+__all__ = ["KVStats", "StatsMeta", "config_fingerprint"]
 
-KINDS = ("key", "value", "key_post", "input", "latent")
 FORMAT = "headwidget-stats"
 FORMAT_VERSION = "1"
 
@@ -56,7 +55,7 @@ class StatsMeta:
     model_class: str
     layout: AttentionLayout
     layers: list[int]
-    kinds: list[str]
+    kinds: list[Kind]
     tokens: int = 0
     dtype: str = "float32"
     skip_first_token: bool = False
@@ -114,8 +113,8 @@ class KVStats:
     def __init__(
         self,
         meta: StatsMeta,
-        moments: dict[tuple[int, str], Moments],
-        cross: dict[str, Moments] | None = None,
+        moments: dict[tuple[int, Kind], Moments],
+        cross: dict[Kind, Moments] | None = None,
     ) -> None:
         self.meta = meta
         self._moments = moments
@@ -127,7 +126,7 @@ class KVStats:
         return list(self.meta.layers)
 
     @property
-    def kinds(self) -> list[str]:
+    def kinds(self) -> list[Kind]:
         return list(self.meta.kinds)
 
     @property
@@ -150,9 +149,8 @@ class KVStats:
             )
         return layer
 
-    def _check_kind(self, kind: str) -> str:
-        if kind not in KINDS:
-            raise UnknownKindError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+    def _check_kind(self, name: str) -> Kind:
+        kind = check_kind(name)
         if kind not in self.meta.kinds:
             hint = {
                 "key_post": "capture with rope='post' or rope='both'",
@@ -165,17 +163,17 @@ class KVStats:
             )
         return kind
 
-    def moments(self, layer: int, kind: str = "key") -> Moments:
+    def moments(self, layer: int, kind: Kind = "key") -> Moments:
         """The raw float64 moments of one layer and kind."""
         return self._moments[(self._check_layer(layer), self._check_kind(kind))]
 
-    def heads_of(self, kind: str) -> int:
+    def heads_of(self, kind: Kind) -> int:
         hd = self.meta.layout.head_dim_of(kind)
         return self.meta.layout.channels_of(kind) // hd if hd else 1
 
     # ------------------------------------------------------------------ derived views
     def channel_corr(
-        self, layer: int, kind: str = "key", channels: slice | range | list[int] | None = None
+        self, layer: int, kind: Kind = "key", channels: slice | range | list[int] | None = None
     ) -> np.ndarray:
         """Pearson correlation between channels (HF head-major order, ``c = head·d_h + j``).
 
@@ -185,17 +183,17 @@ class KVStats:
         return channel_corr_from_moments(self.moments(layer, kind), channels).cpu().numpy()
 
     def covariance(
-        self, layer: int, kind: str = "key", channels: slice | range | list[int] | None = None
+        self, layer: int, kind: Kind = "key", channels: slice | range | list[int] | None = None
     ) -> np.ndarray:
         """Sample covariance (ddof=1, as ``np.cov``) of the channels of one layer and kind."""
         m = self.moments(layer, kind)
         sel = resolve_channels(channels, m.channels)
         return m.covariance()[sel][:, sel].cpu().numpy()
 
-    def mean(self, layer: int, kind: str = "key") -> np.ndarray:
+    def mean(self, layer: int, kind: Kind = "key") -> np.ndarray:
         return self.moments(layer, kind).mean.cpu().numpy()
 
-    def head_moments(self, layers: int | Sequence[int], kind: str = "key") -> Moments:
+    def head_moments(self, layers: int | Sequence[int], kind: Kind = "key") -> Moments:
         """Moments over the heads of one layer, or of several layers flattened layer-major.
 
         Several layers need the cross-layer statistics (``capture(..., cross_layer=[...])``).
@@ -219,7 +217,7 @@ class KVStats:
         return self._cross[kind].select(index)
 
     def head_similarity(
-        self, layer: int | Sequence[int], kind: str = "key", metric: str = "token_cosine"
+        self, layer: int | Sequence[int], kind: Kind = "key", metric: str = "token_cosine"
     ) -> np.ndarray:
         """Head × head similarity over the real KV heads (never GQA copies).
 

@@ -16,8 +16,12 @@ class FakeModel {
   set(key, value) {
     const old = this.state[key];
     this.state[key] = value;
-    const same = old === value || (Array.isArray(old) && Array.isArray(value) &&
-      old.length === value.length && old.every((x, i) => x === value[i]));
+    const same =
+      old === value ||
+      (Array.isArray(old) &&
+        Array.isArray(value) &&
+        old.length === value.length &&
+        old.every((x, i) => x === value[i]));
     if (!same) this.emit(`change:${key}`, this, value);
   }
   on(event, cb) {
@@ -25,8 +29,14 @@ class FakeModel {
     this.listeners.get(event).push(cb);
   }
   off(event, cb) {
-    if (event == null) { this.listeners.clear(); return; }
-    if (cb == null) { this.listeners.delete(event); return; }
+    if (event == null) {
+      this.listeners.clear();
+      return;
+    }
+    if (cb == null) {
+      this.listeners.delete(event);
+      return;
+    }
     const list = this.listeners.get(event) || [];
     const i = list.indexOf(cb);
     if (i >= 0) list.splice(i, 1);
@@ -53,7 +63,9 @@ class FakeModel {
 function f32(values, pad = 0) {
   const buf = new ArrayBuffer(pad + 4 * values.length + 3);
   const dv = new DataView(buf, pad, 4 * values.length);
-  values.forEach((v, i) => dv.setFloat32(4 * i, v, true));
+  values.forEach((v, i) => {
+    dv.setFloat32(4 * i, v, true);
+  });
   return dv;
 }
 
@@ -66,18 +78,47 @@ function u8(bytes, pad = 0) {
 /** Panel dict as Python sends it; `data` is a DataView. */
 function panel(fields) {
   return {
-    id: "p", title: "", subtitle: "", rows: 1, cols: 1, row_labels: null, col_labels: null,
-    row_offset: 0, col_offset: 0, row_step: 1, col_step: 1, dtype: "float32",
-    scale: 1, offset: 0, note: "", ...fields,
+    id: "p",
+    title: "",
+    subtitle: "",
+    rows: 1,
+    cols: 1,
+    row_labels: null,
+    col_labels: null,
+    row_offset: 0,
+    col_offset: 0,
+    row_step: 1,
+    col_step: 1,
+    dtype: "float32",
+    note: "",
+    ...fields,
   };
 }
 
 const DEFAULTS = {
-  panels: [], vmin: -1, vmax: 1, colormap: "diverging", colorbar_label: "", columns: 0,
-  view: "channels", layer: 0, num_layers: 0, layer_label: "", channel_start: 0,
-  channel_width: 0, num_channels: 0, kind: "key", kinds_available: [], metric: "",
-  metrics_available: [], alignment: "", alignments_available: [], mechanisms: [],
-  mechanisms_available: [], error: "", status: "",
+  panels: [],
+  vmin: -1,
+  vmax: 1,
+  colormap: "diverging",
+  colorbar_label: "",
+  columns: 0,
+  view: "channels",
+  layer: 0,
+  num_layers: 0,
+  layer_label: "",
+  channel_start: 0,
+  channel_width: 0,
+  num_channels: 0,
+  kind: "key",
+  kinds_available: [],
+  metric: "",
+  metrics_available: [],
+  alignment: "",
+  alignments_available: [],
+  mechanisms: [],
+  mechanisms_available: [],
+  error: "",
+  status: "",
 };
 
 let cleanup = null;

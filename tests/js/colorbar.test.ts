@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { NAN_COLOR, colormapStops, cssColor } from "../../js/lib/colormap";
+import { colormapStops, cssColor, NAN_COLOR } from "../../js/lib/colormap";
 import { approxMeasure } from "../../js/lib/text";
-import { GEOMETRY, NAN_LABEL, drawColorbar, tickX } from "../../js/ui/colorbar";
+import { drawColorbar, GEOMETRY, NAN_LABEL, tickX } from "../../js/ui/colorbar";
 import { recorder, texts } from "./helpers/recorder";
 
 const scale = { vmin: -1, vmax: 1, colormap: "diverging", label: "cosine similarity" };
@@ -18,7 +18,9 @@ describe("colorbar", () => {
     const { ctx, calls } = recorder();
     drawColorbar(ctx, 400, 52, scale, approxMeasure);
     expect(texts(calls)).toEqual(["cosine similarity", "-1", "-0.5", "0", "0.5", "1", NAN_LABEL]);
-    const bar = calls.filter((c) => c.name === "fillRect" && c.args[1] === GEOMETRY.bar.y && c.args[3] === GEOMETRY.bar.h);
+    const bar = calls.filter(
+      (c) => c.name === "fillRect" && c.args[1] === GEOMETRY.bar.y && c.args[3] === GEOMETRY.bar.h,
+    );
     const stops = colormapStops("diverging");
     expect(bar.slice(0, 256).map((c) => c.fillStyle)).toEqual(stops.map(cssColor));
     const swatch = calls.find((c) => c.name === "fillRect" && c.args[0] === GEOMETRY.nanSwatch.x)!;

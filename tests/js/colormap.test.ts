@@ -1,14 +1,14 @@
 import { describe, expect, it } from "vitest";
-import tables from "../../python/headwidget/colormaps.json";
 import {
-  NAN_COLOR,
   colorize,
   colormapStops,
-  packRGBA,
+  NAN_COLOR,
   packedColormap,
+  packRGBA,
   valueToColor,
   valueToIndex,
 } from "../../js/lib/colormap";
+import tables from "../../python/headwidget/colormaps.json";
 
 describe("colormaps.json", () => {
   it.each(["diverging", "magma"] as const)("%s has 256 integer RGB entries", (name) => {
@@ -93,7 +93,9 @@ describe("colorize", () => {
     ] as const) {
       const out = new Uint32Array(f.length);
       colorize(f, lo, hi, packedColormap(name), out);
-      f.forEach((v, i) => expect(bytesOf(out, i)).toEqual([...valueToColor(v, lo, hi, name), 255]));
+      f.forEach((v, i) => {
+        expect(bytesOf(out, i)).toEqual([...valueToColor(v, lo, hi, name), 255]);
+      });
     }
   });
 });

@@ -1,11 +1,15 @@
 // @vitest-environment jsdom
 import { describe, expect, it } from "vitest";
-import { context2d, h, makeMeasure, setHidden, setText, sizeCanvas } from "../../js/ui/dom";
 import { approxMeasure, font } from "../../js/lib/text";
+import { context2d, h, makeMeasure, setHidden, setText, sizeCanvas } from "../../js/ui/dom";
 
 describe("dom helpers", () => {
   it("sets text literally, never as markup", () => {
-    const e = h(document, "div", { className: "c", text: "<img src=x onerror=alert(1)>", attrs: { "data-x": "1" } });
+    const e = h(document, "div", {
+      className: "c",
+      text: "<img src=x onerror=alert(1)>",
+      attrs: { "data-x": "1" },
+    });
     expect(e.querySelector("img")).toBeNull();
     expect(e.textContent).toBe("<img src=x onerror=alert(1)>");
     expect(e.className).toBe("c");
@@ -23,7 +27,10 @@ describe("dom helpers", () => {
   });
 
   it("nests children and toggles hidden", () => {
-    const e = h(document, "div", {}, [h(document, "span", { text: "a" }), document.createTextNode("b")]);
+    const e = h(document, "div", {}, [
+      h(document, "span", { text: "a" }),
+      document.createTextNode("b"),
+    ]);
     expect(e.textContent).toBe("ab");
     setHidden(e, true);
     expect(e.hidden).toBe(true);

@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { COLORBAR_H, computeLayout, figureSize } from "../../js/lib/layout";
 import { parsePanels } from "../../js/lib/panels";
 import { approxMeasure } from "../../js/lib/text";
-import { EXPORT_SCALE, MAX_CANVAS_SIDE, exportScale, renderFigure } from "../../js/ui/export_png";
+import { EXPORT_SCALE, exportScale, MAX_CANVAS_SIDE, renderFigure } from "../../js/ui/export_png";
 import { f32View, rawPanel } from "./helpers/fake_model";
 import { recorder, texts } from "./helpers/recorder";
 
@@ -11,7 +11,14 @@ const scale = { vmin: -1, vmax: 1, colormap: "diverging", label: "L" };
 
 function content() {
   const { panels } = parsePanels([
-    rawPanel({ id: "a", title: "A", note: "note A", rows: 2, cols: 2, data: f32View([1, 2, 3, 4]) }),
+    rawPanel({
+      id: "a",
+      title: "A",
+      note: "note A",
+      rows: 2,
+      cols: 2,
+      data: f32View([1, 2, 3, 4]),
+    }),
     rawPanel({ id: "b", title: "B", rows: 2, cols: 2, data: f32View([1, 2, 3, 4]) }),
     rawPanel({ id: "c", title: "C", rows: 2, cols: 2, data: f32View([1, 2, 3, 4]) }),
   ]);

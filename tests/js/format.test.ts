@@ -45,7 +45,12 @@ describe("labels", () => {
   });
 
   it("writes hover JSON with null for non-finite values", () => {
-    expect(JSON.parse(hoverJson("p1", 2, 3, 0.5))).toEqual({ panel: "p1", row: 2, col: 3, value: 0.5 });
+    expect(JSON.parse(hoverJson("p1", 2, 3, 0.5))).toEqual({
+      panel: "p1",
+      row: 2,
+      col: 3,
+      value: 0.5,
+    });
     expect(JSON.parse(hoverJson("p1", 0, 0, NaN)).value).toBeNull();
   });
 });

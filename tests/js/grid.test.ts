@@ -8,7 +8,13 @@ import { f32View, rawPanel } from "./helpers/fake_model";
 
 function setup() {
   const { panels } = parsePanels([
-    rawPanel({ id: "a", title: "first", rows: 2, cols: 3, data: f32View([0, 0.25, NaN, 1, -1, 0.5]) }),
+    rawPanel({
+      id: "a",
+      title: "first",
+      rows: 2,
+      cols: 3,
+      data: f32View([0, 0.25, NaN, 1, -1, 0.5]),
+    }),
     rawPanel({
       id: "b",
       title: "<img src=x onerror=alert(1)>",
@@ -64,7 +70,9 @@ describe("Grid", () => {
   it("uses labels and index ranges, and renders the title as text", () => {
     const { grid, move, centre } = setup();
     move(centre(1, 1, 1));
-    expect(grid.tooltip.text).toBe("<img src=x onerror=alert(1)>\nrow: q1\ncol: 104–107\nvalue: 4.000");
+    expect(grid.tooltip.text).toBe(
+      "<img src=x onerror=alert(1)>\nrow: q1\ncol: 104–107\nvalue: 4.000",
+    );
     expect(document.querySelector("img")).toBeNull();
   });
 
@@ -85,7 +93,8 @@ describe("Grid", () => {
 
   it("moves the inspected cell with the keyboard", () => {
     const { grid, clicks, hover } = setup();
-    const key = (k: string) => grid.panelsEl.dispatchEvent(new KeyboardEvent("keydown", { key: k, bubbles: true }));
+    const key = (k: string) =>
+      grid.panelsEl.dispatchEvent(new KeyboardEvent("keydown", { key: k, bubbles: true }));
     key("ArrowRight");
     expect(hover()).toMatchObject({ panel: "a", row: 0, col: 1 });
     key("ArrowDown");
@@ -104,7 +113,10 @@ describe("Grid", () => {
 
   it("removes wrappers when panels go away", () => {
     const { grid } = setup();
-    grid.setContent({ layout: computeLayout([], 100, 0, approxMeasure), panels: [], images: [] }, 1);
+    grid.setContent(
+      { layout: computeLayout([], 100, 0, approxMeasure), panels: [], images: [] },
+      1,
+    );
     expect(grid.panelsEl.querySelectorAll(".hw-panel")).toHaveLength(0);
     grid.destroy();
     expect(grid.root.isConnected).toBe(false);

@@ -11,7 +11,13 @@ describe("Slider", () => {
   it("previews on input, commits the first change at once and throttles the rest", () => {
     const commits: number[] = [];
     const previews: number[] = [];
-    const s = new Slider(document, "Layer", "layer", (v) => commits.push(v), (v) => previews.push(v));
+    const s = new Slider(
+      document,
+      "Layer",
+      "layer",
+      (v) => commits.push(v),
+      (v) => previews.push(v),
+    );
     s.set(0, 9, 2);
     expect(s.input.value).toBe("2");
     expect(s.input.type).toBe("range");

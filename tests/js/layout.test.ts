@@ -2,18 +2,18 @@ import { describe, expect, it } from "vitest";
 import {
   COLORBAR_H,
   COLORBAR_W,
-  GRID_GAP,
-  type LayoutPanel,
-  MIN_INNER_W,
-  PAD,
   cellEdge,
   cellIndex,
   cellRect,
   columnCount,
   computeLayout,
   figureSize,
+  GRID_GAP,
   hitTest,
+  type LayoutPanel,
   layoutPanel,
+  MIN_INNER_W,
+  PAD,
   plotSize,
 } from "../../js/lib/layout";
 import { approxMeasure } from "../../js/lib/text";
@@ -74,8 +74,14 @@ describe("layoutPanel", () => {
 
   it("makes room on the left for row labels", () => {
     const short = layoutPanel(spec(4, 4), approxMeasure);
-    const long = layoutPanel(spec(4, 4, { row_labels: ["alpha", "beta", "gamma", "delta"] }), approxMeasure);
-    expect(long.plot.x - short.plot.x).toBeCloseTo(Math.ceil(approxMeasure("gamma", "10px")) - Math.ceil(approxMeasure("3", "10px")), 5);
+    const long = layoutPanel(
+      spec(4, 4, { row_labels: ["alpha", "beta", "gamma", "delta"] }),
+      approxMeasure,
+    );
+    expect(long.plot.x - short.plot.x).toBeCloseTo(
+      Math.ceil(approxMeasure("gamma", "10px")) - Math.ceil(approxMeasure("3", "10px")),
+      5,
+    );
   });
 });
 
@@ -110,7 +116,12 @@ describe("computeLayout", () => {
   });
 
   it("sizes grid rows by their tallest panel", () => {
-    const l = computeLayout([spec(4, 4, { note: "n" }), spec(4, 4), spec(4, 4)], 100000, 2, approxMeasure);
+    const l = computeLayout(
+      [spec(4, 4, { note: "n" }), spec(4, 4), spec(4, 4)],
+      100000,
+      2,
+      approxMeasure,
+    );
     expect(l.boxes[2].y).toBe(l.boxes[0].h + GRID_GAP);
   });
 
@@ -140,7 +151,11 @@ describe("hit-testing", () => {
   it("treats the far edges as outside and the pixel before them as the last cell", () => {
     expect(hitTest(l, ax + a.plot.w, ay)).toBeNull();
     expect(hitTest(l, ax, ay + a.plot.h)).toBeNull();
-    expect(hitTest(l, ax + a.plot.w - 1e-9, ay + a.plot.h - 1e-9)).toEqual({ index: 0, row: 2, col: 6 });
+    expect(hitTest(l, ax + a.plot.w - 1e-9, ay + a.plot.h - 1e-9)).toEqual({
+      index: 0,
+      row: 2,
+      col: 6,
+    });
     expect(hitTest(l, ax - 1e-9, ay)).toBeNull();
     expect(hitTest(l, ax, ay - 1e-9)).toBeNull();
   });
@@ -148,7 +163,11 @@ describe("hit-testing", () => {
   it("finds cells in later panels and nothing in titles, gaps or beyond", () => {
     const bx = b.x + b.plot.x;
     const by = b.y + b.plot.y;
-    expect(hitTest(l, bx + (3.5 * b.plot.w) / 5, by + (1.2 * b.plot.h) / 5)).toEqual({ index: 1, row: 1, col: 3 });
+    expect(hitTest(l, bx + (3.5 * b.plot.w) / 5, by + (1.2 * b.plot.h) / 5)).toEqual({
+      index: 1,
+      row: 1,
+      col: 3,
+    });
     expect(hitTest(l, a.x + 2, a.y + 2)).toBeNull(); // title
     expect(hitTest(l, a.x + a.w + GRID_GAP / 2, ay + 1)).toBeNull(); // gap
     expect(hitTest(l, -1, -1)).toBeNull();
@@ -158,7 +177,11 @@ describe("hit-testing", () => {
   it("agrees with cellRect", () => {
     const r = cellRect(a, 2, 4);
     expect(hitTest(l, a.x + r.x, a.y + r.y)).toEqual({ index: 0, row: 2, col: 4 });
-    expect(hitTest(l, a.x + r.x + r.w - 1e-9, a.y + r.y + r.h - 1e-9)).toEqual({ index: 0, row: 2, col: 4 });
+    expect(hitTest(l, a.x + r.x + r.w - 1e-9, a.y + r.y + r.h - 1e-9)).toEqual({
+      index: 0,
+      row: 2,
+      col: 4,
+    });
     expect(r.w).toBeCloseTo(a.plot.w / 7);
   });
 

@@ -1,7 +1,7 @@
 // @vitest-environment jsdom
 import { describe, expect, it } from "vitest";
 import { packedColormap } from "../../js/lib/colormap";
-import { FONTS, cellRect, layoutPanel } from "../../js/lib/layout";
+import { cellRect, FONTS, layoutPanel } from "../../js/lib/layout";
 import { parsePanel } from "../../js/lib/panels";
 import { approxMeasure } from "../../js/lib/text";
 import { buildImage, drawCrosshair, drawPanel } from "../../js/ui/panel_canvas";
@@ -9,7 +9,15 @@ import { f32View, rawPanel } from "./helpers/fake_model";
 import { recorder, texts } from "./helpers/recorder";
 
 const panel = parsePanel(
-  rawPanel({ id: "a", title: "Title", subtitle: "Sub", note: "a note", rows: 2, cols: 2, data: f32View([1, 2, 3, 4]) }),
+  rawPanel({
+    id: "a",
+    title: "Title",
+    subtitle: "Sub",
+    note: "a note",
+    rows: 2,
+    cols: 2,
+    data: f32View([1, 2, 3, 4]),
+  }),
   0,
 );
 const box = layoutPanel(panel, approxMeasure);
@@ -26,7 +34,9 @@ describe("drawPanel", () => {
     expect(draw.args).toEqual([image, box.plot.x, box.plot.y, box.plot.w, box.plot.h]);
     const smoothing = calls.filter((c) => c.name === "set:imageSmoothingEnabled");
     expect(smoothing.map((c) => c.args[0])).toEqual([false]);
-    expect(calls.findIndex((c) => c.name === "set:imageSmoothingEnabled")).toBeLessThan(calls.indexOf(draw));
+    expect(calls.findIndex((c) => c.name === "set:imageSmoothingEnabled")).toBeLessThan(
+      calls.indexOf(draw),
+    );
   });
 
   it("draws a placeholder without an image", () => {

@@ -5,7 +5,14 @@ import { f32View, rawPanel } from "./helpers/fake_model";
 describe("parsePanel", () => {
   it("decodes values and keeps the fields", () => {
     const p = parsePanel(
-      rawPanel({ id: "a", title: "T", rows: 2, cols: 3, data: f32View([1, 2, 3, 4, 5, NaN], 1), note: "n" }),
+      rawPanel({
+        id: "a",
+        title: "T",
+        rows: 2,
+        cols: 3,
+        data: f32View([1, 2, 3, 4, 5, NaN], 1),
+        note: "n",
+      }),
       0,
     );
     expect(p.id).toBe("a");
@@ -29,18 +36,19 @@ describe("parsePanel", () => {
       row_offset: 0,
       col_step: 1,
       dtype: "float32",
-      scale: 1,
-      offset: 0,
       note: "",
     });
   });
 
   it("converts labels to strings and checks their count", () => {
-    const p = parsePanel(rawPanel({ rows: 2, cols: 1, row_labels: ["a", 3], data: f32View([0, 0]) }), 0);
-    expect(p.row_labels).toEqual(["a", "3"]);
-    expect(() => parsePanel(rawPanel({ rows: 2, cols: 1, row_labels: ["a"], data: f32View([0, 0]) }), 0)).toThrow(
-      /row_labels.*1 entries for 2/,
+    const p = parsePanel(
+      rawPanel({ rows: 2, cols: 1, row_labels: ["a", 3], data: f32View([0, 0]) }),
+      0,
     );
+    expect(p.row_labels).toEqual(["a", "3"]);
+    expect(() =>
+      parsePanel(rawPanel({ rows: 2, cols: 1, row_labels: ["a"], data: f32View([0, 0]) }), 0),
+    ).toThrow(/row_labels.*1 entries for 2/);
   });
 
   it("rejects bad shapes, dtypes and steps", () => {

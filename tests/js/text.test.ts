@@ -16,7 +16,9 @@ describe("text helpers", () => {
     const cut = fitText("a very long title indeed", 60, f, approxMeasure);
     expect(cut.endsWith("…")).toBe(true);
     expect(approxMeasure(cut, f)).toBeLessThanOrEqual(60);
-    expect(approxMeasure(fitText("a very long title indeed", 60, f, approxMeasure) + "x", f)).toBeGreaterThan(60);
+    expect(
+      approxMeasure(`${fitText("a very long title indeed", 60, f, approxMeasure)}x`, f),
+    ).toBeGreaterThan(60);
     expect(fitText("abc", 2, f, approxMeasure)).toBe("");
   });
 
@@ -28,7 +30,7 @@ describe("text helpers", () => {
   });
 
   it("cuts words longer than a line and limits the line count", () => {
-    const lines = wrapText("x".repeat(50) + " tail", 60, f, approxMeasure);
+    const lines = wrapText(`${"x".repeat(50)} tail`, 60, f, approxMeasure);
     expect(lines[0].endsWith("…")).toBe(true);
     expect(lines[1]).toBe("tail");
     const many = wrapText("word ".repeat(100), 60, f, approxMeasure, 3);

@@ -29,7 +29,9 @@ describe("indexTicks", () => {
     const idx = t.map((x) => Number(x.label));
     const d = idx[1] - idx[0];
     expect([500, 1000]).toContain(d);
-    idx.forEach((v, i) => expect(v).toBe(i * d));
+    idx.forEach((v, i) => {
+      expect(v).toBe(i * d);
+    });
     // original index 500 is in displayed cell 125 (500/4)
     expect(t[1].pos).toBeCloseTo((d + 0.5) / 4);
     const px = (t[1].pos - t[0].pos) * (320 / 1024);
@@ -58,7 +60,12 @@ describe("indexTicks", () => {
 describe("labelTicks", () => {
   it("shows every label when there is room, every k-th otherwise", () => {
     const labels = Array.from({ length: 32 }, (_, i) => `H${i}`);
-    expect(labelTicks(labels.slice(0, 4), 320, "col", m, f).map((t) => t.label)).toEqual(["H0", "H1", "H2", "H3"]);
+    expect(labelTicks(labels.slice(0, 4), 320, "col", m, f).map((t) => t.label)).toEqual([
+      "H0",
+      "H1",
+      "H2",
+      "H3",
+    ]);
     const rows = labelTicks(labels, 96, "row", m, f);
     // 3 px per row, rows need 13 px -> every 5th
     expect(rows.map((t) => t.label)).toEqual(["H0", "H5", "H10", "H15", "H20", "H25", "H30"]);
@@ -72,8 +79,12 @@ describe("labelTicks", () => {
   });
 
   it("is chosen by axisTicks when labels exist", () => {
-    expect(axisTicks({ n: 2, labels: ["x", "y"], offset: 0, step: 1 }, 100, "col", m, f)[1].label).toBe("y");
-    expect(axisTicks({ n: 2, labels: null, offset: 5, step: 1 }, 100, "col", m, f)[1].label).toBe("6");
+    expect(
+      axisTicks({ n: 2, labels: ["x", "y"], offset: 0, step: 1 }, 100, "col", m, f)[1].label,
+    ).toBe("y");
+    expect(axisTicks({ n: 2, labels: null, offset: 5, step: 1 }, 100, "col", m, f)[1].label).toBe(
+      "6",
+    );
   });
 });
 

@@ -8,7 +8,15 @@ const XSS = "<img src=x onerror=alert(1)>";
 function mount(state: Record<string, unknown> = {}) {
   const fm = new FakeModel({
     panels: [
-      rawPanel({ id: "a", title: XSS, subtitle: "s", note: "n", rows: 2, cols: 2, data: f32View([0.1, 0.2, 0.3, 0.4], 3) }),
+      rawPanel({
+        id: "a",
+        title: XSS,
+        subtitle: "s",
+        note: "n",
+        rows: 2,
+        cols: 2,
+        data: f32View([0.1, 0.2, 0.3, 0.4], 3),
+      }),
       rawPanel({ id: "b", title: "B", rows: 1, cols: 2, data: f32View([1, NaN]) }),
     ],
     vmin: -1,
@@ -31,7 +39,9 @@ describe("View", () => {
   it("renders controls, messages and one panel wrapper per panel", () => {
     const { el } = mount();
     expect(el.querySelector(".hw-controls")).not.toBeNull();
-    expect([...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.dataset.panelId)).toEqual(["a", "b"]);
+    expect(
+      [...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.dataset.panelId),
+    ).toEqual(["a", "b"]);
     expect(el.querySelector<HTMLElement>(".hw-root")!.dataset.view).toBe("channels");
   });
 
@@ -44,8 +54,13 @@ describe("View", () => {
 
   it("reports malformed panels and keeps the rest", () => {
     const { el, fm } = mount();
-    fm.set("panels", [rawPanel({ id: "bad", rows: 3, data: f32View([1]) }), rawPanel({ id: "ok", data: f32View([1]) })]);
-    expect([...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.dataset.panelId)).toEqual(["ok"]);
+    fm.set("panels", [
+      rawPanel({ id: "bad", rows: 3, data: f32View([1]) }),
+      rawPanel({ id: "ok", data: f32View([1]) }),
+    ]);
+    expect(
+      [...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.dataset.panelId),
+    ).toEqual(["ok"]);
     const err = el.querySelector<HTMLElement>(".hw-error")!;
     expect(err.hidden).toBe(false);
     expect(err.textContent).toMatch(/^panel 0 "bad": buffer holds 4 bytes/);
@@ -64,7 +79,9 @@ describe("View", () => {
     const b = view.grid.layout.boxes[1];
     const x = b.x + b.plot.x + (1.5 * b.plot.w) / 2;
     const y = b.y + b.plot.y + b.plot.h / 2;
-    el.querySelector(".hw-panels")!.dispatchEvent(new MouseEvent("click", { clientX: x, clientY: y, bubbles: true }));
+    el.querySelector(".hw-panels")!.dispatchEvent(
+      new MouseEvent("click", { clientX: x, clientY: y, bubbles: true }),
+    );
     expect(fm.sent).toEqual([{ type: "click", panel: "b", row: 0, col: 1 }]);
   });
 

@@ -3,13 +3,13 @@
 from headwidget.analysis.align_model import align_model, fit_group_rotations
 from headwidget.analysis.alignment import ALIGN_METHODS, ALIGN_METRICS, AlignmentResult, align
 from headwidget.analysis.conversions import Conversion, convert, mechanism_sweep, parse_spec
-from headwidget.analysis.correlation import channel_corr_from_moments, corr_from_comoment
 from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.downsample import DOWNSAMPLE_RULES, downsample
 from headwidget.analysis.grouping import group_heads, within_group_mean
-from headwidget.analysis.head_metrics import HEAD_METRICS, head_similarity_from_moments
 from headwidget.analysis.operator_space import CIRCUITS, operator_gram, operator_similarity
 from headwidget.analysis.weights import HeadWeights, head_weights
+from headwidget.moments.correlation import channel_corr_from_moments, corr_from_comoment
+from headwidget.moments.head_metrics import HEAD_METRICS, head_similarity_from_moments
 
 __all__ = [
     "ALIGN_METHODS",

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
-from headwidget.analysis.head_metrics import head_blocks
+from headwidget.adapters import adapter_for
 from headwidget.analysis.procrustes import HeadSplit, fit_rotations
-from headwidget.capture.adapters import adapter_for
 from headwidget.errors import GroupCountError, StatsMismatchError, UnsupportedAlignmentError
+from headwidget.moments.head_metrics import head_blocks
+from headwidget.stats import KVStats
 
 __all__ = ["align_model", "fit_group_rotations"]
 
@@ -134,7 +134,7 @@ def _rotate_layer(attn: nn.Module, rk: torch.Tensor, rv: torch.Tensor, heads: in
 
 def align_model(
     model: nn.Module,
-    stats: Any,
+    stats: KVStats,
     groups: Mapping[int, Groups] | Groups,
     *,
     layers: Sequence[int] | None = None,

@@ -26,14 +26,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 import torch
 
 from headwidget.analysis.pair_scores import pair_block, score_pairs
 from headwidget.analysis.procrustes import HeadSplit, fit_rotations
-from headwidget.errors import HeldOutSplitError, MemoryBudgetError, RopeAlignmentError, UnknownMetricError
+from headwidget.core.kinds import Kind
+from headwidget.core.layout import AttentionLayout
+from headwidget.errors import (
+    HeldOutSplitError,
+    MemoryBudgetError,
+    RopeAlignmentError,
+    UnknownAlignmentMethodError,
+    UnknownKindError,
+    UnknownMetricError,
+)
+from headwidget.stats import KVStats
 
 __all__ = ["ALIGN_METHODS", "ALIGN_METRICS", "AlignmentResult", "align"]
 
@@ -59,7 +68,7 @@ def _divide(num: torch.Tensor, den: torch.Tensor) -> np.ndarray:
 class AlignmentResult:
     """Head × head scores over the flattened (layer, KV head) set, layer-major (see the module doc).
 
-    ``before``/``after``/``after_heldout`` are (P, P) float64 arrays; ``shows`` says which of ``after``
+    ``before``/``after``/``after_heldout`` are (P, P) float64 arrays; ``scoring`` says which of ``after``
     (``"in-sample"``) and ``after_heldout`` (``"held-out"``) a view should display, see :attr:`shown`.
     """
 
@@ -67,19 +76,19 @@ class AlignmentResult:
     after: np.ndarray
     after_heldout: np.ndarray | None
     labels: list[str]
-    shows: str
+    scoring: str  # "held-out" or "in-sample": which scores `shown` holds
     token_count: int
     split_counts: tuple[int, int]
     method: str
-    kind: str
+    kind: Kind
     metric: str
     _fit: tuple[torch.Tensor, ...] = field(repr=False)
     _split: HeadSplit = field(repr=False)
 
     @property
     def shown(self) -> np.ndarray:
-        """The matrix a view should draw: ``after_heldout`` when ``shows == "held-out"``."""
-        if self.shows == "held-out" and self.after_heldout is not None:
+        """The matrix a view should draw: ``after_heldout`` when ``scoring == "held-out"``."""
+        if self.scoring == "held-out" and self.after_heldout is not None:
             return self.after_heldout
         return self.after
 
@@ -116,12 +125,14 @@ class AlignmentResult:
         return out
 
 
-def _resolve_method(method: str | None, kind: str, layout: Any) -> str:
+def _resolve_method(method: str | None, kind: Kind, layout: AttentionLayout) -> str:
     rope = layout.rope
     if method is None:
         return "rope" if kind in ("key", "key_post") and rope.uses_rope else "orthogonal"
     if method not in ALIGN_METHODS:
-        raise ValueError(f"unknown alignment method {method!r}; choose one of {', '.join(ALIGN_METHODS)}")
+        raise UnknownAlignmentMethodError(
+            f"unknown alignment method {method!r}; choose one of {', '.join(ALIGN_METHODS)}"
+        )
     if method == "rope" and (kind not in ("key", "key_post") or not rope.uses_rope):
         what = "this model has no rotary position embedding" if not rope.uses_rope else f"{kind} heads"
         raise RopeAlignmentError(
@@ -132,9 +143,9 @@ def _resolve_method(method: str | None, kind: str, layout: Any) -> str:
 
 
 def align(
-    stats: Any,
+    stats: KVStats,
     layers: int | Sequence[int],
-    kind: str = "key",
+    kind: Kind = "key",
     method: str | None = None,
     metric: str = "token_cosine",
     heldout: bool | None = None,
@@ -158,7 +169,7 @@ def align(
         >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4)).eval()
         >>> stats = headwidget.capture(gpt2, torch.randint(0, 64, (2, 32)), progress=False)
         >>> res = align(stats, 0, "value", heldout=True)
-        >>> res.method, res.shows, res.token_count, res.after_heldout.shape
+        >>> res.method, res.scoring, res.token_count, res.after_heldout.shape
         ('orthogonal', 'held-out', 64, (4, 4))
 
     Raises:
@@ -175,7 +186,9 @@ def align(
     method = _resolve_method(method, kind, layout)
     layer_list = [int(layers)] if isinstance(layers, (int, np.integer)) else [int(x) for x in layers]
     moments = stats.head_moments(layer_list if len(layer_list) > 1 else layer_list[0], kind)
-    d = int(moments.head_dim)
+    if moments.head_dim is None:
+        raise UnknownKindError(f"kind {kind!r} is not split into heads; align 'key', 'key_post' or 'value'")
+    d = moments.head_dim
     planes = layout.rope.planes(post=kind == "key_post") if method == "rope" else []
     split = HeadSplit.make(d, planes)
     n, n_split = moments.count, moments.split_count
@@ -203,6 +216,6 @@ def align(
     labels = [f"L{layer}·H{g}" for layer in layer_list for g in range(heads)]
     return AlignmentResult(
         before=before, after=after, after_heldout=held, labels=labels,
-        shows="held-out" if show_held else "in-sample", token_count=n, split_counts=n_split,
+        scoring="held-out" if show_held else "in-sample", token_count=n, split_counts=n_split,
         method=method, kind=kind, metric=metric, _fit=fit, _split=split,
     )  # fmt: skip

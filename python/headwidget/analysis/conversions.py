@@ -46,6 +46,7 @@ from torch import nn
 
 from headwidget.analysis.weights import HeadWeights, head_weights
 from headwidget.errors import GroupCountError, MechanismSpecError, RankRangeError, StatsMismatchError
+from headwidget.stats import KVStats, config_fingerprint
 
 __all__ = ["Conversion", "convert", "mechanism_sweep", "parse_spec"]
 
@@ -105,12 +106,10 @@ class Conversion:
         return self.source.o
 
 
-def _check_stats_source(model: nn.Module | HeadWeights, stats: Any) -> None:
+def _check_stats_source(model: nn.Module | HeadWeights, stats: KVStats | None) -> None:
     """Refuse statistics captured from another model (a data-aware fit would silently be wrong)."""
     if stats is None or isinstance(model, HeadWeights):
         return
-    from headwidget.stats import config_fingerprint
-
     same = stats.meta.model_class == type(model).__name__ and stats.meta.config_fingerprint == (
         config_fingerprint(model.config)
     )
@@ -121,7 +120,7 @@ def _check_stats_source(model: nn.Module | HeadWeights, stats: Any) -> None:
         )
 
 
-def _input_sqrt(stats: Any, layer: int) -> torch.Tensor | None:
+def _input_sqrt(stats: KVStats | None, layer: int) -> torch.Tensor | None:
     """``E[x xᵀ]^{1/2}`` of the attention input of ``layer``, or None when it was not captured."""
     if stats is None or "input" not in stats.kinds:
         return None
@@ -165,7 +164,9 @@ def _group_mean(w: torch.Tensor, groups: int) -> torch.Tensor:
     return means.repeat_interleave(h // groups, dim=0)
 
 
-def convert(model: nn.Module | HeadWeights, layer: int, spec: str, stats: Any = None) -> Conversion:
+def convert(
+    model: nn.Module | HeadWeights, layer: int, spec: str, stats: KVStats | None = None
+) -> Conversion:
     """Convert the K/V projections of ``layer`` to the mechanism ``spec`` (see the module docstring).
 
     Args:
@@ -226,7 +227,7 @@ def convert(model: nn.Module | HeadWeights, layer: int, spec: str, stats: Any = 
 
 
 def mechanism_sweep(
-    model: nn.Module | HeadWeights, layer: int, specs: Sequence[str], stats: Any = None
+    model: nn.Module | HeadWeights, layer: int, specs: Sequence[str], stats: KVStats | None = None
 ) -> list[dict[str, Any]]:
     """One row per spec: ``spec``, ``mechanism``, ``kv_bytes_per_token`` (bf16), ``key_error``,
     ``value_error``, ``weighting``.

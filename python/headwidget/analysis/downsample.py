@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from headwidget.errors import UnknownAggregationError
+
 __all__ = ["DOWNSAMPLE_RULES", "downsample"]
 
 DOWNSAMPLE_RULES = ("mean", "maxabs")
@@ -54,7 +56,7 @@ def downsample(matrix: Any, size: int, how: str = "mean") -> tuple[np.ndarray, i
     ((250, 250), 4)
     """
     if how not in DOWNSAMPLE_RULES:
-        raise ValueError(f"unknown aggregation {how!r}; choose 'mean' or 'maxabs'")
+        raise UnknownAggregationError(f"unknown aggregation {how!r}; choose 'mean' or 'maxabs'")
     if hasattr(matrix, "detach"):
         matrix = matrix.detach().cpu().numpy()
     m = np.asarray(matrix, dtype=np.float64)

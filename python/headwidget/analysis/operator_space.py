@@ -31,7 +31,7 @@ from torch import nn
 
 from headwidget.analysis.conversions import Conversion
 from headwidget.analysis.weights import HeadWeights, head_weights
-from headwidget.errors import DegenerateHeadsError
+from headwidget.errors import DegenerateHeadsError, UnknownCircuitError
 
 __all__ = ["CIRCUITS", "operator_gram", "operator_similarity"]
 
@@ -106,7 +106,7 @@ def operator_similarity(
         DegenerateHeadsError: a head whose (centred) form is zero, e.g. all heads identical.
     """
     if circuit not in CIRCUITS:
-        raise ValueError(f"unknown circuit {circuit!r}; choose 'qk' or 'ov'")
+        raise UnknownCircuitError(f"unknown circuit {circuit!r}; choose 'qk' or 'ov'")
     gram = operator_gram(*_stacks(source, layer, circuit))
     heads = gram.shape[0]
     scale = float(torch.diagonal(gram).abs().max())

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwidget.capture.adapters import adapter_for
+from headwidget.adapters import adapter_for
 from headwidget.errors import LayerIndexError, UnsupportedModelError
 
 __all__ = ["HeadWeights", "head_weights"]

@@ -13,14 +13,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from headwidget.capture.adapters import Adapter
-from headwidget.capture.layout import AttentionLayout
+from headwidget.adapters import Adapter
 from headwidget.capture.memory import (
     accumulator_bytes,
     default_budget,
     format_bytes,
     transient_bytes,
 )
+from headwidget.core.kinds import Kind
+from headwidget.core.layout import AttentionLayout
 from headwidget.errors import CaptureInputError, LayerIndexError, MemoryBudgetError, RopeCaptureError
 
 __all__ = ["CapturePlan", "module_device"]
@@ -39,7 +40,7 @@ def module_device(module: nn.Module) -> torch.device:
 class CapturePlan:
     layout: AttentionLayout
     layers: list[int]
-    kinds: list[str]
+    kinds: list[Kind]
     cross_layers: list[int] | None
     attention: list[nn.Module]  # one per captured layer
     devices: list[torch.device]  # one per captured layer
@@ -78,7 +79,7 @@ class CapturePlan:
                 raise LayerIndexError("layers is empty: pass None for all layers or a list of indices")
         if rope not in ROPE_MODES:
             raise CaptureInputError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
-        kinds = ["key"] if rope in ("pre", "both") else []
+        kinds: list[Kind] = ["key"] if rope in ("pre", "both") else []
         if rope in ("post", "both"):
             model_name = type(adapter.model).__name__
             if not layout.rope.uses_rope:
@@ -115,7 +116,7 @@ class CapturePlan:
         return cls(layout, chosen, kinds, cross, attention, devices)
 
     # ------------------------------------------------------------------ memory
-    def head_kinds(self) -> list[str]:
+    def head_kinds(self) -> list[Kind]:
         """Kinds whose vectors are split into heads (those get cross-layer statistics)."""
         return [k for k in self.kinds if self.layout.head_dim_of(k) is not None]
 

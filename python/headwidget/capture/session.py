@@ -19,11 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwidget.capture.adapters import Adapter, Tap, adapter_for
+from headwidget.adapters import Adapter, Tap, adapter_for
 from headwidget.capture.inputs import iter_batches
 from headwidget.capture.interface import watch_attention_keys
 from headwidget.capture.plan import CapturePlan, module_device
 from headwidget.capture.tokens import TokenSelection, select_tokens
+from headwidget.core.kinds import Kind
 from headwidget.errors import CaptureInputError, NonFiniteActivationError, RopeCaptureError
 from headwidget.moments import Moments
 from headwidget.stats import KVStats, StatsMeta, config_fingerprint
@@ -42,13 +43,13 @@ class _Recorder:
         self.adapter = adapter
         self.plan = plan
         lay = plan.layout
-        self.moments: dict[tuple[int, str], Moments] = {}
+        self.moments: dict[tuple[int, Kind], Moments] = {}
         for layer, device in zip(plan.layers, plan.devices, strict=True):
             for kind in plan.kinds:
                 self.moments[(layer, kind)] = Moments.empty(
                     lay.channels_of(kind), head_dim=lay.head_dim_of(kind), device=device
                 )
-        self.cross: dict[str, Moments] = {}
+        self.cross: dict[Kind, Moments] = {}
         self.cross_device = torch.device("cpu")
         if plan.cross_layers:
             self.cross_device = plan.devices[plan.layers.index(plan.cross_layers[0])]
@@ -59,7 +60,7 @@ class _Recorder:
                     device=self.cross_device,
                 )
         self.parts: dict[int, dict[str, torch.Tensor]] = {layer: {} for layer in plan.layers}
-        self.pending_cross: dict[str, dict[int, torch.Tensor]] = {k: {} for k in self.cross}
+        self.pending_cross: dict[Kind, dict[int, torch.Tensor]] = {k: {} for k in self.cross}
         self.selection: TokenSelection | None = None
         self.finite_flags: list[tuple[int, str, torch.Tensor]] = []
 
@@ -125,7 +126,7 @@ class _Recorder:
                 self.pending_cross[kind][layer] = x
                 self.fold_cross(kind)
 
-    def fold_cross(self, kind: str) -> None:
+    def fold_cross(self, kind: Kind) -> None:
         pending = self.pending_cross[kind]
         layers = self.plan.cross_layers or []
         if len(pending) < len(layers):
@@ -171,7 +172,7 @@ def _input_device(model: nn.Module) -> torch.device:
 def _versions() -> dict[str, str]:
     import transformers
 
-    from headwidget import __version__
+    from headwidget._version import __version__
 
     return {"headwidget": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 

@@ -1,13 +1,13 @@
 """Export what a view shows: PNG, SVG and PDF figures (matplotlib) and standalone HTML pages.
 
 Every exporter takes a view (``ChannelView``, ``AlignmentView``, ``MechanismView``, or anything with
-a ``.grid``) or a :class:`~headwidget.widget.panels.PanelGrid`, so a saved figure shows exactly the
+a ``.grid``) or a :class:`~headwidget.core.panels.PanelGrid`, so a saved figure shows exactly the
 panels, labels, colour range and colormap of the widget. Colours come from ``colormaps.json``, the
 table the front end uses, by the same value → entry rule.
 
 Example:
     >>> import numpy as np, tempfile, pathlib
-    >>> from headwidget.widget.panels import Panel, PanelGrid
+    >>> from headwidget.core.panels import Panel, PanelGrid
     >>> grid = PanelGrid([Panel("k", "Keys · layer 0", np.eye(4)), Panel("v", "Values · layer 0", np.eye(4))],
     ...                  -1.0, 1.0, "diverging", "Pearson correlation", columns=1)
     >>> folder = pathlib.Path(tempfile.mkdtemp())

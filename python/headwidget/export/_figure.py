@@ -28,10 +28,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from headwidget.core.panels import Panel, PanelGrid
 from headwidget.export._colormaps import LutNorm, colormap, nan_color
 from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, text_width, wrap
 from headwidget.export._source import ExportError, GridSource, grid_of
-from headwidget.widget.panels import Panel, PanelGrid
 
 __all__ = ["PANEL_LABEL", "export_style", "figure"]
 
@@ -163,7 +163,7 @@ def figure(
 
     Example:
         >>> import numpy as np
-        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> from headwidget.core.panels import Panel, PanelGrid
         >>> grid = PanelGrid([Panel("k", "Keys", np.eye(4)), Panel("v", "Values", -np.eye(4))],
         ...                  -1.0, 1.0, "diverging", "Pearson correlation", columns=1)
         >>> fig = figure(grid, dpi=100, size=(3, 5))

@@ -1,7 +1,7 @@
 """A standalone, offline HTML page of a view: the widget's own front end over precomputed panels.
 
 The page holds everything it needs: the built bundle (``static/widget.js``, base64) and the panels
-(wire format of :func:`~headwidget.widget.panels.encode_panel`, base64) in one JSON blob, and a small
+(wire format of :func:`~headwidget.core.panels.encode_panel`, base64) in one JSON blob, and a small
 inline model (``offline_model.js``) that stands in for the kernel. Hover, the tooltip, the colorbar,
 the PNG button and the layer slider work as in the notebook; the slider switches between the layers
 exported (see :func:`._source.collect_frames`). Other controls need Python and are hidden. A
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from headwidget.core.bundle import bundle_path
 from headwidget.export._source import GridSource, collect_frames
-from headwidget.widget.base import bundle_path
 
 __all__ = ["DEFAULT_MAX_BYTES", "page_data", "save_html"]
 
@@ -65,7 +65,7 @@ def page_data(
 
     Example:
         >>> import numpy as np
-        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> from headwidget.core.panels import Panel, PanelGrid
         >>> data = page_data(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
         >>> sorted(data), list(data["frames"]), data["frames"]["0"]["panels"][0]["title"]
         (['bundle', 'errors', 'frames', 'state'], ['0'], 'A')
@@ -105,7 +105,7 @@ def save_html(
 
     Example:
         >>> import numpy as np, tempfile, pathlib
-        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> from headwidget.core.panels import Panel, PanelGrid
         >>> grid = PanelGrid([Panel("a", "Keys", np.eye(3))], -1.0, 1.0, "diverging", "correlation")
         >>> out = save_html(grid, pathlib.Path(tempfile.mkdtemp()) / "keys.html", title="Keys")
         >>> text = out.read_text()

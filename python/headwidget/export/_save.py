@@ -54,7 +54,7 @@ def save(
 
     Example:
         >>> import numpy as np, tempfile, pathlib
-        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> from headwidget.core.panels import Panel, PanelGrid
         >>> grid = PanelGrid([Panel("a", "Keys · layer 0", np.eye(3))], -1.0, 1.0, "diverging", "r")
         >>> out = save(grid, pathlib.Path(tempfile.mkdtemp()) / "fig.png", dpi=50, size=(3, 2))
         >>> out.read_bytes()[:4], out.suffix
@@ -82,7 +82,7 @@ def cell_box(fig: Figure, panel: int, row: int, col: int) -> tuple[float, float,
 
     Example:
         >>> import numpy as np
-        >>> from headwidget.widget.panels import Panel, PanelGrid
+        >>> from headwidget.core.panels import Panel, PanelGrid
         >>> fig = figure(PanelGrid([Panel("a", "A", np.zeros((2, 2)))], 0.0, 1.0, "magma", ""), dpi=50)
         >>> left, top, right, bottom = cell_box(fig, 0, 1, 1)
         >>> right > left and bottom > top

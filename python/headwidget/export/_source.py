@@ -18,9 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from headwidget.core.panels import PanelGrid, encode_panel
 from headwidget.errors import HeadwidgetError
 from headwidget.export._colormaps import colormap
-from headwidget.widget.panels import PanelGrid, encode_panel
 
 __all__ = ["ExportError", "Frames", "GridSource", "HasGrid", "collect_frames", "frame_json", "grid_of"]
 
@@ -67,7 +67,7 @@ def grid_of(source: GridSource) -> PanelGrid:
 
     Example:
         >>> import numpy as np
-        >>> from headwidget.widget.panels import Panel
+        >>> from headwidget.core.panels import Panel
         >>> grid = PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r")
         >>> grid_of(grid) is grid
         True
@@ -100,7 +100,7 @@ def frame_json(grid: PanelGrid, layer_label: str = "") -> dict[str, Any]:
 
     Example:
         >>> import numpy as np
-        >>> from headwidget.widget.panels import Panel
+        >>> from headwidget.core.panels import Panel
         >>> frame = frame_json(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
         >>> frame["panels"][0]["dtype"], frame["panels"][0]["data"]
         ('float16', 'ADwAAAAAADw=')
@@ -134,7 +134,7 @@ def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: 
 
     Example:
         >>> import numpy as np
-        >>> from headwidget.widget.panels import Panel
+        >>> from headwidget.core.panels import Panel
         >>> grid = PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r")
         >>> frames = collect_frames(grid, None, 2**20)
         >>> list(frames.frames), frames.state["num_layers"]

@@ -16,7 +16,9 @@ function base64Bytes(text) {
 
 function same(a, b) {
   if (a === b) return true;
-  return Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => x === b[i]);
+  return (
+    Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => x === b[i])
+  );
 }
 
 class OfflineModel {
@@ -71,7 +73,10 @@ class OfflineModel {
     const frame = this.page.frames[String(layer)];
     if (!frame) return null;
     if (!this.decoded.has(layer)) {
-      this.decoded.set(layer, frame.panels.map((p) => ({ ...p, data: base64Bytes(p.data) })));
+      this.decoded.set(
+        layer,
+        frame.panels.map((p) => ({ ...p, data: base64Bytes(p.data) })),
+      );
     }
     return { ...frame, panels: this.decoded.get(layer) };
   }
@@ -83,8 +88,13 @@ class OfflineModel {
     if (!frame) {
       const held = Object.keys(this.page.frames).join(", ");
       const why = this.page.errors[String(layer)];
-      set("error", why ? `layer ${layer}: ${why}` : `layer ${layer} is not in this file (it holds layers ${held}); ` +
-        "export it with save(view, path, layers=[...])");
+      set(
+        "error",
+        why
+          ? `layer ${layer}: ${why}`
+          : `layer ${layer} is not in this file (it holds layers ${held}); ` +
+              "export it with save(view, path, layers=[...])",
+      );
       set("layer_label", `layer ${layer} (not in this file)`);
       return;
     }

@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 
 from headwidget.analysis.alignment import AlignmentResult, align
+from headwidget.core.kinds import check_kind
+from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
 from headwidget.widget.base import HeadWidget
-from headwidget.widget.panels import Panel, PanelGrid
 
 __all__ = ["AlignmentView"]
 
@@ -83,7 +84,12 @@ class AlignmentView(HeadWidget):
         key = (tuple(layers), kind, method, self.metric, self.heldout)
         if key not in self._results:
             self._results[key] = align(
-                self.stats, layers, kind=kind, method=method, metric=self.metric, heldout=self.heldout
+                self.stats,
+                layers,
+                kind=check_kind(kind),
+                method=method,
+                metric=self.metric,
+                heldout=self.heldout,
             )
         return self._results[key]
 
@@ -96,7 +102,7 @@ class AlignmentView(HeadWidget):
             title = "Keys" if kind == "key" else ("Keys (post-RoPE)" if kind == "key_post" else "Values")
             labels = list(res.labels)
             aligned = res.method != "none"
-            shows = res.shows if aligned else "in-sample"
+            shows = res.scoring if aligned else "in-sample"
             panels.append(
                 Panel(
                     f"{kind}-before",

@@ -1,4 +1,4 @@
-"""``HeadWidget``: the anywidget that shows a :class:`~headwidget.widget.panels.PanelGrid`.
+"""``HeadWidget``: the anywidget that shows a :class:`~headwidget.core.panels.PanelGrid`.
 
 Subclasses (the views) implement :meth:`HeadWidget.compute`, turning the current state traits into
 panels. Any change of a state trait — from Python or from a control in the browser — recomputes and
@@ -17,25 +17,14 @@ from typing import Any, ClassVar
 import anywidget
 import traitlets as t
 
+from headwidget.core.bundle import bundle_path
+from headwidget.core.panels import PanelGrid, encode_panel
 from headwidget.errors import HeadwidgetError
-from headwidget.widget.panels import PanelGrid, encode_panel
 
-__all__ = ["STATE_TRAITS", "HeadWidget", "bundle_path"]
+__all__ = ["STATE_TRAITS", "HeadWidget"]
 
-STATIC = Path(__file__).resolve().parents[1] / "static"
 #: Traits whose change means "recompute the panels".
 STATE_TRAITS = ("layer", "channel_start", "channel_width", "kind", "metric", "alignment", "mechanisms")
-
-
-def bundle_path() -> Path:
-    """The built front-end bundle; a clear error when ``npm run build`` has not been run."""
-    path = STATIC / "widget.js"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"the widget bundle {path} is missing: build it with `npm ci && npm run build` in the "
-            "repository (an installed wheel ships it)"
-        )
-    return path
 
 
 class HeadWidget(anywidget.AnyWidget):

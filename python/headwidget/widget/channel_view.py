@@ -27,9 +27,10 @@ import numpy as np
 import traitlets as t
 
 from headwidget.analysis.downsample import downsample
+from headwidget.core.kinds import check_kind
+from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
 from headwidget.widget.base import HeadWidget
-from headwidget.widget.panels import Panel, PanelGrid
 
 __all__ = ["ChannelView"]
 
@@ -79,7 +80,7 @@ class ChannelView(HeadWidget):
         self.refresh()
 
     def _full_corr(self, layer: int, kind: str) -> np.ndarray:
-        return self.stats.channel_corr(layer, kind)
+        return self.stats.channel_corr(layer, check_kind(kind))
 
     def _window_matrix(
         self, layer: int, kind: str, start: int, stop: int, max_cells: int

@@ -22,14 +22,14 @@ from typing import Any
 
 from torch import nn
 
+from headwidget.adapters import adapter_for
 from headwidget.analysis.conversions import convert
 from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.analysis.weights import head_weights
-from headwidget.capture.adapters import adapter_for
+from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
 from headwidget.widget.base import HeadWidget
-from headwidget.widget.panels import Panel, PanelGrid
 
 __all__ = ["MechanismView", "default_mechanisms"]
 

@@ -55,7 +55,9 @@ export class FakeModel {
 export function f32View(values: number[], pad = 0): DataView {
   const buf = new ArrayBuffer(pad + 4 * values.length + 2);
   const dv = new DataView(buf, pad, 4 * values.length);
-  values.forEach((v, i) => dv.setFloat32(4 * i, v, true));
+  values.forEach((v, i) => {
+    dv.setFloat32(4 * i, v, true);
+  });
   return dv;
 }
 
@@ -73,8 +75,6 @@ export function rawPanel(fields: Record<string, any>): Record<string, any> {
     row_step: 1,
     col_step: 1,
     dtype: "float32",
-    scale: 1,
-    offset: 0,
     note: "",
     ...fields,
   };

@@ -11,7 +11,11 @@ export interface Call {
   font: any;
 }
 
-export function recorder(): { ctx: CanvasRenderingContext2D; calls: Call[]; props: Record<string, any> } {
+export function recorder(): {
+  ctx: CanvasRenderingContext2D;
+  calls: Call[];
+  props: Record<string, any>;
+} {
   const calls: Call[] = [];
   const props: Record<string, any> = { fillStyle: "#000", font: "10px sans-serif" };
   const ctx = new Proxy(
@@ -26,7 +30,12 @@ export function recorder(): { ctx: CanvasRenderingContext2D; calls: Call[]; prop
       },
       set(_t, key: string, value) {
         props[key] = value;
-        calls.push({ name: `set:${key}`, args: [value], fillStyle: props.fillStyle, font: props.font });
+        calls.push({
+          name: `set:${key}`,
+          args: [value],
+          fillStyle: props.fillStyle,
+          font: props.font,
+        });
         return true;
       },
     },

@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,7 +56,6 @@ class PanelGrid:
     colormap: str  # "diverging" | "magma"
     colorbar_label: str
     columns: int = 0  # 0: wrap to the available width
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 def _wire_dtype(matrix: np.ndarray, vmin: float, vmax: float) -> str:
@@ -88,8 +87,6 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
         "row_step": panel.row_step,
         "col_step": panel.col_step,
         "dtype": dtype,
-        "scale": 1.0,
-        "offset": 0.0,
         "data": data,
         "note": panel.note,
     }

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from headwidget.errors import UnknownMetricError
-from headwidget.moments import Moments
+from headwidget.moments.streaming import Moments
 
 __all__ = ["HEAD_METRICS", "head_blocks", "head_similarity_from_moments", "similarity_from_gram"]
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from headwidget.capture.adapters.base import Adapter, Tap
-from headwidget.capture.layout import AttentionLayout, RopeLayout
+from headwidget.adapters.base import Adapter, Tap
+from headwidget.core.layout import AttentionLayout, RopeLayout
 
 
 class GPTNeoXAdapter(Adapter):

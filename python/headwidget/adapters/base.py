@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from headwidget.capture.layout import AttentionLayout
+from headwidget.core.layout import AttentionLayout
 
 __all__ = ["Adapter", "Tap", "config_get"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from headwidget.moments import Moments
+from headwidget.moments.streaming import Moments
 
 __all__ = ["channel_corr_from_moments", "corr_from_comoment", "resolve_channels"]
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from headwidget.capture.adapters.base import Adapter, Tap
-from headwidget.capture.adapters.bert import BertAdapter
-from headwidget.capture.adapters.bigcode import GPTBigCodeAdapter
-from headwidget.capture.adapters.deepseek import DeepseekAdapter
-from headwidget.capture.adapters.falcon import FalconAdapter
-from headwidget.capture.adapters.gpt2 import GPT2Adapter
-from headwidget.capture.adapters.llama import LlamaAdapter
-from headwidget.capture.adapters.neox import GPTNeoXAdapter
+from headwidget.adapters.base import Adapter, Tap
+from headwidget.adapters.bert import BertAdapter
+from headwidget.adapters.bigcode import GPTBigCodeAdapter
+from headwidget.adapters.deepseek import DeepseekAdapter
+from headwidget.adapters.falcon import FalconAdapter
+from headwidget.adapters.gpt2 import GPT2Adapter
+from headwidget.adapters.llama import LlamaAdapter
+from headwidget.adapters.neox import GPTNeoXAdapter
 from headwidget.errors import UnsupportedModelError
 
 __all__ = ["ADAPTERS", "Adapter", "Tap", "adapter_for", "supported_families"]

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from headwidget.capture.adapters.base import Adapter, Tap, config_get
-from headwidget.capture.layout import AttentionLayout, RopeLayout, mechanism_of
+from headwidget.adapters.base import Adapter, Tap, config_get
+from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 
 
 class FalconAdapter(Adapter):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from headwidget.core.kinds import Kind
+
 __all__ = ["AttentionLayout", "RopeLayout"]
 
 
@@ -60,7 +62,7 @@ class AttentionLayout:
     rope: RopeLayout = field(default_factory=RopeLayout)
     latent_dim: int | None = None
 
-    def head_dim_of(self, kind: str) -> int | None:
+    def head_dim_of(self, kind: Kind) -> int | None:
         """Channels per head of a statistics kind (None: the kind is not split into heads)."""
         if kind in ("key", "key_post"):
             return self.head_dim
@@ -68,7 +70,7 @@ class AttentionLayout:
             return self.value_head_dim
         return None
 
-    def channels_of(self, kind: str) -> int:
+    def channels_of(self, kind: Kind) -> int:
         if kind in ("key", "key_post"):
             return self.num_kv_heads * self.head_dim
         if kind == "value":

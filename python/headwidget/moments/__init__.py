@@ -1,0 +1,27 @@
+"""Streaming moments of token vectors and what follows from them alone.
+
+:class:`Moments` accumulates counts, means, the centred co-moment and the per-head-normalised Gram;
+:mod:`.correlation` and :mod:`.head_metrics` turn those into channel correlations and head × head
+similarities. Nothing here knows about models, statistics files or analyses.
+"""
+
+from headwidget.moments.correlation import channel_corr_from_moments, corr_from_comoment, resolve_channels
+from headwidget.moments.head_metrics import (
+    HEAD_METRICS,
+    head_blocks,
+    head_similarity_from_moments,
+    similarity_from_gram,
+)
+from headwidget.moments.streaming import Moments, normalise_heads
+
+__all__ = [
+    "HEAD_METRICS",
+    "Moments",
+    "channel_corr_from_moments",
+    "corr_from_comoment",
+    "head_blocks",
+    "head_similarity_from_moments",
+    "normalise_heads",
+    "resolve_channels",
+    "similarity_from_gram",
+]
