@@ -1,0 +1,133 @@
+"""What a change does to a model's outputs, accumulated batch by batch in float64.
+
+For language models (an LM head), over every predicted token — position ``t`` predicts token ``t + 1``
+of the same sequence, so a sequence's first token is never predicted and padding never counts:
+
+- ``nll``: mean next-token cross-entropy of the variant, in nats; ``perplexity = exp(nll)``;
+- ``kl``: mean ``KL(p_original ‖ p_variant)`` of the next-token distributions, in nats;
+- ``top1``: share of predicted tokens where the variant's argmax equals the original's.
+
+For encoders without an LM head, over every real token and sentence:
+
+- ``hidden_rel_error``: ``‖H_variant − H_original‖_F / ‖H_original‖_F`` of the last hidden states;
+- ``embedding_cosine``: mean cosine of the mean-pooled sentence embeddings.
+
+Example:
+    >>> import torch
+    >>> logits = torch.randn(2, 5, 11)
+    >>> labels = torch.randint(0, 11, (2, 5))
+    >>> mask = torch.ones(2, 5, dtype=torch.long)
+    >>> same = PredictionTotals()
+    >>> same.add(logits, logits, labels, mask)
+    >>> same.tokens, round(same.kl, 12), same.top1
+    (8, 0.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["EncoderTotals", "PredictionTotals", "predicted_positions"]
+
+F64 = torch.float64
+
+
+def predicted_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T−1) booleans: position ``t`` predicts a real token ``t + 1`` from a real token ``t``.
+
+    >>> predicted_positions(torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]])).tolist()
+    [[True, True, False], [False, True, True]]
+    """
+    real = attention_mask.bool()
+    return real[:, :-1] & real[:, 1:]
+
+
+@dataclass
+class PredictionTotals:
+    """Running sums of next-token NLL, KL to the original and top-1 agreement (float64)."""
+
+    tokens: int = 0
+    nll_sum: float = 0.0
+    kl_sum: float = 0.0
+    top1_hits: int = 0
+
+    def add(
+        self,
+        original_logits: torch.Tensor,
+        variant_logits: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> None:
+        """Add one batch: logits (B, T, V) of the original and the variant on ``input_ids`` (B, T)."""
+        keep = predicted_positions(attention_mask.to(original_logits.device))
+        if not bool(keep.any()):
+            return
+        targets = input_ids.to(original_logits.device)[:, 1:][keep]
+        ref = torch.log_softmax(original_logits[:, :-1][keep].float(), dim=-1)
+        var = torch.log_softmax(variant_logits[:, :-1][keep].float(), dim=-1)
+        nll = -var.gather(1, targets[:, None]).squeeze(1)
+        kl = (ref.exp() * (ref - var)).sum(-1)
+        self.tokens += int(targets.numel())
+        self.nll_sum += float(nll.to(F64).sum())
+        self.kl_sum += float(kl.to(F64).sum())
+        self.top1_hits += int((ref.argmax(-1) == var.argmax(-1)).sum())
+
+    @property
+    def nll(self) -> float:
+        return self.nll_sum / self.tokens if self.tokens else math.nan
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll) if self.tokens else math.nan
+
+    @property
+    def kl(self) -> float:
+        return self.kl_sum / self.tokens if self.tokens else math.nan
+
+    @property
+    def top1(self) -> float:
+        return self.top1_hits / self.tokens if self.tokens else math.nan
+
+
+@dataclass
+class EncoderTotals:
+    """Running sums for an encoder: hidden-state error and sentence-embedding cosine (float64).
+
+    >>> h = torch.randn(2, 4, 3)
+    >>> totals = EncoderTotals()
+    >>> totals.add(h, h, torch.ones(2, 4, dtype=torch.long))
+    >>> totals.hidden_rel_error, round(totals.embedding_cosine, 12)
+    (0.0, 1.0)
+    """
+
+    tokens: int = 0
+    sentences: int = 0
+    diff_sq: float = 0.0
+    ref_sq: float = 0.0
+    cosine_sum: float = 0.0
+
+    def add(self, original: torch.Tensor, variant: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """Add one batch of last hidden states (B, T, D) of the original and the variant."""
+        real = attention_mask.to(original.device).bool()
+        ref, var = original.to(F64), variant.to(F64)
+        self.tokens += int(real.sum())
+        self.diff_sq += float(((var - ref)[real] ** 2).sum())
+        self.ref_sq += float((ref[real] ** 2).sum())
+        weights = real.to(F64)[..., None]
+        counts = weights.sum(1).clamp_min(1)
+        pooled_ref, pooled_var = (ref * weights).sum(1) / counts, (var * weights).sum(1) / counts
+        has_tokens = real.any(1)
+        cos = torch.nn.functional.cosine_similarity(pooled_ref, pooled_var, dim=-1)
+        self.sentences += int(has_tokens.sum())
+        self.cosine_sum += float(cos[has_tokens].sum())
+
+    @property
+    def hidden_rel_error(self) -> float:
+        return math.sqrt(self.diff_sq / self.ref_sq) if self.ref_sq > 0 else math.nan
+
+    @property
+    def embedding_cosine(self) -> float:
+        return self.cosine_sum / self.sentences if self.sentences else math.nan
