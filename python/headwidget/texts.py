@@ -5,29 +5,46 @@ CPython ships the prose of its language reference topics (the text behind ``help
 people, in every Python installation. :func:`english_sample` cuts it into paragraphs in a fixed order,
 so every run sees the same text.
 
+Two disjoint parts serve fits and measurements: ``split="calibration"`` (three distinct paragraphs
+of every four) for statistics and fitted conversions, ``split="evaluation"`` (the fourth) for judging what a
+conversion does to the model, so a fit is never scored on the tokens it was fitted on.
+
 Example:
     >>> texts = english_sample(max_chars=2000)
     >>> len(texts) > 0 and all(isinstance(t, str) for t in texts)
+    True
+    >>> calibration, evaluation = english_sample(split="calibration"), english_sample(split="evaluation")
+    >>> set(calibration).isdisjoint(evaluation)
     True
 """
 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
-__all__ = ["SAMPLE_SOURCE", "english_sample"]
+__all__ = ["EVALUATION_EVERY", "SAMPLE_SOURCE", "english_sample"]
 
 SAMPLE_SOURCE = "CPython's pydoc_data.topics (the Python Language Reference topics, English prose)"
+#: Paragraph ``i`` belongs to the evaluation split when ``i % EVALUATION_EVERY == EVALUATION_EVERY - 1``.
+EVALUATION_EVERY = 4
 
 
 def english_sample(
-    *, max_chars: int | None = None, min_chars: int = 200, max_paragraph_chars: int = 2000
+    *,
+    max_chars: int | None = None,
+    min_chars: int = 200,
+    max_paragraph_chars: int = 2000,
+    split: Literal["calibration", "evaluation"] | None = None,
 ) -> list[str]:
     """Paragraphs of English prose from :mod:`pydoc_data.topics`, in a fixed order.
 
     Paragraphs shorter than ``min_chars`` are joined with their successor; longer than
-    ``max_paragraph_chars`` are cut at a sentence end. ``max_chars`` bounds the total.
+    ``max_paragraph_chars`` are cut at a sentence end. ``split`` keeps only the calibration or the
+    evaluation paragraphs (disjoint; see the module docstring). ``max_chars`` bounds the total.
     """
+    if split not in (None, "calibration", "evaluation"):
+        raise ValueError(f"split must be 'calibration', 'evaluation' or None, got {split!r}")
     from pydoc_data.topics import topics
 
     paragraphs: list[str] = []
@@ -49,6 +66,13 @@ def english_sample(
             pending = ""
     if pending:
         paragraphs.append(pending)
+    if split is not None:
+        # Some topics repeat a paragraph word for word: keep its first occurrence only, so that
+        # no text is in both splits.
+        unique = list(dict.fromkeys(paragraphs))
+        last = EVALUATION_EVERY - 1
+        wanted = split == "evaluation"
+        paragraphs = [p for i, p in enumerate(unique) if (i % EVALUATION_EVERY == last) == wanted]
     if max_chars is not None:
         out: list[str] = []
         total = 0
