@@ -1,4 +1,8 @@
-"""``align_model``: rotated Llama copies compute the same logits while grouped heads become more similar."""
+"""``align_model``: rotated copies compute the same outputs while grouped heads become more similar.
+
+The Llama cases check the fitted rotations in detail; the family cases run every tiny model of the test
+factory end to end (or check that its refusal names the adapter's reason).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    OlmoConfig,
+    OlmoForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -18,7 +22,11 @@ import headwidget
 from headwidget.analysis.align_model import align_model
 from headwidget.analysis.alignment import align
 from headwidget.analysis.grouping import group_heads
+from headwidget.analysis.weights import head_weights
 from headwidget.errors import GroupCountError, UnsupportedAlignmentError
+from tiny_models import FACTORIES, VOCAB, make_model
+
+F64 = torch.float64
 
 
 def tiny_llama(kv_heads: int, bias: bool = False) -> LlamaForCausalLM:
@@ -82,15 +90,77 @@ def test_rotations_act_on_the_captured_keys() -> None:
 
 def test_refuses_models_it_cannot_rotate_exactly() -> None:
     ids = torch.randint(0, 64, (2, 16))
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64)).eval()
-    with pytest.raises(UnsupportedAlignmentError, match="align\\(\\)"):
-        align_model(gpt2, headwidget.capture(gpt2, ids, progress=False), [[0, 1], [2, 3]])
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=4, head_dim=8)  # fmt: skip
     qwen = Qwen3ForCausalLM(cfg).eval()
-    with pytest.raises(UnsupportedAlignmentError, match="k_norm"):
+    with pytest.raises(UnsupportedAlignmentError, match="k_norm") as err:
         align_model(qwen, headwidget.capture(qwen, ids, progress=False), [[0, 1], [2, 3]])
+    assert "align()" in str(err.value)
+    olmo_cfg = OlmoConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=4, clip_qkv=2.0)  # fmt: skip
+    olmo = OlmoForCausalLM(olmo_cfg).eval()
+    with pytest.raises(UnsupportedAlignmentError, match=r"clip_qkv=2\.0"):
+        align_model(olmo, headwidget.capture(olmo, ids, progress=False), [[0, 1], [2, 3]])
     llama = tiny_llama(4)
     stats = headwidget.capture(llama, ids, progress=False)
     with pytest.raises(GroupCountError, match="disjoint"):
         align_model(llama, stats, [[0, 1], [1, 2]])
+    packed = torch.nn.Parameter(torch.zeros_like(llama.model.layers[1].self_attn.k_proj.weight,
+                                                 dtype=torch.int8), requires_grad=False)  # fmt: skip
+    llama.model.layers[1].self_attn.k_proj.weight = packed  # what a quantised checkpoint looks like
+    with pytest.raises(UnsupportedAlignmentError, match=r"torch\.int8.*quantised"):
+        align_model(llama, stats, [[0, 1]])
+
+
+def key_rotation_from_weights(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """The R with ``after = R^T before`` per head, by least squares on the (d_h, d) weight blocks."""
+    rt = torch.linalg.lstsq(before.transpose(-2, -1), after.transpose(-2, -1)).solution.transpose(-2, -1)
+    return rt.transpose(-2, -1)
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_every_family_keeps_its_outputs_and_rotates_what_it_says(name: str) -> None:
+    model = make_model(name)
+    adapter = headwidget.adapter_for(model)
+    ids = torch.randint(1, VOCAB, (3, 40), generator=torch.Generator().manual_seed(4))
+    stats = headwidget.capture(model, ids, progress=False)
+    lay = adapter.layout()
+    groups = [list(range(lay.num_kv_heads))]
+    reason = adapter.alignment_blocker()
+    if reason is not None:
+        with pytest.raises(UnsupportedAlignmentError) as err:
+            align_model(model, stats, groups)
+        assert str(err.value) == reason
+        return
+    aligned = align_model(model, stats, groups)
+    with torch.no_grad():
+        torch.testing.assert_close(aligned(ids)[0], model(ids)[0], atol=1e-10, rtol=0)
+    if lay.num_kv_heads == 1:  # one KV head: nothing to align, and nothing may change
+        for a, b in zip(aligned.parameters(), model.parameters(), strict=True):
+            assert torch.equal(a, b)
+        return
+    after = headwidget.capture(aligned, ids, progress=False)
+    shared = list(adapter.shared_key_dims())
+    for layer in stats.layers:
+        w0, w1 = head_weights(model, layer), head_weights(aligned, layer)
+        for kind, d, w_before, w_after in (("key", lay.head_dim, w0.k, w1.k),
+                                           ("value", lay.value_head_dim, w0.v, w1.v)):  # fmt: skip
+            r = key_rotation_from_weights(w_before, w_after)
+            eye = torch.eye(d, dtype=F64)
+            torch.testing.assert_close(r.transpose(-2, -1) @ r, eye.expand_as(r), atol=1e-9, rtol=0)
+            assert float((r - eye).abs().max()) > 1e-3, f"{name} layer {layer}: {kind}s were not rotated"
+            if kind == "key":
+                for p, q in lay.rope.planes():  # a 2×2 rotation on every rotary plane (commutes with RoPE)
+                    if p not in shared:
+                        torch.testing.assert_close(r[:, p, p], r[:, q, q], atol=1e-9, rtol=0)
+                        torch.testing.assert_close(r[:, p, q], -r[:, q, p], atol=1e-9, rtol=0)
+                torch.testing.assert_close(r[:, shared][:, :, shared], eye[shared][:, shared].expand(
+                    r.shape[0], -1, -1), atol=1e-9, rtol=0)  # fmt: skip
+            # The model's own K/V (captured, not read from weights) turned by the same rotations.
+            g0 = stats.moments(layer, kind).gram().double().reshape(-1, d, lay.num_kv_heads, d)
+            g1 = after.moments(layer, kind).gram().double().reshape(-1, d, lay.num_kv_heads, d)
+            want = torch.einsum("iab,iajc,jcd->ibjd", r, g0, r)
+            torch.testing.assert_close(g1, want, atol=1e-8 * float(g0.abs().max()), rtol=0)
+            b = within_sum(stats.head_similarity(layer, kind), groups)
+            a = within_sum(after.head_similarity(layer, kind), groups)
+            assert a > b, f"{name} layer {layer}: {kind} heads did not become more similar"

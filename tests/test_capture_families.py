@@ -8,7 +8,14 @@ import torch
 
 import headwidget
 from references import head_metric
-from tiny_models import FACTORIES, ROPE_FAMILIES, make_model, ragged_batches, reference_activations
+from tiny_models import (
+    FACTORIES,
+    HEADS,
+    ROPE_FAMILIES,
+    make_model,
+    ragged_batches,
+    reference_activations,
+)
 
 METRICS = ("token_cosine", "cosine", "pearson", "cka")
 
@@ -75,13 +82,7 @@ def test_head_similarity_matches_brute_force(family_case, metric):
 def test_layout_matches_config(family_case):
     name, model, stats, _ = family_case
     lay = stats.meta.layout
-    expected = {
-        "llama_gqa": ("gqa", 6, 2), "llama_mha": ("mha", 4, 4), "llama_mqa": ("mqa", 4, 1),
-        "gpt2": ("mha", 4, 4), "gpt_neox": ("mha", 4, 4), "falcon_new": ("gqa", 6, 2),
-        "falcon_mqa": ("mqa", 4, 1), "falcon_mha": ("mha", 4, 4), "bigcode_mqa": ("mqa", 4, 1),
-        "bigcode_mha": ("mha", 4, 4), "bert": ("mha", 4, 4), "deepseek_v2": ("mla", 4, 4),
-        "deepseek_v3": ("mla", 4, 4),
-    }[name]  # fmt: skip
+    expected = HEADS[name]
     assert (lay.mechanism, lay.num_heads, lay.num_kv_heads) == expected
     assert stats.meta.model_class == type(model).__name__
 

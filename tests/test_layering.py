@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "python" / "headwidget"
 
 #: Bottom to top. A unit is a top-level module or sub-package of ``headwidget``.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_version", "errors", "texts", "files"),  # leaves: version, error types, sample text, safe file writes
-    ("core",),  # plain shared types: layout, Kind, the panel model and its encoding, the bundle
+    ("_version", "errors", "texts"),  # leaves: the version, the error types, the sample text
+    ("core", "files"),  # plain shared types (layout, Kind, panels, bundle) / safe file writes
     ("moments", "adapters", "embedded"),  # tensors only / model families (transformers) / model files
     ("stats",),  # KVStats: moments per layer and kind, files
     ("capture", "analysis", "report"),  # hooks that fill stats / pure maths on stats and weights

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import headwidget
 from headwidget.adapters.llama import LlamaAdapter
-from tiny_models import make_model
+from tiny_models import FACTORIES, ROPE_FAMILIES, make_model
 
 
 def tiny_llama_family(model_type: str) -> torch.nn.Module:
@@ -37,7 +37,15 @@ def tiny_llama_family(model_type: str) -> torch.nn.Module:
 
 
 CASES = [(t, lambda t=t: tiny_llama_family(t)) for t in LlamaAdapter.model_types]
-CASES += [(n, lambda n=n: make_model(n)) for n in ("gpt_neox", "deepseek_v2", "deepseek_v3")]
+CASES += [(n, lambda n=n: make_model(n)) for n in ROPE_FAMILIES]
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_rope_families_are_the_ones_whose_adapters_declare_capturable_rope(name):
+    """``ROPE_FAMILIES`` (written by hand) and the adapters' declarations agree for every tiny model."""
+    adapter = headwidget.adapter_for(make_model(name))
+    declared = adapter.layout().rope.uses_rope and adapter.routes_through_interface
+    assert declared == (name in ROPE_FAMILIES)
 
 
 @pytest.mark.parametrize(("name", "factory"), CASES, ids=[c[0] for c in CASES])

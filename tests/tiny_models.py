@@ -78,6 +78,17 @@ FACTORIES: dict[str, Callable[[], nn.Module]] = {
         q_lora_rank=12, n_group=2, topk_group=1, **_deepseek_kwargs())),
 }  # fmt: skip
 
+#: What each tiny model's attention is, from its config by hand: (mechanism, query heads, KV heads).
+HEADS: dict[str, tuple[str, int, int]] = {
+    "llama_gqa": ("gqa", 6, 2), "llama_mha": ("mha", 4, 4), "llama_mqa": ("mqa", 4, 1),
+    "gpt2": ("mha", 4, 4), "gpt_neox": ("mha", 4, 4), "falcon_new": ("gqa", 6, 2),
+    "falcon_mqa": ("mqa", 4, 1), "falcon_mha": ("mha", 4, 4), "bigcode_mqa": ("mqa", 4, 1),
+    "bigcode_mha": ("mha", 4, 4), "bert": ("mha", 4, 4), "deepseek_v2": ("mla", 4, 4),
+    "deepseek_v3": ("mla", 4, 4),
+}  # fmt: skip
+
+#: The models that use RoPE and pass their keys through ``transformers.AttentionInterface`` (so their
+#: post-RoPE keys can be captured).
 ROPE_FAMILIES = ("llama_gqa", "llama_mha", "llama_mqa", "gpt_neox", "deepseek_v2", "deepseek_v3")
 
 
@@ -88,12 +99,19 @@ def make_model(name: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> 
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """Self-attention modules by class name (independent of the adapters' marker attributes)."""
-    names = (
-        *("LlamaAttention", "GPT2Attention", "GPTNeoXAttention", "FalconAttention"),
-        *("GPTBigCodeAttention", "BertSelfAttention", "DeepseekV2Attention", "DeepseekV3Attention"),
-    )
-    return [m for m in model.modules() if type(m).__name__ in names]
+    """Self-attention modules by class name (independent of the adapters' marker attributes).
+
+    A module counts when its class name ends in ``Attention`` and it holds no other such module
+    (``BertAttention`` wraps ``BertSelfAttention``, which is the one that computes the attention).
+    """
+
+    def named_attention(m: nn.Module) -> bool:
+        return type(m).__name__.endswith("Attention")
+
+    return [
+        m for m in model.modules()
+        if named_attention(m) and not any(named_attention(c) for c in list(m.modules())[1:])
+    ]  # fmt: skip
 
 
 def record_attention_inputs(model: nn.Module, batches: list[dict]) -> list[list[torch.Tensor]]:

@@ -1,4 +1,11 @@
-"""The adapter interface: where one model family keeps its keys, values and attention input."""
+"""The adapter interface: everything headwidget knows about one model family.
+
+Capture: where K/V and the attention input live (:meth:`Adapter.taps`, :meth:`Adapter.input_tap`) and
+how recorded outputs split into heads (:meth:`Adapter.split`). Weights: where each head's Q/K/V rows and
+O columns sit (:meth:`Adapter.head_projections`), read as :class:`~headwidget.core.weights.HeadWeights`
+(:meth:`Adapter.head_weights`). Alignment: whether per-KV-head rotations can be folded back into the
+weights exactly (:meth:`Adapter.alignment_blocker`) and folding them (:meth:`Adapter.fold_rotations`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,15 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from headwidget.adapters._heads import (
+    HeadProjections,
+    fold_into,
+    plain_weight_problem,
+    read_projections,
+)
 from headwidget.core.layout import AttentionLayout
+from headwidget.core.weights import HeadWeights
+from headwidget.errors import LayerIndexError, UnsupportedAlignmentError, UnsupportedModelError
 
 __all__ = ["Adapter", "Tap", "config_get"]
 
@@ -35,7 +50,10 @@ class Adapter:
     """Knows one family's attention modules; subclasses fill in the family specifics.
 
     Subclasses set ``family`` and ``model_types`` (the ``config.model_type`` values they accept) and
-    implement :meth:`attention_modules`, :meth:`layout`, :meth:`taps` and :meth:`split`.
+    implement :meth:`layout`, :meth:`taps`, :meth:`split` and :meth:`head_projections`; a family whose
+    heads are not plain row blocks of Linear layers overrides :meth:`read_head_weights` and
+    :meth:`fold_rotations` instead, and one with a reason its heads cannot be rotated exactly
+    overrides :meth:`fold_blocker`.
     """
 
     family: ClassVar[str] = ""
@@ -82,6 +100,132 @@ class Adapter:
         """The tap whose input is the attention layer's input (what enters the K/V projections)."""
         first = self.taps(attention)[0]
         return Tap(first.module, "input", on_input=True)
+
+    # ------------------------------------------------------------------ weights
+    def attention_at(self, layer: int) -> nn.Module:
+        """The self-attention module of ``layer`` (negative indices count from the end).
+
+        Raises:
+            LayerIndexError: ``layer`` is not a layer of the model.
+        """
+        attentions = self.attention_modules()
+        if not -len(attentions) <= layer < len(attentions):
+            raise LayerIndexError(f"layer {layer} is out of range: the model has {len(attentions)} layers")
+        return attentions[layer]
+
+    def head_projections(self, attention: Any) -> HeadProjections:
+        """Where ``attention`` keeps each head's Q/K/V output rows and O input columns.
+
+        Example:
+            >>> from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+            >>> from headwidget.adapters import adapter_for
+            >>> neox = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+            ...                                         num_attention_heads=2, intermediate_size=32))
+            >>> adapter = adapter_for(neox)
+            >>> p = adapter.head_projections(adapter.attention_at(0))
+            >>> p.k.index.tolist()  # per head [q | k | v] in the fused query_key_value
+            [[8, 9, 10, 11, 12, 13, 14, 15], [32, 33, 34, 35, 36, 37, 38, 39]]
+        """
+        raise UnsupportedModelError(
+            f"the {self.family} adapter does not say where its heads' weights are; per-head weights "
+            "and rotations are not available for this family"
+        )
+
+    def read_head_weights(self, attention: Any) -> HeadWeights:
+        """The per-head Q/K/V/O weights of one attention module (float64, CPU, copies)."""
+        return read_projections(self.head_projections(attention), mechanism=self.layout().mechanism)
+
+    def head_weights(self, layer: int) -> HeadWeights:
+        """The per-head Q/K/V/O weights of ``layer`` in the :mod:`headwidget.core.weights` convention.
+
+        Example:
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> from headwidget.adapters import adapter_for
+            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+            >>> w = adapter_for(gpt2).head_weights(0)
+            >>> tuple(w.q.shape), tuple(w.o.shape), tuple(w.k_bias.shape)
+            ((4, 8, 32), (4, 32, 8), (4, 8))
+
+        Raises:
+            LayerIndexError: ``layer`` is not a layer of the model.
+        """
+        return self.read_head_weights(self.attention_at(layer))
+
+    # ------------------------------------------------------------------ rotations
+    def shared_key_dims(self) -> tuple[int, ...]:
+        """Dims of every key head that hold one vector shared by all heads (MLA's decoupled RoPE key).
+
+        A per-head rotation must leave them fixed; :func:`~headwidget.analysis.align_model.align_model`
+        rotates only the other dims.
+
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> from headwidget.adapters import adapter_for
+        >>> adapter_for(GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4))).shared_key_dims()
+        ()
+        """
+        return ()
+
+    def fold_blocker(self, attention: Any) -> str | None:
+        """Why per-KV-head rotations cannot be folded into ``attention`` exactly (None: they can).
+
+        The base check: every projection is a plain floating-point Linear/Conv1D.
+        """
+        try:
+            projections = self.head_projections(attention)
+        except UnsupportedModelError as err:
+            return str(err)
+        for module in projections.modules():
+            problem = plain_weight_problem(module)
+            if problem is not None:
+                return problem
+        return None
+
+    def alignment_blocker(self) -> str | None:
+        """Why this model's heads cannot be rotated exactly, naming the cause (None: they can).
+
+        Example:
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> from headwidget.adapters import adapter_for
+            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+            >>> adapter_for(gpt2).alignment_blocker() is None
+            True
+        """
+        for attention in self.attention_modules():
+            reason = self.fold_blocker(attention)
+            if reason is not None:
+                return f"{type(self.model).__name__} ({self.family}): {reason}"
+        return None
+
+    def fold_rotations(self, layer: int, key_rotations: torch.Tensor, value_rotations: torch.Tensor) -> None:
+        """Rotate the KV heads of ``layer`` in place without changing what the model computes.
+
+        ``key_rotations`` (G, d_h, d_h) turn each KV head's keys ``k → k R`` (the matching query rows
+        get the same ``R``, so ``q·k`` is unchanged; for RoPE models ``R`` must act on each rotary
+        plane as a 2×2 rotation, so that it commutes with RoPE). ``value_rotations`` (G, d_v, d_v)
+        turn values ``v → v S`` and the output projection's columns of the query heads reading them
+        ``W_O[h] → W_O[h] S``. Both must be orthogonal.
+
+        Example:
+            >>> import torch
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> from headwidget.adapters import adapter_for
+            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4)).eval()
+            >>> ids = torch.randint(0, 64, (1, 8))
+            >>> before = gpt2(ids).logits
+            >>> flip = torch.eye(8, dtype=torch.float64).flip(0).repeat(4, 1, 1)  # orthogonal
+            >>> adapter_for(gpt2).fold_rotations(0, flip, flip)
+            >>> bool(torch.allclose(gpt2(ids).logits, before, atol=1e-5))
+            True
+
+        Raises:
+            UnsupportedAlignmentError: :meth:`fold_blocker` names a reason for this layer.
+            StatsMismatchError: the rotations do not have one ``d × d`` block per KV head.
+        """
+        attention = self.attention_at(layer)
+        reason = self.fold_blocker(attention)
+        if reason is not None:
+            raise UnsupportedAlignmentError(f"{type(self.model).__name__} ({self.family}): {reason}")
+        fold_into(self.head_projections(attention), key_rotations, value_rotations)
 
 
 def _is_cross_attention(name: str, module: nn.Module) -> bool:

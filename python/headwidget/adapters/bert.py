@@ -1,4 +1,8 @@
-"""BERT-style encoders (BERT, MiniLM, RoBERTa...): separate ``key`` / ``value`` Linear layers, no RoPE."""
+"""BERT-style encoders (BERT, MiniLM, RoBERTa...): separate ``key`` / ``value`` Linear layers, no RoPE.
+
+The output projection of a layer is not inside the self-attention module: it is the sibling
+``output.dense`` of the enclosing ``attention`` block.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from headwidget.adapters._heads import HeadProjections, HeadSlices, head_index
 from headwidget.adapters.base import Adapter, Tap
 from headwidget.core.layout import AttentionLayout
 
@@ -38,3 +43,19 @@ class BertAdapter(Adapter):
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"key": parts["key"], "value": parts["value"]}
+
+    def head_projections(self, attention: Any) -> HeadProjections:
+        heads = self.config.num_attention_heads
+        d = self.config.hidden_size // heads
+        return HeadProjections(
+            q=HeadSlices(attention.query, head_index(heads, d)),
+            k=HeadSlices(attention.key, head_index(heads, d)),
+            v=HeadSlices(attention.value, head_index(heads, d)),
+            o=HeadSlices(self._output_dense(attention), head_index(heads, d)),
+        )
+
+    def _output_dense(self, attention: nn.Module) -> nn.Module:
+        """``<block>.output.dense`` for the self-attention module ``<block>.self``."""
+        name = next(n for n, m in self.model.named_modules() if m is attention)
+        block: Any = self.model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self.model
+        return block.output.dense

@@ -1,15 +1,22 @@
 """Falcon: fused ``query_key_value`` in one of three layouts (new decoder, multi-query, per-head MHA).
 
+- new decoder architecture: per KV group ``[q … q | k | v]`` (GQA);
+- multi-query: ``[Q | k | v]``, one shared K/V head (the same layout with one group);
+- otherwise: per head ``[q | k | v]`` (MHA).
+
 Falcon does not route its attention through ``transformers.AttentionInterface``, so post-RoPE keys are
-not captured for it.
+not captured for it. Rotations fold exactly under RoPE and under ALiBi alike (ALiBi adds a bias to the
+scores that does not depend on q or k).
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 import torch
 
+from headwidget.adapters._heads import FusedLayout, HeadProjections, HeadSlices, head_index
 from headwidget.adapters.base import Adapter, Tap, config_get
 from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 
@@ -44,24 +51,29 @@ class FalconAdapter(Adapter):
             rope=rope,
         )
 
+    @cached_property
+    def fused(self) -> FusedLayout:
+        """Where each head's q, k and v sit among ``query_key_value``'s output features."""
+        c = self.config
+        heads = c.num_attention_heads
+        head_dim = c.hidden_size // heads
+        if c.new_decoder_architecture or c.multi_query:
+            return FusedLayout.grouped(heads, self._kv_heads(), head_dim)
+        return FusedLayout.per_head(heads, head_dim)
+
     def taps(self, attention: Any) -> list[Tap]:
         return [Tap(attention.query_key_value, "qkv")]
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        c = self.config
-        heads = c.num_attention_heads
-        head_dim = c.hidden_size // heads
         qkv = parts["qkv"]
-        b, t = qkv.shape[:2]
-        if c.new_decoder_architecture:
-            kv = self._kv_heads()
-            grouped = qkv.reshape(b, t, kv, heads // kv + 2, head_dim)
-            key, value = grouped[:, :, :, -2], grouped[:, :, :, -1]
-        elif c.multi_query:
-            flat = qkv.reshape(b, t, heads + 2, head_dim)
-            key, value = flat[:, :, -2], flat[:, :, -1]
-        else:
-            per_head = qkv.reshape(b, t, heads, 3, head_dim)
-            key, value = per_head[:, :, :, 1], per_head[:, :, :, 2]
-        out = {"key": key.reshape(b, t, -1), "value": value.reshape(b, t, -1)}
-        return out
+        return {"key": self.fused.take(qkv, "k"), "value": self.fused.take(qkv, "v")}
+
+    def head_projections(self, attention: Any) -> HeadProjections:
+        f, c = self.fused, self.config
+        heads = c.num_attention_heads
+        return HeadProjections(
+            q=HeadSlices(attention.query_key_value, f.q),
+            k=HeadSlices(attention.query_key_value, f.k),
+            v=HeadSlices(attention.query_key_value, f.v),
+            o=HeadSlices(attention.dense, head_index(heads, c.hidden_size // heads)),
+        )

@@ -1,4 +1,9 @@
-"""Llama-family attention (Llama, Mistral, Qwen2/3, Gemma, SmolLM...): separate k_proj / v_proj."""
+"""Llama-family attention (Llama, Mistral, Qwen2/3, Gemma, SmolLM...): separate q/k/v/o_proj Linears.
+
+Per-head query/key norms (Qwen3, OLMo2; ``q_norm``/``k_norm``) are left out of the per-head weights,
+and they block rotations: a learned per-dim scale does not commute with a rotation. So does OLMo's
+element-wise ``clip_qkv`` clamp.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from typing import Any
 
 import torch
 
+from headwidget.adapters._heads import HeadProjections, HeadSlices, head_index
 from headwidget.adapters.base import Adapter, Tap, config_get
 from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 
@@ -55,3 +61,28 @@ class LlamaAdapter(Adapter):
             "key": key.reshape(*key.shape[:2], -1),
             "value": parts["value"],
         }
+
+    def head_projections(self, attention: Any) -> HeadProjections:
+        lay = self.layout()
+        heads, kv, d = lay.num_heads, lay.num_kv_heads, lay.head_dim
+        return HeadProjections(
+            q=HeadSlices(attention.q_proj, head_index(heads, d)),
+            k=HeadSlices(attention.k_proj, head_index(kv, d)),
+            v=HeadSlices(attention.v_proj, head_index(kv, d)),
+            o=HeadSlices(attention.o_proj, head_index(heads, d)),
+        )
+
+    def fold_blocker(self, attention: Any) -> str | None:
+        norms = [n for n in ("q_norm", "k_norm") if getattr(attention, n, None) is not None]
+        if norms:
+            return (
+                f"it normalises its queries/keys ({'/'.join(norms)}) with a learned per-dim scale, which "
+                "does not commute with rotations, so its heads cannot be rotated exactly; use align() to "
+                "inspect its heads without changing the model"
+            )
+        if getattr(self.config, "clip_qkv", None) is not None:
+            return (
+                f"it clamps q/k/v element-wise (clip_qkv={self.config.clip_qkv}), which does not commute "
+                "with rotations; use align() to inspect its heads without changing the model"
+            )
+        return super().fold_blocker(attention)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 import torch
 
+from headwidget.adapters._heads import FusedLayout, HeadProjections, HeadSlices, head_index
 from headwidget.adapters.base import Adapter, Tap
 from headwidget.core.layout import AttentionLayout, RopeLayout
 
@@ -33,17 +35,25 @@ class GPTNeoXAdapter(Adapter):
             rope=RopeLayout("half", rotary_dim=int(head_dim * factor)),
         )
 
+    @cached_property
+    def fused(self) -> FusedLayout:
+        """Where each head's q, k and v sit among ``query_key_value``'s output features."""
+        c = self.config
+        return FusedLayout.per_head(c.num_attention_heads, c.hidden_size // c.num_attention_heads)
+
     def taps(self, attention: Any) -> list[Tap]:
         return [Tap(attention.query_key_value, "qkv")]
 
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        c = self.config
-        heads = c.num_attention_heads
         qkv = parts["qkv"]
-        b, t = qkv.shape[:2]
-        per_head = qkv.reshape(b, t, heads, 3, -1)
-        out = {
-            "key": per_head[:, :, :, 1].reshape(b, t, -1),
-            "value": per_head[:, :, :, 2].reshape(b, t, -1),
-        }
-        return out
+        return {"key": self.fused.take(qkv, "k"), "value": self.fused.take(qkv, "v")}
+
+    def head_projections(self, attention: Any) -> HeadProjections:
+        f, c = self.fused, self.config
+        heads = c.num_attention_heads
+        return HeadProjections(
+            q=HeadSlices(attention.query_key_value, f.q),
+            k=HeadSlices(attention.query_key_value, f.k),
+            v=HeadSlices(attention.query_key_value, f.v),
+            o=HeadSlices(attention.dense, head_index(heads, c.hidden_size // heads)),
+        )

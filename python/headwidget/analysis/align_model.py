@@ -1,15 +1,21 @@
-"""Rotate the heads of a Llama-family model so that heads of one group become similar, exactly.
+"""Rotate the heads of a model so that heads of one group become similar, exactly.
 
 For each group of KV heads of a layer, rotations ``R_i`` are fitted jointly (generalised Procrustes on
 the Gram of per-head-normalised vectors: block-coordinate ascent of ``Σ_{i≠j} tr(R_i^T Â_ij R_j)``
 from ``R = I``, so the within-group score sum never decreases). Keys get RoPE-compatible rotations
 (a 2×2 rotation per rotary plane, Procrustes on non-rotary dims), which commute with RoPE; values get
-orthogonal ones. They are folded into the weights so the model computes the same function:
+orthogonal ones. The model's adapter folds them into the weights so the model computes the same
+function:
 
 - keys ``k → k R``: ``W_K[g] ← R^T W_K[g]``; queries of the heads using KV head g likewise, so
   ``q·k`` is unchanged (``q R (k R)^T = q k^T``), and RoPE commutes with ``R``;
 - values ``v → v R``: ``W_V[g] ← R^T W_V[g]``; the output projection's input columns of every query
   head using g: ``W_O[:, h] ← W_O[:, h] R``.
+
+Key dims that hold one vector shared by all heads (the decoupled RoPE key of MLA) stay fixed: the
+rotations are fitted on the other dims only. Families whose heads cannot be rotated exactly (per-head
+query/key norms, element-wise clamps, quantised weights) raise :class:`UnsupportedAlignmentError`
+naming the reason.
 
 Example:
     >>> import torch, headwidget
@@ -99,37 +105,26 @@ def _check_groups(groups: Groups, kv_heads: int, layer: int) -> None:
         )
 
 
-def _linear(attn: nn.Module, name: str) -> nn.Linear:
-    module = getattr(attn, name, None)
-    if not isinstance(module, nn.Linear):
-        raise UnsupportedAlignmentError(
-            f"{name} is {type(module).__name__}, not a plain nn.Linear (quantised?); load the model "
-            "in float32/float16/bfloat16 to rotate it"
-        )
-    return module
-
-
-@torch.no_grad()
-def _rotate_layer(attn: nn.Module, rk: torch.Tensor, rv: torch.Tensor, heads: int) -> None:
-    kv, d = rk.shape[0], rk.shape[-1]
-    dv = rv.shape[-1]
-    per = heads // kv
-    kv_of = torch.arange(heads) // per
-
-    def rotate_rows(linear: nn.Linear, rot: torch.Tensor, width: int) -> None:
-        rot = rot.to(linear.weight.device)
-        w = linear.weight.to(F64).reshape(rot.shape[0], width, -1)
-        linear.weight.copy_((rot.transpose(-2, -1) @ w).reshape(linear.weight.shape))
-        if linear.bias is not None:
-            b = linear.bias.to(F64).reshape(rot.shape[0], 1, width)
-            linear.bias.copy_((b @ rot).reshape(linear.bias.shape))
-
-    rotate_rows(_linear(attn, "k_proj"), rk, d)
-    rotate_rows(_linear(attn, "q_proj"), rk[kv_of], d)
-    rotate_rows(_linear(attn, "v_proj"), rv, dv)
-    out = _linear(attn, "o_proj").weight
-    o = out.to(F64).reshape(-1, heads, dv).transpose(0, 1)  # (H, d_model, d_v)
-    out.copy_((o @ rv[kv_of].to(out.device)).transpose(0, 1).reshape(out.shape))
+def _fit_with_fixed_dims(
+    gram: torch.Tensor,
+    head_dim: int,
+    planes: Sequence[tuple[int, int]],
+    fixed: Sequence[int],
+    groups: Groups,
+) -> torch.Tensor:
+    """:func:`fit_group_rotations` on every head's dims except ``fixed``, which keep the identity."""
+    free = [i for i in range(head_dim) if i not in set(fixed)]
+    where = {dim: n for n, dim in enumerate(free)}
+    if any((p in where) != (q in where) for p, q in planes):
+        raise RuntimeError(f"the fixed key dims {list(fixed)} split a rotary plane of {list(planes)}")
+    kept = [(where[p], where[q]) for p, q in planes if p in where]
+    heads = gram.shape[0] // head_dim
+    channels = torch.tensor([h * head_dim + i for h in range(heads) for i in free], device=gram.device)
+    sub = fit_group_rotations(gram[channels][:, channels], HeadSplit.make(len(free), kept), groups)
+    rot = torch.eye(head_dim, dtype=F64, device=gram.device).repeat(heads, 1, 1)
+    index = torch.tensor(free, device=gram.device)
+    rot[:, index[:, None], index[None, :]] = sub
+    return rot
 
 
 def align_model(
@@ -142,48 +137,44 @@ def align_model(
     """A rotated copy of ``model`` whose KV heads of each group are aligned; the input is not modified.
 
     Args:
-        model: a Llama-family model (``adapter_for(model).family == "llama"``) without per-head
-            query/key norms.
+        model: a supported model whose adapter can fold rotations into it
+            (``headwidget.adapter_for(model).alignment_blocker()`` is None, else it names the reason).
         stats: its :class:`~headwidget.stats.KVStats` with kinds ``"key"`` and ``"value"``.
         groups: KV-head groups, either ``{layer: [[heads], ...]}`` or one grouping for every layer.
         layers: the layers to rotate when ``groups`` is not a mapping (default: every captured layer).
 
     Example:
         >>> import torch, headwidget
-        >>> from transformers import LlamaConfig, LlamaForCausalLM
-        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-        ...     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)).eval()
-        >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 24)), progress=False)
-        >>> align_model(model, stats, {0: [[0, 1]]}) is not model
-        True
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4)).eval()
+        >>> ids = torch.randint(0, 64, (2, 24))
+        >>> aligned = align_model(gpt2, headwidget.capture(gpt2, ids, progress=False), {0: [[0, 1]]})
+        >>> aligned is not gpt2, bool(torch.allclose(aligned(ids).logits, gpt2(ids).logits, atol=1e-5))
+        (True, True)
 
     Raises:
-        UnsupportedAlignmentError: another family, or a model with ``q_norm``/``k_norm``.
+        UnsupportedAlignmentError: the model's heads cannot be rotated exactly (the message says why:
+            per-head query/key norms, an element-wise q/k/v clamp, quantised projections...).
         StatsMismatchError: ``stats`` were captured from a model of another shape.
+        GroupCountError: ``groups`` are not disjoint lists of KV head indices.
     """
     adapter = adapter_for(model)
-    if adapter.family != "llama":
-        raise UnsupportedAlignmentError(
-            f"align_model rotates Llama-family models (q_proj/k_proj/v_proj/o_proj); "
-            f"{type(model).__name__} is family {adapter.family!r}. Use align() to inspect its heads"
-        )
+    reason = adapter.alignment_blocker()
+    if reason is not None:
+        raise UnsupportedAlignmentError(reason)
     layout = adapter.layout()
     if layout != stats.meta.layout:
         raise StatsMismatchError("these statistics were captured from a model of another shape")
-    attns = adapter.attention_modules()
-    if any(getattr(a, "k_norm", None) is not None or getattr(a, "q_norm", None) is not None for a in attns):
-        raise UnsupportedAlignmentError(
-            "this model normalises each query/key head (q_norm/k_norm) with a learned per-dim scale, "
-            "which does not commute with rotations; its heads cannot be rotated exactly"
-        )
     by_layer = _groups_by_layer(groups, layers if layers is not None else stats.meta.layers)
-    key_split = HeadSplit.make(layout.head_dim, layout.rope.planes())
+    for layer, layer_groups in by_layer.items():
+        _check_groups(layer_groups, layout.num_kv_heads, layer)
+    planes, fixed = layout.rope.planes(), adapter.shared_key_dims()
     value_split = HeadSplit.make(layout.value_head_dim, [])
     out = copy.deepcopy(model)
-    out_attns = adapter_for(out).attention_modules()
+    target = adapter_for(out)
     for layer, layer_groups in sorted(by_layer.items()):
-        _check_groups(layer_groups, layout.num_kv_heads, layer)
-        rk = fit_group_rotations(stats.moments(layer, "key").token_gram(), key_split, layer_groups)
+        key_gram = stats.moments(layer, "key").token_gram()
+        rk = _fit_with_fixed_dims(key_gram, layout.head_dim, planes, fixed, layer_groups)
         rv = fit_group_rotations(stats.moments(layer, "value").token_gram(), value_split, layer_groups)
-        _rotate_layer(out_attns[layer], rk.cpu(), rv.cpu(), layout.num_heads)
+        target.fold_rotations(layer, rk.cpu(), rv.cpu())
     return out

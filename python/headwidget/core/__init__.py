@@ -3,7 +3,8 @@
 - :mod:`.layout`: what a model's attention looks like (heads, KV heads, head sizes, RoPE planes);
 - :mod:`.kinds`: the statistics kinds (``Kind``) and which of them split into heads;
 - :mod:`.panels`: the panel model (matrices with labels and a colour scale) and its binary encoding;
-- :mod:`.bundle`: where the built front-end bundle lives.
+- :mod:`.bundle`: where the built front-end bundle lives;
+- :mod:`.weights`: the per-head Q/K/V/O weights of one layer (``HeadWeights``), read by the adapters.
 
 Nothing in this package imports any other part of headwidget except :mod:`headwidget.errors`.
 """
@@ -12,12 +13,14 @@ from headwidget.core.bundle import bundle_path
 from headwidget.core.kinds import HEAD_KINDS, KEY_KINDS, KINDS, Kind, check_kind
 from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 from headwidget.core.panels import Panel, PanelGrid, encode_panel
+from headwidget.core.weights import HeadWeights
 
 __all__ = [
     "HEAD_KINDS",
     "KEY_KINDS",
     "KINDS",
     "AttentionLayout",
+    "HeadWeights",
     "Kind",
     "Panel",
     "PanelGrid",
