@@ -37,7 +37,13 @@ def supported_families() -> dict[str, tuple[str, ...]]:
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter for ``model``; raises :class:`UnsupportedModelError` naming what is supported."""
+    """The adapter for ``model``; raises :class:`UnsupportedModelError` naming what is supported.
+
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> adapter = adapter_for(GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)))
+    >>> adapter.family, adapter.layout().num_kv_heads
+    ('gpt2', 4)
+    """
     for cls in ADAPTERS:
         if cls.matches(model):
             return cls(model)

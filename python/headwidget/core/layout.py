@@ -49,7 +49,13 @@ class RopeLayout:
 
 @dataclass(frozen=True)
 class AttentionLayout:
-    """Shape facts of one model's attention, shared by all its layers."""
+    """Shape facts of one model's attention, shared by all its layers.
+
+    >>> lay = AttentionLayout("llama", "gqa", num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+    ...                       value_head_dim=64, hidden_size=576, rope=RopeLayout("half", rotary_dim=64))
+    >>> lay.channels_of("key"), lay.head_dim_of("value"), lay.head_dim_of("input")
+    (192, 64, None)
+    """
 
     family: str
     mechanism: str  # "mha" | "gqa" | "mqa" | "mla"
