@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
-from headwidget.core.kinds import Kind, check_kind
-from headwidget.core.layout import AttentionLayout
+from headwidget.core.kinds import KINDS, Kind, check_kind
+from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 from headwidget.errors import (
     CrossLayerMissingError,
     LayerIndexError,
@@ -38,6 +39,7 @@ from headwidget.errors import (
     UnknownKindError,
     UnknownMetricError,
 )
+from headwidget.files import NotRegularFileError, atomic_output
 from headwidget.moments import HEAD_METRICS, Moments, channel_corr_from_moments, head_similarity_from_moments
 from headwidget.moments.correlation import resolve_channels
 
@@ -283,7 +285,29 @@ class KVStats:
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write the statistics as safetensors (tensors) with JSON metadata; never pickle."""
+        """Write the statistics as safetensors (tensors) with JSON metadata; never pickle.
+
+        The write is atomic (see :mod:`headwidget.files`): the file at ``path`` is either the old one or
+        the complete new one, a symlink at ``path`` keeps pointing to the file that gets the content, and
+        an existing file keeps its permissions. A ``path`` that is a directory, FIFO or device, a missing
+        or read-only directory, or a full disk raise :class:`~headwidget.errors.StatsFileError` naming
+        ``path``; nothing is left behind.
+
+        Example:
+            >>> import pathlib, shutil, tempfile
+            >>> stats = KVStats(StatsMeta("demo", "Demo", AttentionLayout("demo", "mha", 1, 1, 1, 2, 2, 2),
+            ...                           layers=[0], kinds=["value"]),
+            ...                 {(0, "value"): Moments.empty(2, head_dim=2)})
+            >>> folder = pathlib.Path(tempfile.mkdtemp())
+            >>> KVStats.load(stats.save(folder / "demo.safetensors")).kinds
+            ['value']
+            >>> stats.save(folder)
+            Traceback (most recent call last):
+            ...
+            headwidget.errors.StatsFileError: cannot save statistics: ... is a directory, not a regular ...
+            >>> shutil.rmtree(folder)
+        """
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         tensors: dict[str, torch.Tensor] = {}
@@ -294,44 +318,67 @@ class KVStats:
         header = {"format": FORMAT, "format_version": FORMAT_VERSION,
                   "meta": json.dumps(self.meta.to_json())}  # fmt: skip
         path = Path(path)
-        save_file(tensors, str(path), metadata=header)
+        try:
+            with atomic_output(path) as tmp:
+                save_file(tensors, str(tmp), metadata=header)
+        except NotRegularFileError as err:
+            raise StatsFileError(f"cannot save statistics: {err}") from err
+        except OSError as err:
+            raise StatsFileError(f"cannot save statistics to {path}: {err.strerror or err}") from err
+        except SafetensorError as err:  # the writer's own I/O error (a full disk...)
+            raise StatsFileError(
+                f"cannot save statistics to {path}: {err}; check the free space and that the "
+                "directory is writable"
+            ) from err
         return path
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> KVStats:
-        """Read statistics written by :meth:`save`."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file, safe_open
+        """Read statistics written by :meth:`save`, checking that every number in the file can be true.
 
+        Besides the safetensors syntax, every metadata field is checked for its type and range and
+        against the others (layers within the model and unique, known kinds, cross-layer layers among
+        the captured ones, head counts that divide, RoPE dims within a head), and every tensor for its
+        dtype, shape (from the layout), finiteness and meaning: counts equal to ``meta.tokens``, token
+        splits adding up to them, co-moments symmetric with non-negative variances and no entry
+        above the geometric mean of its variances, normalised Grams at most one per token and head.
+        Cross-layer moments must agree with each layer's own. Any problem raises
+        :class:`~headwidget.errors.StatsFileError` naming the file and the field.
+
+        Example:
+            >>> import json, pathlib, shutil, tempfile
+            >>> from safetensors import safe_open
+            >>> from safetensors.torch import load_file, save_file
+            >>> stats = KVStats(StatsMeta("demo", "Demo", AttentionLayout("demo", "mha", 1, 1, 1, 2, 2, 2),
+            ...                           layers=[0], kinds=["value"]),
+            ...                 {(0, "value"): Moments.empty(2, head_dim=2)})
+            >>> folder = pathlib.Path(tempfile.mkdtemp())
+            >>> path = stats.save(folder / "demo.safetensors")
+            >>> with safe_open(str(path), "pt") as fh:
+            ...     header = fh.metadata()
+            >>> meta = json.loads(header["meta"]) | {"tokens": "12"}  # a count that is a string
+            >>> save_file(load_file(str(path)), str(path), {**header, "meta": json.dumps(meta)})
+            >>> KVStats.load(path)
+            Traceback (most recent call last):
+            ...
+            headwidget.errors.StatsFileError: ...: meta.tokens must be an integer, not the string '12'; ...
+            >>> shutil.rmtree(folder)
+        """
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise StatsFileError(f"no statistics file at {path}")
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                header = fh.metadata() or {}
-            tensors = load_file(str(path), device=str(device))
-        except (SafetensorError, OSError, ValueError) as err:
+        if not path.is_file():
             raise StatsFileError(
-                f"{path} is not a readable safetensors file ({err}); statistics files are written "
-                "by KVStats.save()"
-            ) from err
-        if header.get("format") != FORMAT:
-            raise StatsFileError(f"{path} is a safetensors file but was not written by headwidget")
-        try:
-            meta = StatsMeta.from_json(json.loads(header["meta"]))
-            layout = meta.layout
-            moments = {
-                (layer, kind): Moments.from_tensors(tensors, f"layer{layer}.{kind}", layout.head_dim_of(kind))
-                for layer in meta.layers
-                for kind in meta.kinds
-            }
-            cross = {}
-            if meta.cross_layers:
-                for kind in meta.kinds:
-                    if f"cross.{kind}.mean" in tensors:
-                        cross[kind] = Moments.from_tensors(tensors, f"cross.{kind}", layout.head_dim_of(kind))
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
-            raise StatsFileError(f"{path} is corrupt or incomplete: {err}") from err
+                f"{path} is not a regular file (a directory, FIFO or device?); statistics files are "
+                "written by KVStats.save()"
+            )
+        header, tensors = _read_safetensors(path)
+        check = _FileCheck(path)
+        meta = check.header(header)
+        moments, cross = check.moments(tensors, meta)
+        if torch.device(device) != torch.device("cpu"):
+            moments = {key: m.to(device) for key, m in moments.items()}
+            cross = {kind: m.to(device) for kind, m in cross.items()}
         return cls(meta, moments, cross)
 
     # ------------------------------------------------------------------ display
@@ -360,3 +407,465 @@ class KVStats:
             f"{len(m.layers)} of {lay.num_layers} layers, H={lay.num_heads} G={lay.num_kv_heads} "
             f"d_h={lay.head_dim}, kinds={m.kinds}, tokens={m.tokens})"
         )
+
+
+# ---------------------------------------------------------------------- reading and checking files
+#: Relative slack for rounding: float32 Grams folded into float64 sums are off by well under 1e-4.
+_RTOL = 1e-3
+#: Relative float32 rounding of a batch mean (the shift a streaming update centres on), generously.
+_MEAN_EPS = 1e-6
+#: Matrix entries checked at a time, which bounds the checks' temporary memory.
+_CHUNK = 1 << 22
+_MECHANISMS = ("mha", "gqa", "mqa", "mla")
+_PAIRINGS = ("half", "interleaved", "none")
+_REPAIR = (
+    "the file was damaged or edited after KVStats.save() wrote it; capture the statistics again or "
+    "restore the file from a copy"
+)
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, str] | None, dict[str, torch.Tensor]]:
+    """The header metadata and every tensor (on the CPU) of a safetensors file, read in one opening."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            header = fh.metadata()
+            tensors = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError, TypeError, RuntimeError, OverflowError) as err:
+        raise StatsFileError(
+            f"{path} is not a readable safetensors file ({err}); statistics files are written by "
+            "KVStats.save()"
+        ) from err
+    return header, tensors
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _describe(value: object) -> str:
+    """A JSON value as a message shows it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        text = repr(value)
+        return f"the number {text if len(text) <= 40 else text[:37] + '...'}"
+    if isinstance(value, str):
+        text = repr(value)
+        return f"the string {text if len(text) <= 40 else text[:37] + '...'}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return "an object"
+
+
+def _parts(head_dim: int | None) -> tuple[str, ...]:
+    return (
+        ("count", "mean", "m2") if head_dim is None else ("count", "mean", "m2", "norm_gram", "split_count")
+    )
+
+
+def _scale(m2: torch.Tensor, mean: torch.Tensor, count: int) -> torch.Tensor:
+    """Each channel's size in a co-moment: its root sum of squares about the mean, widened by the
+    float32 rounding of the batch means a streaming update centres on (for large means, small spread)."""
+    return torch.hypot(torch.diagonal(m2).clamp_min(0).sqrt(), mean.abs() * (math.sqrt(count) * _MEAN_EPS))
+
+
+def _first(mask: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in mask.nonzero()[0])
+
+
+class _FileCheck:
+    """Builds the contents of one statistics file, refusing every value that cannot be true.
+
+    Each problem raises :class:`StatsFileError` naming the file and the field (``meta.layout.head_dim``,
+    ``tensor layer0.key.m2``...).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, field: str, problem: str) -> NoReturn:
+        raise StatsFileError(f"{self.path} is corrupt or incomplete: {field} {problem}; {_REPAIR}")
+
+    # ------------------------------------------------------------------ JSON values
+    def integer(self, value: object, field: str, low: int | None = None, high: int | None = None) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(field, f"must be an integer, not {_describe(value)}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            allowed = f">= {low}" if high is None else f"{low}..{high}"
+            self.fail(field, f"is {value}, outside the allowed {allowed}")
+        return value
+
+    def string(self, value: object, field: str, choices: Sequence[str] | None = None) -> str:
+        if not isinstance(value, str):
+            self.fail(field, f"must be a string, not {_describe(value)}")
+        if choices is not None and value not in choices:
+            self.fail(field, f"is {value!r}; it must be one of {', '.join(map(repr, choices))}")
+        return value
+
+    def boolean(self, value: object, field: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(field, f"must be true or false, not {_describe(value)}")
+        return value
+
+    def obj(
+        self, value: object, field: str, required: Sequence[str], optional: Sequence[str]
+    ) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(field, f"must be an object, not {_describe(value)}")
+        unknown = sorted(set(value) - {*required, *optional})
+        if unknown:
+            self.fail(field, f"has unknown fields {unknown} (known: {', '.join([*required, *optional])})")
+        for key in required:
+            if key not in value:
+                self.fail(f"{field}.{key}", "is missing")
+        return value
+
+    def layer_list(self, value: object, field: str, num_layers: int, min_len: int) -> list[int]:
+        if not isinstance(value, list):
+            self.fail(field, f"must be a list of layer indices, not {_describe(value)}")
+        if len(value) < min_len:
+            self.fail(field, f"lists {len(value)} layers; it needs at least {min_len}")
+        layers = [
+            self.integer(item, f"{field}[{i}]", 0, num_layers - 1) for i, item in enumerate(value)
+        ]  # the range is the model's layers, meta.layout.num_layers
+        seen: set[int] = set()
+        for layer in layers:
+            if layer in seen:
+                self.fail(field, f"lists layer {layer} twice")
+            seen.add(layer)
+        return layers
+
+    # ------------------------------------------------------------------ the header
+    def header(self, header: dict[str, str] | None) -> StatsMeta:
+        header = header or {}
+        if header.get("format") != FORMAT:
+            raise StatsFileError(
+                f"{self.path} is a safetensors file but was not written by headwidget (its metadata lacks "
+                f"format={FORMAT!r}); statistics files are written by KVStats.save()"
+            )
+        version = header.get("format_version")
+        if version is None:
+            self.fail("header field format_version", "is missing")
+        if version != FORMAT_VERSION:
+            raise StatsFileError(
+                f"{self.path}: header field format_version is {version!r}, but this headwidget reads "
+                f"statistics format version {FORMAT_VERSION!r} only; read it with the headwidget that "
+                "wrote it, or upgrade headwidget (pip install -U headwidget)"
+            )
+        text = header.get("meta")
+        if text is None:
+            self.fail("header field meta", "is missing")
+        try:
+            data = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        except RecursionError:
+            self.fail("header field meta", "is nested too deeply to be statistics metadata")
+        except ValueError as err:
+            self.fail("header field meta", f"is not valid JSON ({err})")
+        return self.meta(data)
+
+    def meta(self, data: object) -> StatsMeta:
+        obj = self.obj(
+            data,
+            "meta",
+            ("model_name", "model_class", "layout", "layers", "kinds", "tokens"),
+            ("dtype", "skip_first_token", "cross_layers", "config_fingerprint", "versions"),
+        )
+        layout = self.layout(obj["layout"])
+        layers = self.layer_list(obj["layers"], "meta.layers", layout.num_layers, min_len=1)
+        kinds = self.kinds(obj["kinds"], layout)
+        cross = obj.get("cross_layers")
+        if cross is not None:
+            cross = self.layer_list(cross, "meta.cross_layers", layout.num_layers, min_len=2)
+            outside = [layer for layer in cross if layer not in layers]
+            if outside:
+                self.fail("meta.cross_layers", f"names layers {outside} that are not in meta.layers {layers}")
+        dtype = self.string(obj.get("dtype", "float32"), "meta.dtype")
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            self.fail("meta.dtype", f"is {dtype!r}, which is not a torch dtype such as 'float32'")
+        versions = obj.get("versions", {})
+        if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
+            self.fail(
+                "meta.versions", f"must map package names to version strings, not {_describe(versions)}"
+            )
+        return StatsMeta(
+            model_name=self.string(obj["model_name"], "meta.model_name"),
+            model_class=self.string(obj["model_class"], "meta.model_class"),
+            layout=layout,
+            layers=layers,
+            kinds=kinds,
+            tokens=self.integer(obj["tokens"], "meta.tokens", 0),
+            dtype=dtype,
+            skip_first_token=self.boolean(obj.get("skip_first_token", False), "meta.skip_first_token"),
+            cross_layers=cross,
+            config_fingerprint=self.string(obj.get("config_fingerprint", ""), "meta.config_fingerprint"),
+            versions=dict(versions),
+        )
+
+    def kinds(self, value: object, layout: AttentionLayout) -> list[Kind]:
+        if not isinstance(value, list) or not value:
+            self.fail("meta.kinds", f"must be a non-empty list of kinds, not {_describe(value)}")
+        kinds = [check_kind(self.string(k, f"meta.kinds[{i}]", KINDS)) for i, k in enumerate(value)]
+        for i, kind in enumerate(kinds):
+            if kind in kinds[:i]:
+                self.fail("meta.kinds", f"lists {kind!r} twice")
+        if "latent" in kinds and layout.latent_dim is None:
+            self.fail("meta.kinds", "lists 'latent' but meta.layout.latent_dim is null")
+        return kinds
+
+    def layout(self, value: object) -> AttentionLayout:
+        f = "meta.layout"
+        obj = self.obj(
+            value,
+            f,
+            (
+                "family",
+                "mechanism",
+                "num_layers",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "value_head_dim",
+                "hidden_size",
+            ),
+            ("rope", "latent_dim"),
+        )
+        family = self.string(obj["family"], f"{f}.family")
+        mechanism = self.string(obj["mechanism"], f"{f}.mechanism", _MECHANISMS)
+        num_layers = self.integer(obj["num_layers"], f"{f}.num_layers", 1)
+        heads = self.integer(obj["num_heads"], f"{f}.num_heads", 1)
+        kv = self.integer(obj["num_kv_heads"], f"{f}.num_kv_heads", 1, heads)
+        if heads % kv:
+            self.fail(f"{f}.num_kv_heads", f"is {kv}, which does not divide num_heads ({heads})")
+        head_dim = self.integer(obj["head_dim"], f"{f}.head_dim", 1)
+        value_head_dim = self.integer(obj["value_head_dim"], f"{f}.value_head_dim", 1)
+        hidden = self.integer(obj["hidden_size"], f"{f}.hidden_size", 1)
+        latent = obj.get("latent_dim")
+        if latent is not None:
+            latent = self.integer(latent, f"{f}.latent_dim", 1)
+        if (mechanism == "mla") != (latent is not None):
+            self.fail(
+                f"{f}.latent_dim",
+                f"is {_describe(latent)}, but only an 'mla' model (here {mechanism!r}) has a latent",
+            )
+        if mechanism != "mla" and mechanism != mechanism_of(heads, kv):
+            self.fail(
+                f"{f}.mechanism",
+                f"is {mechanism!r}, but {heads} heads over {kv} KV heads make it {mechanism_of(heads, kv)!r}",
+            )
+        return AttentionLayout(
+            family=family,
+            mechanism=mechanism,
+            num_layers=num_layers,
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            value_head_dim=value_head_dim,
+            hidden_size=hidden,
+            rope=self.rope(obj.get("rope", {}), head_dim),
+            latent_dim=latent,
+        )
+
+    def rope(self, value: object, head_dim: int) -> RopeLayout:
+        f = "meta.layout.rope"
+        obj = self.obj(value, f, (), ("pairing", "rotary_dim", "offset", "post_pairing"))
+        pairing = self.string(obj.get("pairing", "none"), f"{f}.pairing", _PAIRINGS)
+        rotary = self.integer(obj.get("rotary_dim", 0), f"{f}.rotary_dim", 0, head_dim)
+        # the rotated dims offset .. offset + rotary_dim lie inside a head
+        offset = self.integer(obj.get("offset", 0), f"{f}.offset", 0, head_dim - rotary)
+        post = obj.get("post_pairing")
+        if post is not None:
+            post = self.string(post, f"{f}.post_pairing", _PAIRINGS)
+        if pairing == "none" and (rotary, offset, post) != (0, 0, None):
+            self.fail(
+                f"{f}.pairing",
+                f"is 'none' (no RoPE), but rotary_dim={rotary}, offset={offset}, post_pairing={post!r}",
+            )
+        return RopeLayout(pairing=pairing, rotary_dim=rotary, offset=offset, post_pairing=post)
+
+    # ------------------------------------------------------------------ the tensors
+    def moments(
+        self, tensors: dict[str, torch.Tensor], meta: StatsMeta
+    ) -> tuple[dict[tuple[int, Kind], Moments], dict[Kind, Moments]]:
+        layout = meta.layout
+        wanted: dict[str, tuple[int, int | None]] = {}
+        for layer in meta.layers:
+            for kind in meta.kinds:
+                wanted[f"layer{layer}.{kind}"] = (layout.channels_of(kind), layout.head_dim_of(kind))
+        head_kinds = [kind for kind in meta.kinds if layout.head_dim_of(kind) is not None]
+        for kind in head_kinds if meta.cross_layers else []:
+            width = len(meta.cross_layers or []) * layout.channels_of(kind)
+            wanted[f"cross.{kind}"] = (width, layout.head_dim_of(kind))
+        names = {f"{prefix}.{part}" for prefix, (_, hd) in wanted.items() for part in _parts(hd)}
+        missing = sorted(names - set(tensors))
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            self.fail(f"tensor {missing[0]}", f"is missing{more}")
+        extra = sorted(set(tensors) - names)
+        if extra:
+            self.fail(
+                f"tensor {extra[0]}",
+                f"does not belong to meta.layers {meta.layers}, meta.kinds "
+                f"{meta.kinds} and meta.cross_layers {meta.cross_layers}",
+            )
+        built = {
+            prefix: self.one(tensors, prefix, width, hd, meta.tokens)
+            for prefix, (width, hd) in wanted.items()
+        }
+        moments = {
+            (layer, kind): built[f"layer{layer}.{kind}"] for layer in meta.layers for kind in meta.kinds
+        }
+        cross = {kind: built[f"cross.{kind}"] for kind in head_kinds if f"cross.{kind}" in built}
+        for kind, joint in cross.items():
+            for i, layer in enumerate(meta.cross_layers or []):
+                self.same_tokens(kind, i, layer, joint, moments[(layer, kind)])
+        return moments, cross
+
+    def same_tokens(self, kind: Kind, i: int, layer: int, joint: Moments, own: Moments) -> None:
+        """Block ``i`` of the cross-layer moments of ``kind`` equals ``layer``'s own moments (same tokens)."""
+        name, width = f"tensor cross.{kind}", own.channels
+        block = slice(i * width, (i + 1) * width)
+        where = (
+            f"differs from layer{layer}.{kind} in its block of layer {layer} (both are over the same tokens)"
+        )
+        if joint.split_count != own.split_count:
+            self.fail(f"{name}.split_count", f"{joint.split_count} {where}")
+        scale = _scale(own.m2, own.mean, own.count)
+        if bool(((joint.mean[block] - own.mean).abs() > _RTOL * scale / math.sqrt(max(own.count, 1))).any()):
+            self.fail(f"{name}.mean", where)
+        if bool(((joint.m2[block, block] - own.m2).abs() > _RTOL * torch.outer(scale, scale)).any()):
+            self.fail(f"{name}.m2", where)
+        if joint.norm_gram is not None and own.norm_gram is not None:
+            for split in (0, 1):
+                length = torch.diagonal(own.norm_gram[split]).sqrt()
+                gap = (joint.norm_gram[split, block, block] - own.norm_gram[split]).abs()
+                if bool((gap > _RTOL * torch.outer(length, length)).any()):
+                    self.fail(f"{name}.norm_gram", f"(split {split}) {where}")
+
+    def tensor(
+        self,
+        tensors: dict[str, torch.Tensor],
+        name: str,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        why: str = "",
+    ) -> torch.Tensor:
+        t = tensors[name]
+        if t.dtype != dtype or tuple(t.shape) != shape:
+            want, got = str(dtype).removeprefix("torch."), str(t.dtype).removeprefix("torch.")
+            self.fail(
+                f"tensor {name}",
+                f"must be {want} of shape {shape}{why}, but is {got} of shape {tuple(t.shape)}",
+            )
+        if dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+            self.fail(f"tensor {name}", f"holds NaN or infinite values (at {_first(~torch.isfinite(t))})")
+        return t
+
+    def one(
+        self, tensors: dict[str, torch.Tensor], prefix: str, width: int, head_dim: int | None, tokens: int
+    ) -> Moments:
+        """The moments under ``prefix``: ``width`` channels (heads of ``head_dim``) over ``tokens``."""
+        count = int(self.tensor(tensors, f"{prefix}.count", torch.int64, (1,))[0])
+        if count != tokens:
+            self.fail(
+                f"tensor {prefix}.count",
+                f"is {count}, but meta.tokens is {tokens} (every layer and kind counts the same tokens)",
+            )
+        why = " (the channels that meta.layout gives this kind" + (
+            ", times the meta.cross_layers)" if prefix.startswith("cross.") else ")"
+        )
+        mean = self.tensor(tensors, f"{prefix}.mean", torch.float64, (width,), why)
+        m2 = self.tensor(tensors, f"{prefix}.m2", torch.float64, (width, width), why)
+        if count == 0 and (bool(mean.any()) or bool(m2.any())):
+            self.fail(f"tensor {prefix}.mean/m2", "are not zero although no tokens were counted")
+        self.comoment(f"tensor {prefix}.m2", m2, mean, count)
+        if head_dim is not None:
+            gram = self.tensor(tensors, f"{prefix}.norm_gram", torch.float64, (2, width, width), why)
+            split_a, split_b = (
+                int(v) for v in self.tensor(tensors, f"{prefix}.split_count", torch.int64, (2,))
+            )
+            if split_a < 0 or split_b < 0 or split_a + split_b != count:
+                self.fail(
+                    f"tensor {prefix}.split_count",
+                    f"is ({split_a}, {split_b}), which are not two "
+                    f"non-negative parts of the {count} tokens in {prefix}.count",
+                )
+            self.norm_gram(f"tensor {prefix}.norm_gram", gram, (split_a, split_b), head_dim)
+        return Moments.from_tensors(tensors, prefix, head_dim)
+
+    def comoment(self, field: str, m2: torch.Tensor, mean: torch.Tensor, count: int) -> None:
+        """A co-moment ``Σ (x − μ)(x − μ)^T``: symmetric, non-negative variances, |m2_ab|² ≤ m2_aa·m2_bb.
+
+        The rounding slack of each entry is relative to its channels' :func:`_scale`.
+        """
+        diag = torch.diagonal(m2)
+        scale = _scale(m2, mean, count)
+        negative = diag < -_RTOL * scale * scale
+        if bool(negative.any()):
+            (a,) = _first(negative)
+            self.fail(
+                field,
+                f"has the negative variance {float(diag[a]):.6g} on channel {a}; a co-moment's "
+                "diagonal is never negative",
+            )
+        self.pairs(field, m2, scale)
+
+    def norm_gram(self, field: str, gram: torch.Tensor, splits: tuple[int, int], head_dim: int) -> None:
+        """Grams of per-head unit vectors: each head's diagonal block sums to at most its split's tokens."""
+        for split, tokens in enumerate(splits):
+            g = gram[split]
+            diag = torch.diagonal(g)
+            if bool((diag < 0).any()):
+                (a,) = _first(diag < 0)
+                self.fail(
+                    field,
+                    f"split {split} has the negative entry {float(diag[a]):.6g} at ({a}, {a}) "
+                    "of a sum of squares",
+                )
+            lengths = diag.reshape(-1, head_dim).sum(-1)
+            too_long = lengths > tokens * (1 + _RTOL)
+            if bool(too_long.any()):
+                (head,) = _first(too_long)
+                self.fail(
+                    field,
+                    f"split {split}: head {head} sums to {float(lengths[head]):.6g} over {tokens} "
+                    "tokens (split_count), but the head vectors it sums are unit length, so at most "
+                    f"{tokens}",
+                )
+            self.pairs(f"{field} (split {split})", g, diag.sqrt())
+
+    def pairs(self, field: str, matrix: torch.Tensor, scale: torch.Tensor) -> None:
+        """``matrix`` symmetric and ``|matrix_ab| ≤ scale_a·scale_b`` (Cauchy–Schwarz), up to rounding."""
+        width = matrix.shape[-1]
+        step = max(1, _CHUNK // max(width, 1))
+        for start in range(0, width, step):
+            rows = matrix[start : start + step]
+            bound = scale[start : start + step, None] * scale[None, :]
+            over = rows.abs() > (1 + _RTOL) * bound
+            if bool(over.any()):
+                a, b = _first(over)
+                self.fail(
+                    field,
+                    f"entry ({start + a}, {b}) = {float(rows[a, b]):.6g} exceeds the geometric mean "
+                    f"of its diagonal entries ({float(bound[a, b]):.6g}), which a Gram never does",
+                )
+            skew = (rows - matrix[:, start : start + step].T).abs() > _RTOL * bound
+            if bool(skew.any()):
+                a, b = _first(skew)
+                self.fail(
+                    field,
+                    f"is not symmetric: entry ({start + a}, {b}) = {float(rows[a, b]):.6g} but "
+                    f"({b}, {start + a}) = {float(matrix[b, start + a]):.6g}",
+                )
