@@ -1,0 +1,22 @@
+"""``KVStats``: the per-layer key/value statistics of one model over a set of tokens.
+
+Holds a :class:`~headwidget.moments.Moments` for every captured (layer, kind) — kinds ``"key"``
+(pre-RoPE), ``"key_post"`` (post-RoPE), ``"value"``, ``"input"`` (the attention input) and ``"latent"``
+(MLA) — plus optional cross-layer moments over a set of layers, and the metadata needed to interpret
+them. Everything derived (correlations, head similarities) is computed on demand in float64.
+
+Example:
+    >>> import torch, headwidget
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                   num_attention_heads=4, num_key_value_heads=2)
+    >>> model = LlamaForCausalLM(cfg).eval()
+    >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 16)), progress=False)
+    >>> stats.channel_corr(0, "key").shape, stats.head_similarity(1, "value").shape
+    ((16, 16), (2, 2))
+"""
+
+from headwidget.stats._kvstats import KVStats
+from headwidget.stats._meta import FORMAT, FORMAT_VERSION, StatsMeta, config_fingerprint
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "KVStats", "StatsMeta", "config_fingerprint"]

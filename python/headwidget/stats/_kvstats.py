@@ -1,0 +1,296 @@
+"""``KVStats``: every captured (layer, kind)'s moments, the cross-layer moments, and what follows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from headwidget.core.kinds import Kind, check_kind
+from headwidget.errors import (
+    CrossLayerMissingError,
+    LayerIndexError,
+    StatsMismatchError,
+    UnknownKindError,
+    UnknownMetricError,
+)
+from headwidget.moments import HEAD_METRICS, Moments, channel_corr_from_moments, head_similarity_from_moments
+from headwidget.moments.correlation import resolve_channels
+from headwidget.stats._file import read_stats, write_stats
+from headwidget.stats._meta import StatsMeta
+
+__all__ = ["KVStats"]
+
+
+class KVStats:
+    """Streaming key/value statistics of one model (see the module docstring)."""
+
+    def __init__(
+        self,
+        meta: StatsMeta,
+        moments: dict[tuple[int, Kind], Moments],
+        cross: dict[Kind, Moments] | None = None,
+    ) -> None:
+        self.meta = meta
+        self._moments = moments
+        self._cross = cross or {}
+
+    # ------------------------------------------------------------------ access
+    @property
+    def layers(self) -> list[int]:
+        return list(self.meta.layers)
+
+    @property
+    def kinds(self) -> list[Kind]:
+        return list(self.meta.kinds)
+
+    @property
+    def tokens(self) -> int:
+        return self.meta.tokens
+
+    def _check_layer(self, layer: int) -> int:
+        if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool):
+            raise LayerIndexError(f"layer must be an int, got {type(layer).__name__}")
+        n = self.meta.layout.num_layers
+        layer = int(layer)
+        if layer < 0:
+            layer += n
+        if not 0 <= layer < n:
+            raise LayerIndexError(f"layer {layer} is out of range: the model has {n} layers (0..{n - 1})")
+        if layer not in self.meta.layers:
+            raise LayerIndexError(
+                f"layer {layer} was not captured (captured: {self.meta.layers}); "
+                f"capture again with layers=[..., {layer}]"
+            )
+        return layer
+
+    def _check_kind(self, name: str) -> Kind:
+        kind = check_kind(name)
+        if kind not in self.meta.kinds:
+            hint = {
+                "key_post": "capture with rope='post' or rope='both'",
+                "input": "capture with inputs=True",
+                "latent": "only MLA (DeepSeek) models have a latent",
+            }.get(kind, "")
+            raise UnknownKindError(
+                f"kind {kind!r} was not captured (captured: {', '.join(self.meta.kinds)})"
+                + (f"; {hint}" if hint else "")
+            )
+        return kind
+
+    def moments(self, layer: int, kind: Kind = "key") -> Moments:
+        """The raw float64 moments of one layer and kind."""
+        return self._moments[(self._check_layer(layer), self._check_kind(kind))]
+
+    def heads_of(self, kind: Kind) -> int:
+        hd = self.meta.layout.head_dim_of(kind)
+        return self.meta.layout.channels_of(kind) // hd if hd else 1
+
+    # ------------------------------------------------------------------ derived views
+    def channel_corr(
+        self, layer: int, kind: Kind = "key", channels: slice | range | list[int] | None = None
+    ) -> np.ndarray:
+        """Pearson correlation between channels (HF head-major order, ``c = head·d_h + j``).
+
+        Equal to ``np.corrcoef(X[:, channels].T)`` over the captured tokens; NaN where a channel
+        has zero variance. ``channels`` is a slice, range or list of channel indices.
+        """
+        return channel_corr_from_moments(self.moments(layer, kind), channels).cpu().numpy()
+
+    def covariance(
+        self, layer: int, kind: Kind = "key", channels: slice | range | list[int] | None = None
+    ) -> np.ndarray:
+        """Sample covariance (ddof=1, as ``np.cov``) of the channels of one layer and kind."""
+        m = self.moments(layer, kind)
+        sel = resolve_channels(channels, m.channels)
+        return m.covariance()[sel][:, sel].cpu().numpy()
+
+    def mean(self, layer: int, kind: Kind = "key") -> np.ndarray:
+        return self.moments(layer, kind).mean.cpu().numpy()
+
+    def head_moments(self, layers: int | Sequence[int], kind: Kind = "key") -> Moments:
+        """Moments over the heads of one layer, or of several layers flattened layer-major.
+
+        Several layers need the cross-layer statistics (``capture(..., cross_layer=[...])``).
+        """
+        self._check_kind(kind)
+        if isinstance(layers, (int, np.integer)):
+            return self.moments(int(layers), kind)
+        layers = [self._check_layer(layer) for layer in layers]
+        if len(layers) == 1:
+            return self.moments(layers[0], kind)
+        cross = self.meta.cross_layers or []
+        missing = [layer for layer in layers if layer not in cross]
+        if missing or kind not in self._cross:
+            raise CrossLayerMissingError(
+                f"comparing heads across layers {layers} needs cross-layer statistics for "
+                f"kind {kind!r}, but layers {missing or layers} were not in cross_layer "
+                f"(captured cross_layer={cross or None}); capture with cross_layer={layers}"
+            )
+        width = self.meta.layout.channels_of(kind)
+        index = torch.cat([torch.arange(width) + cross.index(layer) * width for layer in layers])
+        return self._cross[kind].select(index)
+
+    def head_similarity(
+        self, layer: int | Sequence[int], kind: Kind = "key", metric: str = "token_cosine"
+    ) -> np.ndarray:
+        """Head × head similarity over the real KV heads (never GQA copies).
+
+        ``metric``: ``"token_cosine"`` (mean per-token cosine), ``"cosine"`` (Frobenius cosine),
+        ``"pearson"`` (centred Frobenius cosine) or ``"cka"`` (linear CKA). A list of layers gives
+        the flattened (layer, head) set, layer-major (index = position·G + g).
+        """
+        if metric not in HEAD_METRICS:
+            raise UnknownMetricError(f"unknown metric {metric!r}; choose one of {', '.join(HEAD_METRICS)}")
+        if self.meta.layout.head_dim_of(kind) is None:
+            raise UnknownKindError(f"kind {kind!r} is not split into heads; use 'key' or 'value'")
+        return head_similarity_from_moments(self.head_moments(layer, kind), metric).cpu().numpy()
+
+    # ------------------------------------------------------------------ combination
+    def _compatibility_problems(self, other: KVStats) -> list[str]:
+        a, b = self.meta, other.meta
+        problems = []
+        for name in ("model_class", "config_fingerprint", "layers", "kinds", "skip_first_token",
+                     "cross_layers"):  # fmt: skip
+            if getattr(a, name) != getattr(b, name):
+                problems.append(f"{name}: {getattr(a, name)!r} vs {getattr(b, name)!r}")
+        return problems
+
+    def merge(self, other: KVStats) -> KVStats:
+        """Statistics of both token sets together (exact: Chan et al.'s pairwise merge)."""
+        if not isinstance(other, KVStats):
+            raise TypeError(f"can only merge KVStats with KVStats, not {type(other).__name__}")
+        problems = self._compatibility_problems(other)
+        if problems:
+            raise StatsMismatchError(
+                "cannot merge statistics of different captures: "
+                + "; ".join(problems)
+                + ". Capture both with the same model and the same layers/rope/inputs/cross_layer options."
+            )
+        moments = {key: m.merge(other._moments[key]) for key, m in self._moments.items()}
+        cross = {kind: m.merge(other._cross[kind]) for kind, m in self._cross.items()}
+        meta = replace(self.meta, tokens=self.meta.tokens + other.meta.tokens)
+        return KVStats(meta, moments, cross)
+
+    __add__ = merge
+
+    def to(self, device: torch.device | str) -> KVStats:
+        """A copy with every accumulator on ``device``."""
+        return KVStats(
+            replace(self.meta),
+            {k: m.to(device) for k, m in self._moments.items()},
+            {k: m.to(device) for k, m in self._cross.items()},
+        )
+
+    def all_reduce(self, group: object = None) -> KVStats:
+        """Sum statistics over the ranks of ``torch.distributed`` (data-parallel capture), in place.
+
+        Every rank must have captured the same layers and kinds; afterwards every rank holds the
+        statistics of all ranks' tokens. Returns ``self``.
+        """
+        for key in sorted(self._moments):
+            self._moments[key].all_reduce(group)
+        for kind in sorted(self._cross):
+            self._cross[kind].all_reduce(group)
+        total = self._moments[next(iter(sorted(self._moments)))].count if self._moments else 0
+        self.meta.tokens = int(total)
+        return self
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | Path) -> Path:
+        """Write the statistics as safetensors (tensors) with JSON metadata; never pickle.
+
+        The write is atomic (see :mod:`headwidget.files`): the file at ``path`` is either the old one or
+        the complete new one, a symlink at ``path`` keeps pointing to the file that gets the content, and
+        an existing file keeps its permissions. A ``path`` that is a directory, FIFO or device, a missing
+        or read-only directory, or a full disk raise :class:`~headwidget.errors.StatsFileError` naming
+        ``path``; nothing is left behind.
+
+        Example:
+            >>> import pathlib, shutil, tempfile
+            >>> from headwidget.core import AttentionLayout
+            >>> from headwidget.moments import Moments
+            >>> stats = KVStats(StatsMeta("demo", "Demo", AttentionLayout("demo", "mha", 1, 1, 1, 2, 2, 2),
+            ...                           layers=[0], kinds=["value"]),
+            ...                 {(0, "value"): Moments.empty(2, head_dim=2)})
+            >>> folder = pathlib.Path(tempfile.mkdtemp())
+            >>> KVStats.load(stats.save(folder / "demo.safetensors")).kinds
+            ['value']
+            >>> stats.save(folder)
+            Traceback (most recent call last):
+            ...
+            headwidget.errors.StatsFileError: cannot save statistics: ... is a directory, not a regular ...
+            >>> shutil.rmtree(folder)
+        """
+        return write_stats(Path(path), self.meta, self._moments, self._cross)
+
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> KVStats:
+        """Read statistics written by :meth:`save`, checking that every number in the file can be true.
+
+        Besides the safetensors syntax, every metadata field is checked for its type and range and
+        against the others (layers within the model and unique, known kinds, cross-layer layers among
+        the captured ones, head counts that divide, RoPE dims within a head), and every tensor for its
+        dtype, shape (from the layout), finiteness and meaning: counts equal to ``meta.tokens``, token
+        splits adding up to them, co-moments symmetric with non-negative variances and no entry
+        above the geometric mean of its variances, normalised Grams at most one per token and head.
+        Cross-layer moments must agree with each layer's own. Any problem raises
+        :class:`~headwidget.errors.StatsFileError` naming the file and the field.
+
+        Example:
+            >>> import json, pathlib, shutil, tempfile
+            >>> from headwidget.core import AttentionLayout
+            >>> from headwidget.moments import Moments
+            >>> from safetensors import safe_open
+            >>> from safetensors.torch import load_file, save_file
+            >>> stats = KVStats(StatsMeta("demo", "Demo", AttentionLayout("demo", "mha", 1, 1, 1, 2, 2, 2),
+            ...                           layers=[0], kinds=["value"]),
+            ...                 {(0, "value"): Moments.empty(2, head_dim=2)})
+            >>> folder = pathlib.Path(tempfile.mkdtemp())
+            >>> path = stats.save(folder / "demo.safetensors")
+            >>> with safe_open(str(path), "pt") as fh:
+            ...     header = fh.metadata()
+            >>> meta = json.loads(header["meta"]) | {"tokens": "12"}  # a count that is a string
+            >>> save_file(load_file(str(path)), str(path), {**header, "meta": json.dumps(meta)})
+            >>> KVStats.load(path)
+            Traceback (most recent call last):
+            ...
+            headwidget.errors.StatsFileError: ...: meta.tokens must be an integer, not the string '12'; ...
+            >>> shutil.rmtree(folder)
+        """
+        meta, moments, cross = read_stats(Path(path))
+        if torch.device(device) != torch.device("cpu"):
+            moments = {key: m.to(device) for key, m in moments.items()}
+            cross = {kind: m.to(device) for kind, m in cross.items()}
+        return cls(meta, moments, cross)
+
+    # ------------------------------------------------------------------ display
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per captured layer: mean |channel correlation| of K and V and head similarity."""
+        rows = []
+        for layer in self.meta.layers:
+            row: dict[str, Any] = {"layer": layer}
+            for kind in ("key", "value"):
+                if kind not in self.meta.kinds:
+                    continue
+                rho = self.channel_corr(layer, kind)
+                off = rho[~np.eye(len(rho), dtype=bool)]
+                row[f"{kind}_abs_corr"] = float(np.nanmean(np.abs(off))) if off.size else float("nan")
+                sim = self.head_similarity(layer, kind, "token_cosine")
+                offh = sim[~np.eye(len(sim), dtype=bool)]
+                row[f"{kind}_head_cos"] = float(np.nanmean(offh)) if offh.size else float("nan")
+            rows.append(row)
+        return rows
+
+    def __repr__(self) -> str:
+        m = self.meta
+        lay = m.layout
+        return (
+            f"KVStats({m.model_name or m.model_class}: {lay.family}/{lay.mechanism}, "
+            f"{len(m.layers)} of {lay.num_layers} layers, H={lay.num_heads} G={lay.num_kv_heads} "
+            f"d_h={lay.head_dim}, kinds={m.kinds}, tokens={m.tokens})"
+        )

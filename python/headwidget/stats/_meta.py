@@ -1,0 +1,76 @@
+"""What a statistics file says about its capture: the model, its attention layout, layers, kinds, tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from headwidget.core.kinds import Kind
+from headwidget.core.layout import AttentionLayout
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "StatsMeta", "config_fingerprint"]
+
+FORMAT = "headwidget-stats"
+FORMAT_VERSION = "1"
+
+
+@dataclass
+class StatsMeta:
+    """What was captured, from which model, and how."""
+
+    model_name: str
+    model_class: str
+    layout: AttentionLayout
+    layers: list[int]
+    kinds: list[Kind]
+    tokens: int = 0
+    dtype: str = "float32"
+    skip_first_token: bool = False
+    cross_layers: list[int] | None = None
+    config_fingerprint: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+    # Convenience views of the layout -------------------------------------------------
+    @property
+    def family(self) -> str:
+        return self.layout.family
+
+    @property
+    def mechanism(self) -> str:
+        return self.layout.mechanism
+
+    @property
+    def num_heads(self) -> int:
+        return self.layout.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.layout.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.layout.head_dim
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["layout"] = self.layout.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StatsMeta:
+        data = dict(data)
+        data["layout"] = AttentionLayout.from_json(data["layout"])
+        return cls(**data)
+
+
+def config_fingerprint(config: Any) -> str:
+    """A short hash of a model config's architecture fields (what must agree for a merge)."""
+    try:
+        raw = config.to_dict()
+    except AttributeError:
+        raw = dict(vars(config))
+    keep = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("transformers_version",)}
+    text = json.dumps(keep, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
