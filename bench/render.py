@@ -48,11 +48,8 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-#: Traits the harness page's fake model takes besides ``panels``.
-STATE_TRAITS = (
-    "vmin", "vmax", "colormap", "colorbar_label", "columns", "view", "layer", "num_layers", "layer_label",
-    "channel_start", "channel_width", "num_channels", "kind", "kinds_available",
-)  # fmt: skip
+#: Traits the harness page's fake model takes besides ``panels`` and those the view's controls read.
+STATE_TRAITS = ("vmin", "vmax", "colormap", "colorbar_label", "columns", "view", "controls")
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -90,6 +87,8 @@ def synthetic_stats(
 def harness_state(view: Any) -> dict[str, Any]:
     """The view's traits for the harness page, panels' bytes as base64."""
     state = {k: getattr(view, k) for k in STATE_TRAITS}
+    for control in type(view).view_controls():
+        state.update({name: getattr(view, name) for name in control.traits()})
     state["panels"] = [{**p, "data": base64.b64encode(p["data"]).decode()} for p in view.panels]
     return state
 
@@ -163,7 +162,7 @@ RERENDER = """async (runs) => {
 
 
 def bench_harness(browser: Any, server: str, stats: Any, runs: int) -> dict[str, Any]:
-    from headwidget.widget import ChannelView
+    from headwidget.notebook import ChannelView
 
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     page.goto(f"{server}/tests/browser/harness.html")
@@ -260,7 +259,7 @@ def lab_cell(channels: int, layers: int) -> str:
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("headwidget_bench_render", {str(Path(__file__).resolve())!r})
 bench = importlib.util.module_from_spec(spec); sys.modules[spec.name] = bench; spec.loader.exec_module(bench)
-from headwidget.widget import ChannelView
+from headwidget.notebook import ChannelView
 view = ChannelView(bench.synthetic_stats({channels}, layers={layers}), layer=0)
 view"""
 

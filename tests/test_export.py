@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import headwidget
+from headwidget import notebook
 from headwidget.core.panels import Panel, PanelGrid, encode_panel
 from headwidget.export import ExportError, cell_box, colormap, figure, lut_index, page_data, save
-from headwidget.widget import AlignmentView, ChannelView, MechanismView
+from headwidget.views import AlignmentView, ChannelView, MechanismView
 from tiny_models import make_model, ragged_batches
 
 COLORMAPS = json.loads((Path(headwidget.__file__).parent / "colormaps.json").read_text())
@@ -206,13 +207,15 @@ def decode(panel: dict) -> np.ndarray:
 
 def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
     _, stats = tiny
-    view = ChannelView(stats, layer=1, channel_start=2, channel_width=5)
+    view = notebook.ChannelView(stats, layer=1, channel_start=2, channel_width=5)  # a live widget
     sent_before = view.panels
     data = page_data(view)
     assert view.layer == 1 and view.panels == sent_before  # the live view is back where it was
     assert sorted(data["frames"]) == ["0", "1"] and data["errors"] == {}
     assert data["state"]["layer"] == 1 and data["state"]["num_layers"] == 2
-    assert data["state"]["kinds_available"] == [] and data["state"]["num_channels"] == 0
+    # The page's bar holds only the layer slider (the view's other controls need Python).
+    assert data["state"]["controls"] == [ChannelView.view_controls()[0].to_json()]
+    assert not {"kinds_available", "num_channels", "channel_start"} & set(data["state"])
     for layer in (0, 1):
         grid = ChannelView(stats, layer=layer, channel_start=2, channel_width=5).grid
         frame = data["frames"][str(layer)]

@@ -1,4 +1,8 @@
-"""Views turn a state into the right matrices (checked against KVStats and the analyses directly)."""
+"""Views turn a state into the right matrices (checked against KVStats and the analyses directly).
+
+These are the plain views of ``headwidget.views`` (no widget): what the notebook shows and the export
+saves is their ``grid`` (``test_notebook.py`` checks the widgets send it).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import convert
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.core.panels import Panel, encode_panel
-from headwidget.widget import AlignmentView, ChannelView, MechanismView, explore
+from headwidget.views import AlignmentView, ChannelView, MechanismView
 from tiny_models import make_model, ragged_batches
 
 
@@ -35,7 +39,7 @@ def test_channel_view_window_matches_stats(llama):
     assert [p.id for p in view.grid.panels] == ["key-1", "value-1"]
     np.testing.assert_array_equal(view.grid.panels[0].matrix, stats.channel_corr(1, "key")[3:12, 3:12])
     np.testing.assert_array_equal(view.grid.panels[1].matrix, stats.channel_corr(1, "value")[3:12, 3:12])
-    sent = view.panels[0]
+    sent = encode_panel(view.grid.panels[0], vmin=view.grid.vmin, vmax=view.grid.vmax)
     assert (sent["row_offset"], sent["row_step"], sent["rows"]) == (3, 1, 9)
     assert np.abs(decode(sent) - stats.channel_corr(1, "key")[3:12, 3:12]).max() <= 4.9e-4
 
@@ -48,7 +52,7 @@ def test_channel_view_follows_state_changes(llama):
     np.testing.assert_array_equal(view.grid.panels[0].matrix, stats.channel_corr(0, "key_post"))
     view.pinned = [1]
     assert [p.id for p in view.grid.panels] == ["key_post-0", "key_post-1", "value-0", "value-1"]
-    assert view.columns == 2
+    assert view.grid.columns == 2
     view.layer = 1
     assert [p.id for p in view.grid.panels] == ["key_post-1", "value-1"]
 
@@ -68,11 +72,11 @@ def test_channel_view_downsamples_with_a_visible_rule(llama):
 def test_bad_states_show_an_error_and_keep_the_panels(llama):
     _, stats = llama
     view = ChannelView(stats, layer=0)
-    before = view.panels
+    before = view.grid
     view.layer = 9
-    assert "out of range" in view.error and view.panels == before
+    assert "out of range" in view.error and view.grid is before
     view.layer = 1
-    assert view.error == "" and view.panels[0]["id"] == "key-1"
+    assert view.error == "" and view.grid.panels[0].id == "key-1"
     view.channel_start = 40
     assert "channel_start 40 is outside 0..15" in view.error
     view.channel_start = 0
@@ -125,7 +129,7 @@ def test_mechanism_view_matches_conversion(llama):
     expected = operator_similarity(convert(model, 1, "lrkv:2", stats), 1, "qk")
     np.testing.assert_array_equal(view.grid.panels[2].matrix, expected)
     assert view.grid.panels[1].subtitle.startswith(f"{convert(model, 1, 'mqa').kv_bytes_per_token()} B/token")
-    view.metric = "ov"
+    view.circuit = "ov"
     np.testing.assert_array_equal(
         view.grid.panels[0].matrix, operator_similarity(convert(model, 1, "model"), 1, "ov")
     )
@@ -138,52 +142,6 @@ def test_mechanism_view_of_several_real_models():
     view = MechanismView(models, layer=0)
     assert [p.title for p in view.grid.panels] == ["llama gqa", "llama mqa"]
     assert view.grid.panels[0].matrix.shape == (6, 6) and view.grid.panels[1].matrix.shape == (4, 4)
-
-
-def test_explore_links_the_layer_across_tabs():
-    model = make_model("llama_gqa", dtype=torch.float32)
-    dash = explore(model, ragged_batches(), progress=False, mechanisms_trend=True)
-    assert dash.mechanisms is not None
-    ranks = dash.trends.series[f"eff. rank · {dash.mechanisms.mechanisms[3]}"]
-    assert len(ranks) == 2 and all(r > 0 for r in ranks)
-    dash.channels.layer = 1
-    assert dash.alignment.layer == 1 and dash.mechanisms is not None and dash.mechanisms.layer == 1
-    assert dash.alignment.grid.panels[0].row_labels == ["L1·H0", "L1·H1"]
-    dash.mechanisms.layer = 0
-    assert dash.channels.layer == 0
-    dash.trends.points[1].selected = [1]
-    assert dash.channels.layer == 1 and dash.alignment.layer == 1
-    assert dash.tabs.titles == ("Channels", "Head alignment", "Mechanisms")
-
-
-def test_layer_trends_numbers_and_linking(llama):
-    from headwidget.widget import LayerTrends
-    from headwidget.widget.trends import layer_series
-
-    model, stats = llama
-    series = layer_series(stats, model=model, mechanisms=["mqa"])
-    rho = stats.channel_corr(1, "value")
-    assert series["V mean |channel corr|"][1] == pytest.approx(
-        np.abs(rho[~np.eye(16, dtype=bool)]).mean(), abs=1e-12
-    )
-    before = align(stats, [1], kind="key").before
-    assert series["K head similarity · before"][1] == pytest.approx(before[0, 1], abs=1e-12)
-    after = align(stats, [1], kind="value", method="orthogonal").shown
-    assert series["V head similarity · after"][1] == pytest.approx(after[0, 1], abs=1e-12)
-    from headwidget.analysis import convert, head_diversity, operator_similarity
-
-    rank = head_diversity(operator_similarity(convert(model, 0, "mqa", stats), 0, "qk"))["effective_rank"]
-    assert series["eff. rank · mqa"][0] == pytest.approx(rank, abs=1e-12)
-    view = ChannelView(stats, layer=0)
-    trends = LayerTrends(stats, layer=0)
-    import traitlets
-
-    traitlets.link((view, "layer"), (trends, "layer"))
-    trends.points[0].selected = [1]  # a click on layer 1's point in the chart
-    assert trends.layer == 1 and view.layer == 1 and trends.rule.x.tolist() == [1.0, 1.0]
-    assert trends.points[0].selected is None
-    view.layer = 0
-    assert trends.rule.x.tolist() == [0.0, 0.0]
 
 
 def test_channel_view_prefetches_the_neighbouring_layers(llama):
@@ -209,8 +167,54 @@ def test_alignment_view_says_when_negative_scores_are_drawn_as_zero(llama):
     view = AlignmentView(stats, layer=0, metric="pearson")
     lowest = float(np.nanmin(view.grid.panels[0].matrix))
     assert lowest < 0  # heads of this random-init model anti-correlate a little before alignment
-    assert (view.vmin, view.vmax, view.colormap) == (0.0, 1.0, "magma")
+    assert (view.grid.vmin, view.grid.vmax, view.grid.colormap) == (0.0, 1.0, "magma")
     assert view.grid.panels[0].note == f"lowest score {lowest:.3f}, drawn as 0"
-    assert view.colorbar_label == "head similarity (scores below 0 drawn as 0)"
+    assert view.grid.colorbar_label == "head similarity (scores below 0 drawn as 0)"
     after = view.grid.panels[1]
     assert float(np.nanmin(after.matrix)) >= 0 or after.note.startswith("lowest score")
+
+
+def test_create_reads_the_layers_a_user_names(llama):
+    """What the command line, the magic and explore build: the first layer selected, the rest the view's."""
+    model, stats = llama
+    channels = ChannelView.create(stats, layers=[1, 0], interactive=False)
+    assert (channels.layer, channels.pinned, channels.prefetch) == (1, [0], False)
+    assert [p.id for p in channels.grid.panels] == ["key-0", "key-1", "value-0", "value-1"]
+    assert ChannelView.create(stats, kind="key_post").grid.panels[0].id == "key_post-0"
+    flat = AlignmentView.create(stats, layers=[0, 1])
+    np.testing.assert_array_equal(flat.grid.panels[0].matrix, align(stats, [0, 1], kind="key").before)
+    assert flat.num_layers == 0  # a flattened set has no layer slider
+    one = AlignmentView.create(stats, layers=[1])
+    assert (one.layer, one.num_layers, one.fixed_layers) == (1, 2, None)
+    assert AlignmentView.capture_options([0, 1]) == {"cross_layer": [0, 1]}
+    assert AlignmentView.capture_options([1]) == {} == ChannelView.capture_options([0, 1])
+    mech = MechanismView.create(stats, model, layers=[1], mechanisms=["mqa"])
+    expected = operator_similarity(convert(model, 1, "mqa", stats), 1, "qk")
+    np.testing.assert_array_equal(mech.grid.panels[0].matrix, expected)
+    assert mech.stats is stats
+
+
+def test_create_without_what_the_view_needs_says_so(llama):
+    model, stats = llama
+    with pytest.raises(headwidget.HeadwidgetError, match="the mechanisms view needs a model"):
+        MechanismView.create(stats)
+    with pytest.raises(headwidget.HeadwidgetError, match="the channels view needs captured statistics"):
+        ChannelView.create(model=model)
+    assert (MechanismView.needs_model, MechanismView.needs_stats) == (True, False)
+    assert (ChannelView.needs_model, AlignmentView.needs_stats) == (False, True)
+
+
+def test_initial_state_is_computed_once(llama, monkeypatch):
+    _, stats = llama
+    calls = []
+    original = ChannelView.compute
+
+    def counting(self):
+        calls.append(self.layer)
+        return original(self)
+
+    monkeypatch.setattr(ChannelView, "compute", counting)
+    view = ChannelView(stats, layer=1, pinned=[0], kind="key_post", channel_start=2, channel_width=5)
+    assert calls == [1]
+    view.channel_width = 4
+    assert calls == [1, 1] and view.grid.panels[0].matrix.shape == (4, 4)

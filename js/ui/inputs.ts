@@ -142,7 +142,7 @@ export class Toggles {
     private readonly onPick: (v: string) => void,
   ) {
     this.group = h(doc, "div", {
-      className: "hw-kinds",
+      className: "hw-toggles",
       attrs: { role: "group", "aria-label": label },
     });
     this.el = h(doc, "div", { className: "hw-control" }, [
@@ -182,7 +182,7 @@ export class Checklist {
     private readonly trait: string,
     private readonly onPick: (v: string[]) => void,
   ) {
-    this.el = h(doc, "fieldset", { className: "hw-control hw-mechanisms" }, [
+    this.el = h(doc, "fieldset", { className: "hw-control hw-checklist" }, [
       h(doc, "legend", { text: label }),
     ]);
   }

@@ -15,13 +15,13 @@ export const CSS = `
 .hw-control > .hw-label { font-weight: 600; }
 .hw-control input[type=range] { width: 160px; }
 .hw-control output { min-width: 7em; font-variant-numeric: tabular-nums; }
-.hw-kinds { display: inline-flex; }
-.hw-kinds button { border: 1px solid #888; background: #f4f4f4; color: #1f1f1f; padding: 2px 9px;
+.hw-toggles { display: inline-flex; }
+.hw-toggles button { border: 1px solid #888; background: #f4f4f4; color: #1f1f1f; padding: 2px 9px;
   margin: 0; cursor: pointer; font: inherit; }
-.hw-kinds button + button { border-left: none; }
-.hw-kinds button[aria-pressed=true] { background: #2b5d9a; border-color: #2b5d9a; color: #fff; }
-.hw-mechanisms { display: inline-flex; flex-wrap: wrap; gap: 2px 10px; border: 0; padding: 0; margin: 0; }
-.hw-mechanisms legend { float: left; font-weight: 600; margin-right: 6px; padding: 0; }
+.hw-toggles button + button { border-left: none; }
+.hw-toggles button[aria-pressed=true] { background: #2b5d9a; border-color: #2b5d9a; color: #fff; }
+.hw-checklist { display: inline-flex; flex-wrap: wrap; gap: 2px 10px; border: 0; padding: 0; margin: 0; }
+.hw-checklist legend { float: left; font-weight: 600; margin-right: 6px; padding: 0; }
 .hw-root button:focus-visible, .hw-root select:focus-visible, .hw-root input:focus-visible,
 .hw-panels:focus-visible { outline: 2px solid #1a73e8; outline-offset: 1px; }
 .hw-export { font: inherit; padding: 2px 10px; cursor: pointer; }

@@ -56,8 +56,9 @@ from headwidget.errors import (
     UnsupportedModelError,
 )
 from headwidget.moments import Moments
+from headwidget.notebook import AlignmentView, ChannelView, MechanismView, explore
 from headwidget.stats import KVStats, StatsMeta
-from headwidget.widget import AlignmentView, ChannelView, HeadWidget, LayerTrends, MechanismView, explore
+from headwidget.widget import HeadWidget, LayerTrends
 
 
 def load_ipython_extension(ipython: object) -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headwidget.errors import HeadwidgetError
+
+if TYPE_CHECKING:
+    from headwidget.views import View
 
 __all__ = ["main"]
 
@@ -75,22 +78,31 @@ def _capture_parser(sub: Any) -> None:
 
 
 def _figure_parser(sub: Any) -> None:
+    from headwidget.views import view_names
+
+    names = view_names()
     fig = sub.add_parser(
         "figure",
         help="draw a reference-style figure from saved statistics",
-        description="Draw the channel, alignment or mechanism figure from a statistics file and save "
-        "it as .png, .svg, .pdf or a standalone .html.",
+        description=f"Draw a view's figure ({', '.join(names)}) from a statistics file and save it as "
+        ".png, .svg, .pdf or a standalone .html.",
     )
     fig.add_argument("stats", type=Path, help="statistics file written by `headwidget capture`")
-    fig.add_argument("--view", default="channels", choices=("channels", "alignment", "mechanisms"))
+    fig.add_argument("--view", default=names[0], choices=names, help=f"which view (default: {names[0]})")
     fig.add_argument(
         "--layers",
         default=None,
-        help="comma-separated layers (channels: one column each; alignment: flattened set)",
+        help="comma-separated layers: the first is selected; the rest are the view's (channels: one "
+        "column each; alignment: one flattened set of heads)",
     )
-    fig.add_argument("--kind", default="key", choices=("key", "key_post"), help="pre- or post-RoPE keys")
-    fig.add_argument("--channels", default=None, help="channel window START:STOP (channels view)")
-    fig.add_argument("--model", default=None, help="model directory or embedded name (mechanisms view)")
+    fig.add_argument(
+        "--kind",
+        default="key",
+        choices=("key", "key_post"),
+        help="pre- or post-RoPE keys (views with a kind)",
+    )
+    fig.add_argument("--channels", default=None, help="channel window START:STOP (views with a window)")
+    fig.add_argument("--model", default=None, help="model directory or embedded name (views of weights)")
     fig.add_argument("--out", required=True, type=Path, help="output file: .png, .svg, .pdf or .html")
     fig.add_argument("--dpi", type=int, default=200, help="resolution of .png output (default: 200)")
 
@@ -203,43 +215,41 @@ def _run_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def _figure_state(view: type[View], args: argparse.Namespace) -> dict[str, Any]:
+    """Initial state from --kind and --channels, for the views that have a kind and a window."""
+    state: dict[str, Any] = {}
+    if "kind" in view.state_traits():
+        state["kind"] = args.kind
+    window = next((c for c in view.view_controls() if c.type == "window"), None)
+    if args.channels and window is not None:
+        try:
+            start, stop = (int(x) for x in args.channels.split(":"))
+        except ValueError as err:
+            raise UsageError(f"--channels takes START:STOP, got {args.channels!r}") from err
+        state.update({window.trait: start, window.width: stop - start})
+    return state
+
+
 def _run_figure(args: argparse.Namespace) -> int:
+    from headwidget.export import save
     from headwidget.stats import KVStats
-    from headwidget.widget import AlignmentView, ChannelView, MechanismView
+    from headwidget.views import view_class
 
     if not args.stats.is_file():
         raise UsageError(f"{args.stats}: no such statistics file")
     if args.out.suffix.lower() not in (".png", ".svg", ".pdf", ".html"):
         raise UsageError(f"--out {args.out}: the extension must be .png, .svg, .pdf or .html")
+    cls = view_class(args.view)
+    if cls.needs_model and args.model is None:
+        raise UsageError(f"--view {args.view} needs --model (the weights of the model the stats come from)")
     stats = KVStats.load(args.stats)
     layers = _int_list(args.layers, "--layers") or stats.layers[:1]
-    view: Any
-    if args.view == "channels":
-        start, stop = 0, stats.meta.layout.channels_of("key")
-        if args.channels:
-            try:
-                start, stop = (int(x) for x in args.channels.split(":"))
-            except ValueError as err:
-                raise UsageError(f"--channels takes START:STOP, got {args.channels!r}") from err
-        view = ChannelView(
-            stats,
-            layer=layers[0],
-            pinned=layers[1:],
-            kind=args.kind,
-            channel_start=start,
-            channel_width=stop - start,
-            prefetch=False,
-        )
-    elif args.view == "alignment":
-        view = AlignmentView(stats, layers=layers, kind=args.kind)
-    else:
-        if args.model is None:
-            raise UsageError("--view mechanisms needs --model (the weights of the model the stats come from)")
-        model, _ = load_model(args.model, device="cpu")
-        view = MechanismView(model, layer=layers[0], stats=stats)
+    state = _figure_state(cls, args)
+    model = load_model(args.model, device="cpu")[0] if cls.needs_model else None
+    view = cls.create(stats, model, layers=layers, interactive=False, **state)
     if view.error:
         raise _ViewError(view.error)
-    view.save(args.out, dpi=args.dpi)
+    save(view, args.out, dpi=args.dpi)
     print(f"saved {args.out}")
     return 0
 
@@ -252,6 +262,7 @@ COMMANDS = {"demo": _run_demo, "capture": _run_capture, "figure": _run_figure}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

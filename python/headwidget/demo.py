@@ -57,20 +57,21 @@ def _capture(name: str, model: Any, tokenizer: Any, texts: list[str], **options:
 def _figures(
     out: Path, stats: dict[str, KVStats], models: dict[str, Any], echo: Callable[[str], None]
 ) -> list[str]:
-    from headwidget.widget import AlignmentView, ChannelView, MechanismView
+    from headwidget.export import save
+    from headwidget.views import view_class
 
     report: list[str] = []
     if "smollm2-135m" in stats:
         smol = stats["smollm2-135m"]
-        channels = ChannelView(
-            smol, layer=CHANNEL_LAYERS[0], pinned=CHANNEL_LAYERS[1:], channel_width=32, prefetch=False
+        channels = view_class("channels").create(
+            smol, layers=CHANNEL_LAYERS, interactive=False, channel_width=32
         )
-        alignment = AlignmentView(smol, layers=ALIGNMENT_LAYERS)
+        alignment = view_class("alignment").create(smol, layers=ALIGNMENT_LAYERS, interactive=False)
         for name, view in (("channel_correlation", channels), ("head_alignment", alignment)):
             for suffix in (".png", ".pdf"):
-                echo(f"wrote {view.save(out / f'{name}{suffix}', dpi=150)}")
-        explorer = ChannelView(smol, channel_width=64, prefetch=False)
-        echo(f"wrote {explorer.save(out / 'explorer.html')} (standalone, offline)")
+                echo(f"wrote {save(view, out / f'{name}{suffix}', dpi=150)}")
+        explorer = view_class("channels").create(smol, interactive=False, channel_width=64)
+        echo(f"wrote {save(explorer, out / 'explorer.html')} (standalone, offline)")
         report += ["## Head similarity before/after alignment (SmolLM2, layers " + f"{ALIGNMENT_LAYERS})", ""]
         report += [
             "| kind | method | before | after (in-sample) | after (held-out) | shown |",
@@ -89,9 +90,11 @@ def _figures(
         report.append("")
     if "minilm-l6" in stats:
         mini = stats["minilm-l6"]
-        view = MechanismView(models["minilm-l6"], layer=MECHANISM_LAYER, mechanisms=MECHANISMS, stats=mini)
+        view = view_class("mechanisms").create(
+            mini, models["minilm-l6"], layers=[MECHANISM_LAYER], interactive=False, mechanisms=MECHANISMS
+        )
         for suffix in (".png", ".pdf"):
-            echo(f"wrote {view.save(out / f'mechanisms{suffix}', dpi=150)}")
+            echo(f"wrote {save(view, out / f'mechanisms{suffix}', dpi=150)}")
         report += [f"## Mechanisms (MiniLM layer {MECHANISM_LAYER}, data-aware)", ""]
         report += ["| spec | KV bytes/token (bf16) | key error | value error |", "|---|---|---|---|"]
         for row in mechanism_sweep(models["minilm-l6"], MECHANISM_LAYER, MECHANISMS, mini):

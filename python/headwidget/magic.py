@@ -2,10 +2,10 @@
 
 It registers
 
-- the line magic ``%headwidget NAME [--texts VAR] [--tokenizer VAR] [--view channels|alignment|
-  mechanisms|all] [--layers 0,1,12] [--max-tokens N] [--rope pre|post|both]``, where ``NAME`` is a model
-  or a :class:`~headwidget.stats.KVStats` in the notebook's namespace; it returns the widget, so the
-  cell shows it;
+- the line magic ``%headwidget NAME [--texts VAR] [--tokenizer VAR] [--view VIEW|all] [--layers 0,1,12]
+  [--max-tokens N] [--rope pre|post|both]``, where ``NAME`` is a model or a
+  :class:`~headwidget.stats.KVStats` in the notebook's namespace and ``VIEW`` any registered view
+  (:func:`headwidget.views.view_names`); it returns the widget, so the cell shows it;
 - a display formatter: a ``KVStats`` as the last expression of a cell shows the explorer.
 
 Example (in a notebook)::
@@ -23,10 +23,11 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from headwidget.errors import HeadwidgetError
 from headwidget.stats import KVStats
+from headwidget.views import view_names
 
 __all__ = ["HeadwidgetMagics", "load_ipython_extension", "unload_ipython_extension"]
 
-VIEWS = ("all", "channels", "alignment", "mechanisms")
+VIEWS = ("all", *view_names())
 
 
 class MagicUsageError(HeadwidgetError, ValueError):
@@ -66,7 +67,7 @@ class HeadwidgetMagics(Magics):
     def headwidget(self, line: str) -> Any:
         """Show the headwidget explorer (or one view) for a model or saved statistics."""
         from headwidget.capture import capture
-        from headwidget.widget import AlignmentView, ChannelView, MechanismView, explore
+        from headwidget.notebook import explore, widget_class
 
         args = parse_argstring(self.headwidget, line)
         source = self._lookup(args.source, "source")
@@ -74,32 +75,26 @@ class HeadwidgetMagics(Magics):
         texts = self._lookup(args.texts, "texts")
         tokenizer = self._lookup(args.tokenizer, "tokenizer")
         model = None if isinstance(source, KVStats) else source
-        if args.view == "mechanisms":
-            if model is None:
-                raise MagicUsageError("the mechanisms view needs a model (its weights), not statistics")
-            return MechanismView(model, layer=layers[0] if layers else 0)
-        if model is not None:
+        stats = source if isinstance(source, KVStats) else None
+        view = None if args.view == "all" else widget_class(args.view)
+        if view is not None and view.needs_model and model is None:
+            raise MagicUsageError(f"the {args.view} view needs a model (its weights), not statistics")
+        if model is not None and (view is None or view.needs_stats):
             if texts is None:
                 raise MagicUsageError("capturing a model needs --texts NAME (strings need --tokenizer too)")
             options: dict[str, Any] = {"max_tokens": args.max_tokens, "rope": args.rope, "inputs": True}
-            if args.view == "alignment" and len(layers) > 1:
-                options["cross_layer"] = layers
-            if args.view == "all":
+            if view is None:
                 return explore(model, texts, tokenizer=tokenizer, **options)
+            options.update(view.capture_options(layers))
             stats = capture(model, texts, tokenizer=tokenizer, **options)
-        else:
-            stats = source
-        if args.view == "all":
+        if view is None:
+            assert stats is not None
             return explore(stats)
-        if args.view == "channels":
-            return ChannelView(stats, layer=layers[0] if layers else None, pinned=layers[1:])
-        if len(layers) > 1:
-            return AlignmentView(stats, layers=layers)
-        return AlignmentView(stats, layer=layers[0] if layers else None)
+        return view.create(stats, model, layers=layers)
 
 
 def _stats_bundle(stats: KVStats) -> dict[str, Any]:
-    from headwidget.widget import explore
+    from headwidget.notebook import explore
 
     bundle = dict(explore(stats)._repr_mimebundle_())
     bundle["text/plain"] = repr(stats)  # where widgets cannot render, say what the object is
@@ -113,4 +108,5 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext headwidget``: removes the ``KVStats`` display formatter."""
     ipython.display_formatter.mimebundle_formatter.pop(KVStats, None)

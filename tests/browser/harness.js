@@ -95,7 +95,24 @@ function panel(fields) {
   };
 }
 
+/** A control bar with one control of every type, as a view's `controls` trait describes it. */
+const CONTROLS = [
+  { trait: "layer", type: "slider", label: "Layer", count: "num_layers", text: "layer_label" },
+  {
+    trait: "channel_start",
+    type: "window",
+    label: "Channels",
+    width: "channel_width",
+    total: "num_channels",
+  },
+  { trait: "kind", type: "toggles", label: "Kind", options: "kinds_available" },
+  { trait: "metric", type: "select", label: "Metric", options: "metrics_available" },
+  { trait: "alignment", type: "select", label: "Alignment", options: "alignments_available" },
+  { trait: "mechanisms", type: "checklist", label: "Mechanisms", options: "mechanisms_available" },
+];
+
 const DEFAULTS = {
+  controls: CONTROLS,
   panels: [],
   vmin: -1,
   vmax: 1,

@@ -55,10 +55,10 @@ DASHBOARD_CELL = f"""\
 import sys
 sys.path.insert(0, {str(TESTS_DIR)!r})
 import torch
-import headwidget.widget
+import headwidget
 from tiny_models import make_model, ragged_batches
 model = make_model("llama_gqa", dtype=torch.float32)
-dash = headwidget.widget.explore(model, ragged_batches(), progress=False)
+dash = headwidget.explore(model, ragged_batches(), progress=False)
 dash"""
 
 

@@ -8,7 +8,7 @@ import torch
 
 import headwidget
 from headwidget.export import save
-from headwidget.widget import ChannelView
+from headwidget.views import ChannelView
 from tiny_models import make_model, ragged_batches
 
 pytestmark = pytest.mark.browser

@@ -1,13 +1,30 @@
 // @vitest-environment jsdom
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { Controls, channelText } from "../../js/ui/controls";
-import { SLIDER_DEBOUNCE_MS } from "../../js/ui/inputs";
+import { Controls, type OptionsControl, SliderControl, WindowControl } from "../../js/ui/controls";
+import { type Checklist, type Choice, SLIDER_DEBOUNCE_MS } from "../../js/ui/inputs";
 import { FakeModel } from "./helpers/fake_model";
 
 const fire = (e: Element, type: string) => e.dispatchEvent(new Event(type, { bubbles: true }));
 
-function setup(state: Record<string, unknown> = {}) {
+/** The bar of a view with every kind of control (what Python sends in `controls`). */
+const CONTROLS = [
+  { trait: "layer", type: "slider", label: "Layer", count: "num_layers", text: "layer_label" },
+  {
+    trait: "channel_start",
+    type: "window",
+    label: "Channels",
+    width: "channel_width",
+    total: "num_channels",
+  },
+  { trait: "kind", type: "toggles", label: "Kind", options: "kinds_available" },
+  { trait: "metric", type: "select", label: "Metric", options: "metrics_available" },
+  { trait: "alignment", type: "select", label: "Alignment", options: "alignments_available" },
+  { trait: "mechanisms", type: "checklist", label: "Mechanisms", options: "mechanisms_available" },
+];
+
+function bar(state: Record<string, unknown> = {}) {
   const fm = new FakeModel({
+    controls: CONTROLS,
     layer: 3,
     num_layers: 30,
     layer_label: "layer 3 of 30",
@@ -30,45 +47,73 @@ function setup(state: Record<string, unknown> = {}) {
   return { fm, c, exports: () => exports };
 }
 
+/** The full bar, with each control's inputs at hand. */
+function setup(state: Record<string, unknown> = {}) {
+  const { fm, c, exports } = bar(state);
+  const layer = (c.control("layer") as SliderControl).slider;
+  const channels = c.control("channel_start") as WindowControl;
+  const kind = c.control("kind") as OptionsControl;
+  const metric = (c.control("metric") as OptionsControl).input as Choice;
+  const alignment = (c.control("alignment") as OptionsControl).input as Choice;
+  const mechanisms = (c.control("mechanisms") as OptionsControl).input as Checklist;
+  return { fm, c, layer, channels, kind, metric, alignment, mechanisms, exports };
+}
+
 describe("Controls", () => {
   beforeEach(() => vi.useFakeTimers());
   afterEach(() => vi.useRealTimers());
 
-  it("shows the model state", () => {
+  it("builds one control per entry of the description, in order, then the export button", () => {
     const { c } = setup();
-    expect(c.layer.input.value).toBe("3");
-    expect(c.layer.input.max).toBe("29");
-    expect(c.layer.output.textContent).toBe("layer 3 of 30");
-    expect(c.channelWidth.input.value).toBe("64");
-    expect(c.channelStart.input.max).toBe("64");
-    expect(c.channelWidth.output.textContent).toBe("channels 0–63 of 128");
-    expect(c.metric.select.value).toBe("mean");
-    expect(c.alignment.el.hidden).toBe(true);
-    expect(c.mechanisms.el.hidden).toBe(true);
+    expect(c.all.map((x) => x.spec.trait)).toEqual([
+      "layer",
+      "channel_start",
+      "kind",
+      "metric",
+      "alignment",
+      "mechanisms",
+    ]);
+    expect(c.el.lastElementChild).toBe(c.exportButton);
+    expect(c.control("layer")).toBeInstanceOf(SliderControl);
+    expect(c.control("channel_start")).toBeInstanceOf(WindowControl);
+    expect(c.control("pinned")).toBeUndefined();
+  });
+
+  it("shows the model state", () => {
+    const { layer, channels, metric, alignment, mechanisms } = setup();
+    expect(layer.input.value).toBe("3");
+    expect(layer.input.max).toBe("29");
+    expect(layer.output.textContent).toBe("layer 3 of 30");
+    expect(channels.width.input.value).toBe("64");
+    expect(channels.start.input.max).toBe("64");
+    expect(channels.width.output.textContent).toBe("channels 0–63 of 128");
+    expect(metric.select.value).toBe("mean");
+    expect(alignment.el.hidden).toBe(true);
+    expect(mechanisms.el.hidden).toBe(true);
   });
 
   it("follows trait changes from Python", () => {
-    const { fm, c } = setup();
+    const { fm, layer, channels, alignment, c } = setup();
     fm.set("layer", 7);
     fm.set("layer_label", "layer 7 of 30");
-    expect(c.layer.input.value).toBe("7");
-    expect(c.layer.output.textContent).toBe("layer 7 of 30");
+    expect(layer.input.value).toBe("7");
+    expect(layer.output.textContent).toBe("layer 7 of 30");
     fm.set("num_channels", 0);
-    expect(c.channels.hidden).toBe(true);
+    expect(channels.el.hidden).toBe(true);
     fm.set("alignments_available", ["rope", "none"]);
     fm.set("alignment", "none");
-    expect(c.alignment.el.hidden).toBe(false);
-    expect(c.alignment.select.value).toBe("none");
+    expect(alignment.el.hidden).toBe(false);
+    expect(alignment.select.value).toBe("none");
     fm.set("num_layers", 0);
-    expect(c.layer.el.hidden).toBe(true);
+    expect(c.control("layer")!.el.hidden).toBe(true);
   });
 
   it("commits the layer slider after change with save_changes", () => {
-    const { fm, c } = setup();
-    c.layer.input.value = "4";
-    fire(c.layer.input, "input");
-    expect(c.layer.output.textContent).toBe("layer 4…");
-    fire(c.layer.input, "change");
+    const { fm, layer } = setup();
+    layer.input.value = "4";
+    fire(layer.input, "input");
+    expect(layer.output.textContent).toBe("layer 4…");
+    fire(layer.input, "change");
     expect(fm.state.layer).toBe(4);
     expect(fm.saves).toHaveLength(1);
     vi.advanceTimersByTime(SLIDER_DEBOUNCE_MS);
@@ -76,24 +121,24 @@ describe("Controls", () => {
   });
 
   it("keeps the channel window inside when the width grows", () => {
-    const { fm, c } = setup({ channel_start: 60, channel_width: 32 });
-    c.channelWidth.input.value = "100";
-    fire(c.channelWidth.input, "change");
+    const { fm, channels } = setup({ channel_start: 60, channel_width: 32 });
+    channels.width.input.value = "100";
+    fire(channels.width.input, "change");
     vi.advanceTimersByTime(SLIDER_DEBOUNCE_MS);
     expect(fm.state.channel_width).toBe(100);
     expect(fm.state.channel_start).toBe(28);
     expect(fm.saves).toHaveLength(1);
-    expect(c.channelStart.input.max).toBe("28");
+    expect(channels.start.input.max).toBe("28");
   });
 
   it("commits kind, metric and mechanisms", () => {
-    const { fm, c } = setup({ mechanisms_available: ["copy", "induction"] });
-    (c.kind.el.querySelector('[data-value="value"]') as HTMLButtonElement).click();
+    const { fm, kind, metric, mechanisms } = setup({ mechanisms_available: ["copy", "induction"] });
+    (kind.el.querySelector('[data-value="value"]') as HTMLButtonElement).click();
     expect(fm.state.kind).toBe("value");
-    c.metric.select.value = "max";
-    fire(c.metric.select, "change");
+    metric.select.value = "max";
+    fire(metric.select, "change");
     expect(fm.state.metric).toBe("max");
-    (c.mechanisms.el.querySelectorAll("input")[1] as HTMLInputElement).click();
+    (mechanisms.el.querySelectorAll("input")[1] as HTMLInputElement).click();
     expect(fm.state.mechanisms).toEqual(["induction"]);
     expect(fm.saves).toHaveLength(3);
   });
@@ -106,8 +151,38 @@ describe("Controls", () => {
     expect(fm.listenerCount()).toBe(0);
   });
 
-  it("describes the channel window", () => {
-    expect(channelText(64, 64, 128)).toBe("channels 64–127 of 128");
-    expect(channelText(120, 64, 128)).toBe("channels 120–127 of 128");
+  it("shows only the export button without a description, and rebuilds when it changes", () => {
+    const { fm, c } = bar({ controls: [] });
+    expect([...c.el.children]).toEqual([c.exportButton]);
+    fm.set("controls", [CONTROLS[0]]);
+    expect(c.all.map((x) => x.spec.trait)).toEqual(["layer"]);
+    expect(c.el.querySelector<HTMLInputElement>('input[data-trait="layer"]')!.value).toBe("3");
+    const before = c.control("layer");
+    fm.set("controls", [{ ...CONTROLS[0] }]); // an equal description keeps the controls
+    expect(c.control("layer")).toBe(before);
+    fm.set("controls", []);
+    expect([...c.el.children]).toEqual([c.exportButton]);
+    c.destroy();
+    expect(fm.listenerCount()).toBe(0);
+  });
+
+  it("labels a slider without a text trait from its own label and value", () => {
+    const { c } = bar({
+      controls: [{ trait: "head", type: "slider", label: "Head", count: "num_heads" }],
+      head: 2,
+      num_heads: 9,
+    });
+    const head = (c.control("head") as SliderControl).slider;
+    expect(head.output.textContent).toBe("head 2 of 9");
+    expect(head.el.querySelector(".hw-label")!.textContent).toBe("Head");
+  });
+
+  it("renders a hostile label as text", () => {
+    const xss = "<img src=x onerror=alert(1)>";
+    const { c } = bar({
+      controls: [{ trait: "metric", type: "select", label: xss, options: "metrics_available" }],
+    });
+    expect(c.el.querySelector("img")).toBeNull();
+    expect(c.el.querySelector(".hw-label")!.textContent).toBe(xss);
   });
 });

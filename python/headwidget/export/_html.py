@@ -4,7 +4,8 @@ The page holds everything it needs: the built bundle (``static/widget.js``, base
 (wire format of :func:`~headwidget.core.panels.encode_panel`, base64) in one JSON blob, and a small
 inline model (``offline_model.js``) that stands in for the kernel. Hover, the tooltip, the colorbar,
 the PNG button and the layer slider work as in the notebook; the slider switches between the layers
-exported (see :func:`._source.collect_frames`). Other controls need Python and are hidden. A
+exported (see :func:`._source.collect_frames`). The page's control bar holds only that slider (the
+view's other controls need Python). A
 Content-Security-Policy forbids every network request, so the page shows the same thing offline.
 """
 
@@ -25,12 +26,6 @@ __all__ = ["DEFAULT_MAX_BYTES", "page_data", "save_html"]
 
 OFFLINE_MODEL = Path(__file__).with_name("offline_model.js")
 DEFAULT_MAX_BYTES = 64 * 2**20
-#: Hidden controls: their traits only have values the kernel could recompute from.
-NO_CONTROLS: dict[str, Any] = {
-    "channel_start": 0, "channel_width": 0, "num_channels": 0, "kinds_available": [],
-    "metrics_available": [], "alignments_available": [], "mechanisms": [], "mechanisms_available": [],
-    "error": "", "status": "",
-}  # fmt: skip
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline' data:; style-src 'unsafe-inline'; "
     "img-src data: blob:; base-uri 'none'; form-action 'none'"
@@ -71,7 +66,7 @@ def page_data(
         (['bundle', 'errors', 'frames', 'state'], ['0'], 'A')
     """
     frames = collect_frames(source, layers, max_bytes)
-    state = {**NO_CONTROLS, **frames.state}
+    state = {**frames.state, "error": "", "status": ""}
     first = frames.frames[int(state["layer"])]
     state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns")})
     state["panels"] = []

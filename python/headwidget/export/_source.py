@@ -1,15 +1,19 @@
 """What the exporters take: a :class:`PanelGrid` or a view, and a view's panel sets across layers.
 
-A view is anything with a ``grid`` property (the panels it shows now). The offline HTML page cannot
-run Python, so what its layer slider can show is computed here ("frames"): the view is moved to each
-requested layer, its grid is taken, and it is moved back. Within ``hold_sync`` a live widget's front
-end only receives its final (original) state. A layer the view cannot show (not captured, say) keeps
-the view's error message, which the page shows when the slider reaches it.
+A view is anything with a ``grid`` property (the panels it shows now): a
+:class:`~headwidget.views.View`, or a widget showing one. The offline HTML page cannot run Python, so
+what its layer slider can show is computed here ("frames"): the view is moved to each requested layer,
+its grid is taken, and it is moved back. The layer slider is the view's own control of its ``layer``
+trait (:meth:`~headwidget.views.View.view_controls`); the page shows it and no other control, since the
+others would need Python. Within ``hold_sync`` a live widget's front end only receives its final
+(original) state. A layer the view cannot show (not captured, say) keeps the view's error message,
+which the page shows when the slider reaches it.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -21,8 +25,18 @@ import numpy as np
 from headwidget.core.panels import PanelGrid, encode_panel
 from headwidget.errors import HeadwidgetError
 from headwidget.export._colormaps import colormap
+from headwidget.views import Control, View
 
-__all__ = ["ExportError", "Frames", "GridSource", "HasGrid", "collect_frames", "frame_json", "grid_of"]
+__all__ = [
+    "ExportError",
+    "Frames",
+    "GridSource",
+    "HasGrid",
+    "collect_frames",
+    "frame_json",
+    "grid_of",
+    "layer_slider",
+]
 
 
 class ExportError(HeadwidgetError, ValueError):
@@ -81,8 +95,18 @@ def grid_of(source: GridSource) -> PanelGrid:
     raise TypeError(f"expected a PanelGrid or a view with a .grid, got {type(source).__name__}")
 
 
-#: Traits of a view that the page shows as they were (its controls other than the layer are hidden).
-VIEW_TRAITS = ("view", "num_layers", "layer", "layer_label", "kind", "metric", "alignment")
+def layer_slider(source: object) -> Control | None:
+    """The view's slider of its ``layer`` trait (what the page's frames follow), if it has one.
+
+    Example:
+        >>> from headwidget.views import view_class
+        >>> layer_slider(view_class("alignment")).traits()
+        ['layer', 'num_layers', 'layer_label']
+    """
+    view = source if isinstance(source, type) else type(source)
+    if not issubclass(view, View):
+        return None
+    return next((c for c in view.view_controls() if c.trait == "layer" and c.type == "slider"), None)
 
 
 @dataclass
@@ -137,40 +161,46 @@ def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: 
         >>> from headwidget.core.panels import Panel
         >>> grid = PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r")
         >>> frames = collect_frames(grid, None, 2**20)
-        >>> list(frames.frames), frames.state["num_layers"]
-        ([0], 0)
+        >>> list(frames.frames), frames.state["controls"]
+        ([0], [])
     """
     if isinstance(source, PanelGrid):
         if layers is not None:
             raise ExportError("layers= needs a view with a layer slider; a PanelGrid has one panel set")
-        frames = Frames(state={"view": "", "num_layers": 0, "layer": 0, "layer_label": ""})
+        frames = Frames(state={"view": "", "controls": [], "layer": 0, "layer_label": "", "num_layers": 0})
         _add(frames, 0, source, "", max_bytes)
         return frames
     view: Any = source
     current = grid_of(view)  # computes the panels if the view has none yet
-    state = {k: getattr(view, k) for k in VIEW_TRAITS if hasattr(view, k)}
-    state.setdefault("num_layers", 0)
-    state.setdefault("layer", 0)
+    slider = layer_slider(view)
+    start = int(getattr(view, "layer", 0))
+    label = str(getattr(view, slider.text, "")) if slider is not None and slider.text else ""
+    count = int(getattr(view, slider.count)) if slider is not None else 0
+    state: dict[str, Any] = {"view": getattr(view, "view_name", ""), "controls": [], "layer": start}
+    state.update(layer_label=label, num_layers=count)
     frames = Frames(state=state)
-    start = int(state["layer"])
-    if state["num_layers"] < 1:
+    if slider is None or count < 1:
         if layers is not None:
             raise ExportError(f"{type(view).__name__} here has no layer slider; layers= does not apply")
-        _add(frames, start, current, str(state.get("layer_label", "")), max_bytes)
+        _add(frames, start, current, label, max_bytes)
         return frames
-    wanted = sorted({int(x) for x in (range(state["num_layers"]) if layers is None else layers)})
+    # The page's own names for the slider's traits (its offline model sets them per frame).
+    page_slider = dataclasses.replace(slider, count="num_layers", text="layer_label")
+    state["controls"] = [page_slider.to_json()]
+    wanted = sorted({int(x) for x in (range(count) if layers is None else layers)})
     hold = view.hold_sync() if hasattr(view, "hold_sync") else nullcontext()
     with hold:
         try:
             for layer in wanted:
                 if layer == start:
-                    _add(frames, layer, current, str(state.get("layer_label", "")), max_bytes)
+                    _add(frames, layer, current, label, max_bytes)
                     continue
                 view.layer = layer
                 if getattr(view, "error", ""):
                     frames.errors[layer] = str(view.error)
                 else:
-                    _add(frames, layer, view.grid, str(getattr(view, "layer_label", "")), max_bytes)
+                    shown = str(getattr(view, slider.text, "")) if slider.text else ""
+                    _add(frames, layer, view.grid, shown, max_bytes)
         finally:
             view.layer = start
     if start not in frames.frames:  # the page opens on the first exported layer

@@ -1,21 +1,10 @@
-"""The Jupyter widget: views that turn statistics into panels, and the anywidget that shows them."""
+"""The Jupyter transport: the anywidget that shows panels, and the bqplot per-layer trends.
 
-from headwidget.core.panels import Panel, PanelGrid
-from headwidget.widget.alignment_view import AlignmentView
+Views (:mod:`headwidget.views`) decide what the panels are; :mod:`headwidget.notebook` makes each view
+a ``HeadWidget``. This package never imports the export (which imports views, not widgets).
+"""
+
 from headwidget.widget.base import HeadWidget
-from headwidget.widget.channel_view import ChannelView
-from headwidget.widget.explore import Dashboard, explore
-from headwidget.widget.mechanism_view import MechanismView
-from headwidget.widget.trends import LayerTrends
+from headwidget.widget.trends import LayerTrends, layer_series
 
-__all__ = [
-    "AlignmentView",
-    "ChannelView",
-    "Dashboard",
-    "HeadWidget",
-    "LayerTrends",
-    "MechanismView",
-    "Panel",
-    "PanelGrid",
-    "explore",
-]
+__all__ = ["HeadWidget", "LayerTrends", "layer_series"]

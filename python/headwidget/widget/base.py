@@ -1,9 +1,16 @@
 """``HeadWidget``: the anywidget that shows a :class:`~headwidget.core.panels.PanelGrid`.
 
-Subclasses (the views) implement :meth:`HeadWidget.compute`, turning the current state traits into
-panels. Any change of a state trait — from Python or from a control in the browser — recomputes and
-sends the new panels as binary buffers. A state the view cannot show (a layer that was not captured,
-say) is reported in the ``error`` trait, shown above the grid, and the last good panels stay.
+It moves panels to the browser as binary buffers (see :func:`~headwidget.core.panels.encode_panel`)
+with their colour scale, and brings clicks and PNG exports back. It knows no view: the displayable
+views of :mod:`headwidget.notebook` are both a view and a ``HeadWidget``, and fill ``controls`` (the
+description the front end builds its control bar from) and ``view`` (the view's name) themselves.
+
+Example:
+    >>> import numpy as np
+    >>> from headwidget.core.panels import Panel, PanelGrid
+    >>> w = HeadWidget(PanelGrid([Panel("a", "identity", np.eye(3))], 0.0, 1.0, "magma", "value"))
+    >>> w.panels[0]["rows"], w.panels[0]["dtype"], w.colormap, w.controls
+    (3, 'float16', 'magma', [])
 """
 
 from __future__ import annotations
@@ -11,24 +18,19 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import anywidget
 import traitlets as t
 
 from headwidget.core.bundle import bundle_path
 from headwidget.core.panels import PanelGrid, encode_panel
-from headwidget.errors import HeadwidgetError
 
-__all__ = ["STATE_TRAITS", "HeadWidget"]
-
-#: Traits whose change means "recompute the panels".
-STATE_TRAITS = ("layer", "channel_start", "channel_width", "kind", "metric", "alignment", "mechanisms")
+__all__ = ["HeadWidget"]
 
 
 class HeadWidget(anywidget.AnyWidget):
-    """Panels of matrices with a shared colour scale, plus the controls that choose them."""
+    """Panels of matrices with a shared colour scale, the controls that choose them, and messages."""
 
     _esm = t.Unicode("").tag(sync=True)
 
@@ -39,81 +41,41 @@ class HeadWidget(anywidget.AnyWidget):
     colorbar_label = t.Unicode("").tag(sync=True)
     columns = t.Int(0).tag(sync=True)
 
+    #: The view's name (``data-view`` of the front end's root element).
     view = t.Unicode("").tag(sync=True)
-    layer = t.Int(0).tag(sync=True)
-    num_layers = t.Int(0).tag(sync=True)
-    layer_label = t.Unicode("").tag(sync=True)
-    channel_start = t.Int(0).tag(sync=True)
-    channel_width = t.Int(0).tag(sync=True)
-    num_channels = t.Int(0).tag(sync=True)
-    kind = t.Unicode("key").tag(sync=True)
-    kinds_available = t.List(t.Unicode()).tag(sync=True)
-    metric = t.Unicode("").tag(sync=True)
-    metrics_available = t.List(t.Unicode()).tag(sync=True)
-    alignment = t.Unicode("").tag(sync=True)
-    alignments_available = t.List(t.Unicode()).tag(sync=True)
-    mechanisms = t.List(t.Unicode()).tag(sync=True)
-    mechanisms_available = t.List(t.Unicode()).tag(sync=True)
+    #: The control bar: one ``{"trait", "type", "label", ...}`` per control (``Control.to_json``).
+    controls = t.List(t.Dict()).tag(sync=True)
     error = t.Unicode("").tag(sync=True)
     status = t.Unicode("").tag(sync=True)
 
-    view_name: ClassVar[str] = ""
-
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, grid: PanelGrid | None = None, **kwargs: Any) -> None:
+        """``grid``: panels to show at once (else call :meth:`show`)."""
         kwargs.setdefault("_esm", bundle_path().read_text())
-        super().__init__(**kwargs)
-        self.view = self.view_name
-        self._grid: PanelGrid | None = None
+        self._sent: PanelGrid | None = None
         self._click_callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._png_callbacks: list[Callable[[bytes], None]] = []
+        super().__init__(**kwargs)
         self.on_msg(self._handle_message)
-        self.observe(self._on_state_change, names=list(STATE_TRAITS))
+        if grid is not None:
+            self.show(grid)
 
-    # ------------------------------------------------------------------ computing panels
-    def compute(self) -> PanelGrid:
-        """The panels for the current state (views override this)."""
-        raise NotImplementedError
-
-    def refresh(self) -> None:
-        """Recompute the panels; on a bad state, report it in ``error`` and keep the last panels."""
-        self.status = "computing…"
-        try:
-            grid = self.compute()
-        except (HeadwidgetError, ValueError, IndexError, KeyError) as err:
-            self.error = str(err)
-            return
-        finally:
-            self.status = ""
-        self._grid = grid
+    def show(self, grid: PanelGrid) -> None:
+        """Send ``grid`` to the browser (all its traits in one message) and clear ``error``."""
+        panels = [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
         with self.hold_sync():
             self.vmin, self.vmax = grid.vmin, grid.vmax
             self.colormap, self.colorbar_label = grid.colormap, grid.colorbar_label
             self.columns = grid.columns
-            self.panels = [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
+            self.panels = panels
             self.error = ""
+        self._sent = grid
 
     @property
     def grid(self) -> PanelGrid:
-        """The panels currently shown (float64 matrices, labels, colour scale)."""
-        if self._grid is None:
-            self.refresh()
-        if self._grid is None:
-            raise RuntimeError(f"nothing to show: {self.error}")
-        return self._grid
-
-    def _on_state_change(self, change: dict[str, Any]) -> None:
-        self.refresh()
-
-    # ------------------------------------------------------------------ export
-    def save(self, path: str | Path, **options: Any) -> Path:
-        """Save what the widget shows: ``.png``/``.svg``/``.pdf`` (matplotlib) or a standalone ``.html``.
-
-        Options: ``dpi``, ``size`` (inches), ``title``; ``layers`` for ``.html``. See
-        :func:`headwidget.export.save`.
-        """
-        from headwidget.export import save  # the export package imports this module
-
-        return save(self, path, **options)
+        """The panels shown (float64 matrices, labels, colour scale)."""
+        if self._sent is None:
+            raise RuntimeError("nothing shown yet: call show(grid)")
+        return self._sent
 
     # ------------------------------------------------------------------ messages from the browser
     def on_click(self, callback: Callable[[dict[str, Any]], None]) -> None:
@@ -138,5 +100,6 @@ class HeadWidget(anywidget.AnyWidget):
                 on_png(png)
 
     def __repr__(self) -> str:
+        """The class and the titles of the panels shown."""
         titles = json.dumps([p["title"] for p in self.panels])
         return f"{type(self).__name__}(panels={titles})"

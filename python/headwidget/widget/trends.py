@@ -86,6 +86,8 @@ class LayerTrends(ipywidgets.VBox):
         mechanisms: Sequence[str] = (),
         layer: int | None = None,
     ) -> None:
+        """``mechanisms``: specs whose effective rank is drawn (needs ``model``); ``layer``: the marked
+        layer (default: the first captured)."""
         self.stats = stats
         self.series = layer_series(stats, model=model, mechanisms=mechanisms)
         x = np.asarray(stats.layers, dtype=float)

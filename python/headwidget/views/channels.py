@@ -14,6 +14,9 @@ Example:
     >>> view = ChannelView(stats, layer=1, channel_start=0, channel_width=8)
     >>> [p.title for p in view.grid.panels], view.grid.panels[0].matrix.shape
     (['Keys · layer 1', 'Values · layer 1'], (8, 8))
+    >>> view = ChannelView.create(stats, layers=[1, 0], interactive=False)
+    >>> view.layer, view.pinned, [p.id for p in view.grid.panels]
+    (1, [0], ['key-0', 'key-1', 'value-0', 'value-1'])
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import traitlets as t
@@ -30,18 +33,32 @@ from headwidget.analysis.downsample import downsample
 from headwidget.core.kinds import check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
-from headwidget.widget.base import HeadWidget
+from headwidget.views._base import LayerView, state
+from headwidget.views._controls import toggles, window
+from headwidget.views._registry import register_view
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["ChannelView"]
 
 KIND_TITLES = {"key": "Keys", "key_post": "Keys (post-RoPE)", "value": "Values"}
 
+CV = TypeVar("CV", bound="ChannelView")
 
-class ChannelView(HeadWidget):
+
+@register_view("channels", order=10)
+class ChannelView(LayerView):
     """K and V channel correlation for the selected layer (and pinned layers), one window."""
 
-    view_name = "channels"
-    pinned = t.List(t.Int()).tag(sync=True)
+    title = "Channels"
+
+    channel_start = state(t.Int(0), window("Channels", width="channel_width", total="num_channels"))
+    channel_width = state(t.Int(0))
+    num_channels = t.Int(0).tag(sync=True)
+    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available"))
+    kinds_available = t.List(t.Unicode()).tag(sync=True)
+    pinned = state(t.List(t.Int()))
 
     def __init__(
         self,
@@ -56,18 +73,19 @@ class ChannelView(HeadWidget):
         prefetch: bool = True,
         **kwargs: Any,
     ) -> None:
+        """``channel_width=None``: every key channel; ``prefetch``: compute neighbouring layers ahead."""
         self.stats = stats
         self.max_cells = max_cells
         self.prefetch = prefetch
         channels = stats.meta.layout.channels_of("key")
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
-        super().__init__(**kwargs)
         # Full correlations are C×C float64 (128 MiB at C = 4096): keep about 1 GiB of them.
         full_bytes = 8 * channels * channels
         self._corr = lru_cache(maxsize=max(4, min(64, 2**30 // full_bytes)))(self._full_corr)
         self._shown = lru_cache(maxsize=64)(self._window_matrix)
         self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-prefetch")
-        with self.hold_trait_notifications():
+        super().__init__(**kwargs)
+        with self.initial_state():
             self.num_layers = stats.meta.layout.num_layers
             self.num_channels = channels
             self.kinds_available = key_kinds if len(key_kinds) > 1 else []
@@ -76,8 +94,25 @@ class ChannelView(HeadWidget):
             self.pinned = list(pinned)
             self.channel_start = channel_start
             self.channel_width = channels if channel_width is None else channel_width
-        self.observe(self._on_state_change, names=["pinned"])
-        self.refresh()
+
+    @classmethod
+    def create(
+        cls: type[CV],
+        stats: KVStats | None = None,
+        model: nn.Module | None = None,
+        *,
+        layers: Sequence[int] = (),
+        interactive: bool = True,
+        **state: Any,
+    ) -> CV:
+        """The first of ``layers`` selected, the others pinned beside it."""
+        return cls(
+            cls._stats(stats),
+            layer=layers[0] if layers else None,
+            pinned=list(layers[1:]),
+            prefetch=interactive,
+            **state,
+        )
 
     def _full_corr(self, layer: int, kind: str) -> np.ndarray:
         return self.stats.channel_corr(layer, check_kind(kind))
@@ -106,7 +141,7 @@ class ChannelView(HeadWidget):
             return
 
     def close(self) -> None:
-        """Close the widget and stop its background prefetching."""
+        """Stop the background prefetching (and close the widget, when the view is one)."""
         self._prefetcher.shutdown(wait=False, cancel_futures=True)
         super().close()
 
@@ -119,6 +154,7 @@ class ChannelView(HeadWidget):
         return start, min(start + width, total)
 
     def compute(self) -> PanelGrid:
+        """K panels over V panels, one column per shown layer (selected and pinned), one window."""
         stats = self.stats
         if self.kind not in ("key", "key_post"):
             raise ValueError(f"kind must be 'key' or 'key_post' for the channel view, got {self.kind!r}")

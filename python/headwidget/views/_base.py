@@ -1,0 +1,201 @@
+"""``View``: a user's state as traits, turned into panels by :meth:`View.compute`.
+
+A view declares each state trait once, with :func:`state`: a change of it (from Python, or from the
+browser when the view is also a widget) recomputes the panels, and its control, if any, is what the
+control bar shows for it. A state the view cannot show (a layer that was not captured, say) is
+reported in ``error`` and the last good panels stay.
+
+Views do not draw and import no widget library: :mod:`headwidget.notebook` shows them,
+:mod:`headwidget.export` saves them.
+
+Example:
+    >>> import numpy as np
+    >>> import traitlets as t
+    >>> from headwidget.core.panels import Panel, PanelGrid
+    >>> class Scaled(View):
+    ...     factor = state(t.Float(1.0))
+    ...     def compute(self) -> PanelGrid:
+    ...         return PanelGrid([Panel("m", "scaled", self.factor * np.eye(2))], -1.0, 1.0, "diverging", "")
+    >>> view = Scaled()
+    >>> view.factor = 0.5
+    >>> view.grid.panels[0].matrix[0, 0], Scaled.state_traits()
+    (np.float64(0.5), ['factor'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import traitlets as t
+
+from headwidget.core.panels import PanelGrid
+from headwidget.errors import HeadwidgetError
+from headwidget.views._controls import Control, slider
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from headwidget.stats import KVStats
+
+__all__ = ["LayerView", "View", "ViewSourceError", "state"]
+
+T = TypeVar("T", bound="t.TraitType[Any, Any]")
+V = TypeVar("V", bound="View")
+
+
+def state(trait: T, control: Control | None = None) -> T:
+    """Declare ``trait`` as state of a view, shown by ``control`` (none: no control of its own).
+
+    State traits are synced to the browser when the view is shown as a widget.
+
+    Example:
+        >>> from headwidget.views import toggles
+        >>> kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available"))
+        >>> kind.metadata["state"], kind.metadata["control"].type
+        (True, 'toggles')
+    """
+    return trait.tag(sync=True, state=True, control=control)
+
+
+class ViewSourceError(HeadwidgetError, ValueError):
+    """A view was asked for without what it is computed from (statistics, or a model's weights)."""
+
+
+class View(t.HasTraits):
+    """Base of every view: state traits in, a :class:`PanelGrid` out. Subclasses implement
+    :meth:`compute` and :meth:`create`; ``view_name`` is set by :func:`~headwidget.views.register_view`."""
+
+    #: The registry name (``"channels"``...), set by ``register_view``.
+    view_name: ClassVar[str] = ""
+    #: What a tab showing the view is called.
+    title: ClassVar[str] = ""
+    #: Whether :meth:`create` needs captured statistics, and whether it needs a model's weights.
+    needs_stats: ClassVar[bool] = True
+    needs_model: ClassVar[bool] = False
+
+    error = t.Unicode("").tag(sync=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._grid: PanelGrid | None = None
+        self._setting_up = False
+        super().__init__(**kwargs)
+        self.observe(self._on_state_change, names=self.state_traits())
+
+    # ------------------------------------------------------------------ what the view declares
+    @classmethod
+    def state_traits(cls) -> list[str]:
+        """Names of the traits whose change recomputes the panels (sorted)."""
+        return sorted(cls.class_trait_names(state=True))
+
+    @classmethod
+    def view_controls(cls) -> list[Control]:
+        """The controls of the view's state traits, in declaration order (base classes first).
+
+        Example:
+            >>> from headwidget.views import view_class
+            >>> [(c.trait, c.type) for c in view_class("channels").view_controls()]
+            [('layer', 'slider'), ('channel_start', 'window'), ('kind', 'toggles')]
+        """
+        found: dict[str, Control | None] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, t.TraitType) and value.metadata.get("state"):
+                    found[name] = value.metadata.get("control")
+        return [control.bind(name) for name, control in found.items() if control is not None]
+
+    @classmethod
+    def create(
+        cls: type[V],
+        stats: KVStats | None = None,
+        model: nn.Module | None = None,
+        *,
+        layers: Sequence[int] = (),
+        interactive: bool = True,
+        **state: Any,
+    ) -> V:
+        """The view of ``stats`` (and/or ``model``) for the layers a user named.
+
+        ``layers``: the first is selected, what the rest mean is the view's (pinned beside it, a set
+        of layers shown together...); none: the first captured layer. ``interactive=False`` skips
+        work that only speeds up exploring (prefetching neighbours). ``state``: initial values of
+        state traits. The command line, the magic and ``explore`` build views through this.
+        """
+        raise NotImplementedError(
+            f"{cls.__name__} does not implement create(): the command line, the magic and explore "
+            "build views through it"
+        )
+
+    @classmethod
+    def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:
+        """Extra ``capture(...)`` options the view needs to show ``layers`` (default: none)."""
+        return {}
+
+    @classmethod
+    def _stats(cls, stats: KVStats | None) -> KVStats:
+        if stats is None:
+            raise ViewSourceError(f"the {cls.view_name or cls.__name__} view needs captured statistics")
+        return stats
+
+    @classmethod
+    def _model(cls, model: nn.Module | None) -> nn.Module:
+        if model is None:
+            raise ViewSourceError(f"the {cls.view_name or cls.__name__} view needs a model (its weights)")
+        return model
+
+    # ------------------------------------------------------------------ computing panels
+    def compute(self) -> PanelGrid:
+        """The panels for the current state (views override this)."""
+        raise NotImplementedError
+
+    def refresh(self) -> None:
+        """Recompute the panels; on a bad state, report it in ``error`` and keep the last panels."""
+        try:
+            grid = self.compute()
+        except (HeadwidgetError, ValueError, IndexError, KeyError) as err:
+            self.error = str(err)
+            return
+        self._set_grid(grid)
+
+    def _set_grid(self, grid: PanelGrid) -> None:
+        self._grid = grid
+        self.error = ""
+
+    @property
+    def grid(self) -> PanelGrid:
+        """The panels for the current state (float64 matrices, labels, colour scale)."""
+        if self._grid is None:
+            self.refresh()
+        if self._grid is None:
+            raise RuntimeError(f"nothing to show: {self.error}")
+        return self._grid
+
+    @contextlib.contextmanager
+    def initial_state(self) -> Iterator[None]:
+        """Set a new view's state traits together: the panels are computed once, when the block ends."""
+        self._setting_up = True
+        try:
+            with self.hold_trait_notifications():
+                yield
+        finally:
+            self._setting_up = False
+        self.refresh()
+
+    def _on_state_change(self, change: dict[str, Any]) -> None:
+        if not self._setting_up:
+            self.refresh()
+
+    def close(self) -> None:
+        """Release what the view holds (background work; a widget's connection to the browser)."""
+        parent = getattr(super(), "close", None)
+        if callable(parent):
+            parent()
+
+
+class LayerView(View):
+    """A view of one selected layer at a time, with the layer slider."""
+
+    layer = state(t.Int(0), slider("Layer", count="num_layers", text="layer_label"))
+    num_layers = t.Int(0).tag(sync=True)
+    layer_label = t.Unicode("").tag(sync=True)

@@ -1,0 +1,95 @@
+"""What the control bar shows for a view: one :class:`Control` per state trait that has a control.
+
+A view tags a state trait with the control that shows it (see :func:`~headwidget.views.state`); the
+front end (``js/ui/controls.ts``) builds the bar from these descriptions, in declaration order, and
+knows nothing about any particular view. A control names the traits it reads besides its own:
+
+- ``slider``: an integer in ``0 .. count - 1`` (``count`` names the trait holding the number of
+  positions; hidden below 1), with the text of the ``text`` trait beside it;
+- ``window``: a window ``[trait, trait + width)`` inside ``0 .. total`` (two sliders: start and width;
+  hidden when ``total`` is 0);
+- ``toggles``, ``select``: one value of the list in the ``options`` trait (hidden when it is empty);
+- ``checklist``: a sub-list of the ``options`` trait.
+
+Example:
+    >>> slider("Layer", count="num_layers", text="layer_label").bind("layer").to_json()
+    {'trait': 'layer', 'type': 'slider', 'label': 'Layer', 'count': 'num_layers', 'text': 'layer_label'}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+__all__ = ["CONTROL_TYPES", "Control", "ControlType", "checklist", "select", "slider", "toggles", "window"]
+
+ControlType = Literal["slider", "window", "toggles", "select", "checklist"]
+CONTROL_TYPES: tuple[ControlType, ...] = get_args(ControlType)
+#: The fields of a control that name other traits it reads.
+REFERENCES = ("count", "text", "width", "total", "options")
+
+
+@dataclass(frozen=True)
+class Control:
+    """A control of the bar: its type, label and the traits it reads (``""``: none).
+
+    ``trait`` is the state trait it sets; :meth:`bind` fills it in when the view lists its controls.
+    """
+
+    type: ControlType
+    label: str
+    count: str = ""
+    text: str = ""
+    width: str = ""
+    total: str = ""
+    options: str = ""
+    trait: str = ""
+
+    def __post_init__(self) -> None:
+        if self.type not in CONTROL_TYPES:
+            raise ValueError(f"unknown control type {self.type!r}; the types are {', '.join(CONTROL_TYPES)}")
+
+    def bind(self, trait: str) -> Control:
+        """This control, setting ``trait``."""
+        return dataclasses.replace(self, trait=trait)
+
+    def traits(self) -> list[str]:
+        """Every trait the control reads or sets: its own first, then the ones it refers to.
+
+        Example:
+            >>> window("Channels", width="channel_width", total="num_channels").bind("channel_start").traits()
+            ['channel_start', 'channel_width', 'num_channels']
+        """
+        return [name for name in (self.trait, *(getattr(self, f) for f in REFERENCES)) if name]
+
+    def to_json(self) -> dict[str, str]:
+        """The description the front end reads: ``trait``, ``type``, ``label`` and the references set."""
+        data = {"trait": self.trait, "type": self.type, "label": self.label}
+        data.update({f: getattr(self, f) for f in REFERENCES if getattr(self, f)})
+        return data
+
+
+def slider(label: str, *, count: str, text: str = "") -> Control:
+    """An integer slider over ``0 .. count - 1`` with the ``text`` trait as its read-out."""
+    return Control("slider", label, count=count, text=text)
+
+
+def window(label: str, *, width: str, total: str) -> Control:
+    """A start slider and a width slider for a window of ``label`` (e.g. channels) out of ``total``."""
+    return Control("window", label, width=width, total=total)
+
+
+def toggles(label: str, *, options: str) -> Control:
+    """A group of toggle buttons, one per entry of the ``options`` trait."""
+    return Control("toggles", label, options=options)
+
+
+def select(label: str, *, options: str) -> Control:
+    """A drop-down of the entries of the ``options`` trait."""
+    return Control("select", label, options=options)
+
+
+def checklist(label: str, *, options: str) -> Control:
+    """A checkbox per entry of the ``options`` trait; the state trait is the list checked."""
+    return Control("checklist", label, options=options)

@@ -1,0 +1,129 @@
+"""The displayable views: each is its view and a widget that sends exactly the view's panels; explore."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import headwidget
+from headwidget import views
+from headwidget.core.panels import encode_panel
+from headwidget.notebook import (
+    AlignmentView,
+    ChannelView,
+    Dashboard,
+    MechanismView,
+    ViewWidget,
+    displayable,
+    explore,
+    widget_class,
+)
+from headwidget.widget import HeadWidget
+from tiny_models import make_model, ragged_batches
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model = make_model("llama_gqa", dtype=torch.float32)
+    stats = headwidget.capture(
+        model, ragged_batches(), rope="both", inputs=True, cross_layer=True, progress=False
+    )
+    return model, stats
+
+
+def decode(panel: dict) -> np.ndarray:
+    dtype = {"float16": "<f2", "float32": "<f4"}[panel["dtype"]]
+    return np.frombuffer(panel["data"], dtype=dtype).reshape(panel["rows"], panel["cols"]).astype(np.float64)
+
+
+def test_the_public_names_are_the_displayable_views():
+    assert headwidget.ChannelView is ChannelView and headwidget.explore is explore
+    assert headwidget.HeadWidget is HeadWidget
+    for cls, view in ((ChannelView, views.ChannelView), (AlignmentView, views.AlignmentView)):
+        assert issubclass(cls, view) and issubclass(cls, HeadWidget)
+    assert widget_class("mechanisms") is MechanismView
+    assert [widget_class(n).view_name for n in views.view_names()] == views.view_names()
+
+
+def test_the_widget_sends_the_views_panels_and_controls(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=1, channel_start=3, channel_width=9)
+    assert view.view == "channels"
+    assert view.controls == [c.to_json() for c in views.ChannelView.view_controls()]
+    sent = view.panels[0]
+    assert (sent["row_offset"], sent["row_step"], sent["rows"]) == (3, 1, 9)
+    assert np.abs(decode(sent) - stats.channel_corr(1, "key")[3:12, 3:12]).max() <= 4.9e-4
+    grid = view.grid
+    assert view.panels == [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
+    assert (view.vmin, view.vmax, view.colormap, view.columns) == (-1.0, 1.0, "diverging", 1)
+    assert view.layer_label == "layer 1 of 2 (51 tokens)" and view.status == ""
+    view.layer = 0  # what the slider's commit does
+    assert [p["id"] for p in view.panels] == ["key-0", "value-0"]
+    window = stats.channel_corr(0, "value")[3:12, 3:12]
+    np.testing.assert_array_equal(decode(view.panels[1]), window.astype("<f2").astype(np.float64))
+    mechanisms = MechanismView(make_model("llama_mqa"), mechanisms=["model"])
+    assert [c["trait"] for c in mechanisms.controls] == ["layer", "circuit", "mechanisms"]
+    assert mechanisms.circuits_available == ["qk", "ov"] and "circuit" in mechanisms.keys
+
+
+def test_a_bad_state_shows_the_error_and_keeps_the_sent_panels(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=0)
+    before = view.panels
+    view.layer = 9
+    assert "out of range" in view.error and view.panels == before
+    view.layer = 1
+    assert view.error == "" and view.panels[0]["id"] == "key-1"
+
+
+def test_status_says_computing_while_the_panels_are_computed(llama):
+    _, stats = llama
+    view = AlignmentView(stats, layer=0)
+    seen = []
+    view.observe(lambda change: seen.append(change["new"]), names=["status"])
+    view.metric = "pearson"
+    assert seen == ["computing…", ""]
+
+
+def test_a_view_without_a_hand_written_widget_gets_one_made_once(llama):
+    _, stats = llama
+
+    class Plain(views.ChannelView):
+        """A channel view under another name."""
+
+    shown = displayable(Plain)
+    assert shown is displayable(Plain)
+    assert issubclass(shown, ViewWidget) and issubclass(shown, Plain) and shown.__name__ == "Plain"
+    view = shown(stats, layer=1, prefetch=False)
+    assert view.view == "channels" and view.panels[0]["id"] == "key-1"
+    assert displayable(views.AlignmentView) is AlignmentView
+    with pytest.raises(headwidget.UnknownViewError, match="unknown view 'plain'"):
+        widget_class("plain")
+
+
+def test_explore_links_the_layer_across_tabs():
+    model = make_model("llama_gqa", dtype=torch.float32)
+    dash = explore(model, ragged_batches(), progress=False, mechanisms_trend=True)
+    assert dash.mechanisms is not None
+    ranks = dash.trends.series[f"eff. rank · {dash.mechanisms.mechanisms[3]}"]
+    assert len(ranks) == 2 and all(r > 0 for r in ranks)
+    dash.channels.layer = 1
+    assert dash.alignment.layer == 1 and dash.mechanisms is not None and dash.mechanisms.layer == 1
+    assert dash.alignment.grid.panels[0].row_labels == ["L1·H0", "L1·H1"]
+    dash.mechanisms.layer = 0
+    assert dash.channels.layer == 0
+    dash.trends.points[1].selected = [1]
+    assert dash.channels.layer == 1 and dash.alignment.layer == 1
+    assert dash.tabs.titles == ("Channels", "Head alignment", "Mechanisms")
+    assert list(dash.views) == views.view_names()
+
+
+def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
+    _, stats = llama
+    dash = Dashboard(stats, options={"channels": {"channel_width": 4}})
+    assert dash.mechanisms is None and "mechanisms" not in dash.views
+    assert dash.tabs.titles == tuple(
+        views.view_class(n).title for n in views.view_names() if not views.view_class(n).needs_model
+    )
+    assert dash.channels.grid.panels[0].matrix.shape == (4, 4)

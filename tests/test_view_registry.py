@@ -1,0 +1,161 @@
+"""The view registry and what views declare: state traits, their controls, and no widget imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import traitlets as t
+
+from headwidget.core.panels import Panel, PanelGrid
+from headwidget.errors import UnknownViewError
+from headwidget.views import (
+    AlignmentView,
+    ChannelView,
+    Control,
+    LayerView,
+    MechanismView,
+    View,
+    _registry,
+    register_view,
+    select,
+    slider,
+    state,
+    view_class,
+    view_names,
+    window,
+)
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "headwidget"
+
+
+def test_the_built_in_views_are_registered_in_their_order():
+    assert view_names()[:3] == ["channels", "alignment", "mechanisms"]
+    assert [view_class(n) for n in view_names()[:3]] == [ChannelView, AlignmentView, MechanismView]
+    assert [view_class(n).title for n in view_names()[:3]] == ["Channels", "Head alignment", "Mechanisms"]
+    assert ChannelView.view_name == "channels"
+
+
+def test_an_unknown_view_lists_the_names():
+    with pytest.raises(UnknownViewError, match="unknown view 'heads'; the views are channels, alignment"):
+        view_class("heads")
+
+
+def test_each_view_declares_its_state_and_controls_once():
+    assert ChannelView.state_traits() == ["channel_start", "channel_width", "kind", "layer", "pinned"]
+    assert AlignmentView.state_traits() == ["alignment", "kind", "layer", "metric"]
+    assert MechanismView.state_traits() == ["circuit", "layer", "mechanisms"]
+    assert [c.to_json() for c in ChannelView.view_controls()] == [
+        {"trait": "layer", "type": "slider", "label": "Layer", "count": "num_layers", "text": "layer_label"},
+        {
+            "trait": "channel_start",
+            "type": "window",
+            "label": "Channels",
+            "width": "channel_width",
+            "total": "num_channels",
+        },
+        {"trait": "kind", "type": "toggles", "label": "Kind", "options": "kinds_available"},
+    ]
+    assert [(c.trait, c.type, c.options) for c in AlignmentView.view_controls()[1:]] == [
+        ("kind", "toggles", "kinds_available"),
+        ("metric", "select", "metrics_available"),
+        ("alignment", "select", "alignments_available"),
+    ]
+    assert [(c.trait, c.type, c.label) for c in MechanismView.view_controls()[1:]] == [
+        ("circuit", "select", "Circuit"),
+        ("mechanisms", "checklist", "Mechanisms"),
+    ]
+    for view in (ChannelView, AlignmentView, MechanismView):
+        for control in view.view_controls():  # every trait a control reads exists and is synced
+            for name in control.traits():
+                assert view.class_traits()[name].metadata.get("sync") is True, (view, name)
+
+
+def test_a_new_view_is_registered_with_its_controls_and_recomputes_on_its_state():
+    class Scaled(LayerView):
+        factor = state(t.Float(1.0), select("Factor", options="factors"))
+        factors = t.List(t.Unicode()).tag(sync=True)
+
+        def compute(self) -> PanelGrid:
+            if self.layer < 0:
+                raise ValueError("layer must be ≥ 0")
+            m = self.factor * np.eye(2) + self.layer
+            return PanelGrid([Panel("m", "scaled", m)], -1.0, 1.0, "diverging", "")
+
+    try:
+        register_view("scaled-test", order=15)(Scaled)
+        assert view_names()[:2] == ["channels", "scaled-test"] and view_class("scaled-test") is Scaled
+        assert [c.trait for c in Scaled.view_controls()] == ["layer", "factor"]
+        view = Scaled()
+        assert view.grid.panels[0].matrix[0, 0] == 1.0
+        view.factor = 0.5
+        view.layer = 2
+        assert view.grid.panels[0].matrix.tolist() == [[2.5, 2.0], [2.0, 2.5]]
+        before = view.grid
+        view.layer = -1
+        assert view.error == "layer must be ≥ 0" and view.grid is before
+        with pytest.raises(ValueError, match="already registered"):
+            register_view("scaled-test")(type("Other", (Scaled,), {}))
+    finally:
+        _registry._VIEWS.pop("scaled-test", None)
+        _registry._ORDER.pop("scaled-test", None)
+    assert "scaled-test" not in view_names()
+
+
+def test_controls_describe_what_they_read():
+    layer = slider("Layer", count="num_layers", text="layer_label").bind("layer")
+    assert layer.traits() == ["layer", "num_layers", "layer_label"]
+    win = window("Channels", width="w", total="n").bind("start")
+    assert win.to_json() == {
+        "trait": "start",
+        "type": "window",
+        "label": "Channels",
+        "width": "w",
+        "total": "n",
+    }
+    with pytest.raises(ValueError, match="unknown control type 'dial'"):
+        Control("dial", "X")  # type: ignore[arg-type]
+    assert View.view_controls() == [] and View.state_traits() == []
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every absolute module name a source file imports (module level and inside functions)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def module_file(name: str) -> Path | None:
+    rel = Path(*name.split(".")[1:])
+    for path in (PACKAGE / rel.with_suffix(".py"), PACKAGE / rel / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def test_views_import_no_widget_or_plotting_library():
+    """Nor does anything they import from headwidget, however deep."""
+    todo = list((PACKAGE / "views").glob("*.py"))
+    seen: set[Path] = set()
+    outside: set[str] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in imported_modules(path):
+            if name.split(".")[0] == "headwidget":
+                if (found := module_file(name)) is not None:
+                    todo.append(found)
+            else:
+                outside.add(name.split(".")[0])
+    assert {PACKAGE / "core" / "panels.py", PACKAGE / "analysis" / "alignment.py"} <= seen
+    assert {"traitlets", "numpy", "torch"} <= outside
+    assert not outside & {"anywidget", "ipywidgets", "bqplot", "matplotlib", "IPython"}

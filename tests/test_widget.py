@@ -1,0 +1,58 @@
+"""``HeadWidget`` on its own: a PanelGrid on the wire, clicks and PNG replies from the browser."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from headwidget.core.panels import Panel, PanelGrid
+from headwidget.export import grid_of
+from headwidget.widget import HeadWidget
+
+
+def grid() -> PanelGrid:
+    m = np.array([[0.5, -0.25], [np.nan, 1.0]])
+    return PanelGrid([Panel("a", "A", m, row_labels=["r0", "r1"])], -1.0, 1.0, "diverging", "r", columns=1)
+
+
+def test_show_sends_the_grid_in_the_wire_format():
+    w = HeadWidget()
+    with pytest.raises(RuntimeError, match="nothing shown yet"):
+        _ = w.grid
+    w.error = "stale"
+    shown = grid()
+    w.show(shown)
+    sent = w.panels[0]
+    values = np.frombuffer(sent["data"], dtype="<f2").reshape(2, 2)
+    assert values[0].tolist() == [0.5, -0.25] and np.isnan(values[1, 0]) and values[1, 1] == 1.0
+    assert (sent["row_labels"], sent["dtype"]) == (["r0", "r1"], "float16")
+    assert (w.vmin, w.vmax, w.colormap, w.colorbar_label, w.columns, w.error) == (
+        -1.0,
+        1.0,
+        "diverging",
+        "r",
+        1,
+        "",
+    )
+    assert w.grid is shown and grid_of(w) is shown  # the export takes a widget as it takes a view
+    assert repr(w) == 'HeadWidget(panels=["A"])' and w.controls == [] and w.view == ""
+
+
+def test_clicks_and_png_replies_reach_their_callbacks():
+    w = HeadWidget(grid())
+    clicks, pngs, sent = [], [], []
+    w.on_click(clicks.append)
+    w.send = sent.append  # type: ignore[method-assign]
+    w.request_png(pngs.append)
+    assert sent == [{"type": "export_png"}]
+    w._handle_message(w, {"type": "click", "panel": "a", "row": 1, "col": 0, "extra": 1}, [])
+    assert clicks == [{"panel": "a", "row": 1, "col": 0}]
+    png = b"\x89PNG fake"
+    w._handle_message(
+        w, {"type": "png", "data_url": "data:image/png;base64," + base64.b64encode(png).decode()}, []
+    )
+    assert pngs == [png]
+    w._handle_message(w, {"type": "png", "data_url": "data:image/png;base64,AAAA"}, [])
+    assert pngs == [png]  # a callback runs once
