@@ -69,6 +69,7 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 def unload_ipython_extension(ipython: object) -> None:
+    """``%unload_ext headwidget``: removes the ``%headwidget`` magic and the ``KVStats`` display."""
     from headwidget.magic import unload_ipython_extension as unload
 
     unload(ipython)

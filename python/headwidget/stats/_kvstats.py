@@ -27,7 +27,20 @@ __all__ = ["KVStats"]
 
 
 class KVStats:
-    """Streaming key/value statistics of one model (see the module docstring)."""
+    """Streaming key/value statistics of one model: moments per captured (layer, kind).
+
+    Everything derived (correlations, head similarities) is computed on demand in float64.
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        ...                   num_attention_heads=4, num_key_value_heads=2)
+        >>> stats = headwidget.capture(LlamaForCausalLM(cfg).eval(), torch.randint(0, 64, (2, 16)),
+        ...                            progress=False)
+        >>> stats.channel_corr(0, "key").shape, stats.head_similarity(1, "value").shape, stats.tokens
+        ((16, 16), (2, 2), 32)
+    """
 
     def __init__(
         self,

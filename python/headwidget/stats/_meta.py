@@ -18,7 +18,13 @@ FORMAT_VERSION = "1"
 
 @dataclass
 class StatsMeta:
-    """What was captured, from which model, and how."""
+    """What was captured, from which model, and how.
+
+    >>> from headwidget.core import AttentionLayout
+    >>> meta = StatsMeta("demo", "Demo", AttentionLayout("demo", "gqa", 2, 4, 2, 8, 8, 32), [0, 1], ["key"])
+    >>> meta.num_kv_heads, meta.head_dim, StatsMeta.from_json(meta.to_json()) == meta
+    (2, 8, True)
+    """
 
     model_name: str
     model_class: str
