@@ -33,6 +33,7 @@ class RopeLayout:
 
     @property
     def uses_rope(self) -> bool:
+        """Whether any key dims rotate."""
         return self.pairing != "none" and self.rotary_dim > 0
 
     def planes(self, post: bool = False) -> list[tuple[int, int]]:
@@ -77,6 +78,7 @@ class AttentionLayout:
         return None
 
     def channels_of(self, kind: Kind) -> int:
+        """Channels of one statistics kind (all KV heads together; the hidden size for ``"input"``)."""
         if kind in ("key", "key_post"):
             return self.num_kv_heads * self.head_dim
         if kind == "value":
@@ -88,10 +90,12 @@ class AttentionLayout:
         raise KeyError(kind)
 
     def to_json(self) -> dict[str, Any]:
+        """The layout as plain JSON data (what statistics files store)."""
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AttentionLayout:
+        """The layout :meth:`to_json` wrote."""
         data = dict(data)
         data["rope"] = RopeLayout(**data.get("rope", {}))
         return cls(**data)

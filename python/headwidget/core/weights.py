@@ -45,10 +45,12 @@ class HeadWeights:
 
     @property
     def num_heads(self) -> int:
+        """Query heads."""
         return int(self.q.shape[0])
 
     @property
     def num_kv_heads(self) -> int:
+        """Key/value heads."""
         return int(self.k.shape[0])
 
     @property
