@@ -117,9 +117,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = 1
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
-            # A package's __init__ re-exports its submodules; a submodule importing a sibling
-            # through the package name is resolved to the sibling itself above, so edges into
-            # the package itself are the only ones that go through __init__.
             if state.get(nxt) == 1:
                 found.append([*path[path.index(nxt) :], nxt])
             elif nxt not in state:
@@ -131,13 +128,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in state:
             visit(node)
     return found
-
-
-def package_edges_removed(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The graph without edges from a package to its own submodules (its re-exports)."""
-    return {
-        module: {t for t in targets if not t.startswith(module + ".")} for module, targets in graph.items()
-    }
 
 
 def test_every_unit_has_a_layer() -> None:
@@ -152,7 +142,7 @@ def test_imports_point_down() -> None:
 
 
 def test_no_import_cycles() -> None:
-    found = cycles(package_edges_removed(import_graph()))
+    found = cycles(import_graph())
     assert not found, "import cycles:\n" + "\n".join(" → ".join(c) for c in found)
 
 
