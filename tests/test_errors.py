@@ -165,7 +165,13 @@ def test_estimate_grows_with_options(model):
     assert headwidget.estimate(model, layers=[0]) < base
     # accumulators: per layer K and V (C = 2·8 = 16 channels): mean + m2 + two normalised Grams
     accum = 2 * 2 * 8 * (16 + 3 * 16 * 16)
-    assert headwidget.estimate(model, batch_size=1, max_length=1) - accum == 4 * (3 * 16 + 2 * 16 * 16)
+    # one batch's working memory: folding 1 token of 16 channels (2 heads) in float32, and the forward
+    from headwidget.capture.memory import ForwardShape, forward_bytes, update_bytes
+
+    fold = 1 * 16 * (4 + 4) + update_bytes(1, 16, 2)
+    shape = ForwardShape.of(model, headwidget.adapter_for(model).layout())
+    assert headwidget.estimate(model, batch_size=1, max_length=1) == accum + fold + forward_bytes(shape, 1, 1)
+    assert headwidget.estimate(model, batch_size=4, max_length=64) > headwidget.estimate(model, max_length=32)
 
 
 def test_unsupported_model_names_class_and_families():

@@ -65,6 +65,11 @@ class NonFiniteActivationError(HeadwidgetError, FloatingPointError):
     """A captured activation was NaN or infinite (typically an fp16 overflow)."""
 
 
+class CaptureConflictError(HeadwidgetError, RuntimeError):
+    """Other code changed the model while a capture was running on it (for example another thread
+    switched it to training mode), so the statistics could not be exact."""
+
+
 class StatsMismatchError(HeadwidgetError, ValueError):
     """Two statistics objects that cannot be combined (different models, layers or kinds)."""
 
@@ -108,3 +113,30 @@ class DegenerateHeadsError(HeadwidgetError, ValueError):
 
 class UnsupportedAlignmentError(HeadwidgetError, TypeError):
     """A model whose attention cannot be rotated exactly (family or per-head key/query norms)."""
+
+
+class UnsupportedConversionError(HeadwidgetError, TypeError):
+    """A mechanism that cannot be built into this model's family (the message names the families
+    that support it)."""
+
+
+class MissingStatisticsError(HeadwidgetError, ValueError):
+    """A fit needs statistics that were not given or not captured (``+align`` needs keys and values,
+    data-aware fits and partial RoPE need ``inputs=True``)."""
+
+
+class EvaluationInputError(HeadwidgetError, ValueError):
+    """Evaluation texts that give nothing to measure (fewer than two real tokens in every sequence)."""
+
+
+class NonFiniteLogitsError(NonFiniteActivationError):
+    """A converted model produced NaN or infinite outputs; the message names the variant and the layer."""
+
+
+class EncoderMeasureError(HeadwidgetError, ValueError):
+    """A language-model measure (perplexity, NLL, KL, top-1) asked of an encoder, or an encoder
+    measure asked of a language model."""
+
+
+class ReportFileError(HeadwidgetError, OSError):
+    """An evaluation report file that is missing, corrupt or not written by headwidget."""

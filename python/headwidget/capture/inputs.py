@@ -1,7 +1,13 @@
-"""Turn what a user passes as ``texts`` into padded batches of token ids with an attention mask."""
+"""Turn what a user passes as ``texts`` into padded batches of token ids with an attention mask.
+
+Every batch has at most ``batch_size`` rows and ``max_length`` positions, whatever its source, so the
+memory a capture needs is bounded by what :func:`headwidget.estimate` assumes. A long string is
+tokenised incrementally: only a prefix that surely covers the kept tokens is ever tokenised.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +16,15 @@ import torch
 
 from headwidget.errors import CaptureInputError
 
-__all__ = ["Batch", "iter_batches"]
+__all__ = ["Batch", "iter_batches", "tokenize_truncated"]
+
+#: Tokens a tokenised prefix must hold beyond the kept ones, so the kept tokens are far from the cut.
+PREFIX_MARGIN = 32
+#: Characters per kept token in the first prefix tried (doubled until the prefix holds enough tokens).
+CHARS_PER_TOKEN = 8
+
+_RUN_START = re.compile(r"(?<=\S)\s")  # a whitespace character that follows a non-whitespace one
+_RUN_END = re.compile(r"\s(?=\S)")  # a whitespace character that precedes a non-whitespace one
 
 
 @dataclass
@@ -19,6 +33,25 @@ class Batch:
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+
+    def position_ids(self) -> torch.Tensor | None:
+        """Positions of the real tokens counted from each row's first one, or None when they are 0, 1, 2...
+
+        None means every row's real tokens form one run that starts at position 0 (no padding, or
+        right padding only), where a model's default positions are already right. Otherwise (left
+        padding, or gaps) each real token gets the number of real tokens before it in its row, as
+        generation does, so a left-padded row is computed exactly as the same row unpadded.
+
+        >>> Batch(torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 0], [1, 1, 1]])).position_ids()
+        >>> Batch(torch.ones(2, 3, dtype=torch.long), torch.tensor([[0, 1, 1], [1, 1, 1]])).position_ids()
+        tensor([[0, 0, 1],
+                [0, 1, 2]])
+        """
+        mask = self.attention_mask
+        # A row is a plain prefix when its mask never rises from 0 to 1.
+        if not bool((mask[:, 1:] > mask[:, :-1]).any()):
+            return None
+        return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def _pad(rows: list[list[int]], pad_id: int) -> Batch:
@@ -29,6 +62,77 @@ def _pad(rows: list[list[int]], pad_id: int) -> Batch:
         ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
     return Batch(ids, mask)
+
+
+def _whole_text_limit(max_length: int) -> int:
+    """Texts up to this many characters are tokenised whole (that is cheap enough)."""
+    return 2 * CHARS_PER_TOKEN * (max_length + PREFIX_MARGIN) + 4096
+
+
+def _ids(encoded: Any, max_length: int) -> list[int]:
+    ids = [int(i) for i in encoded["input_ids"]]
+    if len(ids) > max_length:  # tokenizers give up truncating when the special tokens alone are longer
+        raise CaptureInputError(
+            f"the tokenizer returned {len(ids)} tokens for max_length={max_length}: it cannot truncate "
+            "that short (its special tokens alone are longer). Raise max_length"
+        )
+    return ids
+
+
+def tokenize_truncated(tokenizer: Any, text: str, max_length: int) -> list[int]:
+    """``tokenizer(text, truncation=True, max_length=max_length)["input_ids"]``, for texts of any length.
+
+    A long text is not tokenised whole: a growing piece of it (cut where a run of whitespace begins,
+    or for ``truncation_side="left"`` where one ends) is tokenised until it holds
+    :data:`PREFIX_MARGIN` tokens more than are kept, so the kept tokens lie far from the cut and are
+    the ones the whole text gives. Work and memory are proportional to the kept piece, not the text.
+
+    Example:
+        >>> class Words:  # a stand-in tokenizer: one id per word, truncated on the right
+        ...     truncation_side = "right"
+        ...     def __call__(self, text, truncation=False, max_length=None, add_special_tokens=True):
+        ...         ids = [len(w) for w in text.split()]
+        ...         return {"input_ids": ids[:max_length] if truncation else ids}
+        >>> tokenize_truncated(Words(), "a bb ccc " * 1_000_000, max_length=4)
+        [1, 2, 3, 1]
+    """
+    if len(text) <= _whole_text_limit(max_length):
+        return _ids(tokenizer(text, truncation=True, max_length=max_length), max_length)
+    from_left = getattr(tokenizer, "truncation_side", "right") == "left"
+    chars = CHARS_PER_TOKEN * (max_length + PREFIX_MARGIN)
+    while chars < len(text):
+        if from_left:
+            cut = _cut_before(text, len(text) - chars)
+            piece = None if cut is None else text[cut:]
+        else:
+            cut = _cut_after(text, chars)
+            piece = None if cut is None else text[:cut]
+        if piece is None:
+            break
+        if len(tokenizer(piece, add_special_tokens=False)["input_ids"]) >= max_length + PREFIX_MARGIN:
+            return _ids(tokenizer(piece, truncation=True, max_length=max_length), max_length)
+        chars = 2 * len(piece)
+    return _ids(tokenizer(text, truncation=True, max_length=max_length), max_length)
+
+
+def _cut_after(text: str, at: int) -> int | None:
+    """The first index ≥ ``at`` where a run of whitespace begins (None if there is none)."""
+    found = _RUN_START.search(text, at)
+    return None if found is None else found.start()
+
+
+def _cut_before(text: str, at: int) -> int | None:
+    """The last index ≤ ``at`` where a run of whitespace ends before a word (None if there is none)."""
+    window = 1024
+    while True:
+        low = max(0, at - window)
+        last = None
+        for found in _RUN_END.finditer(text, low, at + 2):
+            if found.start() <= at:
+                last = found.start()
+        if last is not None or low == 0:
+            return last
+        window *= 2
 
 
 def _from_strings(texts: list[str], tokenizer: Any, batch_size: int, max_length: int) -> Iterator[Batch]:
@@ -42,16 +146,25 @@ def _from_strings(texts: list[str], tokenizer: Any, batch_size: int, max_length:
             raise CaptureInputError(f"texts must all be strings; found {type(text).__name__}: {text!r:.60}")
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = 0 if pad_id is None else int(pad_id)
+    limit = _whole_text_limit(max_length)
     for start in range(0, len(texts), batch_size):
         chunk = texts[start : start + batch_size]
         # Tokenise without padding and pad ourselves: the tokenizer is never modified.
-        encoded = tokenizer(chunk, truncation=True, max_length=max_length, padding=False)
-        rows = [list(r) for r in encoded["input_ids"]]
-        rows = [r if r else [pad_id] for r in rows]
-        batch = _pad(rows, pad_id)
-        for i, r in enumerate(encoded["input_ids"]):
-            if not r:
-                batch.attention_mask[i] = 0
+        short = [i for i, t in enumerate(chunk) if len(t) <= limit]
+        rows: list[list[int]] = [[] for _ in chunk]
+        if short:
+            encoded = tokenizer(
+                [chunk[i] for i in short], truncation=True, max_length=max_length, padding=False
+            )
+            for i, row in zip(short, encoded["input_ids"], strict=True):
+                rows[i] = _ids({"input_ids": row}, max_length)
+        for i, text in enumerate(chunk):
+            if len(text) > limit:
+                rows[i] = tokenize_truncated(tokenizer, text, max_length)
+        empty = [i for i, r in enumerate(rows) if not r]
+        batch = _pad([r if r else [pad_id] for r in rows], pad_id)
+        for i in empty:
+            batch.attention_mask[i] = 0
         yield batch
 
 
@@ -70,29 +183,66 @@ def _from_ids(ids: torch.Tensor, batch_size: int, max_length: int) -> Iterator[B
         yield Batch(chunk, torch.ones_like(chunk))
 
 
-def _from_mappings(batches: Iterable[Any], max_length: int) -> Iterator[Batch]:
+_INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _checked_mapping(i: int, item: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(item, Mapping) or "input_ids" not in item:
+        raise CaptureInputError(
+            f"batch {i} is a {type(item).__name__}; an iterable of batches must yield dicts "
+            "with 'input_ids' (and optionally 'attention_mask')"
+        )
+    ids = torch.as_tensor(item["input_ids"])
+    if ids.dtype not in _INTEGER:
+        raise CaptureInputError(f"batch {i}: input_ids must hold integer token ids, got {ids.dtype}")
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise CaptureInputError(
+            f"batch {i}: input_ids must be a non-empty (batch, length) array, got shape {tuple(ids.shape)}"
+        )
+    raw = item.get("attention_mask")
+    if raw is None:
+        return ids, torch.ones_like(ids)
+    mask = torch.as_tensor(raw)
+    if mask.dim() == 1 and torch.as_tensor(item["input_ids"]).dim() == 1:
+        mask = mask.unsqueeze(0)
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise CaptureInputError(
+            f"batch {i}: attention_mask has shape {tuple(mask.shape)} but input_ids has shape "
+            f"{tuple(ids.shape)}; give one mask entry per token id, in the same (batch, length) layout"
+        )
+    if mask.dtype.is_complex or not bool(((mask == 0) | (mask == 1)).all()):
+        raise CaptureInputError(
+            f"batch {i}: attention_mask must hold only 0 (padding) and 1 (real token); "
+            f"found values {sorted({float(v) for v in mask.unique()[:6].tolist()})}"
+        )
+    return ids, mask
+
+
+def _from_mappings(batches: Iterable[Any], batch_size: int, max_length: int) -> Iterator[Batch]:
     for i, item in enumerate(batches):
-        if not isinstance(item, Mapping) or "input_ids" not in item:
-            raise CaptureInputError(
-                f"batch {i} is a {type(item).__name__}; an iterable of batches must yield dicts "
-                "with 'input_ids' (and optionally 'attention_mask')"
-            )
-        ids = torch.as_tensor(item["input_ids"])
-        if ids.dim() == 1:
-            ids = ids.unsqueeze(0)
-        mask = item.get("attention_mask")
-        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask).reshape(ids.shape)
-        yield Batch(ids[:, :max_length].long().cpu(), mask[:, :max_length].long().cpu())
+        ids, mask = _checked_mapping(i, item)
+        ids = ids[:, :max_length].long().cpu()
+        mask = mask[:, :max_length].long().cpu()
+        for start in range(0, ids.shape[0], batch_size):
+            yield Batch(ids[start : start + batch_size], mask[start : start + batch_size])
 
 
 def iter_batches(
     texts: Any, tokenizer: Any = None, *, batch_size: int = 8, max_length: int = 512
 ) -> Iterator[Batch]:
-    """Batches from a string, a list of strings, a LongTensor of ids, or an iterable of dict batches.
+    """Batches of at most ``batch_size`` rows and ``max_length`` positions.
+
+    ``texts`` is a string, a list of strings, a LongTensor of ids, or an iterable of dict batches
+    (a dict batch with more rows is split).
 
     >>> b = next(iter_batches(torch.tensor([[5, 6, 7]])))
     >>> b.input_ids.tolist(), b.attention_mask.tolist()
     ([[5, 6, 7]], [[1, 1, 1]])
+    >>> [b.input_ids.shape[0] for b in iter_batches([{"input_ids": torch.ones(5, 3, dtype=torch.long)}],
+    ...                                               batch_size=2)]
+    [2, 2, 1]
     """
     if batch_size < 1 or max_length < 1:
         raise CaptureInputError(f"batch_size and max_length must be ≥ 1 (got {batch_size}, {max_length})")
@@ -106,12 +256,12 @@ def iter_batches(
         if isinstance(texts[0], str):
             return _from_strings(list(texts), tokenizer, batch_size, max_length)
         if isinstance(texts[0], Mapping):
-            return _from_mappings(texts, max_length)
+            return _from_mappings(texts, batch_size, max_length)
         raise CaptureInputError(
             f"a list of texts must hold strings or dict batches, not {type(texts[0]).__name__}"
         )
     if isinstance(texts, Iterable):
-        return _from_mappings(texts, max_length)
+        return _from_mappings(texts, batch_size, max_length)
     raise CaptureInputError(
         f"cannot capture from {type(texts).__name__}: pass a string, a list of strings (with a "
         "tokenizer), a LongTensor of token ids, or an iterable of dicts with 'input_ids'"

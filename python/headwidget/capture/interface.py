@@ -1,9 +1,15 @@
 """Capture post-RoPE keys by wrapping the attention function ``transformers.AttentionInterface`` returns.
 
-While the context is active, the registered function for the model's ``attn_implementation`` is
-replaced by a wrapper that hands the key states of the watched attention modules to a callback and then
-calls the original function with the same arguments, so the model's outputs are bitwise unchanged.
-Calls from any other module pass straight through. The original entry is restored on exit.
+While at least one watcher is active, the registered function for an ``attn_implementation`` is
+replaced by a wrapper. For a call made in a thread that has an active watcher, during that watcher's
+own forward pass, the wrapper hands the key states of the watched attention modules to a callback
+and sets the attention dropout to 0 (what eval mode passes), then calls the original function with
+the same arguments, so the model's outputs are bitwise those of eval mode. Every other call (other
+modules, other threads, the capturing thread outside its capture's forward) passes straight through.
+The original entry is restored when the last watcher of that implementation exits.
+
+Several watchers may be active at once, in different threads (concurrent captures of one model or of
+different models): each sees only its own thread's calls.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +26,26 @@ from torch import nn
 
 __all__ = ["watch_attention_keys"]
 
-_REGISTRY_LOCK = threading.RLock()
+_REGISTRY_LOCK = threading.Lock()
+_LOCAL = threading.local()
+
+
+@dataclass
+class _Watcher:
+    layer_of: dict[int, int]
+    on_key: Callable[[int, torch.Tensor], None]
+    active: Callable[[], bool]
+
+
+@dataclass
+class _Installed:
+    wrapper: Callable[..., Any]
+    original: Callable[..., Any] | None
+    had_entry: bool
+    users: int
+
+
+_INSTALLED: dict[str, _Installed] = {}
 
 
 def _eager_for(module: nn.Module) -> Callable[..., Any]:
@@ -31,36 +57,81 @@ def _eager_for(module: nn.Module) -> Callable[..., Any]:
     return fn
 
 
+def _thread_watchers() -> list[_Watcher]:
+    watchers: list[_Watcher] | None = getattr(_LOCAL, "watchers", None)
+    if watchers is None:
+        watchers = []
+        _LOCAL.watchers = watchers
+    return watchers
+
+
+def _make_wrapper(original: Callable[..., Any] | None) -> Callable[..., Any]:
+    def watched(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        for watcher in getattr(_LOCAL, "watchers", ()):
+            if not watcher.active():
+                continue
+            layer = watcher.layer_of.get(id(module))
+            if layer is not None:
+                watcher.on_key(layer, key)
+            if kwargs.get("dropout"):
+                kwargs["dropout"] = 0.0
+        fn = original if original is not None else _eager_for(module)
+        return fn(module, query, key, value, *args, **kwargs)
+
+    return watched
+
+
 @contextmanager
 def watch_attention_keys(
     model: nn.Module,
     layer_of: dict[int, int],
     on_key: Callable[[int, torch.Tensor], None],
+    active: Callable[[], bool] = lambda: True,
 ) -> Iterator[None]:
     """Call ``on_key(layer, key_states)`` for every attention call of a module in ``layer_of``.
 
-    ``layer_of`` maps ``id(attention_module)`` to its layer index; ``key_states`` is (B, G, T, d_h).
+    Only calls made in the calling thread while ``active()`` is true are seen (and have their
+    attention dropout set to 0). ``layer_of`` maps ``id(attention_module)`` to its layer index;
+    ``key_states`` is (B, G, T, d_h).
+
+    Example:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).eval()
+        >>> seen = []
+        >>> attn = model.model.layers[0].self_attn
+        >>> with watch_attention_keys(model, {id(attn): 0}, lambda layer, k: seen.append(k.shape)):
+        ...     _ = model(torch.tensor([[1, 2, 3]]))
+        >>> seen
+        [torch.Size([1, 1, 3, 8])]
     """
     from transformers.modeling_utils import AttentionInterface
 
-    with _REGISTRY_LOCK:  # one post-RoPE capture at a time swaps the process-wide registry entry
-        impl = getattr(model.config, "_attn_implementation", None) or "eager"
-        mapping: dict[str, Any] = AttentionInterface._global_mapping
-        had_entry = impl in mapping
-        original: Callable[..., Any] | None = mapping.get(impl)
-
-        def watched(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-            layer = layer_of.get(id(module))
-            if layer is not None:
-                on_key(layer, key)
-            fn = original if original is not None else _eager_for(module)
-            return fn(module, query, key, value, *args, **kwargs)
-
-        mapping[impl] = watched
-        try:
-            yield
-        finally:
-            if had_entry:
-                mapping[impl] = original
-            else:
-                mapping.pop(impl, None)
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    mapping: dict[str, Any] = AttentionInterface._global_mapping
+    watcher = _Watcher(layer_of, on_key, active)
+    with _REGISTRY_LOCK:
+        installed = _INSTALLED.get(impl)
+        if installed is None or mapping.get(impl) is not installed.wrapper:
+            original: Callable[..., Any] | None = mapping.get(impl)
+            installed = _Installed(_make_wrapper(original), original, impl in mapping, 0)
+            _INSTALLED[impl] = installed
+            mapping[impl] = installed.wrapper
+        installed.users += 1
+    watchers = _thread_watchers()
+    watchers.append(watcher)
+    try:
+        yield
+    finally:
+        watchers.remove(watcher)
+        with _REGISTRY_LOCK:
+            installed.users -= 1
+            if installed.users == 0:
+                if _INSTALLED.get(impl) is installed:
+                    del _INSTALLED[impl]
+                if mapping.get(impl) is installed.wrapper:  # never undo someone else's registration
+                    if installed.had_entry:
+                        mapping[impl] = installed.original
+                    else:
+                        mapping.pop(impl, None)

@@ -1,15 +1,40 @@
-"""How much memory a capture will allocate, and the default budget it must stay within."""
+"""How much memory a capture will allocate, and the default budget it must stay within.
+
+A capture's peak on a device is the sum of three parts, each an upper bound for one batch of
+``batch_size × max_length`` tokens:
+
+- the float64 accumulators (:func:`accumulator_bytes`);
+- the working memory of folding one batch into them (:func:`update_bytes`: the selected rows, their
+  float32 copies, the batch co-moment and Grams in float32 and float64), and for cross-layer
+  statistics the per-layer rows kept until the last cross layer and their concatenation;
+- the model's own forward pass up to the last captured layer (:func:`forward_bytes`: one layer's
+  activations, the attention mask and, for eager attention, the attention scores).
+
+The bounds were checked against the CPU allocator's peak (``torch.profiler`` memory events) for
+every supported family; ``tests/test_capture_hardening.py`` keeps checking them.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
+from headwidget.core.layout import AttentionLayout
 from headwidget.moments import Moments
 
-__all__ = ["available_bytes", "default_budget", "format_bytes"]
+__all__ = [
+    "ForwardShape",
+    "available_bytes",
+    "default_budget",
+    "format_bytes",
+    "forward_bytes",
+    "update_bytes",
+]
 
 #: Share of the free memory of a device that a capture may take when ``max_memory`` is not given.
 DEFAULT_FRACTION = 0.5
@@ -52,6 +77,91 @@ def accumulator_bytes(shapes: Iterable[tuple[int, int | None]]) -> int:
     return sum(Moments.nbytes(c, hd) for c, hd in shapes)
 
 
-def transient_bytes(tokens: int, channels: int) -> int:
-    """Float32 working memory of one update: the batch copies and its Gram."""
-    return 4 * (3 * tokens * channels + 2 * channels * channels)
+def update_bytes(rows: int, channels: int, heads: int, work_bytes: int = 4) -> int:
+    """Peak working memory of folding ``rows`` token vectors into :class:`Moments`.
+
+    ``work_bytes`` is the element size the rows are folded in (4: float32, 8: float64 models). The
+    rows themselves (selected and converted), their float64 sum, the centred and per-head-normalised
+    copies (``3 × rows × channels`` elements in all), the per-head norms, and the batch co-moment
+    and Grams (float32 products and their float64 sums: 24 bytes per channel pair).
+
+    >>> update_bytes(rows=100, channels=8, heads=2)
+    15936
+    """
+    vectors = rows * channels
+    return 4 * work_bytes * vectors + 2 * work_bytes * rows * heads + 24 * channels * channels
+
+
+def _config_int(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """What the working memory of a model's forward pass depends on."""
+
+    hidden: int
+    ffn: int  # width of the MLP's hidden layer
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    scores: bool  # whether attention may materialise the (heads × T × T) scores
+
+    @classmethod
+    def of(cls, model: nn.Module, layout: AttentionLayout) -> ForwardShape:
+        config: Any = getattr(model, "config", None)
+        hidden = layout.hidden_size
+        ffn = _config_int(config, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
+        dtype_bytes = 4
+        for p in model.parameters():
+            if p.is_floating_point():
+                dtype_bytes = p.element_size()
+                break
+        impl = str(getattr(config, "_attn_implementation", None) or "eager")
+        return cls(
+            hidden=hidden,
+            ffn=ffn,
+            heads=layout.num_heads,
+            kv_heads=layout.num_kv_heads,
+            head_dim=max(layout.head_dim, layout.value_head_dim),
+            dtype_bytes=dtype_bytes,
+            # eager always does; sdpa does whenever torch falls back to its math kernel (float64,
+            # unequal key/value head sizes, broadcast multi-query keys...); flash kernels never do
+            scores=not impl.startswith(("flash", "flex")),
+        )
+
+    @property
+    def work_bytes(self) -> int:
+        """Element size the captured vectors are folded in (float64 models stay float64)."""
+        return 8 if self.dtype_bytes >= 8 else 4
+
+
+def forward_bytes(shape: ForwardShape, batch_size: int, max_length: int) -> int:
+    """Upper bound of the activations one forward pass holds at a time, under ``no_grad``.
+
+    Layers run one after another, so this is one layer's working set: the residual stream and
+    normalised input, the query/key/value projections with their rotated and transposed copies,
+    or the MLP's hidden activations (whichever phase is larger), float32 copies inside norms, the
+    (B, 1, T, T) attention mask, and the attention scores with their softmax (unless the attention
+    is a flash kernel, which never materialises them).
+
+    >>> shape = ForwardShape(hidden=64, ffn=256, heads=4, kv_heads=4, head_dim=16, dtype_bytes=4,
+    ...                      scores=True)
+    >>> forward_bytes(shape, batch_size=2, max_length=10)
+    143720
+    """
+    tokens = batch_size * max_length
+    b = shape.dtype_bytes
+    qkv = (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+    phase = max(6 * qkv, 5 * shape.ffn)
+    per_token = b * (4 * shape.hidden + phase) + 8 * shape.hidden
+    mask = batch_size * max_length * max_length * (b + 1)
+    scores = 0
+    if shape.scores:
+        scores = 3 * max(b, 4) * batch_size * shape.heads * max_length * max_length
+    return tokens * per_token + mask + scores

@@ -15,10 +15,12 @@ from torch import nn
 
 from headwidget.adapters import Adapter
 from headwidget.capture.memory import (
+    ForwardShape,
     accumulator_bytes,
     default_budget,
     format_bytes,
-    transient_bytes,
+    forward_bytes,
+    update_bytes,
 )
 from headwidget.core.kinds import Kind
 from headwidget.core.layout import AttentionLayout
@@ -44,6 +46,7 @@ class CapturePlan:
     cross_layers: list[int] | None
     attention: list[nn.Module]  # one per captured layer
     devices: list[torch.device]  # one per captured layer
+    forward: ForwardShape
 
     @classmethod
     def make(
@@ -113,35 +116,47 @@ class CapturePlan:
         attention = [modules[i] for i in chosen]
         taps = [adapter.taps(m)[0].module for m in attention]
         devices = [module_device(t) for t in taps]
-        return cls(layout, chosen, kinds, cross, attention, devices)
+        return cls(layout, chosen, kinds, cross, attention, devices, ForwardShape.of(adapter.model, layout))
 
     # ------------------------------------------------------------------ memory
     def head_kinds(self) -> list[Kind]:
         """Kinds whose vectors are split into heads (those get cross-layer statistics)."""
         return [k for k in self.kinds if self.layout.head_dim_of(k) is not None]
 
-    def bytes_by_device(self, tokens_per_batch: int) -> dict[torch.device, int]:
-        """Accumulators plus one batch's working memory, per device."""
+    def bytes_by_device(self, batch_size: int, max_length: int) -> dict[torch.device, int]:
+        """Peak bytes per device: accumulators, one batch's working memory, the forward's activations.
+
+        See :mod:`headwidget.capture.memory` for what each part covers.
+        """
+        lay, fwd = self.layout, self.forward
+        tokens = batch_size * max_length
+        w, b = fwd.work_bytes, fwd.dtype_bytes
+        shapes = [(lay.channels_of(k), lay.head_dim_of(k)) for k in self.kinds]
+
+        def fold(channels: int, head_dim: int | None) -> int:
+            # the recorded tensor reshaped (a copy when it is a strided slice), its selected rows in
+            # the model's dtype and converted, and the update itself
+            heads = channels // head_dim if head_dim else 1
+            return tokens * channels * (b + w) + update_bytes(tokens, channels, heads, w)
+
         out: dict[torch.device, int] = {}
-        shapes = [(self.layout.channels_of(k), self.layout.head_dim_of(k)) for k in self.kinds]
-        widest = max(c for c, _ in shapes)
         for device in self.devices:
             out[device] = out.get(device, 0) + accumulator_bytes(shapes)
         for device in set(self.devices):
-            out[device] += transient_bytes(tokens_per_batch, widest)
+            out[device] += max(fold(c, hd) for c, hd in shapes) + forward_bytes(fwd, batch_size, max_length)
         if self.cross_layers:
             device = self.devices[self.layers.index(self.cross_layers[0])]
-            joint = [
-                (len(self.cross_layers) * self.layout.channels_of(k), self.layout.head_dim_of(k))
-                for k in self.head_kinds()
-            ]
-            width = max(c for c, _ in joint)
-            out[device] = out.get(device, 0) + accumulator_bytes(joint)
-            out[device] += transient_bytes(tokens_per_batch, width)
+            n = len(self.cross_layers)
+            joint = [(n * lay.channels_of(k), lay.head_dim_of(k)) for k in self.head_kinds()]
+            # every head kind's rows of the cross layers wait for the last one, then one kind's are
+            # concatenated and folded
+            waiting = sum(tokens * c * w for c, _ in joint)
+            out[device] = out.get(device, 0) + accumulator_bytes(joint) + waiting
+            out[device] += max(tokens * c * w + fold(c, hd) for c, hd in joint)
         return out
 
-    def check_budget(self, tokens_per_batch: int, max_memory: int | None) -> None:
-        for device, need in self.bytes_by_device(tokens_per_batch).items():
+    def check_budget(self, batch_size: int, max_length: int, max_memory: int | None) -> None:
+        for device, need in self.bytes_by_device(batch_size, max_length).items():
             allowed = max_memory if max_memory is not None else default_budget(device)
             if need > allowed:
                 source = "max_memory" if max_memory is not None else "half the free memory"

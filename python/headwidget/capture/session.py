@@ -5,27 +5,40 @@ keys) of each captured layer, select the non-padding tokens, and fold them into 
 layer's device. The forward pass stops after the last captured layer's attention, so the rest of the
 network (and the LM head) is never computed.
 
-Nothing is changed in the model: hooks are removed and training flags restored on normal exit, on
-exceptions and on KeyboardInterrupt, and the computation of every layer is the model's own.
+Nothing is changed in the model: hooks are removed on normal exit, on exceptions and on
+KeyboardInterrupt, training flags are never touched, and the computation of every layer is the
+model's own.
+
+Threads: the hooks act only on the forward passes the capture itself runs, in the thread that called
+:func:`capture`; forwards of the same model in other threads (or other captures of it) pass through
+them untouched. A model in training mode is captured without dropout, in the capturing thread only
+(:mod:`headwidget.capture.dropout`), so a training loop in another thread keeps its dropout.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Sequence
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, Tap, adapter_for
-from headwidget.capture.inputs import iter_batches
+from headwidget.capture.dropout import NoDropout, any_training
+from headwidget.capture.inputs import Batch, iter_batches
 from headwidget.capture.interface import watch_attention_keys
 from headwidget.capture.plan import CapturePlan, module_device
 from headwidget.capture.tokens import TokenSelection, select_tokens
 from headwidget.core.kinds import Kind
-from headwidget.errors import CaptureInputError, NonFiniteActivationError, RopeCaptureError
+from headwidget.errors import (
+    CaptureConflictError,
+    CaptureInputError,
+    NonFiniteActivationError,
+    RopeCaptureError,
+)
 from headwidget.moments import Moments
 from headwidget.stats import KVStats, StatsMeta, config_fingerprint
 
@@ -35,13 +48,23 @@ __all__ = ["capture", "estimate"]
 class _ForwardDone(Exception):
     """Raised after the last captured layer: the rest of the forward pass is not needed."""
 
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__("the capture's forward pass ends after its last captured layer")
+        self.recorder = recorder
+
 
 class _Recorder:
-    """Holds the accumulators and the per-forward scratch space of one capture."""
+    """Holds the accumulators and the per-forward scratch space of one capture.
+
+    Its hooks act only while :attr:`forwarding` is set, in the thread that created it: during the
+    capture's own forward passes. Anything else that runs the model meanwhile passes through them.
+    """
 
     def __init__(self, adapter: Adapter, plan: CapturePlan) -> None:
         self.adapter = adapter
         self.plan = plan
+        self.thread = threading.get_ident()
+        self.forwarding = False
         lay = plan.layout
         self.moments: dict[tuple[int, Kind], Moments] = {}
         for layer, device in zip(plan.layers, plan.devices, strict=True):
@@ -62,7 +85,12 @@ class _Recorder:
         self.parts: dict[int, dict[str, torch.Tensor]] = {layer: {} for layer in plan.layers}
         self.pending_cross: dict[Kind, dict[int, torch.Tensor]] = {k: {} for k in self.cross}
         self.selection: TokenSelection | None = None
-        self.finite_flags: list[tuple[int, str, torch.Tensor]] = []
+        # (what was checked, device flags from Moments.update), read once per batch
+        self.checks: list[tuple[str, list[torch.Tensor]]] = []
+
+    def active(self) -> bool:
+        """Whether a hook firing now belongs to this capture's own forward pass."""
+        return threading.get_ident() == self.thread and self.forwarding
 
     # ------------------------------------------------------------------ hooks
     def tap_hook(self, layer: int, tap: Tap) -> Any:
@@ -71,12 +99,14 @@ class _Recorder:
         if tap.on_input:
 
             def record_input(module: nn.Module, args: tuple[Any, ...]) -> None:
-                parts[tap.slot] = args[0]
+                if self.active():
+                    parts[tap.slot] = args[0]
 
             return tap.module.register_forward_pre_hook(record_input)
 
         def record_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            parts[tap.slot] = output[0] if isinstance(output, tuple) else output
+            if self.active():
+                parts[tap.slot] = output[0] if isinstance(output, tuple) else output
 
         return tap.module.register_forward_hook(record_output)
 
@@ -88,11 +118,27 @@ class _Recorder:
         last = layer == self.plan.layers[-1]
 
         def layer_done(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if not self.active():
+                return
             self.fold_layer(layer)
             if last:
-                raise _ForwardDone
+                raise _ForwardDone(self)
 
         return attention.register_forward_hook(layer_done)
+
+    def forward(self, model: nn.Module, inputs: dict[str, Any], *, no_dropout: bool) -> None:
+        """Run ``model(**inputs)`` as this capture's forward pass (hooks active, in this thread)."""
+        with ExitStack() as stack:
+            if no_dropout:
+                stack.enter_context(NoDropout())
+            self.forwarding = True
+            try:
+                model(**inputs)
+            except _ForwardDone as done:
+                if done.recorder is not self:
+                    raise
+            finally:
+                self.forwarding = False
 
     # ------------------------------------------------------------------ accumulation
     def fold_layer(self, layer: int) -> None:
@@ -120,8 +166,9 @@ class _Recorder:
             if x.dtype != torch.float64:
                 x = x.float()
             m = self.moments[(layer, kind)]
-            m.update(x, sel.split_a)
-            self.finite_flags.append((layer, kind, torch.isfinite(m.mean).all()))
+            checks: list[torch.Tensor] = []
+            m.update(x, sel.split_a, checks=checks)
+            self.checks.append((f"layer {layer} {kind}", checks))
             if kind in self.pending_cross and layer in (self.plan.cross_layers or []):
                 self.pending_cross[kind][layer] = x
                 self.fold_cross(kind)
@@ -134,31 +181,76 @@ class _Recorder:
         joint = torch.cat([pending[layer].to(self.cross_device) for layer in layers], dim=1)
         pending.clear()
         assert self.selection is not None
-        self.cross[kind].update(joint, self.selection.split_a)
+        checks: list[torch.Tensor] = []
+        self.cross[kind].update(joint, self.selection.split_a, checks=checks)
+        self.checks.append((f"cross-layer {kind} of layers {layers}", checks))
 
     def check_finite(self) -> None:
-        flags = self.finite_flags
-        self.finite_flags = []
-        if not flags:
-            return
-        ok = torch.stack([f.cpu() for _, _, f in flags])
-        if bool(ok.all()):
-            return
-        layer, kind, _ = flags[int((~ok).nonzero()[0])]
-        raise NonFiniteActivationError(
-            f"layer {layer} produced NaN or infinite {kind} activations (typically an fp16 overflow). "
-            "Run the model in bfloat16 or float32, or exclude that layer with layers=[...]"
+        """Raise if anything folded in since the last call was NaN or infinite (one read per device)."""
+        checks = [(what, flag) for what, flags in self.checks for flag in flags]
+        self.checks = []
+        by_device: dict[torch.device, list[int]] = {}
+        for i, (_, flag) in enumerate(checks):
+            by_device.setdefault(flag.device, []).append(i)
+        for indices in by_device.values():
+            ok = torch.stack([checks[i][1] for i in indices]).cpu()  # (k, 2): mean, second moments
+            if bool(ok.all()):
+                continue
+            row = int((~ok).any(dim=1).nonzero()[0])
+            what = checks[indices[row]][0]
+            if not bool(ok[row, 0]):
+                raise NonFiniteActivationError(
+                    f"{what}: the model produced NaN or infinite activations (typically an fp16 "
+                    "overflow). Run the model in bfloat16 or float32, or exclude that layer with layers=[...]"
+                )
+            raise NonFiniteActivationError(
+                f"{what}: activations so large (|x| beyond about 1e19) that their float32 co-moment or "
+                "per-head norms overflow to infinity, so no correlation or similarity would be right. "
+                "Check the model's weights for that layer, run it in float64, or exclude that layer "
+                "with layers=[...]"
+            )
+
+
+def _forward_parameters(model: nn.Module) -> set[str]:
+    return set(inspect.signature(model.forward).parameters)
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
+    if isinstance(embeddings, nn.Embedding):
+        return int(embeddings.num_embeddings)
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(size) if size else None
+
+
+def _check_ids(batch: Batch, number: int, vocab: int | None, model: nn.Module) -> None:
+    ids = batch.input_ids
+    low, high = int(ids.min()), int(ids.max())
+    name = type(model).__name__
+    if low < 0:
+        raise CaptureInputError(
+            f"batch {number}: its smallest token id is {low}, but token ids cannot be negative "
+            "(-100 marks ignored labels, not inputs). Pad input_ids with the tokenizer's pad_token_id "
+            "and mark the padding with attention_mask 0"
+        )
+    if vocab is not None and high >= vocab:
+        raise CaptureInputError(
+            f"batch {number}: its largest token id is {high}, but {name}'s vocabulary has {vocab} ids "
+            f"(0..{vocab - 1}). Tokenize with this model's own tokenizer"
         )
 
 
-def _restore_training(flags: dict[nn.Module, bool]) -> None:
-    for module, flag in flags.items():
-        module.training = flag
-
-
-def _forward_kwargs(model: nn.Module) -> dict[str, Any]:
-    params = inspect.signature(model.forward).parameters
-    return {"use_cache": False} if "use_cache" in params else {}
+def _position_kwargs(batch: Batch, number: int, takes: set[str], model: nn.Module) -> dict[str, Any]:
+    positions = batch.position_ids()
+    if positions is None:
+        return {}
+    if "position_ids" not in takes:
+        raise CaptureInputError(
+            f"batch {number} is left-padded (or has gaps), but {type(model).__name__}.forward takes no "
+            "position_ids, so its real tokens would sit at shifted positions. Pad on the right"
+        )
+    return {"position_ids": positions}
 
 
 def _input_device(model: nn.Module) -> torch.device:
@@ -205,8 +297,11 @@ def capture(
         model: a Hugging Face ``transformers`` model of a supported family (see
             ``headwidget.supported_families()``), on any device or split with ``device_map``.
         texts: a string, a list of strings (needs ``tokenizer``), a LongTensor of token ids, or an
-            iterable of dicts with ``input_ids`` and optional ``attention_mask``. Padding never
-            enters a statistic.
+            iterable of dicts with ``input_ids`` and optional ``attention_mask`` (of the same shape;
+            a dict with more than ``batch_size`` rows is split). Padding never enters a statistic;
+            left padding gets positions counted from each row's first real token (as generation
+            does), so left-, right- and unpadded rows give the same statistics. A long string is
+            tokenised only as far as ``max_length`` tokens reach.
         layers: layer indices to capture (default: all).
         max_tokens: stop after this many counted tokens.
         rope: ``"pre"`` (key-projection output), ``"post"`` (the keys attention uses, kind
@@ -215,11 +310,24 @@ def capture(
         inputs: also accumulate the attention input's moments (kind ``"input"``).
         cross_layer: layers (or ``True`` for all captured) whose heads get joint statistics, needed
             to compare heads of different layers.
-        max_memory: bytes the statistics may allocate per device (default: half the free memory).
+        max_memory: bytes the capture may allocate per device — statistics, one batch's working
+            memory and the forward pass's activations, as :func:`estimate` counts them (default:
+            half the free memory).
         progress: show a tqdm bar in tokens/s.
 
     Returns:
         :class:`~headwidget.stats.KVStats`.
+
+    Raises:
+        CaptureInputError: unusable input (a mask of another shape, token ids outside the
+            vocabulary, left padding for a model whose forward takes no ``position_ids``...).
+        NonFiniteActivationError: a layer's activations (or their float32 second moments) were
+            NaN or infinite; the message names the layer and kind.
+        CaptureConflictError: another thread switched the model to training mode mid-forward.
+
+    Threads: the hooks act only on this call's own forward passes; forwards of the same model in
+    other threads, and other captures of it, pass through untouched. A model in training mode is
+    captured without dropout, without changing any training flag.
 
     Example:
         >>> import torch, headwidget
@@ -233,11 +341,15 @@ def capture(
     plan = CapturePlan.make(adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer)
     if max_tokens is not None and max_tokens < 1:
         raise CaptureInputError(f"max_tokens must be ≥ 1, got {max_tokens}")
-    plan.check_budget(batch_size * max_length, max_memory)
+    plan.check_budget(batch_size, max_length, max_memory)
     batches = iter_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length)
     recorder = _Recorder(adapter, plan)
     device = _input_device(model)
-    kwargs = _forward_kwargs(model)
+    takes = _forward_parameters(model)
+    kwargs: dict[str, Any] = {"use_cache": False} if "use_cache" in takes else {}
+    vocab = _vocab_size(model)
+    modules = list(model.modules())
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
     total = 0
 
     from tqdm.auto import tqdm
@@ -250,12 +362,13 @@ def capture(
             for tap in taps:
                 stack.callback(recorder.tap_hook(layer, tap).remove)
             stack.callback(recorder.layer_done_hook(layer, attention).remove)
-        if "key_post" in plan.kinds:
+        # Post-RoPE keys come through AttentionInterface; so does the dropout of attention kernels
+        # outside torch (flash attention), which the watcher sets to 0 in this capture's forwards.
+        if "key_post" in plan.kinds or impl not in ("eager", "sdpa"):
             layer_of = {id(m): layer for layer, m in zip(plan.layers, plan.attention, strict=True)}
-            stack.enter_context(watch_attention_keys(model, layer_of, recorder.on_post_rope_key))
-        training = {m: m.training for m in model.modules()}
-        stack.callback(_restore_training, training)
-        model.eval()
+            stack.enter_context(
+                watch_attention_keys(model, layer_of, recorder.on_post_rope_key, recorder.active)
+            )
         stack.enter_context(torch.no_grad())
         bar = stack.enter_context(
             tqdm(total=max_tokens, unit="tok", unit_scale=True, disable=not progress, desc="capture")
@@ -275,12 +388,21 @@ def capture(
             )
             if recorder.selection.count == 0:
                 continue
-            # _ForwardDone skips the layers after the last captured one (and the LM head).
-            with suppress(_ForwardDone):
-                model(
-                    input_ids=batch.input_ids.to(device),
-                    attention_mask=batch.attention_mask.to(device),
-                    **kwargs,
+            _check_ids(batch, number, vocab, model)
+            tensors = {
+                "input_ids": batch.input_ids,
+                "attention_mask": batch.attention_mask,
+                **_position_kwargs(batch, number, takes, model),
+            }
+            call = {**{k: v.to(device) for k, v in tensors.items()}, **kwargs}
+            training = any_training(modules)
+            recorder.forward(model, call, no_dropout=training)
+            if not training and any_training(modules):
+                raise CaptureConflictError(
+                    f"{type(model).__name__} was switched to training mode while batch {number} ran "
+                    "through it (by another thread?), so dropout may have entered the statistics. "
+                    "Capture while nothing switches the model's mode (capture a training-mode model "
+                    "as it is: its dropout is turned off for the capture alone)"
                 )
             recorder.check_finite()
             total += recorder.selection.count
@@ -319,7 +441,12 @@ def estimate(
     batch_size: int = 8,
     max_length: int = 512,
 ) -> int:
-    """Bytes a :func:`capture` with these options will allocate (all devices together).
+    """Peak bytes a :func:`capture` with these options allocates (all devices together).
+
+    An upper bound for batches of ``batch_size × max_length`` tokens (every input is cut to that):
+    the float64 statistics, the working memory of folding one batch into them, and the model's
+    forward activations up to the last captured layer (see :mod:`headwidget.capture.memory`).
+    The model's weights are not included.
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -331,4 +458,4 @@ def estimate(
     plan = CapturePlan.make(
         adapter_for(model), layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer
     )
-    return sum(plan.bytes_by_device(batch_size * max_length).values())
+    return sum(plan.bytes_by_device(batch_size, max_length).values())

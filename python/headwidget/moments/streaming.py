@@ -42,11 +42,16 @@ def normalise_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     >>> normalise_heads(torch.tensor([[3.0, 4.0, 0.0, 0.0]]), 2)
     tensor([[0.6000, 0.8000, 0.0000, 0.0000]])
     """
+    return _normalise_heads(x, head_dim)[0]
+
+
+def _normalise_heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The normalised rows and the per-head norms (n, heads, 1) they were divided by."""
     n, c = x.shape
     heads = x.reshape(n, c // head_dim, head_dim)
     norms = torch.linalg.vector_norm(heads, dim=-1, keepdim=True)
     scaled = heads / torch.where(norms > 0, norms, torch.ones_like(norms))
-    return scaled.reshape(n, c)
+    return scaled.reshape(n, c), norms
 
 
 @dataclass
@@ -95,10 +100,23 @@ class Moments:
         return 8 * (channels + mats * channels * channels)
 
     # ------------------------------------------------------------------ streaming update
-    def update(self, x: torch.Tensor, split_a: int) -> None:
+    def update(self, x: torch.Tensor, split_a: int, *, checks: list[torch.Tensor] | None = None) -> None:
         """Fold in the rows of ``x`` (n, C); rows ``[:split_a]`` belong to token split A, the rest to B.
 
         ``x`` should be float32 (or wider) on the same device as the accumulators.
+
+        With ``checks`` (a list), a (2,) bool tensor on that device is appended to it: whether this
+        batch's mean is finite, and whether what it adds to the co-moment and to the normalised Grams
+        (its co-moment and its per-head norms) is finite. The second flag catches values so large
+        that their float32 squares overflow (a co-moment of inf, or heads divided by an infinite
+        norm down to 0). Reading a flag waits for the device, so callers collect the flags of many
+        updates and read them together.
+
+        >>> m, checks = Moments.empty(2, head_dim=2), []
+        >>> m.update(torch.tensor([[1.0, 2.0], [3.0, 5.0]]), split_a=1, checks=checks)
+        >>> m.update(torch.tensor([[1e20, 0.0], [-1e20, 0.0]]), split_a=1, checks=checks)
+        >>> [c.tolist() for c in checks]
+        [[True, True], [True, False]]
         """
         n = int(x.shape[0])
         if n == 0:
@@ -111,15 +129,20 @@ class Moments:
         delta_round = batch_mean - shift.to(F64)
         batch_m2 = (centred.T @ centred).to(F64)
         batch_m2.addr_(delta_round, delta_round, alpha=-n)
+        second = torch.isfinite(batch_m2).all() if checks is not None else None
         self._merge_parts(n, batch_mean, batch_m2)
         if self.norm_gram is not None and self.head_dim is not None:
-            normed = normalise_heads(x, self.head_dim)
+            normed, norms = _normalise_heads(x, self.head_dim)
+            if second is not None:
+                second = second & torch.isfinite(norms).all()
             part_a, part_b = normed[:split_a], normed[split_a:]
             if split_a:
                 self.norm_gram[0].add_(part_a.T @ part_a)
             if n - split_a:
                 self.norm_gram[1].add_(part_b.T @ part_b)
             self.split_count = (self.split_count[0] + split_a, self.split_count[1] + n - split_a)
+        if checks is not None and second is not None:
+            checks.append(torch.stack([torch.isfinite(batch_mean).all(), second]))
 
     def _merge_parts(self, n: int, mean: torch.Tensor, m2: torch.Tensor) -> None:
         total = self.count + n
