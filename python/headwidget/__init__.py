@@ -30,6 +30,7 @@ from headwidget.analysis import (
 )
 from headwidget.capture import AttentionLayout, RopeLayout, adapter_for, capture, estimate, supported_families
 from headwidget.errors import (
+    CaptureConflictError,
     CaptureInputError,
     CrossLayerMissingError,
     DegenerateHeadsError,
@@ -79,6 +80,7 @@ __all__ = [
     "AlignmentResult",
     "AlignmentView",
     "AttentionLayout",
+    "CaptureConflictError",
     "CaptureInputError",
     "ChannelView",
     "Conversion",
