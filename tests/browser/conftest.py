@@ -217,5 +217,5 @@ def colour_of(colormaps):
     return functools.partial(lut_colour, colormaps)
 
 
-# JupyterLab end to end (a server per session, notebook pages): see jupyter_fixtures.py.
-from .jupyter_fixtures import jupyterlab, lab_page  # noqa: E402, F401
+# JupyterLab and Notebook 7 end to end (a server per session, notebook pages): see jupyter_fixtures.py.
+from .jupyter_fixtures import jupyterlab, lab_page, notebook7, notebook7_page  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""JupyterLab end to end: a real server per test session and notebooks driven in chromium.
+"""JupyterLab and Notebook 7 end to end: a real server per test session and notebooks driven in chromium.
 
 The ``jupyterlab`` fixture starts ``python -m jupyterlab`` with the interpreter running the tests (so
 the kernel imports this checkout's headwidget) on a free port of 127.0.0.1, with a random token and a
@@ -8,6 +8,8 @@ browser context and drives it like a user: click a cell, type, Shift+Enter, read
 
 Every request the page makes is recorded, and every JavaScript module anywidget loads from a blob
 (the widget's ``_esm``) is kept, so tests can check what the page fetched and executed.
+
+``notebook7`` and ``notebook7_page`` are the same for Notebook 7 (``python -m notebook``, 7.x).
 """
 
 from __future__ import annotations
@@ -76,8 +78,12 @@ class JupyterLab:
     token: str
     root_dir: Path
     log: Path
+    #: ``"lab"`` (JupyterLab) or ``"notebook"`` (Notebook 7): which front end the server serves.
+    ui: str = "lab"
 
     def notebook_url(self, name: str) -> str:
+        if self.ui == "notebook":
+            return f"{self.base_url}/notebooks/{name}?token={self.token}"
         # `reset` drops any saved workspace, so every page starts with just this notebook.
         return f"{self.base_url}/lab/tree/{name}?reset&token={self.token}"
 
@@ -97,8 +103,11 @@ def write_notebook(path: Path, *sources: str) -> Path:
 
 
 @contextlib.contextmanager
-def running_jupyterlab(root_dir: Path, work_dir: Path, python: str = sys.executable) -> Iterator[JupyterLab]:
-    """Start JupyterLab serving ``root_dir``; stop it (and its kernels) on exit."""
+def running_jupyterlab(
+    root_dir: Path, work_dir: Path, python: str = sys.executable, app: str = "jupyterlab"
+) -> Iterator[JupyterLab]:
+    """Start JupyterLab (``app="notebook"``: Notebook 7) serving ``root_dir``; stop it (and its
+    kernels) on exit."""
     port, token = free_port(), secrets.token_hex(16)
     env = dict(
         os.environ,
@@ -109,13 +118,14 @@ def running_jupyterlab(root_dir: Path, work_dir: Path, python: str = sys.executa
         PYTHONUNBUFFERED="1",
     )
     cmd = [
-        python, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        python, "-m", app, "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
         f"--ServerApp.token={token}", f"--ServerApp.root_dir={root_dir}",
     ]  # fmt: skip
     # No news feed and no update check: nothing in the session may need more than 127.0.0.1.
     (work_dir / "config").mkdir(parents=True, exist_ok=True)
     (work_dir / "config" / "jupyter_server_config.json").write_text(json.dumps(LAB_CONFIG))
-    lab = JupyterLab(f"http://127.0.0.1:{port}", token, root_dir, work_dir / "jupyterlab.log")
+    ui = "notebook" if app == "notebook" else "lab"
+    lab = JupyterLab(f"http://127.0.0.1:{port}", token, root_dir, work_dir / f"{app}.log", ui)
     with lab.log.open("wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root_dir)
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
@@ -123,7 +133,7 @@ def running_jupyterlab(root_dir: Path, work_dir: Path, python: str = sys.executa
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"jupyterlab exited with {proc.returncode}:\n{lab.log_tail()}")
+                raise RuntimeError(f"{app} exited with {proc.returncode}:\n{lab.log_tail()}")
             try:
                 url = f"{lab.base_url}/api/status?token={token}"
                 with direct.open(url, timeout=2) as r:
@@ -132,7 +142,7 @@ def running_jupyterlab(root_dir: Path, work_dir: Path, python: str = sys.executa
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"jupyterlab did not answer in {STARTUP_TIMEOUT_S} s:\n{lab.log_tail()}")
+                raise RuntimeError(f"{app} did not answer in {STARTUP_TIMEOUT_S} s:\n{lab.log_tail()}")
             time.sleep(0.2)
         yield lab
     finally:
@@ -206,30 +216,64 @@ class LabPage:
         ]
 
 
-@pytest.fixture(scope="session")
-def jupyterlab(tmp_path_factory) -> Iterator[JupyterLab]:
-    missing = [m for m in ("jupyterlab", "ipykernel", "nbformat") if importlib.util.find_spec(m) is None]
+def require_modules(*modules: str) -> None:
+    """Skip (under CI=true: fail) unless every one of ``modules`` can be imported."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         reason = f"not installed: {', '.join(missing)} (pip install -e '.[test]')"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason} (CI=true: browser tests must run)", pytrace=False)
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def jupyterlab(tmp_path_factory) -> Iterator[JupyterLab]:
+    require_modules("jupyterlab", "ipykernel", "nbformat")
     root = tmp_path_factory.mktemp("notebooks")
     work = tmp_path_factory.mktemp("jupyter")
     with running_jupyterlab(root, work) as lab:
         yield lab
 
 
-@pytest.fixture(scope="module")
-def lab_page(browser, jupyterlab) -> Iterator[LabPage]:
-    """A fresh browser context on the JupyterLab server (open a notebook with ``.open(name)``)."""
+@pytest.fixture(scope="session")
+def notebook7(tmp_path_factory) -> Iterator[JupyterLab]:
+    """A Notebook 7 server (``python -m notebook``), set up like the JupyterLab one."""
+    require_modules("notebook", "ipykernel", "nbformat")
+    from importlib.metadata import version
+
+    if not version("notebook").startswith("7."):
+        pytest.fail(f"notebook {version('notebook')} is installed, the tests need Notebook 7", pytrace=False)
+    root = tmp_path_factory.mktemp("notebook7")
+    work = tmp_path_factory.mktemp("jupyter-nb7")
+    with running_jupyterlab(root, work, app="notebook") as nb:
+        yield nb
+
+
+def open_lab_page(browser, server: JupyterLab) -> tuple[object, LabPage]:
+    """A fresh browser context on ``server``: (the context, its page)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.add_init_script(RECORD_BLOBS)
     page = context.new_page()
     page.set_default_timeout(60_000)
-    lp = LabPage(page=page, lab=jupyterlab)
+    lp = LabPage(page=page, lab=server)
     page.on("request", lambda r: lp.requests.append(r.url))
     page.on("websocket", lambda ws: lp.websockets.append(ws.url))
     page.on("pageerror", lambda e: lp.errors.append(str(e)))
+    return context, lp
+
+
+@pytest.fixture(scope="module")
+def lab_page(browser, jupyterlab) -> Iterator[LabPage]:
+    """A fresh browser context on the JupyterLab server (open a notebook with ``.open(name)``)."""
+    context, lp = open_lab_page(browser, jupyterlab)
+    yield lp
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def notebook7_page(browser, notebook7) -> Iterator[LabPage]:
+    """A fresh browser context on the Notebook 7 server (its notebook page has the same cells and
+    prompts as JupyterLab's, so :class:`LabPage` drives it)."""
+    context, lp = open_lab_page(browser, notebook7)
     yield lp
     context.close()
