@@ -78,6 +78,7 @@ def test_capture_from_a_model_directory(tmp_path, text_file, minilm, capsys):
     model.save_pretrained(tmp_path / "minilm")
     tokenizer.save_pretrained(tmp_path / "minilm")
     out = tmp_path / "stats" / "minilm.safetensors"
+    out.parent.mkdir()  # --out's directory must exist: a typo in it fails before the capture
     code = main(
         [
             "capture",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import re
@@ -247,3 +248,81 @@ def test_html_page_is_self_contained_and_escapes_text(tmp_path):
     assert not re.search(r"(src|href)=\"?(https?:)?//", text) and "://" not in text
     blob = text.split('id="headwidget-data">', 1)[1].split("</script>", 1)[0]
     assert json.loads(blob)["frames"]["0"]["panels"][0]["title"] == hostile
+
+
+CONTROL = "\x00\x01\x07\x08\x0b\x0c\x1b\x7f\x85\ud800\ufffe"
+
+
+def drawn(text: str) -> str:
+    """What the figure shows for ``text``: ASCII whitespace as a space (as the widget's canvas draws
+    it), any other control character, surrogate or XML non-character as U+FFFD."""
+    return "".join(" " if c in "\t\n\x0c\r" else "\ufffd" for c in text)
+
+
+def hostile_grid() -> PanelGrid:
+    """Every text of a grid holding control characters (ANSI escape, form feed, NUL, DEL, C1, a lone
+    surrogate, a non-character), as a label taken from a user's data may."""
+    labels = [f"H{i}{CONTROL[i]}" for i in range(N)]
+    panel = Panel(
+        f"key{CONTROL}",
+        f"Keys\x1b[31m{CONTROL}",
+        known_matrix(),
+        subtitle="sub\x0ctitle\r\nline\x00two",
+        row_labels=labels,
+        col_labels=labels,
+        note=f"note\x00{CONTROL}",
+    )
+    return PanelGrid([panel], -1.0, 1.0, "diverging", f"label\x00{CONTROL}")
+
+
+def test_control_characters_in_text_still_give_valid_files(tmp_path, recwarn):
+    grid = hostile_grid()
+    svg = save(grid, tmp_path / "c.svg", title=f"Title\x00\x1b{CONTROL}")
+    root = ET.parse(svg).getroot()  # valid XML: no control character reached the file
+    texts = {"".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    assert {f"Keys\ufffd[31m{drawn(CONTROL)}", f"Title\ufffd\ufffd{drawn(CONTROL)}"} <= texts
+    assert {f"H{i}{drawn(CONTROL[i])}" for i in range(N)} <= texts
+    assert {
+        "sub title  line\ufffdtwo",
+        f"label\ufffd{drawn(CONTROL)}",
+        f"note\ufffd{drawn(CONTROL)}",
+    } <= texts
+    assert root.find(f".//{{http://www.w3.org/2000/svg}}g[@id='key{drawn(CONTROL)}']") is not None
+    pdf = save(grid, tmp_path / "c.pdf", title="T\x00").read_bytes()
+    assert pdf.startswith(b"%PDF") and pdf.rstrip().endswith(b"%%EOF") and b"/FontFile2" in pdf
+    png = read_png(save(grid, tmp_path / "c.png", dpi=60, title="T\x1b"))
+    assert png.shape[0] > 50 and png.shape[1] > 50
+    assert [str(w.message) for w in recwarn if "Glyph" in str(w.message)] == []  # every glyph drawn
+    page = save(grid, tmp_path / "c.html", title=f"Title\x00{CONTROL}").read_bytes().decode("utf-8")
+    assert f"<title>Title\ufffd{drawn(CONTROL)}</title>" in page
+    assert not any(c in page for c in CONTROL if c not in "\x0c")
+    # The widget's data keep the text as given (JSON escapes it); the page shows it as text.
+    blob = page.split('id="headwidget-data">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(blob)["frames"]["0"]["panels"][0]["title"] == f"Keys\x1b[31m{CONTROL}"
+
+
+def test_absurd_figure_sizes_are_refused_before_allocating(tmp_path):
+    grid = known_grid()
+    for options in ({"dpi": 1_000_000}, {"dpi": 5000, "size": (20.0, 20.0)}, {"size": (1e6, 1.0)}):
+        with pytest.raises(ExportError, match=r"pixels, over the limit .*; use dpi ≤ \d+ or a smaller size"):
+            save(grid, tmp_path / "huge.png", **options)
+    with pytest.raises(ExportError, match="dpi must be > 0"):
+        save(grid, tmp_path / "nan.png", dpi=math.nan)
+    assert not list(tmp_path.iterdir())
+    # At the limit it still works: the check is not off by a factor.
+    assert read_png(save(grid, tmp_path / "big.png", dpi=600, size=(4, 3))).shape[:2] == (1800, 2400)
+
+
+def test_html_page_allows_only_its_own_inline_script(tmp_path):
+    text = save(known_grid(), tmp_path / "page.html").read_text(encoding="utf-8")
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', text).group(1)
+    directives = {d.split()[0]: d.split()[1:] for d in csp.split(";") if d.strip()}
+    scripts = directives["script-src"]
+    assert "'unsafe-inline'" not in scripts and "'unsafe-eval'" not in scripts
+    module = re.search(r'<script type="module">(.*?)</script>', text, re.S).group(1)
+    digest = base64.b64encode(hashlib.sha256(module.encode()).digest()).decode()
+    assert [s for s in scripts if s.startswith("'sha256-")] == [f"'sha256-{digest}'"]
+    # Every other inline script is data, which the browser does not run.
+    others = re.findall(r"<script(?![^>]*type=\"module\")([^>]*)>", text)
+    assert others == [' type="application/json" id="headwidget-data"']
+    assert directives["default-src"] == ["'none'"] and "connect-src" not in directives

@@ -218,3 +218,38 @@ def test_initial_state_is_computed_once(llama, monkeypatch):
     assert calls == [1]
     view.channel_width = 4
     assert calls == [1, 1] and view.grid.panels[0].matrix.shape == (4, 4)
+
+
+@pytest.mark.parametrize("face", ["view", "widget"])
+def test_a_failed_construction_raises_its_own_error_and_nothing_after(llama, monkeypatch, face):
+    """A ChannelView whose __init__ fails says why, and its finaliser (a widget's ``__del__`` closes
+    it) adds no second "Exception ignored … _prefetcher" report."""
+    import gc
+    import sys
+
+    import traitlets
+
+    from headwidget import notebook
+    from headwidget.views import ViewSourceError
+
+    cls = ChannelView if face == "view" else notebook.ChannelView
+    _, stats = llama
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    failures = [
+        ((stats.channel_corr,), {}, ViewSourceError, r"needs captured statistics \(a KVStats.*got method"),
+        ((None,), {}, ViewSourceError, "the channels view needs captured statistics"),
+        ((stats,), {"max_cells": "many"}, ValueError, "max_cells must be an integer ≥ 1, got 'many'"),
+        ((stats,), {"max_cells": 0}, ValueError, "max_cells must be an integer ≥ 1, got 0"),
+        ((stats,), {"layer": "one"}, traitlets.TraitError, "'layer' trait of a ChannelView"),
+    ]
+    for args, kwargs, error, message in failures:
+        with pytest.raises(error, match=message):
+            cls(*args, **kwargs)
+        gc.collect()
+    # A state the view cannot show is reported in ``error`` (the view exists; nothing is raised).
+    view = cls(stats, layer=99)
+    assert "layer 99 is out of range" in view.error
+    del view
+    gc.collect()
+    assert unraisable == []

@@ -158,3 +158,20 @@ def test_network_requests_are_refused_by_the_page(stats, open_page, tmp_path):
     assert any("Content Security Policy" in e for e in page.errors), page.errors  # refused, not just failed
     page.errors.clear()
     page.requests[:] = [u for u in page.requests if not u.startswith("http://127.0.0.1:9/")]
+
+
+def test_the_page_runs_under_a_csp_without_unsafe_inline_scripts(stats, open_page, tmp_path):
+    page = open_page(save(ChannelView(stats, layer=0, channel_width=4), tmp_path / "csp.html"))
+    csp = page.js("document.querySelector('meta[http-equiv=Content-Security-Policy]').content")
+    script_src = next(d.split()[1:] for d in csp.split(";") if d.split()[:1] == ["script-src"])
+    assert "'unsafe-inline'" not in script_src and any(s.startswith("'sha256-") for s in script_src)
+    assert page.panel_ids() == ["key-0", "value-0"]  # drawn: the hash let the page's own module run
+    assert not [e for e in page.errors if "Content Security Policy" in e], page.errors
+    # An inline script or handler added later is refused (reported as a violation, then cleared).
+    page.js(
+        """() => { const s = document.createElement('script'); s.textContent = 'window.__ran = 1';
+                   document.body.append(s); }"""
+    )
+    assert page.js("window.__ran === undefined")
+    assert any("Content Security Policy" in e for e in page.errors), page.errors
+    page.errors.clear()

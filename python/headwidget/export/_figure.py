@@ -9,12 +9,15 @@ Cells are flat colours from the widget's own 256-entry tables (:mod:`._colormaps
 No pyplot: the figure has its own Agg canvas, and every draw runs inside :func:`export_style`, a
 temporary matplotlib style, so neither the user's rcParams change the output nor the export theirs.
 The layout ("compressed", made for grids of fixed-aspect plots) is computed once and then frozen, so
-the saved PNG, SVG and PDF, at any dpi, have the same geometry (see ``cell_box``).
+the saved PNG, SVG and PDF, at any dpi, have the same geometry (see ``cell_box``). Text is drawn
+through :func:`._labels.printable` (control characters would make an invalid SVG), and a figure
+beyond :data:`MAX_SIDE_PX` / :data:`MAX_PIXELS` at its dpi is refused before it is allocated.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 
@@ -30,7 +33,7 @@ from matplotlib.ticker import MaxNLocator
 
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.export._colormaps import LutNorm, colormap, nan_color
-from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, text_width, wrap
+from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, printable, text_width, wrap
 from headwidget.export._source import ExportError, GridSource, grid_of
 
 __all__ = ["PANEL_LABEL", "export_style", "figure"]
@@ -53,6 +56,8 @@ STYLE = {
 }
 PANEL_LABEL = "headwidget-panel-{}"
 LAYOUT_PASSES = 2
+#: Largest figure in pixels: Agg's limit per side, and 128 Mpx in all (a 512 MiB RGBA buffer).
+MAX_SIDE_PX, MAX_PIXELS = 2**16 - 1, 2**27
 
 
 @contextlib.contextmanager
@@ -67,6 +72,39 @@ def export_style() -> Iterator[None]:
     """
     with matplotlib.style.context(["default", STYLE]):
         yield
+
+
+def _printable_grid(grid: PanelGrid) -> PanelGrid:
+    """The grid with every text made drawable (:func:`._labels.printable`); the matrices are shared."""
+
+    def labels(values: list[str] | None) -> list[str] | None:
+        return None if values is None else [printable(v) for v in values]
+
+    panels = [
+        dataclasses.replace(
+            p,
+            id=printable(p.id),
+            title=printable(p.title),
+            subtitle=printable(p.subtitle),
+            note=printable(p.note),
+            row_labels=labels(p.row_labels),
+            col_labels=labels(p.col_labels),
+        )
+        for p in grid.panels
+    ]
+    return dataclasses.replace(grid, panels=panels, colorbar_label=printable(grid.colorbar_label))
+
+
+def _check_pixels(width: float, height: float, dpi: float) -> None:
+    w_px, h_px = width * dpi, height * dpi
+    if max(w_px, h_px) <= MAX_SIDE_PX and w_px * h_px <= MAX_PIXELS:
+        return
+    most = math.floor(min(MAX_SIDE_PX / max(width, height), math.sqrt(MAX_PIXELS / (width * height))))
+    raise ExportError(
+        f"a {width:g}×{height:g} inch figure at dpi {dpi:g} would be {w_px:.0f}×{h_px:.0f} pixels, over the "
+        f"limit of {MAX_SIDE_PX} per side and {MAX_PIXELS // 2**20} Mpx in all; use dpi ≤ {most} or a "
+        "smaller size"
+    )
 
 
 def plot_size(rows: int, cols: int) -> tuple[float, float]:
@@ -170,7 +208,8 @@ def figure(
         >>> fig.canvas.get_width_height(), len(fig.axes)  # two panels and the colorbar
         ((300, 500), 3)
     """
-    grid = grid_of(source)
+    grid = _printable_grid(grid_of(source))
+    title = None if title is None else printable(title)
     if size is not None and not (len(size) == 2 and min(size) > 0):
         raise ExportError(f"size must be (width, height) in inches, both > 0; got {size!r}")
     if not dpi > 0:
@@ -180,6 +219,7 @@ def figure(
     nrows = math.ceil(n / ncols)
     with export_style():
         width, height = size if size is not None else _auto_size(grid, nrows, ncols, title)
+        _check_pixels(width, height, dpi)
         column_w = (width - COLORBAR_IN) / ncols
         fig = Figure(figsize=(width, height), dpi=dpi, layout="compressed")
         FigureCanvasAgg(fig)

@@ -5,13 +5,15 @@ The page holds everything it needs: the built bundle (``static/widget.js``, base
 inline model (``offline_model.js``) that stands in for the kernel. Hover, the tooltip, the colorbar,
 the PNG button and the layer slider work as in the notebook; the slider switches between the layers
 exported (see :func:`._source.collect_frames`). The page's control bar holds only that slider (the
-view's other controls need Python). A
-Content-Security-Policy forbids every network request, so the page shows the same thing offline.
+view's other controls need Python). A Content-Security-Policy forbids every network request, so the
+page shows the same thing offline, and runs no script but its own (by hash: :func:`script_hash`) and
+the bundle.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import os
@@ -20,14 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from headwidget.core.bundle import bundle_path
+from headwidget.export._labels import printable
 from headwidget.export._source import GridSource, collect_frames
 
-__all__ = ["DEFAULT_MAX_BYTES", "page_data", "save_html"]
+__all__ = ["DEFAULT_MAX_BYTES", "page_data", "save_html", "script_hash"]
 
 OFFLINE_MODEL = Path(__file__).with_name("offline_model.js")
 DEFAULT_MAX_BYTES = 64 * 2**20
+#: The page's Content-Security-Policy; ``{script_hashes}``: the ``'sha256-…'`` of each inline script
+#: (the JSON data block is not run, so it needs none). No ``'unsafe-inline'`` for scripts: an inline
+#: script or event handler other than the page's own module is refused. ``data:`` stays for the
+#: bundle the module imports (browsers do not let ``'strict-dynamic'`` cover ``import()`` of a
+#: ``data:`` URL). No request leaves the page.
 CSP = (
-    "default-src 'none'; script-src 'unsafe-inline' data:; style-src 'unsafe-inline'; "
+    "default-src 'none'; script-src {script_hashes} data:; style-src 'unsafe-inline'; "
     "img-src data: blob:; base-uri 'none'; form-action 'none'"
 )
 TEMPLATE = """<!doctype html>
@@ -45,9 +53,7 @@ h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}</style>
 {heading}<div id="headwidget-root"></div>
 <noscript>This page needs JavaScript to draw the heatmaps.</noscript>
 <script type="application/json" id="headwidget-data">{data}</script>
-<script type="module">
-{script}
-</script>
+<script type="module">{script}</script>
 </body>
 </html>
 """
@@ -84,6 +90,17 @@ def _script_json(data: dict[str, Any]) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def script_hash(script: str) -> str:
+    """The CSP source that allows exactly the inline script whose text is ``script``.
+
+    Example:
+        >>> script_hash("")
+        "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"
+    """
+    digest = hashlib.sha256(script.encode("utf-8")).digest()
+    return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
+
+
 def save_html(
     source: GridSource,
     path: str | os.PathLike[str],
@@ -108,13 +125,14 @@ def save_html(
         (True, False)
     """
     data = page_data(source, layers=layers, max_bytes=max_bytes)
-    name = title or "headwidget"
+    name = printable(title or "headwidget")
+    script = "\n" + OFFLINE_MODEL.read_text(encoding="utf-8") + "\n"
     page = TEMPLATE.format(
-        csp=CSP,
+        csp=CSP.format(script_hashes=script_hash(script)),
         title=html.escape(name),
-        heading=f"<h1>{html.escape(title)}</h1>\n" if title else "",
+        heading=f"<h1>{html.escape(name)}</h1>\n" if title else "",
         data=_script_json(data),
-        script=OFFLINE_MODEL.read_text(encoding="utf-8"),
+        script=script,
     )
     path = Path(path)
     path.write_text(page, encoding="utf-8")

@@ -27,9 +27,23 @@ __all__ = [
     "fit_label",
     "nice_step",
     "panel_axis",
+    "printable",
     "text_width",
     "wrap",
 ]
+
+REPLACEMENT = "\ufffd"
+# Drawn as the widget's canvas draws them: ASCII whitespace (tab, newline, form feed, carriage return)
+# as a space, and every other control character (C0, DEL, C1), a lone surrogate or one of the two
+# non-characters XML forbids as the replacement character. In an SVG or a PDF they would make the
+# file invalid or the export fail.
+_UNPRINTABLE = {
+    **dict.fromkeys([*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)], REPLACEMENT),
+    **dict.fromkeys(range(0xD800, 0xE000), REPLACEMENT),
+    0xFFFE: REPLACEMENT,
+    0xFFFF: REPLACEMENT,
+    **dict.fromkeys(map(ord, "\t\n\x0c\r"), " "),
+}
 
 
 @cache
@@ -117,6 +131,19 @@ def fit_label(label: str, max_chars: int) -> str:
         'Keys · l…'
     """
     return label if len(label) <= max_chars else label[: max_chars - 1] + "…"
+
+
+def printable(text: object) -> str:
+    """``text`` as a figure can draw it, and as the widget's canvas does: tab, newline, form feed and
+    carriage return as spaces; every other control character, a lone surrogate or an XML
+    non-character as the replacement character ``"\ufffd"``. The SVG stays valid XML, and the PDF
+    and PNG have a glyph for every character.
+
+    Example:
+        >>> printable("Keys\\x00 · layer\\n0\\x1b[31m")
+        'Keys\ufffd · layer 0\ufffd[31m'
+    """
+    return str(text).translate(_UNPRINTABLE)
 
 
 class _PanelAxis:

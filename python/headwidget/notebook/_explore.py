@@ -12,7 +12,7 @@ from torch import nn
 from headwidget.notebook._views import AlignmentView, ChannelView, MechanismView
 from headwidget.notebook._widget import ViewWidget, widget_class
 from headwidget.stats import KVStats
-from headwidget.views import view_names
+from headwidget.views import check_sources, view_names
 from headwidget.widget import LayerTrends
 
 __all__ = ["Dashboard", "explore"]
@@ -20,8 +20,8 @@ __all__ = ["Dashboard", "explore"]
 
 class Dashboard(ipywidgets.VBox):
     """A :class:`LayerTrends` chart over one tab per registered view (the views that need a model's
-    weights only when ``model`` is given). The layer is shared: moving it in one tab, or clicking a
-    layer in the chart, moves it everywhere.
+    weights only when ``model`` is given; it must be the model the statistics come from). The layer
+    is shared: moving it in one tab, or clicking a layer in the chart, moves it everywhere.
 
     ``views`` holds the tabs' views by name; ``channels``, ``alignment`` and ``mechanisms`` are the
     built-in ones (``mechanisms`` is None without a model). ``options`` gives a view, by name, extra
@@ -36,6 +36,9 @@ class Dashboard(ipywidgets.VBox):
         mechanisms_trend: bool = False,
         options: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
+        """``model`` must be the model ``stats`` were captured from (else
+        :class:`~headwidget.errors.StatsMismatchError`, before any tab is built)."""
+        check_sources(stats, model, "dashboard")
         self.stats = stats
         self.model = model
         self.views: dict[str, ViewWidget] = {}

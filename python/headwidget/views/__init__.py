@@ -16,7 +16,7 @@ Example:
 import importlib
 import pkgutil
 
-from headwidget.views._base import LayerView, View, ViewSourceError, state
+from headwidget.views._base import LayerView, View, ViewSourceError, check_sources, state
 from headwidget.views._controls import Control, ControlType, checklist, select, slider, toggles, window
 from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
 from headwidget.views.alignment import AlignmentView
@@ -33,6 +33,7 @@ __all__ = [
     "UnknownViewError",
     "View",
     "ViewSourceError",
+    "check_sources",
     "checklist",
     "default_mechanisms",
     "register_view",

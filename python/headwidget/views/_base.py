@@ -26,20 +26,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import traitlets as t
+from torch import nn
 
+from headwidget.analysis.conversions import _check_stats_source
 from headwidget.core.panels import PanelGrid
 from headwidget.errors import HeadwidgetError
+from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
 
-if TYPE_CHECKING:
-    from torch import nn
-
-    from headwidget.stats import KVStats
-
-__all__ = ["LayerView", "View", "ViewSourceError", "state"]
+__all__ = ["LayerView", "View", "ViewSourceError", "check_sources", "state"]
 
 T = TypeVar("T", bound="t.TraitType[Any, Any]")
 V = TypeVar("V", bound="View")
@@ -61,6 +59,40 @@ def state(trait: T, control: Control | None = None) -> T:
 
 class ViewSourceError(HeadwidgetError, ValueError):
     """A view was asked for without what it is computed from (statistics, or a model's weights)."""
+
+
+def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "view") -> None:
+    """Refuse statistics and a model that do not belong together, as :func:`~headwidget.convert` does.
+
+    Statistics carry the class and config fingerprint of the model they were captured from: a view
+    that combines them with another model's weights would show numbers of neither. Either may be
+    None (nothing to combine). Raises :class:`~headwidget.errors.StatsMismatchError`, and
+    :class:`ViewSourceError` when ``stats`` is not a :class:`~headwidget.stats.KVStats` or ``model``
+    not a torch module.
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> def gpt2(layers):
+        ...     return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=layers, n_head=4)).eval()
+        >>> model = gpt2(2)
+        >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 16)), progress=False)
+        >>> check_sources(stats, model)  # the model the statistics come from: fine
+        >>> try:
+        ...     check_sources(stats, gpt2(3))
+        ... except headwidget.StatsMismatchError as err:
+        ...     print(type(err).__name__)
+        StatsMismatchError
+    """
+    if stats is not None and not isinstance(stats, KVStats):
+        raise ViewSourceError(
+            f"the {what} needs captured statistics (a KVStats, from headwidget.capture or KVStats.load), "
+            f"got {type(stats).__name__}"
+        )
+    if model is not None and not isinstance(model, nn.Module):
+        raise ViewSourceError(f"the {what} needs a torch model (its weights), got {type(model).__name__}")
+    if stats is not None and model is not None:
+        _check_stats_source(model, stats)
 
 
 class View(t.HasTraits):
@@ -133,9 +165,11 @@ class View(t.HasTraits):
         return {}
 
     @classmethod
-    def _stats(cls, stats: KVStats | None) -> KVStats:
+    def _stats(cls, stats: KVStats | None, model: nn.Module | None = None) -> KVStats:
+        """``stats``, checked to be statistics, and to come from ``model`` when one is given."""
         if stats is None:
             raise ViewSourceError(f"the {cls.view_name or cls.__name__} view needs captured statistics")
+        check_sources(stats, model, f"{cls.view_name or cls.__name__} view")
         return stats
 
     @classmethod

@@ -74,6 +74,7 @@ class AlignmentView(LayerView):
         **kwargs: Any,
     ) -> None:
         """``layers``: a flattened set of layers (no slider); ``heldout``: None lets ``align`` choose."""
+        stats = self._stats(stats)
         self.stats = stats
         self.fixed_layers = list(layers) if layers is not None else None
         self.heldout = heldout
@@ -103,8 +104,8 @@ class AlignmentView(LayerView):
     ) -> AV:
         """One layer selected (with the layer slider), or several shown as one flattened set of heads."""
         if len(layers) > 1:
-            return cls(cls._stats(stats), layers=layers, **state)
-        return cls(cls._stats(stats), layer=layers[0] if layers else None, **state)
+            return cls(cls._stats(stats, model), layers=layers, **state)
+        return cls(cls._stats(stats, model), layer=layers[0] if layers else None, **state)
 
     @classmethod
     def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:

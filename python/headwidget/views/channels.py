@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
+from numbers import Integral
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -45,6 +46,12 @@ __all__ = ["ChannelView"]
 KIND_TITLES = {"key": "Keys", "key_post": "Keys (post-RoPE)", "value": "Values"}
 
 CV = TypeVar("CV", bound="ChannelView")
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
+    return int(value)
 
 
 @register_view("channels", order=10)
@@ -74,8 +81,11 @@ class ChannelView(LayerView):
         **kwargs: Any,
     ) -> None:
         """``channel_width=None``: every key channel; ``prefetch``: compute neighbouring layers ahead."""
+        # First, so that close() (which a widget's finaliser calls) works however far __init__ gets.
+        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-prefetch")
+        stats = self._stats(stats)
+        self.max_cells = _positive_int(max_cells, "max_cells")
         self.stats = stats
-        self.max_cells = max_cells
         self.prefetch = prefetch
         channels = stats.meta.layout.channels_of("key")
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
@@ -83,7 +93,6 @@ class ChannelView(LayerView):
         full_bytes = 8 * channels * channels
         self._corr = lru_cache(maxsize=max(4, min(64, 2**30 // full_bytes)))(self._full_corr)
         self._shown = lru_cache(maxsize=64)(self._window_matrix)
-        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-prefetch")
         super().__init__(**kwargs)
         with self.initial_state():
             self.num_layers = stats.meta.layout.num_layers
@@ -107,7 +116,7 @@ class ChannelView(LayerView):
     ) -> CV:
         """The first of ``layers`` selected, the others pinned beside it."""
         return cls(
-            cls._stats(stats),
+            cls._stats(stats, model),
             layer=layers[0] if layers else None,
             pinned=list(layers[1:]),
             prefetch=interactive,

@@ -32,8 +32,9 @@ from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.analysis.weights import head_weights
 from headwidget.core.panels import Panel, PanelGrid
+from headwidget.errors import StatsMismatchError
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, state
+from headwidget.views._base import LayerView, ViewSourceError, check_sources, state
 from headwidget.views._controls import checklist, select
 from headwidget.views._registry import register_view
 
@@ -75,8 +76,27 @@ class MechanismView(LayerView):
         stats: KVStats | None = None,
         **kwargs: Any,
     ) -> None:
-        """``mechanisms=None``: :func:`default_mechanisms`; a dict of models shows each as it is."""
+        """``mechanisms=None``: :func:`default_mechanisms`; a dict of models shows each as it is.
+
+        ``stats`` must come from the model (from each model of a dict): statistics of another model
+        raise :class:`~headwidget.errors.StatsMismatchError`, as :func:`~headwidget.convert` does.
+        """
         self.models = dict(model) if isinstance(model, Mapping) else None
+        if self.models is not None and not self.models:
+            raise ViewSourceError("the mechanism view needs at least one model; got an empty dict")
+        sources: list[tuple[str | None, Any]] = (
+            [(None, model)] if self.models is None else [*self.models.items()]
+        )
+        for name, each in sources:
+            what = "mechanism view" if name is None else f"mechanism view (model {name!r})"
+            if each is None:
+                raise ViewSourceError(f"the {what} needs a model (its weights), got None")
+            try:
+                check_sources(stats, each, what)
+            except StatsMismatchError as err:
+                if name is None:
+                    raise
+                raise StatsMismatchError(f"model {name!r}: {err}") from err
         self.model = next(iter(self.models.values())) if self.models else model
         self.stats = stats
         self._weights: dict[tuple[int, int], Any] = {}
