@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pytest
 import torch
@@ -10,8 +12,9 @@ import traitlets
 import headwidget
 from headwidget.analysis import convert, head_diversity, operator_similarity
 from headwidget.analysis.alignment import align
-from headwidget.notebook import ChannelView
+from headwidget.notebook import AlignmentView, ChannelView
 from headwidget.widget import LayerTrends, layer_series
+from headwidget.widget.trends import padded_range
 from tiny_models import make_model, ragged_batches
 
 
@@ -43,3 +46,70 @@ def test_layer_trends_numbers_and_linking(llama):
     assert trends.points[0].selected is None
     view.layer = 0
     assert trends.rule.x.tolist() == [0.0, 0.0]
+
+
+def test_y_range_follows_the_data_with_a_margin(llama):
+    _, stats = llama
+    trends = LayerTrends(stats)
+    left = [v for name, vs in trends.series.items() if not name.startswith("eff. rank") for v in vs]
+    lo, hi = min(left), max(left)
+    span = hi - lo
+    assert trends.y_scale.min == pytest.approx(lo - 0.08 * span)
+    assert trends.y_scale.max == pytest.approx(hi + 0.08 * span)
+    assert trends.rule.y.tolist() == pytest.approx([trends.y_scale.min, trends.y_scale.max])
+    # a series that dips below zero stays inside the plot
+    assert padded_range([-0.177, 0.4])[0] < -0.177
+    assert padded_range([0.3, 0.3]) == (-0.2, 0.8)
+    assert padded_range([float("nan")]) == (0.0, 1.0)
+
+
+def test_rank_axis_spans_the_ranks(llama):
+    model, stats = llama
+    trends = LayerTrends(stats, model=model, mechanisms=["mqa"])
+    ranks = trends.series["eff. rank · mqa"]
+    assert trends.rank_scale.min < min(ranks) <= max(ranks) < trends.rank_scale.max
+
+
+def test_legend_sits_beside_the_plot_and_names_every_series(llama):
+    _, stats = llama
+    trends = LayerTrends(stats)
+    assert not any(getattr(m, "display_legend", False) for m in trends.figure.marks)
+    (row,) = trends.children
+    assert list(row.children) == [trends.figure, trends.legend]
+    for name in trends.series:
+        assert html.escape(name) in trends.legend.value
+    assert trends.legend.value.count("stroke-dasharray") == sum("before" in n for n in trends.series)
+
+
+def test_points_show_series_layer_and_value_on_hover(llama):
+    _, stats = llama
+    trends = LayerTrends(stats)
+    for name, dots in trends.dots.items():
+        assert dots.interactions == {"click": "select", "hover": "tooltip"}
+        assert dots.tooltip.fields == ["x", "y"]
+        assert dots.tooltip.labels == ["layer", name]
+        assert dots.tooltip.formats == ["d", ".3f"]
+        assert dots.x.tolist() == [float(layer) for layer in stats.layers]
+        assert dots.y.tolist() == pytest.approx(trends.series[name], nan_ok=True)
+
+
+def test_trend_follows_the_alignment_views_method_and_metric(llama):
+    _, stats = llama
+    trends = LayerTrends(stats)
+    assert trends.figure.title.endswith("head similarity: token_cosine, auto alignment")
+    view = AlignmentView(stats, layer=0)
+    traitlets.link((view, "alignment"), (trends, "alignment"))
+    traitlets.link((view, "metric"), (trends, "metric"))
+    view.metric = "pearson"
+    view.alignment = "orthogonal"
+    key = align(stats, [1], kind="key", method="orthogonal", metric="pearson")
+    after = key.shown[~np.eye(len(key.shown), dtype=bool)].mean()
+    assert trends.series["K head similarity · after"][1] == pytest.approx(after, abs=1e-12)
+    assert trends.dots["K head similarity · after"].y[1] == pytest.approx(after, abs=1e-12)
+    assert trends.figure.title.endswith("head similarity: pearson, orthogonal alignment")
+    left = [v for vs in trends.series.values() for v in vs]
+    assert trends.y_scale.min < min(left) and trends.y_scale.max > max(left)
+    view.alignment = "none"  # nothing aligned: after is before
+    assert trends.series["V head similarity · after"] == trends.series["V head similarity · before"]
+    with pytest.raises(ValueError, match="alignment must be one of"):
+        layer_series(stats, alignment="sideways")

@@ -17,6 +17,7 @@
  */
 
 import tables from "../../python/headwidget/colormaps.json";
+import { halfLookup, type WireValues } from "./decode";
 
 export type RGB = readonly [number, number, number];
 
@@ -63,6 +64,7 @@ export function packRGBA(c: RGB): number {
 }
 
 export interface PackedColormap {
+  name: ColormapName;
   lut: Uint32Array; // 256 packed colours
   nan: number; // packed nan colour
 }
@@ -77,7 +79,7 @@ export function packedColormap(name: string): PackedColormap {
     colormapStops(key).forEach((c, i) => {
       lut[i] = packRGBA(c);
     });
-    p = { lut, nan: packRGBA(NAN_COLOR) };
+    p = { name: key, lut, nan: packRGBA(NAN_COLOR) };
     packedCache.set(key, p);
   }
   return p;
@@ -115,6 +117,52 @@ export function colorize(
     else if (t > 1) t = 1;
     out[i] = lut[Math.round(t * 255)];
   }
+}
+
+/** Scales whose float16 colour tables are kept (a few views on one page, each with its own). */
+const HALF_TABLES_KEPT = 4;
+const halfTables = new Map<string, Uint32Array>();
+
+/**
+ * The packed colour of every float16 bit pattern under one scale (65536 entries, 256 KiB),
+ * by the rule of valueToIndex.  The tables of the last few scales are kept, so colouring many
+ * panels, or many frames, with one scale builds its table once.
+ */
+export function halfColorTable(vmin: number, vmax: number, cmap: PackedColormap): Uint32Array {
+  const key = `${cmap.name}|${vmin}|${vmax}`;
+  let table = halfTables.get(key);
+  if (table) {
+    halfTables.delete(key); // most recently used last
+  } else {
+    table = new Uint32Array(65536);
+    colorize(halfLookup(), vmin, vmax, cmap, table);
+    if (halfTables.size >= HALF_TABLES_KEPT) {
+      const oldest = halfTables.keys().next().value;
+      if (oldest !== undefined) halfTables.delete(oldest);
+    }
+  }
+  halfTables.set(key, table);
+  return table;
+}
+
+/**
+ * Colour wire values into `out`: float16 patterns through halfColorTable (one table read per
+ * cell), float32 values through colorize.  Both follow valueToIndex exactly.
+ */
+export function colorizeWire(
+  raw: WireValues,
+  vmin: number,
+  vmax: number,
+  cmap: PackedColormap,
+  out: Uint32Array,
+): void {
+  if (!(raw instanceof Uint16Array)) {
+    colorize(raw, vmin, vmax, cmap, out);
+    return;
+  }
+  const table = halfColorTable(vmin, vmax, cmap);
+  const n = Math.min(raw.length, out.length);
+  for (let i = 0; i < n; i++) out[i] = table[raw[i]];
 }
 
 /** CSS colour string for an RGB triple. */

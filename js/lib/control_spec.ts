@@ -4,7 +4,8 @@
  * Pure: parsing, the traits to listen to, and the texts beside sliders.
  *
  * - slider: `trait` in 0 .. `count` - 1, with the `text` trait beside it;
- * - window: a window [`trait`, `trait` + `width`) inside 0 .. `total`;
+ * - window: a window [`trait`, `trait` + `width`) inside 0 .. `total`; with a `step` trait
+ *   holding more than 1 (e.g. a head's channels), start and width snap to its multiples;
  * - toggles / select: one entry of the `options` list; checklist: a sub-list.
  */
 
@@ -20,9 +21,10 @@ export interface ControlSpec {
   width: string;
   total: string;
   options: string;
+  step: string;
 }
 
-const REFERENCES = ["count", "text", "width", "total", "options"] as const;
+const REFERENCES = ["count", "text", "width", "total", "options", "step"] as const;
 
 /** The references each type cannot do without. */
 const REQUIRED: Record<ControlType, readonly (typeof REFERENCES)[number][]> = {
@@ -55,6 +57,7 @@ export function parseControls(value: unknown): ControlSpec[] {
       width: text(e.width),
       total: text(e.total),
       options: text(e.options),
+      step: text(e.step),
     };
     if (REQUIRED[type].every((k) => spec[k] !== "")) specs.push(spec);
   }
@@ -75,4 +78,40 @@ export function controlTraits(specs: readonly ControlSpec[]): string[] {
 export function windowText(noun: string, start: number, width: number, total: number): string {
   const end = Math.min(total, start + width) - 1;
   return `${noun} ${start}–${end} of ${total}`;
+}
+
+/** The longest text windowText gives for `total` items: what a read-out must leave room for. */
+export function longestWindowText(noun: string, total: number): string {
+  const d = "8".repeat(String(Math.max(0, total)).length);
+  return `${noun} ${d}–${d} of ${d}`;
+}
+
+/** Snap step: a positive integer; anything else (0, 1, missing) means no snapping. */
+export function snapStep(step: number): number {
+  return Number.isFinite(step) && step > 1 ? Math.floor(step) : 1;
+}
+
+/**
+ * A window [start, start + width) of `total` items on the grid of `step`: width a multiple of
+ * step (at least step, at most total), start a multiple of step, the window inside the total.
+ * With step 1 this only clamps.
+ *
+ *     snapWindow(70, 60, 192, 64) -> { start: 64, width: 64 }
+ */
+export function snapWindow(
+  start: number,
+  width: number,
+  total: number,
+  step: number,
+): { start: number; width: number } {
+  const k = snapStep(step);
+  const most = Math.max(0, total);
+  let w = Math.round(width / k) * k;
+  w = Math.min(Math.max(w, Math.min(k, most)), most);
+  if (w < 1) w = Math.min(1, most);
+  const last = Math.max(0, most - w);
+  let s = Math.round(start / k) * k;
+  s = Math.min(Math.max(s, 0), last);
+  if (s % k !== 0) s = Math.floor(s / k) * k; // the end of a total that is not a multiple
+  return { start: s, width: w };
 }

@@ -8,6 +8,11 @@
  * In the notebook a buffer arrives as a DataView whose byteOffset may be
  * anything (including offsets that are not a multiple of the element size);
  * typed-array views need aligned offsets, so unaligned data is copied first.
+ *
+ * wireValues keeps the values as sent (float16 bit patterns, float32
+ * numbers) in a view of the message's memory, so that a panel costs no copy
+ * and no decode until a value is read; decodeValues gives an independent
+ * float32 copy.
  */
 
 export type Dtype = "float32" | "float16";
@@ -55,7 +60,7 @@ export function halfToFloat(h: number): number {
 let halfTable: Float32Array | null = null;
 
 /** All 65536 half-precision values, built on first use (256 KiB). */
-function halfLookup(): Float32Array {
+export function halfLookup(): Float32Array {
   if (halfTable === null) {
     halfTable = new Float32Array(65536);
     for (let h = 0; h < 65536; h++) halfTable[h] = halfToFloat(h);
@@ -102,5 +107,51 @@ function decodeWithDataView(dtype: Dtype, bytes: Uint8Array, out: Float32Array):
     out[i] =
       dtype === "float32" ? view.getFloat32(i * 4, true) : halfToFloat(view.getUint16(i * 2, true));
   }
+  return out;
+}
+
+/** The values of a buffer as sent: float16 bit patterns or float32 numbers. */
+export type WireValues = Uint16Array | Float32Array;
+
+/**
+ * The first `count` values of `data` as a typed array over the same bytes (no copy), or over an
+ * aligned copy when the view is misaligned or the host is big-endian.  Short buffers throw like
+ * decodeValues.  The caller must not write to the result: it may share the message's memory.
+ */
+export function wireValues(dtype: Dtype, data: unknown, count: number): WireValues {
+  const width = BYTES_PER_VALUE[dtype];
+  const all = asBytes(data);
+  const need = count * width;
+  if (all.byteLength < need) {
+    throw new RangeError(
+      `buffer holds ${all.byteLength} bytes, ${dtype} data of ${count} values needs ${need}`,
+    );
+  }
+  const bytes = all.subarray(0, need);
+  if (!LITTLE_ENDIAN) {
+    if (dtype === "float32") return decodeWithDataView(dtype, bytes, new Float32Array(count));
+    const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    const out = new Uint16Array(count);
+    for (let i = 0; i < count; i++) out[i] = view.getUint16(i * 2, true);
+    return out;
+  }
+  const a = aligned(bytes, width);
+  return dtype === "float32"
+    ? new Float32Array(a.buffer, a.byteOffset, count)
+    : new Uint16Array(a.buffer, a.byteOffset, count);
+}
+
+/** Value i of wire values (float16 patterns are looked up, float32 read as they are). */
+export function wireValue(raw: WireValues, i: number): number {
+  if (i < 0 || i >= raw.length) return NaN;
+  return raw instanceof Uint16Array ? halfLookup()[raw[i]] : raw[i];
+}
+
+/** All values as float32 numbers (a copy for float16, the same array for float32). */
+export function wireToFloat32(raw: WireValues): Float32Array {
+  if (raw instanceof Float32Array) return raw;
+  const table = halfLookup();
+  const out = new Float32Array(raw.length);
+  for (let i = 0; i < raw.length; i++) out[i] = table[raw[i]];
   return out;
 }

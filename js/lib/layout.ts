@@ -4,8 +4,14 @@
  *
  * A panel box, top to bottom: title, optional subtitle, the plot with row
  * tick labels on its left and column tick labels below, then the note.
- * Boxes are placed row-major in a grid whose column count is `columns`, or
- * as many as fit in the available width when `columns` is 0.
+ *
+ * Panels fill the available width.  A grid row holds `columns` panels (all
+ * of them when `columns` is 0) and always starts a new line; when a row's
+ * panels do not fit side by side with plots of at least PLOT_MIN_FIT px it
+ * wraps onto as many lines as needed, like text.  Each plot then grows into
+ * its column: up to GROW_CELL px per cell, never below PLOT_BASE when there
+ * is room for it, never above `maxSide` (the caller passes what the screen
+ * shows, so that a plot fits in view).
  */
 
 import type { PanelSpec } from "./panels";
@@ -26,9 +32,13 @@ export const FONTS = {
   note: font(10, "400", "italic"),
 };
 
-export const PLOT_MAX = 320; // largest plot side
+export const PLOT_BASE = 320; // plot side of a small matrix when there is room
+export const PLOT_MIN_FIT = 220; // panels wrap onto a new line rather than shrink below this
+export const PLOT_FLOOR = 64; // smallest plot, in a container narrower than one panel
+export const GROW_CELL = 16; // a plot grows beyond PLOT_BASE up to this many px per cell
 export const PLOT_MIN_SIDE = 96; // a very thin matrix is stretched up to this
 export const MAX_STRETCH_CELL = 24; // ... but cells are not stretched beyond this
+export const MIN_GROUP_PX = 4; // head boundaries closer than this are not drawn
 export const PAD = 6;
 export const TITLE_H = 16;
 export const SUBTITLE_H = 14;
@@ -53,7 +63,8 @@ export type LayoutPanel = Pick<
   | "col_offset"
   | "row_step"
   | "col_step"
->;
+> &
+  Partial<Pick<PanelSpec, "row_group" | "col_group">>;
 
 export interface PanelBox extends Rect {
   rows: number;
@@ -65,6 +76,9 @@ export interface PanelBox extends Rect {
   subtitleY: number;
   rowTicks: Tick[];
   colTicks: Tick[];
+  /** Head boundaries in cell units from the plot's top / left edge (0 < pos < rows / cols). */
+  rowEdges: number[];
+  colEdges: number[];
   noteLines: string[];
   noteY: number; // baseline of the first note line
 }
@@ -72,21 +86,53 @@ export interface PanelBox extends Rect {
 export interface GridLayout {
   width: number;
   height: number;
+  /** Panels per line (the widest line). */
   columns: number;
   boxes: PanelBox[];
 }
 
-/** Plot size: square cells fitting PLOT_MAX, thin matrices stretched a little. */
-export function plotSize(rows: number, cols: number): { w: number; h: number } {
-  const s = Math.min(PLOT_MAX / rows, PLOT_MAX / cols);
-  const side = (n: number) =>
-    Math.round(Math.max(n * s, Math.min(PLOT_MIN_SIDE, n * MAX_STRETCH_CELL, PLOT_MAX)));
-  return { w: side(cols), h: side(rows) };
+export interface LayoutOptions {
+  /** Largest plot side (e.g. what fits in the window's height); at least PLOT_BASE is allowed. */
+  maxSide?: number;
 }
 
-/** Layout of one box at the origin. */
-export function layoutPanel(p: LayoutPanel, measure: Measure): PanelBox {
-  const { w: pw, h: ph } = plotSize(p.rows, p.cols);
+/** Plot size with square cells and longest side `side`; thin matrices stretched a little. */
+export function plotSize(rows: number, cols: number, side = PLOT_BASE): { w: number; h: number } {
+  const s = Math.min(side / rows, side / cols);
+  const stretch = (n: number) =>
+    Math.round(Math.max(n * s, Math.min(PLOT_MIN_SIDE, n * MAX_STRETCH_CELL, side)));
+  return { w: stretch(cols), h: stretch(rows) };
+}
+
+/** Longest plot side a panel asks for when space is no limit. */
+export function wantedSide(rows: number, cols: number): number {
+  return Math.max(PLOT_BASE, Math.max(rows, cols) * GROW_CELL);
+}
+
+/**
+ * Head boundaries of an axis in cell units: original index c (a multiple of `group`) lies
+ * at (c - offset) / step.  Empty without heads, or when neighbours would be closer than
+ * MIN_GROUP_PX on a side of `lengthPx`.
+ */
+export function groupEdges(
+  n: number,
+  offset: number,
+  step: number,
+  group: number,
+  lengthPx: number,
+): number[] {
+  if (!(group > 0) || n < 1 || (lengthPx * group) / (n * step) < MIN_GROUP_PX) return [];
+  const out: number[] = [];
+  const end = offset + n * step;
+  for (let c = (Math.floor(offset / group) + 1) * group; c < end; c += group) {
+    out.push((c - offset) / step);
+  }
+  return out;
+}
+
+/** Layout of one box at the origin, its plot's longest side `side`. */
+export function layoutPanel(p: LayoutPanel, measure: Measure, side = PLOT_BASE): PanelBox {
+  const { w: pw, h: ph } = plotSize(p.rows, p.cols, side);
   const rowAxis = { n: p.rows, labels: p.row_labels, offset: p.row_offset, step: p.row_step };
   const colAxis = { n: p.cols, labels: p.col_labels, offset: p.col_offset, step: p.col_step };
   const rowTicks = axisTicks(rowAxis, ph, "row", measure, FONTS.tick);
@@ -124,17 +170,44 @@ export function layoutPanel(p: LayoutPanel, measure: Measure): PanelBox {
     subtitleY,
     rowTicks,
     colTicks,
+    rowEdges: groupEdges(p.rows, p.row_offset, p.row_step, p.row_group ?? 0, ph),
+    colEdges: groupEdges(p.cols, p.col_offset, p.col_step, p.col_group ?? 0, pw),
     noteLines,
     noteY,
   };
 }
 
-/** Number of grid columns: `columns` if > 0, else as many as fit (at least 1). */
-export function columnCount(n: number, colW: number, available: number, columns: number): number {
+/**
+ * The largest plot side (at most `limit`, at least PLOT_FLOOR) whose box fits in `width`,
+ * with that box.  Tick labels hardly change with the side, so shrinking the plot by the
+ * overflow settles in a pass or two.
+ */
+export function fitPanel(
+  p: LayoutPanel,
+  measure: Measure,
+  width: number,
+  limit: number,
+): { side: number; box: PanelBox } {
+  let side = Math.max(PLOT_FLOOR, Math.floor(limit));
+  let box = layoutPanel(p, measure, side);
+  for (let pass = 0; pass < 6 && box.w > width && side > PLOT_FLOOR; pass++) {
+    const target = box.plot.w - (box.w - width); // the plot width that would fit
+    const next = target > 0 ? Math.floor((side * target) / box.plot.w) : PLOT_FLOOR;
+    side = Math.max(PLOT_FLOOR, Math.min(side - 1, next));
+    box = layoutPanel(p, measure, side);
+  }
+  return { side, box };
+}
+
+/** Panels per grid row: `columns` when > 0 (at most n), else all of them. */
+export function rowLength(n: number, columns: number): number {
   if (n === 0) return 0;
-  if (columns > 0) return Math.min(Math.floor(columns), n);
-  const fit = Math.floor((available + GRID_GAP) / (colW + GRID_GAP));
-  return Math.max(1, Math.min(fit, n));
+  return columns > 0 ? Math.min(Math.floor(columns), n) : n;
+}
+
+/** Width of one of k columns sharing `available` px with GRID_GAP between them. */
+export function columnWidth(available: number, k: number): number {
+  return Math.floor((available - (k - 1) * GRID_GAP) / k);
 }
 
 export function computeLayout(
@@ -142,24 +215,40 @@ export function computeLayout(
   availableWidth: number,
   columns: number,
   measure: Measure,
+  options: LayoutOptions = {},
 ): GridLayout {
-  const boxes = panels.map((p) => layoutPanel(p, measure));
+  const n = panels.length;
+  if (n === 0) return { width: 0, height: 0, columns: 0, boxes: [] };
+  const maxSide = Math.max(PLOT_BASE, options.maxSide ?? Infinity);
+  const perRow = rowLength(n, columns);
+  const limits = panels.map((p) => Math.min(wantedSide(p.rows, p.cols), maxSide));
+  // The most panels per line whose plots all keep PLOT_MIN_FIT px (or what they ask for).
+  let k = perRow;
+  let fitted = panels.map((p, i) =>
+    fitPanel(p, measure, columnWidth(availableWidth, k), limits[i]),
+  );
+  while (k > 1 && fitted.some((f, i) => f.side < Math.min(PLOT_MIN_FIT, limits[i]))) {
+    k--;
+    const colW = columnWidth(availableWidth, k);
+    fitted = panels.map((p, i) => fitPanel(p, measure, colW, limits[i]));
+  }
+  const boxes = fitted.map((f) => f.box);
   const colW = Math.max(0, ...boxes.map((b) => b.w));
-  const ncols = columnCount(boxes.length, colW, availableWidth, columns);
   let top = 0;
   let height = 0;
-  for (let start = 0; start < boxes.length; start += ncols) {
-    const row = boxes.slice(start, start + ncols);
-    row.forEach((b, c) => {
-      b.x = c * (colW + GRID_GAP);
-      b.y = top;
-    });
-    const rowH = Math.max(...row.map((b) => b.h));
-    height = top + rowH;
-    top = height + GRID_GAP;
+  for (let rowStart = 0; rowStart < n; rowStart += perRow) {
+    const rowEnd = Math.min(n, rowStart + perRow);
+    for (let start = rowStart; start < rowEnd; start += k) {
+      const line = boxes.slice(start, Math.min(rowEnd, start + k));
+      line.forEach((b, c) => {
+        b.x = c * (colW + GRID_GAP);
+        b.y = top;
+      });
+      height = top + Math.max(...line.map((b) => b.h));
+      top = height + GRID_GAP;
+    }
   }
-  const width = ncols > 0 ? ncols * colW + (ncols - 1) * GRID_GAP : 0;
-  return { width, height, columns: ncols, boxes };
+  return { width: k * colW + (k - 1) * GRID_GAP, height, columns: k, boxes };
 }
 
 /** Position of the k-th cell edge (k = 0..n) along a plot side starting at `start`. */

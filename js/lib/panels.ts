@@ -6,7 +6,14 @@
  * and left out of `panels`.
  */
 
-import { type Dtype, decodeValues, isDtype } from "./decode";
+import {
+  type Dtype,
+  isDtype,
+  type WireValues,
+  wireToFloat32,
+  wireValue,
+  wireValues,
+} from "./decode";
 
 export interface PanelSpec {
   id: string;
@@ -20,13 +27,20 @@ export interface PanelSpec {
   col_offset: number;
   row_step: number;
   col_step: number;
+  /** Channels per head along each axis (0: the axis has no heads); lines and tooltips use it. */
+  row_group: number;
+  col_group: number;
+  /** What the axes hold, for the tooltip ("K": `K h1·d36 × h2·d22 = …`); may be empty. */
+  axis_prefix: string;
   dtype: Dtype;
   note: string;
 }
 
 export interface Panel extends PanelSpec {
-  /** rows * cols values, row-major; NaN = undefined. */
-  values: Float32Array;
+  /** The values as sent (float16 bit patterns or float32), row-major; shares the message's memory. */
+  readonly raw: WireValues;
+  /** rows * cols values as float32, row-major; NaN = undefined (float16 is decoded on first use). */
+  readonly values: Float32Array;
 }
 
 export interface PanelsResult {
@@ -62,11 +76,11 @@ function labels(raw: Raw, key: string, count: number): string[] | null {
 }
 
 /** Validate one raw panel dict; throws an Error describing the first fault. */
-export function parsePanel(raw: unknown, index: number): Panel {
-  if (raw === null || typeof raw !== "object" || Array.isArray(raw)) {
+export function parsePanel(input: unknown, index: number): Panel {
+  if (input === null || typeof input !== "object" || Array.isArray(input)) {
     throw new Error("not a dict");
   }
-  const r = raw as Raw;
+  const r = input as Raw;
   const rows = int(r, "rows", -1);
   const cols = int(r, "cols", -1);
   if (rows < 1 || cols < 1) throw new Error(`rows and cols must be >= 1 (got ${rows}×${cols})`);
@@ -84,12 +98,26 @@ export function parsePanel(raw: unknown, index: number): Panel {
     col_offset: int(r, "col_offset", 0),
     row_step: int(r, "row_step", 1),
     col_step: int(r, "col_step", 1),
+    row_group: int(r, "row_group", 0),
+    col_group: int(r, "col_group", 0),
+    axis_prefix: str(r, "axis_prefix"),
     dtype,
     note: str(r, "note"),
   };
   if (spec.row_step < 1 || spec.col_step < 1) throw new Error("row_step and col_step must be >= 1");
-  const values = decodeValues(dtype, r.data, rows * cols);
-  return { ...spec, values };
+  if (spec.row_group < 0 || spec.col_group < 0) {
+    throw new Error("row_group and col_group must be >= 0");
+  }
+  const raw = wireValues(dtype, r.data, rows * cols);
+  let decoded: Float32Array | null = null;
+  return {
+    ...spec,
+    raw,
+    get values(): Float32Array {
+      decoded ??= wireToFloat32(raw);
+      return decoded;
+    },
+  };
 }
 
 /** Validate the whole `panels` trait. */
@@ -115,5 +143,5 @@ export function parsePanels(raw: unknown): PanelsResult {
 /** Value of cell (row, col), NaN outside the matrix. */
 export function cellValue(p: Panel, row: number, col: number): number {
   if (row < 0 || col < 0 || row >= p.rows || col >= p.cols) return NaN;
-  return p.values[row * p.cols + col];
+  return wireValue(p.raw, row * p.cols + col);
 }

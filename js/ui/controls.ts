@@ -5,12 +5,22 @@
  * save_changes.  Nothing here knows a particular view.  Visibility follows
  * the traits a control reads: a slider when its count is at least 1, a window
  * when its total is above 0, toggles / select / checklist when their options
- * are non-empty.  The Export PNG button is always last.
+ * are non-empty.  The Export PNG button has a slot of its own at the end of
+ * the bar: the controls wrap beside it, and it stays where it is whatever
+ * their read-outs say.
  */
 
-import { type ControlSpec, controlTraits, parseControls, windowText } from "../lib/control_spec";
+import {
+  type ControlSpec,
+  controlTraits,
+  longestWindowText,
+  parseControls,
+  snapStep,
+  snapWindow,
+  windowText,
+} from "../lib/control_spec";
 import { h } from "./dom";
-import { Checklist, Choice, Slider, Toggles } from "./inputs";
+import { Checklist, Choice, NumberField, Slider, Toggles } from "./inputs";
 import { commit, getNumber, getString, getStringList, type Model, onChanges } from "./model";
 
 /** One control of the bar: its element, following the model on `sync`. */
@@ -50,6 +60,8 @@ export class SliderControl implements BoundControl {
     this.el.hidden = count < 1;
     this.slider.set(0, count - 1, value);
     const text = this.spec.text ? getString(this.model, this.spec.text) : "";
+    const d = "8".repeat(String(count).length);
+    this.slider.reserve(`${this.noun} ${d} of ${d}`);
     this.slider.setOutput(text || `${this.noun} ${value} of ${count}`);
   }
 
@@ -58,11 +70,17 @@ export class SliderControl implements BoundControl {
   }
 }
 
-/** A window [start, start + width) of `total` items: a start slider and a width slider. */
+/**
+ * A window [start, start + width) of `total` items: a start slider and a width slider, each
+ * with a number field for exact values.  With a `step` trait above 1 both snap to its
+ * multiples (a head's channels, say).
+ */
 export class WindowControl implements BoundControl {
   readonly el: HTMLDivElement;
   readonly start: Slider;
   readonly width: Slider;
+  readonly startField: NumberField;
+  readonly widthField: NumberField;
   private readonly noun: string;
 
   constructor(
@@ -75,7 +93,7 @@ export class WindowControl implements BoundControl {
       doc,
       `${spec.label} from`,
       spec.trait,
-      (v) => commit(model, { [spec.trait]: v }),
+      (v) => this.commitStart(v),
       (v) => this.preview(v, this.width.value),
     );
     this.width = new Slider(
@@ -85,7 +103,15 @@ export class WindowControl implements BoundControl {
       (w) => this.commitWidth(w),
       (w) => this.preview(this.start.value, w),
     );
+    this.startField = new NumberField(doc, `${spec.label} from`, spec.trait, (v) =>
+      this.commitStart(v),
+    );
+    this.widthField = new NumberField(doc, `${spec.label} width`, spec.width, (w) =>
+      this.commitWidth(w),
+    );
     this.start.output.hidden = true;
+    this.start.el.insertBefore(this.startField.input, this.start.output);
+    this.width.el.insertBefore(this.widthField.input, this.width.output);
     this.el = h(doc, "div", { className: "hw-control hw-window" }, [this.start.el, this.width.el]);
   }
 
@@ -93,27 +119,49 @@ export class WindowControl implements BoundControl {
     return getNumber(this.model, this.spec.total);
   }
 
+  /** The snap step (1: none). */
+  step(): number {
+    return this.spec.step ? snapStep(getNumber(this.model, this.spec.step, 1)) : 1;
+  }
+
   private preview(start: number, width: number): void {
     const total = this.total();
-    const from = Math.min(start, Math.max(0, total - width));
-    this.width.setOutput(`${windowText(this.noun, from, width, total)}…`);
+    const w = snapWindow(start, width, total, this.step());
+    this.width.setOutput(`${windowText(this.noun, w.start, w.width, total)}…`);
+  }
+
+  /** Commit a window, snapped and kept inside the total; only the traits that change are sent. */
+  private commitWindow(start: number, width: number): void {
+    const w = snapWindow(start, width, this.total(), this.step());
+    const values: Record<string, unknown> = {};
+    if (w.width !== getNumber(this.model, this.spec.width)) values[this.spec.width] = w.width;
+    if (w.start !== getNumber(this.model, this.spec.trait)) values[this.spec.trait] = w.start;
+    if (Object.keys(values).length > 0) commit(this.model, values);
+    else this.sync(); // nothing to send: show the model's window again
+  }
+
+  private commitStart(start: number): void {
+    this.commitWindow(start, getNumber(this.model, this.spec.width, this.total()));
   }
 
   /** Commit a new width, pulling the start back so that the window stays inside. */
   private commitWidth(width: number): void {
-    const start = Math.min(this.start.value, Math.max(0, this.total() - width));
-    const values: Record<string, unknown> = { [this.spec.width]: width };
-    if (start !== getNumber(this.model, this.spec.trait)) values[this.spec.trait] = start;
-    commit(this.model, values);
+    this.commitWindow(getNumber(this.model, this.spec.trait), width);
   }
 
   sync(): void {
     const total = this.total();
     const width = getNumber(this.model, this.spec.width, total);
     const start = getNumber(this.model, this.spec.trait);
+    const k = this.step();
     this.el.hidden = total <= 0;
-    this.width.set(Math.min(1, total), total, width);
-    this.start.set(0, Math.max(0, total - this.width.value), start);
+    const least = Math.min(k, total) || Math.min(1, total);
+    this.width.set(least, total, width, k);
+    this.widthField.set(least, total, width, k);
+    const last = Math.max(0, total - Math.max(width, least));
+    this.start.set(0, last, start, k);
+    this.startField.set(0, last, start, k);
+    this.width.reserve(`${longestWindowText(this.noun, total)}…`);
     this.width.setOutput(windowText(this.noun, start, width, total));
   }
 
@@ -162,7 +210,9 @@ export function makeControl(doc: Document, model: Model, spec: ControlSpec): Bou
 }
 
 export class Controls {
+  /** The bar: the controls (`list`, wrapping) and the export button's slot. */
   readonly el: HTMLDivElement;
+  readonly list: HTMLDivElement;
   readonly exportButton: HTMLButtonElement;
   private bound: BoundControl[] = [];
   private described = "";
@@ -180,7 +230,8 @@ export class Controls {
       attrs: { type: "button", title: "Save the figure as headwidget.png (2× resolution)" },
     });
     this.exportButton.addEventListener("click", onExport);
-    this.el = h(doc, "div", { className: "hw-controls" }, [this.exportButton]);
+    this.list = h(doc, "div", { className: "hw-controls" });
+    this.el = h(doc, "div", { className: "hw-bar" }, [this.list, this.exportButton]);
     this.unbindDescription = onChanges(model, ["controls"], () => this.build());
     this.build();
   }
@@ -204,7 +255,7 @@ export class Controls {
     this.unbindTraits();
     for (const c of this.bound) c.destroy();
     this.bound = specs.map((s) => makeControl(this.doc, this.model, s));
-    this.el.replaceChildren(...this.bound.map((c) => c.el), this.exportButton);
+    this.list.replaceChildren(...this.bound.map((c) => c.el));
     this.unbindTraits = onChanges(this.model, controlTraits(specs), () => this.sync());
     this.sync();
   }

@@ -69,12 +69,19 @@ export function makeMeasure(doc: Document): Measure {
   };
 }
 
-/** Size a canvas to CSS size (w, h) at the given device pixel ratio. */
-export function sizeCanvas(c: HTMLCanvasElement, w: number, h: number, dpr: number): void {
+/**
+ * Size a canvas to CSS size (w, h) at the given device pixel ratio; true when its pixel size
+ * changed (which clears it).
+ */
+export function sizeCanvas(c: HTMLCanvasElement, w: number, h: number, dpr: number): boolean {
   const pw = Math.max(1, Math.round(w * dpr));
   const ph = Math.max(1, Math.round(h * dpr));
+  const resized = c.width !== pw || c.height !== ph;
   if (c.width !== pw) c.width = pw;
   if (c.height !== ph) c.height = ph;
-  c.style.width = `${w}px`;
-  c.style.height = `${h}px`;
+  const sw = `${w}px`;
+  const sh = `${h}px`;
+  if (c.style.width !== sw) c.style.width = sw;
+  if (c.style.height !== sh) c.style.height = sh;
+  return resized;
 }

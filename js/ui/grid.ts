@@ -6,7 +6,7 @@
  * hovering never redraws a heatmap.
  */
 
-import { axisLabel, hoverJson } from "../lib/format";
+import { axisLabel, groupedCell, hoverJson, namesHeads } from "../lib/format";
 import {
   COLORBAR_H,
   cellRect,
@@ -26,6 +26,8 @@ interface PanelView {
   wrap: HTMLDivElement;
   heat: HTMLCanvasElement;
   overlay: HTMLCanvasElement;
+  /** Whether the overlay holds a crosshair (an empty overlay is left alone: nothing to redraw). */
+  marked: boolean;
 }
 
 export interface GridContent {
@@ -51,6 +53,8 @@ export class Grid {
   };
   private views: PanelView[] = [];
   private hovered: Hit | null = null;
+  /** Where the tooltip of the hovered cell points (grid coordinates), to refresh it. */
+  private hoverPoint: [number, number] | null = null;
   private dpr = 1;
   private readonly cleanup: (() => void)[] = [];
 
@@ -113,7 +117,7 @@ export class Grid {
       const overlay = h(this.doc, "canvas", { className: "hw-overlay" });
       const wrap = h(this.doc, "div", { className: "hw-panel" }, [heat, overlay]);
       this.panelsEl.insertBefore(wrap, this.tooltip.el);
-      this.views.push({ wrap, heat, overlay });
+      this.views.push({ wrap, heat, overlay, marked: false });
     }
     layout.boxes.forEach((b, i) => {
       const v = this.views[i];
@@ -125,16 +129,28 @@ export class Grid {
       v.wrap.dataset.panelId = p.id;
       v.wrap.dataset.plotRect = JSON.stringify(b.plot);
       sizeCanvas(v.heat, b.w, b.h, dpr);
-      sizeCanvas(v.overlay, b.w, b.h, dpr);
+      if (sizeCanvas(v.overlay, b.w, b.h, dpr)) v.marked = false; // resizing cleared it
     });
-    if (this.hovered && !this.validHit(this.hovered)) this.hovered = null;
     this.redraw();
-    this.drawOverlays();
+    this.refreshHover();
   }
 
-  private validHit(hit: Hit): boolean {
-    const b = this.content.layout.boxes[hit.index];
-    return !!b && hit.row < b.rows && hit.col < b.cols;
+  /**
+   * After new content: the tooltip shows the cell now under the point it showed (new value,
+   * new panel), or nothing when no cell is there any more.
+   */
+  private refreshHover(): void {
+    const point = this.hoverPoint;
+    const hit = point && this.tooltip.visible ? hitTest(this.content.layout, ...point) : null;
+    if (point && hit) {
+      this.hovered = null; // redraw the crosshair even when the cell index is unchanged
+      this.inspect(hit, point[0], point[1], false);
+    } else {
+      this.hovered = null;
+      this.hoverPoint = null;
+      this.tooltip.hide();
+      this.drawOverlays();
+    }
   }
 
   /** Redraw every heatmap canvas from the cached images. */
@@ -157,16 +173,20 @@ export class Grid {
     drawColorbar(ctx, w, hgt, scale, measure);
   }
 
+  /** Crosshair on the hovered panel's overlay; only overlays that change are touched. */
   private drawOverlays(): void {
     this.views.forEach((v, i) => {
+      const hit = this.hovered && this.hovered.index === i ? this.hovered : null;
+      if (!hit && !v.marked) return;
       const ctx = context2d(v.overlay);
       if (!ctx) return;
       ctx.setTransform(1, 0, 0, 1, 0, 0);
       ctx.clearRect(0, 0, v.overlay.width, v.overlay.height);
-      const hit = this.hovered;
-      if (hit && hit.index === i) {
+      v.marked = false;
+      if (hit) {
         ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
         drawCrosshair(ctx, this.content.layout.boxes[i], hit.row, hit.col);
+        v.marked = true;
       }
     });
   }
@@ -198,12 +218,14 @@ export class Grid {
     if (!prev || prev.index !== hit.index || prev.row !== hit.row || prev.col !== hit.col) {
       this.drawOverlays();
     }
+    this.hoverPoint = [x, y];
     const value = cellValue(p, hit.row, hit.col);
     const content = {
       title: p.title,
       row: axisLabel(p.row_labels, p.row_offset, p.row_step, hit.row),
       col: axisLabel(p.col_labels, p.col_offset, p.col_step, hit.col),
       value,
+      cell: namesHeads(p) ? groupedCell(p, hit.row, hit.col, value) : undefined,
     };
     this.tooltip.show(content, x, y, this.content.layout.width, this.content.layout.height);
     this.root.dataset.hover = hoverJson(p.id, hit.row, hit.col, value);
@@ -213,6 +235,7 @@ export class Grid {
   /** Hide tooltip and crosshair (data-hover keeps the last cell). */
   leave(): void {
     this.tooltip.hide();
+    this.hoverPoint = null;
     if (this.hovered) {
       this.hovered = null;
       this.drawOverlays();

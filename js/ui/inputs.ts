@@ -1,7 +1,9 @@
 /**
  * Generic keyboard-operable inputs built on native elements: a debounced
- * range slider, a select, a group of toggle buttons and a checkbox list.
- * Each has `set(...)` to follow the model and calls back on user action.
+ * range slider, a number field, a select, a group of toggle buttons and a
+ * checkbox list.  Each has `set(...)` to follow the model and calls back on
+ * user action.  A slider's read-out never shrinks (it keeps the width of its
+ * longest text), so the controls after it do not move while it changes.
  */
 
 import { h, setHidden, setText } from "./dom";
@@ -16,12 +18,19 @@ function sameList(a: readonly string[], b: readonly string[]): boolean {
   return a.length === b.length && a.every((x, i) => x === b[i]);
 }
 
+/** Track length of a slider: one px per position at least, between these bounds (CSS px). */
+export const TRACK_MIN_PX = 160;
+export const TRACK_MAX_PX = 320;
+/** Room a range input's thumb takes from its track, in px. */
+const THUMB_PX = 16;
+
 export class Slider {
   readonly el: HTMLLabelElement;
   readonly input: HTMLInputElement;
   readonly output: HTMLOutputElement;
   private timer: ReturnType<typeof setTimeout> | null = null;
   private dirty = false;
+  private reserved = 0;
 
   constructor(
     doc: Document,
@@ -79,23 +88,81 @@ export class Slider {
     }
   }
 
-  /** Follow the model; the value is left alone while a user change is pending. */
-  set(min: number, max: number, value: number): void {
+  /**
+   * Follow the model; the value is left alone while a user change is pending.  Positions are
+   * min, min + step, ... up to max; the track is long enough for a pointer to reach each of up
+   * to TRACK_MAX_PX positions.
+   */
+  set(min: number, max: number, value: number, step = 1): void {
     const hi = Math.max(min, max);
+    const k = Math.max(1, Math.floor(step));
+    // Step before the bounds and the value, so that the value is sanitised on the final grid.
+    if (this.input.step !== String(k)) this.input.step = String(k);
     if (this.input.min !== String(min)) this.input.min = String(min);
     if (this.input.max !== String(hi)) this.input.max = String(hi);
+    const positions = Math.floor((hi - min) / k) + 1;
+    const track = Math.min(TRACK_MAX_PX, Math.max(TRACK_MIN_PX, positions + THUMB_PX));
+    const width = `${track}px`;
+    if (this.input.style.width !== width) this.input.style.width = width;
     if (!this.pending) {
       const v = String(Math.min(hi, Math.max(min, Math.round(value))));
       if (this.input.value !== v) this.input.value = v;
     }
   }
 
+  /** The read-out text; the read-out keeps room for the longest text it has shown. */
   setOutput(text: string): void {
     setText(this.output, text);
+    this.reserve(text);
+  }
+
+  /** Keep room in the read-out for `text` (in `ch` of its tabular digits). */
+  reserve(text: string): void {
+    const n = [...text].length;
+    if (n <= this.reserved) return;
+    this.reserved = n;
+    this.output.style.minWidth = `${n}ch`;
   }
 
   destroy(): void {
     this.flush();
+  }
+}
+
+/** A number field for exact values (Enter or leaving the field commits); stepped like a slider. */
+export class NumberField {
+  readonly input: HTMLInputElement;
+
+  constructor(
+    doc: Document,
+    label: string,
+    trait: string,
+    private readonly onCommit: (v: number) => void,
+  ) {
+    this.input = h(doc, "input", {
+      className: "hw-number",
+      attrs: { type: "number", step: "1", "aria-label": label, "data-number": trait },
+    });
+    this.input.addEventListener("change", () => {
+      const v = Number(this.input.value);
+      if (this.input.value.trim() !== "" && Number.isFinite(v)) this.onCommit(Math.round(v));
+    });
+  }
+
+  get value(): number {
+    return Number(this.input.value);
+  }
+
+  /** Follow the model, unless the user is typing in the field. */
+  set(min: number, max: number, value: number, step = 1): void {
+    const attrs: [string, string][] = [
+      ["min", String(min)],
+      ["max", String(Math.max(min, max))],
+      ["step", String(Math.max(1, Math.floor(step)))],
+    ];
+    for (const [k, v] of attrs) if (this.input.getAttribute(k) !== v) this.input.setAttribute(k, v);
+    const typing = this.input.ownerDocument.activeElement === this.input;
+    if (!typing && this.input.value !== String(value)) this.input.value = String(value);
   }
 }
 

@@ -1,14 +1,16 @@
 /**
  * Canvas drawing of one panel.  The matrix is coloured once per data or
  * scale change into a native-resolution canvas (one pixel per cell); every
- * redraw then scales that image with smoothing off.  Text is drawn with
- * fillText, so titles and labels are never parsed as markup.
+ * redraw then scales that image with smoothing off.  A new matrix of the
+ * same shape is coloured into the canvas and pixel buffer it replaces, so a
+ * slider step allocates nothing.  Text is drawn with fillText, so titles
+ * and labels are never parsed as markup.
  *
  * drawPanel works in CSS px with the box origin at (0, 0); the caller sets
  * the transform (device pixel ratio on screen, 2× for export).
  */
 
-import { colorize, type PackedColormap } from "../lib/colormap";
+import { colorizeWire, type PackedColormap } from "../lib/colormap";
 import {
   cellRect,
   FONTS,
@@ -24,30 +26,57 @@ import { context2d } from "./dom";
 export const TEXT_COLOR = "#1f1f1f";
 export const MUTED_COLOR = "#5f5f5f";
 export const FRAME_COLOR = "#444";
+/** Head boundaries: a thin translucent dark line, so the cells stay readable through it. */
+export const GROUP_LINE_COLOR = "rgba(0, 0, 0, 0.4)";
 
 /** Largest matrix side a canvas can hold in all major browsers. */
 export const MAX_IMAGE_SIDE = 16384;
 
 export type Image = HTMLCanvasElement;
 
-/** Colour a panel into a cols×rows canvas; null without canvas support. */
+/** The pixel buffer of each image canvas, kept for the next colouring of the same shape. */
+const pixelBuffers = new WeakMap<HTMLCanvasElement, ImageData>();
+
+/** Colour the panel's cells into its image canvas (of the panel's shape); false without a canvas. */
+function paint(
+  image: Image,
+  panel: Panel,
+  vmin: number,
+  vmax: number,
+  cmap: PackedColormap,
+): boolean {
+  const ctx = context2d(image);
+  if (!ctx) return false;
+  let img = pixelBuffers.get(image);
+  if (!img || img.width !== panel.cols || img.height !== panel.rows) {
+    img = ctx.createImageData(panel.cols, panel.rows);
+    pixelBuffers.set(image, img);
+  }
+  colorizeWire(panel.raw, vmin, vmax, cmap, new Uint32Array(img.data.buffer));
+  ctx.putImageData(img, 0, 0);
+  return true;
+}
+
+/**
+ * Colour a panel into a cols×rows canvas: `reuse` when it has that shape (its pixels are
+ * replaced), else a new one; null without canvas support or for a matrix too large to draw.
+ */
 export function buildImage(
   doc: Document,
   panel: Panel,
   vmin: number,
   vmax: number,
   cmap: PackedColormap,
+  reuse: Image | null = null,
 ): Image | null {
   if (panel.rows > MAX_IMAGE_SIDE || panel.cols > MAX_IMAGE_SIDE) return null;
-  const c = doc.createElement("canvas");
-  c.width = panel.cols;
-  c.height = panel.rows;
-  const ctx = context2d(c);
-  if (!ctx) return null;
-  const img = ctx.createImageData(panel.cols, panel.rows);
-  colorize(panel.values, vmin, vmax, cmap, new Uint32Array(img.data.buffer));
-  ctx.putImageData(img, 0, 0);
-  return c;
+  let c = reuse;
+  if (!c || c.width !== panel.cols || c.height !== panel.rows) {
+    c = doc.createElement("canvas");
+    c.width = panel.cols;
+    c.height = panel.rows;
+  }
+  return paint(c, panel, vmin, vmax, cmap) ? c : null;
 }
 
 /** Re-colour an existing image in place (same dimensions). */
@@ -58,11 +87,27 @@ export function recolorImage(
   vmax: number,
   cmap: PackedColormap,
 ): void {
-  const ctx = context2d(image);
-  if (!ctx) return;
-  const img = ctx.createImageData(panel.cols, panel.rows);
-  colorize(panel.values, vmin, vmax, cmap, new Uint32Array(img.data.buffer));
-  ctx.putImageData(img, 0, 0);
+  paint(image, panel, vmin, vmax, cmap);
+}
+
+/**
+ * Head boundaries over the plot: one line of about one CSS px per boundary, on whole device
+ * pixels (read from the transform the caller set) so that it stays sharp.
+ */
+export function drawGroupLines(ctx: CanvasRenderingContext2D, box: PanelBox): void {
+  if (box.rowEdges.length === 0 && box.colEdges.length === 0) return;
+  const { plot } = box;
+  const k = ctx.getTransform().a || 1; // device px per CSS px
+  const lineDev = Math.max(1, Math.round(k));
+  const lw = lineDev / k;
+  const snap = (v: number) => (Math.round(v * k) - Math.floor(lineDev / 2)) / k;
+  ctx.fillStyle = GROUP_LINE_COLOR;
+  for (const e of box.colEdges) {
+    ctx.fillRect(snap(plot.x + (e * plot.w) / box.cols), plot.y, lw, plot.h);
+  }
+  for (const e of box.rowEdges) {
+    ctx.fillRect(plot.x, snap(plot.y + (e * plot.h) / box.rows), plot.w, lw);
+  }
 }
 
 export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: Image | null): void {
@@ -88,6 +133,7 @@ export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: I
     ctx.fillStyle = "#eee";
     ctx.fillRect(plot.x, plot.y, plot.w, plot.h);
   }
+  drawGroupLines(ctx, box);
   ctx.strokeStyle = FRAME_COLOR;
   ctx.lineWidth = 1;
   ctx.strokeRect(plot.x - 0.5, plot.y - 0.5, plot.w + 1, plot.h + 1);

@@ -8,13 +8,17 @@ import { FONT_FAMILY } from "../lib/text";
 
 export const CSS = `
 .hw-root { font-family: ${FONT_FAMILY}; font-size: 13px; line-height: 1.35;
-  color: var(--jp-ui-font-color1, #1f1f1f); max-width: 100%; overflow-x: auto; }
+  color: var(--jp-ui-font-color1, #1f1f1f); display: block; max-width: 100%; min-width: 0; }
 .hw-root [hidden] { display: none !important; }
-.hw-controls { display: flex; flex-wrap: wrap; gap: 6px 18px; align-items: center; margin: 0 0 6px; }
+.hw-bar { display: flex; align-items: flex-start; gap: 6px 18px; margin: 0 0 6px; }
+.hw-controls { display: flex; flex-wrap: wrap; gap: 6px 18px; align-items: center; flex: 1 1 0;
+  min-width: 0; }
+.hw-figure { max-width: 100%; overflow-x: auto; }
 .hw-control { display: inline-flex; gap: 6px; align-items: center; }
-.hw-control > .hw-label { font-weight: 600; }
-.hw-control input[type=range] { width: 160px; }
-.hw-control output { min-width: 7em; font-variant-numeric: tabular-nums; }
+.hw-control > .hw-label { font-weight: 600; white-space: nowrap; }
+.hw-control input[type=range] { width: 160px; margin: 0; }
+.hw-control output { min-width: 7em; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.hw-number { width: 5.5em; font: inherit; font-variant-numeric: tabular-nums; padding: 1px 3px; }
 .hw-toggles { display: inline-flex; }
 .hw-toggles button { border: 1px solid #888; background: #f4f4f4; color: #1f1f1f; padding: 2px 9px;
   margin: 0; cursor: pointer; font: inherit; }
@@ -24,7 +28,7 @@ export const CSS = `
 .hw-checklist legend { float: left; font-weight: 600; margin-right: 6px; padding: 0; }
 .hw-root button:focus-visible, .hw-root select:focus-visible, .hw-root input:focus-visible,
 .hw-panels:focus-visible { outline: 2px solid #1a73e8; outline-offset: 1px; }
-.hw-export { font: inherit; padding: 2px 10px; cursor: pointer; }
+.hw-export { font: inherit; padding: 2px 10px; cursor: pointer; flex: none; white-space: nowrap; }
 .hw-error { border: 1px solid #c62828; background: #fdecea; color: #7f1d1d; padding: 6px 10px;
   margin: 0 0 6px; white-space: pre-wrap; border-radius: 3px; }
 .hw-status { font-size: 12px; color: var(--jp-ui-font-color2, #616161); min-height: 1.35em; margin: 0 0 4px; }
@@ -38,7 +42,8 @@ export const CSS = `
   color: #111; border: 1px solid #999; border-radius: 3px; padding: 4px 7px; font-size: 12px;
   white-space: nowrap; box-shadow: 0 1px 4px rgba(0,0,0,0.25); }
 .hw-tooltip .hw-tt-title { font-weight: 600; }
-.hw-tooltip .hw-tt-value { font-variant-numeric: tabular-nums; }
+.hw-tooltip .hw-tt-value, .hw-tooltip .hw-tt-cell { font-variant-numeric: tabular-nums; }
+.hw-tooltip .hw-tt-index { color: #555; }
 .hw-sr { position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0);
   white-space: nowrap; margin: -1px; padding: 0; border: 0; }
 `;

@@ -1,6 +1,7 @@
 /**
- * Hover tooltip: panel title, row label, column label and value.  One
- * absolutely positioned element, text set with textContent only.
+ * Hover tooltip: panel title, then either row label, column label and value, or (for panels
+ * whose axes are heads) one line naming the cell by head and dimension with its value and one
+ * with the original indices.  One absolutely positioned element, text set with textContent only.
  */
 
 import { formatValue } from "../lib/format";
@@ -11,34 +12,35 @@ export interface TooltipContent {
   row: string;
   col: string;
   value: number;
+  /** "K h1·d36 × h2·d22 = 0.2310" (see lib/format groupedCell): the cell by head, when set. */
+  cell?: string;
 }
 
 /** Offset of the tooltip from the pointer, in px. */
 const OFFSET = 14;
 
+/** Class of each line below the title, by format. */
+const PLAIN = ["hw-tt-row", "hw-tt-col", "hw-tt-value"];
+const GROUPED = ["hw-tt-cell", "hw-tt-index"];
+
 export class Tooltip {
   readonly el: HTMLDivElement;
   private readonly title: HTMLDivElement;
-  private readonly row: HTMLDivElement;
-  private readonly col: HTMLDivElement;
-  private readonly value: HTMLDivElement;
+  private readonly rows: HTMLDivElement[];
 
   constructor(doc: Document) {
     this.title = h(doc, "div", { className: "hw-tt-title" });
-    this.row = h(doc, "div", { className: "hw-tt-row" });
-    this.col = h(doc, "div", { className: "hw-tt-col" });
-    this.value = h(doc, "div", { className: "hw-tt-value" });
+    this.rows = PLAIN.map((className) => h(doc, "div", { className }));
     this.el = h(doc, "div", { className: "hw-tooltip", attrs: { role: "tooltip" } }, [
       this.title,
-      this.row,
-      this.col,
-      this.value,
+      ...this.rows,
     ]);
     this.el.hidden = true;
   }
 
-  /** Lines as shown, for tests and accessibility. */
-  static lines(c: TooltipContent): [string, string, string, string] {
+  /** Lines as shown (title first), for tests and accessibility. */
+  static lines(c: TooltipContent): string[] {
+    if (c.cell) return [c.title, c.cell, `index ${c.row} × ${c.col}`];
     return [c.title, `row: ${c.row}`, `col: ${c.col}`, `value: ${formatValue(c.value)}`];
   }
 
@@ -54,12 +56,16 @@ export class Tooltip {
     containerWidth: number,
     containerHeight = Infinity,
   ): void {
-    const [t, r, k, v] = Tooltip.lines(c);
+    const [t, ...rest] = Tooltip.lines(c);
+    const classes = c.cell ? GROUPED : PLAIN;
     setText(this.title, t);
     setHidden(this.title, t === "");
-    setText(this.row, r);
-    setText(this.col, k);
-    setText(this.value, v);
+    this.rows.forEach((row, i) => {
+      const cls = classes[i] ?? "";
+      if (row.className !== cls) row.className = cls;
+      setText(row, rest[i] ?? "");
+      setHidden(row, i >= rest.length);
+    });
     setHidden(this.el, false);
     const w = this.el.offsetWidth;
     const hgt = this.el.offsetHeight;
@@ -79,7 +85,11 @@ export class Tooltip {
     return !this.el.hidden;
   }
 
+  /** The lines shown, joined by newlines. */
   get text(): string {
-    return [this.title, this.row, this.col, this.value].map((e) => e.textContent ?? "").join("\n");
+    return [this.title, ...this.rows]
+      .filter((e) => !e.hidden || e === this.title)
+      .map((e) => e.textContent ?? "")
+      .join("\n");
   }
 }

@@ -2,6 +2,16 @@
  * One rendered view of the model: wires traits to the controls, messages,
  * panel grid and export.  Data flows one way: traits -> parsed panels ->
  * coloured images -> layout -> canvases.
+ *
+ * The grid is laid out for the width of the element the view is rendered
+ * into, and again whenever that width changes (a ResizeObserver; where there
+ * is none, the window's resize event).  The control bar sits outside the
+ * figure, so it never scrolls away; only a figure wider than a very narrow
+ * container scrolls, inside its own box.
+ *
+ * Each panels update leaves the User Timing marks "headwidget:panels" (the
+ * update arrives) and "headwidget:drawn" (every canvas is drawn) for
+ * profiling in the browser.
  */
 
 import { packedColormap } from "../lib/colormap";
@@ -20,6 +30,17 @@ import { injectStyle } from "./style";
 
 /** Width used before the element is attached and has a size. */
 const FALLBACK_WIDTH = 960;
+/** Height kept free of a plot for the controls, colorbar and panel titles (largest plot side). */
+const VIEWPORT_RESERVE = 160;
+/** Window height used where the window reports none. */
+const FALLBACK_HEIGHT = 900;
+
+/** A User Timing mark, where the browser has them; only the latest of each name is kept. */
+function mark(name: string): void {
+  if (typeof performance === "undefined" || typeof performance.mark !== "function") return;
+  performance.clearMarks?.(name);
+  performance.mark(name);
+}
 
 /** Views per model, so that only one of them answers an export request. */
 const viewsByModel = new WeakMap<Model, View[]>();
@@ -36,8 +57,13 @@ export class View {
   private panels: Panel[] = [];
   private images: (Image | null)[] = [];
   private problems: string[] = [];
+  private textKey = "";
+  /** The width measured by the resize observer (0: not measured yet, read the element). */
+  private observedWidth = 0;
   private lastWidth = 0;
   private lastDpr = 1;
+  /** The box the figure scrolls in when it is wider than the container. */
+  readonly figure: HTMLDivElement;
   private readonly cleanup: (() => void)[] = [];
 
   constructor(
@@ -55,11 +81,12 @@ export class View {
       model.send({ type: "click", panel: p.id, row, col }),
     );
     this.textList = h(doc, "ul", { className: "hw-sr" });
+    this.figure = h(doc, "div", { className: "hw-figure" }, [this.grid.root]);
     this.root.append(
       this.controls.el,
       this.messages.error,
       this.messages.status,
-      this.grid.root,
+      this.figure,
       this.textList,
     );
     el.appendChild(this.root);
@@ -98,12 +125,17 @@ export class View {
   }
 
   private onPanels(): void {
+    mark("headwidget:panels");
     const parsed = parsePanels(this.model.get("panels"));
     this.panels = parsed.panels;
     this.problems = parsed.problems;
     const s = this.colorScale();
     const cmap = packedColormap(s.colormap);
-    this.images = this.panels.map((p) => buildImage(this.doc, p, s.vmin, s.vmax, cmap));
+    // The image canvas of the panel in the same place is reused when the shape is the same.
+    const old = this.images;
+    this.images = this.panels.map((p, i) =>
+      buildImage(this.doc, p, s.vmin, s.vmax, cmap, old[i] ?? null),
+    );
     this.panels.forEach((p, i) => {
       if (this.images[i] === null && (p.rows > 16384 || p.cols > 16384)) {
         this.problems.push(
@@ -112,15 +144,20 @@ export class View {
       }
     });
     this.messages.setLocalProblems(this.problems);
-    this.textList.replaceChildren(
-      ...this.panels.map((p) =>
-        h(this.doc, "li", {
-          text: [p.title, p.subtitle, p.note].filter((t) => t).join(" — "),
-          attrs: { "data-panel-id": p.id },
-        }),
-      ),
+    const texts = this.panels.map((p) =>
+      [p.title, p.subtitle, p.note].filter((t) => t).join(" — "),
     );
+    const textKey = JSON.stringify([this.panels.map((p) => p.id), texts]);
+    if (textKey !== this.textKey) {
+      this.textKey = textKey;
+      this.textList.replaceChildren(
+        ...this.panels.map((p, i) =>
+          h(this.doc, "li", { text: texts[i], attrs: { "data-panel-id": p.id } }),
+        ),
+      );
+    }
     this.relayout();
+    mark("headwidget:drawn");
   }
 
   private onScale(): void {
@@ -135,7 +172,13 @@ export class View {
   }
 
   private availableWidth(): number {
-    return this.el.clientWidth || this.root.clientWidth || FALLBACK_WIDTH;
+    return this.observedWidth || this.root.clientWidth || this.el.clientWidth || FALLBACK_WIDTH;
+  }
+
+  /** The largest plot side: what fits in the window's height beside the controls and titles. */
+  private maxSide(): number {
+    const height = this.doc.defaultView?.innerHeight || FALLBACK_HEIGHT;
+    return height - VIEWPORT_RESERVE;
   }
 
   private dpr(): number {
@@ -148,6 +191,7 @@ export class View {
       this.availableWidth(),
       getNumber(this.model, "columns"),
       this.measure,
+      { maxSide: this.maxSide() },
     );
     return { layout, panels: this.panels, images: this.images };
   }
@@ -164,23 +208,29 @@ export class View {
     this.grid.drawColorbar(this.colorScale(), this.measure);
   }
 
+  /** Lay out again when the available width or the device pixel ratio (zoom) changes. */
+  private onResize(width?: number): void {
+    if (width !== undefined) this.observedWidth = Math.floor(width);
+    if (this.availableWidth() === this.lastWidth && this.dpr() === this.lastDpr) return;
+    this.relayout();
+  }
+
   private observeSize(): void {
-    const RO = this.doc.defaultView?.ResizeObserver;
-    if (!RO) return;
-    const ro = new RO(() => {
-      const w = this.availableWidth();
-      if (w === this.lastWidth && this.dpr() === this.lastDpr) return;
-      this.lastWidth = w;
-      // Redraw only when the wrap changes or the device pixel ratio does (zoom).
-      const next = this.content();
-      if (next.layout.columns !== this.grid.layout.columns || this.dpr() !== this.lastDpr) {
-        this.lastDpr = this.dpr();
-        this.grid.setContent(next, this.lastDpr);
-        this.drawColorbar();
-      }
-    });
-    ro.observe(this.el);
-    this.cleanup.push(() => ro.disconnect());
+    const win = this.doc.defaultView;
+    const RO = win?.ResizeObserver;
+    if (RO) {
+      // The root is a block in the element's content box: its width is the width to fill.
+      const ro = new RO((entries) => {
+        const entry = entries[entries.length - 1];
+        this.onResize(entry ? entry.contentRect.width : undefined);
+      });
+      ro.observe(this.root);
+      this.cleanup.push(() => ro.disconnect());
+    } else if (win) {
+      const onWindow = () => this.onResize();
+      win.addEventListener("resize", onWindow);
+      this.cleanup.push(() => win.removeEventListener("resize", onWindow));
+    }
   }
 
   /** The whole figure as a PNG data URL at 2× CSS size, or null without canvas support. */

@@ -171,3 +171,22 @@ def test_clicking_a_layer_in_the_trend_chart_selects_it(lab):
     wait_for_redraw(lab, before)
     assert lab.run("print(dash.trends.layer, dash.channels.layer, dash.alignment.layer)").split() == ["1"] * 3
     lab.run("dash.channels.layer = 0")
+
+
+def test_trend_points_name_series_layer_and_value_on_hover(lab):
+    """Hovering a point of the trend chart shows a tooltip: the layer, and the series with its value."""
+    lab.page.wait_for_function("() => document.querySelectorAll('.bqplot .dot').length >= 2", timeout=30_000)
+    first = json.loads(lab.run("print(json.dumps(list(dash.trends.series.items())[0]))"))
+    name, values = first
+    dot = lab.page.locator(".bqplot .dot").nth(1)  # the first series' point at layer 1
+    dot.scroll_into_view_if_needed()
+    dot.dispatch_event("mouseover")
+    tip = lab.page.locator(".bqplot_tooltip_div")
+    shown = (
+        "() => [...document.querySelectorAll('.bqplot_tooltip_div')].some((t) => /layer/.test(t.innerText))"
+    )
+    lab.page.wait_for_function(shown, timeout=10_000)
+    text = " ".join(tip.all_inner_texts())
+    assert "layer" in text and name in text, text
+    assert f"{values[1]:.3f}" in text, text
+    dot.dispatch_event("mouseout")

@@ -1,13 +1,16 @@
 import { describe, expect, it } from "vitest";
 import {
   colorize,
+  colorizeWire,
   colormapStops,
+  halfColorTable,
   NAN_COLOR,
   packedColormap,
   packRGBA,
   valueToColor,
   valueToIndex,
 } from "../../js/lib/colormap";
+import { halfToFloat } from "../../js/lib/decode";
 import tables from "../../python/headwidget/colormaps.json";
 
 describe("colormaps.json", () => {
@@ -97,5 +100,35 @@ describe("colorize", () => {
         expect(bytesOf(out, i)).toEqual([...valueToColor(v, lo, hi, name), 255]);
       });
     }
+  });
+});
+
+describe("float16 colouring", () => {
+  it("colours every half-precision pattern like colorize does its value", () => {
+    const halves = new Uint16Array(65536).map((_, i) => i);
+    const values = new Float32Array(65536).map((_, i) => halfToFloat(i));
+    for (const [name, lo, hi] of [
+      ["diverging", -1, 1],
+      ["magma", 0, 1],
+      ["magma", 0.3, 0.3],
+      ["diverging", -0.177, 0.52],
+    ] as const) {
+      const cmap = packedColormap(name);
+      const want = new Uint32Array(65536);
+      colorize(values, lo, hi, cmap, want);
+      const got = new Uint32Array(65536);
+      colorizeWire(halves, lo, hi, cmap, got);
+      const first = got.findIndex((c, i) => c !== want[i]);
+      expect(first, `${name} [${lo}, ${hi}]: first differing pattern`).toBe(-1);
+    }
+  });
+
+  it("keeps the tables of recent scales", () => {
+    const d = packedColormap("diverging");
+    const a = halfColorTable(-1, 1, d);
+    const b = halfColorTable(0, 1, packedColormap("magma"));
+    expect(halfColorTable(-1, 1, d)).toBe(a);
+    expect(halfColorTable(0, 1, packedColormap("magma"))).toBe(b);
+    expect(halfColorTable(-0.5, 1, d)).not.toBe(a);
   });
 });

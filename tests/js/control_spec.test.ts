@@ -1,5 +1,12 @@
 import { describe, expect, it } from "vitest";
-import { controlTraits, parseControls, windowText } from "../../js/lib/control_spec";
+import {
+  controlTraits,
+  longestWindowText,
+  parseControls,
+  snapStep,
+  snapWindow,
+  windowText,
+} from "../../js/lib/control_spec";
 
 describe("parseControls", () => {
   it("reads well-formed entries in order and fills absent references with empty strings", () => {
@@ -17,6 +24,7 @@ describe("parseControls", () => {
         width: "",
         total: "",
         options: "",
+        step: "",
       },
       {
         trait: "kind",
@@ -27,6 +35,7 @@ describe("parseControls", () => {
         width: "",
         total: "",
         options: "kinds_available",
+        step: "",
       },
     ]);
   });
@@ -56,6 +65,49 @@ describe("controlTraits", () => {
       { trait: "start", type: "window", label: "Channels", width: "width", total: "num_layers" },
     ]);
     expect(controlTraits(specs)).toEqual(["layer", "num_layers", "layer_label", "start", "width"]);
+  });
+
+  it("includes a window's step trait", () => {
+    const specs = parseControls([
+      { trait: "start", type: "window", label: "C", width: "w", total: "n", step: "head" },
+    ]);
+    expect(specs[0].step).toBe("head");
+    expect(controlTraits(specs)).toEqual(["start", "w", "n", "head"]);
+  });
+});
+
+describe("snapWindow", () => {
+  it("snaps start and width to multiples of the step, inside the total", () => {
+    expect(snapWindow(70, 60, 192, 64)).toEqual({ start: 64, width: 64 });
+    expect(snapWindow(0, 63, 192, 64)).toEqual({ start: 0, width: 64 });
+    expect(snapWindow(150, 64, 192, 64)).toEqual({ start: 128, width: 64 });
+    expect(snapWindow(10, 10, 192, 64)).toEqual({ start: 0, width: 64 }); // at least one step
+    expect(snapWindow(64, 1000, 192, 64)).toEqual({ start: 0, width: 192 });
+    expect(snapWindow(100, 130, 4096, 128)).toEqual({ start: 128, width: 128 });
+  });
+
+  it("only clamps without a step", () => {
+    expect(snapWindow(63, 64, 192, 1)).toEqual({ start: 63, width: 64 });
+    expect(snapWindow(60, 100, 128, 0)).toEqual({ start: 28, width: 100 });
+    expect(snapWindow(-4, 0, 128, 1)).toEqual({ start: 0, width: 1 });
+  });
+
+  it("keeps a total that is not a multiple of the step reachable as a whole", () => {
+    expect(snapWindow(0, 100, 100, 64)).toEqual({ start: 0, width: 100 });
+    expect(snapWindow(50, 64, 100, 64)).toEqual({ start: 0, width: 64 });
+  });
+
+  it("reads the step", () => {
+    expect([snapStep(64), snapStep(1), snapStep(0), snapStep(NaN), snapStep(2.7)]).toEqual([
+      64, 1, 1, 1, 2,
+    ]);
+  });
+
+  it("gives the longest read-out of a total", () => {
+    expect(longestWindowText("channels", 192)).toBe("channels 888–888 of 888");
+    expect(longestWindowText("channels", 192).length).toBeGreaterThanOrEqual(
+      windowText("channels", 100, 92, 192).length,
+    );
   });
 });
 

@@ -74,6 +74,9 @@ describe("Controls", () => {
       "mechanisms",
     ]);
     expect(c.el.lastElementChild).toBe(c.exportButton);
+    expect(c.exportButton.parentElement).toBe(c.el);
+    expect(c.list.contains(c.control("layer")!.el)).toBe(true);
+    expect(c.list.contains(c.exportButton)).toBe(false);
     expect(c.control("layer")).toBeInstanceOf(SliderControl);
     expect(c.control("channel_start")).toBeInstanceOf(WindowControl);
     expect(c.control("pinned")).toBeUndefined();
@@ -131,6 +134,64 @@ describe("Controls", () => {
     expect(channels.start.input.max).toBe("28");
   });
 
+  it("snaps start and width to the step when the step trait is above 1", () => {
+    const snapped = CONTROLS.map((c) => (c.type === "window" ? { ...c, step: "channel_step" } : c));
+    const { fm, channels } = setup({
+      controls: snapped,
+      channel_step: 64,
+      num_channels: 192,
+      channel_start: 0,
+      channel_width: 64,
+    });
+    expect([channels.width.input.step, channels.width.input.min]).toEqual(["64", "64"]);
+    expect(channels.start.input.step).toBe("64");
+    channels.widthField.input.value = "100"; // typed: the nearest multiple
+    fire(channels.widthField.input, "change");
+    expect(fm.state.channel_width).toBe(128);
+    channels.startField.input.value = "70";
+    fire(channels.startField.input, "change");
+    expect(fm.state.channel_start).toBe(64);
+    expect(channels.width.output.textContent).toBe("channels 64–191 of 192");
+    fm.set("channel_step", 1); // snapping off: exact values
+    channels.widthField.input.value = "63";
+    fire(channels.widthField.input, "change");
+    expect(fm.state.channel_width).toBe(63);
+    expect(channels.width.input.step).toBe("1");
+  });
+
+  it("reaches an exact width by typing it, pulling the start back inside", () => {
+    const { fm, channels } = setup({ num_channels: 192, channel_start: 150, channel_width: 32 });
+    channels.widthField.input.value = "64";
+    fire(channels.widthField.input, "change");
+    expect(fm.state.channel_width).toBe(64);
+    expect(fm.state.channel_start).toBe(128);
+    expect(channels.widthField.input.value).toBe("64");
+    expect(channels.width.input.value).toBe("64");
+    channels.widthField.input.value = "";
+    fire(channels.widthField.input, "change"); // an empty field commits nothing
+    expect(fm.state.channel_width).toBe(64);
+  });
+
+  it("gives a slider a pixel per position, within bounds", () => {
+    const { channels, layer } = setup({ num_channels: 192 });
+    expect(channels.width.input.style.width).toBe(`${192 + 16}px`);
+    expect(layer.input.style.width).toBe("160px");
+    const big = setup({ num_channels: 4096 }).channels;
+    expect(big.width.input.style.width).toBe("320px");
+  });
+
+  it("keeps room in read-outs for their longest text", () => {
+    const { fm, channels, layer } = setup({ num_channels: 4096, channel_width: 8 });
+    const room = channels.width.output.style.minWidth;
+    expect(room).toBe(`${"channels 8888–8888 of 8888…".length}ch`);
+    fm.set("channel_start", 4000);
+    expect(channels.width.output.style.minWidth).toBe(room);
+    fm.set("layer_label", "layer 3 of 30 (a much longer description of the layer)");
+    const grown = layer.output.style.minWidth;
+    fm.set("layer_label", "layer 3");
+    expect(layer.output.style.minWidth).toBe(grown); // never shrinks
+  });
+
   it("commits kind, metric and mechanisms", () => {
     const { fm, kind, metric, mechanisms } = setup({ mechanisms_available: ["copy", "induction"] });
     (kind.el.querySelector('[data-value="value"]') as HTMLButtonElement).click();
@@ -153,7 +214,8 @@ describe("Controls", () => {
 
   it("shows only the export button without a description, and rebuilds when it changes", () => {
     const { fm, c } = bar({ controls: [] });
-    expect([...c.el.children]).toEqual([c.exportButton]);
+    expect([...c.list.children]).toEqual([]);
+    expect([...c.el.children]).toEqual([c.list, c.exportButton]);
     fm.set("controls", [CONTROLS[0]]);
     expect(c.all.map((x) => x.spec.trait)).toEqual(["layer"]);
     expect(c.el.querySelector<HTMLInputElement>('input[data-trait="layer"]')!.value).toBe("3");
@@ -161,7 +223,8 @@ describe("Controls", () => {
     fm.set("controls", [{ ...CONTROLS[0] }]); // an equal description keeps the controls
     expect(c.control("layer")).toBe(before);
     fm.set("controls", []);
-    expect([...c.el.children]).toEqual([c.exportButton]);
+    expect([...c.list.children]).toEqual([]);
+    expect(c.el.lastElementChild).toBe(c.exportButton);
     c.destroy();
     expect(fm.listenerCount()).toBe(0);
   });

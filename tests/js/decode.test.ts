@@ -1,5 +1,13 @@
 import { describe, expect, it } from "vitest";
-import { asBytes, decodeValues, halfToFloat, isDtype } from "../../js/lib/decode";
+import {
+  asBytes,
+  decodeValues,
+  halfToFloat,
+  isDtype,
+  wireToFloat32,
+  wireValue,
+  wireValues,
+} from "../../js/lib/decode";
 
 /** Independent half -> float reference: rebuild the float32 bit pattern. */
 function halfRef(h: number): number {
@@ -122,6 +130,36 @@ describe("float16", () => {
       out,
       bits.map((b) => Math.fround(halfRef(b))),
     );
+  });
+});
+
+describe("wireValues", () => {
+  it.each([0, 1, 2, 3, 4])(
+    "views float32 data at byte offset %i, copying only when misaligned",
+    (pad) => {
+      const dv = viewAt(f32Bytes([1.5, -2, NaN]), pad);
+      const raw = wireValues("float32", dv, 3);
+      expect(raw).toBeInstanceOf(Float32Array);
+      expect(raw.buffer === dv.buffer).toBe(pad % 4 === 0);
+      same(raw as Float32Array, [1.5, -2, NaN]);
+      expect(wireToFloat32(raw)).toBe(raw);
+      expect([wireValue(raw, 1), wireValue(raw, 3), wireValue(raw, -1)]).toEqual([-2, NaN, NaN]);
+    },
+  );
+
+  it.each([0, 1, 2])("keeps float16 bit patterns at byte offset %i", (pad) => {
+    const bits = [0x3c00, 0x0001, 0x7e01, 0xc000];
+    const raw = wireValues("float16", viewAt(u16Bytes(bits), pad), bits.length);
+    expect(Array.from(raw)).toEqual(bits);
+    expect(wireValue(raw, 3)).toBe(-2);
+    same(
+      wireToFloat32(raw),
+      bits.map((b) => Math.fround(halfRef(b))),
+    );
+  });
+
+  it("rejects short buffers like decodeValues", () => {
+    expect(() => wireValues("float16", viewAt(u16Bytes([1]), 1), 2)).toThrow(/2 bytes.*needs 4/);
   });
 });
 

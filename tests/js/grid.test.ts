@@ -111,6 +111,66 @@ describe("Grid", () => {
     expect(grid.tooltip.visible).toBe(false);
   });
 
+  it("refreshes the tooltip when the panels change under it", () => {
+    const { grid, move, centre, hover, layout } = setup();
+    move(centre(0, 1, 2));
+    expect(grid.tooltip.text.split("\n")[3]).toBe("value: 0.5000");
+    // A metric change: same panels, new values.
+    const { panels } = parsePanels([
+      rawPanel({
+        id: "a",
+        title: "first · max",
+        rows: 2,
+        cols: 3,
+        data: f32View([0, 0, 0, 0, 0, 0.75]),
+      }),
+      rawPanel({ id: "b", title: "b", rows: 2, cols: 2, data: f32View([1, 2, 3, 4]) }),
+    ]);
+    grid.setContent({ layout, panels, images: panels.map(() => null) }, 1);
+    expect(grid.tooltip.visible).toBe(true);
+    expect(grid.tooltip.text).toBe("first · max\nrow: 1\ncol: 2\nvalue: 0.7500");
+    expect(hover()).toEqual({ panel: "a", row: 1, col: 2, value: 0.75 });
+    // Panels gone from under the pointer: the tooltip goes too.
+    grid.setContent(
+      { layout: computeLayout([], 100, 0, approxMeasure), panels: [], images: [] },
+      1,
+    );
+    expect(grid.tooltip.visible).toBe(false);
+  });
+
+  it("names cells by head when the panel has heads", () => {
+    const { panels } = parsePanels([
+      rawPanel({
+        id: "k",
+        title: "Keys",
+        rows: 8,
+        cols: 4,
+        row_offset: 60,
+        col_offset: 60,
+        row_group: 64,
+        col_group: 64,
+        axis_prefix: "K",
+        data: f32View(Array.from({ length: 32 }, (_, i) => i / 32)),
+      }),
+    ]);
+    const layout = computeLayout(panels, 2000, 0, approxMeasure);
+    const grid = new Grid(document, () => {});
+    document.body.replaceChildren(grid.root);
+    grid.setContent({ layout, panels, images: [null] }, 1);
+    const b = layout.boxes[0];
+    const r = cellRect(b, 1, 2);
+    grid.panelsEl.dispatchEvent(
+      new MouseEvent("mousemove", {
+        clientX: b.x + r.x + r.w / 2,
+        clientY: b.y + r.y + r.h / 2,
+        bubbles: true,
+      }),
+    );
+    expect(grid.tooltip.text).toBe("Keys\nK h0·d61 × h0·d62 = 0.1875\nindex 61 × 62");
+    expect(b.rowEdges).toEqual([4]); // rows are channels 60..67: head 1 starts at 64
+    expect(b.colEdges).toEqual([]); // columns are channels 60..63: no boundary inside
+  });
+
   it("removes wrappers when panels go away", () => {
     const { grid } = setup();
     grid.setContent(

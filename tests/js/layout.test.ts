@@ -5,16 +5,24 @@ import {
   cellEdge,
   cellIndex,
   cellRect,
-  columnCount,
   computeLayout,
   figureSize,
+  fitPanel,
   GRID_GAP,
+  GROW_CELL,
+  groupEdges,
   hitTest,
   type LayoutPanel,
   layoutPanel,
+  MIN_GROUP_PX,
   MIN_INNER_W,
   PAD,
+  PLOT_BASE,
+  PLOT_FLOOR,
+  PLOT_MIN_FIT,
   plotSize,
+  rowLength,
+  wantedSide,
 } from "../../js/lib/layout";
 import { approxMeasure } from "../../js/lib/text";
 
@@ -108,11 +116,62 @@ describe("computeLayout", () => {
     expect(computeLayout(five, 100000, 0, approxMeasure).columns).toBe(5);
   });
 
-  it("obeys a columns override regardless of width", () => {
-    expect(computeLayout(five, 10, 3, approxMeasure).columns).toBe(3);
-    expect(computeLayout(five, 100000, 2, approxMeasure).columns).toBe(2);
-    expect(computeLayout(five, 10, 9, approxMeasure).columns).toBe(5);
-    expect(columnCount(0, 100, 1000, 0)).toBe(0);
+  it("puts `columns` panels in a grid row and starts every grid row on a new line", () => {
+    const wide = computeLayout(five, 100000, 2, approxMeasure);
+    expect(wide.columns).toBe(2);
+    expect(wide.boxes.map((b) => b.x === 0)).toEqual([true, false, true, false, true]);
+    expect(computeLayout(five, 100000, 9, approxMeasure).columns).toBe(5);
+    expect([rowLength(0, 0), rowLength(5, 0), rowLength(5, 3), rowLength(5, 9)]).toEqual([
+      0, 5, 3, 5,
+    ]);
+  });
+
+  it("wraps a grid row that does not fit, keeping the next row on its own line", () => {
+    // Keys over values, five layers: columns = 5, ten panels, in a 968 px cell.
+    const ten = Array.from({ length: 10 }, () => spec(1024, 1024));
+    const l = computeLayout(ten, 968, 5, approxMeasure);
+    expect(l.columns).toBe(3);
+    expect(l.width).toBeLessThanOrEqual(968);
+    const lines = [...new Set(l.boxes.map((b) => b.y))];
+    expect(lines).toHaveLength(4); // K0 K1 K2 / K3 K4 / V0 V1 V2 / V3 V4
+    expect(l.boxes.map((b) => lines.indexOf(b.y))).toEqual([0, 0, 0, 1, 1, 2, 2, 2, 3, 3]);
+    expect(l.boxes[5].x).toBe(0);
+    for (const b of l.boxes) expect(b.plot.w).toBeGreaterThanOrEqual(PLOT_MIN_FIT);
+  });
+
+  it("grows a large matrix into the width, up to maxSide", () => {
+    const one = [spec(192, 192)];
+    const unlimited = computeLayout(one, 100000, 0, approxMeasure, { maxSide: 5000 });
+    expect(unlimited.boxes[0].plot.w).toBe(192 * GROW_CELL);
+    const fitWide = computeLayout(one, 1400, 0, approxMeasure);
+    expect(fitWide.width).toBeLessThanOrEqual(1400);
+    expect(fitWide.boxes[0].plot.w).toBeGreaterThan(1300);
+    expect(fitWide.boxes[0].plot.w / 192).toBeGreaterThanOrEqual(3);
+    const capped = computeLayout(one, 1400, 0, approxMeasure, { maxSide: 700 });
+    expect(capped.boxes[0].plot).toMatchObject({ w: 700, h: 700 });
+    // a cap below PLOT_BASE is raised to it
+    expect(computeLayout(one, 1400, 0, approxMeasure, { maxSide: 10 }).boxes[0].plot.w).toBe(
+      PLOT_BASE,
+    );
+  });
+
+  it("gives a small matrix its usual size when there is room, and shrinks it when not", () => {
+    expect(wantedSide(9, 9)).toBe(PLOT_BASE);
+    expect(computeLayout([spec(9, 9)], 1400, 0, approxMeasure).boxes[0].plot.w).toBe(PLOT_BASE);
+    const narrow = computeLayout([spec(9, 9)], 250, 0, approxMeasure);
+    expect(narrow.width).toBeLessThanOrEqual(250);
+    expect(narrow.boxes[0].plot.w).toBeLessThan(PLOT_BASE);
+    // narrower than any panel: the smallest plot, wider than the container
+    const tiny = computeLayout([spec(9, 9)], 40, 0, approxMeasure);
+    expect(tiny.boxes[0].plot.w).toBe(PLOT_FLOOR);
+  });
+
+  it("fits a box into a width in a few passes", () => {
+    for (const width of [180, 250, 333, 517, 968]) {
+      const { side, box } = fitPanel(spec(1024, 1024), approxMeasure, width, 5000);
+      expect(box.w).toBeLessThanOrEqual(width);
+      expect(layoutPanel(spec(1024, 1024), approxMeasure, side + 2).w).toBeGreaterThan(width);
+    }
   });
 
   it("sizes grid rows by their tallest panel", () => {
@@ -129,6 +188,34 @@ describe("computeLayout", () => {
     const l = computeLayout([], 500, 0, approxMeasure);
     expect(l).toEqual({ width: 0, height: 0, columns: 0, boxes: [] });
     expect(figureSize(l)).toEqual({ w: COLORBAR_W, h: COLORBAR_H });
+  });
+});
+
+describe("groupEdges", () => {
+  it("puts a boundary at every multiple of the head size inside the axis", () => {
+    expect(groupEdges(192, 0, 1, 64, 600)).toEqual([64, 128]);
+    expect(groupEdges(100, 30, 1, 64, 600)).toEqual([34, 98]); // window 30..129
+    expect(groupEdges(64, 64, 1, 64, 600)).toEqual([]); // one whole head
+  });
+
+  it("follows downsampled cells, between cells when a block straddles a boundary", () => {
+    expect(groupEdges(1024, 0, 4, 128, 800)).toEqual(
+      Array.from({ length: 31 }, (_, i) => (i + 1) * 32),
+    );
+    expect(groupEdges(10, 0, 3, 8, 600)).toEqual([8 / 3, 16 / 3, 8]); // channels 0..29
+  });
+
+  it("draws nothing without heads or when boundaries would crowd", () => {
+    expect(groupEdges(192, 0, 1, 0, 600)).toEqual([]);
+    expect(groupEdges(1024, 0, 1, 2, 800)).toEqual([]); // 1.6 px apart
+    expect(groupEdges(1024, 0, 1, 8, 1024 * (MIN_GROUP_PX / 8))).toHaveLength(127);
+  });
+
+  it("is computed into each box", () => {
+    const b = layoutPanel(spec(12, 8, { row_group: 4, col_group: 4 }), approxMeasure);
+    expect(b.rowEdges).toEqual([4, 8]);
+    expect(b.colEdges).toEqual([4]);
+    expect(layoutPanel(spec(12, 8), approxMeasure).rowEdges).toEqual([]);
   });
 });
 

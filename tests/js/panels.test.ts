@@ -51,6 +51,42 @@ describe("parsePanel", () => {
     ).toThrow(/row_labels.*1 entries for 2/);
   });
 
+  it("reads head sizes and the axis prefix, none by default", () => {
+    const p = parsePanel(
+      rawPanel({
+        rows: 1,
+        cols: 1,
+        row_group: 64,
+        col_group: 32,
+        axis_prefix: "K",
+        data: f32View([0]),
+      }),
+      0,
+    );
+    expect([p.row_group, p.col_group, p.axis_prefix]).toEqual([64, 32, "K"]);
+    const q = parsePanel({ rows: 1, cols: 1, data: f32View([0]) }, 0);
+    expect([q.row_group, q.col_group, q.axis_prefix]).toEqual([0, 0, ""]);
+    expect(() => parsePanel(rawPanel({ row_group: -1, data: f32View([1]) }), 0)).toThrow(
+      /row_group/,
+    );
+  });
+
+  it("keeps float16 panels as sent and decodes values on first use", () => {
+    const bits = new Uint16Array([0x3c00, 0xbc00, 0x7e00, 0x3800]); // 1, -1, NaN, 0.5
+    const buf = new ArrayBuffer(2 * bits.length + 2);
+    new Uint8Array(buf, 2).set(new Uint8Array(bits.buffer));
+    const p = parsePanel(
+      rawPanel({ rows: 2, cols: 2, dtype: "float16", data: new DataView(buf, 2, 8) }),
+      0,
+    );
+    expect(p.raw).toBeInstanceOf(Uint16Array);
+    expect(p.raw.buffer).toBe(buf); // aligned: a view of the message, no copy
+    expect(cellValue(p, 0, 1)).toBe(-1);
+    expect(cellValue(p, 1, 0)).toBeNaN();
+    expect(Array.from(p.values)).toEqual([1, -1, NaN, 0.5]);
+    expect(p.values).toBe(p.values); // decoded once
+  });
+
   it("rejects bad shapes, dtypes and steps", () => {
     expect(() => parsePanel(rawPanel({ rows: 0, data: f32View([]) }), 0)).toThrow(/rows and cols/);
     expect(() => parsePanel(rawPanel({ rows: 1.5, data: f32View([1]) }), 0)).toThrow(/integer/);

@@ -43,3 +43,19 @@ describe("Tooltip", () => {
     t.el.remove();
   });
 });
+
+describe("Tooltip for heads", () => {
+  it("shows the cell by head with its value, then the indices", () => {
+    const t = new Tooltip(document);
+    const cell = "K h1·d36 × h2·d22 = 0.2310";
+    t.show({ title: "Keys · layer 3", row: "100", col: "150", value: 0.231, cell }, 0, 0, 500);
+    expect(t.text).toBe(`Keys · layer 3\n${cell}\nindex 100 × 150`);
+    expect(t.el.querySelector(".hw-tt-cell")!.textContent).toBe(cell);
+    expect(t.el.querySelector(".hw-tt-value")).toBeNull();
+    // back to the plain format: every line and its class return
+    t.show({ title: "x", row: "1", col: "2", value: 1 }, 0, 0, 500);
+    expect(t.text).toBe("x\nrow: 1\ncol: 2\nvalue: 1.000");
+    expect(t.el.querySelector(".hw-tt-value")!.textContent).toBe("value: 1.000");
+    expect(t.el.querySelector(".hw-tt-cell")).toBeNull();
+  });
+});

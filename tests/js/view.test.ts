@@ -1,5 +1,5 @@
 // @vitest-environment jsdom
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it } from "vitest";
 import { View } from "../../js/ui/view";
 import { FakeModel, f32View, rawPanel } from "./helpers/fake_model";
 
@@ -104,5 +104,79 @@ describe("View", () => {
     expect(fm.sent).toHaveLength(1);
     other.destroy();
     expect(fm.listenerCount()).toBe(0);
+  });
+});
+
+describe("View sizing", () => {
+  const five = () =>
+    Array.from({ length: 5 }, (_, i) =>
+      rawPanel({ id: `p${i}`, rows: 64, cols: 64, data: f32View(new Array(64 * 64).fill(0.5)) }),
+    );
+  const lines = (el: HTMLElement) =>
+    new Set([...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.style.top)).size;
+  const width = (el: HTMLElement) =>
+    Number.parseFloat(el.querySelector<HTMLElement>(".hw-grid")!.style.width);
+  const realRO = window.ResizeObserver;
+  afterEach(() => {
+    window.ResizeObserver = realRO;
+  });
+
+  it("lays out again on the window's resize event where there is no ResizeObserver", () => {
+    // jsdom has none: the fallback is the window's resize event.
+    expect(window.ResizeObserver).toBeUndefined();
+    const { el, view } = mount({ panels: five() });
+    let w = 2000;
+    Object.defineProperty(view.root, "clientWidth", { get: () => w });
+    window.dispatchEvent(new Event("resize"));
+    expect(lines(el)).toBe(1);
+    expect(width(el)).toBeLessThanOrEqual(2000);
+    w = 968;
+    window.dispatchEvent(new Event("resize"));
+    expect(lines(el)).toBe(2);
+    expect(width(el)).toBeLessThanOrEqual(968);
+    view.destroy();
+    w = 2000;
+    window.dispatchEvent(new Event("resize")); // no listener left
+  });
+
+  it("follows the width a ResizeObserver reports", () => {
+    const observers: { cb: ResizeObserverCallback; el: Element | null; on: boolean }[] = [];
+    window.ResizeObserver = class {
+      private readonly rec: { cb: ResizeObserverCallback; el: Element | null; on: boolean };
+      constructor(cb: ResizeObserverCallback) {
+        this.rec = { cb, el: null, on: true };
+        observers.push(this.rec);
+      }
+      observe(el: Element) {
+        this.rec.el = el;
+      }
+      unobserve() {}
+      disconnect() {
+        this.rec.on = false;
+      }
+    } as unknown as typeof ResizeObserver;
+    const { el, view } = mount({ panels: five() });
+    const ro = observers[observers.length - 1];
+    expect(ro.el).toBe(view.root);
+    const report = (w: number) =>
+      ro.cb(
+        [{ contentRect: { width: w } } as ResizeObserverEntry],
+        ro as unknown as ResizeObserver,
+      );
+    report(968);
+    expect(lines(el)).toBe(2);
+    const narrow = width(el);
+    report(2400);
+    expect(lines(el)).toBe(1);
+    expect(width(el)).toBeGreaterThan(narrow);
+    view.destroy();
+    expect(ro.on).toBe(false);
+  });
+
+  it("keeps the controls outside the box that scrolls", () => {
+    const { el } = mount({ panels: five() });
+    const figure = el.querySelector(".hw-figure")!;
+    expect(figure.contains(el.querySelector(".hw-grid"))).toBe(true);
+    expect(figure.contains(el.querySelector(".hw-bar"))).toBe(false);
   });
 });

@@ -9,6 +9,11 @@ relative, 4.9e-4 absolute in [-1, 1]) is below half a step of the 256-entry colo
 [-1, 1]) and below the 3 decimals a tooltip needs, at 2 bytes per cell. Anything else is float32.
 NaN ("undefined") survives both.
 
+Encoding a read-only matrix (``matrix.setflags(write=False)``, on it and on every array it views) is
+remembered for the few most recent matrices: a view that shows the same cached array again (a slider
+moved back to a layer) sends it without converting it again. A writable matrix is converted every
+time, since it may have changed in place.
+
 Example:
     >>> import numpy as np
     >>> p = Panel("k0", "Keys · layer 0", np.eye(3))
@@ -19,6 +24,9 @@ Example:
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +39,14 @@ FLOAT16_LIMIT = 65504.0
 
 @dataclass
 class Panel:
-    """One heatmap: a 2-D float64 matrix plus what the reader needs to interpret it."""
+    """One heatmap: a 2-D float64 matrix plus what the reader needs to interpret it.
+
+    Displayed cell ``i`` of an axis stands for the original indices ``offset + i * step`` up to
+    ``offset + (i + 1) * step - 1``. ``row_group`` / ``col_group``: indices per head along the axis
+    (0: the axis has no heads); the front end then draws a line at every head boundary and names
+    a hovered cell by head and dimension, prefixed by ``axis_prefix``
+    (``"K h1·d36 × h2·d22 = 0.2310"``).
+    """
 
     id: str
     title: str
@@ -44,6 +59,9 @@ class Panel:
     row_step: int = 1
     col_step: int = 1
     note: str = ""
+    row_group: int = 0
+    col_group: int = 0
+    axis_prefix: str = ""
 
 
 @dataclass
@@ -58,13 +76,79 @@ class PanelGrid:
     columns: int = 0  # 0: wrap to the available width
 
 
+#: How many read-only matrices' encodings are remembered (a few layers' K and V panels).
+ENCODED_KEPT = 16
+
+
+def _finite_range(matrix: np.ndarray) -> tuple[float, float] | None:
+    """Smallest and largest finite value, None when there is none."""
+    if matrix.size == 0:
+        return None
+    lo, hi = float(np.fmin.reduce(matrix, axis=None)), float(np.fmax.reduce(matrix, axis=None))
+    if np.isfinite(lo) and np.isfinite(hi):  # fmin/fmax skip NaN: no mask needed
+        return lo, hi
+    finite = matrix[np.isfinite(matrix)]  # an infinity, or nothing but NaN
+    return (float(finite.min()), float(finite.max())) if finite.size else None
+
+
 def _wire_dtype(matrix: np.ndarray, vmin: float, vmax: float) -> str:
-    finite = matrix[np.isfinite(matrix)]
-    if finite.size == 0:
+    bounds = _finite_range(matrix)
+    if bounds is None:
         return "float16"
-    lo, hi = float(finite.min()), float(finite.max())
+    lo, hi = bounds
     inside = lo >= min(vmin, -1.0) - 1e-12 and hi <= max(vmax, 1.0) + 1e-12
     return "float16" if inside and max(abs(lo), abs(hi)) < FLOAT16_LIMIT else "float32"
+
+
+def _read_only(matrix: np.ndarray) -> bool:
+    """Whether no array in the chain of views down to the memory can write to it."""
+    a: Any = matrix
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return True
+
+
+class _EncodedCache:
+    """The wire bytes of the most recent read-only matrices, by identity (held weakly)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.entries: OrderedDict[tuple[int, float, float], tuple[weakref.ref[np.ndarray], str, bytes]] = (
+            OrderedDict()
+        )
+
+    def get(self, matrix: np.ndarray, vmin: float, vmax: float) -> tuple[str, bytes] | None:
+        key = (id(matrix), vmin, vmax)
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is None or hit[0]() is not matrix:
+                return None
+            self.entries.move_to_end(key)
+            return hit[1], hit[2]
+
+    def put(self, matrix: np.ndarray, vmin: float, vmax: float, dtype: str, data: bytes) -> None:
+        with self.lock:
+            self.entries[(id(matrix), vmin, vmax)] = (weakref.ref(matrix), dtype, data)
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+
+
+_encoded = _EncodedCache(ENCODED_KEPT)
+
+
+def _wire(matrix: np.ndarray, vmin: float, vmax: float) -> tuple[str, bytes]:
+    """The wire dtype and bytes of a 2-D float64 matrix."""
+    cacheable = _read_only(matrix)
+    if cacheable and (hit := _encoded.get(matrix, vmin, vmax)) is not None:
+        return hit
+    dtype = _wire_dtype(matrix, vmin, vmax)
+    data = np.ascontiguousarray(matrix.astype("<f2" if dtype == "float16" else "<f4")).tobytes()
+    if cacheable:
+        _encoded.put(matrix, vmin, vmax, dtype, data)
+    return dtype, data
 
 
 def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
@@ -72,8 +156,9 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
     matrix = np.asarray(panel.matrix, dtype=np.float64)
     if matrix.ndim != 2:
         raise ValueError(f"panel {panel.id!r}: expected a 2-D matrix, got shape {matrix.shape}")
-    dtype = _wire_dtype(matrix, vmin, vmax)
-    data = np.ascontiguousarray(matrix.astype("<f2" if dtype == "float16" else "<f4")).tobytes()
+    if panel.row_group < 0 or panel.col_group < 0:
+        raise ValueError(f"panel {panel.id!r}: row_group and col_group must be >= 0 (0: no heads)")
+    dtype, data = _wire(matrix, vmin, vmax)
     return {
         "id": panel.id,
         "title": panel.title,
@@ -86,6 +171,9 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
         "col_offset": panel.col_offset,
         "row_step": panel.row_step,
         "col_step": panel.col_step,
+        "row_group": panel.row_group,
+        "col_group": panel.col_group,
+        "axis_prefix": panel.axis_prefix,
         "dtype": dtype,
         "data": data,
         "note": panel.note,

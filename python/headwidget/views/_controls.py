@@ -6,8 +6,9 @@ knows nothing about any particular view. A control names the traits it reads bes
 
 - ``slider``: an integer in ``0 .. count - 1`` (``count`` names the trait holding the number of
   positions; hidden below 1), with the text of the ``text`` trait beside it;
-- ``window``: a window ``[trait, trait + width)`` inside ``0 .. total`` (two sliders: start and width;
-  hidden when ``total`` is 0);
+- ``window``: a window ``[trait, trait + width)`` inside ``0 .. total`` (two sliders: start and width,
+  each with a field for exact values; hidden when ``total`` is 0); with ``step`` naming a trait that
+  holds more than 1 (a head's channels, say), start and width snap to its multiples;
 - ``toggles``, ``select``: one value of the list in the ``options`` trait (hidden when it is empty);
 - ``checklist``: a sub-list of the ``options`` trait.
 
@@ -27,7 +28,7 @@ __all__ = ["CONTROL_TYPES", "Control", "ControlType", "checklist", "select", "sl
 ControlType = Literal["slider", "window", "toggles", "select", "checklist"]
 CONTROL_TYPES: tuple[ControlType, ...] = get_args(ControlType)
 #: The fields of a control that name other traits it reads.
-REFERENCES = ("count", "text", "width", "total", "options")
+REFERENCES = ("count", "text", "width", "total", "options", "step")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Control:
     width: str = ""
     total: str = ""
     options: str = ""
+    step: str = ""
     trait: str = ""
 
     def __post_init__(self) -> None:
@@ -75,9 +77,18 @@ def slider(label: str, *, count: str, text: str = "") -> Control:
     return Control("slider", label, count=count, text=text)
 
 
-def window(label: str, *, width: str, total: str) -> Control:
-    """A start slider and a width slider for a window of ``label`` (e.g. channels) out of ``total``."""
-    return Control("window", label, width=width, total=total)
+def window(label: str, *, width: str, total: str, step: str = "") -> Control:
+    """A start slider and a width slider for a window of ``label`` (e.g. channels) out of ``total``.
+
+    ``step``: the trait holding the grid the window snaps to (start and width multiples of it when it
+    is above 1; 0 or 1: no snapping), e.g. the channels of one head.
+
+    Example:
+        >>> control = window("Channels", width="channel_width", total="num_channels", step="channel_step")
+        >>> control.bind("channel_start").traits()
+        ['channel_start', 'channel_width', 'num_channels', 'channel_step']
+    """
+    return Control("window", label, width=width, total=total, step=step)
 
 
 def toggles(label: str, *, options: str) -> Control:

@@ -3,13 +3,17 @@
 Lines, one point per captured layer:
 
 - mean |channel correlation| (off-diagonal) of K and of V;
-- mean head similarity (token cosine, off-diagonal) of K and V before alignment, and after alignment
-  (the scores the alignment view shows: held-out when few tokens);
+- mean head similarity (off-diagonal) of K and V before alignment, and after alignment (the scores the
+  alignment view shows: held-out when few tokens), under the alignment method and metric of the
+  ``alignment`` and ``metric`` traits (the alignment view's traits of the same names, so that
+  ``traitlets.link`` makes the chart follow that tab); the title names them;
 - optionally, for a model, the effective rank of the heads' QK operator correlation under each mechanism
   spec (on a second axis; diversity per mechanism).
 
-The current layer is marked by a vertical rule. Clicking a point selects that layer; ``layer`` is a
-trait, so ``traitlets.link`` ties it to any view (``explore`` does this).
+The y-axes span the data (with a margin), the legend sits beside the plot rather than over it, and
+hovering a point shows its series, layer and value. The current layer is marked by a vertical rule.
+Clicking a point selects that layer; ``layer`` is a trait, so ``traitlets.link`` ties it to any view
+(``explore`` does this).
 
 Example:
     >>> import torch, headwidget
@@ -18,10 +22,13 @@ Example:
     >>> trends = LayerTrends(headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False))
     >>> sorted(trends.series)[:2], trends.layer
     (['K head similarity · after', 'K head similarity · before'], 0)
+    >>> trends.figure.title
+    'Per-layer summary · head similarity: token_cosine, auto alignment'
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,9 +44,13 @@ from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.stats import KVStats
 
-__all__ = ["LayerTrends", "layer_series"]
+__all__ = ["LayerTrends", "layer_series", "padded_range"]
 
 COLOURS = ["#2166ac", "#b2182b", "#4393c3", "#d6604d", "#1b7837", "#762a83", "#e08214", "#35978f"]
+#: Fraction of the data's span added below and above it on each y-axis.
+MARGIN = 0.08
+#: The alignment view's choices (its ``alignment`` trait) and what they mean for keys and values.
+ALIGNMENTS = ("auto", "rope", "orthogonal", "none")
 
 
 def _off_diagonal_mean(matrix: np.ndarray, absolute: bool = False) -> float:
@@ -48,23 +59,52 @@ def _off_diagonal_mean(matrix: np.ndarray, absolute: bool = False) -> float:
     return float(np.nanmean(off)) if off.size and np.isfinite(off).any() else float("nan")
 
 
+def _method(kind: str, alignment: str) -> str | None:
+    """The alignment method for ``kind`` under the alignment view's choice (as that view maps it)."""
+    if kind == "value":
+        return "none" if alignment == "none" else "orthogonal"
+    return None if alignment == "auto" else alignment
+
+
+def _is_rank(name: str) -> bool:
+    return name.startswith("eff. rank")
+
+
+def _is_similarity(name: str) -> bool:
+    return "head similarity" in name
+
+
 def layer_series(
-    stats: KVStats, *, model: nn.Module | None = None, mechanisms: Sequence[str] = ()
+    stats: KVStats,
+    *,
+    model: nn.Module | None = None,
+    mechanisms: Sequence[str] = (),
+    alignment: str = "auto",
+    metric: str = "token_cosine",
+    similarity_only: bool = False,
 ) -> dict[str, list[float]]:
-    """The per-layer numbers the trends plot (one value per ``stats.layers``), by series name."""
+    """The per-layer numbers the trends plot (one value per ``stats.layers``), by series name.
+
+    ``alignment`` and ``metric``: as the alignment view's traits (``"auto"``, ``"rope"``,
+    ``"orthogonal"``, ``"none"``; ``"token_cosine"``, ``"cosine"``, ``"pearson"``...);
+    ``similarity_only``: only the head-similarity series (what changes with them).
+    """
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
     series: dict[str, list[float]] = {}
     for layer in stats.layers:
         for kind, short in (("key", "K"), ("value", "V")):
             if kind not in stats.kinds:
                 continue
-            series.setdefault(f"{short} mean |channel corr|", []).append(
-                _off_diagonal_mean(stats.channel_corr(layer, kind), absolute=True)
-            )
-            method = "orthogonal" if kind == "value" else None
-            res = align(stats, [layer], kind=kind, method=method)
+            if not similarity_only:
+                series.setdefault(f"{short} mean |channel corr|", []).append(
+                    _off_diagonal_mean(stats.channel_corr(layer, kind), absolute=True)
+                )
+            res = align(stats, [layer], kind=kind, method=_method(kind, alignment), metric=metric)
             series.setdefault(f"{short} head similarity · before", []).append(_off_diagonal_mean(res.before))
-            series.setdefault(f"{short} head similarity · after", []).append(_off_diagonal_mean(res.shown))
-        for spec in mechanisms:
+            after = res.shown if res.method != "none" else res.before
+            series.setdefault(f"{short} head similarity · after", []).append(_off_diagonal_mean(after))
+        for spec in () if similarity_only else mechanisms:
             if model is None:
                 raise ValueError("mechanism trends need the model's weights: pass model=")
             sim = operator_similarity(convert(model, layer, spec, stats), layer, "qk")
@@ -73,10 +113,46 @@ def layer_series(
     return series
 
 
+def padded_range(values: Sequence[float] | np.ndarray, margin: float = MARGIN) -> tuple[float, float]:
+    """The finite values' range widened by ``margin`` of its span on each side (±0.5 around a single
+    value; 0..1 without any finite value).
+
+    Example:
+        >>> padded_range([-0.177, 0.5, float("nan"), 0.9], margin=0.1)
+        (-0.2847, 1.0077)
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return 0.0, 1.0
+    lo, hi = float(v.min()), float(v.max())
+    pad = (hi - lo) * margin if hi > lo else 0.5
+    return round(lo - pad, 10), round(hi + pad, 10)
+
+
+def _legend_html(entries: Sequence[tuple[str, str, bool]]) -> str:
+    """One line per series: a short line in its colour (dashed for "before") and the escaped name."""
+    rows = []
+    for name, colour, dashed in entries:
+        dash = ' stroke-dasharray="4 3"' if dashed else ""
+        swatch = (
+            f'<svg width="26" height="10" aria-hidden="true"><line x1="1" y1="5" x2="25" y2="5" '
+            f'stroke="{colour}" stroke-width="2"{dash}/><circle cx="13" cy="5" r="3" fill="{colour}"/></svg>'
+        )
+        rows.append(
+            f'<div class="hw-trend-key" style="display:flex;align-items:center;gap:6px;white-space:nowrap">'
+            f"{swatch}<span>{html.escape(name)}</span></div>"
+        )
+    return '<div class="hw-trend-legend" style="font-size:12px;line-height:1.6">' + "".join(rows) + "</div>"
+
+
 class LayerTrends(ipywidgets.VBox):
-    """A bqplot line chart of per-layer summaries; ``layer`` follows clicks and moves the marker."""
+    """A bqplot line chart of per-layer summaries; ``layer`` follows clicks and moves the marker;
+    ``alignment`` and ``metric`` choose the head-similarity series."""
 
     layer = t.Int(0)
+    alignment = t.Unicode("auto")
+    metric = t.Unicode("token_cosine")
 
     def __init__(
         self,
@@ -85,66 +161,123 @@ class LayerTrends(ipywidgets.VBox):
         model: nn.Module | None = None,
         mechanisms: Sequence[str] = (),
         layer: int | None = None,
+        alignment: str = "auto",
+        metric: str = "token_cosine",
     ) -> None:
         """``mechanisms``: specs whose effective rank is drawn (needs ``model``); ``layer``: the marked
-        layer (default: the first captured)."""
+        layer (default: the first captured); ``alignment``, ``metric``: as the alignment view's."""
         self.stats = stats
-        self.series = layer_series(stats, model=model, mechanisms=mechanisms)
+        self.series = layer_series(
+            stats, model=model, mechanisms=mechanisms, alignment=alignment, metric=metric
+        )
+        self._similarity: dict[tuple[str, str], dict[str, list[float]]] = {}
         x = np.asarray(stats.layers, dtype=float)
         xs = bq.LinearScale()
-        ys = bq.LinearScale(min=0.0, max=1.0)
-        rank_scale = bq.LinearScale(min=0.0)
+        self.y_scale = bq.LinearScale()
+        self.rank_scale = bq.LinearScale()
         marks: list[Any] = []
+        self.lines: dict[str, bq.Lines] = {}
+        self.dots: dict[str, bq.Scatter] = {}
         self.points: list[bq.Scatter] = []
+        legend: list[tuple[str, str, bool]] = []
         for i, (name, values) in enumerate(self.series.items()):
-            scale = rank_scale if name.startswith("eff. rank") else ys
+            scale = self.rank_scale if _is_rank(name) else self.y_scale
             colour = COLOURS[i % len(COLOURS)]
             y = np.asarray(values, dtype=float)
-            dashed = "dashed" if "before" in name else "solid"
-            marks.append(
-                bq.Lines(
-                    x=x,
-                    y=y,
-                    scales={"x": xs, "y": scale},
-                    colors=[colour],
-                    labels=[name],
-                    display_legend=True,
-                    line_style=dashed,
-                )
+            dashed = "before" in name
+            line = bq.Lines(
+                x=x,
+                y=y,
+                scales={"x": xs, "y": scale},
+                colors=[colour],
+                labels=[name],
+                display_legend=False,
+                line_style="dashed" if dashed else "solid",
             )
+            self.lines[name] = line
             dots = bq.Scatter(
                 x=x,
                 y=y,
                 scales={"x": xs, "y": scale},
                 colors=[colour],
                 default_size=24,
-                interactions={"click": "select"},
-                tooltip=bq.Tooltip(fields=["x", "y"]),
+                interactions={"click": "select", "hover": "tooltip"},
+                tooltip=bq.Tooltip(fields=["x", "y"], labels=["layer", name], formats=["d", ".3f"]),
             )
             dots.observe(self._on_select, names=["selected"])
+            self.dots[name] = dots
             self.points.append(dots)
-            marks.append(dots)
+            marks += [line, dots]
+            legend.append((name, colour, dashed))
         self.rule = bq.Lines(
-            x=[0.0, 0.0], y=[0.0, 1.0], scales={"x": xs, "y": ys}, colors=["#444"], line_style="dotted"
+            x=[0.0, 0.0],
+            y=[0.0, 1.0],
+            scales={"x": xs, "y": self.y_scale},
+            colors=["#444"],
+            line_style="dotted",
         )
         marks.append(self.rule)
         axes = [
             bq.Axis(scale=xs, label="layer", tick_format="d"),
-            bq.Axis(scale=ys, side="left", label="mean |corr| / similarity"),
+            bq.Axis(scale=self.y_scale, side="left", label="mean |corr| / similarity"),
         ]
-        if any(n.startswith("eff. rank") for n in self.series):
-            axes.append(bq.Axis(scale=rank_scale, side="right", label="effective rank"))
+        if any(_is_rank(n) for n in self.series):
+            axes.append(bq.Axis(scale=self.rank_scale, side="right", label="effective rank"))
         self.figure = bq.Figure(
             marks=marks,
             axes=axes,
             title="Per-layer summary",
-            legend_location="top-right",
             fig_margin={"top": 50, "bottom": 50, "left": 60, "right": 60},
+            layout=ipywidgets.Layout(flex="1 1 auto", min_width="360px"),
         )
-        super().__init__(children=[self.figure])
+        #: The legend, beside the plot so that it never covers a point.
+        self.legend = ipywidgets.HTML(_legend_html(legend), layout=ipywidgets.Layout(flex="0 0 auto"))
+        self._fit_scales()
+        super().__init__(
+            children=[
+                ipywidgets.HBox(
+                    [self.figure, self.legend], layout=ipywidgets.Layout(align_items="center", width="100%")
+                )
+            ]
+        )
+        self._similarity[(alignment, metric)] = {k: v for k, v in self.series.items() if _is_similarity(k)}
+        self.alignment, self.metric = alignment, metric
         self.observe(self._move_rule, names=["layer"])
+        self.observe(self._on_alignment, names=["alignment", "metric"])
+        self._name_figure()
         self.layer = stats.layers[0] if layer is None else layer
         self._move_rule()
+
+    def _fit_scales(self) -> None:
+        """Both y-scales span their series (with a margin); the layer rule spans the left one."""
+        left = [v for n, vs in self.series.items() if not _is_rank(n) for v in vs]
+        lo, hi = padded_range(left)
+        with self.y_scale.hold_trait_notifications():
+            self.y_scale.min, self.y_scale.max = lo, hi
+        self.rule.y = [lo, hi]
+        ranks = [v for n, vs in self.series.items() if _is_rank(n) for v in vs]
+        if ranks:
+            rlo, rhi = padded_range(ranks)
+            with self.rank_scale.hold_trait_notifications():
+                self.rank_scale.min, self.rank_scale.max = rlo, rhi
+
+    def _name_figure(self) -> None:
+        self.figure.title = f"Per-layer summary · head similarity: {self.metric}, {self.alignment} alignment"
+
+    def _on_alignment(self, change: dict[str, Any]) -> None:
+        """Recompute the head-similarity series for the new alignment method or metric."""
+        key = (self.alignment, self.metric)
+        if key not in self._similarity:
+            self._similarity[key] = layer_series(
+                self.stats, alignment=self.alignment, metric=self.metric, similarity_only=True
+            )
+        for name, values in self._similarity[key].items():
+            self.series[name] = list(values)
+            y = np.asarray(values, dtype=float)
+            self.lines[name].y = y
+            self.dots[name].y = y
+        self._fit_scales()
+        self._name_figure()
 
     def _on_select(self, change: dict[str, Any]) -> None:
         selected = change["new"]
