@@ -58,3 +58,23 @@ def test_kvstats_displays_as_the_explorer(shell):
     data, _ = shell.display_formatter.format(shell.user_ns["stats"])
     assert WIDGET_MIME in data
     assert "text/plain" in data and "KVStats(" in data["text/plain"]
+
+
+def test_embedded_model_names_work_as_on_the_command_line(shell):
+    """``%headwidget minilm-l6`` / ``smollm2-135m``: the names ``headwidget capture --model`` takes."""
+    from headwidget import cli
+    from headwidget.embedded import EMBEDDED_MODELS
+
+    assert cli.EMBEDDED == tuple(EMBEDDED_MODELS) == ("smollm2-135m", "minilm-l6")
+    mech = shell.run_line_magic("headwidget", "minilm-l6 --view mechanisms --layers 3")
+    assert isinstance(mech, MechanismView) and mech.layer == 3 and "all-MiniLM-L6-v2" in mech.caption
+    mech.close()
+    view = shell.run_line_magic("headwidget", "smollm2-135m --view channels --max-tokens 64 --layers 2")
+    assert isinstance(view, ChannelView) and view.error == "" and view.layer == 2
+    assert view.stats.meta.model_name.startswith("SmolLM2-135M") and 64 <= view.stats.tokens < 64 + 256
+    assert view.stats.meta.layout.num_kv_heads == 3
+    view.close()
+    with pytest.raises(
+        headwidget.HeadwidgetError, match=r"'gpt-9' is not defined .*\(smollm2-135m, minilm-l6\)"
+    ):
+        shell.run_line_magic("headwidget", "gpt-9 --view channels")

@@ -127,3 +127,50 @@ def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
         views.view_class(n).title for n in views.view_names() if not views.view_class(n).needs_model
     )
     assert dash.channels.grid.panels[0].matrix.shape == (4, 4)
+
+
+def test_the_trend_chart_follows_the_alignment_tabs_method_and_metric(llama):
+    from headwidget.widget.trends import layer_series
+
+    _, stats = llama
+    dash = Dashboard(stats)
+    assert (dash.trends.alignment, dash.trends.metric) == ("auto", "token_cosine")
+    dash.alignment.metric = "pearson"
+    dash.alignment.alignment = "orthogonal"
+    assert (dash.trends.alignment, dash.trends.metric) == ("orthogonal", "pearson")
+    expected = layer_series(stats, alignment="orthogonal", metric="pearson", similarity_only=True)
+    for name, values in expected.items():
+        np.testing.assert_allclose(dash.trends.series[name], values)
+    assert "pearson" in dash.trends.figure.title and "orthogonal" in dash.trends.figure.title
+    dash.alignment.metric = "cka"  # rotation-invariant: the chart stays on the metric it names
+    assert dash.alignment.error == "" and dash.trends.metric == "pearson"
+    assert "pearson" in dash.trends.figure.title
+
+
+def test_dashboard_saves_every_tab(llama, tmp_path):
+    import html
+    import json
+    import re
+
+    model, stats = llama
+    dash = Dashboard(stats, model)
+    pngs = dash.save(tmp_path / "dash.png", dpi=40)
+    assert [p.name for p in pngs] == ["dash-channels.png", "dash-alignment.png", "dash-mechanisms.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
+    svgs = dash.save(tmp_path / "dash.svg")
+    for svg, view in zip(svgs, dash.views.values(), strict=True):
+        text = svg.read_text()
+        assert view.caption in text and view.grid.panels[0].title in text
+    (page,) = dash.save(tmp_path / "dash.html", layers=[0, 1])
+    text = page.read_text()
+    frames = [html.unescape(m) for m in re.findall(r'srcdoc="([^"]*)"', text)]
+    assert len(frames) == len(dash.views) == 3
+    for frame, view in zip(frames, dash.views.values(), strict=True):
+        data = frame.split('<script type="application/json" id="headwidget-data">')[1].split("</script>")[0]
+        assert (
+            f"<h1>{html.escape(view.title)} · {stats.meta.model_name or stats.meta.model_class}</h1>" in frame
+        )
+        assert sorted(json.loads(data)["frames"]) == ["0", "1"]
+    assert "://" not in text  # nothing to fetch
+    with pytest.raises(headwidget.HeadwidgetError, match=r"use \.html, \.png, \.svg or \.pdf"):
+        dash.save(tmp_path / "dash.gif")

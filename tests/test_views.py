@@ -85,7 +85,15 @@ def test_bad_states_show_an_error_and_keep_the_panels(llama):
     only_first = headwidget.capture(
         make_model("llama_gqa", dtype=torch.float32), ragged_batches(), layers=[0], progress=False
     )
-    assert "was not captured" in ChannelView(only_first, layer=1).error
+    partial = ChannelView(only_first, layer=0)
+    shown = partial.grid
+    partial.layer = 1
+    assert "was not captured" in partial.error and partial.grid is shown
+    for name, value in (("kind", "query"), ("channel_start", -5), ("pinned", [7])):
+        view = ChannelView(stats, layer=0)
+        before = view.grid
+        setattr(view, name, value)  # what a control (or Python) does after the view is built
+        assert view.error and view.grid is before, name
 
 
 def test_wire_format_two_bytes_per_cell_and_nan_survives():
@@ -119,7 +127,8 @@ def test_alignment_view_over_layers_needs_cross_layer(llama):
     view = AlignmentView(stats, layers=[0, 1])
     assert view.grid.panels[0].matrix.shape == (4, 4) and view.num_layers == 0
     plain = headwidget.capture(model, ragged_batches(), progress=False)
-    assert "cross_layer=[0, 1]" in AlignmentView(plain, layers=[0, 1]).error
+    with pytest.raises(headwidget.CrossLayerMissingError, match=r"cross_layer=\[0, 1\]"):
+        AlignmentView(plain, layers=[0, 1])
 
 
 def test_mechanism_view_matches_conversion(llama):
@@ -133,8 +142,8 @@ def test_mechanism_view_matches_conversion(llama):
     np.testing.assert_array_equal(
         view.grid.panels[0].matrix, operator_similarity(convert(model, 1, "model"), 1, "ov")
     )
-    view.mechanisms = ["gqa:5"]
-    assert "gqa:5" in view.error
+    view.mechanisms = ["gqa:5"]  # 5 groups do not divide 6 heads: that panel says so, nothing else fails
+    assert view.error == "" and "gqa:5 needs a divisor of the 6 query heads" in view.grid.panels[0].subtitle
 
 
 def test_mechanism_view_of_several_real_models():
@@ -247,9 +256,190 @@ def test_a_failed_construction_raises_its_own_error_and_nothing_after(llama, mon
         with pytest.raises(error, match=message):
             cls(*args, **kwargs)
         gc.collect()
-    # A state the view cannot show is reported in ``error`` (the view exists; nothing is raised).
-    view = cls(stats, layer=99)
-    assert "layer 99 is out of range" in view.error
-    del view
+    # A state the view cannot show is refused when the view is built, with its own error type.
+    with pytest.raises(headwidget.LayerIndexError, match="layer 99 is out of range"):
+        cls(stats, layer=99)
     gc.collect()
     assert unraisable == []
+
+
+# ---------------------------------------------------------------------------- impossible states
+
+
+@pytest.mark.parametrize("face", ["view", "widget"])
+def test_every_view_refuses_an_impossible_initial_state_with_its_own_error(llama, face):
+    """A view built with a state it cannot show raises (no widget reading "layer 99 of 2" and no
+    panels); the same state set later is the error line over the last good panels."""
+    from headwidget import notebook
+    from headwidget.views import ChannelWindowError, view_class, view_names
+
+    model, stats = llama
+    make = (lambda name: view_class(name)) if face == "view" else notebook.widget_class
+    for name in view_names():
+        with pytest.raises(headwidget.LayerIndexError, match="layer 99 is out of range"):
+            make(name).create(stats, model, layers=[99], interactive=False)
+    with pytest.raises(headwidget.LayerIndexError, match="layer 5 is out of range"):
+        make("channels").create(stats, layers=[0, 5], interactive=False)  # a pinned layer
+    cases = [
+        ("channels", {"kind": "query"}, headwidget.UnknownKindError, "got 'query'"),
+        ("channels", {"kind": "value"}, headwidget.UnknownKindError, "shows keys"),
+        ("channels", {"channel_start": -5}, ChannelWindowError, "channel_start -5 is outside 0..15"),
+        ("channels", {"channel_start": 16}, ChannelWindowError, "channel_start 16 is outside 0..15"),
+        ("channels", {"channel_width": 0}, ChannelWindowError, "channel_width must be ≥ 1"),
+        ("channels", {"layer": -1}, headwidget.LayerIndexError, "layer -1 is out of range"),
+        ("alignment", {"kind": "query"}, headwidget.UnknownKindError, "got 'query'"),
+        ("alignment", {"metric": "l2"}, headwidget.UnknownMetricError, "'l2'"),
+        ("alignment", {"alignment": "twist"}, headwidget.UnknownOptionError, "'twist'"),
+        ("mechanisms", {"circuit": "xy"}, headwidget.UnknownCircuitError, "'xy'"),
+        ("mechanisms", {"layer": -1}, headwidget.LayerIndexError, "layer -1 is out of range"),
+    ]
+    for name, bad, error, message in cases:
+        chosen = {k: v for k, v in bad.items() if k != "layer"}
+        layers = [bad["layer"]] if "layer" in bad else []
+        with pytest.raises(error, match=message):
+            make(name).create(stats, model, layers=layers, interactive=False, **chosen)
+        view = make(name).create(stats, model, interactive=False)
+        before = view.grid
+        for trait, value in bad.items():
+            setattr(view, trait, value)
+        assert message.strip("'") in view.error and view.grid is before, (name, bad)
+        view.close()
+
+
+# ---------------------------------------------------------------------------- mechanisms
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from headwidget.embedded import load_minilm
+
+    return load_minilm()[0]
+
+
+REQUESTED = ["mha", "lrkv:8", "lrkv:16", "mqa", "mla:128"]
+
+
+def test_mechanism_checklist_offers_the_requested_specs_and_never_drops_one(minilm):
+    view = MechanismView(minilm, layer=3, mechanisms=REQUESTED, prefetch=False)
+    assert view.mechanisms_available == REQUESTED and [p.title for p in view.grid.panels] == REQUESTED
+    # The browser's checklist sends the checked options, in the options' order.
+    view.mechanisms = [s for s in view.mechanisms_available if s != "lrkv:16"]
+    assert [p.title for p in view.grid.panels] == ["mha", "lrkv:8", "mqa", "mla:128"]
+    assert view.mechanisms_available == REQUESTED  # unchecked, still offered
+    view.mechanisms = list(view.mechanisms_available)
+    assert [p.title for p in view.grid.panels] == REQUESTED
+    expected = operator_similarity(convert(minilm, 3, "lrkv:16"), 3, "qk")
+    np.testing.assert_allclose(view.grid.panels[2].matrix, expected, atol=1e-12)
+    view.mechanisms = ["gqa:4"]  # a spec set from Python joins the offered ones
+    assert view.mechanisms_available == [*REQUESTED, "gqa:4"] and [p.title for p in view.grid.panels] == [
+        "gqa:4"
+    ]
+    view.add_mechanism = " lrkv:2 "  # what a typed spec does
+    assert view.add_mechanism == "" and view.mechanisms == ["gqa:4", "lrkv:2"]
+    assert view.mechanisms_available[-1] == "lrkv:2"
+
+
+def test_an_impossible_spec_fails_in_its_own_panel(minilm):
+    view = MechanismView(
+        minilm, layer=3, mechanisms=["mha", "lrkv:64", "mqa", "gqa:5", "lrkv:x"], prefetch=False
+    )
+    assert view.error == "" and [p.title for p in view.grid.panels] == [
+        "mha",
+        "lrkv:64",
+        "mqa",
+        "gqa:5",
+        "lrkv:x",
+    ]
+    mha, lrkv64, mqa, gqa5, unreadable = view.grid.panels
+    np.testing.assert_allclose(
+        mha.matrix, operator_similarity(convert(minilm, 3, "mha"), 3, "qk"), atol=1e-12
+    )
+    np.testing.assert_allclose(
+        mqa.matrix, operator_similarity(convert(minilm, 3, "mqa"), 3, "qk"), atol=1e-12
+    )
+    for panel, message in [
+        (lrkv64, "r must lie in 0..32"),
+        (gqa5, "divisor of the 12"),
+        (unreadable, "lrkv:x"),
+    ]:
+        assert panel.matrix.shape == (12, 12) and np.isnan(panel.matrix).all()
+        assert message in panel.subtitle and message in panel.note, panel.title
+    with pytest.raises(headwidget.RankRangeError):  # the text is convert's own
+        convert(minilm, 3, "lrkv:64")
+
+
+def test_mechanism_subtitles_say_which_error_and_the_figure_names_model_and_layer(llama, tmp_path):
+    model, stats = llama
+    bare = MechanismView(model, layer=1, mechanisms=["lrkv:2"], prefetch=False)
+    aware = MechanismView(model, layer=1, mechanisms=["lrkv:2"], stats=stats, prefetch=False)
+    weight_err = convert(model, 1, "lrkv:2").reconstruction_error
+    data_err = convert(model, 1, "lrkv:2", stats).reconstruction_error
+    assert abs(weight_err["key"] - data_err["key"]) > 1e-3  # two different numbers behind "err K"
+    assert bare.grid.panels[0].subtitle.endswith(
+        f"err K {weight_err['key']:.3f} V {weight_err['value']:.3f} (weight-space: no statistics)"
+    )
+    assert aware.grid.panels[0].subtitle.endswith(
+        f"err K {data_err['key']:.3f} V {data_err['value']:.3f} (data-aware over {stats.tokens} tokens)"
+    )
+    no_inputs = headwidget.capture(model, ragged_batches(), progress=False)
+    plain = MechanismView(model, layer=1, mechanisms=["lrkv:2"], stats=no_inputs, prefetch=False)
+    assert plain.grid.panels[0].subtitle.endswith("(weight-space: no attention input)")
+    assert aware.caption == "LlamaForCausalLM · layer 1" and "LlamaForCausalLM" in aware.layer_label
+    channels = ChannelView(stats, layer=1, pinned=[0], prefetch=False)
+    assert channels.caption == f"{stats.meta.model_name or stats.meta.model_class} · layers 0, 1"
+    assert channels.grid.panels[0].subtitle == f"channels 0–15 · Pearson over {stats.tokens} tokens"
+    assert AlignmentView(stats, layer=1).caption.endswith(" · layer 1")
+    # The saved figure is titled with the caption (SVG keeps text as text).
+    from headwidget.export import save
+
+    svg = save(aware, tmp_path / "mech.svg").read_text()
+    assert "LlamaForCausalLM · layer 1" in svg and "data-aware over" in svg
+    untitled = save(aware, tmp_path / "plain.svg", title="").read_text()
+    assert "LlamaForCausalLM · layer 1" not in untitled
+
+
+def test_mechanism_view_caches_and_prefetches_neighbours(llama, monkeypatch):
+    from headwidget.views import mechanisms as module
+
+    model, stats = llama
+    calls: list[tuple[int, str]] = []
+    real = module.convert
+
+    def counting(source, layer, spec, stats=None):
+        calls.append((layer, spec))
+        return real(source, layer, spec, stats)
+
+    monkeypatch.setattr(module, "convert", counting)
+    view = MechanismView(model, layer=0, mechanisms=["mqa", "lrkv:2"], stats=stats)
+    view._prefetcher.submit(lambda: None).result()  # wait for the background work queued so far
+    assert sorted(calls) == [(0, "lrkv:2"), (0, "mqa"), (1, "lrkv:2"), (1, "mqa")]
+    view.layer = 1
+    view.circuit = "ov"
+    view._prefetcher.submit(lambda: None).result()
+    assert len(calls) == 4  # the neighbour and the other circuit were ready: nothing converted again
+    np.testing.assert_array_equal(
+        view.grid.panels[0].matrix, operator_similarity(convert(model, 1, "mqa", stats), 1, "ov")
+    )
+    view.close()
+    quiet = MechanismView(model, layer=0, mechanisms=["mqa"], prefetch=False)
+    quiet._prefetcher.submit(lambda: None).result()
+    assert len(calls) == 5
+
+
+# ---------------------------------------------------------------------------- alignment metrics
+
+
+def test_alignment_view_offers_cka_and_shows_it_unchanged_by_alignment(llama):
+    _, stats = llama
+    view = AlignmentView(stats, layer=1)
+    assert "cka" in view.metrics_available
+    view.metric = "cka"
+    got = {p.id: p for p in view.grid.panels}
+    for kind in ("key", "value"):
+        expected = stats.head_similarity(1, kind, "cka")
+        np.testing.assert_array_equal(got[f"{kind}-before"].matrix, expected)
+        np.testing.assert_array_equal(got[f"{kind}-after"].matrix, expected)
+        assert "rotation-invariant" in got[f"{kind}-after"].subtitle
+    assert got["key-before"].row_labels == ["L1·H0", "L1·H1"] and view.error == ""
+    flat = AlignmentView(stats, layers=[0, 1], metric="cka")
+    np.testing.assert_array_equal(flat.grid.panels[0].matrix, stats.head_similarity([0, 1], "key", "cka"))

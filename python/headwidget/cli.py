@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from headwidget.embedded import EMBEDDED_MODELS
 from headwidget.errors import HeadwidgetError
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-EMBEDDED = ("smollm2-135m", "minilm-l6")
+EMBEDDED = tuple(EMBEDDED_MODELS)
 #: ``--dpi`` range of ``figure``: beyond it a page-sized PNG needs gigabytes of memory.
 DPI_RANGE = (1, 1200)
 
@@ -265,9 +266,9 @@ def load_model(
 
     check_device(device)
     if name in EMBEDDED:
-        from headwidget.embedded import load_minilm, load_smollm2
+        from headwidget.embedded import load_embedded
 
-        return load_smollm2(device=device) if name == "smollm2-135m" else load_minilm(device=device)
+        return load_embedded(name, device=device)
     path = Path(name)
     if not (path / "config.json").is_file():
         raise UsageError(f"--model {name!r}: not a model directory (no config.json) nor one of {EMBEDDED}")

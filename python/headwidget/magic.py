@@ -4,14 +4,18 @@ It registers
 
 - the line magic ``%headwidget NAME [--texts VAR] [--tokenizer VAR] [--view VIEW|all] [--layers 0,1,12]
   [--max-tokens N] [--rope pre|post|both]``, where ``NAME`` is a model or a
-  :class:`~headwidget.stats.KVStats` in the notebook's namespace and ``VIEW`` any registered view
-  (:func:`headwidget.views.view_names`); it returns the widget, so the cell shows it;
+  :class:`~headwidget.stats.KVStats` in the notebook's namespace, or one of the embedded models the
+  command line takes too (``smollm2-135m``, ``minilm-l6``: :data:`headwidget.embedded.EMBEDDED_MODELS`;
+  loaded with their tokenizer, captured over the English sample unless ``--texts`` is given), and
+  ``VIEW`` any registered view (:func:`headwidget.views.view_names`); it returns the widget, so the
+  cell shows it;
 - a display formatter: a ``KVStats`` as the last expression of a cell shows the explorer.
 
 Example (in a notebook)::
 
     %load_ext headwidget
     %headwidget model --texts texts --tokenizer tok --view channels --layers 0,1,12
+    %headwidget smollm2-135m --view channels
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from headwidget.embedded import EMBEDDED_MODELS
 from headwidget.errors import HeadwidgetError
 from headwidget.stats import KVStats
 from headwidget.views import view_names
@@ -28,6 +33,8 @@ from headwidget.views import view_names
 __all__ = ["HeadwidgetMagics", "load_ipython_extension", "unload_ipython_extension"]
 
 VIEWS = ("all", *view_names())
+#: What an embedded model is captured over when no ``--texts`` is given (as ``explore()`` does).
+SAMPLE_CAPTURE = {"max_tokens": 4096, "max_length": 256}
 
 
 class MagicUsageError(HeadwidgetError, ValueError):
@@ -55,6 +62,21 @@ class HeadwidgetMagics(Magics):
             raise MagicUsageError(f"{what} {name!r} is not defined in this notebook")
         return namespace[name]
 
+    def _source(self, name: str) -> tuple[Any, Any]:
+        """The notebook's object called ``name``, else the embedded model of that name with its
+        tokenizer (the second item: None for a notebook object)."""
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        if name in namespace or name not in EMBEDDED_MODELS:
+            if name not in namespace:
+                raise MagicUsageError(
+                    f"source {name!r} is not defined in this notebook, nor one of the embedded models "
+                    f"({', '.join(EMBEDDED_MODELS)})"
+                )
+            return namespace[name], None
+        from headwidget.embedded import load_embedded
+
+        return load_embedded(name)
+
     @magic_arguments()
     @argument("source", help="name of a transformers model or a KVStats in the notebook")
     @argument("--texts", default=None, help="name of the texts / token ids / batches to capture over")
@@ -70,19 +92,25 @@ class HeadwidgetMagics(Magics):
         from headwidget.notebook import explore, widget_class
 
         args = parse_argstring(self.headwidget, line)
-        source = self._lookup(args.source, "source")
         layers = _layers(args.layers)
+        source, embedded_tokenizer = self._source(args.source)
         texts = self._lookup(args.texts, "texts")
-        tokenizer = self._lookup(args.tokenizer, "tokenizer")
+        tokenizer = self._lookup(args.tokenizer, "tokenizer") or embedded_tokenizer
         model = None if isinstance(source, KVStats) else source
         stats = source if isinstance(source, KVStats) else None
         view = None if args.view == "all" else widget_class(args.view)
         if view is not None and view.needs_model and model is None:
             raise MagicUsageError(f"the {args.view} view needs a model (its weights), not statistics")
         if model is not None and (view is None or view.needs_stats):
+            options: dict[str, Any] = {"max_tokens": args.max_tokens, "rope": args.rope, "inputs": True}
+            if texts is None and embedded_tokenizer is not None:
+                from headwidget.texts import english_sample
+
+                texts = english_sample()
+                options["max_tokens"] = args.max_tokens or SAMPLE_CAPTURE["max_tokens"]
+                options["max_length"] = SAMPLE_CAPTURE["max_length"]
             if texts is None:
                 raise MagicUsageError("capturing a model needs --texts NAME (strings need --tokenizer too)")
-            options: dict[str, Any] = {"max_tokens": args.max_tokens, "rope": args.rope, "inputs": True}
             if view is None:
                 return explore(model, texts, tokenizer=tokenizer, **options)
             options.update(view.capture_options(layers))

@@ -197,7 +197,9 @@ def figure(
 ) -> Figure:
     """The figure of a view's (or a grid's) panels; ``size`` is (width, height) in inches.
 
-    Without ``size`` the figure is sized for plots of about 2.2 inches and their text.
+    Without ``size`` the figure is sized for plots of about 2.2 inches and their text. Without
+    ``title``, a view's figure is titled with its ``caption`` (the model and the layer); ``title=""``
+    gives none.
 
     Example:
         >>> import numpy as np
@@ -209,6 +211,9 @@ def figure(
         ((300, 500), 3)
     """
     grid = _printable_grid(grid_of(source))
+    if title is None:
+        caption = getattr(source, "caption", "") if not isinstance(source, PanelGrid) else ""
+        title = caption if isinstance(caption, str) and caption else None
     title = None if title is None else printable(title)
     if size is not None and not (len(size) == 2 and min(size) > 0):
         raise ExportError(f"size must be (width, height) in inches, both > 0; got {size!r}")

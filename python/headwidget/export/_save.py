@@ -46,7 +46,7 @@ def save(
 
     - ``.png``, ``.svg``, ``.pdf``: the figure of :func:`headwidget.export.figure` — the panels the
       view shows now, ``dpi`` dots per inch, ``size`` (width, height) in inches (default: sized for
-      the panels), ``title`` above all panels.
+      the panels), ``title`` above all panels (default: the view's ``caption``, its model and layer).
     - ``.html``: :func:`headwidget.export.save_html` — an offline page with hover and the layer slider
       over ``layers`` (default: every layer of the view); ``dpi`` and ``size`` do not apply.
 

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import html
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import ipywidgets
 import traitlets
 from torch import nn
 
+from headwidget.analysis.alignment import ALIGN_METRICS
+from headwidget.errors import HeadwidgetError
+from headwidget.export import ExportError, save
+from headwidget.export._html import CSP, OFFLINE_MODEL, script_hash
 from headwidget.notebook._views import AlignmentView, ChannelView, MechanismView
 from headwidget.notebook._widget import ViewWidget, widget_class
 from headwidget.stats import KVStats
@@ -16,6 +25,35 @@ from headwidget.views import check_sources, view_names
 from headwidget.widget import LayerTrends
 
 __all__ = ["Dashboard", "explore"]
+
+#: The page ``Dashboard.save("….html")`` writes: a tab bar (radio buttons and CSS, no script of its
+#: own) over one offline page per tab, each in an ``<iframe srcdoc>``. A ``srcdoc`` frame inherits
+#: the page's Content-Security-Policy, so the page carries the tabs' own policy.
+DASHBOARD_TEMPLATE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="headwidget">
+<title>{title}</title>
+<style>body {{ margin: 16px; background: #fff; color: #1f1f1f; font-family: system-ui, sans-serif; }}
+h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}
+.hw-tabs > input {{ position: absolute; opacity: 0; }}
+.hw-tabs > label {{ display: inline-block; padding: 6px 12px; border: 1px solid #ccc; border-bottom: none;
+  cursor: pointer; background: #f4f4f4; }}
+.hw-tabs > section {{ display: none; border-top: 1px solid #ccc; }}
+{rules}
+.hw-tabs iframe {{ width: 100%; height: 88vh; border: none; }}</style>
+</head>
+<body>
+<h1>{title}</h1>
+<div class="hw-tabs">
+{tabs}
+</div>
+</body>
+</html>
+"""
 
 
 class Dashboard(ipywidgets.VBox):
@@ -59,6 +97,93 @@ class Dashboard(ipywidgets.VBox):
         self._links = [
             traitlets.link((layered[0], "layer"), (v, "layer")) for v in [*layered[1:], self.trends]
         ]
+        alignment = self.alignment
+        if alignment is not None and self.trends.has_trait("alignment") and self.trends.has_trait("metric"):
+            alignment.observe(self._follow_alignment, names=["alignment", "metric"])
+            self._follow_alignment()
+
+    def _follow_alignment(self, change: dict[str, Any] | None = None) -> None:
+        """The trend chart's head-similarity series follow the alignment tab's method and metric (its
+        title names them). A metric the chart cannot align (``cka``, rotation-invariant) leaves the
+        chart on its last one, named in its title."""
+        view, trends = self.alignment, self.trends
+        metric = view.metric if view.metric in ALIGN_METRICS else trends.metric
+        try:
+            with trends.hold_trait_notifications():
+                trends.alignment, trends.metric = view.alignment, metric
+        except HeadwidgetError:
+            return
+
+    def save(
+        self, path: str | os.PathLike[str], *, dpi: float = 200, layers: Sequence[int] | None = None
+    ) -> list[Path]:
+        """Save every tab; returns the paths written.
+
+        - ``.html``: one offline page, a tab bar over each tab's standalone page (as
+          :func:`headwidget.export.save_html` writes it: hover, colorbar and the layer slider over
+          ``layers``, default every layer). The trend chart (bqplot) is not part of it.
+        - ``.png``, ``.svg``, ``.pdf``: one figure per tab, named after the tab:
+          ``dash.png`` → ``dash-channels.png``, ``dash-alignment.png``, ``dash-mechanisms.png``, each
+          titled with its model and layer.
+
+        Example:
+            >>> import torch, tempfile, pathlib
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)).eval()
+            >>> dash = explore(model, torch.randint(0, 64, (4, 24)), progress=False)
+            >>> folder = pathlib.Path(tempfile.mkdtemp())
+            >>> [p.name for p in dash.save(folder / "dash.png", dpi=40)]
+            ['dash-channels.png', 'dash-alignment.png', 'dash-mechanisms.png']
+            >>> [p.name for p in dash.save(folder / "dash.html")]
+            ['dash.html']
+        """
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix != ".html":
+            if layers is not None:
+                raise ExportError(
+                    "layers= applies to .html exports; a figure shows each tab's current panels"
+                )
+            if suffix not in (".png", ".svg", ".pdf"):
+                raise ExportError(
+                    f"cannot export a dashboard to {path.name!r}: use .html, .png, .svg or .pdf"
+                )
+            return [
+                save(view, path.with_name(f"{path.stem}-{name}{path.suffix}"), dpi=dpi)
+                for name, view in self.views.items()
+            ]
+        model = self.stats.meta.model_name or self.stats.meta.model_class
+        pages: list[tuple[str, str]] = []
+        with tempfile.TemporaryDirectory(prefix="headwidget-dashboard-") as folder:
+            for name, view in self.views.items():
+                # The page's slider moves through the layers: its heading names the model, not a layer.
+                written = save(
+                    view, Path(folder) / f"{name}.html", title=f"{view.title} · {model}", layers=layers
+                )
+                pages.append((view.title, written.read_text(encoding="utf-8")))
+        script = "\n" + OFFLINE_MODEL.read_text(encoding="utf-8") + "\n"
+        tabs, rules = [], []
+        for i, (title, _) in enumerate(pages):
+            checked = " checked" if i == 0 else ""
+            tabs.append(
+                f'<input type="radio" name="hw-tab" id="hw-tab-{i}"{checked}>'
+                f'<label for="hw-tab-{i}">{html.escape(title)}</label>'
+            )
+            rules.append(f"#hw-tab-{i}:checked ~ #hw-page-{i} {{ display: block; }}")
+        for i, (title, document) in enumerate(pages):
+            tabs.append(
+                f'<section id="hw-page-{i}" aria-label="{html.escape(title)}">'
+                f'<iframe title="{html.escape(title)}" srcdoc="{html.escape(document, quote=True)}"></iframe>'
+                "</section>"
+            )
+        text = DASHBOARD_TEMPLATE.format(
+            csp=CSP.format(script_hashes=script_hash(script)),
+            title=html.escape(re.sub(r"[\x00-\x1f\x7f]", " ", f"headwidget · {model}")),
+            rules="\n".join(rules),
+            tabs="\n".join(tabs),
+        )
+        path.write_text(text, encoding="utf-8")
+        return [path]
 
     def _view(self, name: str, cls: type[ViewWidget]) -> Any:
         view = self.views.get(name)

@@ -58,11 +58,12 @@ class ViewWidget(View, HeadWidget):
     def _controls_default(self) -> list[dict[str, str]]:
         return [control.to_json() for control in self.view_controls()]
 
-    def refresh(self) -> None:
-        """Recompute the panels and send them; on a bad state, show why above the last panels."""
+    def refresh(self, *, strict: bool = False) -> None:
+        """Recompute the panels and send them; on a bad state, show why above the last panels
+        (``strict``: raise it, as a view being built does)."""
         self.status = "computing…"
         try:
-            super().refresh()
+            super().refresh(strict=strict)
         finally:
             self.status = ""
 

@@ -20,12 +20,13 @@ from headwidget.views._base import LayerView, View, ViewSourceError, check_sourc
 from headwidget.views._controls import Control, ControlType, checklist, select, slider, toggles, window
 from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
 from headwidget.views.alignment import AlignmentView
-from headwidget.views.channels import ChannelView
+from headwidget.views.channels import ChannelView, ChannelWindowError
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
 
 __all__ = [
     "AlignmentView",
     "ChannelView",
+    "ChannelWindowError",
     "Control",
     "ControlType",
     "LayerView",

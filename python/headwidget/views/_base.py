@@ -2,8 +2,9 @@
 
 A view declares each state trait once, with :func:`state`: a change of it (from Python, or from the
 browser when the view is also a widget) recomputes the panels, and its control, if any, is what the
-control bar shows for it. A state the view cannot show (a layer that was not captured, say) is
-reported in ``error`` and the last good panels stay.
+control bar shows for it. A view built with a state it cannot show (a layer that was not captured,
+say) raises that error; a later change to such a state (from Python, or from the browser) is
+reported in ``error`` instead, and the last good panels stay.
 
 Views do not draw and import no widget library: :mod:`headwidget.notebook` shows them,
 :mod:`headwidget.export` saves them.
@@ -33,14 +34,25 @@ from torch import nn
 
 from headwidget.analysis.conversions import _check_stats_source
 from headwidget.core.panels import PanelGrid
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import HeadwidgetError, LayerIndexError
 from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
 
-__all__ = ["LayerView", "View", "ViewSourceError", "check_sources", "state"]
+__all__ = [
+    "STATE_ERRORS",
+    "LayerView",
+    "View",
+    "ViewSourceError",
+    "check_sources",
+    "state",
+    "stats_model_name",
+]
 
 T = TypeVar("T", bound="t.TraitType[Any, Any]")
 V = TypeVar("V", bound="View")
+
+#: What :meth:`View.compute` raises for a state it cannot show (reported in ``error`` once built).
+STATE_ERRORS: tuple[type[Exception], ...] = (HeadwidgetError, ValueError, IndexError, KeyError)
 
 
 def state(trait: T, control: Control | None = None) -> T:
@@ -178,16 +190,30 @@ class View(t.HasTraits):
             raise ViewSourceError(f"the {cls.view_name or cls.__name__} view needs a model (its weights)")
         return model
 
+    @property
+    def caption(self) -> str:
+        """What the panels are of, in words: the model and the layer(s) (``""``: nothing to add).
+
+        The export titles a saved figure with it unless given another ``title``.
+        """
+        return ""
+
     # ------------------------------------------------------------------ computing panels
     def compute(self) -> PanelGrid:
         """The panels for the current state (views override this)."""
         raise NotImplementedError
 
-    def refresh(self) -> None:
-        """Recompute the panels; on a bad state, report it in ``error`` and keep the last panels."""
+    def refresh(self, *, strict: bool = False) -> None:
+        """Recompute the panels; on a bad state, report it in ``error`` and keep the last panels.
+
+        ``strict=True`` raises the error instead (what a view being built does: a view that cannot
+        show its initial state is not built).
+        """
         try:
             grid = self.compute()
-        except (HeadwidgetError, ValueError, IndexError, KeyError) as err:
+        except STATE_ERRORS as err:
+            if strict:
+                raise
             self.error = str(err)
             return
         self._set_grid(grid)
@@ -207,14 +233,19 @@ class View(t.HasTraits):
 
     @contextlib.contextmanager
     def initial_state(self) -> Iterator[None]:
-        """Set a new view's state traits together: the panels are computed once, when the block ends."""
+        """Set a new view's state traits together: the panels are computed once, when the block ends.
+
+        A state the view cannot show raises its error here (the view is not built): the
+        :class:`~headwidget.errors.LayerIndexError` of a layer outside the model, say, rather than a
+        view that shows nothing and reports it later.
+        """
         self._setting_up = True
         try:
             with self.hold_trait_notifications():
                 yield
         finally:
             self._setting_up = False
-        self.refresh()
+        self.refresh(strict=True)
 
     def _on_state_change(self, change: dict[str, Any]) -> None:
         if not self._setting_up:
@@ -227,9 +258,23 @@ class View(t.HasTraits):
             parent()
 
 
+def stats_model_name(stats: KVStats) -> str:
+    """What a figure calls the model statistics were captured from: its name, else its class."""
+    return stats.meta.model_name or stats.meta.model_class
+
+
 class LayerView(View):
     """A view of one selected layer at a time, with the layer slider."""
 
     layer = state(t.Int(0), slider("Layer", count="num_layers", text="layer_label"))
     num_layers = t.Int(0).tag(sync=True)
     layer_label = t.Unicode("").tag(sync=True)
+
+    def check_layer(self, layer: int) -> None:
+        """Refuse a layer outside ``0 .. num_layers - 1`` (:class:`~headwidget.errors.LayerIndexError`;
+        a negative layer is not counted from the end: the slider and the labels show it as it is)."""
+        if not 0 <= layer < self.num_layers:
+            raise LayerIndexError(
+                f"layer {layer} is out of range: the model has {self.num_layers} layers "
+                f"(0..{self.num_layers - 1})"
+            )

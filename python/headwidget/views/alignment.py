@@ -6,8 +6,11 @@ layers (needs ``capture(..., cross_layer=[...])``). ``alignment`` picks the key 
 (RoPE-compatible plane rotations for RoPE models, else orthogonal), ``"rope"``, ``"orthogonal"`` or
 ``"none"``; values are aligned with orthogonal Procrustes (RoPE does not touch them). Each "after" panel
 says whether it shows held-out scores (rotations fitted on one token split, scored on the other) or
-in-sample ones. Scores are drawn on the paper's 0..1 scale (magma); a panel with negative scores
-(possible for every metric before alignment) says so in its note and in the colour bar's label.
+in-sample ones. The ``cka`` metric (linear CKA, :meth:`~headwidget.stats.KVStats.head_similarity`) is
+invariant under rotations of either head, so alignment cannot change it: its "after" panels show the
+same matrix as "before" and say so. Scores are drawn on the paper's 0..1 scale (magma); a panel with
+negative scores (possible for every metric before alignment) says so in its note and in the colour
+bar's label.
 
 Example:
     >>> import torch, headwidget
@@ -34,16 +37,19 @@ from headwidget.analysis.alignment import AlignmentResult, align
 from headwidget.core.kinds import check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, state
+from headwidget.views._base import LayerView, state, stats_model_name
 from headwidget.views._controls import select, toggles
 from headwidget.views._registry import register_view
+from headwidget.views.channels import check_key_kind
 
 if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["AlignmentView"]
 
-METRICS = ["token_cosine", "cosine", "pearson"]
+#: ``cka`` (linear CKA) is invariant under rotations of either head: both panels show one matrix.
+ROTATION_INVARIANT = ("cka",)
+METRICS = ["token_cosine", "cosine", "pearson", *ROTATION_INVARIANT]
 
 AV = TypeVar("AV", bound="AlignmentView")
 
@@ -79,6 +85,7 @@ class AlignmentView(LayerView):
         self.fixed_layers = list(layers) if layers is not None else None
         self.heldout = heldout
         self._results: dict[tuple[Any, ...], AlignmentResult] = {}
+        self._invariants: dict[tuple[Any, ...], np.ndarray] = {}
         uses_rope = stats.meta.layout.rope.uses_rope
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
         super().__init__(**kwargs)
@@ -112,6 +119,13 @@ class AlignmentView(LayerView):
         """Several layers are compared head to head: their joint (cross-layer) statistics."""
         return {"cross_layer": list(layers)} if len(layers) > 1 else {}
 
+    @property
+    def caption(self) -> str:
+        """The model and the layer (or the flattened layers) whose heads are compared."""
+        if self.fixed_layers:
+            return f"{stats_model_name(self.stats)} · layers {', '.join(map(str, self.fixed_layers))}"
+        return f"{stats_model_name(self.stats)} · layer {self.layer}"
+
     def result(self, kind: str) -> AlignmentResult:
         """The alignment result behind the panels of ``kind`` (cached per state)."""
         layers = self.fixed_layers or [self.layer]
@@ -132,34 +146,57 @@ class AlignmentView(LayerView):
             )
         return self._results[key]
 
+    def _invariant(self, kind: str) -> tuple[np.ndarray, list[str], int]:
+        """A rotation-invariant metric's matrix (the same before and after alignment), its labels
+        and token count."""
+        layers = self.fixed_layers or [self.layer]
+        key = (tuple(layers), kind, self.metric)
+        if key not in self._invariants:
+            matrix = self.stats.head_similarity(
+                layers if len(layers) > 1 else layers[0], check_kind(kind), self.metric
+            )
+            self._invariants[key] = matrix
+        groups = self.stats.meta.num_kv_heads
+        labels = [f"L{layer}·H{g}" for layer in layers for g in range(groups)]
+        return self._invariants[key], labels, self.stats.tokens
+
     def compute(self) -> PanelGrid:
         """Keys then values, each before and after alignment, on the 0..1 scale."""
-        if self.kind not in ("key", "key_post"):
-            raise ValueError(f"kind must be 'key' or 'key_post' for the alignment view, got {self.kind!r}")
+        check_key_kind(self.kind, self.stats, "alignment view")
+        if not self.fixed_layers:
+            self.check_layer(self.layer)
         panels = []
         for kind in (self.kind, "value"):
-            res = self.result(kind)
             title = "Keys" if kind == "key" else ("Keys (post-RoPE)" if kind == "key_post" else "Values")
-            labels = list(res.labels)
-            aligned = res.method != "none"
-            shows = res.scoring if aligned else "in-sample"
+            if self.metric in ROTATION_INVARIANT:
+                before, labels, tokens = self._invariant(kind)
+                after, after_title = before, f"{title} · after (unchanged)"
+                after_subtitle = (
+                    f"{self.metric}, {tokens} tokens: rotation-invariant, alignment leaves it as before"
+                )
+            else:
+                res = self.result(kind)
+                labels, tokens, before = list(res.labels), res.token_count, res.before
+                aligned = res.method != "none"
+                after = res.shown if aligned else res.before
+                after_title = f"{title} · after ({res.method})"
+                after_subtitle = f"{res.metric}, {res.scoring if aligned else 'in-sample'} scores"
             panels.append(
                 Panel(
                     f"{kind}-before",
                     f"{title} · before",
-                    res.before,
-                    subtitle=f"{res.metric}, {res.token_count} tokens",
+                    before,
+                    subtitle=f"{self.metric}, {tokens} tokens",
                     row_labels=labels,
                     col_labels=labels,
                 )
             )
-            after = res.shown if aligned else res.before
             panels.append(
                 Panel(
                     f"{kind}-after",
-                    f"{title} · after ({res.method})",
+                    after_title,
                     after,
-                    subtitle=f"{shows} scores",
+                    subtitle=after_subtitle,
                     row_labels=labels,
                     col_labels=labels,
                 )

@@ -33,19 +33,34 @@ import traitlets as t
 from headwidget.analysis.downsample import downsample
 from headwidget.core.kinds import check_kind
 from headwidget.core.panels import Panel, PanelGrid
+from headwidget.errors import HeadwidgetError, UnknownKindError
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, state
+from headwidget.views._base import LayerView, state, stats_model_name
 from headwidget.views._controls import toggles, window
 from headwidget.views._registry import register_view
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["ChannelView"]
+__all__ = ["ChannelView", "ChannelWindowError"]
 
 KIND_TITLES = {"key": "Keys", "key_post": "Keys (post-RoPE)", "value": "Values"}
 
 CV = TypeVar("CV", bound="ChannelView")
+
+
+class ChannelWindowError(HeadwidgetError, IndexError):
+    """A channel window (``channel_start``, ``channel_width``) that holds no channel of the layer."""
+
+
+def check_key_kind(kind: str, stats: KVStats, what: str) -> None:
+    """Refuse a key kind the view cannot show: :class:`~headwidget.errors.UnknownKindError` names
+    the ones it can (``key``, and ``key_post`` when captured)."""
+    if kind not in ("key", "key_post"):
+        captured = [k for k in ("key", "key_post") if k in stats.kinds]
+        raise UnknownKindError(
+            f"the {what} shows keys: kind must be one of {', '.join(map(repr, captured))}, got {kind!r}"
+        )
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -154,20 +169,31 @@ class ChannelView(LayerView):
         self._prefetcher.shutdown(wait=False, cancel_futures=True)
         super().close()
 
+    @property
+    def caption(self) -> str:
+        """The model and the layers shown (selected and pinned)."""
+        layers = sorted({self.layer, *self.pinned})
+        where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(map(str, layers))}"
+        return f"{stats_model_name(self.stats)} · {where}"
+
     def _window(self, total: int) -> tuple[int, int]:
         start, width = self.channel_start, self.channel_width
         if width < 1:
-            raise ValueError(f"channel_width must be ≥ 1, got {width}")
+            raise ChannelWindowError(f"channel_width must be ≥ 1, got {width}")
         if not 0 <= start < total:
-            raise IndexError(f"channel_start {start} is outside 0..{total - 1}")
+            raise ChannelWindowError(
+                f"channel_start {start} is outside 0..{total - 1}: the window must start at a channel of "
+                "the layer"
+            )
         return start, min(start + width, total)
 
     def compute(self) -> PanelGrid:
         """K panels over V panels, one column per shown layer (selected and pinned), one window."""
         stats = self.stats
-        if self.kind not in ("key", "key_post"):
-            raise ValueError(f"kind must be 'key' or 'key_post' for the channel view, got {self.kind!r}")
+        check_key_kind(self.kind, stats, "channel view")
         layers = sorted({self.layer, *self.pinned})
+        for layer in layers:
+            self.check_layer(layer)
         panels = []
         for kind in (self.kind, "value"):
             for layer in layers:
@@ -183,7 +209,7 @@ class ChannelView(LayerView):
                     Panel(
                         id=f"{kind}-{layer}",
                         title=f"{KIND_TITLES[kind]} · layer {layer}",
-                        subtitle=f"channels {start}–{stop - 1}",
+                        subtitle=f"channels {start}–{stop - 1} · Pearson over {stats.tokens} tokens",
                         matrix=matrix,
                         row_offset=start,
                         col_offset=start,

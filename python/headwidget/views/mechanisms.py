@@ -3,16 +3,29 @@
 Reference: the low-rank KV paper's figure (MHA, LRKV r=16, LRKV r=64, MQA, MLA side by side, colour
 −1..1). Each panel is the (H × H) correlation of the heads' QK forms ``W_Q^h ᵀ W_K^{g(h)}`` (or OV
 forms ``W_O^h W_V^{g(h)}``, ``circuit="ov"``) after converting the layer's K/V projections to that
-mechanism, centred across heads. Under each title: KV-cache bytes per token (bf16, this layer), the
-entropy effective rank of the heads, and the K/V reconstruction errors (data-aware when the statistics
-hold the attention input). Passing a dict of real models shows one panel per model instead.
+mechanism, centred across heads. Under each title: the KV-cache bytes per token (bf16, this layer),
+the entropy effective rank of the heads, and the K/V reconstruction errors (``err K … V …``), labelled
+as what they are: weight-space errors, or data-aware ones over the statistics' N tokens (when the
+statistics hold the attention input). The figure's caption (its title when saved) and the layer
+read-out name the model and the layer. Passing a dict of real models shows one panel per model instead.
+
+The checklist offers exactly the specs asked for (and any set later, or typed into
+``add_mechanism``); unchecking one keeps it offered. A spec the layer cannot take (``lrkv:64`` at
+d_h 32, ``gqa:5`` over 4 heads) gets a panel of its own with no values and the reason in its subtitle
+and note, beside the panels that can be drawn. Conversions and operator correlations are cached per
+(layer, spec, circuit), and with ``prefetch`` the neighbouring layers and the other circuit are
+computed in the background, so that moving through them is a cache hit.
 
 Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)).eval()
-    >>> view = MechanismView(model, mechanisms=["mha", "mqa", "lrkv:2"])
-    >>> [p.title for p in view.grid.panels]
-    ['mha', 'mqa', 'lrkv:2']
+    >>> view = MechanismView(model, mechanisms=["mha", "mqa", "lrkv:2", "lrkv:64"], prefetch=False)
+    >>> [p.title for p in view.grid.panels], view.mechanisms_available
+    (['mha', 'mqa', 'lrkv:2', 'lrkv:64'], ['mha', 'mqa', 'lrkv:2', 'lrkv:64'])
+    >>> view.grid.panels[3].subtitle
+    'cannot build: lrkv:64: r must lie in 0..8 (the head size)'
+    >>> view.grid.panels[2].subtitle.endswith("(weight-space: no statistics)"), view.caption
+    (True, 'GPT2LMHeadModel · layer 0')
     >>> view.circuit = "ov"
     >>> view.grid.colorbar_label, MechanismView.create(model=model, layers=[1]).layer
     ('OV operator correlation (centred across heads)', 1)
@@ -20,27 +33,48 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import numpy as np
 import traitlets as t
 from torch import nn
 
 from headwidget.adapters import adapter_for
-from headwidget.analysis.conversions import convert
+from headwidget.analysis.conversions import Conversion, convert
 from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.analysis.weights import head_weights
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.errors import StatsMismatchError
+from headwidget.errors import (
+    DegenerateHeadsError,
+    GroupCountError,
+    MechanismSpecError,
+    MissingStatisticsError,
+    RankRangeError,
+    StatsMismatchError,
+    UnknownCircuitError,
+    UnsupportedConversionError,
+)
 from headwidget.stats import KVStats
 from headwidget.views._base import LayerView, ViewSourceError, check_sources, state
 from headwidget.views._controls import checklist, select
 from headwidget.views._registry import register_view
 
-__all__ = ["CIRCUITS", "MechanismView", "default_mechanisms"]
+__all__ = ["CIRCUITS", "SPEC_ERRORS", "MechanismView", "default_mechanisms", "model_name"]
 
 CIRCUITS = ["qk", "ov"]
+#: What a spec the layer cannot take raises: shown in that spec's panel, the others still drawn.
+SPEC_ERRORS: tuple[type[Exception], ...] = (
+    MechanismSpecError,
+    GroupCountError,
+    RankRangeError,
+    UnsupportedConversionError,
+    MissingStatisticsError,
+    DegenerateHeadsError,
+)
 
 
 def default_mechanisms(model: nn.Module) -> list[str]:
@@ -50,7 +84,21 @@ def default_mechanisms(model: nn.Module) -> list[str]:
     return ["model", f"lrkv:{max(1, d_h // 8)}", f"lrkv:{max(1, d_h // 2)}", "mqa", f"mla:{4 * d_h}"]
 
 
+def model_name(model: object) -> str:
+    """What a figure calls ``model``: its config's ``name_or_path``, else its class name.
+
+    Example:
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> model_name(GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4)))
+        'GPT2LMHeadModel'
+    """
+    name = getattr(getattr(model, "config", None), "name_or_path", "")
+    return str(name) if name else type(model).__name__
+
+
 MV = TypeVar("MV", bound="MechanismView")
+#: A cached panel body: the (H, H) correlation, its effective rank and the conversion, or the error.
+Result = tuple[np.ndarray, float, Conversion] | Exception
 
 
 @register_view("mechanisms", order=30)
@@ -65,6 +113,8 @@ class MechanismView(LayerView):
     circuits_available = t.List(t.Unicode()).tag(sync=True)
     mechanisms = state(t.List(t.Unicode()), checklist("Mechanisms", options="mechanisms_available"))
     mechanisms_available = t.List(t.Unicode()).tag(sync=True)
+    #: Set to a spec (``"gqa:2"``) to offer it and show it; read back as "" once it is added.
+    add_mechanism = t.Unicode("").tag(sync=True)
 
     def __init__(
         self,
@@ -74,13 +124,18 @@ class MechanismView(LayerView):
         mechanisms: Sequence[str] | None = None,
         circuit: str = "qk",
         stats: KVStats | None = None,
+        prefetch: bool = True,
         **kwargs: Any,
     ) -> None:
         """``mechanisms=None``: :func:`default_mechanisms`; a dict of models shows each as it is.
 
         ``stats`` must come from the model (from each model of a dict): statistics of another model
         raise :class:`~headwidget.errors.StatsMismatchError`, as :func:`~headwidget.convert` does.
+        ``prefetch``: compute the neighbouring layers and the other circuit in the background.
         """
+        # First, so that close() (which a widget's finaliser calls) works however far __init__ gets.
+        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-mechanisms")
+        self.prefetch = prefetch
         self.models = dict(model) if isinstance(model, Mapping) else None
         if self.models is not None and not self.models:
             raise ViewSourceError("the mechanism view needs at least one model; got an empty dict")
@@ -99,10 +154,15 @@ class MechanismView(LayerView):
                 raise StatsMismatchError(f"model {name!r}: {err}") from err
         self.model = next(iter(self.models.values())) if self.models else model
         self.stats = stats
+        self._lock = threading.Lock()
         self._weights: dict[tuple[int, int], Any] = {}
+        self._conversions: dict[tuple[int, int, str], Conversion | Exception] = {}
+        self._results: dict[tuple[int, int, str, str], Result] = {}
+        self._queued: dict[tuple[int, int, str, str], Future[Result]] = {}
         super().__init__(**kwargs)
         first = self.model
         assert isinstance(first, nn.Module)
+        self.num_heads = adapter_for(first).layout().num_heads
         with self.initial_state():
             self.num_layers = min(
                 adapter_for(m).layout().num_layers for m in (self.models or {"": first}).values()
@@ -111,8 +171,9 @@ class MechanismView(LayerView):
             self.circuits_available = CIRCUITS
             self.circuit = circuit
             if self.models is None:
-                self.mechanisms_available = default_mechanisms(first)
-                self.mechanisms = list(mechanisms) if mechanisms is not None else self.mechanisms_available
+                specs = list(mechanisms) if mechanisms is not None else default_mechanisms(first)
+                self.mechanisms_available = list(dict.fromkeys(specs))
+                self.mechanisms = specs
 
     @classmethod
     def create(
@@ -125,35 +186,162 @@ class MechanismView(LayerView):
         **state: Any,
     ) -> MV:
         """The first of ``layers`` (default 0) under each mechanism; ``stats`` makes errors data-aware."""
-        return cls(cls._model(model), layer=layers[0] if layers else 0, stats=stats, **state)
+        return cls(
+            cls._model(model), layer=layers[0] if layers else 0, stats=stats, prefetch=interactive, **state
+        )
 
-    def _source(self, model: nn.Module) -> Any:
-        key = (id(model), self.layer)
-        if key not in self._weights:
-            self._weights[key] = head_weights(model, self.layer)
-        return self._weights[key]
+    # ------------------------------------------------------------------ offered specs
+    @t.observe("mechanisms")
+    def _offer_shown(self, change: dict[str, Any]) -> None:
+        """Every spec shown stays offered (appended to the checklist when it is new)."""
+        new = [s for s in change["new"] if s not in self.mechanisms_available]
+        if new:
+            self.mechanisms_available = [*self.mechanisms_available, *dict.fromkeys(new)]
+
+    @t.observe("add_mechanism")
+    def _add(self, change: dict[str, Any]) -> None:
+        spec = change["new"].strip()
+        if not spec:
+            return
+        if spec not in self.mechanisms:
+            self.mechanisms = [*self.mechanisms, spec]
+        self.add_mechanism = ""
+
+    # ------------------------------------------------------------------ cached computation
+    def _source(self, model: nn.Module, layer: int) -> Any:
+        key = (id(model), layer)
+        with self._lock:
+            found = self._weights.get(key)
+        if found is None:
+            found = head_weights(model, layer)
+            with self._lock:
+                self._weights[key] = found
+        return found
+
+    def _conversion(self, model: nn.Module, layer: int, spec: str) -> Conversion | Exception:
+        key = (id(model), layer, spec)
+        with self._lock:
+            found = self._conversions.get(key)
+        if found is None:
+            try:
+                found = convert(self._source(model, layer), layer, spec, self.stats)
+            except SPEC_ERRORS as err:
+                found = err
+            with self._lock:
+                self._conversions[key] = found
+        return found
+
+    def _result(
+        self, model: nn.Module, layer: int, spec: str, circuit: str, *, queued_task: bool = False
+    ) -> Result:
+        """The correlation, effective rank and conversion of one panel (or why there is none), cached.
+
+        ``queued_task``: the call is the background task queued for this panel (it must not wait for
+        itself)."""
+        key = (id(model), layer, spec, circuit)
+        with self._lock:
+            found = self._results.get(key)
+            queued = None if queued_task else self._queued.pop(key, None)
+        if found is not None:
+            return found
+        if queued is not None and not queued.cancel():  # already being computed: wait for it
+            try:
+                return queued.result()
+            except Exception:
+                pass  # computed again below, so that the error is this call's
+        conversion = self._conversion(model, layer, spec)
+        result: Result
+        if isinstance(conversion, Exception):
+            result = conversion
+        else:
+            try:
+                sim = operator_similarity(conversion, layer, circuit)
+                sim.setflags(write=False)  # shared by every revisit (and its wire encoding cached)
+                result = (sim, float(head_diversity(sim)["effective_rank"]), conversion)
+            except SPEC_ERRORS as err:
+                result = err
+        with self._lock:
+            self._results[key] = result
+        return result
+
+    def _errors_label(self, conversion: Conversion) -> str:
+        if conversion.weighting == "data-aware" and self.stats is not None:
+            return f"data-aware over {self.stats.tokens} tokens"
+        return "weight-space: no statistics" if self.stats is None else "weight-space: no attention input"
 
     def _panel(self, panel_id: str, title: str, model: nn.Module, spec: str) -> Panel:
-        conversion = convert(self._source(model), self.layer, spec, self.stats)
-        sim = operator_similarity(conversion, self.layer, self.circuit)
-        rank = head_diversity(sim)["effective_rank"]
+        result = self._result(model, self.layer, spec, self.circuit)
+        if isinstance(result, Exception):
+            heads = adapter_for(model).layout().num_heads
+            labels = [f"H{h}" for h in range(heads)]
+            reason = f"cannot build: {result}" if spec in str(result) else f"cannot build {spec}: {result}"
+            empty = np.full((heads, heads), np.nan)
+            return Panel(
+                panel_id, title, empty, subtitle=reason, row_labels=labels, col_labels=labels, note=reason
+            )
+        sim, rank, conversion = result
         err = conversion.reconstruction_error
         subtitle = (
-            f"{conversion.kv_bytes_per_token()} B/token · eff. rank {rank:.2f} · "
-            f"err K {err['key']:.3f} V {err['value']:.3f}"
+            f"{conversion.kv_bytes_per_token()} B/token KV (bf16) · eff. rank {rank:.2f} · "
+            f"err K {err['key']:.3f} V {err['value']:.3f} ({self._errors_label(conversion)})"
         )
         labels = [f"H{h}" for h in range(sim.shape[0])]
         return Panel(panel_id, title, sim, subtitle=subtitle, row_labels=labels, col_labels=labels)
 
+    def _shown_specs(self) -> list[tuple[str, str, nn.Module, str]]:
+        """(panel id, title, model, spec) of every panel, in order."""
+        if self.models is not None:
+            return [(name, name, m, "model") for name, m in self.models.items()]
+        assert isinstance(self.model, nn.Module)
+        return [(spec, spec, self.model, spec) for spec in self.mechanisms]
+
+    def _prefetch_around(self, layer: int, circuit: str, shown: list[tuple[str, nn.Module]]) -> None:
+        """Queue the other circuit of ``layer``, then the layers next to it, one panel per task, in
+        place of what the previous state queued. A panel asked for while queued is computed at once
+        (or waited for, when it is being computed); a failure here only means no head start."""
+        other = next(c for c in CIRCUITS if c != circuit)
+        plan = [(layer, other)] + [(n, circuit) for n in (layer + 1, layer - 1) if 0 <= n < self.num_layers]
+        with self._lock:
+            stale, self._queued = list(self._queued.values()), {}
+        for future in stale:
+            future.cancel()
+        for each_layer, each_circuit in plan:
+            for spec, model in shown:
+                key = (id(model), each_layer, spec, each_circuit)
+                with self._lock:
+                    if key in self._results:
+                        continue
+                try:
+                    future = self._prefetcher.submit(
+                        self._result, model, each_layer, spec, each_circuit, queued_task=True
+                    )
+                except RuntimeError:  # closed
+                    return
+                with self._lock:
+                    self._queued[key] = future
+
+    def close(self) -> None:
+        """Stop the background prefetching (and close the widget, when the view is one)."""
+        self._prefetcher.shutdown(wait=False, cancel_futures=True)
+        super().close()
+
+    def _model_names(self) -> str:
+        return model_name(self.model) if self.models is None else ", ".join(self.models)
+
+    @property
+    def caption(self) -> str:
+        """What the figure shows: the model (or models) and the layer."""
+        return f"{self._model_names()} · layer {self.layer}"
+
     def compute(self) -> PanelGrid:
         """One panel per mechanism spec (or per real model), in order, colour −1..1."""
         if self.circuit not in CIRCUITS:
-            raise ValueError(f"circuit must be 'qk' or 'ov', got {self.circuit!r}")
-        if self.models is not None:
-            panels = [self._panel(name, name, m, "model") for name, m in self.models.items()]
-        else:
-            assert isinstance(self.model, nn.Module)
-            panels = [self._panel(spec, spec, self.model, spec) for spec in self.mechanisms]
-        self.layer_label = f"layer {self.layer} of {self.num_layers}"
+            raise UnknownCircuitError(f"unknown circuit {self.circuit!r}; choose 'qk' or 'ov'")
+        self.check_layer(self.layer)
+        shown = self._shown_specs()
+        panels = [self._panel(*each) for each in shown]
+        self.layer_label = f"layer {self.layer} of {self.num_layers} · {self._model_names()}"
+        if self.prefetch:
+            self._prefetch_around(self.layer, self.circuit, [(spec, model) for _, _, model, spec in shown])
         label = f"{self.circuit.upper()} operator correlation (centred across heads)"
         return PanelGrid(panels, vmin=-1.0, vmax=1.0, colormap="diverging", colorbar_label=label)
