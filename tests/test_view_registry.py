@@ -55,6 +55,7 @@ def test_each_view_declares_its_state_and_controls_once():
             "label": "Channels",
             "width": "channel_width",
             "total": "num_channels",
+            "step": "channel_step",
         },
         {"trait": "kind", "type": "toggles", "label": "Kind", "options": "kinds_available"},
     ]

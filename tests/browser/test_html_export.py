@@ -116,11 +116,11 @@ def test_page_draws_hovers_and_switches_layers_offline(stats, open_page, colour_
     page.page.mouse.move(x, y)
     tooltip = page.page.locator(".hw-tooltip")
     assert tooltip.is_visible()
+    hd = stats.meta.layout.head_dim  # the tooltip names each channel by head and dimension
     assert tooltip.inner_text().split("\n") == [
         "Keys · layer 0",
-        f"row: {r}",
-        f"col: {c}",
-        f"value: {wire(key0[r, c]):#.4g}",
+        f"K h{r // hd}·d{r % hd} × h{c // hd}·d{c % hd} = {wire(key0[r, c]):#.4g}",
+        f"index {r} × {c}",
     ]
 
     slider = page.page.locator("input[data-trait=layer]")

@@ -75,9 +75,13 @@ class ChannelView(LayerView):
 
     title = "Channels"
 
-    channel_start = state(t.Int(0), window("Channels", width="channel_width", total="num_channels"))
+    channel_start = state(
+        t.Int(0), window("Channels", width="channel_width", total="num_channels", step="channel_step")
+    )
     channel_width = state(t.Int(0))
     num_channels = t.Int(0).tag(sync=True)
+    #: The window sliders snap to multiples of this (the head size; 1: no snapping).
+    channel_step = t.Int(1).tag(sync=True)
     kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available"))
     kinds_available = t.List(t.Unicode()).tag(sync=True)
     pinned = state(t.List(t.Int()))
@@ -112,6 +116,7 @@ class ChannelView(LayerView):
         with self.initial_state():
             self.num_layers = stats.meta.layout.num_layers
             self.num_channels = channels
+            self.channel_step = stats.meta.layout.head_dim
             self.kinds_available = key_kinds if len(key_kinds) > 1 else []
             self.kind = kind
             self.layer = stats.layers[0] if layer is None else layer
@@ -139,7 +144,9 @@ class ChannelView(LayerView):
         )
 
     def _full_corr(self, layer: int, kind: str) -> np.ndarray:
-        return self.stats.channel_corr(layer, check_kind(kind))
+        corr = self.stats.channel_corr(layer, check_kind(kind))
+        corr.setflags(write=False)  # cached and shared by panels: never changed in place
+        return corr
 
     def _window_matrix(
         self, layer: int, kind: str, start: int, stop: int, max_cells: int
@@ -148,7 +155,9 @@ class ChannelView(LayerView):
         window = self._corr(layer, kind)[start:stop, start:stop]
         if window.shape[0] <= max_cells:
             return window, 1
-        return downsample(window, max_cells, how="mean")
+        matrix, block = downsample(window, max_cells, how="mean")
+        matrix.setflags(write=False)
+        return matrix, block
 
     def _prefetch_neighbours(self, layer: int, kind: str, start: int, width: int, max_cells: int) -> None:
         """Compute the panels of the layers next to ``layer`` in the background (same window), so a
@@ -199,6 +208,7 @@ class ChannelView(LayerView):
             for layer in layers:
                 start, stop = self._window(self._corr(layer, kind).shape[0])
                 matrix, block = self._shown(layer, kind, start, stop, self.max_cells)
+                head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
                 note = ""
                 if block > 1:
                     note = (
@@ -216,6 +226,9 @@ class ChannelView(LayerView):
                         row_step=block,
                         col_step=block,
                         note=note,
+                        row_group=head_dim,
+                        col_group=head_dim,
+                        axis_prefix="V" if kind == "value" else "K",
                     )
                 )
         self.layer_label = f"layer {self.layer} of {self.num_layers} ({stats.tokens} tokens)"
