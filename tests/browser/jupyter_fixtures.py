@@ -163,12 +163,26 @@ class LabPage:
     requests: list[str] = field(default_factory=list)
     websockets: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
 
     def open(self, name: str) -> None:
         self.page.goto(self.lab.notebook_url(name))
         self.page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=60_000)
         # A cell run before the kernel is connected is skipped, not queued: wait until it is idle.
         self.page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=60_000)
+        self.dismiss_dialogs()
+
+    def dismiss_dialogs(self) -> None:
+        """Answer a modal dialog JupyterLab may raise while restoring a workspace that other tests
+        used (a kernel choice, a file changed on disk): its default button, as a user would. The
+        dialogs seen are kept in ``self.dialogs``."""
+        for _ in range(3):
+            dialog = self.page.locator(".jp-Dialog")
+            if dialog.count() == 0 or not dialog.first.is_visible():
+                return
+            self.dialogs.append(dialog.first.inner_text())
+            dialog.first.locator(".jp-mod-accept").first.click()
+            dialog.first.wait_for(state="detached", timeout=10_000)
 
     def cells(self):
         return self.page.locator(".jp-Notebook .jp-Cell")
@@ -180,6 +194,7 @@ class LabPage:
         # The prompt reads "[*]:" while queued or running and "[n]:" once done. Just after the page
         # opens, JupyterLab can drop a run (the prompt stays "[ ]:"): run it again.
         for _attempt in range(3):
+            self.dismiss_dialogs()
             cell.locator(".cm-content").click()
             self.page.keyboard.press("Shift+Enter")
             started = time.monotonic()
