@@ -56,6 +56,7 @@ from headwidget.errors import (
     UnsupportedAlignmentError,
     UnsupportedModelError,
 )
+from headwidget.evaluation import EvaluationReport, apply, evaluate
 from headwidget.moments import Moments
 from headwidget.notebook import AlignmentView, ChannelView, MechanismView, explore
 from headwidget.stats import KVStats, StatsMeta
@@ -86,6 +87,7 @@ __all__ = [
     "Conversion",
     "CrossLayerMissingError",
     "DegenerateHeadsError",
+    "EvaluationReport",
     "GroupCountError",
     "HeadWeights",
     "HeadWidget",
@@ -119,10 +121,12 @@ __all__ = [
     "adapter_for",
     "align",
     "align_model",
+    "apply",
     "capture",
     "convert",
     "downsample",
     "estimate",
+    "evaluate",
     "explore",
     "group_heads",
     "head_diversity",

@@ -36,6 +36,7 @@ __all__ = [
     "plain_weight_problem",
     "read_projections",
     "weight_rows",
+    "write_projections",
 ]
 
 F64 = torch.float64
@@ -250,3 +251,48 @@ def fold_into(p: HeadProjections, key_rotations: torch.Tensor, value_rotations: 
     _rotate_rows(p.q, key_rotations[kv_of])
     _rotate_rows(p.v, value_rotations)
     _rotate_columns(p.o, value_rotations[kv_of])
+
+
+def _write_bias(module: nn.Module, index: torch.Tensor, value: torch.Tensor | None, what: str) -> None:
+    bias = getattr(module, "bias", None)
+    if bias is None:
+        if value is not None and bool(value.ne(0).any()):
+            raise RuntimeError(f"the {what} projection has no bias to hold the converted {what} bias")
+        return
+    if value is None:
+        value = torch.zeros(index.shape, dtype=F64)
+    bias[index.to(bias.device)] = value.to(bias.device, bias.dtype)
+
+
+@torch.no_grad()
+def write_projections(p: HeadProjections, w: HeadWeights) -> None:
+    """Write the per-head weights ``w`` (float64) into the modules ``p`` describes, in place.
+
+    The inverse of :func:`read_projections`: every head's Q/K/V rows (and biases) and O columns (and
+    the O bias) are overwritten, rounded to each module's dtype. ``w`` must have the shapes ``p`` has.
+
+    Example:
+        >>> lin = {n: nn.Linear(4, 4).double() for n in "qkvo"}
+        >>> p = HeadProjections(*(HeadSlices(lin[n], head_index(2, 2)) for n in "qkvo"))
+        >>> w = read_projections(p, mechanism="mha")
+        >>> write_projections(p, type(w)(q=w.k, k=w.q, v=w.v, o=w.o, q_bias=w.k_bias, k_bias=w.q_bias,
+        ...                               v_bias=w.v_bias, o_bias=w.o_bias))
+        >>> bool(torch.equal(lin["q"].weight, w.k.reshape(4, 4)))
+        True
+    """
+    for s, weight, bias, what in ((p.q, w.q, w.q_bias, "query"), (p.k, w.k, w.k_bias, "key"),
+                                  (p.v, w.v, w.v_bias, "value")):  # fmt: skip
+        if tuple(weight.shape[:2]) != tuple(s.index.shape):
+            raise StatsMismatchError(
+                f"converted {what} weights have {tuple(weight.shape[:2])} (heads, dims); this layer "
+                f"holds {tuple(s.index.shape)}"
+            )
+        target = weight_rows(s.module)
+        target[s.index.to(target.device)] = weight.to(target.device, target.dtype)
+        _write_bias(s.module, s.index, bias, what)
+    target = weight_rows(p.o.module)
+    index = p.o.index.to(target.device)
+    target[:, index] = w.o.permute(1, 0, 2).to(target.device, target.dtype)
+    bias = getattr(p.o.module, "bias", None)
+    if bias is not None and w.o_bias is not None:
+        bias.copy_(w.o_bias.to(bias.device, bias.dtype))

@@ -5,6 +5,9 @@ how recorded outputs split into heads (:meth:`Adapter.split`). Weights: where ea
 O columns sit (:meth:`Adapter.head_projections`), read as :class:`~headwidget.core.weights.HeadWeights`
 (:meth:`Adapter.head_weights`). Alignment: whether per-KV-head rotations can be folded back into the
 weights exactly (:meth:`Adapter.alignment_blocker`) and folding them (:meth:`Adapter.fold_rotations`).
+Conversions: writing converted per-head weights back (:meth:`Adapter.write_head_weights`), with another
+number of KV heads where the family allows it (:attr:`Adapter.resizable_kv_heads`), and partial RoPE
+(:meth:`Adapter.set_partial_rope`).
 """
 
 from __future__ import annotations
@@ -20,10 +23,17 @@ from headwidget.adapters._heads import (
     fold_into,
     plain_weight_problem,
     read_projections,
+    write_projections,
 )
+from headwidget.adapters._partial_rope import PARTIAL_ROPE_MODEL_TYPES
 from headwidget.core.layout import AttentionLayout
 from headwidget.core.weights import HeadWeights
-from headwidget.errors import LayerIndexError, UnsupportedAlignmentError, UnsupportedModelError
+from headwidget.errors import (
+    LayerIndexError,
+    UnsupportedAlignmentError,
+    UnsupportedConversionError,
+    UnsupportedModelError,
+)
 
 __all__ = ["Adapter", "Tap", "config_get"]
 
@@ -226,6 +236,79 @@ class Adapter:
         if reason is not None:
             raise UnsupportedAlignmentError(f"{type(self.model).__name__} ({self.family}): {reason}")
         fold_into(self.head_projections(attention), key_rotations, value_rotations)
+
+    # ------------------------------------------------------------------ conversions
+    #: Whether a layer can be given another number of KV heads (a real GQA/MQA model).
+    resizable_kv_heads: ClassVar[bool] = False
+
+    def kv_heads_of(self, attention: Any) -> int:
+        """The number of KV heads ``attention`` holds now (after a conversion it may differ per layer)."""
+        return int(self.head_projections(attention).k.index.shape[0])
+
+    def write_head_weights(self, attention: Any, weights: HeadWeights) -> None:
+        """Overwrite ``attention``'s per-head Q/K/V/O weights and biases with ``weights`` (in place).
+
+        ``weights`` must have as many KV heads as the layer unless :attr:`resizable_kv_heads`.
+
+        Example:
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> from headwidget.adapters import adapter_for
+            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+            >>> adapter = adapter_for(gpt2)
+            >>> w = adapter.head_weights(0)
+            >>> adapter.write_head_weights(adapter.attention_at(0), w)
+            >>> bool(torch.equal(adapter.head_weights(0).k, w.k))
+            True
+
+        Raises:
+            UnsupportedConversionError: the family does not say where its heads' weights are (MLA),
+                or the layer cannot hold that many KV heads.
+        """
+        reason = self.conversion_blocker()
+        if reason is not None:
+            raise UnsupportedConversionError(
+                f"{type(self.model).__name__} ({self.family}): converted weights cannot be written back: "
+                f"{reason}"
+            )
+        projections = self.head_projections(attention)
+        have = int(projections.k.index.shape[0])
+        if weights.num_kv_heads != have:
+            raise UnsupportedConversionError(
+                f"{type(self.model).__name__} ({self.family}) keeps {have} KV heads per layer; a conversion "
+                f"to {weights.num_kv_heads} KV heads must be written as {have} heads"
+            )
+        for module in projections.modules():
+            problem = plain_weight_problem(module)
+            if problem is not None:
+                raise UnsupportedConversionError(problem)
+        write_projections(projections, weights)
+
+    def set_config_kv_heads(self, num_kv_heads: int) -> None:
+        """Record in the model's config that every layer now has ``num_kv_heads`` KV heads."""
+        raise UnsupportedConversionError(f"the {self.family} config has no KV-head count to update")
+
+    def conversion_blocker(self) -> str | None:
+        """Why converted weights cannot be written into this model (None: they can)."""
+        try:
+            self.head_projections(self.attention_at(0))
+        except UnsupportedModelError as err:
+            return str(err)
+        return None
+
+    def partial_rope_blocker(self) -> str | None:
+        """Why this model's attention cannot apply RoPE per KV head (None: it can)."""
+        return (
+            f"partial RoPE ('rope:r') is built for Llama-family models only (model types "
+            f"{', '.join(PARTIAL_ROPE_MODEL_TYPES)}); {type(self.model).__name__} ({self.family}) is not one"
+        )
+
+    def set_partial_rope(self, attention: Any, keep: torch.Tensor) -> None:
+        """Make ``attention`` rotate only the dims ``keep`` (G, d_h) marks per KV head (partial RoPE).
+
+        Raises:
+            UnsupportedConversionError: :meth:`partial_rope_blocker` names a reason.
+        """
+        raise UnsupportedConversionError(str(self.partial_rope_blocker()))
 
 
 def _is_cross_attention(name: str, module: nn.Module) -> bool:

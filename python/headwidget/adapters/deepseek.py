@@ -75,6 +75,12 @@ class DeepseekAdapter(Adapter):
             Tap(attention.kv_b_proj, "expanded"),
         ]
 
+    def conversion_blocker(self) -> str | None:
+        return (
+            "its attention is already multi-head latent attention (a latent plus a shared rotary key); "
+            "only the 'model' variant is available for it"
+        )
+
     def input_tap(self, attention: Any) -> Tap:
         return Tap(attention.kv_a_proj_with_mqa, "input", on_input=True)
 

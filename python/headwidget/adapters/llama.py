@@ -3,6 +3,10 @@
 Per-head query/key norms (Qwen3, OLMo2; ``q_norm``/``k_norm``) are left out of the per-head weights,
 and they block rotations: a learned per-dim scale does not commute with a rotation. So does OLMo's
 element-wise ``clip_qkv`` clamp.
+
+Conversions may give a layer another number of KV heads (its ``k_proj``/``v_proj`` are replaced and
+``num_key_value_groups`` updated; ``config.num_key_value_heads`` when every layer changes), and the
+model types in :data:`~headwidget.adapters._partial_rope.PARTIAL_ROPE_MODEL_TYPES` get partial RoPE.
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from headwidget.adapters._heads import HeadProjections, HeadSlices, head_index
+from headwidget.adapters._partial_rope import PARTIAL_ROPE_MODEL_TYPES, install_partial_rope
 from headwidget.adapters.base import Adapter, Tap, config_get
 from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
+from headwidget.core.weights import HeadWeights
+from headwidget.errors import UnsupportedConversionError
 
 
 class LlamaAdapter(Adapter):
@@ -64,7 +72,8 @@ class LlamaAdapter(Adapter):
 
     def head_projections(self, attention: Any) -> HeadProjections:
         lay = self.layout()
-        heads, kv, d = lay.num_heads, lay.num_kv_heads, lay.head_dim
+        heads, d = lay.num_heads, lay.head_dim
+        kv = attention.k_proj.out_features // d  # a converted layer may hold another count
         return HeadProjections(
             q=HeadSlices(attention.q_proj, head_index(heads, d)),
             k=HeadSlices(attention.k_proj, head_index(kv, d)),
@@ -86,3 +95,46 @@ class LlamaAdapter(Adapter):
                 "with rotations; use align() to inspect its heads without changing the model"
             )
         return super().fold_blocker(attention)
+
+    # ------------------------------------------------------------------ conversions
+    resizable_kv_heads = True
+
+    def write_head_weights(self, attention: Any, weights: HeadWeights) -> None:
+        """As :meth:`Adapter.write_head_weights`; another KV-head count replaces ``k_proj``/``v_proj``."""
+        d = self.layout().head_dim
+        if weights.num_kv_heads != attention.k_proj.out_features // d:
+            for name in ("k_proj", "v_proj"):
+                old = getattr(attention, name)
+                new = nn.Linear(old.in_features, weights.num_kv_heads * d, bias=old.bias is not None,
+                                device=old.weight.device, dtype=old.weight.dtype)  # fmt: skip
+                new.weight.requires_grad_(old.weight.requires_grad)
+                setattr(attention, name, new)
+            attention.num_key_value_groups = weights.num_heads // weights.num_kv_heads
+        super().write_head_weights(attention, weights)
+
+    def set_config_kv_heads(self, num_kv_heads: int) -> None:
+        self.config.num_key_value_heads = int(num_kv_heads)
+
+    def partial_rope_blocker(self) -> str | None:
+        lay = self.layout()
+        model_type = getattr(self.config, "model_type", "")
+        if model_type not in PARTIAL_ROPE_MODEL_TYPES:
+            return super().partial_rope_blocker()
+        if lay.rope.pairing != "half" or lay.rope.rotary_dim != lay.head_dim:
+            return (
+                f"partial RoPE needs half-split RoPE on every dim of a head; this {model_type} model has "
+                f"{lay.rope.pairing!r} pairing on {lay.rope.rotary_dim} of {lay.head_dim} dims"
+            )
+        return None
+
+    def set_partial_rope(self, attention: Any, keep: torch.Tensor) -> None:
+        reason = self.partial_rope_blocker()
+        if reason is not None:
+            raise UnsupportedConversionError(reason)
+        d = self.layout().head_dim
+        kv = attention.k_proj.out_features // d
+        if tuple(keep.shape) != (kv, d):
+            raise UnsupportedConversionError(
+                f"the partial-RoPE mask has shape {tuple(keep.shape)}; this layer needs ({kv}, {d})"
+            )
+        install_partial_rope(attention, keep)

@@ -37,8 +37,9 @@ Example:
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,7 +49,14 @@ from headwidget.analysis.weights import HeadWeights, head_weights
 from headwidget.errors import GroupCountError, MechanismSpecError, RankRangeError, StatsMismatchError
 from headwidget.stats import KVStats, config_fingerprint
 
-__all__ = ["Conversion", "convert", "mechanism_sweep", "parse_spec"]
+__all__ = [
+    "Conversion",
+    "convert",
+    "input_sqrt",
+    "mechanism_sweep",
+    "parse_spec",
+    "top_projection_factors",
+]
 
 F64 = torch.float64
 SPEC_FORMS = "model, mha, gqa:G, mqa, lrkv:r, mla:d_c"
@@ -84,6 +92,11 @@ class Conversion:
     kv_elements: int
     reconstruction_error: dict[str, float]
     weighting: str
+    #: The mechanism's own factors, per query head: LRKV ``k_shared`` (d_h, d), ``k_up`` (H, d_h, r),
+    #: ``k_down`` (H, r, d) with ``k_weight[h] = k_shared + k_up[h] @ k_down[h]`` (``v_…`` alike); MLA
+    #: ``down`` (d_c, d), ``k_up`` (H, d_h, d_c), ``v_up`` (H, d_v, d_c) with ``k_weight[h] =
+    #: k_up[h] @ down``. Empty for the other specs.
+    factors: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> int:
         """Bytes of K/V cache per token for this layer in ``dtype``.
@@ -120,8 +133,13 @@ def _check_stats_source(model: nn.Module | HeadWeights, stats: KVStats | None) -
         )
 
 
-def _input_sqrt(stats: KVStats | None, layer: int) -> torch.Tensor | None:
-    """``E[x xᵀ]^{1/2}`` of the attention input of ``layer``, or None when it was not captured."""
+def input_sqrt(stats: KVStats | None, layer: int) -> torch.Tensor | None:
+    """``E[x xᵀ]^{1/2}`` (float64, CPU) of the attention input of ``layer``, or None when it was not
+    captured (no statistics, no kind ``"input"``, or not that layer).
+
+    >>> input_sqrt(None, 0) is None
+    True
+    """
     if stats is None or "input" not in stats.kinds:
         return None
     if layer < 0:
@@ -129,19 +147,42 @@ def _input_sqrt(stats: KVStats | None, layer: int) -> torch.Tensor | None:
     if layer not in stats.layers:
         return None
     m = stats.moments(layer, "input")
+    cached = _SQRT_CACHE.setdefault(stats, {}).get(layer)
+    if cached is not None and cached[0] == m.count:
+        return cached[1]
     second = (m.gram() / max(m.count, 1)).to("cpu", F64)
     vals, vecs = torch.linalg.eigh((second + second.T) / 2)
     vals = vals.clamp_min(1e-12 * float(vals.max().clamp_min(0)))
-    return (vecs * vals.sqrt()) @ vecs.T
+    root = (vecs * vals.sqrt()) @ vecs.T
+    _SQRT_CACHE[stats][layer] = (m.count, root)
+    return root
 
 
-def _top_projection(w: torch.Tensor, sqrt: torch.Tensor | None, rank: int) -> torch.Tensor:
-    """``U_r U_rᵀ w`` for w (…, m, d), U_r the top-``rank`` left singular vectors of ``w Σ^{1/2}``."""
-    if rank >= w.shape[-2]:
-        return w.clone()
+#: ``E[x xᵀ]^{1/2}`` per statistics object and layer (with the token count it was computed at), so
+#: several fits of one layer factor its input moment once.
+_SQRT_CACHE: weakref.WeakKeyDictionary[KVStats, dict[int, tuple[int, torch.Tensor]]]
+_SQRT_CACHE = weakref.WeakKeyDictionary()
+
+
+def top_projection_factors(
+    w: torch.Tensor, sqrt: torch.Tensor | None, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(U_r, U_rᵀ w)`` for w (…, m, d): U_r the top-``rank`` left singular vectors of ``w Σ^{1/2}``.
+
+    Their product ``U_r U_rᵀ w`` is the best rank-``rank`` approximation of ``w`` in the weighted
+    norm ``‖(w − ŵ) Σ^{1/2}‖_F``. At ``rank ≥ m`` it is ``(I, w)``: exact.
+
+    >>> up, down = top_projection_factors(torch.eye(3, dtype=torch.float64), None, 2)
+    >>> tuple(up.shape), tuple(down.shape)
+    ((3, 2), (2, 3))
+    """
+    m = w.shape[-2]
+    if rank >= m:
+        eye = torch.eye(m, dtype=w.dtype, device=w.device).expand(*w.shape[:-2], m, m)
+        return eye.clone(), w.clone()
     weighted = w if sqrt is None else w @ sqrt
     u = torch.linalg.svd(weighted, full_matrices=False)[0][..., :rank]
-    return u @ (u.transpose(-2, -1) @ w)
+    return u, u.transpose(-2, -1) @ w
 
 
 def _error(w: torch.Tensor, approx: torch.Tensor, sqrt: torch.Tensor | None) -> float:
@@ -153,9 +194,12 @@ def _error(w: torch.Tensor, approx: torch.Tensor, sqrt: torch.Tensor | None) -> 
     return float(torch.linalg.matrix_norm(diff)) / den if den > 0 else 0.0
 
 
-def _shared_plus_low_rank(w: torch.Tensor, sqrt: torch.Tensor | None, rank: int) -> torch.Tensor:
+def _shared_plus_low_rank(
+    w: torch.Tensor, sqrt: torch.Tensor | None, rank: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     shared = w.mean(0)
-    return shared + _top_projection(w - shared, sqrt, rank)
+    up, down = top_projection_factors(w - shared, sqrt, rank)
+    return shared + up @ down, {"shared": shared, "up": up, "down": down}
 
 
 def _group_mean(w: torch.Tensor, groups: int) -> torch.Tensor:
@@ -189,9 +233,10 @@ def convert(
     """
     name, arg = parse_spec(spec)
     _check_stats_source(model, stats)
+    factors: dict[str, torch.Tensor] = {}
     w = model if isinstance(model, HeadWeights) else head_weights(model, layer)
     heads, d_h, d_v, d = w.num_heads, int(w.k.shape[1]), int(w.v.shape[1]), int(w.k.shape[2])
-    sqrt = _input_sqrt(stats, layer)
+    sqrt = input_sqrt(stats, layer)
     k, v = w.k[w.kv_of], w.v[w.kv_of]
     if name in ("gqa", "mqa"):
         groups = 1 if name == "mqa" else int(arg or 0)
@@ -203,7 +248,8 @@ def convert(
         rank = int(arg or 0)
         if rank > max(d_h, d_v):
             raise RankRangeError(f"lrkv:{rank}: r must lie in 0..{max(d_h, d_v)} (the head size)")
-        k_hat, v_hat = _shared_plus_low_rank(k, sqrt, rank), _shared_plus_low_rank(v, sqrt, rank)
+        (k_hat, kf), (v_hat, vf) = _shared_plus_low_rank(k, sqrt, rank), _shared_plus_low_rank(v, sqrt, rank)
+        factors = {f"{kind}_{name}": t for kind, f in (("k", kf), ("v", vf)) for name, t in f.items()}
         elements = d_h + d_v + 2 * heads * rank
     elif name == "mla":
         rank, top = int(arg or 0), heads * (d_h + d_v)
@@ -213,8 +259,14 @@ def convert(
                 f"min(rows, d) = {min(top, d)} the factorisation is already exact)"
             )
         stacked = torch.cat([k.reshape(-1, d), v.reshape(-1, d)])
-        approx = _top_projection(stacked, sqrt, rank)
+        up, down = top_projection_factors(stacked, sqrt, rank)
+        approx = up @ down
         k_hat, v_hat = approx[: heads * d_h].reshape(k.shape), approx[heads * d_h :].reshape(v.shape)
+        factors = {
+            "down": down,
+            "k_up": up[: heads * d_h].reshape(heads, d_h, -1),
+            "v_up": up[heads * d_h :].reshape(heads, d_v, -1),
+        }
         elements = rank
     else:
         k_hat, v_hat = k.clone(), v.clone()
@@ -223,7 +275,7 @@ def convert(
     mechanism = w.mechanism if name == "model" else name
     canonical = name if arg is None else f"{name}:{arg}"
     weighting = "weight-space" if sqrt is None else "data-aware"
-    return Conversion(canonical, mechanism, w, k_hat, v_hat, elements, errors, weighting)
+    return Conversion(canonical, mechanism, w, k_hat, v_hat, elements, errors, weighting, factors)
 
 
 def mechanism_sweep(

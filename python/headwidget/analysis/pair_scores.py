@@ -6,9 +6,13 @@ is read, and the held-out fit reads the same entries. Only pairs ``i ≤ j`` are
 are mirrored (``Q_ji = Q_ij^T`` gives the same score) and the diagonal of an aligned score is the
 trace (a head's best rotation onto itself is the identity).
 
-RoPE planes ``(p0 + s·m, p0 + s·m + δ)`` (half-split: ``s = 1, δ = rotary_dim/2``; interleaved:
-``s = 2, δ = 1``) are read from strided diagonal views of the Gram, so the closed form touches
-``O(P²·d_h)`` entries and copies no d_h×d_h block; non-rotary dims gather their blocks in chunks.
+Per row of blocks, each part is read once, and only at the entries the closed forms use — each block's
+diagonal (the trace) and, for every rotary plane ``(p, q)``, ``A[p, q]`` and ``A[q, p]`` (strided
+diagonal views for the RoPE layouts) — so the RoPE scores touch ``O(P²·d_h)`` entries and copy no
+d_h×d_h block. Non-rotary dims gather their blocks in
+chunks (the parts summed as they are read) and score them with one batched symmetric eigensolver
+(:func:`~headwidget.analysis.procrustes.nuclear_norms`, :func:`~headwidget.analysis.procrustes.
+polar_scores`); chunks run one per core.
 
 Example:
     >>> import torch
@@ -20,18 +24,17 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from headwidget.analysis.procrustes import (
     HeadSplit,
-    best_scores,
-    fit_rotations,
     map_chunks,
+    nuclear_norms,
     plane_angles,
-    plane_terms,
+    polar_scores,
 )
 
 __all__ = ["PairScores", "pair_block", "score_pairs"]
@@ -67,52 +70,72 @@ def pair_block(parts: Parts, d: int, i: torch.Tensor, j: torch.Tensor) -> torch.
 
 
 def _read(g: torch.Tensor, split: HeadSplit, r0: int, r1: int) -> tuple[torch.Tensor, ...]:
-    """Block traces (R, P') and, with planes, (α, β) each (R, planes, P') for rows r0..r1, columns r0.."""
-    v = _view(g, split.head_dim)[r0:r1, :, r0:, :]
-    diag = torch.diagonal(v, 0, 1, 3).permute(0, 2, 1).contiguous()  # [i, k, j] = A_ij[k, k]
-    trace = diag.sum(1)
+    """Block traces (R, P') and, with planes, (α, β) each (R, P', planes) for rows r0..r1, columns r0..
+
+    RoPE layouts (planes ``p = p0 + s·m``, ``q = p + δ``) read three strided diagonals of the
+    (R, d, P', d) view — offsets 0, +δ and −δ hold ``A[k, k]``, ``A[p, q]`` and ``A[q, p]`` — each
+    entry once; other plane sets gather the same entries by advanced indexing.
+    """
+    d = split.head_dim
+    v = _view(g, d)[r0:r1, :, r0:, :]
+    diag = torch.diagonal(v, 0, 1, 3).contiguous()  # (R, P', d): [i, j, k] = A_ij[k, k]
+    trace = diag.sum(-1)
     if not split.has_planes:
         return (trace,)
     prog = split.progression
     if prog is None:
-        alpha, beta = plane_terms(v.permute(0, 2, 1, 3), split)
-        return trace, alpha.transpose(1, 2), beta.transpose(1, 2)
+        p, q = split.p.to(g.device), split.q.to(g.device)
+        alpha = diag[..., p] + diag[..., q]
+        beta = (v[:, p, :, q] - v[:, q, :, p]).permute(1, 2, 0)  # indexed dims go first
+        return trace, alpha, beta
     p0, step, m, delta = prog
-    ps, qs = (
-        slice(p0, p0 + step * (m - 1) + 1, step),
-        slice(p0 + delta, p0 + delta + step * (m - 1) + 1, step),
-    )
-    upper = torch.diagonal(v, delta, 1, 3).permute(0, 2, 1)  # A_ij[k, k + δ]
-    lower = torch.diagonal(v, -delta, 1, 3).permute(0, 2, 1)  # A_ij[k + δ, k]
-    return trace, diag[:, ps] + diag[:, qs], upper[:, ps] - lower[:, ps]
+    ps = slice(p0, p0 + step * (m - 1) + 1, step)
+    qs = slice(p0 + delta, p0 + delta + step * (m - 1) + 1, step)
+    upper = torch.diagonal(v, delta, 1, 3)[..., ps]  # A_ij[p, p + δ]
+    lower = torch.diagonal(v, -delta, 1, 3)[..., ps]  # A_ij[p + δ, p]
+    return trace, diag[..., ps] + diag[..., qs], upper - lower
 
 
-def _upper_blocks(
-    parts: Parts, split: HeadSplit, per_chunk: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]:
-    """Chunks of pairs ``i < j`` (row-major) with each part's non-rotary blocks, (B, r, r).
-
-    Each row ``i`` is one strided view of the Gram (rows of d contiguous entries), so a chunk is a
-    few plain copies rather than an element-wise gather.
-    """
-    d = split.head_dim
-    heads = parts[0].shape[0] // d
-    rest = split.rest.to(parts[0].device)
-    r0 = 0
+def _row_ranges(heads: int, per_chunk: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges ``[r0, r1)`` of the upper triangle with about ``per_chunk`` pairs each."""
+    ranges, r0 = [], 0
     while r0 < heads - 1:
         r1, count = r0, 0
         while r1 < heads - 1 and (count == 0 or count + heads - 1 - r1 <= per_chunk):
             count += heads - 1 - r1
             r1 += 1
-        blocks = [
-            torch.cat([_view(g, d)[i, :, i + 1 :, :].permute(1, 0, 2) for i in range(r0, r1)]) for g in parts
-        ]
-        if rest.numel() != d:
-            blocks = [b.index_select(-2, rest).index_select(-1, rest) for b in blocks]
-        i = torch.cat([torch.full((heads - 1 - k,), k) for k in range(r0, r1)]).to(rest.device)
-        j = torch.cat([torch.arange(k + 1, heads) for k in range(r0, r1)]).to(rest.device)
-        yield i, j, blocks
+        ranges.append((r0, r1))
         r0 = r1
+    return ranges
+
+
+def _upper_blocks(parts: Parts, split: HeadSplit, r0: int, r1: int, summed: bool) -> list[torch.Tensor]:
+    """The non-rotary blocks (B, r, r) of the pairs ``i < j`` with ``r0 ≤ i < r1`` (row-major): of the
+    summed Gram (``summed``), else of each part.
+
+    Each row ``i`` is one strided view of the Gram (rows of d contiguous entries), so a chunk is a
+    few plain copies rather than an element-wise gather.
+    """
+    d = split.head_dim
+    rest = split.rest.to(parts[0].device)
+
+    def row(i: int, which: Sequence[torch.Tensor]) -> torch.Tensor:
+        slab = _view(which[0], d)[i, :, i + 1 :, :]
+        for g in which[1:]:
+            slab = slab + _view(g, d)[i, :, i + 1 :, :]
+        return slab.permute(1, 0, 2)
+
+    groups = [list(parts)] if summed else [[g] for g in parts]
+    blocks = [torch.cat([row(i, which) for i in range(r0, r1)]) for which in groups]
+    if rest.numel() != d:
+        blocks = [b.index_select(-2, rest).index_select(-1, rest) for b in blocks]
+    return blocks
+
+
+def _pairs_of(heads: int, r0: int, r1: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    i = torch.cat([torch.full((heads - 1 - k,), k) for k in range(r0, r1)]).to(device)
+    j = torch.cat([torch.arange(k + 1, heads) for k in range(r0, r1)]).to(device)
+    return i, j
 
 
 def _mirror(upper: torch.Tensor) -> torch.Tensor:
@@ -148,10 +171,10 @@ def score_pairs(parts: Parts, split: HeadSplit, *, best: bool = True, heldout: b
             alpha, beta = reads[0][1], reads[0][2]
             for r in reads[1:]:
                 alpha, beta = alpha + r[1], beta + r[2]
-            b = torch.sqrt(alpha * alpha + beta * beta).sum(1)
+            b = torch.sqrt(alpha * alpha + beta * beta).sum(-1)
         if split.has_planes and heldout:
             cos, sin = plane_angles(reads[0][1], reads[0][2])
-            h = (cos * reads[1][1] + sin * reads[1][2]).sum(1)
+            h = (cos * reads[1][1] + sin * reads[1][2]).sum(-1)
         return r0, tr, b, h, (reads[1][0] if heldout else None)
 
     for r0, tr, b, h, held_tr in map_chunks(rows_chunk, range(0, heads, rows), first.device):
@@ -164,13 +187,27 @@ def score_pairs(parts: Parts, split: HeadSplit, *, best: bool = True, heldout: b
         if h is not None and fit_held is not None:
             fit_held[r0:r1, r0:] += h
     if split.rest.numel() and (best or heldout):
-        rest_only = HeadSplit.make(int(split.rest.numel()), [])
-        per_chunk = max(1, CHUNK_BYTES // (8 * d * d * len(parts)))
-        for i, j, blocks in _upper_blocks(parts, split, per_chunk):
-            if fit_best is not None:
-                fit_best[i, j] += best_scores(sum(blocks), rest_only)  # type: ignore[arg-type]
-            if fit_held is not None:
-                fit_held[i, j] += (fit_rotations(blocks[0], rest_only) * blocks[1]).sum((-2, -1))
+        per_chunk = max(1, CHUNK_BYTES // (8 * d * d * (len(parts) + 1)))
+        ranges = _row_ranges(heads, per_chunk)
+
+        def rest_chunk(n: int) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+            r0, r1 = ranges[n]
+            b = h = None
+            if best:
+                (total,) = _upper_blocks(parts, split, r0, r1, summed=True)
+                b = nuclear_norms(total)
+                del total
+            if heldout:
+                fit, scored = _upper_blocks(parts, split, r0, r1, summed=False)
+                h = polar_scores(fit, scored)
+            return n, b, h
+
+        for n, b, h in map_chunks(rest_chunk, range(len(ranges)), first.device):
+            i, j = _pairs_of(heads, *ranges[n], first.device)
+            if b is not None and fit_best is not None:
+                fit_best[i, j] += b
+            if h is not None and fit_held is not None:
+                fit_held[i, j] += h
     trace, held_trace = _mirror(trace), _mirror(held_trace)
     eye = torch.eye(heads, dtype=torch.bool, device=first.device)
     return PairScores(

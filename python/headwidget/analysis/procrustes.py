@@ -14,6 +14,14 @@ score of any rotation ``Q`` applied to head i as ``tr(Q^T A) = Σ_ab Q_ab A_ab``
 Everything is batched over a leading axis of blocks. On the CPU, many small SVDs run fastest with
 single-threaded LAPACK, one batch slice per core (see :func:`batched_svd`).
 
+Scores without rotations: the nuclear norm is ``Σ_k sqrt(λ_k)`` over the eigenvalues of ``AᵀA``
+(:func:`nuclear_norms`), and a held-out score ``tr(Q(A)ᵀ B)`` with ``Q(A) = A (AᵀA)^{-1/2}`` is
+``Σ_k λ_k^{-1/2} (Vᵀ AᵀB V)_kk`` from ``AᵀA = V Λ Vᵀ`` (:func:`polar_scores`): one batched symmetric
+eigendecomposition instead of an SVD. Squaring ``A`` squares its condition number, so a block whose
+``λ_min / λ_max`` falls below :data:`NUCLEAR_MIN_RATIO` (resp. :data:`POLAR_MIN_RATIO`) is solved by the
+SVD instead; above them both agree with the SVD to about 1e-10 of the block's largest singular value
+(measured on blocks of 128×128 with controlled condition numbers).
+
 Example:
     >>> import torch
     >>> a = torch.randn(5, 4, 4, dtype=torch.float64)
@@ -33,9 +41,22 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["HeadSplit", "batched_svd", "best_scores", "fit_rotations", "plane_terms", "score_rotations"]
+__all__ = [
+    "HeadSplit",
+    "batched_svd",
+    "best_scores",
+    "fit_rotations",
+    "nuclear_norms",
+    "plane_terms",
+    "polar_scores",
+    "score_rotations",
+]
 
 F64 = torch.float64
+#: Blocks with ``λ_min(AᵀA) < NUCLEAR_MIN_RATIO · λ_max`` get their nuclear norm from the SVD.
+NUCLEAR_MIN_RATIO = 1e-12
+#: Blocks with ``λ_min(AᵀA) < POLAR_MIN_RATIO · λ_max`` get their polar factor from the SVD.
+POLAR_MIN_RATIO = 1e-6
 T = TypeVar("T")
 
 
@@ -154,6 +175,53 @@ def batched_svd(blocks: torch.Tensor, *, vectors: bool = True) -> tuple[torch.Te
         with ThreadPoolExecutor(workers) as pool:
             parts = list(pool.map(solve, blocks.chunk(workers)))
     return tuple(torch.cat(items) for items in zip(*parts, strict=True))
+
+
+def _well_conditioned(lam: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Per block: ``λ_min ≥ ratio · λ_max`` for ascending eigenvalues (…, m) of ``AᵀA`` (zero blocks pass)."""
+    return lam[..., 0] >= ratio * lam[..., -1].clamp_min(0)
+
+
+def nuclear_norms(blocks: torch.Tensor) -> torch.Tensor:
+    """``‖A‖_* = tr(Σ)`` of each block (B, m, m), from the eigenvalues of ``AᵀA`` (see the module doc).
+
+    Single-threaded torch; :func:`best_scores` spreads the batch over the cores.
+
+    >>> a = torch.randn(6, 5, 5, dtype=torch.float64)
+    >>> bool(torch.allclose(nuclear_norms(a), torch.linalg.svdvals(a).sum(-1), atol=1e-12))
+    True
+    >>> rank_one = torch.outer(torch.arange(1.0, 6.0), torch.ones(5)).double()[None]  # falls back to the SVD
+    >>> abs(float(nuclear_norms(rank_one)[0]) - float(torch.linalg.matrix_norm(rank_one[0]))) < 1e-12
+    True
+    """
+    lam = torch.linalg.eigvalsh(blocks.transpose(-2, -1) @ blocks)
+    out = lam.clamp_min(0).sqrt().sum(-1)
+    bad = ~_well_conditioned(lam, NUCLEAR_MIN_RATIO)
+    if bool(bad.any()):
+        out[bad] = torch.linalg.svdvals(blocks[bad]).sum(-1)
+    return out
+
+
+def polar_scores(fit: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+    """``tr(Q_bᵀ S_b)`` with ``Q_b = U Vᵀ`` the orthogonal Procrustes rotation of ``fit[b]`` (B, m, m),
+    scored on ``score[b]``, without forming ``Q`` (see the module doc).
+
+    >>> a, b = torch.randn(2, 4, 5, 5, dtype=torch.float64)
+    >>> a[0, :, 0] = 0.0  # a singular block: solved by the SVD
+    >>> u, _, vh = torch.linalg.svd(a)
+    >>> bool(torch.allclose(polar_scores(a, b), ((u @ vh) * b).sum((-2, -1)), atol=1e-10))
+    True
+    """
+    lam, vec = torch.linalg.eigh(fit.transpose(-2, -1) @ fit)
+    cross = fit.transpose(-2, -1) @ score
+    diag = (vec * (cross @ vec)).sum(-2)  # (Vᵀ AᵀB V)_kk
+    safe = torch.where(lam > 0, lam, torch.ones_like(lam))
+    out = (diag / safe.sqrt()).sum(-1)
+    bad = ~(_well_conditioned(lam, POLAR_MIN_RATIO) & (lam[..., 0] > 0))
+    if bool(bad.any()):
+        u, _, vh = torch.linalg.svd(fit[bad])
+        out[bad] = ((u @ vh) * score[bad]).sum((-2, -1))
+    return out
 
 
 def plane_terms(blocks: torch.Tensor, split: HeadSplit) -> tuple[torch.Tensor, torch.Tensor]:

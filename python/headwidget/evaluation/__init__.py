@@ -1,5 +1,25 @@
-"""What a conversion or a quantizer does to a model's predictions, on held-out text."""
+"""What a conversion or a quantizer does to a model's predictions, on held-out text.
 
+- :func:`apply`: a converted copy of a model (``mqa``, ``gqa:G+align``, ``lrkv:r``, ``mla:d_c``,
+  ``rope:r``, ``mla:d_c+rope:r``...), runnable as a normal transformers model.
+- :func:`evaluate`: NLL, perplexity, KL and top-1 agreement (or the encoder measures) and KV bytes per
+  token of each variant, for the whole model and (``per_layer=True``) one layer at a time, as an
+  :class:`EvaluationReport`.
+"""
+
+from headwidget.evaluation._apply import AppliedVariant, apply
+from headwidget.evaluation._evaluate import evaluate
+from headwidget.evaluation._inputs import position_ids_from_mask
+from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals, predicted_positions
 
-__all__ = ["EncoderTotals", "PredictionTotals", "predicted_positions"]
+__all__ = [
+    "AppliedVariant",
+    "EncoderTotals",
+    "EvaluationReport",
+    "PredictionTotals",
+    "apply",
+    "evaluate",
+    "position_ids_from_mask",
+    "predicted_positions",
+]

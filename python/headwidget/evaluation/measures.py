@@ -66,8 +66,21 @@ class PredictionTotals:
         if not bool(keep.any()):
             return
         targets = input_ids.to(original_logits.device)[:, 1:][keep]
-        ref = torch.log_softmax(original_logits[:, :-1][keep].float(), dim=-1)
-        var = torch.log_softmax(variant_logits[:, :-1][keep].float(), dim=-1)
+        self.add_rows(original_logits[:, :-1][keep], variant_logits[:, :-1][keep], targets)
+
+    def add_rows(self, original: torch.Tensor, variant: torch.Tensor, targets: torch.Tensor) -> None:
+        """Add predicted positions already picked out: logits (N, V) and the tokens they predict (N,).
+
+        >>> t = PredictionTotals()
+        >>> t.add_rows(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([0, 3]))
+        >>> t.tokens, abs(t.nll - math.log(4)) < 1e-6
+        (2, True)
+        """
+        if not targets.numel():
+            return
+        targets = targets.to(variant.device)
+        ref = torch.log_softmax(original.to(variant.device).float(), dim=-1)
+        var = torch.log_softmax(variant.float(), dim=-1)
         nll = -var.gather(1, targets[:, None]).squeeze(1)
         kl = (ref.exp() * (ref - var)).sum(-1)
         self.tokens += int(targets.numel())

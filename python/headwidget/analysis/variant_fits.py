@@ -1,0 +1,237 @@
+"""Fit one layer to a variant spec: the per-head weights it becomes, its RoPE mask and its KV cost.
+
+:func:`fit_layer` turns a layer's :class:`~headwidget.core.weights.HeadWeights` (float64) into a
+:class:`LayerFit` for a :class:`~headwidget.analysis.variants.VariantSpec`:
+
+- ``model``: nothing changes; the cost is the layer's own.
+- ``mha``, ``gqa:G``, ``mqa``, ``lrkv:r``, ``mla:d_c``: exactly
+  :func:`~headwidget.analysis.conversions.convert` (data-aware when ``stats`` hold kind ``"input"``).
+  Merged heads (``mha``/``gqa``/``mqa``) get the group means of their K/V biases too; LRKV and MLA keep
+  every head's bias (a per-head constant, nothing to cache).
+- ``gqa:G+align``, ``mqa+align``: the KV heads are grouped by :func:`~headwidget.analysis.grouping.
+  group_heads` on the sum of the aligned key and value token-cosine scores of :func:`~headwidget.
+  analysis.alignment.align` (in-sample; RoPE-compatible for keys of RoPE models, orthogonal
+  otherwise); each group's rotations are fitted jointly by :func:`~headwidget.analysis.align_model.
+  fit_group_rotations` (keys RoPE-compatible, values orthogonal), applied by :func:`~headwidget.analysis.
+  merging.rotate_heads`, the groups made contiguous and merged by their means (:mod:`.merging`).
+- ``rope:r``: the weights are unchanged and each KV head keeps the ``r`` planes that
+  :func:`~headwidget.analysis.partial_rope.plane_scores` ranks highest rotating; the cost is unchanged.
+- ``mla:d_c+rope:r``: those planes, plus :func:`~headwidget.analysis.partial_rope.partial_rope_latent`
+  for the rest; cost ``d_c + G·2r``.
+
+Example:
+    >>> import torch
+    >>> from headwidget.analysis.variants import parse_variant
+    >>> r = lambda *s: torch.randn(*s, dtype=torch.float64)
+    >>> w = HeadWeights(q=r(4, 8, 16), k=r(4, 8, 16), v=r(4, 8, 16), o=r(4, 16, 8))
+    >>> fit = fit_layer(w, 0, parse_variant("gqa:2"), None, rope_planes=[], kv_target=2)
+    >>> fit.weights.num_kv_heads, fit.kv_elements, bool(torch.allclose(fit.weights.k[0], w.k[:2].mean(0)))
+    (2, 32, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from headwidget.analysis.align_model import fit_group_rotations
+from headwidget.analysis.alignment import align
+from headwidget.analysis.conversions import convert, input_sqrt
+from headwidget.analysis.grouping import group_heads
+from headwidget.analysis.merging import merge_groups, per_kv_head, regroup_heads, rotate_heads
+from headwidget.analysis.partial_rope import keep_mask, kept_planes, partial_rope_latent, plane_scores
+from headwidget.analysis.procrustes import HeadSplit
+from headwidget.analysis.variants import VariantSpec
+from headwidget.core.weights import HeadWeights
+from headwidget.errors import GroupCountError, MissingStatisticsError, UnsupportedConversionError
+from headwidget.stats import KVStats
+
+__all__ = ["LayerFit", "align_groups", "aligned_heads", "fit_layer", "rope_keep"]
+
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class LayerFit:
+    """What one layer becomes.
+
+    ``weights``: the per-head weights to write (None: unchanged); ``rope_keep``: (G, d_h) dims that keep
+    rotating (None: RoPE as it is); ``kv_elements``: the mechanism's cached elements per token;
+    ``factors``: the mechanism's factors (LRKV, MLA); ``groups``: the KV heads merged together
+    (``+align``); ``kept_planes``: (G, r) rotary plane indices kept per KV head (partial RoPE).
+    """
+
+    layer: int
+    weights: HeadWeights | None
+    rope_keep: torch.Tensor | None
+    kv_elements: int
+    weighting: str = "weight-space"
+    factors: dict[str, torch.Tensor] = field(default_factory=dict)
+    groups: list[list[int]] | None = None
+    kept_planes: torch.Tensor | None = None
+
+
+def _need(stats: KVStats | None, layer: int, kinds: Sequence[str], what: str, how: str) -> KVStats:
+    """``stats`` when they hold ``kinds`` for ``layer``; else a :class:`MissingStatisticsError`."""
+    if stats is None:
+        problem = "no statistics were given"
+    elif any(k not in stats.kinds for k in kinds):
+        problem = f"kinds {[k for k in kinds if k not in stats.kinds]} were not captured"
+    elif layer not in stats.layers:
+        problem = f"layer {layer} was not captured (captured: {stats.layers})"
+    else:
+        return stats
+    raise MissingStatisticsError(
+        f"{what} needs statistics of layer {layer} ({', '.join(kinds)}): {problem}; {how}"
+    )
+
+
+def align_groups(stats: KVStats, layer: int, groups: int) -> list[list[int]]:
+    """KV heads of ``layer`` grouped by their aligned key + value similarity (see the module doc).
+
+    Raises:
+        GroupCountError: ``groups`` does not divide the number of KV heads (the message names those
+            that do).
+    """
+    kv = stats.meta.layout.num_kv_heads
+    if groups < 1 or kv % groups:
+        divisors = ", ".join(str(g) for g in range(1, kv + 1) if kv % g == 0)
+        raise GroupCountError(
+            f"gqa:{groups}+align merges the model's {kv} KV heads into equal groups: G must divide {kv} "
+            f"(possible: {divisors})"
+        )
+    if groups == 1:
+        return [list(range(kv))]
+    keys = align(stats, layer, "key", heldout=False).after
+    values = align(stats, layer, "value", heldout=False).after
+    return group_heads(keys + values, groups)
+
+
+def aligned_heads(
+    w: HeadWeights,
+    stats: KVStats,
+    layer: int,
+    groups: Sequence[Sequence[int]],
+    rope_planes: Sequence[tuple[int, int]],
+) -> HeadWeights:
+    """``w`` rotated so that the KV heads of each group agree, with the groups made contiguous.
+
+    The layer's function is unchanged (rotations and a permutation of heads); merging the result with
+    :func:`~headwidget.analysis.merging.merge_groups` is the ``+align`` conversion.
+    """
+    d_h, d_v = int(w.k.shape[1]), int(w.v.shape[1])
+    key_gram = stats.moments(layer, "key").token_gram()
+    value_gram = stats.moments(layer, "value").token_gram()
+    rk = fit_group_rotations(key_gram, HeadSplit.make(d_h, rope_planes), groups).to("cpu", F64)
+    rv = fit_group_rotations(value_gram, HeadSplit.make(d_v, []), groups).to("cpu", F64)
+    return regroup_heads(rotate_heads(w, rk, rv), groups)
+
+
+def rope_keep(
+    w: HeadWeights, stats: KVStats | None, layer: int, pairs: int, rope_planes: Sequence[tuple[int, int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep (G, d_h) bool, kept planes (G, r))`` of partial RoPE with ``pairs`` planes per KV head."""
+    if not rope_planes:
+        raise UnsupportedConversionError("partial RoPE needs a model with rotary position embeddings")
+    stats = _need(stats, layer, ["input"], f"rope:{pairs} (the 2-norm ranking of rotary pairs)",
+                  "capture them with inputs=True")  # fmt: skip
+    m = stats.moments(layer, "input")
+    mean = m.mean.to("cpu", F64)
+    second = (m.gram() / max(m.count, 1)).to("cpu", F64)
+    kept = kept_planes(plane_scores(w, second, mean, rope_planes), pairs)
+    return keep_mask(kept, rope_planes, int(w.k.shape[1])), kept
+
+
+def _group_bias(b: torch.Tensor | None, w: HeadWeights, groups: int) -> torch.Tensor | None:
+    if b is None:
+        return None
+    per_query = b[w.kv_of]
+    return per_query.reshape(groups, w.num_heads // groups, -1).mean(1)
+
+
+def _to_kv(new: HeadWeights, kv_target: int) -> HeadWeights:
+    """``new`` laid out with ``kv_target`` KV heads (copies of merged heads, or groups of equal ones)."""
+    if new.num_kv_heads == kv_target:
+        return new
+    kv_of = new.kv_of
+
+    def lay(t: torch.Tensor | None, what: str) -> torch.Tensor | None:
+        return None if t is None else per_kv_head(t[kv_of], kv_target, what=what)
+
+    try:
+        k, v = lay(new.k, "keys"), lay(new.v, "values")
+        assert k is not None and v is not None
+        return replace(
+            new, k=k, v=v, k_bias=lay(new.k_bias, "key biases"), v_bias=lay(new.v_bias, "value biases")
+        )
+    except GroupCountError as err:
+        raise UnsupportedConversionError(
+            f"this model family keeps {kv_target} KV heads per layer and cannot hold {new.num_kv_heads}: "
+            f"{err}; choose G dividing {kv_target} or a multiple of it"
+        ) from err
+
+
+def fit_layer(
+    w: HeadWeights,
+    layer: int,
+    spec: VariantSpec,
+    stats: KVStats | None,
+    *,
+    rope_planes: Sequence[tuple[int, int]],
+    kv_target: int | None,
+) -> LayerFit:
+    """Fit ``layer`` (its weights ``w``) to ``spec`` (see the module docstring).
+
+    ``rope_planes`` are the model's rotary planes (pre-RoPE key layout); ``kv_target`` the number of KV
+    heads the written weights must have (None: whatever the mechanism has, for families that can
+    change it).
+
+    Raises:
+        MissingStatisticsError: ``+align`` without key/value statistics, partial RoPE without
+            ``inputs=True``, or a data-aware fit (``stats`` given) whose layer has no input statistics.
+        GroupCountError, RankRangeError: a G, r or d_c the layer does not allow.
+        UnsupportedConversionError: a result the family cannot hold.
+    """
+    heads, kv = w.num_heads, w.num_kv_heads
+    d_h, d_v = int(w.k.shape[1]), int(w.v.shape[1])
+    data_aware = stats is not None
+    weighting = "data-aware" if data_aware else "weight-space"
+    if spec.mechanism == "model":
+        return LayerFit(layer, None, None, w.kv_elements())
+    if spec.mechanism == "rope":
+        keep, kept = rope_keep(w, stats, layer, int(spec.arg or 0), rope_planes)
+        return LayerFit(layer, None, keep, w.kv_elements(), "data-aware", kept_planes=kept)
+    if spec.align:
+        groups_wanted = 1 if spec.mechanism == "mqa" else int(spec.arg or 0)
+        stats = _need(stats, layer, ["key", "value"], f"{spec.text} (aligning heads before merging them)",
+                      "capture them from this model (keys and values are captured by default)")  # fmt: skip
+        groups = align_groups(stats, layer, groups_wanted)
+        merged = merge_groups(aligned_heads(w, stats, layer, groups, rope_planes), groups_wanted)
+        target = merged.num_kv_heads if kv_target is None else kv_target
+        return LayerFit(layer, _to_kv(merged, target), None, groups_wanted * (d_h + d_v), "data-aware",
+                        groups=[list(g) for g in groups])  # fmt: skip
+    if spec.mechanism in ("lrkv", "mla") and data_aware:
+        _need(stats, layer, ["input"], f"the data-aware {spec.text} fit",
+              "capture them with inputs=True, or pass stats=None for the weight-space fit")  # fmt: skip
+    if spec.rope is not None:
+        keep, kept = rope_keep(w, stats, layer, spec.rope, rope_planes)
+        fit = partial_rope_latent(w, keep, int(spec.arg or 0), input_sqrt(stats, layer))
+        factors = {"down": fit.down, "k_up": fit.k_up, "v_up": fit.v_up, "rope_keep": keep}
+        new = replace(w, k=fit.k, v=fit.v, mechanism="mla")
+        return LayerFit(layer, new, keep, fit.elements, "data-aware", factors, kept_planes=kept)
+    base = str(spec.base)
+    c = convert(w, layer, base, stats if spec.mechanism in ("lrkv", "mla") else None)
+    if spec.mechanism in ("mha", "gqa", "mqa"):
+        groups_n = heads if spec.mechanism == "mha" else 1 if spec.mechanism == "mqa" else int(spec.arg or 0)
+        k = per_kv_head(c.k_weight, groups_n)
+        v = per_kv_head(c.v_weight, groups_n)
+        new = replace(w, k=k, v=v, k_bias=_group_bias(w.k_bias, w, groups_n),
+                      v_bias=_group_bias(w.v_bias, w, groups_n), mechanism=c.mechanism)  # fmt: skip
+        target = groups_n if kv_target is None else kv_target
+        return LayerFit(layer, _to_kv(new, target), None, c.kv_elements, "weight-space")
+    k, v = per_kv_head(c.k_weight, kv), per_kv_head(c.v_weight, kv)
+    new = replace(w, k=k, v=v, mechanism=c.mechanism)
+    target = kv if kv_target is None else kv_target
+    return LayerFit(layer, _to_kv(new, target), None, c.kv_elements, weighting, dict(c.factors))

@@ -1,0 +1,290 @@
+"""``apply(model, spec)``: a converted copy of a model that runs as a normal transformers model.
+
+Each layer is fitted by :func:`~headwidget.analysis.variant_fits.fit_layer` (float64, from the
+original weights) and written into a copy by the model's adapter:
+
+- **GQA/MQA/MHA on the Llama family** give a real model with that many KV heads: the layers' ``k_proj``
+  / ``v_proj`` shrink (or grow), ``num_key_value_groups`` follows, and when every layer is converted
+  ``config.num_key_value_heads`` is updated, so ``save_pretrained`` / ``from_pretrained`` round-trip and
+  transformers' own KV cache is that much smaller. (Converting only some layers gives a model that runs
+  but whose config cannot describe it.)
+- **Every other family** (GPT-2, GPT-NeoX, Falcon, GPT-BigCode, BERT) keeps its KV-head count: merged
+  heads are written as copies (numerically the mechanism's output; the cache the family allocates is
+  unchanged, the bytes reported are the mechanism's). A merge the layer cannot hold as copies (``gqa:3``
+  on 6 query heads over 2 KV heads) is refused.
+- **LRKV and MLA** give the same class with the reconstructed K/V weights (numerically the mechanism's
+  output); the factors are kept on ``variant.headwidget_variant.factors``.
+- **Partial RoPE** (``rope:r``, ``mla:d_c+rope:r``) changes how the attention applies RoPE: Llama,
+  Mistral and Qwen2 only (:mod:`headwidget.adapters._partial_rope`); the mask does not survive
+  ``save_pretrained``.
+- DeepSeek (already MLA) supports only ``model``.
+
+Example:
+    >>> import torch, headwidget
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    >>> mqa = apply(model, "mqa")
+    >>> mqa.config.num_key_value_heads, model.config.num_key_value_heads
+    (1, 2)
+    >>> mqa.headwidget_variant.kv_bytes_per_token(torch.bfloat16)  # 2 layers × (8 + 8) × 2 bytes
+    64
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from headwidget.adapters import Adapter, adapter_for
+from headwidget.analysis.conversions import _check_stats_source
+from headwidget.analysis.variant_fits import LayerFit, fit_layer
+from headwidget.analysis.variants import VariantSpec, parse_variant
+from headwidget.errors import (
+    LayerIndexError,
+    StatsMismatchError,
+    UnsupportedAlignmentError,
+    UnsupportedConversionError,
+)
+from headwidget.stats import KVStats
+
+__all__ = [
+    "AppliedVariant",
+    "applied_variant",
+    "apply",
+    "build_variant",
+    "check_stats",
+    "compact_fits",
+    "fit_variant",
+    "layer_kv_elements",
+    "resolve_layers",
+]
+
+
+@dataclass
+class AppliedVariant:
+    """What :func:`apply` did, kept on the returned model as ``headwidget_variant``.
+
+    ``kv_elements`` holds the cached K/V elements per token of every layer (converted or not);
+    ``fits`` the per-layer fits of the converted layers (their ``factors``, merged ``groups``,
+    ``rope_keep`` and ``kept_planes``; the written weights are in the model, not kept here).
+    """
+
+    spec: str
+    layers: list[int]
+    kv_elements: dict[int, int]
+    fits: dict[int, LayerFit] = field(repr=False, default_factory=dict)
+
+    @property
+    def factors(self) -> dict[int, dict[str, torch.Tensor]]:
+        """The mechanism's factors per converted layer (LRKV, MLA; empty dicts otherwise)."""
+        return {layer: fit.factors for layer, fit in self.fits.items()}
+
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> int:
+        """K/V cache bytes per token of the whole model (all layers, K and V) in ``dtype``."""
+        return sum(self.kv_elements.values()) * torch.empty((), dtype=dtype).element_size()
+
+
+def applied_variant(model: nn.Module) -> AppliedVariant:
+    """The :class:`AppliedVariant` a model built by :func:`apply` carries."""
+    info = getattr(model, "headwidget_variant", None)
+    if not isinstance(info, AppliedVariant):
+        raise TypeError(f"{type(model).__name__} was not built by headwidget.apply")
+    return info
+
+
+def resolve_layers(adapter: Adapter, layers: Iterable[int] | None) -> list[int]:
+    """Sorted, non-negative layer indices (default: every layer).
+
+    Raises:
+        LayerIndexError: an index outside the model.
+    """
+    total = adapter.layout().num_layers
+    if layers is None:
+        return list(range(total))
+    out = set()
+    for layer in layers:
+        if isinstance(layer, bool) or not -total <= int(layer) < total:
+            raise LayerIndexError(
+                f"layer {layer} is out of range: the model has {total} layers (0..{total - 1})"
+            )
+        out.add(int(layer) % total)
+    return sorted(out)
+
+
+def check_stats(model: nn.Module, adapter: Adapter, stats: KVStats | None) -> None:
+    """Refuse statistics captured from another model.
+
+    Raises:
+        StatsMismatchError: the model class, its config or its attention layout differ.
+    """
+    if stats is None:
+        return
+    _check_stats_source(model, stats)
+    if stats.meta.layout != adapter.layout():
+        raise StatsMismatchError(
+            "these statistics were captured from a model with another attention layout; capture them "
+            "from this model"
+        )
+
+
+def _check_buildable(adapter: Adapter, spec: VariantSpec) -> None:
+    if spec.mechanism == "model":
+        return
+    reason = adapter.conversion_blocker()
+    if reason is not None:
+        raise UnsupportedConversionError(f"{type(adapter.model).__name__} ({adapter.family}): {reason}")
+    if spec.align:
+        reason = adapter.alignment_blocker()
+        if reason is not None:
+            raise UnsupportedAlignmentError(f"{spec.text}: {reason}")
+    if spec.rope_pairs is not None:
+        reason = adapter.partial_rope_blocker()
+        if reason is not None:
+            raise UnsupportedConversionError(f"{spec.text}: {reason}")
+
+
+def fit_variant(
+    model: nn.Module, spec: str | VariantSpec, stats: KVStats | None, layers: Sequence[int]
+) -> dict[int, LayerFit]:
+    """The per-layer fits of ``spec`` for ``layers`` of ``model`` (nothing is built)."""
+    adapter = adapter_for(model)
+    parsed = spec if isinstance(spec, VariantSpec) else parse_variant(spec)
+    _check_buildable(adapter, parsed)
+    planes = adapter.layout().rope.planes()
+    out = {}
+    for layer in layers:
+        kv_target = None if adapter.resizable_kv_heads else adapter.kv_heads_of(adapter.attention_at(layer))
+        out[layer] = fit_layer(adapter.head_weights(layer), layer, parsed, stats, rope_planes=planes,
+                               kv_target=kv_target)  # fmt: skip
+    return out
+
+
+def layer_kv_elements(adapter: Adapter, layer: int) -> int:
+    """Cached K/V elements per token of ``layer`` as the model holds it now (latent + rotary key for MLA)."""
+    lay = adapter.layout()
+    if lay.mechanism == "mla" and lay.latent_dim:
+        return int(lay.latent_dim) + lay.rope.rotary_dim
+    return adapter.kv_heads_of(adapter.attention_at(layer)) * (lay.head_dim + lay.value_head_dim)
+
+
+def _block_prefix(name: str) -> str:
+    """``model.layers.3.self_attn`` → ``model.layers.3`` (the layer's block in its ModuleList)."""
+    m = re.match(r"(.*\.\d+)(\.|$)", name)
+    return m.group(1) if m else name
+
+
+def _copy(model: nn.Module, adapter: Adapter, layers: Sequence[int], share: bool) -> nn.Module:
+    if not share:
+        return copy.deepcopy(model)
+    names = {id(m): n for n, m in model.named_modules()}
+    blocks = [_block_prefix(names[id(adapter.attention_at(layer))]) for layer in layers]
+    own = {
+        id(t)
+        for b in blocks
+        for t in (*model.get_submodule(b).parameters(), *model.get_submodule(b).buffers())
+    }
+    memo: dict[int, object] = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in own}
+    return copy.deepcopy(model, memo)
+
+
+def compact_fits(fits: dict[int, LayerFit], dtype: torch.dtype) -> dict[int, LayerFit]:
+    """``fits`` with their weights stored in ``dtype`` (the dtype of the model they will be written into:
+    writing them gives the same bits as writing the float64 originals, in a fraction of the memory)."""
+
+    def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(dtype)
+
+    out = {}
+    for layer, fit in fits.items():
+        w = fit.weights
+        if w is not None:
+            w = replace(w, q=w.q.to(dtype), k=w.k.to(dtype), v=w.v.to(dtype), o=w.o.to(dtype),
+                        q_bias=cast(w.q_bias), k_bias=cast(w.k_bias), v_bias=cast(w.v_bias),
+                        o_bias=cast(w.o_bias))  # fmt: skip
+        out[layer] = replace(fit, weights=w)
+    return out
+
+
+def build_variant(
+    model: nn.Module,
+    spec: str,
+    fits: dict[int, LayerFit],
+    *,
+    share: bool = False,
+) -> nn.Module:
+    """A copy of ``model`` with the fitted layers written in (see the module docstring).
+
+    ``share=True`` copies only the converted layers' blocks and shares every other parameter with
+    ``model`` (for evaluation; never hand such a copy out).
+    """
+    adapter = adapter_for(model)
+    layers = sorted(fits)
+    out = _copy(model, adapter, layers, share)
+    target = adapter_for(out)
+    for layer in layers:
+        fit = fits[layer]
+        attention = target.attention_at(layer)
+        if fit.weights is not None:
+            target.write_head_weights(attention, fit.weights)
+        if fit.rope_keep is not None:
+            target.set_partial_rope(attention, fit.rope_keep)
+    if target.resizable_kv_heads:
+        counts = {target.kv_heads_of(a) for a in target.attention_modules()}
+        if len(counts) == 1:
+            target.set_config_kv_heads(counts.pop())
+    kv_elements = {
+        layer: fits[layer].kv_elements if layer in fits else layer_kv_elements(adapter, layer)
+        for layer in range(adapter.layout().num_layers)
+    }
+    kept = {layer: replace(fit, weights=None) for layer, fit in fits.items()}  # written: not kept twice
+    out.headwidget_variant = AppliedVariant(parse_variant(spec).text, layers, kv_elements, kept)  # type: ignore[assignment]
+    return out
+
+
+def apply(
+    model: nn.Module,
+    spec: str,
+    stats: KVStats | None = None,
+    layers: Iterable[int] | None = None,
+) -> nn.Module:
+    """A converted copy of ``model`` (``model`` itself is not changed; see the module docstring).
+
+    Args:
+        model: a supported transformers model.
+        spec: a variant spec: ``model``, ``mha``, ``gqa:G``, ``mqa``, ``lrkv:r``, ``mla:d_c``,
+            ``gqa:G+align``, ``mqa+align``, ``rope:r`` or ``mla:d_c+rope:r``
+            (:mod:`headwidget.analysis.variants`).
+        stats: statistics of ``model``: ``+align`` needs its keys and values; ``rope:r`` and data-aware
+            LRKV/MLA fits need ``inputs=True``. Without them LRKV/MLA are weight-space.
+        layers: the layers to convert (default: all).
+
+    Returns:
+        The converted model, in eval mode like ``model``, with ``headwidget_variant``
+        (:class:`AppliedVariant`: spec, layers, KV elements per layer, factors).
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)).eval()
+        >>> lrkv = apply(gpt2, "lrkv:2", layers=[1])
+        >>> lrkv.headwidget_variant.kv_elements, sorted(lrkv.headwidget_variant.factors[1])[:2]
+        ({0: 64, 1: 32}, ['k_down', 'k_shared'])
+
+    Raises:
+        MechanismSpecError: an unreadable spec. GroupCountError / RankRangeError: a G, r or d_c the
+        model does not allow (the message names the possible values). MissingStatisticsError: a fit
+        without the statistics it needs. StatsMismatchError: statistics of another model.
+        UnsupportedConversionError / UnsupportedAlignmentError: a variant the family cannot be built as.
+    """
+    adapter = adapter_for(model)
+    parsed = parse_variant(spec)
+    check_stats(model, adapter, stats)
+    chosen = resolve_layers(adapter, layers)
+    fits = fit_variant(model, parsed, stats, chosen)
+    return build_variant(model, parsed.text, fits)

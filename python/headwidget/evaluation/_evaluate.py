@@ -1,0 +1,217 @@
+"""``evaluate(model, texts, variants)``: what each variant does to the model's predictions, and its cost.
+
+The model is run once in ``dtype`` on the evaluation batches (the reference), then every variant: each
+is fitted from the original weights (float64; see :func:`~headwidget.evaluation.apply`), built into a
+copy that shares every unconverted parameter with the reference, and run on the same batches. The
+reference's predicted-position logits are kept between variants when they fit :data:`LOGITS_BUDGET`
+bytes, else recomputed. ``model`` itself is never changed (a ``dtype`` other than its own, or a model in
+training mode, is run on an eval-mode copy).
+
+Measures (:mod:`headwidget.evaluation.measures`) are over every predicted token; padding never counts,
+positions come from the attention mask, so left and right padding give the same numbers.
+
+Example:
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    >>> ids = torch.randint(0, 64, (4, 24), generator=torch.Generator().manual_seed(0))
+    >>> report = evaluate(model, ids, ["model", "mqa", "lrkv:4"], dtype=torch.float32, progress=False)
+    >>> report.kl["model"], report.top1["model"], report.kv_bytes_per_token
+    (0.0, 1.0, {'model': 256, 'mqa': 128, 'lrkv:4': 384})
+    >>> report.tokens, report.nll["mqa"] > report.nll["model"] - 1.0
+    (92, True)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from headwidget.adapters import adapter_for
+from headwidget.analysis.variants import parse_variant
+from headwidget.capture.inputs import Batch
+from headwidget.evaluation._apply import (
+    applied_variant,
+    build_variant,
+    check_stats,
+    compact_fits,
+    fit_variant,
+    layer_kv_elements,
+    resolve_layers,
+)
+from headwidget.evaluation._inputs import evaluation_batches, fingerprint, predicted_count
+from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
+from headwidget.evaluation._report import EvaluationReport
+from headwidget.evaluation._sweep import layer_sweep
+from headwidget.evaluation.measures import EncoderTotals, PredictionTotals
+from headwidget.stats import KVStats
+
+__all__ = ["LOGITS_BUDGET", "evaluate"]
+
+#: Bytes of reference logits kept between variants (beyond it they are recomputed per variant).
+LOGITS_BUDGET = 4 * 2**30
+
+
+def _working_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model`` itself when it is in ``dtype`` and eval mode (it is only read), else an eval-mode copy."""
+    floating = [p for p in (*model.parameters(), *model.buffers()) if p.is_floating_point()]
+    if all(p.dtype == dtype for p in floating) and not model.training:
+        return model
+    return copy.deepcopy(model).to(dtype).eval()
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar: Any = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="fwd", desc="evaluate")
+
+    def __call__(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _totals(kind: str) -> PredictionTotals | EncoderTotals:
+    return PredictionTotals() if kind == "causal-lm" else EncoderTotals()
+
+
+def _add(totals: PredictionTotals | EncoderTotals, ref: BatchOutput, var: BatchOutput) -> None:
+    if isinstance(totals, PredictionTotals):
+        assert var.targets is not None
+        totals.add_rows(ref.values, var.values, var.targets)
+    else:
+        assert var.mask is not None
+        totals.add(ref.values, var.values, var.mask)
+
+
+def _summary(totals: PredictionTotals | EncoderTotals) -> dict[str, float]:
+    if isinstance(totals, PredictionTotals):
+        return {"nll": totals.nll, "perplexity": totals.perplexity, "kl": totals.kl, "top1": totals.top1}
+    return {"hidden_rel_error": totals.hidden_rel_error, "embedding_cosine": totals.embedding_cosine}
+
+
+def evaluate(
+    model: nn.Module,
+    texts: Any,
+    variants: Sequence[str],
+    *,
+    tokenizer: Any = None,
+    stats: KVStats | None = None,
+    layers: Iterable[int] | None = None,
+    per_layer: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    batch_size: int = 8,
+    max_length: int = 512,
+    max_tokens: int | None = None,
+    progress: bool = True,
+) -> EvaluationReport:
+    """Measure each variant of ``model`` on held-out ``texts`` (see the module docstring).
+
+    Args:
+        model: a supported transformers model (a causal LM, or a BERT-style encoder).
+        texts: what :func:`headwidget.capture` accepts: a string, strings (with ``tokenizer``), a
+            LongTensor of ids, or dicts with ``input_ids`` and ``attention_mask``. Use text the
+            statistics were not captured on (``english_sample(split="evaluation")``).
+        variants: variant specs (:func:`~headwidget.evaluation.apply`), e.g.
+            ``["model", "mqa", "mqa+align", "lrkv:16", "mla:128", "mla:96+rope:8"]``.
+        stats: statistics of ``model`` (``+align`` needs keys/values; ``rope:r`` and data-aware
+            LRKV/MLA need ``inputs=True``).
+        layers: the layers each variant converts (default: all); with ``per_layer`` also the layers swept.
+        per_layer: also measure each variant with only one layer converted, for every layer.
+        dtype: the dtype the model and the variants run in; KV bytes are counted in it too.
+        max_tokens: use at most this many real tokens of ``texts``.
+        progress: show a progress bar (in forwards).
+
+    Returns:
+        :class:`~headwidget.evaluation.EvaluationReport`.
+
+    Raises:
+        MechanismSpecError, GroupCountError, RankRangeError, MissingStatisticsError,
+        StatsMismatchError, UnsupportedConversionError: as :func:`~headwidget.evaluation.apply`.
+        EvaluationInputError: texts with fewer than two tokens in every sequence.
+        NonFiniteLogitsError: a variant's outputs are not finite (the message names it and the layer).
+    """
+    adapter = adapter_for(model)
+    specs = [parse_variant(v).text for v in variants]
+    if not specs:
+        raise ValueError("give at least one variant, e.g. ['model', 'mqa']")
+    specs = list(dict.fromkeys(specs))
+    check_stats(model, adapter, stats)
+    chosen = resolve_layers(adapter, layers)
+    runner = OutputRunner.for_model(model)
+    lm = runner.kind == "causal-lm"
+    batches: list[Batch] = evaluation_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length,
+                                              max_tokens=max_tokens, min_tokens=2 if lm else 1)  # fmt: skip
+    base = _working_copy(model, dtype)
+    weight_dtype = next(base.parameters()).dtype
+    fits = {
+        s: compact_fits(fit_variant(model, s, stats, chosen), weight_dtype) for s in specs if s != "model"
+    }
+    base_adapter = adapter_for(base)
+    converted = [s for s in specs if s != "model"]
+    sweep_forwards = len(batches) * (1 + len(converted) * len(chosen)) if per_layer else 0
+    tick = _Progress(len(batches) * (1 + len(converted)) + sweep_forwards, progress)
+    try:
+        reference_totals = _totals(runner.kind)
+        cached: list[BatchOutput] | None = []
+        width = 0
+        for batch in batches:
+            out = runner(base, batch)
+            if not out.finite():
+                raise_non_finite(base, batch, runner.device, "model", "nothing converted")
+            _add(reference_totals, out, out)
+            width += out.values.numel() * out.values.element_size()
+            cached = None if cached is None or width > LOGITS_BUDGET else [*cached, out]
+            tick(1)
+        measures: dict[str, dict[str, float]] = {}
+        size = torch.empty((), dtype=dtype).element_size()
+        kv_bytes: dict[str, int] = {}
+        for spec in specs:
+            if spec == "model":
+                measures[spec] = _summary(reference_totals)
+                lay = base_adapter.layout()
+                kv_bytes[spec] = size * sum(layer_kv_elements(base_adapter, i) for i in range(lay.num_layers))
+                continue
+            variant = build_variant(base, spec, fits[spec], share=True)
+            totals = _totals(runner.kind)
+            for b, batch in enumerate(batches):
+                ref = cached[b] if cached is not None else runner(base, batch)
+                out = runner(variant, batch)
+                if not out.finite():
+                    raise_non_finite(variant, batch, runner.device, spec, f"layers {chosen} converted")
+                _add(totals, ref, out)
+                tick(1)
+            measures[spec] = _summary(totals)
+            kv_bytes[spec] = applied_variant(variant).kv_bytes_per_token(dtype)
+            del variant
+            if not per_layer:
+                del fits[spec]  # built and measured: only the sweep would need them again
+        sweep = None
+        if per_layer:
+            sweep = layer_sweep(base, batches, fits, chosen, runner, tick=tick)
+            if "model" in specs:
+                sweep = {"model": [0.0] * len(chosen), **sweep}
+            sweep = {s: sweep[s] for s in specs}
+    finally:
+        tick.close()
+    calibration = {} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)}
+    return EvaluationReport(
+        model=str(getattr(model.config, "name_or_path", "") or type(model).__name__),
+        kind=runner.kind, variants=specs, measures=measures, kv_bytes_per_token=kv_bytes,
+        tokens=predicted_count(batches) if lm else sum(int(b.attention_mask.sum()) for b in batches),
+        sequences=sum(int((b.attention_mask.sum(-1) > 0).sum()) for b in batches),
+        fingerprint=fingerprint(batches), dtype=str(dtype), layers=chosen, per_layer=sweep,
+        per_layer_measure=None if sweep is None else ("delta_nll" if lm else "hidden_rel_error"),
+        calibration=calibration,
+    )  # fmt: skip

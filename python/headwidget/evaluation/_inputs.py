@@ -1,0 +1,129 @@
+"""Evaluation batches: the texts as padded batches, the token budget, positions and a fingerprint.
+
+Positions are derived from the attention mask (:func:`position_ids_from_mask`): each real token's
+position is the number of real tokens before it in its row, so a left-padded row is computed exactly as
+the same row right-padded or unpadded. (The capture code has its own copy of this rule; evaluation keeps
+this small helper so that the two layers stay independent.)
+
+Example:
+    >>> import torch
+    >>> position_ids_from_mask(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0]])).tolist()
+    [[0, 0, 0, 1], [0, 1, 2, 2]]
+    >>> batches = evaluation_batches(torch.arange(1, 21).reshape(2, 10), max_tokens=13)
+    >>> [int(b.attention_mask.sum()) for b in batches], predicted_count(batches)
+    ([13], 11)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from headwidget.capture.inputs import Batch, iter_batches
+from headwidget.errors import EvaluationInputError
+from headwidget.evaluation.measures import predicted_positions
+
+__all__ = [
+    "evaluation_batches",
+    "fingerprint",
+    "forward_kwargs",
+    "position_ids_from_mask",
+    "predicted_count",
+]
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions: the count of real tokens before each position in its row (padding gets the
+    position of its neighbour; it is never read)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _budget(batches: list[Batch], max_tokens: int | None) -> list[Batch]:
+    if max_tokens is None:
+        return batches
+    out, left = [], int(max_tokens)
+    for batch in batches:
+        if left <= 0:
+            break
+        mask = batch.attention_mask.clone()
+        real = mask.sum(-1)
+        for row in range(mask.shape[0]):
+            n = int(real[row])
+            if n > left:  # keep this row's first `left` real tokens, drop the rest
+                idx = torch.nonzero(mask[row]).flatten()
+                mask[row, idx[left:]] = 0
+                n = left
+            left -= n
+        keep = mask.sum(-1) > 0
+        out.append(Batch(batch.input_ids[keep], mask[keep]))
+    return out
+
+
+def predicted_count(batches: list[Batch]) -> int:
+    """How many tokens are predicted (a real token following a real token) over ``batches``."""
+    return sum(int(predicted_positions(b.attention_mask).sum()) for b in batches)
+
+
+def evaluation_batches(
+    texts: Any,
+    tokenizer: Any = None,
+    *,
+    batch_size: int = 8,
+    max_length: int = 512,
+    max_tokens: int | None = None,
+    min_tokens: int = 2,
+) -> list[Batch]:
+    """The evaluation texts as batches (the forms ``capture`` accepts), cut to ``max_tokens`` real tokens.
+
+    Raises:
+        CaptureInputError: a form of ``texts`` that cannot be read.
+        EvaluationInputError: no sequence has ``min_tokens`` real tokens (two for a language model,
+            whose first token is never predicted).
+    """
+    batches = [b for b in _budget(list(iter_batches(texts, tokenizer, batch_size=batch_size,
+                                                     max_length=max_length)), max_tokens)
+               if int(b.attention_mask.sum())]  # fmt: skip
+    longest = max((int(b.attention_mask.sum(-1).max()) for b in batches), default=0)
+    if longest < min_tokens:
+        raise EvaluationInputError(
+            f"the evaluation texts give at most {longest} real token(s) per sequence; a measure needs "
+            f"sequences of at least {min_tokens} tokens (a sequence's first token is not predicted): "
+            "give longer texts or raise max_tokens"
+        )
+    return batches
+
+
+def fingerprint(batches: list[Batch]) -> str:
+    """A short hash of the real token ids of every sequence, in order (padding and layout ignored).
+
+    >>> a = Batch(torch.tensor([[5, 6, 0]]), torch.tensor([[1, 1, 0]]))
+    >>> b = Batch(torch.tensor([[0, 5, 6]]), torch.tensor([[0, 1, 1]]))
+    >>> fingerprint([a]) == fingerprint([b]), len(fingerprint([a]))
+    (True, 16)
+    """
+    digest = hashlib.sha256()
+    for batch in batches:
+        for ids, mask in zip(batch.input_ids, batch.attention_mask, strict=True):
+            row = ids[mask.bool()].to(torch.int64).numpy()
+            digest.update(len(row).to_bytes(8, "little"))
+            digest.update(row.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def forward_kwargs(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, Any]:
+    """Keyword arguments for ``model(**kwargs)`` on ``batch``: ids, mask, positions from the mask
+    (when the forward takes ``position_ids``) and ``use_cache=False`` (when it takes ``use_cache``)."""
+    params = inspect.signature(model.forward).parameters
+    kwargs: dict[str, Any] = {
+        "input_ids": batch.input_ids.to(device),
+        "attention_mask": batch.attention_mask.to(device),
+    }
+    if "position_ids" in params:
+        kwargs["position_ids"] = position_ids_from_mask(batch.attention_mask).to(device)
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    return kwargs

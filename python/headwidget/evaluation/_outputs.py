@@ -1,0 +1,104 @@
+"""Run a model on an evaluation batch and keep what the measures read; say where outputs go non-finite.
+
+A causal language model gives the logits of its predicted positions (position t predicting token t + 1
+of the same row, both real) and their targets; an encoder (BERT/MiniLM: no language-model head) its
+last hidden states with the attention mask.
+
+Example:
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> from headwidget.capture.inputs import Batch
+    >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4)).eval()
+    >>> run = OutputRunner.for_model(gpt2)
+    >>> out = run(gpt2, Batch(torch.tensor([[3, 4, 5]]), torch.tensor([[1, 1, 0]])))
+    >>> run.kind, tuple(out.values.shape), out.targets.tolist()
+    ('causal-lm', (1, 64), [4])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headwidget.adapters import adapter_for
+from headwidget.capture.inputs import Batch
+from headwidget.errors import NonFiniteLogitsError
+from headwidget.evaluation._inputs import forward_kwargs
+from headwidget.evaluation._layers import LayerBlocks, first_tensor
+from headwidget.evaluation.measures import predicted_positions
+
+__all__ = ["BatchOutput", "OutputRunner", "raise_non_finite"]
+
+
+@dataclass
+class BatchOutput:
+    """Logits rows (N, V) and targets (N,) of a language model, or hidden states (B, T, D) and the
+    mask of an encoder (``targets`` None)."""
+
+    values: torch.Tensor
+    targets: torch.Tensor | None
+    mask: torch.Tensor | None = None
+
+    def finite(self) -> bool:
+        if self.mask is None:
+            return bool(torch.isfinite(self.values).all())
+        return bool(torch.isfinite(self.values[self.mask.bool().to(self.values.device)]).all())
+
+
+@dataclass(frozen=True)
+class OutputRunner:
+    """How to read the measured outputs of one kind of model (``"causal-lm"`` or ``"encoder"``)."""
+
+    kind: str
+    device: torch.device
+
+    @classmethod
+    def for_model(cls, model: nn.Module) -> OutputRunner:
+        adapter = adapter_for(model)
+        get_head = getattr(model, "get_output_embeddings", None)
+        has_head = callable(get_head) and get_head() is not None
+        kind = "causal-lm" if adapter.family != "bert" and has_head else "encoder"
+        return cls(kind, next(model.parameters()).device)
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module, batch: Batch) -> BatchOutput:
+        out = model(**forward_kwargs(model, batch, self.device))
+        if self.kind == "causal-lm":
+            keep = predicted_positions(batch.attention_mask).to(self.device)
+            targets = batch.input_ids.to(self.device)[:, 1:][keep]
+            return BatchOutput(out.logits[:, :-1][keep], targets)
+        hidden = getattr(out, "last_hidden_state", None)
+        if hidden is None:
+            hidden = out[0]
+        return BatchOutput(hidden, None, batch.attention_mask)
+
+
+@torch.no_grad()
+def _first_non_finite_layer(model: nn.Module, batch: Batch, device: torch.device) -> int | None:
+    blocks = LayerBlocks.of(model, adapter_for(model))
+    sink: list[object] = []
+    with blocks.recording(model, sink):
+        model(**forward_kwargs(model, batch, device))
+    real = batch.attention_mask.bool().to(device)
+    for layer, output in enumerate(sink):
+        hidden = first_tensor(output)
+        if hidden is not None and not bool(torch.isfinite(hidden[real]).all()):
+            return layer
+    return None
+
+
+def raise_non_finite(model: nn.Module, batch: Batch, device: torch.device, spec: str, converted: str) -> None:
+    """Raise :class:`NonFiniteLogitsError` for variant ``spec`` on ``batch``, naming the first layer
+    whose output is not finite at a real token."""
+    layer = _first_non_finite_layer(model, batch, device)
+    where = (
+        f"the hidden states first become non-finite at the output of layer {layer}"
+        if layer is not None
+        else "every layer's output is finite, so the final norm or the head overflows"
+    )
+    raise NonFiniteLogitsError(
+        f"variant {spec!r} ({converted}) gives non-finite outputs: {where}. Evaluate in a wider dtype "
+        "(dtype=torch.float32), or convert fewer layers (layers=[...])"
+    )

@@ -1,0 +1,134 @@
+"""The per-layer sweep: each variant applied to one layer at a time, reusing the original's hidden states.
+
+For layer ``ℓ`` only layers ``ℓ..L−1`` (and the head) are computed: the original model's output of layer
+``ℓ − 1`` is recorded once per batch and replayed (:class:`~headwidget.evaluation._layers.Replay`) in
+place of layers ``0..ℓ − 1`` of a copy whose layer ``ℓ`` is converted (the copy shares every other
+parameter with the original). So a sweep of L layers × V variants costs about ``V·(L + 1)/2`` forwards
+(plus one recording forward per batch) instead of ``V·L``.
+
+Batches are processed in chunks whose recorded hidden states fit :data:`RECORD_BUDGET` bytes; each
+(variant, layer) copy is built once per chunk.
+
+The measure per (variant, layer) is ``ΔNLL = nll(variant at ℓ) − nll(original)`` over the same
+predicted tokens (language models), or the last hidden state's relative error (encoders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from headwidget.adapters import adapter_for
+from headwidget.analysis.variant_fits import LayerFit
+from headwidget.capture.inputs import Batch
+from headwidget.evaluation._apply import build_variant
+from headwidget.evaluation._layers import LayerBlocks, Replay
+from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
+
+__all__ = ["RECORD_BUDGET", "layer_sweep"]
+
+#: Bytes of recorded hidden states held at once (the batches are processed in chunks under it).
+RECORD_BUDGET = 2 * 2**30
+F64 = torch.float64
+
+
+def _nll_sum(out: BatchOutput) -> float:
+    assert out.targets is not None
+    return float(torch.nn.functional.cross_entropy(out.values.float(), out.targets, reduction="sum"))
+
+
+def _chunks(batches: Sequence[Batch], per_token: int) -> list[list[Batch]]:
+    chunks: list[list[Batch]] = [[]]
+    used = 0
+    for batch in batches:
+        size = batch.input_ids.numel() * per_token
+        if chunks[-1] and used + size > RECORD_BUDGET:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(batch)
+        used += size
+    return chunks
+
+
+class _Sums:
+    """Float64 sums of one (variant, layer) cell: NLL, or squared error and reference norm."""
+
+    def __init__(self) -> None:
+        self.a = 0.0
+        self.b = 0.0
+
+
+@torch.no_grad()
+def layer_sweep(
+    base: nn.Module,
+    batches: Sequence[Batch],
+    fits: dict[str, dict[int, LayerFit]],
+    layers: Sequence[int],
+    runner: OutputRunner,
+    *,
+    tick: Callable[[int], None] = lambda n: None,
+) -> dict[str, list[float]]:
+    """Per variant, one number per layer of ``layers`` (see the module docstring).
+
+    ``fits[spec][layer]`` are the fitted layers; ``tick(n)`` is called after every n forwards.
+    """
+    adapter = adapter_for(base)
+    blocks = LayerBlocks.of(base, adapter)
+    lay = adapter.layout()
+    element = next(base.parameters()).element_size()
+    per_token = element * lay.hidden_size * len(blocks.index)
+    sums = {spec: {layer: _Sums() for layer in layers} for spec in fits}
+    reference = _Sums()
+    for chunk in _chunks(batches, per_token):
+        recorded: list[list[object]] = []
+        originals: list[BatchOutput] = []
+        for batch in chunk:
+            sink: list[object] = []
+            with blocks.recording(base, sink):
+                out = runner(base, batch)
+            recorded.append(sink)
+            originals.append(out)
+            if runner.kind == "causal-lm":
+                reference.a += _nll_sum(out)
+            tick(1)
+        for spec, by_layer in fits.items():
+            for layer in layers:
+                variant = build_variant(base, spec, {layer: by_layer[layer]}, share=True)
+                slot: list[object] = [None]
+                container = blocks.container(variant)
+                for i in blocks.index[:layer]:
+                    container[i] = Replay(container[i], slot)
+                cell = sums[spec][layer]
+                for b, batch in enumerate(chunk):
+                    if layer > 0:
+                        slot[0] = recorded[b][layer - 1]
+                    out = runner(variant, batch)
+                    if not out.finite():
+                        fresh = build_variant(base, spec, {layer: by_layer[layer]}, share=True)
+                        raise_non_finite(fresh, batch, runner.device, spec, f"only layer {layer} converted")
+                    if runner.kind == "causal-lm":
+                        cell.a += _nll_sum(out)
+                    else:
+                        ref = originals[b]
+                        real = batch.attention_mask.bool().to(runner.device)
+                        diff = (out.values.to(F64) - ref.values.to(F64))[real]
+                        cell.a += float((diff * diff).sum())
+                        cell.b += float((ref.values.to(F64)[real] ** 2).sum())
+                    tick(1)
+                del variant
+    if runner.kind == "causal-lm":
+        tokens = sum(int(o) for o in (_predicted(b) for b in batches))
+        base_nll = reference.a / tokens
+        return {spec: [sums[spec][layer].a / tokens - base_nll for layer in layers] for spec in fits}
+    return {
+        spec: [(sums[spec][layer].a / sums[spec][layer].b) ** 0.5 if sums[spec][layer].b > 0 else float("nan")
+               for layer in layers]
+        for spec in fits
+    }  # fmt: skip
+
+
+def _predicted(batch: Batch) -> int:
+    mask = batch.attention_mask.bool()
+    return int((mask[:, :-1] & mask[:, 1:]).sum())

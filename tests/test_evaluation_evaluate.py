@@ -1,0 +1,204 @@
+"""evaluate(): measures against losses computed by hand from the models' own outputs (float64)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.functional import cross_entropy
+
+import headwidget
+from headwidget.errors import EncoderMeasureError, EvaluationInputError, NonFiniteLogitsError, ReportFileError
+from headwidget.evaluation import EvaluationReport, apply, evaluate
+from tiny_models import make_model, ragged_batches
+
+F64 = torch.float64
+
+
+def left_padded(batches: list[dict]) -> list[dict]:
+    out = []
+    for b in batches:
+        ids, mask = b["input_ids"].clone(), b["attention_mask"].clone()
+        for i in range(ids.shape[0]):
+            n = int(mask[i].sum())
+            ids[i] = torch.cat([torch.zeros(ids.shape[1] - n, dtype=ids.dtype), b["input_ids"][i, :n]])
+            mask[i] = torch.cat(
+                [torch.zeros(ids.shape[1] - n, dtype=mask.dtype), torch.ones(n, dtype=mask.dtype)]
+            )
+        out.append({"input_ids": ids, "attention_mask": mask})
+    return out
+
+
+def hand_rows(model: torch.nn.Module, batches: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of every predicted position (right-padded batches) and their targets, by hand."""
+    rows, targets = [], []
+    with torch.no_grad():
+        for b in batches:
+            out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            m = b["attention_mask"].bool()
+            keep = m[:, :-1] & m[:, 1:]
+            rows.append(out[:, :-1][keep])
+            targets.append(b["input_ids"][:, 1:][keep])
+    return torch.cat(rows), torch.cat(targets)
+
+
+def hand_nll(model: torch.nn.Module, batches: list[dict]) -> float:
+    rows, targets = hand_rows(model, batches)
+    return float(cross_entropy(rows, targets))
+
+
+def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_model("llama_gqa")
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return ragged_batches(seed=5)
+
+
+def test_model_variant_is_the_models_own_loss(llama, batches) -> None:
+    before = state(llama)
+    report = evaluate(llama, batches, ["model"], dtype=F64, progress=False)
+    rows, targets = hand_rows(llama, batches)
+    assert report.tokens == len(targets) == sum(n - 1 for n in (13, 7, 10, 9, 12))
+    assert report.nll["model"] == pytest.approx(float(cross_entropy(rows, targets)), rel=1e-6)
+    assert report.perplexity["model"] == pytest.approx(np.exp(report.nll["model"]), rel=1e-12)
+    assert report.kl["model"] == 0.0 and report.top1["model"] == 1.0
+    assert report.kv_bytes_per_token["model"] == 2 * 2 * (8 + 8) * 8
+    assert all(torch.equal(before[n], t) for n, t in llama.state_dict().items())
+
+
+def test_variant_measures_by_hand(llama, batches) -> None:
+    report = evaluate(llama, batches, ["model", "mqa", "lrkv:2"], dtype=F64, progress=False)
+    ref, targets = hand_rows(llama, batches)
+    p = torch.log_softmax(ref, -1)
+    for spec in ("mqa", "lrkv:2"):
+        rows, _ = hand_rows(apply(llama, spec), batches)
+        q = torch.log_softmax(rows, -1)
+        assert report.nll[spec] == pytest.approx(float(cross_entropy(rows, targets)), rel=1e-6)
+        assert report.kl[spec] == pytest.approx(float((p.exp() * (p - q)).sum(-1).mean()), rel=1e-4, abs=1e-9)
+        assert report.top1[spec] == pytest.approx(float((p.argmax(-1) == q.argmax(-1)).double().mean()))
+        assert report.kl[spec] > 0
+    assert report.kv_bytes_per_token["mqa"] == 2 * (8 + 8) * 8
+
+
+def test_left_padding_gives_the_numbers_of_right_padding(llama, batches) -> None:
+    right = evaluate(llama, batches, ["model", "mqa"], dtype=F64, progress=False)
+    left = evaluate(llama, left_padded(batches), ["model", "mqa"], dtype=F64, progress=False)
+    assert left.fingerprint == right.fingerprint and left.tokens == right.tokens
+    for spec in ("model", "mqa"):
+        assert left.nll[spec] == pytest.approx(right.nll[spec], rel=1e-9)
+        assert left.kl[spec] == pytest.approx(right.kl[spec], rel=1e-5, abs=1e-12)
+        assert left.top1[spec] == right.top1[spec]
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2", "falcon_new"])
+def test_per_layer_delta_equals_a_full_forward_with_that_layer_replaced(name: str) -> None:
+    model = make_model(name)
+    batches = ragged_batches(seed=5)
+    stats = headwidget.capture(model, ragged_batches(seed=3), progress=False, inputs=True)
+    specs = ["model", "mqa", "mqa+align", "mla:16"]
+    report = evaluate(model, batches, specs, stats=stats, per_layer=True, dtype=F64, progress=False)
+    base = hand_nll(model, batches)
+    assert report.per_layer is not None and report.per_layer_measure == "delta_nll"
+    assert report.per_layer["model"] == [0.0, 0.0]
+    for spec in specs[1:]:
+        for layer in range(2):
+            want = hand_nll(apply(model, spec, stats=stats, layers=[layer]), batches) - base
+            assert report.per_layer[spec][layer] == pytest.approx(want, abs=1e-6)
+        assert report.per_layer[spec] != [0.0, 0.0]
+
+
+def test_evaluating_in_another_dtype_leaves_the_model_alone(llama, batches) -> None:
+    before = state(llama)
+    report = evaluate(llama, batches, ["model", "mqa"], dtype=torch.float32, per_layer=True, progress=False)
+    assert all(t.dtype == F64 and torch.equal(before[n], t) for n, t in llama.state_dict().items())
+    assert report.nll["model"] == pytest.approx(hand_nll(llama, batches), rel=1e-5)
+    assert report.kv_bytes_per_token["mqa"] == 2 * 16 * 4
+
+
+def test_encoder_measures_by_hand() -> None:
+    bert = make_model("bert")
+    batches = ragged_batches(seed=5)
+    report = evaluate(bert, batches, ["model", "mqa"], per_layer=True, dtype=F64, progress=False)
+    variant = apply(bert, "mqa")
+    diff = ref = cos = 0.0
+    count = 0
+    with torch.no_grad():
+        for b in batches:
+            h = bert(**b).last_hidden_state
+            g = variant(**b).last_hidden_state
+            for i in range(h.shape[0]):
+                n = int(b["attention_mask"][i].sum())
+                a, c = h[i, :n].numpy(), g[i, :n].numpy()
+                diff += ((a - c) ** 2).sum()
+                ref += (a**2).sum()
+                ma, mc = a.mean(0), c.mean(0)
+                cos += ma @ mc / np.linalg.norm(ma) / np.linalg.norm(mc)
+                count += 1
+    assert report.kind == "encoder"
+    assert report.hidden_rel_error["mqa"] == pytest.approx(np.sqrt(diff / ref), rel=1e-9)
+    assert report.embedding_cosine["mqa"] == pytest.approx(cos / count, rel=1e-12)
+    assert report.hidden_rel_error["model"] == 0.0
+    with pytest.raises(EncoderMeasureError, match="perplexity is not measured for an encoder"):
+        _ = report.perplexity
+    one = apply(bert, "mqa", layers=[1])
+    with torch.no_grad():
+        h = torch.cat([bert(**b).last_hidden_state[b["attention_mask"].bool()] for b in batches])
+        g = torch.cat([one(**b).last_hidden_state[b["attention_mask"].bool()] for b in batches])
+    assert report.per_layer is not None
+    assert report.per_layer["mqa"][1] == pytest.approx(float((g - h).norm() / h.norm()), rel=1e-9)
+
+
+def test_too_few_tokens(llama) -> None:
+    single = {"input_ids": torch.tensor([[5, 0], [7, 0]]), "attention_mask": torch.tensor([[1, 0], [1, 0]])}
+    with pytest.raises(EvaluationInputError, match="at least 2 tokens"):
+        evaluate(llama, [single], ["model"], progress=False)
+
+
+def test_a_non_finite_variant_names_itself_and_the_layer(llama, batches, monkeypatch) -> None:
+    import headwidget.evaluation._evaluate as ev
+
+    real = ev.fit_variant
+
+    def poisoned(model, spec, stats, layers):
+        fits = real(model, spec, stats, layers)
+        w = fits[1].weights
+        assert w is not None
+        w.o[0, 0, 0] = float("inf")
+        return fits
+
+    monkeypatch.setattr(ev, "fit_variant", poisoned)
+    with pytest.raises(NonFiniteLogitsError, match=r"variant 'mqa' .* output of layer 1"):
+        evaluate(llama, batches, ["model", "mqa"], dtype=F64, progress=False)
+
+
+def test_max_tokens_and_fingerprints(llama, batches) -> None:
+    small = evaluate(llama, batches, ["model"], dtype=F64, max_tokens=20, progress=False)
+    assert small.tokens == 12 + 6  # 13 real tokens of row 1 then 7 of row 2, minus their first tokens
+    other = evaluate(llama, ragged_batches(seed=6), ["model"], dtype=F64, progress=False)
+    full = evaluate(llama, batches, ["model"], dtype=F64, progress=False)
+    assert len({small.fingerprint, other.fingerprint, full.fingerprint}) == 3
+
+
+def test_report_save_and_load(llama, batches, tmp_path) -> None:
+    report = evaluate(llama, batches, ["model", "gqa:1"], dtype=F64, per_layer=True, progress=False)
+    assert report.variants == ["model", "gqa:1"]
+    path = report.save(tmp_path / "r.json")
+    back = EvaluationReport.load(path)
+    assert back == report
+    assert json.loads(path.read_text())["format"] == "headwidget-evaluation-report"
+    md = report.save(tmp_path / "r.md").read_text()
+    assert "| gqa:1 | 256 |" in md and "ΔNLL with only one layer converted" in md
+    with pytest.raises(EncoderMeasureError):
+        _ = report.hidden_rel_error
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ReportFileError, match="not a headwidget evaluation report"):
+        EvaluationReport.load(tmp_path / "bad.json")
