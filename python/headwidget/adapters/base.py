@@ -314,8 +314,3 @@ class Adapter:
 def _is_cross_attention(name: str, module: nn.Module) -> bool:
     last = name.rsplit(".", 1)[-1]
     return "cross" in last.lower() or "Cross" in type(module).__name__
-
-
-def fused_width_check(tensor: torch.Tensor, width: int, what: str) -> None:
-    if tensor.shape[-1] != width:
-        raise RuntimeError(f"{what}: expected {width} output features, got {tensor.shape[-1]}")

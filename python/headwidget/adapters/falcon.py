@@ -12,19 +12,19 @@ scores that does not depend on q or k).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
 
-import torch
-
-from headwidget.adapters._heads import FusedLayout, HeadProjections, HeadSlices, head_index
-from headwidget.adapters.base import Adapter, Tap, config_get
+from headwidget.adapters._heads import FusedLayout
+from headwidget.adapters.base import config_get
+from headwidget.adapters.fused import FusedQKVAdapter
 from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 
 
-class FalconAdapter(Adapter):
+class FalconAdapter(FusedQKVAdapter):
     family = "falcon"
     model_types = ("falcon",)
     marker = "query_key_value"
+    qkv_module = "query_key_value"
+    out_module = "dense"
     routes_through_interface = False
 
     def _kv_heads(self) -> int:
@@ -60,20 +60,3 @@ class FalconAdapter(Adapter):
         if c.new_decoder_architecture or c.multi_query:
             return FusedLayout.grouped(heads, self._kv_heads(), head_dim)
         return FusedLayout.per_head(heads, head_dim)
-
-    def taps(self, attention: Any) -> list[Tap]:
-        return [Tap(attention.query_key_value, "qkv")]
-
-    def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        qkv = parts["qkv"]
-        return {"key": self.fused.take(qkv, "k"), "value": self.fused.take(qkv, "v")}
-
-    def head_projections(self, attention: Any) -> HeadProjections:
-        f, c = self.fused, self.config
-        heads = c.num_attention_heads
-        return HeadProjections(
-            q=HeadSlices(attention.query_key_value, f.q),
-            k=HeadSlices(attention.query_key_value, f.k),
-            v=HeadSlices(attention.query_key_value, f.v),
-            o=HeadSlices(attention.dense, head_index(heads, c.hidden_size // heads)),
-        )

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
 
-import torch
-
-from headwidget.adapters._heads import FusedLayout, HeadProjections, HeadSlices, head_index
-from headwidget.adapters.base import Adapter, Tap
+from headwidget.adapters._heads import FusedLayout
+from headwidget.adapters.fused import FusedQKVAdapter
 from headwidget.core.layout import AttentionLayout
 
 
-class GPT2Adapter(Adapter):
+class GPT2Adapter(FusedQKVAdapter):
     family = "gpt2"
     model_types = ("gpt2",)
     marker = "c_attn"
+    qkv_module = "c_attn"
+    out_module = "c_proj"
 
     def layout(self) -> AttentionLayout:
         c = self.config
@@ -35,19 +34,3 @@ class GPT2Adapter(Adapter):
         """Where each head's q, k and v sit among ``c_attn``'s output features."""
         c = self.config
         return FusedLayout.blocks(c.n_head, c.n_head, c.n_embd // c.n_head)
-
-    def taps(self, attention: Any) -> list[Tap]:
-        return [Tap(attention.c_attn, "qkv")]
-
-    def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        qkv = parts["qkv"]
-        return {"key": self.fused.take(qkv, "k"), "value": self.fused.take(qkv, "v")}
-
-    def head_projections(self, attention: Any) -> HeadProjections:
-        f, c = self.fused, self.config
-        return HeadProjections(
-            q=HeadSlices(attention.c_attn, f.q),
-            k=HeadSlices(attention.c_attn, f.k),
-            v=HeadSlices(attention.c_attn, f.v),
-            o=HeadSlices(attention.c_proj, head_index(c.n_head, c.n_embd // c.n_head)),
-        )
