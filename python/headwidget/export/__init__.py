@@ -17,9 +17,10 @@ Example:
 
 from headwidget.export._colormaps import LutNorm, colormap, lut_color, lut_index, nan_color
 from headwidget.export._figure import export_style, figure
-from headwidget.export._html import page_data, save_html
+from headwidget.export._html import page_data, page_html, save_html
 from headwidget.export._save import FORMATS, cell_box, save
 from headwidget.export._source import ExportError, GridSource, grid_of
+from headwidget.export._tabs import save_tabbed_html, tabbed_html
 
 __all__ = [
     "FORMATS",
@@ -35,6 +36,9 @@ __all__ = [
     "lut_index",
     "nan_color",
     "page_data",
+    "page_html",
     "save",
     "save_html",
+    "save_tabbed_html",
+    "tabbed_html",
 ]

@@ -25,7 +25,15 @@ from headwidget.core.bundle import bundle_path
 from headwidget.export._labels import printable
 from headwidget.export._source import GridSource, collect_frames
 
-__all__ = ["DEFAULT_MAX_BYTES", "page_data", "save_html", "script_hash"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "offline_script",
+    "page_csp",
+    "page_data",
+    "page_html",
+    "save_html",
+    "script_hash",
+]
 
 OFFLINE_MODEL = Path(__file__).with_name("offline_model.js")
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -101,6 +109,44 @@ def script_hash(script: str) -> str:
     return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
 
 
+def page_html(
+    source: GridSource,
+    *,
+    title: str | None = None,
+    layers: Sequence[int] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> str:
+    """The standalone page :func:`save_html` writes, as text.
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.core.panels import Panel, PanelGrid
+        >>> page = page_html(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"), title="A")
+        >>> page.startswith("<!doctype html>"), "<h1>A</h1>" in page
+        (True, True)
+    """
+    data = page_data(source, layers=layers, max_bytes=max_bytes)
+    name = printable(title or "headwidget")
+    script = offline_script()
+    return TEMPLATE.format(
+        csp=page_csp(),
+        title=html.escape(name),
+        heading=f"<h1>{html.escape(name)}</h1>\n" if title else "",
+        data=_script_json(data),
+        script=script,
+    )
+
+
+def offline_script() -> str:
+    """The page's one inline script: the small model that stands in for the kernel."""
+    return "\n" + OFFLINE_MODEL.read_text(encoding="utf-8") + "\n"
+
+
+def page_csp() -> str:
+    """The Content-Security-Policy of every page: no request, only the page's own inline script."""
+    return CSP.format(script_hashes=script_hash(offline_script()))
+
+
 def save_html(
     source: GridSource,
     path: str | os.PathLike[str],
@@ -124,16 +170,7 @@ def save_html(
         >>> "<title>Keys</title>" in text, "://" in text  # no URL anywhere
         (True, False)
     """
-    data = page_data(source, layers=layers, max_bytes=max_bytes)
-    name = printable(title or "headwidget")
-    script = "\n" + OFFLINE_MODEL.read_text(encoding="utf-8") + "\n"
-    page = TEMPLATE.format(
-        csp=CSP.format(script_hashes=script_hash(script)),
-        title=html.escape(name),
-        heading=f"<h1>{html.escape(name)}</h1>\n" if title else "",
-        data=_script_json(data),
-        script=script,
-    )
+    page = page_html(source, title=title, layers=layers, max_bytes=max_bytes)
     path = Path(path)
     path.write_text(page, encoding="utf-8")
     return path

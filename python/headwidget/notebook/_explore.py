@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import html
 import os
-import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,8 +13,7 @@ from torch import nn
 
 from headwidget.analysis.alignment import ALIGN_METRICS
 from headwidget.errors import HeadwidgetError
-from headwidget.export import ExportError, save
-from headwidget.export._html import CSP, OFFLINE_MODEL, script_hash
+from headwidget.export import ExportError, page_html, save, save_tabbed_html
 from headwidget.notebook._views import AlignmentView, ChannelView, MechanismView
 from headwidget.notebook._widget import ViewWidget, widget_class
 from headwidget.stats import KVStats
@@ -25,35 +21,6 @@ from headwidget.views import check_sources, view_names
 from headwidget.widget import LayerTrends
 
 __all__ = ["Dashboard", "explore"]
-
-#: The page ``Dashboard.save("….html")`` writes: a tab bar (radio buttons and CSS, no script of its
-#: own) over one offline page per tab, each in an ``<iframe srcdoc>``. A ``srcdoc`` frame inherits
-#: the page's Content-Security-Policy, so the page carries the tabs' own policy.
-DASHBOARD_TEMPLATE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="headwidget">
-<title>{title}</title>
-<style>body {{ margin: 16px; background: #fff; color: #1f1f1f; font-family: system-ui, sans-serif; }}
-h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}
-.hw-tabs > input {{ position: absolute; opacity: 0; }}
-.hw-tabs > label {{ display: inline-block; padding: 6px 12px; border: 1px solid #ccc; border-bottom: none;
-  cursor: pointer; background: #f4f4f4; }}
-.hw-tabs > section {{ display: none; border-top: 1px solid #ccc; }}
-{rules}
-.hw-tabs iframe {{ width: 100%; height: 88vh; border: none; }}</style>
-</head>
-<body>
-<h1>{title}</h1>
-<div class="hw-tabs">
-{tabs}
-</div>
-</body>
-</html>
-"""
 
 
 class Dashboard(ipywidgets.VBox):
@@ -153,36 +120,12 @@ class Dashboard(ipywidgets.VBox):
                 for name, view in self.views.items()
             ]
         model = self.stats.meta.model_name or self.stats.meta.model_class
-        pages: list[tuple[str, str]] = []
-        with tempfile.TemporaryDirectory(prefix="headwidget-dashboard-") as folder:
-            for name, view in self.views.items():
-                # The page's slider moves through the layers: its heading names the model, not a layer.
-                written = save(
-                    view, Path(folder) / f"{name}.html", title=f"{view.title} · {model}", layers=layers
-                )
-                pages.append((view.title, written.read_text(encoding="utf-8")))
-        script = "\n" + OFFLINE_MODEL.read_text(encoding="utf-8") + "\n"
-        tabs, rules = [], []
-        for i, (title, _) in enumerate(pages):
-            checked = " checked" if i == 0 else ""
-            tabs.append(
-                f'<input type="radio" name="hw-tab" id="hw-tab-{i}"{checked}>'
-                f'<label for="hw-tab-{i}">{html.escape(title)}</label>'
-            )
-            rules.append(f"#hw-tab-{i}:checked ~ #hw-page-{i} {{ display: block; }}")
-        for i, (title, document) in enumerate(pages):
-            tabs.append(
-                f'<section id="hw-page-{i}" aria-label="{html.escape(title)}">'
-                f'<iframe title="{html.escape(title)}" srcdoc="{html.escape(document, quote=True)}"></iframe>'
-                "</section>"
-            )
-        text = DASHBOARD_TEMPLATE.format(
-            csp=CSP.format(script_hashes=script_hash(script)),
-            title=html.escape(re.sub(r"[\x00-\x1f\x7f]", " ", f"headwidget · {model}")),
-            rules="\n".join(rules),
-            tabs="\n".join(tabs),
-        )
-        path.write_text(text, encoding="utf-8")
+        pages = [
+            # The page's slider moves through the layers: its heading names the model, not a layer.
+            (view.title, page_html(view, title=f"{view.title} · {model}", layers=layers))
+            for view in self.views.values()
+        ]
+        save_tabbed_html(path, pages, title=f"headwidget · {model}")
         return [path]
 
     def _view(self, name: str, cls: type[ViewWidget]) -> Any:
