@@ -74,20 +74,25 @@ function aligned(bytes: Uint8Array, align: number): Uint8Array {
   return bytes.slice();
 }
 
+/** The bytes of the first `count` values of `data`; a buffer that is too short throws. */
+function wireBytes(dtype: Dtype, data: unknown, count: number): Uint8Array {
+  const all = asBytes(data);
+  const need = count * BYTES_PER_VALUE[dtype];
+  if (all.byteLength < need) {
+    throw new RangeError(
+      `buffer holds ${all.byteLength} bytes, ${dtype} data of ${count} values needs ${need}`,
+    );
+  }
+  return all.subarray(0, need);
+}
+
 /**
  * Decode `count` values from `data`.  Extra trailing bytes are ignored; a
  * buffer that is too short throws, naming the sizes.
  */
 export function decodeValues(dtype: Dtype, data: unknown, count: number): Float32Array {
   const width = BYTES_PER_VALUE[dtype];
-  const all = asBytes(data);
-  const need = count * width;
-  if (all.byteLength < need) {
-    throw new RangeError(
-      `buffer holds ${all.byteLength} bytes, ${dtype} data of ${count} values needs ${need}`,
-    );
-  }
-  const bytes = all.subarray(0, need);
+  const bytes = wireBytes(dtype, data, count);
   const out = new Float32Array(count);
   if (!LITTLE_ENDIAN) return decodeWithDataView(dtype, bytes, out);
   const a = aligned(bytes, width);
@@ -120,14 +125,7 @@ export type WireValues = Uint16Array | Float32Array;
  */
 export function wireValues(dtype: Dtype, data: unknown, count: number): WireValues {
   const width = BYTES_PER_VALUE[dtype];
-  const all = asBytes(data);
-  const need = count * width;
-  if (all.byteLength < need) {
-    throw new RangeError(
-      `buffer holds ${all.byteLength} bytes, ${dtype} data of ${count} values needs ${need}`,
-    );
-  }
-  const bytes = all.subarray(0, need);
+  const bytes = wireBytes(dtype, data, count);
   if (!LITTLE_ENDIAN) {
     if (dtype === "float32") return decodeWithDataView(dtype, bytes, new Float32Array(count));
     const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
