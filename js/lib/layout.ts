@@ -71,7 +71,7 @@ export interface PanelBox extends Rect {
   cols: number;
   plot: Rect; // relative to the box
   title: string; // fitted to the box
-  subtitle: string;
+  subtitleLines: string[]; // wrapped to the box, at most two
   titleY: number; // baselines, relative to the box
   subtitleY: number;
   rowTicks: Tick[];
@@ -149,7 +149,10 @@ export function layoutPanel(p: LayoutPanel, measure: Measure, side = PLOT_BASE):
   const titleY = y + 12;
   y += TITLE_H;
   const subtitleY = y + 11;
-  if (p.subtitle) y += SUBTITLE_H;
+  // A long subtitle (a mechanism's bytes, rank and errors with their basis) wraps to a second line
+  // rather than losing its end.
+  const subtitleLines = p.subtitle ? wrapText(p.subtitle, inner, FONTS.subtitle, measure, 2) : [];
+  y += subtitleLines.length * SUBTITLE_H;
   y += HEADER_GAP;
   const plot: Rect = { x: PAD + left, y, w: pw, h: ph };
   y += ph + TICK_LEN + TICK_GAP + COL_LABEL_H;
@@ -165,7 +168,7 @@ export function layoutPanel(p: LayoutPanel, measure: Measure, side = PLOT_BASE):
     cols: p.cols,
     plot,
     title: fitText(p.title, inner, FONTS.title, measure),
-    subtitle: fitText(p.subtitle, inner, FONTS.subtitle, measure),
+    subtitleLines,
     titleY,
     subtitleY,
     rowTicks,

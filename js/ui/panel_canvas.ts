@@ -17,6 +17,7 @@ import {
   NOTE_LINE_H,
   PAD,
   type PanelBox,
+  SUBTITLE_H,
   TICK_GAP,
   TICK_LEN,
 } from "../lib/layout";
@@ -120,11 +121,11 @@ export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: I
   ctx.fillStyle = TEXT_COLOR;
   ctx.font = FONTS.title;
   ctx.fillText(box.title, PAD, box.titleY);
-  if (box.subtitle) {
-    ctx.fillStyle = MUTED_COLOR;
-    ctx.font = FONTS.subtitle;
-    ctx.fillText(box.subtitle, PAD, box.subtitleY);
-  }
+  ctx.fillStyle = MUTED_COLOR;
+  ctx.font = FONTS.subtitle;
+  box.subtitleLines.forEach((line, i) => {
+    ctx.fillText(line, PAD, box.subtitleY + i * SUBTITLE_H);
+  });
 
   if (image) {
     ctx.imageSmoothingEnabled = false;

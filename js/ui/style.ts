@@ -15,6 +15,7 @@ export const CSS = `
   min-width: 0; }
 .hw-figure { max-width: 100%; overflow-x: auto; }
 .hw-control { display: inline-flex; gap: 6px; align-items: center; }
+.hw-window { flex-wrap: wrap; gap: 6px 18px; min-width: 0; }
 .hw-control > .hw-label { font-weight: 600; white-space: nowrap; }
 .hw-control input[type=range] { width: 160px; margin: 0; }
 .hw-control output { min-width: 7em; font-variant-numeric: tabular-nums; white-space: nowrap; }

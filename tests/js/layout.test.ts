@@ -22,6 +22,7 @@ import {
   PLOT_MIN_FIT,
   plotSize,
   rowLength,
+  SUBTITLE_H,
   wantedSide,
 } from "../../js/lib/layout";
 import { approxMeasure } from "../../js/lib/text";
@@ -72,6 +73,17 @@ describe("layoutPanel", () => {
     expect(a.plot.x).toBeGreaterThan(PAD + approxMeasure("9", "10px x"));
     expect(a.w).toBeGreaterThanOrEqual(a.plot.x + a.plot.w);
     expect(a.w).toBeGreaterThanOrEqual(2 * PAD + MIN_INNER_W);
+  });
+
+  it("wraps a long subtitle to a second line instead of cutting its end", () => {
+    const words =
+      "768 B/token KV (bf16) · eff. rank 7.70 · err K 0.000 V 0.000 (data-aware over 2048 tokens)";
+    const one = layoutPanel(spec(10, 10, { subtitle: "short" }), approxMeasure);
+    const two = layoutPanel(spec(10, 10, { subtitle: words }), approxMeasure);
+    expect(one.subtitleLines).toEqual(["short"]);
+    expect(two.subtitleLines).toHaveLength(2);
+    expect(two.subtitleLines.join(" ")).toBe(words);
+    expect(two.plot.y - one.plot.y).toBe(SUBTITLE_H);
   });
 
   it("fits the title to the box", () => {

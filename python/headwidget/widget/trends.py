@@ -23,7 +23,7 @@ Example:
     >>> sorted(trends.series)[:2], trends.layer
     (['K head similarity · after', 'K head similarity · before'], 0)
     >>> trends.figure.title
-    'Per-layer summary · head similarity: token_cosine, auto alignment'
+    'head similarity: token_cosine, auto alignment'
 """
 
 from __future__ import annotations
@@ -262,7 +262,8 @@ class LayerTrends(ipywidgets.VBox):
                 self.rank_scale.min, self.rank_scale.max = rlo, rhi
 
     def _name_figure(self) -> None:
-        self.figure.title = f"Per-layer summary · head similarity: {self.metric}, {self.alignment} alignment"
+        # Short enough to fit a narrow cell: bqplot centres the title and cuts what overflows.
+        self.figure.title = f"head similarity: {self.metric}, {self.alignment} alignment"
 
     def _on_alignment(self, change: dict[str, Any]) -> None:
         """Recompute the head-similarity series for the new alignment method or metric."""
