@@ -116,7 +116,7 @@ def test_explore_links_the_layer_across_tabs():
     dash.trends.points[1].selected = [1]
     assert dash.channels.layer == 1 and dash.alignment.layer == 1
     assert dash.tabs.titles == ("Channels", "Head alignment", "Mechanisms")
-    assert list(dash.views) == views.view_names()
+    assert list(dash.views) == [n for n in views.view_names() if not views.view_class(n).needs_report]
 
 
 def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
@@ -124,7 +124,9 @@ def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
     dash = Dashboard(stats, options={"channels": {"channel_width": 4}})
     assert dash.mechanisms is None and "mechanisms" not in dash.views
     assert dash.tabs.titles == tuple(
-        views.view_class(n).title for n in views.view_names() if not views.view_class(n).needs_model
+        views.view_class(n).title
+        for n in views.view_names()
+        if not (views.view_class(n).needs_model or views.view_class(n).needs_report)
     )
     assert dash.channels.grid.panels[0].matrix.shape == (4, 4)
 

@@ -6,6 +6,8 @@
 
 import { COLORBAR_H, figureSize } from "../lib/layout";
 import type { Measure } from "../lib/text";
+import { drawChart } from "./chart_canvas";
+import type { ChartContent } from "./charts";
 import { type ColorScale, drawColorbar } from "./colorbar";
 import { context2d } from "./dom";
 import type { GridContent } from "./grid";
@@ -25,15 +27,22 @@ export function exportScale(w: number, h: number, wanted = EXPORT_SCALE): number
   return Math.min(wanted, bySide, byArea);
 }
 
-/** Draw the figure into a new canvas; null without canvas support. */
+/** Gap between the charts and the heatmaps below them, in CSS px. */
+const CHARTS_GAP = 8;
+
+/** Draw the figure (charts, then colorbar and panels) into a new canvas; null without canvas support. */
 export function renderFigure(
   doc: Document,
   content: GridContent,
   scale: ColorScale,
   measure: Measure,
   wanted = EXPORT_SCALE,
+  charts: ChartContent | null = null,
 ): HTMLCanvasElement | null {
-  const size = figureSize(content.layout);
+  const heat = content.layout.boxes.length > 0 || !charts || charts.charts.length === 0;
+  const grid = heat ? figureSize(content.layout) : { w: 0, h: 0 };
+  const top = charts?.charts.length ? charts.h + (heat ? CHARTS_GAP : 0) : 0;
+  const size = { w: Math.max(grid.w, charts ? charts.w : 0), h: top + grid.h };
   const k = exportScale(size.w, size.h, wanted);
   const canvas = doc.createElement("canvas");
   canvas.width = Math.round(size.w * k);
@@ -43,9 +52,15 @@ export function renderFigure(
   ctx.setTransform(k, 0, 0, k, 0, 0);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, size.w, size.h);
-  drawColorbar(ctx, size.w, COLORBAR_H, scale, measure);
+  charts?.boxes.forEach((b, i) => {
+    ctx.setTransform(k, 0, 0, k, k * b.x, k * b.y);
+    drawChart(ctx, b, charts.charts[i]);
+  });
+  if (!heat) return canvas;
+  if (top > 0) ctx.setTransform(k, 0, 0, k, 0, k * top);
+  drawColorbar(ctx, grid.w, COLORBAR_H, scale, measure);
   content.layout.boxes.forEach((b, i) => {
-    ctx.setTransform(k, 0, 0, k, k * b.x, k * (COLORBAR_H + b.y));
+    ctx.setTransform(k, 0, 0, k, k * b.x, k * (top + COLORBAR_H + b.y));
     drawPanel(ctx, b, content.images[i] ?? null);
   });
   return canvas;

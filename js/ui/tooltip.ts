@@ -14,6 +14,8 @@ export interface TooltipContent {
   value: number;
   /** "K h1·d36 × h2·d22 = 0.2310" (see lib/format groupedCell): the cell by head, when set. */
   cell?: string;
+  /** Free lines below the title (a chart's point), shown instead of row, column and value. */
+  lines?: string[];
 }
 
 /** Offset of the tooltip from the pointer, in px. */
@@ -22,6 +24,8 @@ const OFFSET = 14;
 /** Class of each line below the title, by format. */
 const PLAIN = ["hw-tt-row", "hw-tt-col", "hw-tt-value"];
 const GROUPED = ["hw-tt-cell", "hw-tt-index"];
+/** Most free lines a chart point's tooltip shows. */
+const MAX_FREE_LINES = 4;
 
 export class Tooltip {
   readonly el: HTMLDivElement;
@@ -30,7 +34,9 @@ export class Tooltip {
 
   constructor(doc: Document) {
     this.title = h(doc, "div", { className: "hw-tt-title" });
-    this.rows = PLAIN.map((className) => h(doc, "div", { className }));
+    this.rows = Array.from({ length: MAX_FREE_LINES }, (_, i) =>
+      h(doc, "div", { className: PLAIN[i] ?? "" }),
+    );
     this.el = h(doc, "div", { className: "hw-tooltip", attrs: { role: "tooltip" } }, [
       this.title,
       ...this.rows,
@@ -40,6 +46,7 @@ export class Tooltip {
 
   /** Lines as shown (title first), for tests and accessibility. */
   static lines(c: TooltipContent): string[] {
+    if (c.lines) return [c.title, ...c.lines.slice(0, MAX_FREE_LINES)];
     if (c.cell) return [c.title, c.cell, `index ${c.row} × ${c.col}`];
     return [c.title, `row: ${c.row}`, `col: ${c.col}`, `value: ${formatValue(c.value)}`];
   }
@@ -57,7 +64,7 @@ export class Tooltip {
     containerHeight = Infinity,
   ): void {
     const [t, ...rest] = Tooltip.lines(c);
-    const classes = c.cell ? GROUPED : PLAIN;
+    const classes = c.lines ? [] : c.cell ? GROUPED : PLAIN;
     setText(this.title, t);
     setHidden(this.title, t === "");
     this.rows.forEach((row, i) => {

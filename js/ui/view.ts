@@ -14,10 +14,12 @@
  * profiling in the browser.
  */
 
+import { type Chart, parseCharts } from "../lib/charts";
 import { packedColormap } from "../lib/colormap";
 import { computeLayout } from "../lib/layout";
 import { type Panel, parsePanels } from "../lib/panels";
 import type { Measure } from "../lib/text";
+import { ChartStrip } from "./charts";
 import type { ColorScale } from "./colorbar";
 import { Controls } from "./controls";
 import { h, makeMeasure } from "./dom";
@@ -50,6 +52,8 @@ export class View {
   readonly controls: Controls;
   readonly messages: Messages;
   readonly grid: Grid;
+  /** The charts above the heatmaps (hidden when there are none). */
+  readonly charts: ChartStrip;
   /** Panel titles, subtitles and notes as text for screen readers. */
   readonly textList: HTMLUListElement;
   private readonly doc: Document;
@@ -57,6 +61,8 @@ export class View {
   private panels: Panel[] = [];
   private images: (Image | null)[] = [];
   private problems: string[] = [];
+  private chartList: Chart[] = [];
+  private chartProblems: string[] = [];
   private textKey = "";
   /** The width measured by the resize observer (0: not measured yet, read the element). */
   private observedWidth = 0;
@@ -80,8 +86,11 @@ export class View {
     this.grid = new Grid(doc, (p, row, col) =>
       model.send({ type: "click", panel: p.id, row, col }),
     );
+    this.charts = new ChartStrip(doc, (c, series, point) =>
+      model.send({ type: "chart_click", chart: c.id, series, point }),
+    );
     this.textList = h(doc, "ul", { className: "hw-sr" });
-    this.figure = h(doc, "div", { className: "hw-figure" }, [this.grid.root]);
+    this.figure = h(doc, "div", { className: "hw-figure" }, [this.charts.root, this.grid.root]);
     this.root.append(
       this.controls.el,
       this.messages.error,
@@ -93,6 +102,7 @@ export class View {
 
     this.cleanup.push(
       onChanges(model, ["panels"], () => this.onPanels()),
+      onChanges(model, ["charts"], () => this.onCharts()),
       onChanges(model, ["vmin", "vmax", "colormap"], () => this.onScale()),
       onChanges(model, ["colorbar_label"], () => this.drawColorbar()),
       onChanges(model, ["columns"], () => this.relayout()),
@@ -108,6 +118,7 @@ export class View {
     viewsByModel.set(model, views);
 
     this.syncView();
+    this.readCharts();
     this.onPanels();
   }
 
@@ -143,7 +154,7 @@ export class View {
         );
       }
     });
-    this.messages.setLocalProblems(this.problems);
+    this.showProblems();
     const texts = this.panels.map((p) =>
       [p.title, p.subtitle, p.note].filter((t) => t).join(" — "),
     );
@@ -158,6 +169,22 @@ export class View {
     }
     this.relayout();
     mark("headwidget:drawn");
+  }
+
+  private readCharts(): void {
+    const parsed = parseCharts(this.model.get("charts"));
+    this.chartList = parsed.charts;
+    this.chartProblems = parsed.problems;
+  }
+
+  private onCharts(): void {
+    this.readCharts();
+    this.showProblems();
+    this.relayout();
+  }
+
+  private showProblems(): void {
+    this.messages.setLocalProblems([...this.problems, ...this.chartProblems]);
   }
 
   private onScale(): void {
@@ -201,6 +228,9 @@ export class View {
     this.lastWidth = this.availableWidth();
     this.lastDpr = this.dpr();
     this.grid.setContent(this.content(), this.lastDpr);
+    // A view of charts alone (no heatmap) shows no colorbar.
+    this.grid.root.hidden = this.panels.length === 0 && this.chartList.length > 0;
+    this.charts.setCharts(this.chartList, this.lastWidth, this.measure, this.lastDpr);
     this.drawColorbar();
   }
 
@@ -241,12 +271,20 @@ export class View {
       this.colorScale(),
       this.measure,
       scale,
+      this.charts.current,
     );
     return canvas ? canvas.toDataURL("image/png") : null;
   }
 
   download(): void {
-    const canvas = renderFigure(this.doc, this.grid.current, this.colorScale(), this.measure);
+    const canvas = renderFigure(
+      this.doc,
+      this.grid.current,
+      this.colorScale(),
+      this.measure,
+      EXPORT_SCALE,
+      this.charts.current,
+    );
     if (canvas) downloadCanvas(this.doc, canvas);
     else
       this.messages.setLocalProblems([
@@ -286,6 +324,7 @@ export class View {
     this.controls.destroy();
     this.messages.destroy();
     this.grid.destroy();
+    this.charts.destroy();
     this.root.remove();
   }
 }

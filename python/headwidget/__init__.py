@@ -58,7 +58,7 @@ from headwidget.errors import (
 )
 from headwidget.evaluation import EvaluationReport, apply, evaluate
 from headwidget.moments import Moments
-from headwidget.notebook import AlignmentView, ChannelView, MechanismView, explore
+from headwidget.notebook import AlignmentView, ChannelView, ConsequenceView, MechanismView, explore
 from headwidget.stats import KVStats, StatsMeta
 from headwidget.widget import HeadWidget, LayerTrends
 
@@ -84,6 +84,7 @@ __all__ = [
     "CaptureConflictError",
     "CaptureInputError",
     "ChannelView",
+    "ConsequenceView",
     "Conversion",
     "CrossLayerMissingError",
     "DegenerateHeadsError",

@@ -1,5 +1,6 @@
 // @vitest-environment jsdom
 import { describe, expect, it } from "vitest";
+import { layoutCharts, parseCharts } from "../../js/lib/charts";
 import { COLORBAR_H, computeLayout, figureSize } from "../../js/lib/layout";
 import { parsePanels } from "../../js/lib/panels";
 import { approxMeasure } from "../../js/lib/text";
@@ -58,6 +59,37 @@ describe("export", () => {
     const t = texts(rec.calls);
     for (const s of ["L", "A", "B", "C", "note A", "undefined"]) expect(t).toContain(s);
     expect(rec.calls.filter((x) => x.name === "drawImage").map((x) => x.args[0])).toEqual(c.images);
+  });
+
+  it("draws the charts above the colorbar and panels, or alone without panels", () => {
+    const { charts } = parseCharts([
+      {
+        id: "t",
+        title: "trade-off",
+        x_label: "bytes",
+        y_label: "ΔNLL",
+        series: [{ name: "variants", x: [1, 2], y: [0, 1], labels: ["model", "mqa"] }],
+      },
+    ]);
+    const placed = { charts, ...layoutCharts(charts, 800, approxMeasure) };
+    const c = content();
+    const { doc, canvas, rec } = fakeDoc();
+    renderFigure(doc, c, scale, approxMeasure, 2, placed);
+    const size = figureSize(c.layout);
+    const top = placed.h + 8;
+    expect(canvas.height).toBe(2 * (top + size.h));
+    const transforms = rec.calls.filter((x) => x.name === "setTransform").map((x) => x.args);
+    expect(transforms.slice(0, 3)).toEqual([
+      [2, 0, 0, 2, 0, 0],
+      [2, 0, 0, 2, 0, 0], // the chart at (0, 0)
+      [2, 0, 0, 2, 0, 2 * top], // the colorbar below it
+    ]);
+    expect(texts(rec.calls)).toContain("trade-off");
+    const alone = fakeDoc();
+    const empty = { ...c, layout: { ...c.layout, boxes: [] }, panels: [], images: [] };
+    renderFigure(alone.doc, empty, scale, approxMeasure, 2, placed);
+    expect(alone.canvas.height).toBe(2 * placed.h);
+    expect(texts(alone.rec.calls)).not.toContain("L"); // no colorbar
   });
 
   it("returns null without canvas support", () => {

@@ -27,10 +27,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from headwidget.core.charts import Chart
 
 __all__ = ["Panel", "PanelGrid", "encode_panel"]
 
@@ -66,7 +68,7 @@ class Panel:
 
 @dataclass
 class PanelGrid:
-    """Panels that share a colour scale, in display order."""
+    """Panels that share a colour scale, in display order, and the charts above them."""
 
     panels: list[Panel]
     vmin: float
@@ -74,6 +76,8 @@ class PanelGrid:
     colormap: str  # "diverging" | "magma"
     colorbar_label: str
     columns: int = 0  # 0: wrap to the available width
+    #: Charts drawn above the panels (:mod:`headwidget.core.charts`); a grid may hold only charts.
+    charts: list[Chart] = field(default_factory=list)
 
 
 #: How many read-only matrices' encodings are remembered (a few layers' K and V panels).

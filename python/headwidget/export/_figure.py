@@ -27,11 +27,13 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from headwidget.core.charts import Chart
 from headwidget.core.panels import Panel, PanelGrid
+from headwidget.export._charts import CHART_IN, draw_chart
 from headwidget.export._colormaps import LutNorm, colormap, nan_color
 from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, printable, text_width, wrap
 from headwidget.export._source import ExportError, GridSource, grid_of
@@ -93,6 +95,15 @@ def _printable_grid(grid: PanelGrid) -> PanelGrid:
         for p in grid.panels
     ]
     return dataclasses.replace(grid, panels=panels, colorbar_label=printable(grid.colorbar_label))
+
+
+def _charts_size(charts: list[Chart]) -> tuple[float, float]:
+    """(width, height) in inches of a row of charts with their subtitles and notes."""
+    lines = max(
+        len(wrap(c.subtitle, CHART_IN[0] - 0.4, SUBTITLE_PT)) + len(wrap(c.note, CHART_IN[0] - 0.4, NOTE_PT))
+        for c in charts
+    )
+    return CHART_IN[0] * len(charts), CHART_IN[1] + 0.14 * lines
 
 
 def _check_pixels(width: float, height: float, dpi: float) -> None:
@@ -174,7 +185,7 @@ def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: flo
     ax.set_gid(panel.id)  # the panel's <g id> in SVG
 
 
-def _colorbar(fig: Figure, axes: list[Axes], grid: PanelGrid, length: float) -> None:
+def _colorbar(fig: Figure | SubFigure, axes: list[Axes], grid: PanelGrid, length: float) -> None:
     # A flat grid (vmax <= vmin) shows every cell in the middle colour: centre the bar on vmin.
     lo, hi = (grid.vmin, grid.vmax) if grid.vmax > grid.vmin else (grid.vmin - 0.5, grid.vmin + 0.5)
     mappable = ScalarMappable(norm=Normalize(lo, hi), cmap=colormap(grid.colormap))
@@ -197,18 +208,18 @@ def figure(
 ) -> Figure:
     """The figure of a view's (or a grid's) panels; ``size`` is (width, height) in inches.
 
-    Without ``size`` the figure is sized for plots of about 2.2 inches and their text. Without
-    ``title``, a view's figure is titled with its ``caption`` (the model and the layer); ``title=""``
-    gives none.
+        Without ``size`` the figure is sized for plots of about 2.2 inches and their text. Without
+        ``title``, a view's figure is titled with its ``caption`` (the model and the layer); ``title=""``
+        gives none.
 
-    Example:
-        >>> import numpy as np
-        >>> from headwidget.core.panels import Panel, PanelGrid
-        >>> grid = PanelGrid([Panel("k", "Keys", np.eye(4)), Panel("v", "Values", -np.eye(4))],
-        ...                  -1.0, 1.0, "diverging", "Pearson correlation", columns=1)
-        >>> fig = figure(grid, dpi=100, size=(3, 5))
-        >>> fig.canvas.get_width_height(), len(fig.axes)  # two panels and the colorbar
-        ((300, 500), 3)
+        Example:
+            >>> import numpy as np
+            >>> from headwidget.core.panels import Panel, PanelGrid
+            >>> grid = PanelGrid([Panel("k", "Keys", np.eye(4)), Panel("v", "Values", -np.eye(4))],
+            ...                  -1.0, 1.0, "diverging", "Pearson correlation", columns=1)
+            >>> fig = figure(grid, dpi=100, size=(3, 5))
+            >>> fig.canvas.get_width_height(), len(fig.axes)  # two panels and the colorbar
+            ((300, 500), 3)
     """
     grid = _printable_grid(grid_of(source))
     if title is None:
@@ -219,22 +230,37 @@ def figure(
         raise ExportError(f"size must be (width, height) in inches, both > 0; got {size!r}")
     if not dpi > 0:
         raise ExportError(f"dpi must be > 0, got {dpi!r}")
-    n = len(grid.panels)
-    ncols = min(grid.columns, n) if grid.columns > 0 else n
+    n, charts = len(grid.panels), grid.charts
+    ncols = (min(grid.columns, n) if grid.columns > 0 else n) or 1
     nrows = math.ceil(n / ncols)
     with export_style():
-        width, height = size if size is not None else _auto_size(grid, nrows, ncols, title)
+        chart_w, chart_h = _charts_size(charts) if charts else (0.0, 0.0)
+        heat_w, heat_h = _auto_size(grid, nrows, ncols, title) if n else (0.0, 0.3 if title else 0.05)
+        if size is not None:
+            width, height = size
+        else:
+            width, height = round(max(chart_w, heat_w), 2), round(chart_h + heat_h, 2)
         _check_pixels(width, height, dpi)
-        column_w = (width - COLORBAR_IN) / ncols
         fig = Figure(figsize=(width, height), dpi=dpi, layout="compressed")
         FigureCanvasAgg(fig)
-        axes = list(fig.subplots(nrows, ncols, squeeze=False).flat)
-        for ax in axes[n:]:
-            ax.remove()
-        for index, (ax, panel) in enumerate(zip(axes, grid.panels, strict=False)):
-            # Subtitle and note start at the plot's left edge: wrap them before the next panel.
-            _draw_panel(ax, index, panel, grid, max(1.0, column_w - _row_label_width(panel) - 0.2))
-        _colorbar(fig, axes[:n], grid, 0.8 * (height - 0.4))
+        top: Figure | SubFigure = fig
+        bottom: Figure | SubFigure = fig
+        if charts and n:
+            parts = fig.subfigures(2, 1, height_ratios=[chart_h, heat_h], squeeze=False)
+            top, bottom = parts[0, 0], parts[1, 0]
+        if charts:
+            chart_axes = list(top.subplots(1, len(charts), squeeze=False).flat)
+            for ax, chart in zip(chart_axes, charts, strict=True):
+                draw_chart(ax, chart, max(1.0, width / len(charts) - 0.6))
+        if n:
+            column_w = (width - COLORBAR_IN) / ncols
+            axes = list(bottom.subplots(nrows, ncols, squeeze=False).flat)
+            for ax in axes[n:]:
+                ax.remove()
+            for index, (ax, panel) in enumerate(zip(axes, grid.panels, strict=False)):
+                # Subtitle and note start at the plot's left edge: wrap them before the next panel.
+                _draw_panel(ax, index, panel, grid, max(1.0, column_w - _row_label_width(panel) - 0.2))
+            _colorbar(bottom, axes[:n], grid, 0.8 * (height * heat_h / (heat_h + chart_h) - 0.4))
         if title:
             fig.suptitle(title, fontsize=TITLE_PT + 2, fontweight="bold")
         for _ in range(LAYOUT_PASSES):  # the layout settles on the text sizes in two passes

@@ -82,7 +82,7 @@ def page_data(
     frames = collect_frames(source, layers, max_bytes)
     state = {**frames.state, "error": "", "status": ""}
     first = frames.frames[int(state["layer"])]
-    state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns")})
+    state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns", "charts")})
     state["panels"] = []
     return {
         "state": state,

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from headwidget.core.charts import encode_chart
 from headwidget.core.panels import PanelGrid, encode_panel
 from headwidget.errors import HeadwidgetError
 from headwidget.export._colormaps import colormap
@@ -55,8 +56,8 @@ GridSource = PanelGrid | HasGrid
 
 
 def _check(grid: PanelGrid) -> PanelGrid:
-    if not grid.panels:
-        raise ExportError("the grid has no panels to draw")
+    if not grid.panels and not grid.charts:
+        raise ExportError("the grid has no panels or charts to draw")
     if not (math.isfinite(grid.vmin) and math.isfinite(grid.vmax)):
         raise ExportError(f"the colour range must be finite, got vmin={grid.vmin}, vmax={grid.vmax}")
     try:
@@ -137,7 +138,7 @@ def frame_json(grid: PanelGrid, layer_label: str = "") -> dict[str, Any]:
     return {
         "vmin": grid.vmin, "vmax": grid.vmax, "colormap": grid.colormap,
         "colorbar_label": grid.colorbar_label, "columns": grid.columns,
-        "layer_label": layer_label, "panels": panels,
+        "layer_label": layer_label, "panels": panels, "charts": [encode_chart(c) for c in grid.charts],
     }  # fmt: skip
 
 

@@ -5,7 +5,7 @@
 // No request leaves the page.
 
 const data = JSON.parse(document.getElementById("headwidget-data").textContent);
-const FRAME_TRAITS = ["vmin", "vmax", "colormap", "colorbar_label", "columns"];
+const FRAME_TRAITS = ["vmin", "vmax", "colormap", "colorbar_label", "columns", "charts"];
 
 function base64Bytes(text) {
   const raw = atob(text);

@@ -13,8 +13,9 @@ from torch import nn
 
 from headwidget.analysis.alignment import ALIGN_METRICS
 from headwidget.errors import HeadwidgetError
+from headwidget.evaluation import EvaluationReport
 from headwidget.export import ExportError, page_html, save, save_tabbed_html
-from headwidget.notebook._views import AlignmentView, ChannelView, MechanismView
+from headwidget.notebook._views import AlignmentView, ChannelView, ConsequenceView, MechanismView
 from headwidget.notebook._widget import ViewWidget, widget_class
 from headwidget.stats import KVStats
 from headwidget.views import check_sources, view_names
@@ -25,8 +26,9 @@ __all__ = ["Dashboard", "explore"]
 
 class Dashboard(ipywidgets.VBox):
     """A :class:`LayerTrends` chart over one tab per registered view (the views that need a model's
-    weights only when ``model`` is given; it must be the model the statistics come from). The layer
-    is shared: moving it in one tab, or clicking a layer in the chart, moves it everywhere.
+    weights only when ``model`` is given; it must be the model the statistics come from; the
+    consequences tab only with an evaluation ``report``). The layer is shared: moving it in one tab,
+    clicking a layer in the chart, or a cell of the damage map, moves it everywhere.
 
     ``views`` holds the tabs' views by name; ``channels``, ``alignment`` and ``mechanisms`` are the
     built-in ones (``mechanisms`` is None without a model). ``options`` gives a view, by name, extra
@@ -40,6 +42,7 @@ class Dashboard(ipywidgets.VBox):
         *,
         mechanisms_trend: bool = False,
         options: Mapping[str, Mapping[str, Any]] | None = None,
+        report: EvaluationReport | None = None,
     ) -> None:
         """``model`` must be the model ``stats`` were captured from (else
         :class:`~headwidget.errors.StatsMismatchError`, before any tab is built)."""
@@ -51,9 +54,12 @@ class Dashboard(ipywidgets.VBox):
         first_layer = stats.layers[0]
         for name in view_names():
             cls = widget_class(name)
-            if cls.needs_model and model is None:
+            if (cls.needs_model and model is None) or (cls.needs_report and report is None):
                 continue
-            self.views[name] = cls.create(stats, model, layers=[first_layer], **options.get(name, {}))
+            extra: dict[str, Any] = {"report": report} if cls.needs_report else {}
+            self.views[name] = cls.create(
+                stats, model, layers=[first_layer], **extra, **options.get(name, {})
+            )
         mechanisms = self.mechanisms
         specs = mechanisms.mechanisms if mechanisms is not None and mechanisms_trend else ()
         self.trends = LayerTrends(stats, model=model, mechanisms=specs, layer=first_layer)
@@ -150,6 +156,12 @@ class Dashboard(ipywidgets.VBox):
         view: MechanismView | None = self._view("mechanisms", MechanismView)
         return view
 
+    @property
+    def consequences(self) -> ConsequenceView | None:
+        """The consequences tab (None: no evaluation report was given)."""
+        view: ConsequenceView | None = self._view("consequences", ConsequenceView)
+        return view
+
 
 def explore(
     model_or_stats: nn.Module | KVStats | None = None,
@@ -157,6 +169,7 @@ def explore(
     tokenizer: Any = None,
     *,
     mechanisms_trend: bool = False,
+    report: EvaluationReport | None = None,
     **capture_options: Any,
 ) -> Dashboard:
     """Capture (if needed) and show every registered view in tabs.
@@ -165,6 +178,9 @@ def explore(
       sample that ships with Python;
     - a model: captured over ``texts`` (with ``tokenizer`` for strings) with ``capture_options``;
     - a :class:`KVStats`: shown as it is (no mechanism tab: that needs the model's weights).
+
+    ``report`` (from :func:`headwidget.evaluate`) adds the consequences tab: KV bytes against damage
+    per variant, and the per-layer damage map.
 
     ``mechanisms_trend=True`` adds, per layer, the heads' effective rank under each mechanism of the
     mechanism tab to the trend chart (a conversion per layer and mechanism: about 15 s for SmolLM2 on
@@ -181,7 +197,7 @@ def explore(
     from headwidget.capture import capture
 
     if isinstance(model_or_stats, KVStats):
-        return Dashboard(model_or_stats)
+        return Dashboard(model_or_stats, report=report)
     model = model_or_stats
     if model is None:
         from headwidget.embedded import load_smollm2
@@ -195,4 +211,4 @@ def explore(
         raise ValueError("explore(model) needs texts to capture: explore(model, texts, tokenizer=...)")
     capture_options.setdefault("inputs", True)
     stats = capture(model, texts, tokenizer=tokenizer, **capture_options)
-    return Dashboard(stats, model, mechanisms_trend=mechanisms_trend)
+    return Dashboard(stats, model, mechanisms_trend=mechanisms_trend, report=report)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from headwidget import views
 from headwidget.notebook._widget import ViewWidget
 
-__all__ = ["AlignmentView", "ChannelView", "MechanismView"]
+__all__ = ["AlignmentView", "ChannelView", "ConsequenceView", "MechanismView"]
 
 
 class ChannelView(ViewWidget, views.ChannelView):
@@ -46,4 +46,12 @@ class MechanismView(ViewWidget, views.MechanismView):
     """One head-correlation panel per mechanism spec (or per real model), as a widget.
 
     See :class:`headwidget.views.MechanismView` for the arguments.
+    """
+
+
+class ConsequenceView(ViewWidget, views.ConsequenceView):
+    """KV bytes against damage per variant, and the per-layer damage map, as a widget (a click on a
+    cell selects its layer).
+
+    See :class:`headwidget.views.ConsequenceView` for the arguments.
     """

@@ -50,6 +50,16 @@ class ViewWidget(View, HeadWidget):
         if view is not None and view is not View:
             _WIDGETS.setdefault(view, cls)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_click(self._clicked)
+
+    def _clicked(self, event: dict[str, Any]) -> None:
+        """A click in the browser: a cell goes to the view's :meth:`~headwidget.views.View.select_cell`."""
+        panel, row, col = event.get("panel"), event.get("row"), event.get("col")
+        if isinstance(panel, str) and isinstance(row, int) and isinstance(col, int):
+            self.select_cell(panel, row, col)
+
     @t.default("view")
     def _view_default(self) -> str:
         return self.view_name

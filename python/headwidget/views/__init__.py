@@ -21,12 +21,14 @@ from headwidget.views._controls import Control, ControlType, checklist, select, 
 from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
 from headwidget.views.alignment import AlignmentView
 from headwidget.views.channels import ChannelView, ChannelWindowError
+from headwidget.views.consequences import ConsequenceView
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
 
 __all__ = [
     "AlignmentView",
     "ChannelView",
     "ChannelWindowError",
+    "ConsequenceView",
     "Control",
     "ControlType",
     "LayerView",

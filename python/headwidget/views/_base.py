@@ -118,6 +118,8 @@ class View(t.HasTraits):
     #: Whether :meth:`create` needs captured statistics, and whether it needs a model's weights.
     needs_stats: ClassVar[bool] = True
     needs_model: ClassVar[bool] = False
+    #: Whether :meth:`create` needs an evaluation report (``report=``, :func:`headwidget.evaluate`).
+    needs_report: ClassVar[bool] = False
 
     error = t.Unicode("").tag(sync=True)
 
@@ -250,6 +252,9 @@ class View(t.HasTraits):
     def _on_state_change(self, change: dict[str, Any]) -> None:
         if not self._setting_up:
             self.refresh()
+
+    def select_cell(self, panel: str, row: int, col: int) -> None:
+        """What a click on cell (``row``, ``col``) of panel ``panel`` does (default: nothing)."""
 
     def close(self) -> None:
         """Release what the view holds (background work; a widget's connection to the browser)."""

@@ -24,6 +24,7 @@ import anywidget
 import traitlets as t
 
 from headwidget.core.bundle import bundle_path
+from headwidget.core.charts import encode_chart
 from headwidget.core.panels import PanelGrid, encode_panel
 
 __all__ = ["HeadWidget"]
@@ -40,6 +41,8 @@ class HeadWidget(anywidget.AnyWidget):
     colormap = t.Unicode("diverging").tag(sync=True)
     colorbar_label = t.Unicode("").tag(sync=True)
     columns = t.Int(0).tag(sync=True)
+    #: Charts above the panels (:func:`~headwidget.core.charts.encode_chart`).
+    charts = t.List(t.Dict()).tag(sync=True)
 
     #: The view's name (``data-view`` of the front end's root element).
     view = t.Unicode("").tag(sync=True)
@@ -67,6 +70,7 @@ class HeadWidget(anywidget.AnyWidget):
             self.colormap, self.colorbar_label = grid.colormap, grid.colorbar_label
             self.columns = grid.columns
             self.panels = panels
+            self.charts = [encode_chart(c) for c in grid.charts]
             self.error = ""
         self._sent = grid
 
@@ -79,7 +83,8 @@ class HeadWidget(anywidget.AnyWidget):
 
     # ------------------------------------------------------------------ messages from the browser
     def on_click(self, callback: Callable[[dict[str, Any]], None]) -> None:
-        """Call ``callback({"panel", "row", "col"})`` when a cell is clicked in the browser."""
+        """Call ``callback({"panel", "row", "col"})`` when a cell is clicked in the browser, and
+        ``callback({"chart", "series", "point"})`` when a chart's point is."""
         self._click_callbacks.append(callback)
 
     def request_png(self, callback: Callable[[bytes], None]) -> None:
@@ -91,6 +96,10 @@ class HeadWidget(anywidget.AnyWidget):
         kind = content.get("type")
         if kind == "click":
             event = {k: content.get(k) for k in ("panel", "row", "col")}
+            for on_click in list(self._click_callbacks):
+                on_click(event)
+        elif kind == "chart_click":
+            event = {k: content.get(k) for k in ("chart", "series", "point")}
             for on_click in list(self._click_callbacks):
                 on_click(event)
         elif kind == "png" and content.get("data_url"):

@@ -1,0 +1,139 @@
+"""Charts: points and lines on two numeric axes, beside a view's heatmaps.
+
+A :class:`Chart` is what a trade-off plot (KV bytes against damage) or a curve (entropy against group
+size) needs: series of (x, y) points, each with the text a reader sees on hover, drawn as points, as a
+line through them in order, or both; either axis may be logarithmic. Views put charts in
+:attr:`~headwidget.core.panels.PanelGrid.charts`; the widget draws them above the heatmaps (hover
+names the point, a click on one is sent back), and the figure export draws them the same way.
+
+Values that are not finite are not drawn (a point is skipped, a line is broken there); on a log axis
+so is every value ≤ 0.
+
+Example:
+    >>> chart = Chart("tradeoff", "KV bytes against damage", "bytes / token", "ΔNLL",
+    ...               [Series("variants", [512.0, 128.0], [0.0, 0.5], ["model", "mqa"])], x_log=True)
+    >>> encode_chart(chart)["series"][0]["y"]
+    [0.0, 0.5]
+    >>> Series("s", [1.0], [float("nan")], ["a"]).finite_points()
+    []
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["SERIES_STYLES", "Chart", "ChartError", "Series", "encode_chart", "pareto_front"]
+
+SeriesStyle = Literal["points", "line", "points+line"]
+SERIES_STYLES: tuple[SeriesStyle, ...] = ("points", "line", "points+line")
+
+
+class ChartError(ValueError):
+    """A chart or series that cannot be drawn as given (mismatched lengths, an unknown style)."""
+
+
+@dataclass
+class Series:
+    """Points ``(x[i], y[i])`` named ``labels[i]`` on hover; ``color`` ``"#rrggbb"`` or ``""`` (the
+    chart's palette, by series order); ``dashed`` draws its line dashed."""
+
+    name: str
+    x: list[float]
+    y: list[float]
+    labels: list[str]
+    style: SeriesStyle = "points"
+    color: str = ""
+    dashed: bool = False
+
+    def __post_init__(self) -> None:
+        self.x = [float(v) for v in self.x]
+        self.y = [float(v) for v in self.y]
+        self.labels = [str(v) for v in self.labels]
+        if not len(self.x) == len(self.y) == len(self.labels):
+            raise ChartError(
+                f"series {self.name!r}: x, y and labels must have one entry per point, got "
+                f"{len(self.x)}, {len(self.y)} and {len(self.labels)}"
+            )
+        if self.style not in SERIES_STYLES:
+            raise ChartError(
+                f"series {self.name!r}: style must be one of {SERIES_STYLES}, got {self.style!r}"
+            )
+
+    def finite_points(self, x_log: bool = False, y_log: bool = False) -> list[int]:
+        """Indices of the points that are drawn (finite, and > 0 on a log axis)."""
+        return [
+            i
+            for i, (x, y) in enumerate(zip(self.x, self.y, strict=True))
+            if math.isfinite(x) and math.isfinite(y) and (x > 0 or not x_log) and (y > 0 or not y_log)
+        ]
+
+
+@dataclass
+class Chart:
+    """One chart: a title, a subtitle saying what is drawn, axis labels, series and a note."""
+
+    id: str
+    title: str
+    x_label: str
+    y_label: str
+    series: list[Series]
+    subtitle: str = ""
+    note: str = ""
+    x_log: bool = False
+    y_log: bool = False
+    #: Draw a horizontal reference line at this y (None: none), e.g. the original model's ΔNLL of 0.
+    y_reference: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _finite_or_none(values: list[float]) -> list[float | None]:
+    return [v if math.isfinite(v) else None for v in values]
+
+
+def encode_chart(chart: Chart) -> dict[str, Any]:
+    """The chart as the JSON the front end reads (non-finite values become ``null``)."""
+    return {
+        "id": chart.id,
+        "title": chart.title,
+        "subtitle": chart.subtitle,
+        "note": chart.note,
+        "x_label": chart.x_label,
+        "y_label": chart.y_label,
+        "x_log": chart.x_log,
+        "y_log": chart.y_log,
+        "y_reference": chart.y_reference,
+        "series": [
+            {
+                "name": s.name,
+                "x": _finite_or_none(s.x),
+                "y": _finite_or_none(s.y),
+                "labels": s.labels,
+                "style": s.style,
+                "color": s.color,
+                "dashed": s.dashed,
+            }
+            for s in chart.series
+        ],
+    }
+
+
+def pareto_front(costs: list[float], damages: list[float]) -> list[int]:
+    """Indices of the points no other point beats on both cost and damage, by increasing cost.
+
+    A point is on the front when every point that costs no more does more damage (ties: the first).
+    Non-finite points are never on it.
+
+    Example:
+        >>> pareto_front([512, 128, 256, 256], [0.0, 2.0, 0.5, 0.9])
+        [1, 2, 0]
+    """
+    finite = [i for i in range(len(costs)) if math.isfinite(costs[i]) and math.isfinite(damages[i])]
+    front: list[int] = []
+    best = math.inf
+    for i in sorted(finite, key=lambda i: (costs[i], damages[i], i)):
+        if damages[i] < best:
+            front.append(i)
+            best = damages[i]
+    return front

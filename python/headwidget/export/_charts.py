@@ -1,0 +1,134 @@
+"""Charts (:mod:`headwidget.core.charts`) drawn on matplotlib axes, as the widget draws them.
+
+The same colours by series order (Okabe–Ito, as ``js/lib/charts.ts``), points and lines, log axes,
+a dotted reference line, the legend above the plot. A static figure has no hover, so each point of a
+point series is labelled with the first line of its hover text (the variant's spec, say) when the
+chart has few enough points to read them.
+
+Example:
+    >>> from matplotlib.figure import Figure
+    >>> from headwidget.core.charts import Chart, Series
+    >>> chart = Chart("c", "damage", "bytes / token", "ΔNLL",
+    ...               [Series("variants", [512, 128], [0.0, 0.5], ["model", "mqa"])], x_log=True)
+    >>> ax = Figure().subplots()
+    >>> draw_chart(ax, chart)
+    >>> ax.get_xscale(), [t.get_text() for t in ax.texts]
+    ('log', ['model', 'mqa'])
+"""
+
+from __future__ import annotations
+
+import math
+
+from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from headwidget.core.charts import Chart
+from headwidget.export._labels import printable, wrap
+
+__all__ = ["CHART_IN", "PALETTE", "draw_chart", "tick_label"]
+
+PALETTE = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000"]
+#: A chart's (width, height) in inches on an automatically sized figure.
+CHART_IN = (4.2, 3.3)
+#: Points of one chart beyond which they are not labelled (the labels would overlap).
+MAX_LABELLED = 16
+TITLE_PT, SUBTITLE_PT, TICK_PT, NOTE_PT, LABEL_PT = 9.0, 7.5, 7.0, 6.5, 8.0
+TEXT_COLOR, MUTED_COLOR = "#1f1f1f", "#5f5f5f"
+
+
+def _color(chart: Chart, i: int) -> str:
+    return chart.series[i].color or PALETTE[i % len(PALETTE)]
+
+
+def tick_label(value: float, _pos: object = None) -> str:
+    """A tick as the widget writes it: ``15,360``, ``0.25``, ``1e-05`` (plain text, no mathtext).
+
+    Example:
+        >>> tick_label(15360.0), tick_label(0.25), tick_label(1e-5), tick_label(2e9)
+        ('15,360', '0.25', '1e-05', '2e+09')
+    """
+    if not math.isfinite(value):
+        return ""
+    if value == int(value) and 1000 <= abs(value) < 1e9:
+        return f"{int(value):,}"
+    if value != 0 and not 1e-4 <= abs(value) < 1e5:
+        return f"{value:.2g}"
+    return f"{value:.4g}"
+
+
+def _log_axis(axis: object) -> None:
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # type: ignore[attr-defined]
+    axis.set_major_formatter(FuncFormatter(tick_label))  # type: ignore[attr-defined]
+    axis.set_minor_formatter(NullFormatter())  # type: ignore[attr-defined]
+
+
+def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
+    """Draw ``chart`` on ``ax``; ``text_w``: inches the subtitle and note wrap to."""
+    labelled = sum(len(s.finite_points(chart.x_log, chart.y_log)) for s in chart.series if s.style != "line")
+    for i, s in enumerate(chart.series):
+        keep = s.finite_points(chart.x_log, chart.y_log)
+        xs, ys = [s.x[k] for k in keep], [s.y[k] for k in keep]
+        color, name = _color(chart, i), printable(s.name) or None
+        if s.style != "points":
+            # A line breaks where a value is missing: draw each run of kept points on its own.
+            runs: list[list[int]] = []
+            for k in keep:
+                if runs and k == runs[-1][-1] + 1:
+                    runs[-1].append(k)
+                else:
+                    runs.append([k])
+            for r, run in enumerate(runs):
+                ax.plot(
+                    [s.x[k] for k in run], [s.y[k] for k in run], color=color, linewidth=1.2,
+                    linestyle="--" if s.dashed else "-", label=name if r == 0 else None,
+                    marker="o" if s.style == "points+line" else None, markersize=4,
+                    markeredgecolor="white", markeredgewidth=0.6, zorder=2,
+                )  # fmt: skip
+        else:
+            ax.scatter(xs, ys, s=22, color=color, edgecolors="white", linewidths=0.6, label=name, zorder=3)
+        if s.style != "line" and labelled <= MAX_LABELLED:
+            for k in keep:
+                text = printable(s.labels[k].split("\n", 1)[0])
+                ax.annotate(
+                    text, (s.x[k], s.y[k]), xytext=(4, 3), textcoords="offset points",
+                    fontsize=TICK_PT - 0.5, color=TEXT_COLOR,
+                )  # fmt: skip
+    if chart.x_log:
+        ax.set_xscale("log")
+        _log_axis(ax.xaxis)
+    else:
+        ax.xaxis.set_major_formatter(FuncFormatter(tick_label))
+    if chart.y_log:
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis)
+    else:
+        ax.yaxis.set_major_formatter(FuncFormatter(tick_label))
+    if chart.y_reference is not None:
+        ax.axhline(chart.y_reference, color=MUTED_COLOR, linewidth=0.7, linestyle=":", zorder=1)
+    ax.grid(True, color="#e6e6e6", linewidth=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    ax.tick_params(length=2.5, width=0.6, pad=1.5, labelsize=TICK_PT, colors=TEXT_COLOR)
+    ax.set_xlabel(printable(chart.x_label), fontsize=LABEL_PT)
+    ax.set_ylabel(printable(chart.y_label), fontsize=LABEL_PT)
+    subtitle = wrap(printable(chart.subtitle), text_w, SUBTITLE_PT)
+    legend = bool([s for s in chart.series if s.name])
+    pad = 2.0 + (SUBTITLE_PT * 1.2 * len(subtitle) + 2.0 if subtitle else 0.0) + (12.0 if legend else 0.0)
+    ax.set_title(printable(chart.title), loc="left", fontsize=TITLE_PT, fontweight="bold", pad=pad)
+    if subtitle:
+        ax.annotate(
+            "\n".join(subtitle), xy=(0, 1), xycoords="axes fraction", xytext=(0, 3 + (12 if legend else 0)),
+            textcoords="offset points", ha="left", va="bottom", fontsize=SUBTITLE_PT, color=MUTED_COLOR,
+        )  # fmt: skip
+    if legend:
+        ax.legend(
+            loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=4, frameon=False, fontsize=TICK_PT,
+            borderaxespad=0.2, handlelength=1.6, columnspacing=1.0,
+        )  # fmt: skip
+    if chart.note:
+        note = "\n".join(wrap(printable(chart.note), text_w, NOTE_PT, style="italic"))
+        ax.annotate(
+            note, xy=(0, 0), xycoords="axes fraction", xytext=(0, -30), textcoords="offset points",
+            ha="left", va="top", fontsize=NOTE_PT, style="italic", color=MUTED_COLOR,
+        )  # fmt: skip
+    ax.set_gid(chart.id)

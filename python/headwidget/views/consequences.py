@@ -1,0 +1,266 @@
+"""``ConsequenceView``: what each variant saves in KV bytes and what it costs the model's predictions.
+
+Drawn from an :class:`~headwidget.evaluation.EvaluationReport` (:func:`headwidget.evaluate`):
+
+1. the trade-off chart: one point per variant, its KV-cache bytes per token (all layers, K and V, in
+   the report's dtype; log axis) against its damage (``measure``: ΔNLL against the original model,
+   KL(original ‖ variant), or top-1 disagreement; for encoders the hidden-state relative error or
+   1 − embedding cosine), with the Pareto frontier (the variants no other beats on both bytes and
+   damage). Hover shows the spec and every number. Mechanisms and quantizers (``kv:…``) are two series.
+2. with a per-layer sweep (``per_layer=True``), the damage map: one row per variant, one column per
+   layer, colour the ΔNLL (encoders: hidden-state relative error) with only that layer converted, on a
+   diverging scale centred on 0 (a layer whose conversion helps is blue). A click on a cell selects
+   its layer (``layer``), which moves the other views of a dashboard; the note names the selected
+   layer's values and the most fragile layer.
+
+Example:
+    >>> from headwidget.evaluation import EvaluationReport
+    >>> report = EvaluationReport(
+    ...     model="tiny", kind="causal-lm", variants=["model", "mqa", "mla:8"],
+    ...     measures={"model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0},
+    ...               "mqa": {"nll": 2.5, "perplexity": 12.18, "kl": 0.4, "top1": 0.8},
+    ...               "mla:8": {"nll": 2.1, "perplexity": 8.17, "kl": 0.1, "top1": 0.9}},
+    ...     kv_bytes_per_token={"model": 512, "mqa": 128, "mla:8": 64}, tokens=100, sequences=4,
+    ...     fingerprint="0123456789abcdef", dtype="torch.float32", layers=[0, 1],
+    ...     per_layer={"mqa": [0.3, 0.1], "mla:8": [0.05, 0.02]}, per_layer_measure="delta_nll")
+    >>> view = ConsequenceView(report)
+    >>> chart = view.grid.charts[0]
+    >>> [s.name for s in chart.series], chart.series[0].y
+    (['mechanisms', 'Pareto frontier'], [0.0, 0.5, 0.10000000000000009])
+    >>> view.grid.panels[0].row_labels, view.grid.panels[0].matrix[0].tolist()
+    (['mqa', 'mla:8'], [0.3, 0.1])
+    >>> view.select_cell("damage", 0, 1)
+    >>> view.layer, view.grid.panels[0].note.split(" · ")[0]
+    (1, 'layer 1: mqa +0.1000, mla:8 +0.0200')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import traitlets as t
+from torch import nn
+
+from headwidget.core.charts import Chart, Series, pareto_front
+from headwidget.core.panels import Panel, PanelGrid
+from headwidget.errors import HeadwidgetError
+from headwidget.evaluation import EvaluationReport
+from headwidget.stats import KVStats
+from headwidget.views._base import View, ViewSourceError, state
+from headwidget.views._controls import toggles
+from headwidget.views._registry import register_view
+
+__all__ = ["DAMAGE_MEASURES", "ConsequenceView", "UnknownDamageMeasureError"]
+
+CV = TypeVar("CV", bound="ConsequenceView")
+
+#: Damage measures by report kind: name → (axis label, value from a variant's measures).
+DAMAGE_MEASURES: dict[str, dict[str, tuple[str, str]]] = {
+    "causal-lm": {
+        "nll": ("ΔNLL against the original (nats / token)", "delta_nll"),
+        "kl": ("KL(original ‖ variant) (nats / token)", "kl"),
+        "top1": ("top-1 disagreement with the original", "top1_miss"),
+    },
+    "encoder": {
+        "hidden_rel_error": ("last hidden state, relative error", "hidden_rel_error"),
+        "embedding_cosine": ("1 − cosine of mean-pooled embeddings", "cosine_miss"),
+    },
+}
+PER_LAYER_TITLES = {
+    "delta_nll": ("ΔNLL with only that layer converted", "ΔNLL (nats / token)"),
+    "hidden_rel_error": ("hidden-state error with only that layer converted", "relative error"),
+}
+
+
+class UnknownDamageMeasureError(HeadwidgetError, ValueError):
+    """A damage measure the report does not hold (``perplexity`` of an encoder, a misspelling)."""
+
+
+def _is_quantizer(spec: str) -> bool:
+    return spec.startswith("kv:")
+
+
+@register_view("consequences", order=40)
+class ConsequenceView(View):
+    """Bytes saved against damage done, per variant, and the per-layer damage map."""
+
+    title = "Consequences"
+    needs_stats: ClassVar[bool] = False
+    needs_report: ClassVar[bool] = True
+
+    measure = state(t.Unicode("nll"), toggles("Damage", options="measures_available"))
+    #: The selected layer (a click on the damage map sets it; a dashboard links it to its other views).
+    layer = state(t.Int(0))
+    measures_available = t.List(t.Unicode()).tag(sync=True)
+
+    def __init__(self, report: EvaluationReport, *, measure: str | None = None, layer: int | None = None):
+        """``report``: from :func:`headwidget.evaluate` (or ``EvaluationReport.load``)."""
+        if not isinstance(report, EvaluationReport):
+            raise ViewSourceError(
+                "the consequences view needs an evaluation report (headwidget.evaluate(...) or "
+                f"EvaluationReport.load(path)), got {type(report).__name__}"
+            )
+        super().__init__()
+        self.report = report
+        measures = list(DAMAGE_MEASURES.get(report.kind, {}))
+        if not measures:
+            raise ViewSourceError(f"the report's kind {report.kind!r} is neither 'causal-lm' nor 'encoder'")
+        with self.initial_state():
+            self.measures_available = measures
+            self.measure = measures[0] if measure is None else measure
+            self.layer = (report.layers[0] if report.layers else 0) if layer is None else int(layer)
+
+    @classmethod
+    def create(
+        cls: type[CV],
+        stats: KVStats | None = None,
+        model: nn.Module | None = None,
+        *,
+        layers: Sequence[int] = (),
+        interactive: bool = True,
+        report: EvaluationReport | None = None,
+        **state: Any,
+    ) -> CV:
+        """The view of ``report`` (statistics and model are not used), the first of ``layers`` selected."""
+        if report is None:
+            raise ViewSourceError(
+                "the consequences view needs an evaluation report: report=headwidget.evaluate(...)"
+            )
+        if layers:
+            state.setdefault("layer", layers[0])
+        return cls(report, **state)
+
+    @property
+    def caption(self) -> str:
+        """The model and what the view shows."""
+        return f"{self.report.model} · KV bytes against damage"
+
+    # ------------------------------------------------------------------ numbers
+    def damage(self, spec: str) -> float:
+        """The current ``measure`` of one variant (0 for the original model)."""
+        m = self.report.measures[spec]
+        key = DAMAGE_MEASURES[self.report.kind][self.measure][1]
+        if key == "delta_nll":
+            return (
+                m["nll"] - self.report.measures["model"]["nll"]
+                if "model" in self.report.measures
+                else math.nan
+            )
+        if key == "top1_miss":
+            return 1.0 - m["top1"]
+        if key == "cosine_miss":
+            return 1.0 - m["embedding_cosine"]
+        return m[key]
+
+    def _hover(self, spec: str) -> str:
+        r = self.report
+        m = r.measures[spec]
+        nbytes = r.kv_bytes_per_token[spec]
+        base = r.kv_bytes_per_token.get("model")
+        share = f" ({nbytes / base:.1%} of the model's)" if base else ""
+        lines = [spec, f"{nbytes:,} KV bytes / token{share}"]
+        if r.kind == "causal-lm":
+            delta = m["nll"] - r.measures["model"]["nll"] if "model" in r.measures else math.nan
+            lines.append(f"ΔNLL {delta:+.4f} · perplexity {m['perplexity']:.2f}")
+            lines.append(f"KL {m['kl']:.4f} · top-1 agreement {m['top1']:.3f}")
+        else:
+            lines.append(f"hidden rel. error {m['hidden_rel_error']:.5f}")
+            lines.append(f"embedding cosine {m['embedding_cosine']:.6f}")
+        return "\n".join(lines)
+
+    def _tradeoff(self) -> Chart:
+        r = self.report
+        label, _ = DAMAGE_MEASURES[r.kind][self.measure]
+        specs = list(r.variants)
+        groups = [
+            ("mechanisms", [v for v in specs if not _is_quantizer(v)]),
+            ("quantizers", [v for v in specs if _is_quantizer(v)]),
+        ]
+        series = [
+            Series(name, [r.kv_bytes_per_token[v] for v in vs], [self.damage(v) for v in vs],
+                   [self._hover(v) for v in vs])
+            for name, vs in groups
+            if vs
+        ]  # fmt: skip
+        costs = [float(r.kv_bytes_per_token[v]) for v in specs]
+        damages = [self.damage(v) for v in specs]
+        front = pareto_front(costs, damages)
+        series.append(
+            Series(
+                "Pareto frontier", [costs[i] for i in front], [damages[i] for i in front],
+                [f"on the frontier: {specs[i]}" for i in front], style="line", dashed=True, color="#5f5f5f",
+            )
+        )  # fmt: skip
+        return Chart(
+            "tradeoff",
+            "KV bytes against damage",
+            f"KV cache bytes per token (all layers, K and V, {r.dtype.removeprefix('torch.')}; log)",
+            label,
+            series,
+            subtitle=(
+                f"{r.model} · {r.tokens:,} held-out tokens in {r.sequences} sequences · "
+                f"fingerprint {r.fingerprint[:8]} · lower left is better"
+            ),
+            x_log=True,
+            y_reference=0.0,
+            note="frontier: " + ", ".join(specs[i] for i in front),
+        )
+
+    def _damage_map(self) -> tuple[Panel, float] | None:
+        r = self.report
+        # The original model's row is 0 everywhere by definition: the map shows the variants.
+        specs = [v for v in (r.per_layer or {}) if v != "model"]
+        if not specs or not r.layers:
+            return None
+        matrix = np.array([r.per_layer[v] for v in specs], dtype=np.float64)
+        title, _ = PER_LAYER_TITLES.get(
+            r.per_layer_measure or "", ("damage with only that layer converted", "")
+        )
+        contiguous = r.layers == list(range(r.layers[0], r.layers[0] + len(r.layers)))
+        finite = matrix[np.isfinite(matrix)]
+        peak = float(np.abs(finite).max()) if finite.size else 1.0
+        notes = []
+        if self.layer in r.layers:
+            col = r.layers.index(self.layer)
+            values = ", ".join(f"{v} {matrix[i, col]:+.4f}" for i, v in enumerate(specs))
+            notes.append(f"layer {self.layer}: {values}")
+        else:
+            notes.append(f"layer {self.layer} was not swept")
+        if finite.size:
+            i, j = np.unravel_index(np.nanargmax(matrix), matrix.shape)
+            notes.append(f"most fragile: layer {r.layers[j]} under {specs[i]} ({matrix[i, j]:+.4f})")
+        notes.append("click a cell to select its layer")
+        panel = Panel(
+            "damage",
+            title,
+            matrix,
+            subtitle=f"{r.model} · rows: variants, columns: layers · {r.tokens:,} held-out tokens",
+            row_labels=specs,
+            col_labels=None if contiguous else [str(layer) for layer in r.layers],
+            col_offset=r.layers[0] if contiguous else 0,
+            note=" · ".join(notes),
+        )
+        return panel, peak if peak > 0 else 1.0
+
+    def compute(self) -> PanelGrid:
+        """The trade-off chart and, with a per-layer sweep, the damage map."""
+        if self.measure not in DAMAGE_MEASURES[self.report.kind]:
+            raise UnknownDamageMeasureError(
+                f"unknown damage measure {self.measure!r} for a {self.report.kind} report; "
+                f"choose one of {', '.join(DAMAGE_MEASURES[self.report.kind])}"
+            )
+        chart = self._tradeoff()
+        damage = self._damage_map()
+        if damage is None:
+            return PanelGrid([], 0.0, 1.0, "diverging", "", charts=[chart])
+        panel, peak = damage
+        _, label = PER_LAYER_TITLES.get(self.report.per_layer_measure or "", ("", ""))
+        return PanelGrid([panel], -peak, peak, "diverging", label, columns=1, charts=[chart])
+
+    def select_cell(self, panel: str, row: int, col: int) -> None:
+        """A click on a damage-map cell selects its layer."""
+        if panel == "damage" and 0 <= col < len(self.report.layers):
+            self.layer = self.report.layers[col]

@@ -1,0 +1,165 @@
+// @vitest-environment jsdom
+import { describe, expect, it } from "vitest";
+import {
+  axisPos,
+  axisRange,
+  type Chart,
+  chartTicks,
+  formatChartTick,
+  layoutChart,
+  layoutCharts,
+  nearestPoint,
+  parseCharts,
+} from "../../js/lib/charts";
+import { approxMeasure } from "../../js/lib/text";
+import { ChartStrip } from "../../js/ui/charts";
+
+function chart(extra: Partial<Chart> = {}): Chart {
+  const parsed = parseCharts([
+    {
+      id: "tradeoff",
+      title: "KV bytes against damage",
+      x_label: "bytes",
+      y_label: "ΔNLL",
+      x_log: true,
+      series: [
+        {
+          name: "variants",
+          x: [46080, 15360, 3840],
+          y: [0, 6.66, 0.17],
+          labels: ["model", "mqa\nΔNLL +6.66", "mla:128"],
+          style: "points",
+        },
+        { name: "front", x: [3840, 46080], y: [0.17, 0], labels: ["", ""], style: "line" },
+      ],
+      ...extra,
+    },
+  ]);
+  expect(parsed.problems).toEqual([]);
+  return parsed.charts[0];
+}
+
+describe("parseCharts", () => {
+  it("reads charts, turning null and non-finite values into gaps", () => {
+    const { charts } = parseCharts([
+      {
+        id: "c",
+        series: [{ name: "s", x: [1, null, 3], y: [1, 2, "x"], labels: ["a", "b", "c"] }],
+      },
+    ]);
+    expect(charts[0].series[0].x).toEqual([1, null, 3]);
+    expect(charts[0].series[0].y).toEqual([1, 2, null]);
+    expect(charts[0].series[0].style).toBe("points");
+  });
+
+  it("reports a malformed chart and keeps the others", () => {
+    const { charts, problems } = parseCharts([
+      { id: "bad", series: [{ name: "s", x: [1, 2], y: [1], labels: ["a", "b"] }] },
+      { id: "good", series: [] },
+      { id: "style", series: [{ name: "s", x: [], y: [], labels: [], style: "bars" }] },
+    ]);
+    expect(charts.map((c) => c.id)).toEqual(["good"]);
+    expect(problems[0]).toContain('chart "bad" series 0: x, y and labels have 2, 1 and 2 entries');
+    expect(problems[1]).toContain('unknown style "bars"');
+    expect(parseCharts(undefined)).toEqual({ charts: [], problems: [] });
+  });
+});
+
+describe("axes", () => {
+  it("pads a linear range by 5 % and a log range in decades", () => {
+    expect(axisRange([0, 10], false)).toEqual({ lo: -0.5, hi: 10.5, log: false });
+    const a = axisRange([10, 1000, -5, null], true);
+    expect(Math.log10(a.lo)).toBeCloseTo(0.9, 12);
+    expect(Math.log10(a.hi)).toBeCloseTo(3.1, 12);
+    expect(axisRange([2, 2], false)).toEqual({ lo: 1.8, hi: 2.2, log: false });
+  });
+
+  it("places values linearly or by their logarithm", () => {
+    expect(axisPos({ lo: 0, hi: 10, log: false }, 2.5, 200)).toBeCloseTo(50, 12);
+    expect(axisPos({ lo: 10, hi: 1000, log: true }, 100, 200)).toBeCloseTo(100, 12);
+  });
+
+  it("ticks at 1-2-5 steps, or powers of ten on a long log axis", () => {
+    expect(chartTicks({ lo: -0.5, hi: 10.5, log: false }, 5)).toEqual([0, 5, 10]);
+    expect(chartTicks({ lo: 3000, hi: 60000, log: true })).toEqual([5000, 10000, 20000, 50000]);
+    expect(chartTicks({ lo: 800, hi: 2e6, log: true })).toEqual([1000, 10000, 100000, 1000000]);
+    expect(chartTicks({ lo: 150, hi: 900, log: true })).toEqual([200, 500]);
+    expect(chartTicks({ lo: 0, hi: 1, log: false }, 4)).toEqual([0, 0.5, 1]);
+    expect(formatChartTick(15360)).toBe("15,360");
+    expect(formatChartTick(0.25)).toBe("0.25");
+  });
+});
+
+describe("layoutChart", () => {
+  it("puts each point where its values are, with y growing upwards", () => {
+    const c = chart();
+    const b = layoutChart(c, 600, approxMeasure);
+    expect(b.w).toBe(480);
+    const model = b.points.find((p) => p.series === 0 && p.index === 0)!;
+    const mqa = b.points.find((p) => p.series === 0 && p.index === 1)!;
+    expect(mqa.y).toBeLessThan(model.y); // more damage is higher
+    expect(mqa.x).toBeLessThan(model.x); // fewer bytes is further left
+    const expectX = b.plot.x + axisPos(b.xAxis, 15360, b.plot.w);
+    expect(mqa.x).toBeCloseTo(expectX, 9);
+    // the line series draws no markers, but its path
+    expect(b.points.filter((p) => p.series === 1)).toEqual([]);
+    expect(b.lines).toHaveLength(1);
+    expect(b.lines[0].path).toHaveLength(2);
+  });
+
+  it("breaks a line at a missing value and drops values <= 0 on a log axis", () => {
+    const { charts } = parseCharts([
+      {
+        id: "c",
+        y_log: true,
+        series: [
+          { name: "s", x: [1, 2, 3, 4], y: [1, 0, 3, 4], labels: ["", "", "", ""], style: "line" },
+        ],
+      },
+    ]);
+    const b = layoutChart(charts[0], 480, approxMeasure);
+    expect(b.lines.map((l) => l.path.length)).toEqual([1, 2]);
+  });
+
+  it("finds the nearest point within the radius only", () => {
+    const b = layoutChart(chart(), 480, approxMeasure);
+    const mqa = b.points.find((p) => p.index === 1)!;
+    expect(nearestPoint(b, mqa.x + 3, mqa.y - 3)).toEqual(mqa);
+    expect(nearestPoint(b, mqa.x + 40, mqa.y + 40)).toBeNull();
+  });
+
+  it("wraps charts onto a new row when they do not fit side by side", () => {
+    const c = chart();
+    expect(layoutCharts([c, c], 1200, approxMeasure).boxes.map((b) => b.y)).toEqual([0, 0]);
+    const narrow = layoutCharts([c, c], 700, approxMeasure);
+    expect(narrow.boxes[1].y).toBeGreaterThan(0);
+    expect(narrow.boxes[1].x).toBe(0);
+  });
+});
+
+describe("ChartStrip", () => {
+  it("names the hovered point in the tooltip and sends a click on it", () => {
+    const clicks: [string, number, number][] = [];
+    const strip = new ChartStrip(document, (c, s, i) => clicks.push([c.id, s, i]));
+    document.body.appendChild(strip.root);
+    const c = chart();
+    strip.setCharts([c], 600, approxMeasure, 1);
+    expect(strip.root.hidden).toBe(false);
+    const b = strip.current.boxes[0];
+    const mqa = b.points.find((p) => p.index === 1)!;
+    strip.inspect({ chart: 0, series: 0, index: 1 }, mqa.x, mqa.y);
+    expect(strip.tooltip.text).toBe("mqa\nΔNLL +6.66");
+    expect(JSON.parse(strip.root.dataset.hover!)).toEqual({
+      chart: "tradeoff",
+      series: "variants",
+      point: 1,
+      x: 15360,
+      y: 6.66,
+    });
+    strip.root.dispatchEvent(new MouseEvent("click", { clientX: mqa.x, clientY: mqa.y }));
+    expect(clicks).toEqual([["tradeoff", 0, 1]]);
+    strip.setCharts([], 600, approxMeasure, 1);
+    expect(strip.root.hidden).toBe(true);
+    strip.destroy();
+  });
+});
