@@ -75,6 +75,15 @@ export class ChartStrip {
       c.style.top = `${b.y}px`;
       c.dataset.chartId = charts[i].id;
       c.dataset.plotRect = JSON.stringify(b.plot);
+      // Where each point is drawn (CSS px in the canvas), so that tools and tests can find it.
+      c.dataset.points = JSON.stringify(
+        b.points.map((p) => [
+          p.series,
+          p.index,
+          Math.round(p.x * 10) / 10,
+          Math.round(p.y * 10) / 10,
+        ]),
+      );
       sizeCanvas(c, b.w, b.h, dpr);
       this.draw(i);
     });

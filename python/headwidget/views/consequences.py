@@ -70,8 +70,8 @@ DAMAGE_MEASURES: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 PER_LAYER_TITLES = {
-    "delta_nll": ("ΔNLL with only that layer converted", "ΔNLL (nats / token)"),
-    "hidden_rel_error": ("hidden-state error with only that layer converted", "relative error"),
+    "delta_nll": ("ΔNLL, one layer converted", "ΔNLL with only that layer converted (nats / token)"),
+    "hidden_rel_error": ("hidden error, one layer converted", "hidden-state relative error, one layer converted"),
 }
 
 
@@ -232,12 +232,12 @@ class ConsequenceView(View):
         if finite.size:
             i, j = np.unravel_index(np.nanargmax(matrix), matrix.shape)
             notes.append(f"most fragile: layer {r.layers[j]} under {specs[i]} ({matrix[i, j]:+.4f})")
-        notes.append("click a cell to select its layer")
+        notes.append("a click selects the layer")
         panel = Panel(
             "damage",
             title,
             matrix,
-            subtitle=f"{r.model} · rows: variants, columns: layers · {r.tokens:,} held-out tokens",
+            subtitle=f"{r.model} · variants × layers",
             row_labels=specs,
             col_labels=None if contiguous else [str(layer) for layer in r.layers],
             col_offset=r.layers[0] if contiguous else 0,
