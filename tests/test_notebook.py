@@ -165,8 +165,16 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
         assert view.caption in text and view.grid.panels[0].title in text
     (page,) = dash.save(tmp_path / "dash.html", layers=[0, 1])
     text = page.read_text()
-    frames = [html.unescape(m) for m in re.findall(r'srcdoc="([^"]*)"', text)]
+    summary, *frames = [html.unescape(m) for m in re.findall(r'srcdoc="([^"]*)"', text)]
     assert len(frames) == len(dash.views) == 3
+    # the trend chart, offline: every series of the notebook's bqplot chart, the same numbers
+    blob = summary.split('<script type="application/json" id="headwidget-data">')[1].split("</script>")[0]
+    charts = json.loads(blob)["state"]["charts"]
+    drawn = {s["name"]: s["y"] for c in charts for s in c["series"]}
+    assert drawn.keys() == dash.trends.series.keys()
+    for name, values in dash.trends.series.items():
+        assert drawn[name] == pytest.approx(values, abs=0, nan_ok=True)
+    assert all(s["x"] == [float(x) for x in stats.layers] for c in charts for s in c["series"])
     for frame, view in zip(frames, dash.views.values(), strict=True):
         data = frame.split('<script type="application/json" id="headwidget-data">')[1].split("</script>")[0]
         assert (

@@ -26,8 +26,13 @@ def test_dashboard_page_draws_every_tab_offline(browser, bundle, tmp_path):
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.goto(path.resolve().as_uri())
     labels = page.locator(".hw-tabs > label")
-    assert labels.all_inner_texts() == [v.title for v in dash.views.values()]
-    for i, view in enumerate(dash.views.values()):
+    assert labels.all_inner_texts() == ["Per-layer summary", *(v.title for v in dash.views.values())]
+    summary = page.frame_locator("#hw-page-0 iframe")
+    summary.locator("canvas.hw-chart").first.wait_for()
+    assert summary.locator("canvas.hw-chart").evaluate_all("(cs) => cs.map((c) => c.dataset.chartId)") == [
+        "trend-means"
+    ]
+    for i, view in enumerate(dash.views.values(), start=1):
         labels.nth(i).click()
         frame = page.frame_locator(f"#hw-page-{i} iframe")
         frame.locator(".hw-panel").first.wait_for()

@@ -12,9 +12,11 @@ import traitlets
 from torch import nn
 
 from headwidget.analysis.alignment import ALIGN_METRICS
+from headwidget.core.panels import PanelGrid
 from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
 from headwidget.export import ExportError, page_html, save, save_tabbed_html
+from headwidget.notebook._trend_charts import trend_charts
 from headwidget.notebook._views import AlignmentView, ChannelView, ConsequenceView, MechanismView
 from headwidget.notebook._widget import ViewWidget, widget_class
 from headwidget.stats import KVStats
@@ -92,9 +94,10 @@ class Dashboard(ipywidgets.VBox):
     ) -> list[Path]:
         """Save every tab; returns the paths written.
 
-        - ``.html``: one offline page, a tab bar over each tab's standalone page (as
+        - ``.html``: one offline page, a tab bar over the per-layer summary (the trend chart's series,
+          drawn by the widget's own charts) and each tab's standalone page (as
           :func:`headwidget.export.save_html` writes it: hover, colorbar and the layer slider over
-          ``layers``, default every layer). The trend chart (bqplot) is not part of it.
+          ``layers``, default every layer).
         - ``.png``, ``.svg``, ``.pdf``: one figure per tab, named after the tab:
           ``dash.png`` → ``dash-channels.png``, ``dash-alignment.png``, ``dash-mechanisms.png``, each
           titled with its model and layer.
@@ -126,7 +129,12 @@ class Dashboard(ipywidgets.VBox):
                 for name, view in self.views.items()
             ]
         model = self.stats.meta.model_name or self.stats.meta.model_class
-        pages = [
+        trends = PanelGrid(
+            [], 0.0, 1.0, "diverging", "",
+            charts=trend_charts(self.trends.series, self.stats.layers, self.trends.figure.title),
+        )  # fmt: skip
+        pages = [("Per-layer summary", page_html(trends, title=f"Per-layer summary · {model}"))]
+        pages += [
             # The page's slider moves through the layers: its heading names the model, not a layer.
             (view.title, page_html(view, title=f"{view.title} · {model}", layers=layers))
             for view in self.views.values()

@@ -1,0 +1,58 @@
+"""The trend chart of a dashboard as :class:`~headwidget.core.charts.Chart` s, for its offline page.
+
+The notebook draws the per-layer trends with bqplot (:class:`~headwidget.widget.LayerTrends`); a saved
+page has no kernel and no bqplot, so it draws the same series with the widget's own charts: means
+(channel correlation, head similarity before and after alignment) on one chart, effective ranks (when
+the dashboard has mechanism trends) on another, one line with points per series, hover naming the
+series, the layer and the value.
+
+Example:
+    >>> charts = trend_charts({"K mean |channel corr|": [0.2, 0.3], "eff. rank · mqa": [3.0, 2.5]}, [0, 1],
+    ...                       "head similarity: token_cosine, auto alignment")
+    >>> [c.id for c in charts], charts[0].series[0].labels[1]
+    (['trend-means', 'trend-ranks'], 'K mean |channel corr|\\nlayer 1: 0.3000')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from headwidget.core.charts import Chart, Series
+
+__all__ = ["trend_charts"]
+
+
+def _series(name: str, values: Sequence[float], layers: Sequence[int]) -> Series:
+    labels = [f"{name}\nlayer {layer}: {v:.4f}" for layer, v in zip(layers, values, strict=True)]
+    dashed = name.endswith("· before")
+    return Series(name, [float(x) for x in layers], list(values), labels, style="points+line", dashed=dashed)
+
+
+def trend_charts(series: Mapping[str, Sequence[float]], layers: Sequence[int], subtitle: str) -> list[Chart]:
+    """The means chart and (if any series is an effective rank) the ranks chart of ``series``."""
+    ranks = {k: v for k, v in series.items() if k.startswith("eff. rank")}
+    means = {k: v for k, v in series.items() if k not in ranks}
+    charts = []
+    if means:
+        charts.append(
+            Chart(
+                "trend-means",
+                "Per-layer summary",
+                "layer",
+                "mean |corr| / similarity",
+                [_series(k, v, layers) for k, v in means.items()],
+                subtitle=subtitle,
+            )
+        )
+    if ranks:
+        charts.append(
+            Chart(
+                "trend-ranks",
+                "Head diversity per mechanism",
+                "layer",
+                "effective rank (QK operators)",
+                [_series(k, v, layers) for k, v in ranks.items()],
+                subtitle="entropy effective rank of the heads",
+            )
+        )
+    return charts
