@@ -58,8 +58,13 @@ def test_the_widget_sends_the_views_panels_and_controls(llama):
     assert view.panels == [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
     assert (view.vmin, view.vmax, view.colormap, view.columns) == (-1.0, 1.0, "diverging", 1)
     assert view.layer_label == "layer 1 of 2 (51 tokens)" and view.status == ""
+    model_name = stats.meta.model_name or stats.meta.model_class
+    assert view.heading == f"{model_name} · layer 1"  # shown above the controls
     view.layer = 0  # what the slider's commit does
-    assert [p["id"] for p in view.panels] == ["key-0", "value-0"]
+    assert [p["id"] for p in view.panels] == [
+        "key-0",
+        "value-0",
+    ] and view.heading == f"{model_name} · layer 0"
     window = stats.channel_corr(0, "value")[3:12, 3:12]
     np.testing.assert_array_equal(decode(view.panels[1]), window.astype("<f2").astype(np.float64))
     mechanisms = MechanismView(make_model("llama_mqa"), mechanisms=["model"])

@@ -32,6 +32,7 @@ export const CSS = `
 .hw-export { font: inherit; padding: 2px 10px; cursor: pointer; flex: none; white-space: nowrap; }
 .hw-error { border: 1px solid #c62828; background: #fdecea; color: #7f1d1d; padding: 6px 10px;
   margin: 0 0 6px; white-space: pre-wrap; border-radius: 3px; }
+.hw-heading { font-weight: 600; font-size: 13px; margin: 0 0 4px; overflow-wrap: anywhere; }
 .hw-status { font-size: 12px; color: var(--jp-ui-font-color2, #616161); min-height: 1.35em; margin: 0 0 4px; }
 .hw-charts { position: relative; background: #fff; margin: 0 0 8px; }
 .hw-chart { position: absolute; display: block; }

@@ -92,6 +92,7 @@ export class View {
     this.textList = h(doc, "ul", { className: "hw-sr" });
     this.figure = h(doc, "div", { className: "hw-figure" }, [this.charts.root, this.grid.root]);
     this.root.append(
+      this.messages.heading,
       this.controls.el,
       this.messages.error,
       this.messages.status,

@@ -28,6 +28,16 @@ describe("Messages", () => {
     expect(m.error.hidden).toBe(true);
   });
 
+  it("shows the heading trait as text, hidden when empty", () => {
+    const fm = new FakeModel({ heading: "" });
+    const m = new Messages(document, fm.asModel());
+    expect(m.heading.hidden).toBe(true);
+    fm.set("heading", "SmolLM2 · layer <b>3</b>");
+    expect(m.heading.hidden).toBe(false);
+    expect(m.heading.textContent).toBe("SmolLM2 · layer <b>3</b>");
+    expect(m.heading.querySelector("b")).toBeNull();
+  });
+
   it("follows the status trait and unbinds on destroy", () => {
     const fm = new FakeModel({ status: "computing…" });
     const m = new Messages(document, fm.asModel());

@@ -81,6 +81,7 @@ class ViewWidget(View, HeadWidget):
         with self.hold_sync():
             super()._set_grid(grid)
             self.show(grid)
+            self.heading = self.caption
 
     def save(self, path: str | os.PathLike[str], **options: Any) -> Path:
         """Save what the widget shows: ``.png``/``.svg``/``.pdf`` (matplotlib) or a standalone ``.html``.

@@ -50,6 +50,8 @@ class HeadWidget(anywidget.AnyWidget):
     controls = t.List(t.Dict()).tag(sync=True)
     error = t.Unicode("").tag(sync=True)
     status = t.Unicode("").tag(sync=True)
+    #: What the figure shows, above the controls (a view's ``caption``: model and layer); "" for none.
+    heading = t.Unicode("").tag(sync=True)
 
     def __init__(self, grid: PanelGrid | None = None, **kwargs: Any) -> None:
         """``grid``: panels to show at once (else call :meth:`show`)."""
