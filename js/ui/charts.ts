@@ -64,9 +64,11 @@ export class ChartStrip {
     while (this.canvases.length > charts.length) this.canvases.pop()?.remove();
     while (this.canvases.length < charts.length) {
       const canvas = h(this.doc, "canvas", { className: "hw-chart" });
-      this.root.insertBefore(canvas, this.tooltip.el);
+      this.root.appendChild(canvas);
       this.canvases.push(canvas);
     }
+    if (charts.length) this.root.appendChild(this.tooltip.el);
+    else this.tooltip.el.remove();
     this.hovered = null;
     this.tooltip.hide();
     this.content.boxes.forEach((b, i) => {
