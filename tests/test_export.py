@@ -130,6 +130,31 @@ def test_dpi_and_size_set_the_pixel_size(tmp_path):
     assert one_row[0] > 2 * one_col[0] and one_col[1] > 2 * one_row[1]
 
 
+def test_head_boundaries_are_drawn_where_a_head_starts(tmp_path):
+    # 12 channels from 2, 2 per cell, heads of 4: heads start at channels 4, 8, 12 → cells 1, 3, 5
+    panel = Panel("k", "Keys", np.zeros((6, 6)), row_offset=2, col_offset=2, row_step=2, col_step=2,
+                  row_group=4, col_group=4)  # fmt: skip
+    fig = figure(PanelGrid([panel], -1.0, 1.0, "diverging", "r"), dpi=100)
+    ax = next(a for a in fig.axes if a.get_label() == "headwidget-panel-0")
+    edges = sorted(
+        {float(line.get_xdata()[0]) for line in ax.lines if line.get_xdata()[0] == line.get_xdata()[1]}
+    )
+    brute = [(c - 2) / 2 for c in range(3, 14) if c % 4 == 0]
+    assert edges == brute == [1.0, 3.0, 5.0]
+    assert len(ax.lines) == 2 * len(brute)  # as many rows as columns
+    # the boundary is darker than the cells beside it, in the PNG
+    path = save(PanelGrid([panel], -1.0, 1.0, "diverging", "r"), tmp_path / "h.png", dpi=200)
+    img = read_png(path)
+    fig = figure(PanelGrid([panel], -1.0, 1.0, "diverging", "r"), dpi=200)
+    x0, y0, x1, _ = cell_box(fig, 0, 3, 0)  # the cell left of the boundary at cell 1
+    x_edge = round(x1)
+    row = round(y0 + 3)
+    assert img[row, x_edge].sum() < img[row, round((x0 + x1) / 2)].sum() - 30
+    # a panel without heads: no lines
+    plain = figure(PanelGrid([Panel("k", "Keys", np.zeros((6, 6)))], -1.0, 1.0, "diverging", "r"), dpi=100)
+    assert len(next(a for a in plain.axes if a.get_label() == "headwidget-panel-0").lines) == 0
+
+
 def test_panels_are_placed_row_major_in_the_grids_columns():
     fig = figure(known_grid(columns=2, count=4), dpi=100)
     corner = [cell_box(fig, k, 0, 0) for k in range(4)]

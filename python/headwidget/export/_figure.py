@@ -38,7 +38,7 @@ from headwidget.export._colormaps import LutNorm, colormap, nan_color
 from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, printable, text_width, wrap
 from headwidget.export._source import ExportError, GridSource, grid_of
 
-__all__ = ["PANEL_LABEL", "export_style", "figure"]
+__all__ = ["PANEL_LABEL", "export_style", "figure", "group_edges"]
 
 TEXT_COLOR, MUTED_COLOR, FRAME_COLOR = "#1f1f1f", "#5f5f5f", "#444444"
 TITLE_PT, SUBTITLE_PT, TICK_PT, NOTE_PT, LABEL_PT = 9.0, 7.5, 7.0, 6.5, 8.0
@@ -151,6 +151,28 @@ def _auto_size(grid: PanelGrid, nrows: int, ncols: int, title: str | None) -> tu
     return round(width, 2), round(sum(heights) + (0.3 if title else 0.05), 2)
 
 
+#: Head boundaries closer than this on the plot (points) are not drawn, as in the widget (4 px).
+MIN_GROUP_PT = 3.0
+GROUP_LINE = {"color": (0.0, 0.0, 0.0, 0.4), "linewidth": 0.5}
+
+
+def group_edges(n: int, offset: int, step: int, group: int, length_pt: float) -> list[float]:
+    """Head boundaries along an axis of ``n`` displayed cells, in cell units (``js/lib/layout.ts``).
+
+    Channel ``c`` (a multiple of ``group`` strictly inside the axis) starts a head, at
+    ``(c - offset) / step``. Empty without heads, or when boundaries would be closer than
+    :data:`MIN_GROUP_PT` on an axis ``length_pt`` points long.
+
+    Example:
+        >>> group_edges(8, 0, 1, 4, 200.0), group_edges(6, 2, 1, 4, 200.0), group_edges(8, 0, 1, 0, 200.0)
+        ([4.0], [2.0], [])
+    """
+    if group <= 0 or n < 1 or length_pt * group / (n * step) < MIN_GROUP_PT:
+        return []
+    end = offset + n * step
+    return [(c - offset) / step for c in range((offset // group + 1) * group, end, group)]
+
+
 def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: float) -> None:
     matrix = np.asarray(panel.matrix, dtype=np.float64)
     rows, cols = matrix.shape
@@ -162,6 +184,11 @@ def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: flo
     )  # fmt: skip
     w, h = plot_size(rows, cols)
     ax.set_box_aspect(h / w)
+    # Head boundaries, as the widget draws them: a thin translucent line between heads.
+    for x in group_edges(cols, panel.col_offset, panel.col_step, panel.col_group, w * 72):
+        ax.axvline(x, **GROUP_LINE)
+    for y in group_edges(rows, panel.row_offset, panel.row_step, panel.row_group, h * 72):
+        ax.axhline(y, **GROUP_LINE)
     for orient, axis, n, labels, offset, step in (
         ("col", ax.xaxis, cols, panel.col_labels, panel.col_offset, panel.col_step),
         ("row", ax.yaxis, rows, panel.row_labels, panel.row_offset, panel.row_step),
@@ -208,18 +235,18 @@ def figure(
 ) -> Figure:
     """The figure of a view's (or a grid's) panels; ``size`` is (width, height) in inches.
 
-        Without ``size`` the figure is sized for plots of about 2.2 inches and their text. Without
-        ``title``, a view's figure is titled with its ``caption`` (the model and the layer); ``title=""``
-        gives none.
+    Without ``size`` the figure is sized for plots of about 2.2 inches and their text. Without
+    ``title``, a view's figure is titled with its ``caption`` (the model and the layer); ``title=""``
+    gives none.
 
-        Example:
-            >>> import numpy as np
-            >>> from headwidget.core.panels import Panel, PanelGrid
-            >>> grid = PanelGrid([Panel("k", "Keys", np.eye(4)), Panel("v", "Values", -np.eye(4))],
-            ...                  -1.0, 1.0, "diverging", "Pearson correlation", columns=1)
-            >>> fig = figure(grid, dpi=100, size=(3, 5))
-            >>> fig.canvas.get_width_height(), len(fig.axes)  # two panels and the colorbar
-            ((300, 500), 3)
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.core.panels import Panel, PanelGrid
+        >>> grid = PanelGrid([Panel("k", "Keys", np.eye(4)), Panel("v", "Values", -np.eye(4))],
+        ...                  -1.0, 1.0, "diverging", "Pearson correlation", columns=1)
+        >>> fig = figure(grid, dpi=100, size=(3, 5))
+        >>> fig.canvas.get_width_height(), len(fig.axes)  # two panels and the colorbar
+        ((300, 500), 3)
     """
     grid = _printable_grid(grid_of(source))
     if title is None:
