@@ -68,7 +68,7 @@ def test_the_widget_sends_the_views_panels_and_controls(llama):
     window = stats.channel_corr(0, "value")[3:12, 3:12]
     np.testing.assert_array_equal(decode(view.panels[1]), window.astype("<f2").astype(np.float64))
     mechanisms = MechanismView(make_model("llama_mqa"), mechanisms=["model"])
-    assert [c["trait"] for c in mechanisms.controls] == ["layer", "circuit", "mechanisms"]
+    assert [c["trait"] for c in mechanisms.controls] == ["layer", "circuit", "mechanisms", "add_mechanism"]
     assert mechanisms.circuits_available == ["qk", "ov"] and "circuit" in mechanisms.keys
 
 

@@ -67,6 +67,7 @@ def test_each_view_declares_its_state_and_controls_once():
     assert [(c.trait, c.type, c.label) for c in MechanismView.view_controls()[1:]] == [
         ("circuit", "select", "Circuit"),
         ("mechanisms", "checklist", "Mechanisms"),
+        ("add_mechanism", "entry", "Add mechanism"),  # input, not state: it adds to mechanisms
     ]
     for view in (ChannelView, AlignmentView, MechanismView):
         for control in view.view_controls():  # every trait a control reads exists and is synced

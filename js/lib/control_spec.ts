@@ -6,10 +6,18 @@
  * - slider: `trait` in 0 .. `count` - 1, with the `text` trait beside it;
  * - window: a window [`trait`, `trait` + `width`) inside 0 .. `total`; with a `step` trait
  *   holding more than 1 (e.g. a head's channels), start and width snap to its multiples;
- * - toggles / select: one entry of the `options` list; checklist: a sub-list.
+ * - toggles / select: one entry of the `options` list; checklist: a sub-list;
+ * - entry: a text field whose submitted text is set on `trait` (e.g. a spec to add).
  */
 
-export const CONTROL_TYPES = ["slider", "window", "toggles", "select", "checklist"] as const;
+export const CONTROL_TYPES = [
+  "slider",
+  "window",
+  "toggles",
+  "select",
+  "checklist",
+  "entry",
+] as const;
 export type ControlType = (typeof CONTROL_TYPES)[number];
 
 export interface ControlSpec {
@@ -33,6 +41,7 @@ const REQUIRED: Record<ControlType, readonly (typeof REFERENCES)[number][]> = {
   toggles: ["options"],
   select: ["options"],
   checklist: ["options"],
+  entry: [],
 };
 
 function text(value: unknown): string {

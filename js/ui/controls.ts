@@ -20,7 +20,7 @@ import {
   windowText,
 } from "../lib/control_spec";
 import { h } from "./dom";
-import { Checklist, Choice, NumberField, Slider, Toggles } from "./inputs";
+import { Checklist, Choice, Entry, NumberField, Slider, Toggles } from "./inputs";
 import { commit, getNumber, getString, getStringList, type Model, onChanges } from "./model";
 
 /** One control of the bar: its element, following the model on `sync`. */
@@ -203,8 +203,30 @@ export class OptionsControl implements BoundControl {
   destroy(): void {}
 }
 
+/** A text field whose submitted text is set on the trait (the view reads and clears it). */
+export class EntryControl implements BoundControl {
+  readonly entry: Entry;
+
+  constructor(
+    doc: Document,
+    model: Model,
+    readonly spec: ControlSpec,
+  ) {
+    this.entry = new Entry(doc, spec.label, spec.trait, (v) => commit(model, { [spec.trait]: v }));
+  }
+
+  get el(): HTMLElement {
+    return this.entry.el;
+  }
+
+  sync(): void {}
+
+  destroy(): void {}
+}
+
 export function makeControl(doc: Document, model: Model, spec: ControlSpec): BoundControl {
   if (spec.type === "slider") return new SliderControl(doc, model, spec);
+  if (spec.type === "entry") return new EntryControl(doc, model, spec);
   if (spec.type === "window") return new WindowControl(doc, model, spec);
   return new OptionsControl(doc, model, spec);
 }

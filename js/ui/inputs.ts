@@ -280,3 +280,36 @@ export class Checklist {
     return this.options.filter((_, i) => this.boxes[i].checked);
   }
 }
+
+/** A text field and a button: Enter or the button submits the trimmed text, then clears the field. */
+export class Entry {
+  readonly el: HTMLDivElement;
+  readonly input: HTMLInputElement;
+  readonly button: HTMLButtonElement;
+
+  constructor(doc: Document, label: string, trait: string, onSubmit: (v: string) => void) {
+    this.input = h(doc, "input", {
+      className: "hw-entry",
+      attrs: { type: "text", "data-trait": trait, "aria-label": label, spellcheck: "false" },
+    });
+    this.button = h(doc, "button", { text: "Add", attrs: { type: "button" } });
+    this.el = h(doc, "div", { className: "hw-control" }, [
+      h(doc, "span", { className: "hw-label", text: label }),
+      this.input,
+      this.button,
+    ]);
+    const submit = () => {
+      const v = this.input.value.trim();
+      if (!v) return;
+      this.input.value = "";
+      onSubmit(v);
+    };
+    this.input.addEventListener("keydown", (e) => {
+      if (e.key === "Enter") {
+        e.preventDefault();
+        submit();
+      }
+    });
+    this.button.addEventListener("click", submit);
+  }
+}

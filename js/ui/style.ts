@@ -19,6 +19,7 @@ export const CSS = `
 .hw-control > .hw-label { font-weight: 600; white-space: nowrap; }
 .hw-control input[type=range] { width: 160px; margin: 0; }
 .hw-control output { min-width: 7em; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.hw-entry { width: 9em; font: inherit; padding: 1px 3px; }
 .hw-number { width: 5.5em; font: inherit; font-variant-numeric: tabular-nums; padding: 1px 3px; }
 .hw-toggles { display: inline-flex; }
 .hw-toggles button { border: 1px solid #888; background: #f4f4f4; color: #1f1f1f; padding: 2px 9px;

@@ -190,3 +190,22 @@ def test_trend_points_name_series_layer_and_value_on_hover(lab):
     assert "layer" in text and name in text, text
     assert f"{values[1]:.3f}" in text, text
     dot.dispatch_event("mouseout")
+
+
+def test_a_spec_typed_into_the_mechanisms_bar_reaches_the_kernel_and_gets_a_panel(lab):
+    """The entry of the mechanisms tab: Enter sends the spec, the kernel adds it, its panel is drawn."""
+    lab.page.locator(".lm-TabBar-tab", has_text="Mechanisms").first.click()
+    root = '.hw-root[data-view="mechanisms"]'
+    field = lab.page.locator(f'{root} input[data-trait="add_mechanism"]')
+    field.wait_for(state="visible", timeout=30_000)
+    field.fill("gqa:1")
+    field.press("Enter")
+    lab.page.wait_for_selector(f'{root} .hw-panel[data-panel-id="gqa:1"]', timeout=30_000)
+    assert field.input_value() == ""
+    got = lab.run("print(dash.mechanisms.mechanisms[-1], repr(dash.mechanisms.add_mechanism))").split()
+    assert got == ["gqa:1", "''"]
+    checked = lab.page.locator(f'{root} input[type="checkbox"]').evaluate_all(
+        "(cs) => cs.filter((c) => c.checked).map((c) => c.value)"
+    )
+    assert checked[-1] == "gqa:1"
+    lab.page.locator(".lm-TabBar-tab", has_text="Channels").first.click()

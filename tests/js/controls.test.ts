@@ -1,6 +1,12 @@
 // @vitest-environment jsdom
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { Controls, type OptionsControl, SliderControl, WindowControl } from "../../js/ui/controls";
+import {
+  Controls,
+  type EntryControl,
+  type OptionsControl,
+  SliderControl,
+  WindowControl,
+} from "../../js/ui/controls";
 import { type Checklist, type Choice, SLIDER_DEBOUNCE_MS } from "../../js/ui/inputs";
 import { FakeModel } from "./helpers/fake_model";
 
@@ -20,6 +26,7 @@ const CONTROLS = [
   { trait: "metric", type: "select", label: "Metric", options: "metrics_available" },
   { trait: "alignment", type: "select", label: "Alignment", options: "alignments_available" },
   { trait: "mechanisms", type: "checklist", label: "Mechanisms", options: "mechanisms_available" },
+  { trait: "add_mechanism", type: "entry", label: "Add mechanism" },
 ];
 
 function bar(state: Record<string, unknown> = {}) {
@@ -39,6 +46,7 @@ function bar(state: Record<string, unknown> = {}) {
     alignments_available: [],
     mechanisms: [],
     mechanisms_available: [],
+    add_mechanism: "",
     ...state,
   });
   let exports = 0;
@@ -63,6 +71,21 @@ describe("Controls", () => {
   beforeEach(() => vi.useFakeTimers());
   afterEach(() => vi.useRealTimers());
 
+  it("an entry sets its trait to the submitted text (Enter or Add) and clears the field", () => {
+    const { fm, c } = setup();
+    const entry = (c.control("add_mechanism") as EntryControl).entry;
+    entry.input.value = "  gqa:2 ";
+    entry.input.dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+    expect(fm.get("add_mechanism")).toBe("gqa:2");
+    expect(entry.input.value).toBe("");
+    entry.input.value = "lrkv:16";
+    entry.button.click();
+    expect(fm.get("add_mechanism")).toBe("lrkv:16");
+    entry.input.value = "   ";
+    entry.button.click(); // nothing to add
+    expect(fm.get("add_mechanism")).toBe("lrkv:16");
+  });
+
   it("builds one control per entry of the description, in order, then the export button", () => {
     const { c } = setup();
     expect(c.all.map((x) => x.spec.trait)).toEqual([
@@ -72,6 +95,7 @@ describe("Controls", () => {
       "metric",
       "alignment",
       "mechanisms",
+      "add_mechanism",
     ]);
     expect(c.el.lastElementChild).toBe(c.exportButton);
     expect(c.exportButton.parentElement).toBe(c.el);

@@ -10,14 +10,14 @@ Example:
     >>> view_names()[:3]
     ['channels', 'alignment', 'mechanisms']
     >>> [c.to_json()["type"] for c in view_class("mechanisms").view_controls()]
-    ['slider', 'select', 'checklist']
+    ['slider', 'select', 'checklist', 'entry']
 """
 
 import importlib
 import pkgutil
 
 from headwidget.views._base import LayerView, View, ViewSourceError, check_sources, state
-from headwidget.views._controls import Control, ControlType, checklist, select, slider, toggles, window
+from headwidget.views._controls import Control, ControlType, checklist, entry, select, slider, toggles, window
 from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
 from headwidget.views.alignment import AlignmentView
 from headwidget.views.channels import ChannelView, ChannelWindowError
@@ -39,6 +39,7 @@ __all__ = [
     "check_sources",
     "checklist",
     "default_mechanisms",
+    "entry",
     "register_view",
     "select",
     "slider",

@@ -147,7 +147,10 @@ class View(t.HasTraits):
         found: dict[str, Control | None] = {}
         for klass in reversed(cls.__mro__):
             for name, value in vars(klass).items():
-                if isinstance(value, t.TraitType) and value.metadata.get("state"):
+                # State traits, and traits that only take input (an entry whose text the view consumes)
+                if isinstance(value, t.TraitType) and (
+                    value.metadata.get("state") or value.metadata.get("control")
+                ):
                     found[name] = value.metadata.get("control")
         return [control.bind(name) for name, control in found.items() if control is not None]
 

@@ -10,7 +10,9 @@ knows nothing about any particular view. A control names the traits it reads bes
   each with a field for exact values; hidden when ``total`` is 0); with ``step`` naming a trait that
   holds more than 1 (a head's channels, say), start and width snap to its multiples;
 - ``toggles``, ``select``: one value of the list in the ``options`` trait (hidden when it is empty);
-- ``checklist``: a sub-list of the ``options`` trait.
+- ``checklist``: a sub-list of the ``options`` trait;
+- ``entry``: a text field; the text a user submits is set on the trait (a spec to add, say), which the
+  view reads and clears.
 
 Example:
     >>> slider("Layer", count="num_layers", text="layer_label").bind("layer").to_json()
@@ -23,9 +25,19 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-__all__ = ["CONTROL_TYPES", "Control", "ControlType", "checklist", "select", "slider", "toggles", "window"]
+__all__ = [
+    "CONTROL_TYPES",
+    "Control",
+    "ControlType",
+    "checklist",
+    "entry",
+    "select",
+    "slider",
+    "toggles",
+    "window",
+]
 
-ControlType = Literal["slider", "window", "toggles", "select", "checklist"]
+ControlType = Literal["slider", "window", "toggles", "select", "checklist", "entry"]
 CONTROL_TYPES: tuple[ControlType, ...] = get_args(ControlType)
 #: The fields of a control that name other traits it reads.
 REFERENCES = ("count", "text", "width", "total", "options", "step")
@@ -104,3 +116,13 @@ def select(label: str, *, options: str) -> Control:
 def checklist(label: str, *, options: str) -> Control:
     """A checkbox per entry of the ``options`` trait; the state trait is the list checked."""
     return Control("checklist", label, options=options)
+
+
+def entry(label: str) -> Control:
+    """A text field; what a user submits is set on the trait.
+
+    Example:
+        >>> entry("Add mechanism").bind("add_mechanism").to_json()
+        {'trait': 'add_mechanism', 'type': 'entry', 'label': 'Add mechanism'}
+    """
+    return Control("entry", label)

@@ -60,7 +60,7 @@ from headwidget.errors import (
 )
 from headwidget.stats import KVStats
 from headwidget.views._base import LayerView, ViewSourceError, check_sources, state
-from headwidget.views._controls import checklist, select
+from headwidget.views._controls import checklist, entry, select
 from headwidget.views._registry import register_view
 
 __all__ = ["CIRCUITS", "SPEC_ERRORS", "MechanismView", "default_mechanisms", "model_name"]
@@ -113,8 +113,9 @@ class MechanismView(LayerView):
     circuits_available = t.List(t.Unicode()).tag(sync=True)
     mechanisms = state(t.List(t.Unicode()), checklist("Mechanisms", options="mechanisms_available"))
     mechanisms_available = t.List(t.Unicode()).tag(sync=True)
-    #: Set to a spec (``"gqa:2"``) to offer it and show it; read back as "" once it is added.
-    add_mechanism = t.Unicode("").tag(sync=True)
+    #: Set to a spec (``"gqa:2"``) to offer it and show it; read back as "" once it is added. The
+    #: control bar's field sets it; it is input, not state: the spec joins ``mechanisms``.
+    add_mechanism = t.Unicode("").tag(sync=True, control=entry("Add mechanism"))
 
     def __init__(
         self,
