@@ -5,6 +5,12 @@ from headwidget.analysis.alignment import ALIGN_METHODS, ALIGN_METRICS, Alignmen
 from headwidget.analysis.conversions import Conversion, convert, mechanism_sweep, parse_spec
 from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.downsample import DOWNSAMPLE_RULES, downsample
+from headwidget.analysis.entropy import (
+    ChannelEntropy,
+    ChannelEntropyError,
+    channel_entropy,
+    channel_entropy_of,
+)
 from headwidget.analysis.grouping import group_heads, within_group_mean
 from headwidget.analysis.operator_space import CIRCUITS, operator_gram, operator_similarity
 from headwidget.analysis.weights import HeadWeights, head_weights
@@ -18,11 +24,15 @@ __all__ = [
     "DOWNSAMPLE_RULES",
     "HEAD_METRICS",
     "AlignmentResult",
+    "ChannelEntropy",
+    "ChannelEntropyError",
     "Conversion",
     "HeadWeights",
     "align",
     "align_model",
     "channel_corr_from_moments",
+    "channel_entropy",
+    "channel_entropy_of",
     "convert",
     "corr_from_comoment",
     "downsample",

@@ -10,6 +10,10 @@ A capture's peak on a device is the sum of three parts, each an upper bound for 
 - the model's own forward pass up to the last captured layer (:func:`forward_bytes`: one layer's
   activations, the attention mask and, for eager attention, the attention scores).
 
+With ``samples=R`` the token samples add their float32 reservoir of ``R`` rows per (layer, kind)
+(:func:`reservoir_bytes`), the rows one batch writes into it or the final reordering of one reservoir
+(:func:`sample_update_bytes`), and the reservoir's float64 keys on the CPU (:func:`reservoir_key_bytes`).
+
 The bounds were checked against the CPU allocator's peak (``torch.profiler`` memory events) for
 every supported family; ``tests/test_capture_hardening.py`` keeps checking them.
 """
@@ -33,6 +37,9 @@ __all__ = [
     "default_budget",
     "format_bytes",
     "forward_bytes",
+    "reservoir_bytes",
+    "reservoir_key_bytes",
+    "sample_update_bytes",
     "update_bytes",
 ]
 
@@ -90,6 +97,41 @@ def update_bytes(rows: int, channels: int, heads: int, work_bytes: int = 4) -> i
     """
     vectors = rows * channels
     return 4 * work_bytes * vectors + 2 * work_bytes * rows * heads + 24 * channels * channels
+
+
+def reservoir_bytes(samples: int, channels: int) -> int:
+    """Bytes of one (layer, kind)'s float32 reservoir of ``samples`` token rows.
+
+    >>> reservoir_bytes(samples=100, channels=8)
+    3200
+    """
+    return 4 * samples * channels
+
+
+def sample_update_bytes(samples: int, rows: int, channels: int, work_bytes: int = 4) -> int:
+    """Peak working memory of the token samples of one (layer, kind) with ``channels`` channels.
+
+    The larger of: writing one batch of ``rows`` tokens into the reservoir (at most
+    ``min(samples, rows)`` of them enter, gathered in the fold's ``work_bytes`` and as float32, with
+    their slot and row indices), and putting the reservoir in its final order (a float32 copy).
+
+    >>> sample_update_bytes(samples=50, rows=100, channels=8)  # writing 50 rows
+    4000
+    >>> sample_update_bytes(samples=100, rows=10, channels=8)  # reordering the reservoir
+    3200
+    """
+    entering = min(samples, rows)
+    write = entering * channels * (work_bytes + 4) + 16 * entering
+    return max(write, reservoir_bytes(samples, channels))
+
+
+def reservoir_key_bytes(samples: int, rows: int) -> int:
+    """Bytes on the CPU of the reservoir's float64 keys and one batch's top-k over them and ``rows`` new ones.
+
+    >>> reservoir_key_bytes(samples=100, rows=40)
+    5280
+    """
+    return 8 * (5 * samples + 4 * rows)
 
 
 def _config_int(config: Any, *names: str) -> int | None:

@@ -20,6 +20,9 @@ from headwidget.capture.memory import (
     default_budget,
     format_bytes,
     forward_bytes,
+    reservoir_bytes,
+    reservoir_key_bytes,
+    sample_update_bytes,
     update_bytes,
 )
 from headwidget.core.kinds import Kind
@@ -47,6 +50,7 @@ class CapturePlan:
     attention: list[nn.Module]  # one per captured layer
     devices: list[torch.device]  # one per captured layer
     forward: ForwardShape
+    samples: int = 0  # token rows sampled per (layer, kind)
 
     @classmethod
     def make(
@@ -57,6 +61,7 @@ class CapturePlan:
         rope: str,
         inputs: bool,
         cross_layer: Sequence[int] | bool | None,
+        samples: int = 0,
     ) -> CapturePlan:
         layout = adapter.layout()
         modules = adapter.attention_modules()
@@ -80,6 +85,11 @@ class CapturePlan:
             chosen = sorted(set(chosen))
             if not chosen:
                 raise LayerIndexError("layers is empty: pass None for all layers or a list of indices")
+        if not isinstance(samples, (int, np.integer)) or isinstance(samples, bool) or samples < 0:
+            raise CaptureInputError(
+                f"samples must be a whole number of token rows to keep per layer and kind (0: none), "
+                f"got {samples!r}"
+            )
         if rope not in ROPE_MODES:
             raise CaptureInputError(f"rope must be one of {ROPE_MODES}, got {rope!r}")
         kinds: list[Kind] = ["key"] if rope in ("pre", "both") else []
@@ -116,7 +126,8 @@ class CapturePlan:
         attention = [modules[i] for i in chosen]
         taps = [adapter.taps(m)[0].module for m in attention]
         devices = [module_device(t) for t in taps]
-        return cls(layout, chosen, kinds, cross, attention, devices, ForwardShape.of(adapter.model, layout))
+        forward = ForwardShape.of(adapter.model, layout)
+        return cls(layout, chosen, kinds, cross, attention, devices, forward, int(samples))
 
     # ------------------------------------------------------------------ memory
     def head_kinds(self) -> list[Kind]:
@@ -139,11 +150,21 @@ class CapturePlan:
             heads = channels // head_dim if head_dim else 1
             return tokens * channels * (b + w) + update_bytes(tokens, channels, heads, w)
 
+        r = self.samples
+
+        def fold_and_sample(channels: int, head_dim: int | None) -> int:
+            return fold(channels, head_dim) + (sample_update_bytes(r, tokens, channels, w) if r else 0)
+
         out: dict[torch.device, int] = {}
         for device in self.devices:
             out[device] = out.get(device, 0) + accumulator_bytes(shapes)
+            out[device] += sum(reservoir_bytes(r, c) for c, _ in shapes)
         for device in set(self.devices):
-            out[device] += max(fold(c, hd) for c, hd in shapes) + forward_bytes(fwd, batch_size, max_length)
+            out[device] += max(fold_and_sample(c, hd) for c, hd in shapes)
+            out[device] += forward_bytes(fwd, batch_size, max_length)
+        if r:
+            cpu = torch.device("cpu")
+            out[cpu] = out.get(cpu, 0) + reservoir_key_bytes(r, tokens)
         if self.cross_layers:
             device = self.devices[self.layers.index(self.cross_layers[0])]
             n = len(self.cross_layers)
@@ -163,6 +184,7 @@ class CapturePlan:
                 raise MemoryBudgetError(
                     f"this capture would allocate {format_bytes(need)} on {device}, over the "
                     f"{format_bytes(allowed)} allowed ({source}). Capture fewer layers (layers=[...]), "
-                    "a shorter cross_layer list, rope='pre' instead of 'both', inputs=False, a smaller "
-                    f"batch_size/max_length, or raise max_memory= (bytes) if the memory is there."
+                    "a shorter cross_layer list, rope='pre' instead of 'both', inputs=False, fewer "
+                    "samples=, a smaller batch_size/max_length, or raise max_memory= (bytes) if the "
+                    "memory is there."
                 )

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -31,7 +32,7 @@ from headwidget.capture.dropout import NoDropout, any_training
 from headwidget.capture.inputs import Batch, iter_batches
 from headwidget.capture.interface import watch_attention_keys
 from headwidget.capture.plan import CapturePlan, module_device
-from headwidget.capture.tokens import TokenSelection, select_tokens
+from headwidget.capture.tokens import ReservoirStep, TokenReservoir, TokenSelection, select_tokens
 from headwidget.core.kinds import Kind
 from headwidget.errors import (
     CaptureConflictError,
@@ -40,7 +41,7 @@ from headwidget.errors import (
     RopeCaptureError,
 )
 from headwidget.moments import Moments
-from headwidget.stats import KVStats, StatsMeta, config_fingerprint
+from headwidget.stats import SAMPLE_SEED, KVStats, StatsMeta, config_fingerprint
 
 __all__ = ["capture", "estimate"]
 
@@ -60,7 +61,7 @@ class _Recorder:
     capture's own forward passes. Anything else that runs the model meanwhile passes through them.
     """
 
-    def __init__(self, adapter: Adapter, plan: CapturePlan) -> None:
+    def __init__(self, adapter: Adapter, plan: CapturePlan, sample_seed: int = SAMPLE_SEED) -> None:
         self.adapter = adapter
         self.plan = plan
         self.thread = threading.get_ident()
@@ -82,6 +83,16 @@ class _Recorder:
                     head_dim=lay.head_dim_of(kind),
                     device=self.cross_device,
                 )
+        # the token samples: one reservoir of keys, a float32 row buffer per (layer, kind)
+        self.reservoir = TokenReservoir(plan.samples, sample_seed) if plan.samples else None
+        self.sample_rows: dict[tuple[int, Kind], torch.Tensor] = {}
+        if plan.samples:
+            for layer, device in zip(plan.layers, plan.devices, strict=True):
+                for kind in plan.kinds:
+                    self.sample_rows[(layer, kind)] = torch.empty(
+                        plan.samples, lay.channels_of(kind), dtype=torch.float32, device=device
+                    )
+        self.sample_step: ReservoirStep | None = None
         self.parts: dict[int, dict[str, torch.Tensor]] = {layer: {} for layer in plan.layers}
         self.pending_cross: dict[Kind, dict[int, torch.Tensor]] = {k: {} for k in self.cross}
         self.selection: TokenSelection | None = None
@@ -169,6 +180,11 @@ class _Recorder:
             checks: list[torch.Tensor] = []
             m.update(x, sel.split_a, checks=checks)
             self.checks.append((f"layer {layer} {kind}", checks))
+            step = self.sample_step
+            if step is not None and step.count:
+                slots, picked = step.on(x.device)
+                rows_of = self.sample_rows[(layer, kind)]
+                rows_of.index_copy_(0, slots, x.index_select(0, picked).to(torch.float32))
             if kind in self.pending_cross and layer in (self.plan.cross_layers or []):
                 self.pending_cross[kind][layer] = x
                 self.fold_cross(kind)
@@ -184,6 +200,18 @@ class _Recorder:
         checks: list[torch.Tensor] = []
         self.cross[kind].update(joint, self.selection.split_a, checks=checks)
         self.checks.append((f"cross-layer {kind} of layers {layers}", checks))
+
+    def samples(self) -> dict[tuple[int, Kind], torch.Tensor]:
+        """The sampled rows of every (layer, kind), filled slots only, in the reservoir's random order."""
+        if self.reservoir is None:
+            return {}
+        order = self.reservoir.order()
+        filled = self.reservoir.filled
+        out = {}
+        for key in list(self.sample_rows):
+            rows = self.sample_rows.pop(key)
+            out[key] = rows[:filled].index_select(0, order.to(rows.device))
+        return out
 
     def check_finite(self) -> None:
         """Raise if anything folded in since the last call was NaN or infinite (one read per device)."""
@@ -275,6 +303,12 @@ def _model_dtype(model: nn.Module) -> str:
     return "float32"
 
 
+def _check_seed(seed: object) -> int:
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= int(seed) < 2**63:
+        raise CaptureInputError(f"sample_seed must be an integer with 0 ≤ seed < 2**63, got {seed!r}")
+    return int(seed)
+
+
 def capture(
     model: nn.Module,
     texts: Any,
@@ -289,6 +323,8 @@ def capture(
     inputs: bool = False,
     cross_layer: Sequence[int] | bool | None = None,
     max_memory: int | None = None,
+    samples: int = 0,
+    sample_seed: int = SAMPLE_SEED,
     progress: bool = True,
 ) -> KVStats:
     """Stream key/value statistics of ``model`` over ``texts``.
@@ -313,6 +349,13 @@ def capture(
         max_memory: bytes the capture may allocate per device — statistics, one batch's working
             memory and the forward pass's activations, as :func:`estimate` counts them (default:
             half the free memory).
+        samples: keep a uniform random sample of this many real token rows (float32) of every
+            captured (layer, kind), on the layer's device: :meth:`KVStats.samples
+            <headwidget.stats.KVStats.samples>`. The same tokens for every (layer, kind); exactly the
+            rows that enter the moments (never padding, never a skipped first token). 0: none.
+        sample_seed: the seed of the samples' ``torch.Generator`` (``0 ≤ seed < 2**63``; default
+            :data:`~headwidget.stats.SAMPLE_SEED`): the same texts, batches and seed give the same
+            samples. Captures to be merged should use different seeds (for example the rank).
         progress: show a tqdm bar in tokens/s.
 
     Returns:
@@ -338,12 +381,15 @@ def capture(
         (60, 'mha')
     """
     adapter = adapter_for(model)
-    plan = CapturePlan.make(adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer)
+    plan = CapturePlan.make(
+        adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer, samples=samples
+    )
+    sample_seed = _check_seed(sample_seed)
     if max_tokens is not None and max_tokens < 1:
         raise CaptureInputError(f"max_tokens must be ≥ 1, got {max_tokens}")
     plan.check_budget(batch_size, max_length, max_memory)
     batches = iter_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length)
-    recorder = _Recorder(adapter, plan)
+    recorder = _Recorder(adapter, plan, sample_seed)
     device = _input_device(model)
     takes = _forward_parameters(model)
     kwargs: dict[str, Any] = {"use_cache": False} if "use_cache" in takes else {}
@@ -389,6 +435,8 @@ def capture(
             if recorder.selection.count == 0:
                 continue
             _check_ids(batch, number, vocab, model)
+            if recorder.reservoir is not None:
+                recorder.sample_step = recorder.reservoir.step(recorder.selection.count)
             tensors = {
                 "input_ids": batch.input_ids,
                 "attention_mask": batch.attention_mask,
@@ -427,8 +475,10 @@ def capture(
         cross_layers=plan.cross_layers,
         config_fingerprint=config_fingerprint(cfg),
         versions=_versions(),
+        sample_size=plan.samples,
+        sample_seed=sample_seed if plan.samples else 0,
     )
-    return KVStats(meta, recorder.moments, recorder.cross)
+    return KVStats(meta, recorder.moments, recorder.cross, recorder.samples())
 
 
 def estimate(
@@ -440,13 +490,15 @@ def estimate(
     cross_layer: Sequence[int] | bool | None = None,
     batch_size: int = 8,
     max_length: int = 512,
+    samples: int = 0,
 ) -> int:
     """Peak bytes a :func:`capture` with these options allocates (all devices together).
 
     An upper bound for batches of ``batch_size × max_length`` tokens (every input is cut to that):
     the float64 statistics, the working memory of folding one batch into them, and the model's
-    forward activations up to the last captured layer (see :mod:`headwidget.capture.memory`).
-    The model's weights are not included.
+    forward activations up to the last captured layer (see :mod:`headwidget.capture.memory`), and
+    with ``samples=R`` the float32 reservoir of ``R`` rows per captured (layer, kind), the rows one
+    batch writes into it and the reservoir's keys on the CPU. The model's weights are not included.
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -456,6 +508,6 @@ def estimate(
         True
     """
     plan = CapturePlan.make(
-        adapter_for(model), layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer
+        adapter_for(model), layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer, samples=samples
     )
     return sum(plan.bytes_by_device(batch_size, max_length).values())

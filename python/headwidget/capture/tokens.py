@@ -1,4 +1,5 @@
-"""Which token positions of a batch enter the statistics, and which held-out split each belongs to."""
+"""Which token positions of a batch enter the statistics, which held-out split each belongs to, and
+which of them enter the token samples."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TokenSelection", "select_tokens"]
+__all__ = ["ReservoirStep", "TokenReservoir", "TokenSelection", "select_tokens"]
 
 SPLIT_SEED = 20240531
 
@@ -64,3 +65,78 @@ def select_tokens(
     in_a = flat[bits == 0]
     in_b = flat[bits == 1]
     return TokenSelection(torch.cat([in_a, in_b]), int(in_a.numel()))
+
+
+@dataclass
+class ReservoirStep:
+    """Where one batch's selected rows go in the reservoir: row ``rows[i]`` to slot ``slots[i]``."""
+
+    slots: torch.Tensor
+    rows: torch.Tensor
+    _on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return int(self.rows.numel())
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(slots, rows)`` on ``device`` (copied once per device and batch)."""
+        pair = self._on_device.get(device)
+        if pair is None:
+            pair = (self.slots.to(device, non_blocking=True), self.rows.to(device, non_blocking=True))
+            self._on_device[device] = pair
+        return pair
+
+
+class TokenReservoir:
+    """A uniform reservoir of ``size`` token slots over a stream of batches ("random keys").
+
+    Every token gets an independent uniform key from a seeded generator; the reservoir keeps the
+    ``size`` tokens with the smallest keys, which makes it a uniform sample of the tokens seen (every
+    ``size``-subset equally likely). Per batch, one top-k over the kept keys and the new ones (only
+    those below the largest kept key can enter) says which slots the new rows overwrite; the row
+    buffers of every (layer, kind), wherever they live, apply the same :class:`ReservoirStep`, so
+    they hold the same tokens. The keys stay on the CPU.
+
+    >>> reservoir = TokenReservoir(size=3, seed=0)
+    >>> [reservoir.step(2).count, reservoir.step(5).count <= 3, reservoir.filled]
+    [2, True, 3]
+    >>> sorted(reservoir.order().tolist())
+    [0, 1, 2]
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        self.keys = torch.empty(size, dtype=torch.float64)
+        self.filled = 0
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def step(self, n: int) -> ReservoirStep:
+        """Draw keys for ``n`` new rows and say which of them enter which slots."""
+        new = torch.rand(n, generator=self.generator, dtype=torch.float64)
+        filled, size = self.filled, self.size
+        if filled + n <= size:
+            slots = torch.arange(filled, filled + n)
+            self.keys[slots] = new
+            self.filled = filled + n
+            return ReservoirStep(slots, torch.arange(n))
+        kept = self.keys[:filled]
+        if filled == size:  # only keys below the largest kept one can enter
+            candidates = (new < kept.max()).nonzero().squeeze(1)
+            if not candidates.numel():
+                return ReservoirStep(candidates, candidates)
+        else:
+            candidates = torch.arange(n)
+        combined = torch.cat([kept, new[candidates]])
+        chosen = torch.topk(combined, size, largest=False, sorted=False).indices
+        stays = torch.zeros(size, dtype=torch.bool)
+        stays[chosen[chosen < filled]] = True  # slots >= filled are empty, hence free
+        rows = candidates[chosen[chosen >= filled] - filled]
+        slots = (~stays).nonzero().squeeze(1)
+        self.keys[slots] = new[rows]
+        self.filled = size
+        return ReservoirStep(slots, rows)
+
+    def order(self) -> torch.Tensor:
+        """The filled slots by increasing key: a uniformly random order of the sampled tokens."""
+        return torch.argsort(self.keys[: self.filled])

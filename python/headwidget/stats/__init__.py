@@ -18,5 +18,14 @@ Example:
 
 from headwidget.stats._kvstats import KVStats
 from headwidget.stats._meta import FORMAT, FORMAT_VERSION, StatsMeta, config_fingerprint
+from headwidget.stats._samples import SAMPLE_SEED, NoSamplesError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "KVStats", "StatsMeta", "config_fingerprint"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "SAMPLE_SEED",
+    "KVStats",
+    "NoSamplesError",
+    "StatsMeta",
+    "config_fingerprint",
+]

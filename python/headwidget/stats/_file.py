@@ -20,14 +20,23 @@ from headwidget.errors import StatsFileError
 from headwidget.files import NotRegularFileError, atomic_output
 from headwidget.moments import Moments
 from headwidget.stats._meta import FORMAT, FORMAT_VERSION, StatsMeta
+from headwidget.stats._samples import SEED_LIMIT
 
 __all__ = ["read_stats", "write_stats"]
 
 
 def write_stats(
-    path: Path, meta: StatsMeta, moments: dict[tuple[int, Kind], Moments], cross: dict[Kind, Moments]
+    path: Path,
+    meta: StatsMeta,
+    moments: dict[tuple[int, Kind], Moments],
+    cross: dict[Kind, Moments],
+    samples: dict[tuple[int, Kind], torch.Tensor] | None = None,
 ) -> Path:
-    """Write one capture's moments and metadata to ``path`` atomically (see :mod:`headwidget.files`)."""
+    """Write one capture's moments, token samples and metadata to ``path`` atomically.
+
+    See :mod:`headwidget.files` for what atomically means here. Samples are the float32 tensors
+    ``layer{L}.{kind}.samples``.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -36,6 +45,8 @@ def write_stats(
         tensors.update(m.to_tensors(f"layer{layer}.{kind}"))
     for kind, m in sorted(cross.items()):
         tensors.update(m.to_tensors(f"cross.{kind}"))
+    for (layer, kind), rows in sorted((samples or {}).items()):
+        tensors[f"layer{layer}.{kind}.samples"] = rows.detach().cpu().contiguous()
     header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": json.dumps(meta.to_json())}
     try:
         with atomic_output(path) as tmp:
@@ -52,8 +63,12 @@ def write_stats(
     return path
 
 
-def read_stats(path: Path) -> tuple[StatsMeta, dict[tuple[int, Kind], Moments], dict[Kind, Moments]]:
-    """The metadata and moments (on the CPU) of the statistics file at ``path``, every field checked."""
+def read_stats(
+    path: Path,
+) -> tuple[
+    StatsMeta, dict[tuple[int, Kind], Moments], dict[Kind, Moments], dict[tuple[int, Kind], torch.Tensor]
+]:
+    """The metadata, moments and token samples (on the CPU) of the file at ``path``, every field checked."""
     if not path.exists():
         raise StatsFileError(f"no statistics file at {path}")
     if not path.is_file():
@@ -65,7 +80,8 @@ def read_stats(path: Path) -> tuple[StatsMeta, dict[tuple[int, Kind], Moments], 
     check = _FileCheck(path)
     meta = check.header(header)
     moments, cross = check.moments(tensors, meta)
-    return meta, moments, cross
+    samples = check.samples(tensors, meta, moments)
+    return meta, moments, cross, samples
 
 
 #: Relative slack for rounding: float32 Grams folded into float64 sums are off by well under 1e-4.
@@ -74,6 +90,10 @@ _RTOL = 1e-3
 _MEAN_EPS = 1e-6
 #: Matrix entries checked at a time, which bounds the checks' temporary memory.
 _CHUNK = 1 << 22
+#: Relative float32 rounding of a sampled value (of a float64 model), generously.
+_SAMPLE_EPS = 1e-6
+#: Absolute slack of a sampled value's distance from its mean (subnormal rounding).
+_TINY = 1e-30
 _MECHANISMS = ("mha", "gqa", "mqa", "mla")
 _PAIRINGS = ("half", "interleaved", "none")
 _REPAIR = (
@@ -239,7 +259,15 @@ class _FileCheck:
             data,
             "meta",
             ("model_name", "model_class", "layout", "layers", "kinds", "tokens"),
-            ("dtype", "skip_first_token", "cross_layers", "config_fingerprint", "versions"),
+            (
+                "dtype",
+                "skip_first_token",
+                "cross_layers",
+                "config_fingerprint",
+                "versions",
+                "sample_size",
+                "sample_seed",
+            ),
         )
         layout = self.layout(obj["layout"])
         layers = self.layer_list(obj["layers"], "meta.layers", layout.num_layers, min_len=1)
@@ -270,6 +298,8 @@ class _FileCheck:
             cross_layers=cross,
             config_fingerprint=self.string(obj.get("config_fingerprint", ""), "meta.config_fingerprint"),
             versions=dict(versions),
+            sample_size=self.integer(obj.get("sample_size", 0), "meta.sample_size", 0),
+            sample_seed=self.integer(obj.get("sample_seed", 0), "meta.sample_seed", 0, SEED_LIMIT - 1),
         )
 
     def kinds(self, value: object, layout: AttentionLayout) -> list[Kind]:
@@ -367,6 +397,15 @@ class _FileCheck:
             width = len(meta.cross_layers or []) * layout.channels_of(kind)
             wanted[f"cross.{kind}"] = (width, layout.head_dim_of(kind))
         names = {f"{prefix}.{part}" for prefix, (_, hd) in wanted.items() for part in _parts(hd)}
+        if meta.sample_size:
+            names |= {f"layer{layer}.{kind}.samples" for layer in meta.layers for kind in meta.kinds}
+        else:
+            stray = sorted(name for name in tensors if name.endswith(".samples"))
+            if stray:
+                self.fail(
+                    f"tensor {stray[0]}",
+                    "holds token samples, but meta.sample_size is 0 (a capture without samples)",
+                )
         missing = sorted(names - set(tensors))
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -390,6 +429,70 @@ class _FileCheck:
             for i, layer in enumerate(meta.cross_layers or []):
                 self.same_tokens(kind, i, layer, joint, moments[(layer, kind)])
         return moments, cross
+
+    def samples(
+        self, tensors: dict[str, torch.Tensor], meta: StatsMeta, moments: dict[tuple[int, Kind], Moments]
+    ) -> dict[tuple[int, Kind], torch.Tensor]:
+        """Each (layer, kind)'s token sample: float32 ``(min(sample_size, tokens), C)`` real rows.
+
+        A real token row lies no farther from the mean, on any channel, than the root of that
+        channel's co-moment diagonal (one token's squared deviation is part of the sum), up to the
+        rounding that :func:`_scale` allows and the sample's own float32 rounding.
+        """
+        size, tokens = meta.sample_size, meta.tokens
+        if not size:
+            return {}
+        rows = min(size, tokens)
+        out: dict[tuple[int, Kind], torch.Tensor] = {}
+        for layer in meta.layers:
+            for kind in meta.kinds:
+                name = f"tensor layer{layer}.{kind}.samples"
+                t = tensors[f"layer{layer}.{kind}.samples"]
+                width = meta.layout.channels_of(kind)
+                if t.dtype != torch.float32 or t.ndim != 2 or t.shape[1] != width:
+                    got = str(t.dtype).removeprefix("torch.")
+                    self.fail(
+                        name,
+                        f"must be float32 of shape ({rows}, {width}) (token rows of the channels that "
+                        f"meta.layout gives this kind), but is {got} of shape {tuple(t.shape)}",
+                    )
+                n = int(t.shape[0])
+                if n > tokens:
+                    self.fail(
+                        name,
+                        f"holds {n} rows, more than the {tokens} tokens captured (meta.tokens); a "
+                        "sample holds captured token rows only",
+                    )
+                if n > size:
+                    self.fail(name, f"holds {n} rows, more than meta.sample_size ({size})")
+                if n != rows:
+                    self.fail(
+                        name,
+                        f"holds {n} rows, but a sample of up to meta.sample_size={size} rows of "
+                        f"meta.tokens={tokens} tokens holds {rows}",
+                    )
+                if not bool(torch.isfinite(t).all()):
+                    self.fail(name, f"holds NaN or infinite values (at {_first(~torch.isfinite(t))})")
+                self.sample_rows(name, t, moments[(layer, kind)])
+                out[(layer, kind)] = t
+        return out
+
+    def sample_rows(self, field: str, rows: torch.Tensor, m: Moments) -> None:
+        """Every sampled value within the spread its channel's moments allow a single token."""
+        scale = _scale(m.m2, m.mean, m.count)
+        step = max(1, _CHUNK // max(m.channels, 1))
+        for start in range(0, rows.shape[0], step):
+            x = rows[start : start + step].double()
+            gap = (x - m.mean).abs()
+            far = gap > (1 + _RTOL) * scale + _SAMPLE_EPS * x.abs() + _TINY
+            if bool(far.any()):
+                a, c = _first(far)
+                self.fail(
+                    field,
+                    f"row {start + a} has {float(x[a, c]):.6g} on channel {c}, "
+                    f"{float(gap[a, c]):.6g} from the channel's mean {float(m.mean[c]):.6g}, but the "
+                    f"co-moment allows a captured token at most {float(scale[c]):.6g}",
+                )
 
     def same_tokens(self, kind: Kind, i: int, layer: int, joint: Moments, own: Moments) -> None:
         """Block ``i`` of the cross-layer moments of ``kind`` equals ``layer``'s own moments (same tokens)."""

@@ -22,6 +22,7 @@ from headwidget.moments import HEAD_METRICS, Moments, channel_corr_from_moments,
 from headwidget.moments.correlation import resolve_channels
 from headwidget.stats._file import read_stats, write_stats
 from headwidget.stats._meta import StatsMeta
+from headwidget.stats._samples import NoSamplesError, SamplePart, all_reduce_samples, merge_samples
 
 __all__ = ["KVStats"]
 
@@ -47,10 +48,12 @@ class KVStats:
         meta: StatsMeta,
         moments: dict[tuple[int, Kind], Moments],
         cross: dict[Kind, Moments] | None = None,
+        samples: dict[tuple[int, Kind], torch.Tensor] | None = None,
     ) -> None:
         self.meta = meta
         self._moments = moments
         self._cross = cross or {}
+        self._samples = samples or {}
 
     # ------------------------------------------------------------------ access
     @property
@@ -98,6 +101,33 @@ class KVStats:
     def moments(self, layer: int, kind: Kind = "key") -> Moments:
         """The raw float64 moments of one layer and kind."""
         return self._moments[(self._check_layer(layer), self._check_kind(kind))]
+
+    def samples(self, layer: int, kind: Kind = "key") -> torch.Tensor:
+        """The uniform sample of real token rows of one layer and kind: ``(min(R, N), C)`` float32.
+
+        Kept by ``capture(..., samples=R)``: ``R`` of the ``N`` token rows that entered the moments
+        (never padding, never a skipped first token), every ``R``-subset of them equally likely, in a
+        random order, on the layer's device. All (layer, kind)s hold the same tokens in the same
+        order. The tensor is the stored one: clone it before changing it.
+
+        Raises:
+            NoSamplesError: the statistics were captured without ``samples=R``.
+
+        Example:
+            >>> import torch, headwidget
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50)).eval()
+            >>> stats = headwidget.capture(model, torch.randint(0, 50, (3, 20)), samples=16, progress=False)
+            >>> stats.samples(1, "value").shape, stats.samples(0, "key").dtype
+            (torch.Size([16, 32]), torch.float32)
+        """
+        key = (self._check_layer(layer), self._check_kind(kind))
+        if self.meta.sample_size == 0 or key not in self._samples:
+            raise NoSamplesError(
+                "these statistics hold no token samples: capture with samples=R (for example "
+                "samples=4096) to keep a uniform sample of R token rows per layer and kind"
+            )
+        return self._samples[key]
 
     def heads_of(self, kind: Kind) -> int:
         hd = self.meta.layout.head_dim_of(kind)
@@ -174,7 +204,12 @@ class KVStats:
         return problems
 
     def merge(self, other: KVStats) -> KVStats:
-        """Statistics of both token sets together (exact: Chan et al.'s pairwise merge)."""
+        """Statistics of both token sets together (exact: Chan et al.'s pairwise merge).
+
+        Token samples merge into a uniform sample of the union, of the smaller of the two sample
+        sizes (none when either side has none): see :mod:`headwidget.stats._samples`. The merge's
+        draw is seeded by both sides' seeds and token counts, so it is reproducible.
+        """
         if not isinstance(other, KVStats):
             raise TypeError(f"can only merge KVStats with KVStats, not {type(other).__name__}")
         problems = self._compatibility_problems(other)
@@ -186,25 +221,40 @@ class KVStats:
             )
         moments = {key: m.merge(other._moments[key]) for key, m in self._moments.items()}
         cross = {kind: m.merge(other._cross[kind]) for kind, m in self._cross.items()}
-        meta = replace(self.meta, tokens=self.meta.tokens + other.meta.tokens)
-        return KVStats(meta, moments, cross)
+        size = min(self.meta.sample_size, other.meta.sample_size)
+        samples: dict[tuple[int, Kind], torch.Tensor] = {}
+        seed = 0
+        if size:
+            parts = [SamplePart(s._samples, s.meta.tokens, s.meta.sample_seed) for s in (self, other)]
+            samples, seed = merge_samples(parts, size)
+        meta = replace(
+            self.meta, tokens=self.meta.tokens + other.meta.tokens, sample_size=size, sample_seed=seed
+        )
+        return KVStats(meta, moments, cross, samples)
 
     __add__ = merge
 
     def to(self, device: torch.device | str) -> KVStats:
-        """A copy with every accumulator on ``device``."""
+        """A copy with every accumulator and token sample on ``device``."""
         return KVStats(
             replace(self.meta),
             {k: m.to(device) for k, m in self._moments.items()},
             {k: m.to(device) for k, m in self._cross.items()},
+            {k: s.to(device) for k, s in self._samples.items()},
         )
 
     def all_reduce(self, group: object = None) -> KVStats:
         """Sum statistics over the ranks of ``torch.distributed`` (data-parallel capture), in place.
 
         Every rank must have captured the same layers and kinds; afterwards every rank holds the
-        statistics of all ranks' tokens. Returns ``self``.
+        statistics of all ranks' tokens. Token samples become one uniform sample of all ranks' tokens
+        (the same on every rank, of the smallest rank's sample size; draw each rank's with its own
+        ``sample_seed``, such as the rank, so that their picks are independent). Returns ``self``.
         """
+        samples, seed, size = all_reduce_samples(
+            self._samples, self.meta.tokens, self.meta.sample_seed, self.meta.sample_size, group
+        )
+        self._samples, self.meta.sample_seed, self.meta.sample_size = samples, seed, size
         for key in sorted(self._moments):
             self._moments[key].all_reduce(group)
         for kind in sorted(self._cross):
@@ -239,7 +289,7 @@ class KVStats:
             headwidget.errors.StatsFileError: cannot save statistics: ... is a directory, not a regular ...
             >>> shutil.rmtree(folder)
         """
-        return write_stats(Path(path), self.meta, self._moments, self._cross)
+        return write_stats(Path(path), self.meta, self._moments, self._cross, self._samples)
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> KVStats:
@@ -251,7 +301,10 @@ class KVStats:
         dtype, shape (from the layout), finiteness and meaning: counts equal to ``meta.tokens``, token
         splits adding up to them, co-moments symmetric with non-negative variances and no entry
         above the geometric mean of its variances, normalised Grams at most one per token and head.
-        Cross-layer moments must agree with each layer's own. Any problem raises
+        Cross-layer moments must agree with each layer's own. Token samples (files written without
+        them load as statistics without samples) must be float32 of ``min(meta.sample_size,
+        meta.tokens)`` rows of the kind's channels, finite, and no farther from the mean than the
+        co-moment allows one token to be. Any problem raises
         :class:`~headwidget.errors.StatsFileError` naming the file and the field.
 
         Example:
@@ -275,11 +328,12 @@ class KVStats:
             headwidget.errors.StatsFileError: ...: meta.tokens must be an integer, not the string '12'; ...
             >>> shutil.rmtree(folder)
         """
-        meta, moments, cross = read_stats(Path(path))
+        meta, moments, cross, samples = read_stats(Path(path))
         if torch.device(device) != torch.device("cpu"):
             moments = {key: m.to(device) for key, m in moments.items()}
             cross = {kind: m.to(device) for kind, m in cross.items()}
-        return cls(meta, moments, cross)
+            samples = {key: s.to(device) for key, s in samples.items()}
+        return cls(meta, moments, cross, samples)
 
     # ------------------------------------------------------------------ display
     def summary(self) -> list[dict[str, Any]]:

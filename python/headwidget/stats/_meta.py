@@ -37,6 +37,10 @@ class StatsMeta:
     cross_layers: list[int] | None = None
     config_fingerprint: str = ""
     versions: dict[str, str] = field(default_factory=dict)
+    #: The reservoir size ``R`` of ``capture(..., samples=R)`` (0: no token samples were kept).
+    sample_size: int = 0
+    #: The seed the token samples were drawn with (after a merge, the seed derived for the merge).
+    sample_seed: int = 0
 
     # Convenience views of the layout -------------------------------------------------
     @property
