@@ -48,7 +48,10 @@ def test_the_pair_really_is_foreign(models):
 
 
 @pytest.mark.parametrize("face", ["view", "widget"])
-@pytest.mark.parametrize("name", [n for n in view_names() if not view_class(n).needs_report])
+# Views built from statistics as a plain capture leaves them (not a report; no token samples needed)
+@pytest.mark.parametrize(
+    "name", [n for n in view_names() if not view_class(n).needs_report and n != "quantization"]
+)
 def test_every_registered_view_refuses_another_models_statistics(models, refusal, name, face):
     cls = view_class(name) if face == "view" else notebook.widget_class(name)
     with pytest.raises(StatsMismatchError) as info:

@@ -121,7 +121,11 @@ def test_explore_links_the_layer_across_tabs():
     dash.trends.points[1].selected = [1]
     assert dash.channels.layer == 1 and dash.alignment.layer == 1
     assert dash.tabs.titles == ("Channels", "Head alignment", "Mechanisms")
-    assert list(dash.views) == [n for n in views.view_names() if not views.view_class(n).needs_report]
+    assert list(dash.views) == [
+        n
+        for n in views.view_names()
+        if not views.view_class(n).needs_report and views.view_class(n).shows(dash.stats)
+    ]
 
 
 def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
@@ -132,6 +136,7 @@ def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
         views.view_class(n).title
         for n in views.view_names()
         if not (views.view_class(n).needs_model or views.view_class(n).needs_report)
+        and views.view_class(n).shows(stats)
     )
     assert dash.channels.grid.panels[0].matrix.shape == (4, 4)
 

@@ -16,10 +16,13 @@ Example:
 from headwidget._version import __version__
 from headwidget.analysis import (
     AlignmentResult,
+    ChannelEntropy,
+    ChannelEntropyError,
     Conversion,
     HeadWeights,
     align,
     align_model,
+    channel_entropy,
     convert,
     downsample,
     group_heads,
@@ -58,8 +61,15 @@ from headwidget.errors import (
 )
 from headwidget.evaluation import EvaluationReport, apply, evaluate
 from headwidget.moments import Moments
-from headwidget.notebook import AlignmentView, ChannelView, ConsequenceView, MechanismView, explore
-from headwidget.stats import KVStats, StatsMeta
+from headwidget.notebook import (
+    AlignmentView,
+    ChannelView,
+    ConsequenceView,
+    MechanismView,
+    QuantizationView,
+    explore,
+)
+from headwidget.stats import KVStats, NoSamplesError, StatsMeta
 from headwidget.widget import HeadWidget, LayerTrends
 
 
@@ -83,6 +93,8 @@ __all__ = [
     "AttentionLayout",
     "CaptureConflictError",
     "CaptureInputError",
+    "ChannelEntropy",
+    "ChannelEntropyError",
     "ChannelView",
     "ConsequenceView",
     "Conversion",
@@ -101,7 +113,9 @@ __all__ = [
     "MechanismView",
     "MemoryBudgetError",
     "Moments",
+    "NoSamplesError",
     "NonFiniteActivationError",
+    "QuantizationView",
     "RankRangeError",
     "RopeAlignmentError",
     "RopeCaptureError",
@@ -124,6 +138,7 @@ __all__ = [
     "align_model",
     "apply",
     "capture",
+    "channel_entropy",
     "convert",
     "downsample",
     "estimate",

@@ -153,7 +153,7 @@ def _auto_size(grid: PanelGrid, nrows: int, ncols: int, title: str | None) -> tu
 
 #: Head boundaries closer than this on the plot (points) are not drawn, as in the widget (4 px).
 MIN_GROUP_PT = 3.0
-GROUP_LINE = {"color": (0.0, 0.0, 0.0, 0.4), "linewidth": 0.5}
+GROUP_COLOR, GROUP_WIDTH = (0.0, 0.0, 0.0, 0.4), 0.5
 
 
 def group_edges(n: int, offset: int, step: int, group: int, length_pt: float) -> list[float]:
@@ -186,9 +186,9 @@ def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: flo
     ax.set_box_aspect(h / w)
     # Head boundaries, as the widget draws them: a thin translucent line between heads.
     for x in group_edges(cols, panel.col_offset, panel.col_step, panel.col_group, w * 72):
-        ax.axvline(x, **GROUP_LINE)
+        ax.axvline(x, color=GROUP_COLOR, linewidth=GROUP_WIDTH)
     for y in group_edges(rows, panel.row_offset, panel.row_step, panel.row_group, h * 72):
-        ax.axhline(y, **GROUP_LINE)
+        ax.axhline(y, color=GROUP_COLOR, linewidth=GROUP_WIDTH)
     for orient, axis, n, labels, offset, step in (
         ("col", ax.xaxis, cols, panel.col_labels, panel.col_offset, panel.col_step),
         ("row", ax.yaxis, rows, panel.row_labels, panel.row_offset, panel.row_step),

@@ -1,13 +1,20 @@
 """What users meet in a notebook: each registered view as a widget, and ``explore``.
 
-- :class:`ChannelView`, :class:`AlignmentView`, :class:`MechanismView`, :class:`ConsequenceView`: the views of
+- :class:`ChannelView`, :class:`AlignmentView`, :class:`MechanismView`, :class:`ConsequenceView`,
+  :class:`QuantizationView`: the views of
   :mod:`headwidget.views` that are also :class:`~headwidget.widget.HeadWidget` s, with ``save(path)``;
 - :func:`widget_class` / :func:`displayable`: the same for any registered view, by name or class;
 - :func:`explore` / :class:`Dashboard`: one tab per registered view under the per-layer trends.
 """
 
 from headwidget.notebook._explore import Dashboard, explore
-from headwidget.notebook._views import AlignmentView, ChannelView, ConsequenceView, MechanismView
+from headwidget.notebook._views import (
+    AlignmentView,
+    ChannelView,
+    ConsequenceView,
+    MechanismView,
+    QuantizationView,
+)
 from headwidget.notebook._widget import ViewWidget, displayable, widget_class
 
 __all__ = [
@@ -16,6 +23,7 @@ __all__ = [
     "ConsequenceView",
     "Dashboard",
     "MechanismView",
+    "QuantizationView",
     "ViewWidget",
     "displayable",
     "explore",

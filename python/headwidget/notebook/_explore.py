@@ -17,7 +17,13 @@ from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
 from headwidget.export import ExportError, page_html, save, save_tabbed_html
 from headwidget.notebook._trend_charts import trend_charts
-from headwidget.notebook._views import AlignmentView, ChannelView, ConsequenceView, MechanismView
+from headwidget.notebook._views import (
+    AlignmentView,
+    ChannelView,
+    ConsequenceView,
+    MechanismView,
+    QuantizationView,
+)
 from headwidget.notebook._widget import ViewWidget, widget_class
 from headwidget.stats import KVStats
 from headwidget.views import check_sources, view_names
@@ -58,7 +64,9 @@ class Dashboard(ipywidgets.VBox):
             cls = widget_class(name)
             if (cls.needs_model and model is None) or (cls.needs_report and report is None):
                 continue
-            extra: dict[str, Any] = {"report": report} if cls.needs_report else {}
+            if not cls.shows(stats):  # e.g. the quantization tab without token samples
+                continue
+            extra: dict[str, Any] = {"report": report} if cls.wants_report else {}
             self.views[name] = cls.create(
                 stats, model, layers=[first_layer], **extra, **options.get(name, {})
             )
@@ -162,6 +170,12 @@ class Dashboard(ipywidgets.VBox):
     def mechanisms(self) -> MechanismView | None:
         """The mechanisms tab (None: no model was given)."""
         view: MechanismView | None = self._view("mechanisms", MechanismView)
+        return view
+
+    @property
+    def quantization(self) -> QuantizationView | None:
+        """The quantization tab (None: the statistics hold no token samples)."""
+        view: QuantizationView | None = self._view("quantization", QuantizationView)
         return view
 
     @property

@@ -25,7 +25,7 @@ from __future__ import annotations
 from headwidget import views
 from headwidget.notebook._widget import ViewWidget
 
-__all__ = ["AlignmentView", "ChannelView", "ConsequenceView", "MechanismView"]
+__all__ = ["AlignmentView", "ChannelView", "ConsequenceView", "MechanismView", "QuantizationView"]
 
 
 class ChannelView(ViewWidget, views.ChannelView):
@@ -54,4 +54,12 @@ class ConsequenceView(ViewWidget, views.ConsequenceView):
     cell selects its layer).
 
     See :class:`headwidget.views.ConsequenceView` for the arguments.
+    """
+
+
+class QuantizationView(ViewWidget, views.QuantizationView):
+    """Joint against summed marginal entropy of coupled channels per layer, and (with a report) bits per
+    channel against damage for each quantizer, as a widget.
+
+    See :class:`headwidget.views.QuantizationView` for the arguments.
     """

@@ -23,6 +23,7 @@ from headwidget.views.alignment import AlignmentView
 from headwidget.views.channels import ChannelView, ChannelWindowError
 from headwidget.views.consequences import ConsequenceView
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
+from headwidget.views.quantization import QuantizationView
 
 __all__ = [
     "AlignmentView",
@@ -33,6 +34,7 @@ __all__ = [
     "ControlType",
     "LayerView",
     "MechanismView",
+    "QuantizationView",
     "UnknownViewError",
     "View",
     "ViewSourceError",

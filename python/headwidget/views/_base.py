@@ -118,8 +118,10 @@ class View(t.HasTraits):
     #: Whether :meth:`create` needs captured statistics, and whether it needs a model's weights.
     needs_stats: ClassVar[bool] = True
     needs_model: ClassVar[bool] = False
-    #: Whether :meth:`create` needs an evaluation report (``report=``, :func:`headwidget.evaluate`).
+    #: Whether :meth:`create` needs an evaluation report (``report=``, :func:`headwidget.evaluate`),
+    #: and whether it takes one when there is one.
     needs_report: ClassVar[bool] = False
+    wants_report: ClassVar[bool] = False
 
     error = t.Unicode("").tag(sync=True)
 
@@ -175,6 +177,12 @@ class View(t.HasTraits):
             f"{cls.__name__} does not implement create(): the command line, the magic and explore "
             "build views through it"
         )
+
+    @classmethod
+    def shows(cls, stats: KVStats | None) -> bool:
+        """Whether the view can be built from ``stats`` as captured (default: yes; a view that needs
+        what a capture may lack, such as token samples, says no)."""
+        return True
 
     @classmethod
     def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:

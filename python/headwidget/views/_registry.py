@@ -13,7 +13,7 @@ Example:
     ...     view_class("attention")
     ... except UnknownViewError as err:
     ...     print(err)
-    unknown view 'attention'; the views are channels, alignment, mechanisms, consequences
+    unknown view 'attention'; the views are channels, alignment, mechanisms, consequences, quantization
 """
 
 from __future__ import annotations

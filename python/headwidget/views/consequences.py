@@ -71,7 +71,10 @@ DAMAGE_MEASURES: dict[str, dict[str, tuple[str, str]]] = {
 }
 PER_LAYER_TITLES = {
     "delta_nll": ("ΔNLL, one layer converted", "ΔNLL with only that layer converted (nats / token)"),
-    "hidden_rel_error": ("hidden error, one layer converted", "hidden-state relative error, one layer converted"),
+    "hidden_rel_error": (
+        "hidden error, one layer converted",
+        "hidden-state relative error, one layer converted",
+    ),
 }
 
 
@@ -90,6 +93,7 @@ class ConsequenceView(View):
     title = "Consequences"
     needs_stats: ClassVar[bool] = False
     needs_report: ClassVar[bool] = True
+    wants_report: ClassVar[bool] = True
 
     measure = state(t.Unicode("nll"), toggles("Damage", options="measures_available"))
     #: The selected layer (a click on the damage map sets it; a dashboard links it to its other views).
@@ -212,10 +216,11 @@ class ConsequenceView(View):
     def _damage_map(self) -> tuple[Panel, float] | None:
         r = self.report
         # The original model's row is 0 everywhere by definition: the map shows the variants.
-        specs = [v for v in (r.per_layer or {}) if v != "model"]
+        per_layer = r.per_layer or {}
+        specs = [v for v in per_layer if v != "model"]
         if not specs or not r.layers:
             return None
-        matrix = np.array([r.per_layer[v] for v in specs], dtype=np.float64)
+        matrix = np.array([per_layer[v] for v in specs], dtype=np.float64)
         title, _ = PER_LAYER_TITLES.get(
             r.per_layer_measure or "", ("damage with only that layer converted", "")
         )

@@ -1,0 +1,304 @@
+"""``QuantizationView``: how many bits coupled channels need, and what quantizing K/V does to the model.
+
+Reference: the Coupled Quantization paper's panel (a) — the joint entropy of c channels grows more
+slowly than the sum of their marginal entropies, so channels quantized together need fewer bits.
+
+1. The coupling chart of the selected layer: for K before RoPE, K after RoPE (when captured) and V,
+   the joint entropy of groups of c contiguous channels and the sum of their marginal entropies, in bits
+   per group, against c (:func:`~headwidget.analysis.entropy.channel_entropy`: equal-width bins per
+   channel over the token sample, plug-in estimates averaged over the groups). The gap between a
+   dashed line (the sum) and the solid line of the same colour (joint) is what coupling saves. Where
+   ``bins**c`` exceeds a fifth of the samples the plug-in estimate is biased low, and the chart says so.
+2. With an evaluation ``report`` holding quantizer variants (``kv:int{b}``, ``kv:cq{c}c{b}b``), the
+   bits each spends per K/V channel (scales and zero points included, codebooks not: they are a
+   per-layer constant) against its damage (ΔNLL against the original, or KL), one line per quantizer
+   family, beside the original model.
+
+Needs statistics captured with ``samples=R`` (``capture(..., samples=4096, rope="both")``).
+
+Example:
+    >>> import torch, headwidget
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    >>> stats = headwidget.capture(model, torch.randint(0, 64, (4, 64)), rope="both", samples=256,
+    ...                            progress=False)
+    >>> view = QuantizationView(stats, layer=1, bins=4)
+    >>> chart = view.grid.charts[0]
+    >>> [s.name for s in chart.series][:2], chart.series[0].x
+    (['K pre-RoPE · joint', 'K pre-RoPE · Σ marginals'], [1.0, 2.0, 4.0, 8.0])
+    >>> all(j <= m + 1e-12 for j, m in zip(chart.series[0].y, chart.series[1].y))
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, ClassVar, TypeVar
+
+import traitlets as t
+from torch import nn
+
+from headwidget.analysis.entropy import ChannelEntropy, channel_entropy
+from headwidget.core.charts import Chart, Series
+from headwidget.core.kinds import Kind
+from headwidget.core.panels import PanelGrid
+from headwidget.errors import HeadwidgetError
+from headwidget.evaluation import EvaluationReport
+from headwidget.stats import KVStats
+from headwidget.views._base import LayerView, ViewSourceError, state, stats_model_name
+from headwidget.views._controls import toggles
+from headwidget.views._registry import register_view
+
+__all__ = ["COUPLING_KINDS", "QuantizationView", "bits_per_channel"]
+
+QV = TypeVar("QV", bound="QuantizationView")
+
+#: The kinds the coupling chart shows, with their names and colours.
+COUPLING_KINDS: dict[Kind, tuple[str, str]] = {
+    "key": ("K pre-RoPE", "#0072b2"),
+    "key_post": ("K post-RoPE", "#d55e00"),
+    "value": ("V", "#009e73"),
+}
+#: Bytes per element of the report's dtypes.
+ELEMENT_BYTES = {"torch.float32": 4, "torch.float64": 8, "torch.bfloat16": 2, "torch.float16": 2}
+DAMAGES = {"nll": "ΔNLL against the original (nats / token)", "kl": "KL(original ‖ variant) (nats / token)"}
+
+
+def bits_per_channel(report: EvaluationReport, spec: str) -> float:
+    """The KV bits a variant spends per token and K/V channel of the original model (NaN when the report
+    has no ``model`` row or an unknown dtype).
+
+    The original caches every K and V channel of every layer in the report's dtype; a variant's bytes per
+    token over that channel count is its cost per channel (scales and zero points included).
+
+    Example:
+        >>> report = EvaluationReport(model="m", kind="causal-lm", variants=["model", "kv:int4"],
+        ...     measures={}, kv_bytes_per_token={"model": 1024, "kv:int4": 320}, tokens=1, sequences=1,
+        ...     fingerprint="0", dtype="torch.bfloat16")
+        >>> bits_per_channel(report, "model"), bits_per_channel(report, "kv:int4")
+        (16.0, 5.0)
+    """
+    size = ELEMENT_BYTES.get(report.dtype)
+    base = report.kv_bytes_per_token.get("model")
+    if size is None or not base:
+        return math.nan
+    channels = base / size
+    return 8.0 * report.kv_bytes_per_token[spec] / channels
+
+
+def _family(spec: str) -> str:
+    """``kv:int4/g64`` → ``kv:int``; ``kv:cq4c8b`` → ``kv:cq (4 channels)``."""
+    if spec.startswith("kv:int"):
+        group = spec.split("/", 1)[1] if "/" in spec else ""
+        return f"kv:int{f' /{group}' if group else ''}"
+    if spec.startswith("kv:cq"):
+        c = spec[len("kv:cq") :].split("c", 1)[0]
+        return f"kv:cq ({c} channels)"
+    return spec
+
+
+class QuantizationViewError(HeadwidgetError, ValueError):
+    """A quantization view asked of statistics without token samples, or with a bad option."""
+
+
+@register_view("quantization", order=50)
+class QuantizationView(LayerView):
+    """Joint against summed marginal entropy of coupled channels per layer, and bits against damage."""
+
+    title = "Quantization"
+    #: Takes an evaluation report when there is one (the bits-against-damage chart), needs none.
+    wants_report: ClassVar[bool] = True
+
+    damage = state(t.Unicode("nll"), toggles("Damage", options="damages_available"))
+    damages_available = t.List(t.Unicode()).tag(sync=True)
+
+    def __init__(
+        self,
+        stats: KVStats,
+        *,
+        layer: int | None = None,
+        report: EvaluationReport | None = None,
+        bins: int = 16,
+        group_sizes: Sequence[int] = (1, 2, 4, 8),
+        miller_madow: bool = False,
+        damage: str = "nll",
+        **kwargs: Any,
+    ) -> None:
+        """``bins`` per channel, channel ``group_sizes`` and the Miller–Madow correction as
+        :func:`~headwidget.analysis.entropy.channel_entropy` takes them."""
+        stats = self._stats(stats)
+        if not stats.meta.sample_size:
+            raise QuantizationViewError(
+                "the quantization view needs token samples: capture with samples=R (for example "
+                "headwidget.capture(model, texts, samples=4096, rope='both'))"
+            )
+        if report is not None and not isinstance(report, EvaluationReport):
+            raise ViewSourceError(f"report must be an EvaluationReport, got {type(report).__name__}")
+        self.stats, self.report = stats, report
+        self.bins, self.group_sizes, self.miller_madow = bins, tuple(group_sizes), miller_madow
+        self.kinds = [k for k in COUPLING_KINDS if k in stats.kinds]
+        self._entropy = lru_cache(maxsize=256)(self._layer_entropy)
+        super().__init__(**kwargs)
+        with self.initial_state():
+            self.num_layers = stats.meta.layout.num_layers
+            quantizers = self._quantizers()
+            self.damages_available = (
+                list(DAMAGES) if quantizers and report and report.kind == "causal-lm" else []
+            )
+            self.damage = damage
+            self.layer = stats.layers[0] if layer is None else layer
+
+    @classmethod
+    def create(
+        cls: type[QV],
+        stats: KVStats | None = None,
+        model: nn.Module | None = None,
+        *,
+        layers: Sequence[int] = (),
+        interactive: bool = True,
+        report: EvaluationReport | None = None,
+        **state: Any,
+    ) -> QV:
+        """The view of ``stats`` at the first of ``layers``, with ``report``'s quantizers if given."""
+        return cls(cls._stats(stats, model), layer=layers[0] if layers else None, report=report, **state)
+
+    @classmethod
+    def shows(cls, stats: KVStats | None) -> bool:
+        """Whether the view can be built from ``stats``: it needs their token samples."""
+        return stats is not None and bool(stats.meta.sample_size)
+
+    @property
+    def caption(self) -> str:
+        """The model and the layer."""
+        return f"{stats_model_name(self.stats)} · layer {self.layer}"
+
+    # ------------------------------------------------------------------ numbers
+    def _layer_entropy(self, layer: int, kind: Kind) -> ChannelEntropy:
+        return channel_entropy(self.stats, layer, kind, self.group_sizes, self.bins, self.miller_madow)
+
+    def entropy(self, layer: int, kind: Kind) -> ChannelEntropy:
+        """The channel entropies of one layer and kind (cached)."""
+        return self._entropy(layer, kind)
+
+    def _quantizers(self) -> list[str]:
+        return [v for v in (self.report.variants if self.report else []) if v.startswith("kv:")]
+
+    def _coupling(self) -> Chart:
+        series: list[Series] = []
+        biased_at: set[int] = set()
+        samples = 0
+        for kind in self.kinds:
+            name, colour = COUPLING_KINDS[kind]
+            e = self.entropy(self.layer, kind)
+            samples = e.samples
+            sizes = sorted(e.joint)
+            biased_at |= {c for c in sizes if e.biased[c]}
+
+            def label(c: int, e: ChannelEntropy = e, name: str = name) -> str:
+                joint, total = e.joint[c], e.marginal_sum[c]
+                saved = (
+                    f"coupling saves {total - joint:.3f} bits ({(total - joint) / total:.0%})"
+                    if total
+                    else ""
+                )
+                flag = f"\nbiased low: {e.bins}^{c} bins > samples / 5" if e.biased[c] else ""
+                return (
+                    f"{name} · groups of {c} channel{'s' if c > 1 else ''}\n"
+                    f"joint {joint:.3f} bits · Σ marginals {total:.3f} bits\n{saved}{flag}"
+                )
+
+            xs = [float(c) for c in sizes]
+            series.append(
+                Series(f"{name} · joint", xs, [e.joint[c] for c in sizes], [label(c) for c in sizes],
+                       style="points+line", color=colour)
+            )  # fmt: skip
+            series.append(
+                Series(f"{name} · Σ marginals", xs, [e.marginal_sum[c] for c in sizes],
+                       [label(c) for c in sizes], style="points+line", color=colour, dashed=True)
+            )  # fmt: skip
+        corrected = " + Miller–Madow" if self.miller_madow else ""
+        note = ""
+        if biased_at:
+            note = (
+                f"groups of {', '.join(map(str, sorted(biased_at)))}: {self.bins}^c bins exceed a fifth "
+                f"of the {samples:,} samples, so the plug-in joint entropy there is biased low"
+            )
+        missing = "" if "key_post" in self.kinds else " · capture with rope='both' for post-RoPE keys"
+        return Chart(
+            "coupling",
+            f"Channel coupling in bits · layer {self.layer}",
+            "channels per group (c)",
+            "entropy per group (bits)",
+            series,
+            subtitle=(
+                f"{stats_model_name(self.stats)} · {samples:,} sampled tokens · {self.bins} equal-width bins "
+                f"per channel · plug-in{corrected}, averaged over groups · solid: joint, dashed: Σ marginals"
+                f"{missing}"
+            ),
+            note=note,
+        )
+
+    def _bits_against_damage(self) -> Chart | None:
+        report = self.report
+        quantizers = self._quantizers()
+        if report is None or not quantizers or report.kind != "causal-lm":
+            return None
+        base = report.measures.get("model", {}).get("nll", math.nan)
+
+        def damage(spec: str) -> float:
+            m = report.measures[spec]
+            return m["nll"] - base if self.damage == "nll" else m["kl"]
+
+        def label(spec: str) -> str:
+            m = report.measures[spec]
+            return (
+                f"{spec}\n{bits_per_channel(report, spec):.3f} bits per K/V channel · "
+                f"{report.kv_bytes_per_token[spec]:,} B / token\n"
+                f"ΔNLL {m['nll'] - base:+.4f} · KL {m['kl']:.4f} · top-1 {m['top1']:.3f}"
+            )
+
+        families: dict[str, list[str]] = {}
+        for spec in quantizers:
+            families.setdefault(_family(spec), []).append(spec)
+        series = []
+        for name, specs in families.items():
+            specs = sorted(specs, key=lambda s: bits_per_channel(report, s))
+            series.append(
+                Series(name, [bits_per_channel(report, s) for s in specs], [damage(s) for s in specs],
+                       [label(s) for s in specs], style="points+line")
+            )  # fmt: skip
+        if "model" in report.measures:
+            series.append(Series("original", [bits_per_channel(report, "model")], [damage("model")],
+                                 [label("model")], color="#000000"))  # fmt: skip
+        return Chart(
+            "bits",
+            "Bits per channel against damage",
+            "KV bits per token and K/V channel (scales and zero points included; log)",
+            DAMAGES[self.damage],
+            series,
+            subtitle=(
+                f"{report.model} · {report.tokens:,} held-out tokens · {report.dtype.removeprefix('torch.')}"
+            ),
+            x_log=True,
+            y_reference=0.0,
+            note="coupled-quantization codebooks are a per-layer constant, not counted per token",
+        )
+
+    def compute(self) -> PanelGrid:
+        """The coupling chart of the selected layer, and the bits-against-damage chart with a report."""
+        self.check_layer(self.layer)
+        if self.layer not in self.stats.layers:
+            raise QuantizationViewError(
+                f"layer {self.layer} was not captured (captured: {self.stats.layers})"
+            )
+        if self.damages_available and self.damage not in DAMAGES:
+            raise QuantizationViewError(f"damage must be one of {', '.join(DAMAGES)}, got {self.damage!r}")
+        charts = [self._coupling()]
+        bits = self._bits_against_damage()
+        if bits is not None:
+            charts.append(bits)
+        self.layer_label = f"layer {self.layer} of {self.num_layers}"
+        return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)

@@ -1,0 +1,143 @@
+"""QuantizationView: the coupling chart shows the channel entropies of the captured samples, recomputed
+here by brute force, and the bits chart each quantizer's bytes per channel and damage from the report."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import headwidget
+from headwidget.evaluation import EvaluationReport
+from headwidget.export import page_data, save
+from headwidget.views import QuantizationView
+from headwidget.views.quantization import QuantizationViewError, bits_per_channel
+from tiny_models import make_model
+
+
+@pytest.fixture(scope="module")
+def stats():
+    model = make_model("llama_gqa", dtype=torch.float32)
+    ids = torch.randint(0, 96, (6, 40), generator=torch.Generator().manual_seed(0))
+    return headwidget.capture(model, ids, rope="both", samples=200, progress=False)
+
+
+def plug_in_bits(rows: np.ndarray, bins: int) -> float:
+    """Entropy (bits) of the tuples of bin indices of ``rows`` (n × c), binned per column, by hand."""
+    codes = []
+    for col in rows.T:
+        lo, hi = col.min(), col.max()
+        if hi == lo:
+            codes.append(np.zeros(len(col), dtype=int))
+        else:
+            codes.append(np.minimum(((col - lo) / (hi - lo) * bins).astype(int), bins - 1))
+    counts = Counter(zip(*codes, strict=True))
+    n = len(rows)
+    return -sum(k / n * math.log2(k / n) for k in counts.values())
+
+
+def brute(samples: np.ndarray, c: int, bins: int) -> tuple[float, float]:
+    groups = samples.shape[1] // c
+    joint = [plug_in_bits(samples[:, g * c : (g + 1) * c], bins) for g in range(groups)]
+    marg = [
+        sum(plug_in_bits(samples[:, [ch]], bins) for ch in range(g * c, (g + 1) * c)) for g in range(groups)
+    ]
+    return float(np.mean(joint)), float(np.mean(marg))
+
+
+def test_the_coupling_chart_is_the_samples_entropy_by_brute_force(stats):
+    view = QuantizationView(stats, layer=1, bins=4)
+    (chart,) = view.grid.charts
+    assert view.grid.panels == [] and chart.id == "coupling" and "layer 1" in chart.title
+    names = [s.name for s in chart.series]
+    assert names == [
+        f"{k} · {w}" for k in ("K pre-RoPE", "K post-RoPE", "V") for w in ("joint", "Σ marginals")
+    ]
+    for i, kind in enumerate(["key", "key_post", "value"]):
+        samples = stats.samples(1, kind).double().numpy()
+        joint, marginals = chart.series[2 * i], chart.series[2 * i + 1]
+        assert joint.x == [1.0, 2.0, 4.0, 8.0]
+        for k, c in enumerate((1, 2, 4, 8)):
+            want_joint, want_marg = brute(samples, c, 4)
+            assert joint.y[k] == pytest.approx(want_joint, abs=1e-9)
+            assert marginals.y[k] == pytest.approx(want_marg, abs=1e-9)
+            assert joint.y[k] <= marginals.y[k] + 1e-12  # sub-additivity
+    # 4^4 = 256 > 200 / 5: groups of 4 and 8 are flagged, 1 and 2 (4, 16 ≤ 40) are not
+    assert chart.note.startswith("groups of 4, 8: 4^c bins exceed a fifth of the 200 samples")
+    assert "biased low" in chart.series[0].labels[2] and "biased low" not in chart.series[0].labels[1]
+    view.layer = 0
+    assert view.grid.charts[0].title.endswith("layer 0")
+    assert view.grid.charts[0].series[0].y[0] == pytest.approx(
+        brute(stats.samples(0, "key").double().numpy(), 1, 4)[0], abs=1e-9
+    )
+
+
+def made_up_report() -> EvaluationReport:
+    m = {
+        "model": {"nll": 2.0, "perplexity": math.exp(2.0), "kl": 0.0, "top1": 1.0},
+        "kv:int4": {"nll": 2.05, "perplexity": 0.0, "kl": 0.03, "top1": 0.97},
+        "kv:int2": {"nll": 2.4, "perplexity": 0.0, "kl": 0.3, "top1": 0.8},
+        "kv:cq4c8b": {"nll": 2.2, "perplexity": 0.0, "kl": 0.15, "top1": 0.9},
+        "mqa": {"nll": 2.5, "perplexity": 0.0, "kl": 0.4, "top1": 0.7},
+    }
+    # bf16 model: 2 layers × 2 × 32 channels × 2 bytes = 256 B per token
+    kv_bytes = {"model": 256, "kv:int4": 2 * 2 * (32 * 4 // 8 + 4 * 32 // 32), "kv:int2": 2 * 2 * (8 + 4),
+                "kv:cq4c8b": 2 * 2 * (32 // 4) * 8 // 8, "mqa": 128}  # fmt: skip
+    return EvaluationReport(
+        model="tiny", kind="causal-lm", variants=list(m), measures=m, kv_bytes_per_token=kv_bytes, tokens=99,
+        sequences=3, fingerprint="ab" * 8, dtype="torch.bfloat16",
+    )  # fmt: skip
+
+
+def test_bits_per_channel_is_bytes_over_the_originals_channels():
+    report = made_up_report()
+    channels = 256 / 2  # K and V channels of every layer
+    for spec in report.variants:
+        assert bits_per_channel(report, spec) == 8 * report.kv_bytes_per_token[spec] / channels
+    assert bits_per_channel(report, "kv:int4") == 5.0  # 4 bits + fp16 scale and zero per 32 channels
+    assert bits_per_channel(report, "kv:cq4c8b") == 2.0  # 8 bits per 4 channels
+
+
+def test_the_bits_chart_draws_the_reports_quantizers(stats):
+    report = made_up_report()
+    view = QuantizationView(stats, report=report)
+    _, bits = view.grid.charts
+    assert bits.id == "bits" and bits.x_log
+    by_name = {s.name: s for s in bits.series}
+    assert list(by_name) == ["kv:int", "kv:cq (4 channels)", "original"]  # mqa is no quantizer
+    assert by_name["kv:int"].x == [3.0, 5.0]  # int2, int4: sorted by bits
+    assert by_name["kv:int"].y == pytest.approx([0.4, 0.05], abs=1e-12)
+    assert by_name["original"].x == [16.0] and by_name["original"].y == [0.0]
+    assert by_name["kv:int"].labels[1].startswith("kv:int4\n5.000 bits per K/V channel · 80 B / token")
+    view.damage = "kl"
+    assert view.grid.charts[1].series[0].y == [0.3, 0.03]
+    assert view.damages_available == ["nll", "kl"]
+    assert QuantizationView(stats).damages_available == []
+
+
+def test_statistics_without_samples_are_refused_and_the_dashboard_leaves_the_tab_out(stats):
+    model = make_model("llama_gqa", dtype=torch.float32)
+    plain = headwidget.capture(model, torch.randint(0, 96, (2, 16)), progress=False)
+    with pytest.raises(QuantizationViewError, match="capture with samples=R"):
+        QuantizationView(plain)
+    assert not QuantizationView.shows(plain) and QuantizationView.shows(stats)
+    assert headwidget.explore(plain).quantization is None
+    dash = headwidget.explore(stats)
+    assert dash.quantization is not None and "quantization" in dash.views
+    dash.channels.layer = 1
+    assert dash.quantization.layer == 1
+    with pytest.raises(headwidget.LayerIndexError, match="layer 5 is out of range"):
+        QuantizationView(stats, layer=5)
+
+
+def test_the_view_exports_and_its_page_has_a_frame_per_layer(stats, tmp_path):
+    view = headwidget.QuantizationView(stats, report=made_up_report(), bins=4)
+    svg = save(view, tmp_path / "q.svg").read_text()
+    assert 'id="coupling"' in svg and 'id="bits"' in svg and "Channel coupling in bits" in svg
+    data = page_data(view)
+    assert sorted(data["frames"]) == ["0", "1"]
+    assert data["frames"]["1"]["charts"][0]["title"].endswith("layer 1")
+    assert view.heading == f"{stats.meta.model_name or stats.meta.model_class} · layer 0"
