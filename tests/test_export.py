@@ -239,18 +239,35 @@ def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
     assert view.layer == 1 and view.panels == sent_before  # the live view is back where it was
     assert sorted(data["frames"]) == ["0", "1"] and data["errors"] == {}
     assert data["state"]["layer"] == 1 and data["state"]["num_layers"] == 2
-    # The page's bar holds only the layer slider (the view's other controls need Python).
-    assert data["state"]["controls"] == [ChannelView.view_controls()[0].to_json()]
-    assert not {"kinds_available", "num_channels", "channel_start"} & set(data["state"])
+    # The page's bar holds the layer slider and the channel window, which the page crops itself (the
+    # view's other controls need Python); the window starts where the user left it.
+    assert data["state"]["controls"] == [c.to_json() for c in ChannelView.view_controls()[:2]]
+    assert (data["state"]["channel_start"], data["state"]["channel_width"]) == (2, 5)
+    assert (data["state"]["num_channels"], data["state"]["channel_step"]) == (16, 8)
+    assert "kinds_available" not in data["state"]
     for layer in (0, 1):
-        grid = ChannelView(stats, layer=layer, channel_start=2, channel_width=5).grid
+        # each frame: the whole matrices, exactly what the kernel sends for the full window
+        grid = ChannelView(stats, layer=layer, channel_start=0, channel_width=16).grid
         frame = data["frames"][str(layer)]
+        assert frame["window"] is True
         assert [p["id"] for p in frame["panels"]] == [p.id for p in grid.panels]
         for sent, panel in zip(frame["panels"], grid.panels, strict=True):
             wire = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)
             assert decode(sent).tobytes() == wire["data"]
-            assert sent["row_offset"] == 2 and sent["title"] == panel.title
+            assert sent["row_offset"] == 0 and sent["rows"] == 16 and sent["title"] == panel.title
     assert base64.b64decode(data["bundle"]) == headwidget.core.bundle_path().read_bytes()
+
+
+def test_a_view_too_wide_to_keep_whole_gets_no_window_sliders_and_says_so(tiny, monkeypatch):
+    from headwidget.export import _source
+
+    _, stats = tiny
+    monkeypatch.setattr(_source, "MAX_WINDOW_CHANNELS", 8)  # the tiny model's 16 channels are "too many"
+    data = page_data(ChannelView(stats, layer=0, channel_start=2, channel_width=5))
+    assert [c["type"] for c in data["state"]["controls"]] == ["slider"]
+    assert data["state"]["status"].startswith("16 channels: this page holds the exported window only")
+    frame = data["frames"]["0"]
+    assert "window" not in frame and frame["panels"][0]["rows"] == 5 and frame["panels"][0]["row_offset"] == 2
 
 
 def test_html_layers_subset_missing_layers_and_size_limit(tiny, tmp_path):

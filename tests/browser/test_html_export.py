@@ -175,3 +175,33 @@ def test_the_page_runs_under_a_csp_without_unsafe_inline_scripts(stats, open_pag
     assert page.js("window.__ran === undefined")
     assert any("Content Security Policy" in e for e in page.errors), page.errors
     page.errors.clear()
+
+
+def test_the_channel_window_sliders_work_offline(stats, open_page, tmp_path):
+    """The page holds each layer's whole matrices and crops them to the window, as the kernel does."""
+    view = ChannelView(stats, layer=1, channel_start=4, channel_width=8)
+    page = open_page(save(view, tmp_path / "window.html"))
+    model = "window.headwidget.model"
+    assert page.js(f"[{model}.get('channel_start'), {model}.get('channel_width')]") == [4, 8]
+    panel = page.js(f"{model}.get('panels')[0]")
+    assert (panel["rows"], panel["cols"], panel["row_offset"]) == (8, 8, 4)
+    assert panel["subtitle"] == view.grid.panels[0].subtitle  # "channels 4–11 · …", as the kernel says
+    key1 = stats.channel_corr(1, "key")
+    page.page.mouse.move(*page.cell_centre("key-1", 2, 5))  # channels 6 × 9
+    hover = page.js("JSON.parse(document.querySelector('.hw-grid').dataset.hover)")
+    assert hover["value"] == pytest.approx(wire(key1[6, 9]), abs=1e-6)
+    # the start field: type 0, the page re-crops to channels 0–7 (no kernel needed)
+    field = page.page.locator('input.hw-number[data-number="channel_start"]')
+    field.fill("0")
+    field.press("Tab")  # the field commits on change
+    page.page.wait_for_function(f"() => {model}.get('panels')[0].row_offset === 0")
+    view.channel_start = 0
+    assert page.js(f"{model}.get('panels')[0].subtitle") == view.grid.panels[0].subtitle
+    page.page.mouse.move(*page.cell_centre("key-1", 2, 5))
+    hover = page.js("JSON.parse(document.querySelector('.hw-grid').dataset.hover)")
+    assert hover["value"] == pytest.approx(wire(key1[2, 5]), abs=1e-6)
+    # another layer keeps the window
+    page.page.locator("input[data-trait=layer]").focus()
+    page.page.keyboard.press("ArrowLeft")
+    page.page.wait_for_selector('.hw-panel[data-panel-id="key-0"]')
+    assert page.js(f"[{model}.get('panels')[0].rows, {model}.get('panels')[0].row_offset]") == [8, 0]

@@ -4,8 +4,9 @@ The page holds everything it needs: the built bundle (``static/widget.js``, base
 (wire format of :func:`~headwidget.core.panels.encode_panel`, base64) in one JSON blob, and a small
 inline model (``offline_model.js``) that stands in for the kernel. Hover, the tooltip, the colorbar,
 the PNG button and the layer slider work as in the notebook; the slider switches between the layers
-exported (see :func:`._source.collect_frames`). The page's control bar holds only that slider (the
-view's other controls need Python). A Content-Security-Policy forbids every network request, so the
+exported (see :func:`._source.collect_frames`). A view with a channel window (up to
+:data:`._source.MAX_WINDOW_CHANNELS` channels) keeps each layer's whole matrices and its window
+sliders, which the page applies by cropping; the view's other controls need Python. A Content-Security-Policy forbids every network request, so the
 page shows the same thing offline, and runs no script but its own (by hash: :func:`script_hash`) and
 the bundle.
 """
@@ -80,7 +81,8 @@ def page_data(
         (['bundle', 'errors', 'frames', 'state'], ['0'], 'A')
     """
     frames = collect_frames(source, layers, max_bytes)
-    state = {**frames.state, "error": "", "status": ""}
+    # The status line says why a large view's window sliders are not on the page.
+    state = {**frames.state, "error": "", "status": frames.state.pop("window_note", "")}
     first = frames.frames[int(state["layer"])]
     state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns", "charts")})
     state["panels"] = []

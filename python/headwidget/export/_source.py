@@ -29,6 +29,7 @@ from headwidget.export._colormaps import colormap
 from headwidget.views import Control, View
 
 __all__ = [
+    "MAX_WINDOW_CHANNELS",
     "ExportError",
     "Frames",
     "GridSource",
@@ -37,6 +38,7 @@ __all__ = [
     "frame_json",
     "grid_of",
     "layer_slider",
+    "window_control",
 ]
 
 
@@ -110,6 +112,24 @@ def layer_slider(source: object) -> Control | None:
     return next((c for c in view.view_controls() if c.trait == "layer" and c.type == "slider"), None)
 
 
+def window_control(source: object) -> Control | None:
+    """The view's channel-window control, if it has one (the page crops full frames to the window).
+
+    Example:
+        >>> from headwidget.views import view_class
+        >>> window_control(view_class("channels")).traits()
+        ['channel_start', 'channel_width', 'num_channels', 'channel_step']
+    """
+    view = source if isinstance(source, type) else type(source)
+    if not issubclass(view, View):
+        return None
+    return next((c for c in view.view_controls() if c.type == "window"), None)
+
+
+#: Most channels a page holds whole per panel for its window sliders (float16: 2 MiB a panel).
+MAX_WINDOW_CHANNELS = 1024
+
+
 @dataclass
 class Frames:
     """The page's content: the view's fixed state, a frame per exported layer, errors of the others."""
@@ -172,6 +192,40 @@ def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: 
         _add(frames, 0, source, "", max_bytes)
         return frames
     view: Any = source
+    window = window_control(view)
+    if window is None:
+        return _view_frames(view, layers, max_bytes)
+    # The page crops each layer's whole matrices to the window the user picks: export whole ones.
+    start, width, total = (int(getattr(view, name)) for name in window.traits()[:3])
+    if total > MAX_WINDOW_CHANNELS:
+        frames = _view_frames(view, layers, max_bytes)
+        frames.state["window_note"] = (
+            f"{total} channels: this page holds the exported window only (at most "
+            f"{MAX_WINDOW_CHANNELS} channels are kept whole for the window sliders)"
+        )
+        return frames
+    hold = view.hold_sync() if hasattr(view, "hold_sync") else nullcontext()
+    with hold:
+        try:
+            with view.hold_trait_notifications():
+                setattr(view, window.trait, 0)
+                setattr(view, window.width, total)
+            frames = _view_frames(view, layers, max_bytes)
+        finally:
+            with view.hold_trait_notifications():
+                setattr(view, window.trait, start)
+                setattr(view, window.width, width)
+    if any(p["row_step"] != 1 for frame in frames.frames.values() for p in frame["panels"]):
+        return frames  # downsampled: no window to crop
+    frames.state["controls"].append(window.to_json())
+    frames.state.update({name: int(getattr(view, name)) for name in window.traits()})
+    for frame in frames.frames.values():
+        frame["window"] = True
+    return frames
+
+
+def _view_frames(view: Any, layers: Sequence[int] | None, max_bytes: int) -> Frames:
+    """Frames of a view over ``layers`` (default: all) at its current state but for the layer."""
     current = grid_of(view)  # computes the panels if the view has none yet
     slider = layer_slider(view)
     start = int(getattr(view, "layer", 0))

@@ -1,7 +1,9 @@
 // Offline stand-in for the anywidget model of a saved headwidget page (see _html.py).
 // It reads the page's JSON blob, imports the inlined widget bundle from a data: URL and renders it
 // with a model that has get/set/on/off/save_changes/send. When the layer slider commits a layer,
-// save_changes() swaps in that layer's precomputed panels (or shows why it is missing).
+// save_changes() swaps in that layer's precomputed panels (or shows why it is missing). A frame
+// marked `window` holds whole square matrices (one cell per channel): the channel window's sliders
+// crop them here, as the kernel would, and the panel subtitles name the window.
 // No request leaves the page.
 
 const data = JSON.parse(document.getElementById("headwidget-data").textContent);
@@ -62,6 +64,34 @@ class OfflineModel {
 
   save_changes() {
     if (this.state.layer !== this.shown) this.show(this.state.layer, true);
+    else if (this.windowKey() !== this.cropped) this.show(this.state.layer, true);
+  }
+
+  windowKey() {
+    return `${this.state.channel_start}:${this.state.channel_width}`;
+  }
+
+  /** A panel cropped to channels [start, start + width), as the channel view's kernel would send. */
+  crop(p) {
+    const start = Math.max(0, Math.min(this.state.channel_start | 0, p.rows - 1));
+    const n = Math.max(1, Math.min(this.state.channel_width | 0, p.rows - start));
+    const size = p.dtype === "float16" ? 2 : 4;
+    const src = new Uint8Array(p.data.buffer, p.data.byteOffset, p.data.byteLength);
+    const out = new Uint8Array(n * n * size);
+    for (let r = 0; r < n; r++) {
+      const from = ((start + r) * p.cols + start) * size;
+      out.set(src.subarray(from, from + n * size), r * n * size);
+    }
+    const subtitle = p.subtitle.replace(/^channels \d+–\d+/, `channels ${start}–${start + n - 1}`);
+    return {
+      ...p,
+      rows: n,
+      cols: n,
+      row_offset: start,
+      col_offset: start,
+      subtitle,
+      data: new DataView(out.buffer),
+    };
   }
 
   send(content) {
@@ -100,7 +130,8 @@ class OfflineModel {
     }
     for (const key of FRAME_TRAITS) set(key, frame[key]);
     set("layer_label", frame.layer_label);
-    set("panels", frame.panels);
+    this.cropped = this.windowKey();
+    set("panels", frame.window ? frame.panels.map((p) => this.crop(p)) : frame.panels);
     set("error", "");
   }
 }
