@@ -45,6 +45,13 @@ def test_saved_statistics_and_default_dashboard(shell):
     assert isinstance(shell.run_line_magic("headwidget", "model --view mechanisms --layers 1"), MechanismView)
 
 
+def test_the_quantization_view_captures_the_samples_it_needs(shell):
+    view = shell.run_line_magic("headwidget", "model --texts batches --view quantization --layers 1")
+    assert isinstance(view, headwidget.QuantizationView) and view.layer == 1
+    assert view.stats.meta.sample_size == 4096 and "key_post" in view.stats.kinds
+    assert [s.name for s in view.grid.charts[0].series][2] == "K post-RoPE · joint"
+
+
 def test_usage_errors_name_the_problem(shell):
     with pytest.raises(headwidget.HeadwidgetError, match="'nothing' is not defined"):
         shell.run_line_magic("headwidget", "nothing")

@@ -166,6 +166,11 @@ class QuantizationView(LayerView):
         return cls(cls._stats(stats, model), layer=layers[0] if layers else None, report=report, **state)
 
     @classmethod
+    def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:
+        """Token samples, and post-RoPE keys beside the pre-RoPE ones."""
+        return {"samples": 4096, "rope": "both"}
+
+    @classmethod
     def shows(cls, stats: KVStats | None) -> bool:
         """Whether the view can be built from ``stats``: it needs their token samples."""
         return stats is not None and bool(stats.meta.sample_size)
