@@ -59,7 +59,15 @@ from headwidget.errors import (
     UnsupportedAlignmentError,
     UnsupportedModelError,
 )
-from headwidget.evaluation import EvaluationReport, apply, evaluate
+from headwidget.evaluation import (
+    Codebooks,
+    EvaluationReport,
+    KVQuantizer,
+    apply,
+    evaluate,
+    fit_codebooks,
+    fit_quantizer,
+)
 from headwidget.moments import Moments
 from headwidget.notebook import (
     AlignmentView,
@@ -96,6 +104,7 @@ __all__ = [
     "ChannelEntropy",
     "ChannelEntropyError",
     "ChannelView",
+    "Codebooks",
     "ConsequenceView",
     "Conversion",
     "CrossLayerMissingError",
@@ -106,6 +115,7 @@ __all__ = [
     "HeadWidget",
     "HeadwidgetError",
     "HeldOutSplitError",
+    "KVQuantizer",
     "KVStats",
     "LayerIndexError",
     "LayerTrends",
@@ -144,6 +154,8 @@ __all__ = [
     "estimate",
     "evaluate",
     "explore",
+    "fit_codebooks",
+    "fit_quantizer",
     "group_heads",
     "head_diversity",
     "head_weights",

@@ -1,4 +1,8 @@
-"""Capture post-RoPE keys by wrapping the attention function ``transformers.AttentionInterface`` returns.
+"""Reach the K/V the attention uses by wrapping the function ``transformers.AttentionInterface`` returns.
+
+Two uses share one wrapper: :func:`watch_attention_keys` hands post-RoPE keys to a capture, and
+:func:`transform_attention_kv` replaces the ``key_states`` / ``value_states`` a watched module passes to
+its attention function (evaluation's fake quantizers) before the original function is called.
 
 While at least one watcher is active, the registered function for an ``attn_implementation`` is
 replaced by a wrapper. For a call made in a thread that has an active watcher, during that watcher's
@@ -9,7 +13,9 @@ modules, other threads, the capturing thread outside its capture's forward) pass
 The original entry is restored when the last watcher of that implementation exits.
 
 Several watchers may be active at once, in different threads (concurrent captures of one model or of
-different models): each sees only its own thread's calls.
+different models): each sees only its own thread's calls. A transforming watcher leaves the dropout
+as the caller gave it and hands the original function its own key and value states; watchers of one
+thread act in the order they were entered (a key watcher entered first sees the untransformed keys).
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["watch_attention_keys"]
+__all__ = ["transform_attention_kv", "watch_attention_keys"]
+
+#: ``transform(layer, key_states, value_states) -> (key_states, value_states)``.
+KVTransform = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 _REGISTRY_LOCK = threading.Lock()
 _LOCAL = threading.local()
@@ -33,8 +42,9 @@ _LOCAL = threading.local()
 @dataclass
 class _Watcher:
     layer_of: dict[int, int]
-    on_key: Callable[[int, torch.Tensor], None]
+    on_key: Callable[[int, torch.Tensor], None] | None
     active: Callable[[], bool]
+    transform: KVTransform | None = None
 
 
 @dataclass
@@ -67,11 +77,15 @@ def _thread_watchers() -> list[_Watcher]:
 
 def _make_wrapper(original: Callable[..., Any] | None) -> Callable[..., Any]:
     def watched(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        for watcher in getattr(_LOCAL, "watchers", ()):
+        for watcher in tuple(getattr(_LOCAL, "watchers", ())):
             if not watcher.active():
                 continue
             layer = watcher.layer_of.get(id(module))
-            if layer is not None:
+            if watcher.transform is not None:
+                if layer is not None:
+                    key, value = watcher.transform(layer, key, value)
+                continue
+            if layer is not None and watcher.on_key is not None:
                 watcher.on_key(layer, key)
             if kwargs.get("dropout"):
                 kwargs["dropout"] = 0.0
@@ -106,11 +120,49 @@ def watch_attention_keys(
         >>> seen
         [torch.Size([1, 1, 3, 8])]
     """
+    with _watching(model, _Watcher(layer_of, on_key, active)):
+        yield
+
+
+@contextmanager
+def transform_attention_kv(
+    model: nn.Module,
+    layer_of: dict[int, int],
+    transform: KVTransform,
+    active: Callable[[], bool] = lambda: True,
+) -> Iterator[None]:
+    """Replace the K/V of every attention call of a module in ``layer_of`` by ``transform``'s.
+
+    For a call made in the calling thread while ``active()`` is true, by a module whose id is in
+    ``layer_of`` (``id(attention_module) → layer``), the attention function receives
+    ``transform(layer, key_states, value_states)`` in place of its key and value states (the post-RoPE
+    keys and the values, each (B, G, T, d), before any repetition over query heads); every other
+    argument, and every other call, is passed through unchanged. The registry entry is restored on
+    exit, also when the forward raised.
+
+    Example:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).eval()
+        >>> attn = model.model.layers[0].self_attn
+        >>> ids = torch.tensor([[1, 2, 3]])
+        >>> with transform_attention_kv(model, {id(attn): 0}, lambda layer, k, v: (k, torch.zeros_like(v))):
+        ...     zeroed = model(ids).logits
+        >>> bool(torch.allclose(zeroed, model(ids).logits))
+        False
+    """
+    with _watching(model, _Watcher(layer_of, None, active, transform)):
+        yield
+
+
+@contextmanager
+def _watching(model: nn.Module, watcher: _Watcher) -> Iterator[None]:
+    """Install the wrapper for ``model``'s attention implementation; activate ``watcher`` in this thread."""
     from transformers.modeling_utils import AttentionInterface
 
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
     mapping: dict[str, Any] = AttentionInterface._global_mapping
-    watcher = _Watcher(layer_of, on_key, active)
     with _REGISTRY_LOCK:
         installed = _INSTALLED.get(impl)
         if installed is None or mapping.get(impl) is not installed.wrapper:

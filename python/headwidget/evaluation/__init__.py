@@ -2,24 +2,41 @@
 
 - :func:`apply`: a converted copy of a model (``mqa``, ``gqa:G+align``, ``lrkv:r``, ``mla:d_c``,
   ``rope:r``, ``mla:d_c+rope:r``...), runnable as a normal transformers model.
+- :func:`fit_quantizer`: a K/V quantizer (``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b``) that
+  fake-quantizes the post-RoPE keys and the values where the attention function receives them, while
+  the model runs inside :meth:`KVQuantizer.active`; :func:`fit_codebooks` is its k-means.
 - :func:`evaluate`: NLL, perplexity, KL and top-1 agreement (or the encoder measures) and KV bytes per
-  token of each variant, for the whole model and (``per_layer=True``) one layer at a time, as an
-  :class:`EvaluationReport`.
+  token of each variant (conversions and quantizers alike), for the whole model and (``per_layer=True``)
+  one layer at a time, as an :class:`EvaluationReport`.
 """
 
 from headwidget.evaluation._apply import AppliedVariant, apply
 from headwidget.evaluation._evaluate import evaluate
 from headwidget.evaluation._inputs import position_ids_from_mask
+from headwidget.evaluation._quantize import (
+    Codebooks,
+    KVQuantizer,
+    fit_codebooks,
+    fit_quantizer,
+    quantize_int_keys,
+    quantize_int_values,
+)
 from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals, predicted_positions
 
 __all__ = [
     "AppliedVariant",
+    "Codebooks",
     "EncoderTotals",
     "EvaluationReport",
+    "KVQuantizer",
     "PredictionTotals",
     "apply",
     "evaluate",
+    "fit_codebooks",
+    "fit_quantizer",
     "position_ids_from_mask",
     "predicted_positions",
+    "quantize_int_keys",
+    "quantize_int_values",
 ]

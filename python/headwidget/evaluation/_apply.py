@@ -63,6 +63,7 @@ __all__ = [
     "fit_variant",
     "layer_kv_elements",
     "resolve_layers",
+    "shared_copy",
 ]
 
 
@@ -149,12 +150,23 @@ def _check_buildable(adapter: Adapter, spec: VariantSpec) -> None:
             raise UnsupportedConversionError(f"{spec.text}: {reason}")
 
 
+def _refuse_quantizer(spec: VariantSpec) -> None:
+    if spec.quantizer:
+        raise UnsupportedConversionError(
+            f"{spec.text} quantizes the K/V the attention uses while the model runs; it changes no weight, "
+            "so there is no converted model to build: measure it with headwidget.evaluate(model, texts, "
+            f"[{spec.text!r}], ...), or run the model inside "
+            f"headwidget.evaluation.fit_quantizer(model, {spec.text!r}, stats).active(model)"
+        )
+
+
 def fit_variant(
     model: nn.Module, spec: str | VariantSpec, stats: KVStats | None, layers: Sequence[int]
 ) -> dict[int, LayerFit]:
     """The per-layer fits of ``spec`` for ``layers`` of ``model`` (nothing is built)."""
     adapter = adapter_for(model)
     parsed = spec if isinstance(spec, VariantSpec) else parse_variant(spec)
+    _refuse_quantizer(parsed)
     _check_buildable(adapter, parsed)
     planes = adapter.layout().rope.planes()
     out = {}
@@ -191,6 +203,13 @@ def _copy(model: nn.Module, adapter: Adapter, layers: Sequence[int], share: bool
     }
     memo: dict[int, object] = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in own}
     return copy.deepcopy(model, memo)
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s modules that shares every parameter and buffer with it (for evaluation: a
+    model whose layer blocks can be replaced, or whose attention modules can be told apart, without
+    copying a weight; never hand such a copy out)."""
+    return _copy(model, adapter_for(model), [], share=True)
 
 
 def compact_fits(fits: dict[int, LayerFit], dtype: torch.dtype) -> dict[int, LayerFit]:
@@ -280,10 +299,13 @@ def apply(
         MechanismSpecError: an unreadable spec. GroupCountError / RankRangeError: a G, r or d_c the
         model does not allow (the message names the possible values). MissingStatisticsError: a fit
         without the statistics it needs. StatsMismatchError: statistics of another model.
-        UnsupportedConversionError / UnsupportedAlignmentError: a variant the family cannot be built as.
+        UnsupportedConversionError / UnsupportedAlignmentError: a variant the family cannot be built as,
+        or a K/V quantizer (``kv:...``: it changes no weight; :func:`~headwidget.evaluation.evaluate`
+        measures it).
     """
     adapter = adapter_for(model)
     parsed = parse_variant(spec)
+    _refuse_quantizer(parsed)
     check_stats(model, adapter, stats)
     chosen = resolve_layers(adapter, layers)
     fits = fit_variant(model, parsed, stats, chosen)

@@ -10,6 +10,15 @@ training mode, is run on an eval-mode copy).
 Measures (:mod:`headwidget.evaluation.measures`) are over every predicted token; padding never counts,
 positions come from the attention mask, so left and right padding give the same numbers.
 
+K/V quantizers (``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b``) change no weight: the reference
+model itself runs (through a copy of its modules that shares every parameter) with the post-RoPE keys
+and the values fake-quantized where the attention function receives them
+(:mod:`headwidget.evaluation._quantize`). ``kv:int`` needs no statistics; ``kv:cq`` fits its codebooks
+on the calibration samples of ``stats`` (``capture(..., rope="post", samples=R)``). Their KV bytes per
+token count the quantized layers by the quantizer's formula and the others in ``dtype``; the CQ
+codebooks are reported apart, in ``constant_bytes``. With ``per_layer`` they are swept like the
+conversions (only layer ℓ quantized, the original's hidden states reused).
+
 Example:
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -21,6 +30,9 @@ Example:
     (0.0, 1.0, {'model': 256, 'mqa': 128, 'lrkv:4': 384})
     >>> report.tokens, report.nll["mqa"] > report.nll["model"] - 1.0
     (92, True)
+    >>> q = evaluate(model, ids, ["kv:int8", "kv:int2"], dtype=torch.float32, progress=False)
+    >>> q.kv_bytes_per_token, q.kl["kv:int8"] < q.kl["kv:int2"]  # C = 16: a value group is partial
+    ({'kv:int8': 76, 'kv:int2': 28}, True)
 """
 
 from __future__ import annotations
@@ -43,9 +55,11 @@ from headwidget.evaluation._apply import (
     fit_variant,
     layer_kv_elements,
     resolve_layers,
+    shared_copy,
 )
 from headwidget.evaluation._inputs import evaluation_batches, fingerprint, predicted_count
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
+from headwidget.evaluation._quantize import KVQuantizer, fit_quantizer
 from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation._sweep import layer_sweep
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals
@@ -124,10 +138,13 @@ def evaluate(
             LongTensor of ids, or dicts with ``input_ids`` and ``attention_mask``. Use text the
             statistics were not captured on (``english_sample(split="evaluation")``).
         variants: variant specs (:func:`~headwidget.evaluation.apply`), e.g.
-            ``["model", "mqa", "mqa+align", "lrkv:16", "mla:128", "mla:96+rope:8"]``.
+            ``["model", "mqa", "mqa+align", "lrkv:16", "mla:128", "mla:96+rope:8"]``, and K/V quantizers
+            ``"kv:int4"``, ``"kv:int2/g64"``, ``"kv:cq4c8b"`` (see the module docstring).
         stats: statistics of ``model`` (``+align`` needs keys/values; ``rope:r`` and data-aware
-            LRKV/MLA need ``inputs=True``).
-        layers: the layers each variant converts (default: all); with ``per_layer`` also the layers swept.
+            LRKV/MLA need ``inputs=True``; ``kv:cq`` needs ``rope="post"`` and ``samples=R``), captured
+            on calibration text, not on ``texts``.
+        layers: the layers each variant converts or quantizes (default: all); with ``per_layer`` also the
+            layers swept.
         per_layer: also measure each variant with only one layer converted, for every layer.
         dtype: the dtype the model and the variants run in; KV bytes are counted in it too.
         max_tokens: use at most this many real tokens of ``texts``.
@@ -138,17 +155,22 @@ def evaluate(
 
     Raises:
         MechanismSpecError, GroupCountError, RankRangeError, MissingStatisticsError,
-        StatsMismatchError, UnsupportedConversionError: as :func:`~headwidget.evaluation.apply`.
+        StatsMismatchError, UnsupportedConversionError: as :func:`~headwidget.evaluation.apply`, and
+        as :func:`~headwidget.evaluation.fit_quantizer` for the quantizers (a family whose attention
+        does not go through ``transformers.AttentionInterface`` is refused).
         EvaluationInputError: texts with fewer than two tokens in every sequence.
         NonFiniteLogitsError: a variant's outputs are not finite (the message names it and the layer).
     """
     adapter = adapter_for(model)
-    specs = [parse_variant(v).text for v in variants]
+    parsed = {p.text: p for p in (parse_variant(v) for v in variants)}
+    specs = list(parsed)
     if not specs:
         raise ValueError("give at least one variant, e.g. ['model', 'mqa']")
-    specs = list(dict.fromkeys(specs))
     check_stats(model, adapter, stats)
     chosen = resolve_layers(adapter, layers)
+    quantizers: dict[str, KVQuantizer] = {
+        s: fit_quantizer(model, p, stats, chosen) for s, p in parsed.items() if p.quantizer
+    }
     runner = OutputRunner.for_model(model)
     lm = runner.kind == "causal-lm"
     batches: list[Batch] = evaluation_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length,
@@ -156,7 +178,9 @@ def evaluate(
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     fits = {
-        s: compact_fits(fit_variant(model, s, stats, chosen), weight_dtype) for s in specs if s != "model"
+        s: compact_fits(fit_variant(model, s, stats, chosen), weight_dtype)
+        for s in specs
+        if s != "model" and s not in quantizers
     }
     base_adapter = adapter_for(base)
     converted = [s for s in specs if s != "model"]
@@ -176,12 +200,19 @@ def evaluate(
             tick(1)
         measures: dict[str, dict[str, float]] = {}
         size = torch.empty((), dtype=dtype).element_size()
-        kv_bytes: dict[str, int] = {}
+        kv_bytes: dict[str, float] = {}
+        constant: dict[str, int] = {}
         for spec in specs:
             if spec == "model":
                 measures[spec] = _summary(reference_totals)
                 lay = base_adapter.layout()
                 kv_bytes[spec] = size * sum(layer_kv_elements(base_adapter, i) for i in range(lay.num_layers))
+                continue
+            if spec in quantizers:
+                quantizer = quantizers[spec]
+                measures[spec] = _measure_quantizer(base, quantizer, batches, cached, runner, chosen, tick)
+                kv_bytes[spec] = quantizer.kv_bytes_per_token(dtype)
+                constant[spec] = quantizer.constant_bytes
                 continue
             variant = build_variant(base, spec, fits[spec], share=True)
             totals = _totals(runner.kind)
@@ -199,7 +230,7 @@ def evaluate(
                 del fits[spec]  # built and measured: only the sweep would need them again
         sweep = None
         if per_layer:
-            sweep = layer_sweep(base, batches, fits, chosen, runner, tick=tick)
+            sweep = layer_sweep(base, batches, fits, chosen, runner, tick=tick, quantizers=quantizers)
             if "model" in specs:
                 sweep = {"model": [0.0] * len(chosen), **sweep}
             sweep = {s: sweep[s] for s in specs}
@@ -213,5 +244,30 @@ def evaluate(
         sequences=sum(int((b.attention_mask.sum(-1) > 0).sum()) for b in batches),
         fingerprint=fingerprint(batches), dtype=str(dtype), layers=chosen, per_layer=sweep,
         per_layer_measure=None if sweep is None else ("delta_nll" if lm else "hidden_rel_error"),
-        calibration=calibration,
+        calibration=calibration, constant_bytes=constant,
     )  # fmt: skip
+
+
+def _measure_quantizer(
+    base: nn.Module,
+    quantizer: KVQuantizer,
+    batches: list[Batch],
+    cached: list[BatchOutput] | None,
+    runner: OutputRunner,
+    chosen: list[int],
+    tick: _Progress,
+) -> dict[str, float]:
+    """The measures of ``base`` run with ``quantizer``'s fake-quantized K/V, against the reference."""
+    variant = shared_copy(base)  # its own attention modules (ids), every parameter shared
+    totals = _totals(runner.kind)
+    with quantizer.active(variant):
+        for b, batch in enumerate(batches):
+            ref = cached[b] if cached is not None else runner(base, batch)
+            out = runner(variant, batch)
+            if not out.finite():
+                raise_non_finite(
+                    variant, batch, runner.device, quantizer.spec, f"K/V of layers {chosen} quantized"
+                )
+            _add(totals, ref, out)
+            tick(1)
+    return _summary(totals)

@@ -7,6 +7,11 @@ encoder report for perplexity (or a language-model report for encoder measures) 
 variant, one number per evaluated layer with only that layer converted: ``ΔNLL`` for language models,
 the hidden-state relative error for encoders (``per_layer_measure`` says which).
 
+``kv_bytes_per_token`` is what every token costs in the cache (a float where a quantizer's count is not
+whole); ``constant_bytes`` what a variant stores once, whatever the number of tokens (the fp16 codebooks
+of ``kv:cq``, over all quantized layers; absent means 0, as in reports written before it existed).
+The table shows a "constant bytes" column when some variant has any.
+
 Example:
     >>> report = EvaluationReport(
     ...     model="tiny", kind="causal-lm", variants=["model", "mqa"],
@@ -51,7 +56,7 @@ class EvaluationReport:
     kind: str
     variants: list[str]
     measures: dict[str, dict[str, float]]
-    kv_bytes_per_token: dict[str, int]
+    kv_bytes_per_token: dict[str, float]
     tokens: int
     sequences: int
     fingerprint: str
@@ -60,6 +65,7 @@ class EvaluationReport:
     per_layer: dict[str, list[float]] | None = None
     per_layer_measure: str | None = None
     calibration: dict[str, Any] = field(default_factory=dict)
+    constant_bytes: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ measures
     def _measure(self, name: str) -> dict[str, float]:
@@ -106,11 +112,13 @@ class EvaluationReport:
 
     # ------------------------------------------------------------------ output
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per variant: spec, KV bytes/token and the measures (and ΔNLL against ``model``)."""
+        """One dict per variant: spec, KV bytes/token, constant bytes and the measures (and ΔNLL against
+        ``model``)."""
         base = self.measures.get("model", {}).get("nll") if self.kind == "causal-lm" else None
         out = []
         for v in self.variants:
-            row: dict[str, Any] = {"spec": v, "kv_bytes_per_token": self.kv_bytes_per_token[v]}
+            row: dict[str, Any] = {"spec": v, "kv_bytes_per_token": self.kv_bytes_per_token[v],
+                                   "constant_bytes": self.constant_bytes.get(v, 0)}  # fmt: skip
             row.update(self.measures[v])
             if base is not None:
                 row["delta_nll"] = self.measures[v]["nll"] - base
@@ -134,6 +142,10 @@ class EvaluationReport:
                  f"{self.measures[v]['embedding_cosine']:.6f}"]
                 for v in self.variants
             ]  # fmt: skip
+        if any(self.constant_bytes.get(v, 0) for v in self.variants):
+            head.insert(2, "constant bytes")
+            for v, r in zip(self.variants, body, strict=True):
+                r.insert(2, str(self.constant_bytes.get(v, 0)))
         lines = [_row(head), _row(["---"] * len(head)), *(_row(r) for r in body)]
         if self.per_layer:
             name = "ΔNLL" if self.per_layer_measure == "delta_nll" else "hidden rel. error"

@@ -9,13 +9,18 @@ parameter with the original). So a sweep of L layers × V variants costs about `
 Batches are processed in chunks whose recorded hidden states fit :data:`RECORD_BUDGET` bytes; each
 (variant, layer) copy is built once per chunk.
 
+K/V quantizers (``kv:int``, ``kv:cq``; :mod:`headwidget.evaluation._quantize`) fit the same scheme: their
+copy shares every parameter (no weight changes), only layer ``ℓ``'s K/V are fake-quantized while it
+runs, and the replayed layers ``0..ℓ − 1`` are the original's, as for a conversion.
+
 The measure per (variant, layer) is ``ΔNLL = nll(variant at ℓ) − nll(original)`` over the same
 predicted tokens (language models), or the last hidden state's relative error (encoders).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -23,9 +28,10 @@ from torch import nn
 from headwidget.adapters import adapter_for
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.capture.inputs import Batch
-from headwidget.evaluation._apply import build_variant
+from headwidget.evaluation._apply import build_variant, shared_copy
 from headwidget.evaluation._layers import LayerBlocks, Replay
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
+from headwidget.evaluation._quantize import KVQuantizer
 
 __all__ = ["RECORD_BUDGET", "layer_sweep"]
 
@@ -60,6 +66,23 @@ class _Sums:
         self.b = 0.0
 
 
+@contextmanager
+def _cell(
+    base: nn.Module,
+    spec: str,
+    layer: int,
+    fits: Mapping[str, dict[int, LayerFit]],
+    quantizers: Mapping[str, KVQuantizer],
+) -> Iterator[nn.Module]:
+    """The model of one (variant, layer) cell: layer ``layer`` converted, or its K/V quantized inside."""
+    if spec in quantizers:
+        variant = shared_copy(base)
+        with quantizers[spec].active(variant, [layer]):
+            yield variant
+    else:
+        yield build_variant(base, spec, {layer: fits[spec][layer]}, share=True)
+
+
 @torch.no_grad()
 def layer_sweep(
     base: nn.Module,
@@ -69,17 +92,22 @@ def layer_sweep(
     runner: OutputRunner,
     *,
     tick: Callable[[int], None] = lambda n: None,
+    quantizers: Mapping[str, KVQuantizer] | None = None,
 ) -> dict[str, list[float]]:
     """Per variant, one number per layer of ``layers`` (see the module docstring).
 
-    ``fits[spec][layer]`` are the fitted layers; ``tick(n)`` is called after every n forwards.
+    ``fits[spec][layer]`` are the fitted layers, ``quantizers[spec]`` the K/V quantizers (fitted for
+    ``layers``); ``tick(n)`` is called after every n forwards. The result has the specs of ``fits``,
+    then those of ``quantizers``.
     """
+    quantizers = dict(quantizers or {})
+    specs = [*fits, *(s for s in quantizers if s not in fits)]
     adapter = adapter_for(base)
     blocks = LayerBlocks.of(base, adapter)
     lay = adapter.layout()
     element = next(base.parameters()).element_size()
     per_token = element * lay.hidden_size * len(blocks.index)
-    sums = {spec: {layer: _Sums() for layer in layers} for spec in fits}
+    sums = {spec: {layer: _Sums() for layer in layers} for spec in specs}
     reference = _Sums()
     for chunk in _chunks(batches, per_token):
         recorded: list[list[object]] = []
@@ -93,39 +121,41 @@ def layer_sweep(
             if runner.kind == "causal-lm":
                 reference.a += _nll_sum(out)
             tick(1)
-        for spec, by_layer in fits.items():
+        for spec in specs:
             for layer in layers:
-                variant = build_variant(base, spec, {layer: by_layer[layer]}, share=True)
-                slot: list[object] = [None]
-                container = blocks.container(variant)
-                for i in blocks.index[:layer]:
-                    container[i] = Replay(container[i], slot)
-                cell = sums[spec][layer]
-                for b, batch in enumerate(chunk):
-                    if layer > 0:
-                        slot[0] = recorded[b][layer - 1]
-                    out = runner(variant, batch)
-                    if not out.finite():
-                        fresh = build_variant(base, spec, {layer: by_layer[layer]}, share=True)
-                        raise_non_finite(fresh, batch, runner.device, spec, f"only layer {layer} converted")
-                    if runner.kind == "causal-lm":
-                        cell.a += _nll_sum(out)
-                    else:
-                        ref = originals[b]
-                        real = batch.attention_mask.bool().to(runner.device)
-                        diff = (out.values.to(F64) - ref.values.to(F64))[real]
-                        cell.a += float((diff * diff).sum())
-                        cell.b += float((ref.values.to(F64)[real] ** 2).sum())
-                    tick(1)
-                del variant
+                with _cell(base, spec, layer, fits, quantizers) as variant:
+                    slot: list[object] = [None]
+                    container = blocks.container(variant)
+                    for i in blocks.index[:layer]:
+                        container[i] = Replay(container[i], slot)
+                    cell = sums[spec][layer]
+                    for b, batch in enumerate(chunk):
+                        if layer > 0:
+                            slot[0] = recorded[b][layer - 1]
+                        out = runner(variant, batch)
+                        if not out.finite():
+                            with _cell(base, spec, layer, fits, quantizers) as fresh:
+                                raise_non_finite(
+                                    fresh, batch, runner.device, spec, f"only layer {layer} converted"
+                                )
+                        if runner.kind == "causal-lm":
+                            cell.a += _nll_sum(out)
+                        else:
+                            ref = originals[b]
+                            real = batch.attention_mask.bool().to(runner.device)
+                            diff = (out.values.to(F64) - ref.values.to(F64))[real]
+                            cell.a += float((diff * diff).sum())
+                            cell.b += float((ref.values.to(F64)[real] ** 2).sum())
+                        tick(1)
+                    del variant
     if runner.kind == "causal-lm":
         tokens = sum(int(o) for o in (_predicted(b) for b in batches))
         base_nll = reference.a / tokens
-        return {spec: [sums[spec][layer].a / tokens - base_nll for layer in layers] for spec in fits}
+        return {spec: [sums[spec][layer].a / tokens - base_nll for layer in layers] for spec in specs}
     return {
         spec: [(sums[spec][layer].a / sums[spec][layer].b) ** 0.5 if sums[spec][layer].b > 0 else float("nan")
                for layer in layers]
-        for spec in fits
+        for spec in specs
     }  # fmt: skip
 
 

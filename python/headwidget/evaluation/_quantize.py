@@ -1,0 +1,687 @@
+"""K/V quantizers as evaluation variants: fake quantization of the K/V the attention actually uses.
+
+``kv:int{b}`` (KIVI-style) and ``kv:cq{c}c{b}b`` (coupled quantization) change no weight. While a model
+runs inside :meth:`KVQuantizer.active`, the function ``transformers.AttentionInterface`` returns for its
+``attn_implementation`` is wrapped (:func:`headwidget.capture.interface.transform_attention_kv`): at
+every call of a quantized layer the post-RoPE ``key_states`` and the ``value_states`` — (B, G, T, d),
+what a KV cache would hold — are quantized and dequantized, and the original attention function is
+called with them. Queries, weights, RoPE and every other layer are untouched; each forward's
+``attention_mask`` says which tokens are real. A family whose attention does not go through that
+interface (Falcon), or whose cache is a latent (MLA: DeepSeek), is refused.
+
+**kv:int{b}[/g{n}]** (KIVI: asymmetric min/max, ``b`` bits, ``L = 2**b − 1`` levels; ``n`` = 32 by
+default). Keys are quantized per channel over groups of ``n`` consecutive tokens of each batch row and
+KV head; the groups follow each row's real tokens in order (so left and right padding give the same
+groups), a last partial group is its own group (KIVI's own code keeps the newest tokens in full
+precision instead; here every token is quantized), and padding tokens never enter a group's min/max
+(they are passed through unchanged; the attention masks them). Values are quantized per token over
+groups of ``n`` contiguous channels of the token's flattened K/V-head vector (``C = kv_heads·head_dim``
+channels, heads concatenated as a cache row stores them), so a group spans several KV heads when
+``head_dim < n``; when ``n`` does not divide ``C`` (a tiny model with C = 16) the last group is partial
+and holds the rest, a group never reaching past the token's vector. Per group, ``zero = min`` rounded
+down to fp16 and ``scale = (max − zero)/L`` rounded up to fp16 (the stored numbers; rounding this way
+keeps the whole range representable), then ``x̂ = clamp(round((x − zero)/scale), 0, L)·scale + zero``.
+The ranges are the data's own per group — that is the method — so kv:int needs no calibration.
+Bytes per token and layer: ``C_K·b/8 + 4·C_K/n + C_V·b/8 + 4·⌈C_V/n⌉`` (the key scales and zeros,
+2 + 2 bytes per channel per ``n`` tokens, amortised over the tokens; the value groups counted whole),
+which is the formula ``2·(C·b/8 + 4·C/n)`` when ``n`` divides ``C``.
+
+**kv:cq{c}c{b}b** (coupled). Per layer and kind (post-RoPE keys — pre-RoPE keys of a model without
+RoPE — and values), every group of ``c`` contiguous channels of a token's flattened vector is replaced by
+the nearest (Euclidean) of ``2**b`` centroids, stored in fp16, learned by :func:`fit_codebooks` on
+calibration samples of that layer and kind: ``KVStats.samples(layer, "key_post")`` and
+``KVStats.samples(layer, "value")`` of statistics captured with ``rope="post"`` (or ``"both"``) and
+``samples=R`` — never the evaluation texts. Bytes per token and layer: ``2·(C/c)·b/8``; the codebooks,
+``2**b·c`` fp16 values per group per kind, are a per-layer constant (:attr:`KVQuantizer.constant_bytes`).
+
+Example:
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    >>> q = fit_quantizer(model, "kv:int4")  # C = 2·16 = 32 channels per kind and layer
+    >>> q.layer_bytes_per_token(0), q.kv_bytes_per_token(), q.constant_bytes  # 2·(32·4/8 + 4·32/32)
+    (40, 80, 0)
+    >>> ids = torch.tensor([[5, 6, 7, 8, 9]])
+    >>> with q.active(model):
+    ...     quantized = model(ids).logits
+    >>> bool((quantized - model(ids).logits).abs().max() > 0)
+    True
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from headwidget.adapters import Adapter, adapter_for
+from headwidget.analysis.variants import VariantSpec, parse_variant
+from headwidget.capture.interface import transform_attention_kv
+from headwidget.core.kinds import Kind
+from headwidget.errors import (
+    HeadwidgetError,
+    MechanismSpecError,
+    MissingStatisticsError,
+    StatsMismatchError,
+    UnsupportedConversionError,
+)
+from headwidget.evaluation._apply import layer_kv_elements, resolve_layers
+from headwidget.stats import KVStats
+
+__all__ = [
+    "Codebooks",
+    "KVQuantizer",
+    "fit_codebooks",
+    "fit_quantizer",
+    "quantize_int_keys",
+    "quantize_int_values",
+    "quantizer_blocker",
+]
+
+#: Elements of one block of distances computed at once by k-means and CQ on a CPU (1 MiB of float32:
+#: blocks that stay in the cache are several times faster than large ones).
+CHUNK_ELEMENTS = 2**18
+#: The same on an accelerator, where fewer, larger blocks are faster.
+DEVICE_CHUNK_ELEMENTS = 2**26
+#: k-means++ seeding looks at most this many samples per group (``max(it, 16·2**b)``); Lloyd uses all.
+SEED_SAMPLES = 8192
+
+F16 = torch.float16
+
+
+# ---------------------------------------------------------------------------------------------- fp16
+def _fp16_down(v: torch.Tensor) -> torch.Tensor:
+    """The largest fp16 value ≤ ``v`` (as ``v``'s dtype)."""
+    h = v.to(F16)
+    bits = h.view(torch.int16)
+    stepped = torch.where(bits > 0, bits - 1, torch.where(bits == 0, torch.full_like(bits, -32767), bits + 1))
+    h = torch.where(h.to(v.dtype) > v, stepped.view(F16), h)
+    return h.to(v.dtype)
+
+
+def _fp16_up(v: torch.Tensor) -> torch.Tensor:
+    """The smallest fp16 value ≥ ``v`` (as ``v``'s dtype)."""
+    return -_fp16_down(-v)
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _minmax(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
+    levels = float(2**bits - 1)
+    zero = _fp16_down(lo)
+    scale = _fp16_up((hi - zero) / levels)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round((x - zero) / safe).clamp_(0.0, levels)
+    return q * scale + zero
+
+
+# ---------------------------------------------------------------------------------------------- kv:int
+def quantize_int_keys(
+    key: torch.Tensor, bits: int, group: int = 32, real: torch.Tensor | None = None
+) -> torch.Tensor:
+    """KIVI keys: quantize→dequantize ``key`` (B, G, T, d) per channel over groups of ``group`` tokens.
+
+    The groups run over each row's real tokens (``real``: (B, T) booleans, default all) in order; a
+    last partial group is its own group; padding tokens neither enter a group's min/max nor change
+    (they are returned as given). Scale and zero point are fp16 (module docstring).
+
+    Example:
+        >>> k = torch.tensor([0.0, 1.0, 2.0, 3.0, 100.0]).reshape(1, 1, 5, 1)
+        >>> quantize_int_keys(k, bits=2, group=4, real=torch.tensor([[1, 1, 1, 1, 0]])).flatten().tolist()
+        [0.0, 1.0, 2.0, 3.0, 100.0]
+        >>> quantize_int_keys(k, bits=1, group=4).flatten().tolist()  # the 5th token is its own group
+        [0.0, 0.0, 3.0, 3.0, 100.0]
+    """
+    b, g, t, d = key.shape
+    work = key.to(_work_dtype(key))
+    if real is None or bool(real.all()):
+        order = None
+        xs = work
+        mask = torch.ones(b, t, dtype=torch.bool, device=key.device)
+    else:
+        real = real.to(device=key.device, dtype=torch.bool)
+        order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)  # real tokens first, in order
+        xs = work.gather(2, order[:, None, :, None].expand(b, g, t, d))
+        mask = real.gather(1, order)
+    pad = (-t) % group
+    if pad:
+        xs = torch.nn.functional.pad(xs, (0, 0, 0, pad))
+        mask = torch.nn.functional.pad(mask, (0, pad), value=False)
+    n = (t + pad) // group
+    xs = xs.reshape(b, g, n, group, d)
+    m = mask.reshape(b, 1, n, group, 1)
+    lo = xs.masked_fill(~m, math.inf).amin(3, keepdim=True)
+    hi = xs.masked_fill(~m, -math.inf).amax(3, keepdim=True)
+    empty = ~m.any(3, keepdim=True)
+    lo, hi = lo.masked_fill(empty, 0.0), hi.masked_fill(empty, 0.0)
+    out = _minmax(xs, lo, hi, bits).reshape(b, g, n * group, d)[:, :, :t]
+    if order is not None:
+        out = torch.empty_like(out).scatter_(2, order[:, None, :, None].expand(b, g, t, d), out)
+        assert real is not None
+        out = torch.where(real[:, None, :, None], out, work)
+    return out.to(key.dtype)
+
+
+def _int_rows(rows: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """Quantize every row of ``rows`` (N, C) over groups of ``group`` contiguous channels (last partial)."""
+    c = rows.shape[-1]
+    full = c - c % group
+    parts = []
+    if full:
+        x = rows[:, :full].reshape(rows.shape[0], full // group, group)
+        parts.append(_minmax(x, x.amin(-1, keepdim=True), x.amax(-1, keepdim=True), bits).reshape(-1, full))
+    if full < c:
+        x = rows[:, full:]
+        parts.append(_minmax(x, x.amin(-1, keepdim=True), x.amax(-1, keepdim=True), bits))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """(B, G, T, d) → (B·T, G·d): every token's vector, KV heads concatenated."""
+    b, g, t, d = x.shape
+    return x.transpose(1, 2).reshape(b * t, g * d)
+
+
+def _unflat(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    b, g, t, d = like.shape
+    return rows.reshape(b, t, g, d).transpose(1, 2).to(like.dtype)
+
+
+def quantize_int_values(value: torch.Tensor, bits: int, group: int = 32) -> torch.Tensor:
+    """KIVI values: quantize→dequantize ``value`` (B, G, T, d) per token over groups of ``group`` channels.
+
+    A token's channels are its KV heads' ``G·d`` channels concatenated; groups are ``group`` contiguous
+    channels of that vector, the last one partial when ``group`` does not divide ``G·d``. Per token,
+    so padding cannot touch a real token's groups.
+
+    Example:
+        >>> v = torch.tensor([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]]).reshape(1, 2, 1, 4)
+        >>> quantize_int_values(v, bits=1, group=3).flatten().tolist()
+        [0.0, 0.0, 2.0, 3.0, 5.0, 5.0, 5.0, 5.0]
+    """
+    return _unflat(_int_rows(_flat(value.to(_work_dtype(value))), bits, group), value)
+
+
+# ---------------------------------------------------------------------------------------------- k-means
+def _nearest(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """(G, N) index of the nearest of ``centroids`` (G, K, c) for every row of ``x`` (G, N, c).
+
+    ``‖x − μ‖² − ‖x‖² = [x, 1]·[−2μ, ‖μ‖²]``: one batched matmul per block of groups and rows, each
+    block's (groups, rows, K) distances at most :data:`CHUNK_ELEMENTS` (cache-sized) on a CPU,
+    :data:`DEVICE_CHUNK_ELEMENTS` elsewhere.
+    """
+    g, n, _ = x.shape
+    k = centroids.shape[1]
+    budget = CHUNK_ELEMENTS if x.device.type == "cpu" else DEVICE_CHUNK_ELEMENTS
+    ct = torch.cat([-2 * centroids, (centroids * centroids).sum(-1, keepdim=True)], -1).transpose(1, 2)
+    xa = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+    out = torch.empty(g, n, dtype=torch.long, device=x.device)
+    rows = min(n, max(64, budget // k))
+    span = max(1, budget // (rows * k))
+    for first in range(0, g, span):
+        books = ct[first : first + span]
+        for start in range(0, n, rows):
+            block = torch.bmm(xa[first : first + span, start : start + rows], books)
+            out[first : first + span, start : start + rows] = _argmin(block)
+    return out
+
+
+def _argmin(d: torch.Tensor) -> torch.Tensor:
+    """``d.argmin(-1)`` for a contiguous ``d`` (..., K), up to which of tied minima is returned.
+
+    For K ≥ 64, in two steps that are several times faster on a CPU than one ``argmin`` over K: the
+    minimum over the 8 strips ``k = j·K/8 + l`` of each column ``l`` (an elementwise minimum), the
+    argmin over the K/8 columns, then over the 8 entries of the winning column.
+    """
+    k = d.shape[-1]
+    if k < 64 or k % 8:
+        return d.argmin(-1)
+    cols = k // 8
+    strips = d.view(*d.shape[:-1], 8, cols)
+    col = strips.amin(-2).argmin(-1)
+    picked = strips.gather(-1, col[..., None, None].expand(*col.shape, 8, 1)).squeeze(-1)
+    return picked.argmin(-1) * cols + col
+
+
+def _sq_dist(x: torch.Tensor, centroids: torch.Tensor, assign: torch.Tensor) -> torch.Tensor:
+    """(G, N) exact squared distance of every row to its assigned centroid."""
+    picked = centroids.gather(1, assign[..., None].expand(*assign.shape, x.shape[-1]))
+    return ((x - picked) ** 2).sum(-1)
+
+
+def _seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    """k-means++ centroids (G, k, c) from the rows of ``x`` (G, N, c) (≤ SEED_SAMPLES rows per group)."""
+    g, n, c = x.shape
+    m = min(n, max(SEED_SAMPLES, 16 * k))
+    if m < n:
+        pick = torch.randperm(n, generator=gen, device=x.device)[:m]
+        x = x[:, pick]
+    rows = torch.arange(g, device=x.device)
+    norms = (x * x).sum(-1)  # (G, m)
+    centroids = torch.empty(g, k, c, dtype=x.dtype, device=x.device)
+    best = torch.full_like(norms, math.inf)
+    chosen = torch.randint(0, m, (g,), generator=gen, device=x.device)
+    for j in range(k):
+        if j:  # draw the next centroid with probability ∝ squared distance to the nearest one so far
+            weights = best.clamp_min(0).cumsum(1)
+            total = weights[:, -1:]
+            dead = total <= 0  # every row already a centroid: draw uniformly
+            weights = torch.where(dead, torch.arange(1, m + 1, device=x.device, dtype=x.dtype), weights)
+            total = torch.where(dead, torch.full_like(total, m), total)
+            u = torch.rand(g, 1, generator=gen, device=x.device, dtype=x.dtype) * total
+            chosen = torch.searchsorted(weights, u, right=True).squeeze(1).clamp_(max=m - 1)
+        new = x[rows, chosen]  # (G, c)
+        centroids[:, j] = new
+        dist = norms - 2 * torch.bmm(x, new[:, :, None]).squeeze(2) + (new * new).sum(-1, keepdim=True)
+        dist[rows, chosen] = 0.0  # exactly: the rounding of the expansion must not keep it drawable
+        best = torch.minimum(best, dist.clamp_min_(0))
+    return centroids
+
+
+@dataclass(frozen=True)
+class Codebooks:
+    """The k-means codebooks of one (layer, kind): ``centroids`` (G, 2**b, c) for the G = C/c groups of c
+    contiguous channels, and ``objective``: the mean squared error per group vector after the seeding and
+    after each Lloyd iteration (non-increasing).
+
+    :meth:`quantize` uses the centroids rounded to fp16 (what is stored); :attr:`nbytes` counts them.
+
+    Example:
+        >>> samples = torch.tensor([[0.0, 1.0], [0.0, 1.0], [4.0, 4.0], [4.0, 4.0]])
+        >>> books = fit_codebooks(samples, c=2, b=1, seed=0)
+        >>> books.centroids.shape, books.nbytes
+        (torch.Size([1, 2, 2]), 8)
+        >>> books.quantize(torch.tensor([[0.1, 0.9]])).tolist()
+        [[0.0, 1.0]]
+    """
+
+    centroids: torch.Tensor
+    objective: tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def channels(self) -> int:
+        """The channels each codeword covers (c)."""
+        return int(self.centroids.shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored (fp16) codebooks."""
+        return 2 * self.centroids.numel()
+
+    def stored(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The centroids as stored (fp16), on ``device`` in ``dtype`` for the arithmetic."""
+        return self.centroids.to(F16).to(device=device, dtype=dtype)
+
+    def quantize(self, rows: torch.Tensor, centroids: torch.Tensor | None = None) -> torch.Tensor:
+        """Replace every group of c channels of ``rows`` (N, C) by its nearest stored centroid."""
+        work = rows.to(_work_dtype(rows))
+        books = self.stored(rows.device, work.dtype) if centroids is None else centroids
+        g, _, c = books.shape
+        x = work.reshape(work.shape[0], g, c).transpose(0, 1)  # (G, N, c)
+        picked = books.gather(1, _nearest(x, books)[..., None].expand(g, x.shape[1], c))
+        return picked.transpose(0, 1).reshape(work.shape).to(rows.dtype)
+
+
+def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, seed: int = 0) -> Codebooks:
+    """k-means codebooks of ``2**b`` centroids for every group of ``c`` contiguous channels of ``samples``.
+
+    All ``C/c`` groups are fitted at once on ``samples``' device: data (G, n, c), centroids (G, 2**b, c),
+    distances by batched matmul (in chunks of at most :data:`CHUNK_ELEMENTS`). Seeding is k-means++ on
+    (at most :data:`SEED_SAMPLES`, or 16·2**b) samples; then up to ``iters`` Lloyd iterations, stopping
+    early when no assignment changes; a cluster left empty is re-seeded at the sample farthest from
+    its centroid. Deterministic for a ``seed`` on one device. Computes in float32 (float64 samples in
+    float64).
+
+    Args:
+        samples: (n, C) calibration rows of one layer and kind (``KVStats.samples(layer, kind)``).
+        c: channels per codeword; must divide C.
+        b: bits per codeword (2**b centroids).
+
+    Raises:
+        MechanismSpecError: ``c`` does not divide C (the message lists the divisors), or no samples.
+
+    Example:
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> samples = torch.randn(512, 8, generator=gen)
+        >>> books = fit_codebooks(samples, c=4, b=3, iters=10)
+        >>> tuple(books.centroids.shape), books.objective[-1] <= books.objective[0]
+        ((2, 8, 4), True)
+    """
+    if samples.ndim != 2 or samples.shape[0] == 0:
+        raise MechanismSpecError(f"k-means needs (n, C) samples with n ≥ 1, got shape {tuple(samples.shape)}")
+    n, channels = samples.shape
+    if c < 1 or channels % c:
+        divisors = [d for d in range(1, channels + 1) if channels % d == 0]
+        raise MechanismSpecError(
+            f"kv:cq{c}c{b}b groups c = {c} contiguous channels, which must divide the C = {channels} "
+            f"channels; allowed c: {', '.join(map(str, divisors))}"
+        )
+    k = 2**b
+    groups = channels // c
+    x = samples.to(_work_dtype(samples)).reshape(n, groups, c).transpose(0, 1).contiguous()  # (G, n, c)
+    gen = torch.Generator(device=x.device).manual_seed(int(seed))
+    centroids = _seed(x, k, gen)
+    history: list[float] = []
+    previous: torch.Tensor | None = None
+    for step in range(iters + 1):
+        assign = _nearest(x, centroids)
+        dist = _sq_dist(x, centroids, assign)
+        history.append(float(dist.sum(dtype=torch.float64)) / (n * groups))
+        if step == iters or (previous is not None and torch.equal(assign, previous)):
+            break
+        previous = assign
+        sums = torch.zeros_like(centroids).scatter_add_(1, assign[..., None].expand(groups, n, c), x)
+        counts = torch.zeros(groups, k, dtype=x.dtype, device=x.device)
+        counts.scatter_add_(1, assign, torch.ones_like(dist))
+        means = sums / counts.clamp_min(1)[..., None]
+        empty = counts == 0
+        if bool(empty.any()):  # re-seed each empty cluster at a distinct far sample of its group
+            far = dist.topk(min(k, n), dim=1).indices  # (G, min(k, n))
+            rank = (empty.cumsum(1) - 1).clamp(0, far.shape[1] - 1)
+            rows = far.gather(1, rank)
+            reseeded = x.gather(1, rows[..., None].expand(groups, k, c))
+            means = torch.where(empty[..., None], reseeded, means)
+        centroids = means
+    return Codebooks(centroids, tuple(history))
+
+
+# ---------------------------------------------------------------------------------------------- quantizer
+def quantizer_blocker(adapter: Adapter) -> str | None:
+    """Why the K/V the attention of this family uses cannot be fake-quantized here (None: they can).
+
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> quantizer_blocker(adapter_for(GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4)))) is None
+    True
+    """
+    name = type(adapter.model).__name__
+    if not adapter.routes_through_interface:
+        return (
+            f"{name} ({adapter.family}) does not pass its keys and values through "
+            "transformers.AttentionInterface, where headwidget fake-quantizes the K/V the attention uses; "
+            "K/V quantizers are available for Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, GPT-BigCode and BERT "
+            "models: evaluate one of those, or only the mechanism conversions for this model"
+        )
+    if adapter.layout().mechanism == "mla":
+        return (
+            f"{name} ({adapter.family}) caches a compressed latent, not the per-head K/V its attention "
+            "function receives, so quantizing those would not measure its cache; K/V quantizers are for "
+            "MHA/GQA/MQA models"
+        )
+    return None
+
+
+@dataclass
+class KVQuantizer:
+    """A fitted ``kv:int`` / ``kv:cq`` quantizer of a model's K/V (see the module docstring).
+
+    ``layers`` are the quantized layers; ``channels`` maps ``"key"``/``"value"`` to C of that kind;
+    ``layer_elements`` the K/V elements per token of every layer as the model holds them (what an
+    unquantized layer costs); ``codebooks[layer][kind]`` the CQ codebooks (empty for kv:int).
+
+    Example:
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=64, n_layer=2, n_head=4)).eval()
+        >>> q = fit_quantizer(gpt2, "kv:int2/g16", layers=[1])  # C = 64: 2·(64·2/8 + 4·64/16)
+        >>> q.layer_bytes_per_token(1), q.kv_bytes_per_token(torch.bfloat16)  # + layer 0: 128 bf16
+        (64, 320)
+    """
+
+    spec: str
+    method: str
+    bits: int
+    group: int
+    layers: list[int]
+    channels: dict[str, int]
+    layer_elements: dict[int, int]
+    codebooks: dict[int, dict[str, Codebooks]] = field(default_factory=dict, repr=False)
+    _stored: dict[tuple[int, str, str, str], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    # -------------------------------------------------------------------------------------- bytes
+    def layer_bytes_per_token(self, layer: int) -> float:
+        """K/V bytes per token of a quantized ``layer`` (module docstring); an int when whole."""
+        del layer  # every layer of a supported model has the same C
+        ck, cv = self.channels["key"], self.channels["value"]
+        if self.method == "kv:int":
+            n = self.group
+            total = ck * self.bits / 8 + 4 * ck / n + cv * self.bits / 8 + 4 * math.ceil(cv / n)
+        else:
+            total = (ck // self.group + cv // self.group) * self.bits / 8
+        return _number(total)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> float:
+        """K/V bytes per token of the whole model: quantized layers as above, the others in ``dtype``."""
+        size = torch.empty((), dtype=dtype).element_size()
+        return _number(
+            sum(
+                self.layer_bytes_per_token(layer) if layer in self.layers else size * elements
+                for layer, elements in self.layer_elements.items()
+            )
+        )
+
+    @property
+    def constant_bytes(self) -> int:
+        """Bytes stored once, not per token: the fp16 CQ codebooks of every quantized layer (0 for kv:int)."""
+        return sum(book.nbytes for books in self.codebooks.values() for book in books.values())
+
+    # -------------------------------------------------------------------------------------- running
+    def _centroids(self, layer: int, kind: str, like: torch.Tensor) -> torch.Tensor:
+        work = _work_dtype(like)
+        slot = (layer, kind, str(like.device), str(work))
+        found = self._stored.get(slot)
+        if found is None:
+            found = self.codebooks[layer][kind].stored(like.device, work)
+            self._stored[slot] = found
+        return found
+
+    def quantize(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, real: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fake-quantized ``key``, ``value`` (B, G, T, d) of ``layer``; ``real`` (B, T) marks real tokens."""
+        if self.method == "kv:int":
+            return (quantize_int_keys(key, self.bits, self.group, real),
+                    quantize_int_values(value, self.bits, self.group))  # fmt: skip
+        out = []
+        for kind, x in (("key", key), ("value", value)):
+            rows = _flat(x.to(_work_dtype(x)))
+            books = self.codebooks[layer][kind]
+            out.append(_unflat(books.quantize(rows, self._centroids(layer, kind, x)), x))
+        return out[0], out[1]
+
+    @contextmanager
+    def active(self, model: nn.Module, layers: Sequence[int] | None = None) -> Iterator[None]:
+        """Run ``model``'s forwards inside with fake-quantized K/V in ``layers`` (default: :attr:`layers`).
+
+        ``model`` is the model this quantizer was fitted for, or a copy of it (the attention modules are
+        found in ``model`` itself). Each forward's ``attention_mask`` says which tokens are real; a
+        quantized layer whose attention did not go through the wrapped function makes the forward raise
+        :class:`~headwidget.errors.UnsupportedConversionError`. Nothing is left installed on exit.
+        """
+        adapter = adapter_for(model)
+        reason = quantizer_blocker(adapter)
+        if reason is not None:
+            raise UnsupportedConversionError(f"{self.spec}: {reason}")
+        chosen = list(self.layers if layers is None else layers)
+        outside = [layer for layer in chosen if layer not in self.layers]
+        if outside:
+            raise ValueError(f"{self.spec} was fitted for layers {self.layers}, not {outside}")
+        modules = adapter.attention_modules()
+        layer_of = {id(modules[layer]): layer for layer in chosen}
+        state = _ForwardState(inspect.signature(model.forward))
+
+        def transform(
+            layer: int, key: torch.Tensor, value: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            state.seen.add(layer)
+            return self.quantize(layer, key, value, state.real_for(key, self.spec))
+
+        def before(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            state.start(args, kwargs)
+
+        def after(_module: nn.Module, _args: Any, _kwargs: Any, _output: Any) -> None:
+            missing = [layer for layer in chosen if layer not in state.seen]
+            if missing:
+                raise UnsupportedConversionError(
+                    f"{self.spec}: the attention of layer(s) {missing} of {type(model).__name__} did not go "
+                    "through transformers.AttentionInterface, so their K/V could not be quantized; keep the "
+                    "model's attn_implementation an AttentionInterface one (sdpa or eager) and run it "
+                    "without output_attentions"
+                )
+
+        handles = [
+            model.register_forward_pre_hook(before, with_kwargs=True),
+            model.register_forward_hook(after, with_kwargs=True),
+        ]
+        try:
+            with transform_attention_kv(model, layer_of, transform):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+class _ForwardState:
+    """What the current forward of a quantized model said about its tokens, and which layers it quantized."""
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        self.signature = signature
+        self.mask: torch.Tensor | None = None
+        self.seen: set[int] = set()
+
+    def start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.seen = set()
+        mask = kwargs.get("attention_mask")
+        if mask is None and args:
+            try:
+                mask = self.signature.bind_partial(*args, **kwargs).arguments.get("attention_mask")
+            except TypeError:
+                mask = None
+        self.mask = mask if isinstance(mask, torch.Tensor) else None
+
+    def real_for(self, key: torch.Tensor, spec: str) -> torch.Tensor | None:
+        if self.mask is None:
+            return None
+        b, _, t, _ = key.shape
+        if self.mask.ndim != 2 or tuple(self.mask.shape) != (b, t):
+            raise UnsupportedConversionError(
+                f"{spec}: fake-quantized keys need the forward's (batch, tokens) attention_mask to match the "
+                f"keys the attention receives ({b} × {t}); got a mask of shape {tuple(self.mask.shape)}. "
+                "Run the model without a KV cache (use_cache=False) and with a 2-D attention_mask"
+            )
+        return self.mask.to(key.device) != 0
+
+
+def _number(x: float) -> float:
+    """``x`` as an int when it is whole (byte counts), else the float."""
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def _kind_channels(adapter: Adapter) -> dict[str, int]:
+    lay = adapter.layout()
+    heads = {adapter.kv_heads_of(a) for a in adapter.attention_modules()}
+    if len(heads) != 1:
+        raise UnsupportedConversionError(
+            f"{type(adapter.model).__name__}: its layers have different KV-head counts {sorted(heads)}; "
+            "quantize the original model"
+        )
+    g = heads.pop()
+    return {"key": g * lay.head_dim, "value": g * lay.value_head_dim}
+
+
+def _samples(stats: KVStats | None, layer: int, kind: str, spec: str, channels: int) -> torch.Tensor:
+    how = (
+        f"{spec} fits its codebooks on calibration samples of the keys the attention uses and of the "
+        "values: capture statistics with rope='post' and samples=R on calibration text (e.g. "
+        "headwidget.capture(model, english_sample(split='calibration'), rope='post', samples=16384)) "
+        "and pass them as stats="
+    )
+    if stats is None:
+        raise MissingStatisticsError(f"no statistics were given. {how}")
+    if kind not in stats.kinds:
+        raise MissingStatisticsError(f"these statistics hold no {kind!r} rows. {how}")
+    try:
+        rows = stats.samples(layer, cast(Kind, kind))
+    except HeadwidgetError as err:
+        raise MissingStatisticsError(f"layer {layer}, {kind}: {err}. {how}") from err
+    if not isinstance(rows, torch.Tensor) or rows.ndim != 2 or rows.shape[0] == 0:
+        raise MissingStatisticsError(f"layer {layer}, {kind}: these statistics hold no token samples. {how}")
+    if rows.shape[1] != channels:
+        raise StatsMismatchError(
+            f"layer {layer}, {kind}: the samples have {rows.shape[1]} channels, the model {channels}; "
+            "capture them from this model"
+        )
+    return rows
+
+
+def fit_quantizer(
+    model: nn.Module,
+    spec: str | VariantSpec,
+    stats: KVStats | None = None,
+    layers: Sequence[int] | None = None,
+    *,
+    iters: int = 25,
+    seed: int = 0,
+) -> KVQuantizer:
+    """The K/V quantizer ``spec`` (``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b``) for ``model``.
+
+    ``kv:int`` needs nothing fitted (its ranges are each group's own). ``kv:cq`` fits, per quantized
+    layer, key and value codebooks (:func:`fit_codebooks` with ``iters`` and ``seed``) on the layer's
+    calibration samples in ``stats`` (``stats.samples(layer, "key_post")``, ``"key"`` for a model
+    without RoPE, and ``stats.samples(layer, "value")``), on the samples' device.
+
+    Raises:
+        MechanismSpecError: not a quantizer spec, or a ``c`` that does not divide the model's C.
+        UnsupportedConversionError: a family whose attention does not go through
+            ``transformers.AttentionInterface``, or an MLA model (:func:`quantizer_blocker`).
+        MissingStatisticsError: ``kv:cq`` without statistics holding samples.
+
+    Example:
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)).eval()
+        >>> fit_quantizer(gpt2, "kv:int8").layers
+        [0, 1]
+        >>> fit_quantizer(gpt2, "kv:cq3c8b")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        headwidget.errors.MechanismSpecError: kv:cq3c8b groups c = 3 ... allowed c: 1, 2, 4, 8, 16, 32
+    """
+    parsed = spec if isinstance(spec, VariantSpec) else parse_variant(spec)
+    if not parsed.quantizer or parsed.bits is None or parsed.group is None:
+        raise MechanismSpecError(f"{parsed.text!r} is not a K/V quantizer (kv:int{{b}}, kv:cq{{c}}c{{b}}b)")
+    adapter = adapter_for(model)
+    reason = quantizer_blocker(adapter)
+    if reason is not None:
+        raise UnsupportedConversionError(f"{parsed.text}: {reason}")
+    chosen = resolve_layers(adapter, layers)
+    channels = _kind_channels(adapter)
+    total = adapter.layout().num_layers
+    elements = {layer: layer_kv_elements(adapter, layer) for layer in range(total)}
+    out = KVQuantizer(parsed.text, parsed.mechanism, parsed.bits, parsed.group, chosen, channels, elements)
+    if parsed.mechanism == "kv:cq":
+        c = parsed.group
+        for size in channels.values():
+            if size % c:
+                divisors = [d for d in range(1, size + 1) if size % d == 0]
+                raise MechanismSpecError(
+                    f"{parsed.text} groups c = {c} contiguous channels, which must divide the C = {size} "
+                    f"channels; allowed c: {', '.join(map(str, divisors))}"
+                )
+        key_kind = "key_post" if adapter.layout().rope.uses_rope else "key"
+        for layer in chosen:
+            out.codebooks[layer] = {
+                kind: fit_codebooks(
+                    _samples(stats, layer, source, parsed.text, channels[kind]), c, parsed.bits,
+                    iters=iters, seed=seed,
+                )
+                for kind, source in (("key", key_kind), ("value", "value"))
+            }  # fmt: skip
+    return out
