@@ -66,7 +66,12 @@ def test_the_coupling_chart_is_the_samples_entropy_by_brute_force(stats):
             assert marginals.y[k] == pytest.approx(want_marg, abs=1e-9)
             assert joint.y[k] <= marginals.y[k] + 1e-12  # sub-additivity
     # 4^4 = 256 > 200 / 5: groups of 4 and 8 are flagged, 1 and 2 (4, 16 ≤ 40) are not
-    assert chart.note.startswith("groups of 4, 8: 4^c bins exceed a fifth of the 200 samples")
+    assert "groups of 4, 8: 4^c bins exceed a fifth of the 200 samples" in chart.note
+    # no joint entropy of 200 samples can exceed log2(200) bits: the chart draws that ceiling
+    assert (
+        chart.y_reference == pytest.approx(math.log2(200)) and max(chart.series[0].y) <= math.log2(200) + 1e-9
+    )
+    assert chart.x_log and chart.x_ticks == [1.0, 2.0, 4.0, 8.0]
     assert "biased low" in chart.series[0].labels[2] and "biased low" not in chart.series[0].labels[1]
     view.layer = 0
     assert view.grid.charts[0].title.endswith("layer 0")

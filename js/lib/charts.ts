@@ -34,6 +34,8 @@ export interface Chart {
   x_log: boolean;
   y_log: boolean;
   y_reference: number | null;
+  /** Explicit x tick positions (empty: chosen from the range). */
+  x_ticks: number[];
   series: ChartSeries[];
 }
 
@@ -110,6 +112,9 @@ export function parseCharts(input: unknown): ChartsResult {
         x_log: raw.x_log === true,
         y_log: raw.y_log === true,
         y_reference: typeof ref === "number" && Number.isFinite(ref) ? ref : null,
+        x_ticks: Array.isArray(raw.x_ticks)
+          ? raw.x_ticks.filter((v): v is number => typeof v === "number" && Number.isFinite(v))
+          : [],
         series: raw.series.map((s, k) => parseSeries(s, `chart "${id}" series ${k}`)),
       });
     } catch (e) {
@@ -263,7 +268,10 @@ export function layoutChart(chart: Chart, width: number, measure: Measure): Char
   const yAxis = axisRange(ys, chart.y_log, chart.y_reference === null ? [] : [chart.y_reference]);
   const px = (v: number) => plot.x + axisPos(xAxis, v, plot.w);
   const py = (v: number) => plot.y + plot.h - axisPos(yAxis, v, plot.h);
-  const xTicks = chartTicks(xAxis, Math.max(2, Math.floor(plot.w / 80))).map((v) => ({
+  const xValues = chart.x_ticks.length
+    ? chart.x_ticks.filter((v) => drawable(v, chart.x_log) && v >= xAxis.lo && v <= xAxis.hi)
+    : chartTicks(xAxis, Math.max(2, Math.floor(plot.w / 80)));
+  const xTicks = xValues.map((v) => ({
     pos: axisPos(xAxis, v, plot.w),
     label: formatChartTick(v),
   }));

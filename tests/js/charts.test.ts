@@ -121,6 +121,21 @@ describe("layoutChart", () => {
     expect(b.lines.map((l) => l.path.length)).toEqual([1, 2]);
   });
 
+  it("puts explicit x ticks where the chart asks", () => {
+    const { charts } = parseCharts([
+      {
+        id: "c",
+        x_log: true,
+        x_ticks: [1, 2, 4, 8, 64],
+        series: [{ name: "s", x: [1, 2, 4, 8], y: [1, 2, 3, 4], labels: ["", "", "", ""] }],
+      },
+    ]);
+    const b = layoutChart(charts[0], 480, approxMeasure);
+    expect(b.xTicks.map((t) => t.label)).toEqual(["1", "2", "4", "8"]); // 64 is off the axis
+    const gaps = b.xTicks.slice(1).map((t, i) => t.pos - b.xTicks[i].pos);
+    expect(gaps[1]).toBeCloseTo(gaps[0], 9); // evenly spaced on a log axis
+  });
+
   it("finds the nearest point within the radius only", () => {
     const b = layoutChart(chart(), 480, approxMeasure);
     const mqa = b.points.find((p) => p.index === 1)!;

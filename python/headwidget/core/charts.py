@@ -85,6 +85,8 @@ class Chart:
     y_log: bool = False
     #: Draw a horizontal reference line at this y (None: none), e.g. the original model's ΔNLL of 0.
     y_reference: float | None = None
+    #: Where the x-axis ticks go (empty: chosen from the range), e.g. the group sizes 1, 2, 4, 8.
+    x_ticks: list[float] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -104,6 +106,7 @@ def encode_chart(chart: Chart) -> dict[str, Any]:
         "x_log": chart.x_log,
         "y_log": chart.y_log,
         "y_reference": chart.y_reference,
+        "x_ticks": [float(v) for v in chart.x_ticks if math.isfinite(v)],
         "series": [
             {
                 "name": s.name,

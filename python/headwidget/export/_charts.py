@@ -99,6 +99,9 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
         _log_axis(ax.xaxis)
     else:
         ax.xaxis.set_major_formatter(FuncFormatter(tick_label))
+    if chart.x_ticks:
+        ax.set_xticks(chart.x_ticks)
+        ax.xaxis.set_minor_formatter(NullFormatter())
     if chart.y_log:
         ax.set_yscale("log")
         _log_axis(ax.yaxis)

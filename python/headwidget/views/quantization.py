@@ -225,9 +225,11 @@ class QuantizationView(LayerView):
                        [label(c) for c in sizes], style="points+line", color=colour, dashed=True)
             )  # fmt: skip
         corrected = " + Miller–Madow" if self.miller_madow else ""
-        note = ""
+        # N samples hold at most N distinct tuples: no joint entropy above log2(N) can be measured.
+        ceiling = math.log2(max(samples, 1))
+        note = f"dotted: log2({samples:,}) = {ceiling:.1f} bits, the most that N samples can show"
         if biased_at:
-            note = (
+            note += "; " + (
                 f"groups of {', '.join(map(str, sorted(biased_at)))}: {self.bins}^c bins exceed a fifth "
                 f"of the {samples:,} samples, so the plug-in joint entropy there is biased low"
             )
@@ -238,6 +240,9 @@ class QuantizationView(LayerView):
             "channels per group (c)",
             "entropy per group (bits)",
             series,
+            x_log=True,
+            x_ticks=[float(c) for c in self.group_sizes],
+            y_reference=ceiling,
             subtitle=(
                 f"{stats_model_name(self.stats)} · {samples:,} sampled tokens · {self.bins} equal-width bins "
                 f"per channel · plug-in{corrected}, averaged over groups · solid: joint, dashed: Σ marginals"
