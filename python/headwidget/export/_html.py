@@ -6,9 +6,9 @@ inline model (``offline_model.js``) that stands in for the kernel. Hover, the to
 the PNG button and the layer slider work as in the notebook; the slider switches between the layers
 exported (see :func:`._source.collect_frames`). A view with a channel window (up to
 :data:`._source.MAX_WINDOW_CHANNELS` channels) keeps each layer's whole matrices and its window
-sliders, which the page applies by cropping; the view's other controls need Python. A Content-Security-Policy forbids every network request, so the
-page shows the same thing offline, and runs no script but its own (by hash: :func:`script_hash`) and
-the bundle.
+sliders, which the page applies by cropping; the view's other controls need Python. A
+Content-Security-Policy forbids every network request, so the page shows the same thing offline, and
+runs no script but its own (by hash: :func:`script_hash`) and the bundle.
 """
 
 from __future__ import annotations
