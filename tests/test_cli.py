@@ -38,7 +38,21 @@ def test_unknown_model_is_a_usage_error(capsys):
 def test_demo_writes_readable_statistics(tmp_path):
     exe = shutil.which("headwidget") or f"{sys.prefix}/bin/headwidget"
     result = subprocess.run(
-        [exe, "demo", "--out", str(tmp_path), "--max-tokens", "300", "--max-length", "64", "--no-progress"],
+        [
+            exe,
+            "demo",
+            "--out",
+            str(tmp_path),
+            "--max-tokens",
+            "300",
+            "--max-length",
+            "64",
+            "--no-progress",
+            "--evaluation-tokens",
+            "128",
+            "--sweep-tokens",
+            "64",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -61,6 +75,24 @@ def test_demo_writes_readable_statistics(tmp_path):
     # the printed table shows the saved numbers
     first_row = f"{0:>5d}  {smol.summary()[0]['key_abs_corr']:>10.3f}"
     assert first_row in result.stdout
+    # the evaluation of SmolLM2's variants on held-out text, and its per-layer sweep
+    from headwidget.demo import EVALUATION_VARIANTS
+    from headwidget.evaluation import EvaluationReport
+
+    assert "## What each variant does to SmolLM2's predictions (held-out text)" in report
+    assert "| spec | KV bytes/token | NLL | perplexity | ΔNLL | KL | top-1 |" in report
+    for spec in EVALUATION_VARIANTS:
+        assert f"| {spec} | " in report
+    assert "| model | 46080 | " in report and "| mla:96+rope:8 | 17280 | " in report  # 30 layers, float32
+    assert "| layer | ΔNLL mqa | ΔNLL mla:128 |" in report and "most fragile layers" in report
+    sweep = EvaluationReport.load(tmp_path / "evaluation.json")
+    assert sweep.variants == ["model", "mqa", "mla:128"] and sweep.layers == list(range(30))
+    assert sweep.kl["model"] == 0.0 and sweep.top1["model"] == 1.0
+    assert sweep.per_layer is not None and len(sweep.per_layer["mqa"]) == 30
+    assert 0 < sweep.tokens < 64 and sweep.calibration["tokens"] == 300
+    for name in ("tradeoff", "damage_map"):  # the trade-off chart and the per-layer damage map
+        assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+        assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
 
 
 @pytest.fixture(scope="module")

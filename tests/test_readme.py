@@ -13,14 +13,24 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 @pytest.mark.slow
 def test_readme_python_examples_run(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)\n```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 3
-    quickstart, analyses, jupyter = blocks[:3]
+    assert len(blocks) >= 4
+    quickstart, analyses, costs, jupyter = blocks[:4]
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(quickstart.replace("max_tokens=8192", "max_tokens=256"), namespace)
     exec(analyses, namespace)
     assert namespace["groups"] == [[0, 1, 2]]
     assert namespace["S"].shape == (9, 9)
+    # fewer tokens and two variants (the per-layer sweep of six variants over 30 layers is the notebook's)
+    costs = costs.replace("max_tokens=16384", "max_tokens=512").replace(
+        "per_layer=True", "per_layer=True, layers=[0, 1]"
+    )
+    costs = costs.replace("stats=calibration)", "stats=calibration, layers=[0])")
+    exec(re.sub(r"variants = \[.*\]", 'variants = ["model", "mqa"]', costs), namespace)
+    report = namespace["report"]
+    assert report.variants == ["model", "mqa"] and len(report.per_layer["mqa"]) == 2
+    assert namespace["variant"].model.layers[0].self_attn.k_proj.out_features == 64  # one KV head
+    assert {p.id for p in namespace["headwidget"].ConsequenceView(report).grid.panels} == {"damage"}
     jupyter = jupyter.replace("headwidget.explore()", "headwidget.explore(stats)")
     exec(
         jupyter.replace(

@@ -8,8 +8,14 @@
 2. draws the three reference-style figures as PNG and PDF: channel correlation (SmolLM2, keys over
    values, 8 layers), head similarity before/after alignment (SmolLM2, 10 layers × 3 KV heads), and
    head correlation across mechanisms (MiniLM layer 3: MHA, LRKV, MQA, MLA);
-3. writes a standalone HTML explorer of SmolLM2's channel correlations and ``report.md`` with the
-   per-layer numbers, the alignment means and the mechanism bytes/error table.
+3. measures what converted attention variants do to SmolLM2's predictions (:data:`EVALUATION_VARIANTS`,
+   fitted from the statistics of step 1) on held-out text: the evaluation split of the English sample,
+   disjoint from the calibration split the statistics come from. The per-layer ΔNLL sweep of
+   :data:`SWEEP_VARIANTS` (one layer converted at a time) is saved as ``DIR/evaluation.json`` (an
+   :class:`~headwidget.evaluation.EvaluationReport`), drawn with the table's trade-off chart as
+   ``tradeoff.png``/``.pdf`` and ``damage_map.png``/``.pdf``;
+4. writes a standalone HTML explorer of SmolLM2's channel correlations and ``report.md`` with the
+   per-layer numbers, the alignment means, the mechanism bytes/error table and the evaluation tables.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ from headwidget.analysis.conversions import mechanism_sweep
 from headwidget.capture import capture
 from headwidget.core.kinds import Kind
 from headwidget.embedded import load_minilm, load_smollm2
+from headwidget.evaluation import EvaluationReport, evaluate
+from headwidget.export import save
 from headwidget.report import summary_table
 from headwidget.stats import KVStats
 from headwidget.texts import SAMPLE_SOURCE, english_sample
+from headwidget.views import ConsequenceView
 
-__all__ = ["CHANNEL_LAYERS", "MECHANISMS", "run_demo"]
+__all__ = ["CHANNEL_LAYERS", "EVALUATION_VARIANTS", "MECHANISMS", "SWEEP_VARIANTS", "run_demo"]
 
 MODELS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "smollm2-135m": load_smollm2,
@@ -42,6 +51,13 @@ CHANNEL_LAYERS = [0, 1, 12, 13, 26, 27, 28, 29]
 ALIGNMENT_LAYERS = list(range(0, 30, 3))
 MECHANISM_LAYER = 3
 MECHANISMS = ["mha", "lrkv:4", "lrkv:16", "mqa", "mla:128"]
+#: What SmolLM2 is evaluated as (the model itself first: every other row is measured against it).
+EVALUATION_VARIANTS = ["model", "mqa", "mqa+align", "lrkv:16", "mla:128", "mla:96+rope:8"]
+#: The variants of the per-layer ΔNLL sweep (``DIR/evaluation.json``).
+SWEEP_VARIANTS = ["model", "mqa", "mla:128"]
+#: Default evaluation tokens of the table and of the sweep (which costs about L/2 forwards per variant).
+EVALUATION_TOKENS = 1024
+SWEEP_TOKENS = 128
 
 
 def _off_diagonal_mean(m: np.ndarray) -> float:
@@ -104,6 +120,77 @@ def _figures(
     return report
 
 
+def _per_layer_table(report: EvaluationReport) -> list[str]:
+    """The sweep's ΔNLL per layer (one column per converted variant) and the most fragile layers."""
+    sweep = {v: d for v, d in (report.per_layer or {}).items() if v != "model"}
+    lines = ["| layer | " + " | ".join(f"ΔNLL {v}" for v in sweep) + " |"]
+    lines.append("|---" * (len(sweep) + 1) + "|")
+    for i, layer in enumerate(report.layers):
+        lines.append(f"| {layer} | " + " | ".join(f"{d[i]:+.4f}" for d in sweep.values()) + " |")
+    lines.append("")
+    base = report.nll["model"]
+    for v, d in sweep.items():
+        worst = sorted(range(len(d)), key=lambda i: -d[i])[:3]
+        named = ", ".join(f"{report.layers[i]} ({d[i]:+.3f})" for i in worst)
+        whole = report.nll[v] - base
+        lines.append(f"- {v}: most fragile layers {named}; the layers' ΔNLL sum to {sum(d):+.3f}, "
+                     f"all layers converted at once give {whole:+.3f}")  # fmt: skip
+    return lines
+
+
+def _evaluation(
+    out: Path,
+    model: Any,
+    tokenizer: Any,
+    stats: KVStats,
+    echo: Callable[[str], None],
+    *,
+    tokens: int,
+    sweep_tokens: int,
+    max_length: int,
+    batch_size: int,
+    progress: bool,
+) -> list[str]:
+    """Evaluate SmolLM2's variants on the evaluation split; save the sweep; the report's lines."""
+    texts = english_sample(split="evaluation")
+    options: dict[str, Any] = {
+        "tokenizer": tokenizer,
+        "stats": stats,
+        "dtype": torch.float32,
+        "batch_size": batch_size,
+        "max_length": max_length,
+        "progress": progress,
+    }
+    started = time.perf_counter()
+    table = evaluate(model, texts, EVALUATION_VARIANTS, max_tokens=tokens, **options)
+    took = time.perf_counter() - started
+    count = len(EVALUATION_VARIANTS)
+    echo(f"\nsmollm2-135m: {count} variants on {table.tokens} held-out tokens in {took:.1f} s")
+    echo(table.table())
+    started = time.perf_counter()
+    sweep = evaluate(model, texts, SWEEP_VARIANTS, max_tokens=sweep_tokens, per_layer=True, **options)
+    took = time.perf_counter() - started
+    path = sweep.save(out / "evaluation.json")
+    echo(f"per-layer ΔNLL of {', '.join(SWEEP_VARIANTS[1:])} on {sweep.tokens} tokens in {took:.1f} s")
+    echo(f"wrote {path}")
+    # The trade-off chart of the table and the per-layer damage map of the sweep, as figures
+    for name, source in (("tradeoff", table), ("damage_map", sweep)):
+        for suffix in (".png", ".pdf"):
+            echo(f"wrote {save(ConsequenceView(source), out / f'{name}{suffix}', dpi=150)}")
+    facts = (
+        f"{table.tokens} predicted tokens in {table.sequences} sequences of the evaluation split of the "
+        f"text (fingerprint {table.fingerprint}), disjoint from the calibration split the statistics "
+        f"above ({stats.tokens} tokens) were captured on and every data-aware fit was fitted to; "
+        "float32, every layer converted, no training. ΔNLL is against the model; KL(model ‖ variant) and "
+        "top-1 agreement compare each variant's next-token distribution with the model's."
+    )
+    report = ["## What each variant does to SmolLM2's predictions (held-out text)", "", facts, ""]
+    report += [table.table(), ""]
+    report += [f"### Per-layer ΔNLL: only one layer converted ({sweep.tokens} tokens, `evaluation.json`)", ""]
+    report += [*_per_layer_table(sweep), ""]
+    return report
+
+
 def run_demo(
     out: Path,
     *,
@@ -114,16 +201,34 @@ def run_demo(
     models: list[str] | None = None,
     figures: bool = True,
     progress: bool = True,
+    evaluation_tokens: int = EVALUATION_TOKENS,
+    sweep_tokens: int = SWEEP_TOKENS,
     echo: Callable[[str], None] = print,
 ) -> dict[str, KVStats]:
-    """Capture each embedded model over the English sample, print summaries, save stats and figures."""
+    """Capture each embedded model over the English sample, print summaries, save stats and figures,
+    and (with ``figures``) evaluate SmolLM2's variants on ``evaluation_tokens`` held-out tokens and its
+    per-layer sweep on ``sweep_tokens``.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> stats = run_demo(pathlib.Path(tempfile.mkdtemp()), models=["minilm-l6"], max_tokens=64,
+        ...                  figures=False, progress=False, echo=lambda line: None)  # doctest: +SKIP
+        >>> stats["minilm-l6"].tokens  # doctest: +SKIP
+        64
+    """
     out.mkdir(parents=True, exist_ok=True)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    texts = english_sample()
-    echo(f"text: {len(texts)} paragraphs of {SAMPLE_SOURCE}")
+    texts = english_sample(split="calibration")
+    echo(f"text: {len(texts)} paragraphs of {SAMPLE_SOURCE} (its calibration split)")
     results: dict[str, KVStats] = {}
     loaded: dict[str, Any] = {}
     report = ["# headwidget demo report", "", f"Text: {SAMPLE_SOURCE}.", ""]
+    report += [
+        "Statistics, figures and fits use its calibration split; the evaluation of SmolLM2's variants "
+        "uses its evaluation split (disjoint paragraphs).",
+        "",
+    ]
+    evaluation: list[str] = []
     for name in models or list(MODELS):
         started = time.perf_counter()
         model, tokenizer = MODELS[name](device=device)
@@ -148,10 +253,15 @@ def run_demo(
         echo(table)
         echo(f"saved {path}")
         report += [f"## {name}: per-layer summary ({stats.tokens} tokens)", "", "```", table, "```", ""]
+        if figures and name == "smollm2-135m":
+            evaluation = _evaluation(out, model, tokenizer, stats, echo, tokens=evaluation_tokens,
+                                     sweep_tokens=sweep_tokens, max_length=max_length, batch_size=batch_size,
+                                     progress=progress)  # fmt: skip
         results[name], loaded[name] = stats, model.to("cpu")
     if figures:
         echo("")
         report += _figures(out, results, loaded, echo)
+        report += evaluation
         (out / "report.md").write_text("\n".join(report), encoding="utf-8")
         echo(f"wrote {out / 'report.md'}")
         echo(

@@ -1,0 +1,5 @@
+"""``python -m headwidget.cli``: the same as the ``headwidget`` console script."""
+
+from headwidget.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""``headwidget demo``: the embedded real models, captured and drawn (:mod:`headwidget.demo`).
+
+Example:
+    >>> COMMAND.name
+    'demo'
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from headwidget.cli._command import Command
+from headwidget.cli._errors import UsageError
+from headwidget.cli._files import check_output_dir
+from headwidget.cli._models import EMBEDDED, Loader, check_device
+from headwidget.cli._options import count
+
+__all__ = ["COMMAND"]
+
+
+def add_parser(sub: Any) -> None:
+    """Declare ``demo`` and its options on the subparsers ``sub``."""
+    from headwidget.demo import EVALUATION_TOKENS, SWEEP_TOKENS
+
+    demo = sub.add_parser(
+        "demo",
+        help="capture the embedded real models over English text, print summaries, save stats",
+        description="Load SmolLM2-135M (GQA) and all-MiniLM-L6-v2 (BERT) from their PyPI packages, "
+        "capture K/V statistics over English prose shipped with Python, print a per-layer summary "
+        "and save the statistics (safetensors) under --out.",
+    )
+    demo.add_argument("--out", type=Path, default=Path("headwidget-demo"), help="output directory")
+    demo.add_argument("--max-tokens", type=int, default=4096, help="tokens per model (default: 4096)")
+    demo.add_argument("--no-figures", action="store_true", help="only capture, print and save statistics")
+    demo.add_argument("--max-length", type=int, default=256, help="tokens per text (default: 256)")
+    demo.add_argument("--batch-size", type=int, default=8, help="texts per forward pass (default: 8)")
+    demo.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    demo.add_argument("--models", default=None, help=f"comma-separated subset of: {', '.join(EMBEDDED)}")
+    demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    demo.add_argument(
+        "--evaluation-tokens",
+        type=count,
+        default=EVALUATION_TOKENS,
+        help=f"held-out tokens SmolLM2's variants are evaluated on (default: {EVALUATION_TOKENS})",
+    )
+    demo.add_argument(
+        "--sweep-tokens",
+        type=count,
+        default=SWEEP_TOKENS,
+        help=f"held-out tokens of the per-layer ΔNLL sweep (default: {SWEEP_TOKENS})",
+    )
+
+
+def run(args: argparse.Namespace, load: Loader) -> int:
+    """Check the options, then run :func:`headwidget.demo.run_demo` (``load`` is not needed)."""
+    from headwidget.demo import MODELS, run_demo
+
+    models = args.models.split(",") if args.models else None
+    unknown = [m for m in models or [] if m not in MODELS]
+    if unknown:
+        raise UsageError(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    check_device(args.device)
+    check_output_dir(args.out)
+    run_demo(
+        args.out,
+        max_tokens=args.max_tokens,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        device=args.device,
+        models=models,
+        progress=not args.no_progress,
+        figures=not args.no_figures,
+        evaluation_tokens=args.evaluation_tokens,
+        sweep_tokens=args.sweep_tokens,
+    )
+    return 0
+
+
+COMMAND = Command("demo", add_parser, run)
