@@ -35,6 +35,7 @@ def test_unknown_model_is_a_usage_error(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two models' captures, figures and SmolLM2's evaluation: minutes on 2 cores
 def test_demo_writes_readable_statistics(tmp_path):
     exe = shutil.which("headwidget") or f"{sys.prefix}/bin/headwidget"
     result = subprocess.run(
@@ -55,7 +56,7 @@ def test_demo_writes_readable_statistics(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1700,
         check=False,
     )
     assert result.returncode == 0, result.stderr
