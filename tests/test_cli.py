@@ -91,9 +91,21 @@ def test_demo_writes_readable_statistics(tmp_path):
     assert sweep.kl["model"] == 0.0 and sweep.top1["model"] == 1.0
     assert sweep.per_layer is not None and len(sweep.per_layer["mqa"]) == 30
     assert 0 < sweep.tokens < 64 and sweep.calibration["tokens"] == 300
-    for name in ("tradeoff", "damage_map"):  # the trade-off chart and the per-layer damage map
+    for name in ("tradeoff", "damage_map", "quantization"):  # trade-off chart, damage map, quantizers
         assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
         assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+    # the coupling table (from the 300 sampled rows) and the quantizers, with honest bits per channel
+    from headwidget.demo._quantization import QUANTIZER_VARIANTS
+
+    assert smol.samples(0, "key_post").shape == (300, 192)
+    assert "## Channel coupling in bits (SmolLM2, layers [0, 1, 12, 13, 26, 27, 28, 29])" in report
+    assert "| layer | K pre-RoPE c=2/16 bins | K pre-RoPE c=4/4 bins | K post-RoPE c=2/16 bins |" in report
+    assert "from 300 sampled token rows per layer and kind" in report
+    quant = EvaluationReport.load(tmp_path / "quantization.json")
+    assert quant.variants == ["model", *QUANTIZER_VARIANTS]
+    assert "| kv:int4 | 5.00 | 7200 | 0 |" in report  # 2·(192·4/8 + 4·192/32) per layer, 30 layers
+    assert "| kv:cq4c8b | 2.00 | 2880 | " in report and "| kv:cq8c8b | 1.00 | 1440 | " in report
+    assert quant.constant_bytes["kv:cq4c8b"] == 30 * 2 * 48 * 256 * 4 * 2  # fp16 codebooks, K and V
 
 
 @pytest.fixture(scope="module")

@@ -192,8 +192,8 @@ def test_kmeans_is_deterministic_for_a_seed_and_its_codebook_shapes() -> None:
 @pytest.mark.parametrize("bits", [3, 8])
 def test_cq_quantizer_picks_the_nearest_fp16_centroid_by_brute_force(bits: int) -> None:
     """KVQuantizer.quantize on (B, G, T, d) K/V: every c channels of the heads-concatenated vector →
-    the nearest fp16-stored centroid (numpy, float64 brute force); 2**8 centroids take the two-step
-    argmin."""
+    an fp16-stored centroid at the brute-force (numpy, float64) minimum distance, up to the documented
+    near ties (a relative 2**(b − 23)); almost every pick is the brute-force argmin itself."""
     g, d, c = 2, 6, 4
     books = {
         kind: fit_codebooks(correlated(600, g * d, seed=i, dtype=torch.float32), c, bits, iters=5)
@@ -204,15 +204,21 @@ def test_cq_quantizer_picks_the_nearest_fp16_centroid_by_brute_force(bits: int) 
     gen = torch.Generator().manual_seed(1)
     key, value = torch.randn(2, g, 40, d, generator=gen), torch.randn(2, g, 40, d, generator=gen)
     got = q.quantize(0, key, value)
+    same = total = 0
     for kind, x, y in (("key", key, got[0]), ("value", value, got[1])):
         cent = books[kind].centroids.to(torch.float16).double().numpy()  # (G/c groups, 2**b, c)
         rows = x.transpose(1, 2).reshape(-1, g * d).double().numpy()
-        want = np.empty_like(rows)
+        picked = y.transpose(1, 2).reshape(-1, g * d).double().numpy()
         for r in range(rows.shape[0]):
             for j in range(cent.shape[0]):
-                part = rows[r, j * c : (j + 1) * c]
-                want[r, j * c : (j + 1) * c] = cent[j][np.argmin(((cent[j] - part) ** 2).sum(-1))]
-        np.testing.assert_allclose(y.transpose(1, 2).reshape(-1, g * d).double().numpy(), want, atol=1e-7)
+                part, pick = rows[r, j * c : (j + 1) * c], picked[r, j * c : (j + 1) * c]
+                dist = ((cent[j] - part) ** 2).sum(-1)
+                hit = np.flatnonzero((np.abs(cent[j] - pick) < 1e-7).all(-1))
+                assert hit.size, "the quantized group is one of the stored centroids"
+                assert dist[hit].min() <= dist.min() * (1 + 2.0 ** (bits - 22)) + 1e-6
+                same += int(np.argmin(dist) in hit)
+                total += 1
+    assert same >= total - 2
 
 
 # ---------------------------------------------------------------------------------------------- bytes
@@ -499,3 +505,25 @@ def test_smollm2_int16_is_the_model_and_int2_is_not(smollm2) -> None:
     c_kv = 3 * 64
     assert report.kv_bytes_per_token["kv:int2"] == 30 * 2 * (c_kv * 2 / 8 + 4 * c_kv / 32)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packed_nearest_search_agrees_with_the_exact_argmin(dtype: torch.dtype) -> None:
+    """The forward's integer-packed minimum: the exact argmin (float64 brute force) up to near ties of
+    a relative 2**(b − 23), each row's own centroid when it is one; the exact path where packing does
+    not apply."""
+    from headwidget.evaluation._quantize import _nearest
+
+    gen = torch.Generator().manual_seed(3)
+    centroids = torch.randn(5, 256, 4, generator=gen, dtype=dtype)
+    x = torch.randn(5, 700, 4, generator=gen, dtype=dtype)
+    x[:, :256] = centroids  # exact matches: distance 0 (or a rounding-negative one) must win
+    got = _nearest(x, centroids, packed=True)
+    assert torch.equal(got[:, :256], torch.arange(256).expand(5, 256))
+    dist = ((x.double()[:, :, None, :] - centroids.double()[:, None]) ** 2).sum(-1)
+    best = dist.min(-1).values
+    picked = dist.gather(-1, got[..., None]).squeeze(-1)
+    assert bool((picked <= best * (1 + 2.0 ** (8 - 22)) + 1e-6).all())
+    assert float((got == dist.argmin(-1)).double().mean()) > 0.999
+    # K not a power of two, or more than 256 centroids: the exact path
+    assert torch.equal(_nearest(x, centroids[:, :200], packed=True), _nearest(x, centroids[:, :200]))

@@ -14,8 +14,14 @@
    :data:`SWEEP_VARIANTS` (one layer converted at a time) is saved as ``DIR/evaluation.json`` (an
    :class:`~headwidget.evaluation.EvaluationReport`), drawn with the table's trade-off chart as
    ``tradeoff.png``/``.pdf`` and ``damage_map.png``/``.pdf``;
-4. writes a standalone HTML explorer of SmolLM2's channel correlations and ``report.md`` with the
-   per-layer numbers, the alignment means, the mechanism bytes/error table and the evaluation tables.
+4. measures SmolLM2's channel coupling in bits (joint entropy of c channels against the sum of their
+   marginals, with a shuffled control, from a uniform sample of token rows) and evaluates its K/V
+   quantizers (:data:`~headwidget.demo._quantization.QUANTIZER_VARIANTS`: kv:int4, kv:int2, kv:cq4c8b,
+   kv:cq8c8b) on the same held-out text, saved as ``DIR/quantization.json`` and drawn as
+   ``quantization.png``/``.pdf``;
+5. writes a standalone HTML explorer of SmolLM2's channel correlations and ``report.md`` with the
+   per-layer numbers, the alignment means, the mechanism bytes/error table, the evaluation tables, the
+   coupling table and the quantizer table.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import mechanism_sweep
 from headwidget.capture import capture
 from headwidget.core.kinds import Kind
+from headwidget.demo._quantization import SAMPLES, entropy_lines, quantizer_lines
 from headwidget.embedded import load_minilm, load_smollm2
 from headwidget.evaluation import EvaluationReport, evaluate
 from headwidget.export import save
@@ -65,9 +72,12 @@ def _off_diagonal_mean(m: np.ndarray) -> float:
 
 
 def _capture(name: str, model: Any, tokenizer: Any, texts: list[str], **options: Any) -> KVStats:
-    rope = "both" if name == "smollm2-135m" else "pre"
-    cross = ALIGNMENT_LAYERS if name == "smollm2-135m" else None
-    return capture(model, texts, tokenizer=tokenizer, rope=rope, inputs=True, cross_layer=cross, **options)
+    smol = name == "smollm2-135m"
+    rope = "both" if smol else "pre"
+    cross = ALIGNMENT_LAYERS if smol else None
+    samples = SAMPLES if smol else 0  # token rows for the coupling entropies and the CQ codebooks
+    return capture(model, texts, tokenizer=tokenizer, rope=rope, inputs=True, cross_layer=cross,
+                   samples=samples, **options)  # fmt: skip
 
 
 def _figures(
@@ -155,20 +165,21 @@ def _evaluation(
     texts = english_sample(split="evaluation")
     options: dict[str, Any] = {
         "tokenizer": tokenizer,
-        "stats": stats,
         "dtype": torch.float32,
         "batch_size": batch_size,
         "max_length": max_length,
         "progress": progress,
     }
     started = time.perf_counter()
-    table = evaluate(model, texts, EVALUATION_VARIANTS, max_tokens=tokens, **options)
+    table = evaluate(model, texts, EVALUATION_VARIANTS, stats=stats, max_tokens=tokens, **options)
     took = time.perf_counter() - started
     count = len(EVALUATION_VARIANTS)
     echo(f"\nsmollm2-135m: {count} variants on {table.tokens} held-out tokens in {took:.1f} s")
     echo(table.table())
     started = time.perf_counter()
-    sweep = evaluate(model, texts, SWEEP_VARIANTS, max_tokens=sweep_tokens, per_layer=True, **options)
+    sweep = evaluate(
+        model, texts, SWEEP_VARIANTS, stats=stats, max_tokens=sweep_tokens, per_layer=True, **options
+    )
     took = time.perf_counter() - started
     path = sweep.save(out / "evaluation.json")
     echo(f"per-layer ΔNLL of {', '.join(SWEEP_VARIANTS[1:])} on {sweep.tokens} tokens in {took:.1f} s")
@@ -188,6 +199,13 @@ def _evaluation(
     report += [table.table(), ""]
     report += [f"### Per-layer ΔNLL: only one layer converted ({sweep.tokens} tokens, `evaluation.json`)", ""]
     report += [*_per_layer_table(sweep), ""]
+    coupling = entropy_lines(stats, CHANNEL_LAYERS)
+    echo(f"\nsmollm2-135m: channel coupling in bits, layers {CHANNEL_LAYERS}")
+    echo("\n".join(coupling))
+    report += [f"## Channel coupling in bits (SmolLM2, layers {CHANNEL_LAYERS})", "", *coupling, ""]
+    quantizers = quantizer_lines(out, model, texts, stats, echo, max_tokens=tokens, **options)
+    report += ["## K/V quantizers: what 1–5 bits per channel do to SmolLM2 (held-out text)", ""]
+    report += [*quantizers, ""]
     return report
 
 
