@@ -225,10 +225,18 @@ def test_real_views_export_their_panels(tiny, tmp_path):
     assert [p.id for p in channel.grid.panels] == ["key-0", "key-1", "value-0", "value-1"]
 
 
-def decode(panel: dict) -> np.ndarray:
-    raw = base64.b64decode(panel["data"])
+def decode(panel: dict, data: dict) -> np.ndarray:
+    """A page panel's matrix from the page's blobs (unpacking an upper triangle), by numpy."""
+    raw = base64.b64decode(data["blobs"][panel["blob"]])
     dtype = {"float16": "<f2", "float32": "<f4"}[panel["dtype"]]
-    return np.frombuffer(raw, dtype=dtype).reshape(panel["rows"], panel["cols"])
+    values = np.frombuffer(raw, dtype=dtype)
+    if panel["packed"] != "upper":
+        return values.reshape(panel["rows"], panel["cols"])
+    n = panel["rows"]
+    full = np.zeros((n, n), dtype=dtype)
+    full[np.triu_indices(n)] = values
+    upper = np.triu(np.ones((n, n), dtype=bool))
+    return np.where(upper, full, full.T)
 
 
 def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
@@ -239,12 +247,12 @@ def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
     assert view.layer == 1 and view.panels == sent_before  # the live view is back where it was
     assert sorted(data["frames"]) == ["0", "1"] and data["errors"] == {}
     assert data["state"]["layer"] == 1 and data["state"]["num_layers"] == 2
-    # The page's bar holds the layer slider and the channel window, which the page crops itself (the
-    # view's other controls need Python); the window starts where the user left it.
-    assert data["state"]["controls"] == [c.to_json() for c in ChannelView.view_controls()[:2]]
+    # The page's bar holds the layer slider, the channel window (which the page crops itself) and the
+    # kind toggle; the window starts where the user left it.
+    assert [c["type"] for c in data["state"]["controls"]] == ["slider", "window", "toggles"]
+    assert data["state"]["controls"][1:] == [c.to_json() for c in ChannelView.view_controls()[1:]]
     assert (data["state"]["channel_start"], data["state"]["channel_width"]) == (2, 5)
     assert (data["state"]["num_channels"], data["state"]["channel_step"]) == (16, 8)
-    assert "kinds_available" not in data["state"]
     for layer in (0, 1):
         # each frame: the whole matrices, exactly what the kernel sends for the full window
         grid = ChannelView(stats, layer=layer, channel_start=0, channel_width=16).grid
@@ -253,9 +261,34 @@ def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
         assert [p["id"] for p in frame["panels"]] == [p.id for p in grid.panels]
         for sent, panel in zip(frame["panels"], grid.panels, strict=True):
             wire = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)
-            assert decode(sent).tobytes() == wire["data"]
+            assert decode(sent, data).tobytes() == wire["data"]
             assert sent["row_offset"] == 0 and sent["rows"] == 16 and sent["title"] == panel.title
     assert base64.b64decode(data["bundle"]) == headwidget.core.bundle_path().read_bytes()
+
+
+def test_html_page_holds_both_key_kinds_behind_the_kind_toggle(tiny):
+    """Keys before and after RoPE: the page has the kind toggle and both options' frames, the value
+    panels (the same under both) stored once, every symmetric matrix as its upper triangle."""
+    _, stats = tiny
+    view = ChannelView(stats, layer=1, kind="key_post")
+    data = page_data(view)
+    assert view.kind == "key_post"
+    assert data["state"]["kind"] == "key_post" and data["state"]["kinds_available"] == ["key", "key_post"]
+    assert data["state"]["option_trait"] == "kind" and sorted(data["options"]) == ["key", "key_post"]
+    assert data["options"]["key_post"]["frames"] == data["frames"]
+    for kind in ("key", "key_post"):
+        for layer in (0, 1):
+            grid = ChannelView(stats, layer=layer, kind=kind).grid
+            frame = data["options"][kind]["frames"][str(layer)]
+            assert [p["id"] for p in frame["panels"]] == [f"{kind}-{layer}", f"value-{layer}"]
+            for sent, panel in zip(frame["panels"], grid.panels, strict=True):
+                assert sent["packed"] == "upper"
+                wire = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)["data"]
+                assert decode(sent, data).tobytes() == wire
+    value = {o: data["options"][o]["frames"]["0"]["panels"][1]["blob"] for o in ("key", "key_post")}
+    assert value["key"] == value["key_post"]
+    # 2 layers × (key, key_post, value), each once
+    assert len(data["blobs"]) == 6
 
 
 def test_a_view_too_wide_to_keep_whole_gets_no_window_sliders_and_says_so(tiny, monkeypatch):
@@ -264,7 +297,7 @@ def test_a_view_too_wide_to_keep_whole_gets_no_window_sliders_and_says_so(tiny, 
     _, stats = tiny
     monkeypatch.setattr(_source, "MAX_WINDOW_CHANNELS", 8)  # the tiny model's 16 channels are "too many"
     data = page_data(ChannelView(stats, layer=0, channel_start=2, channel_width=5))
-    assert [c["type"] for c in data["state"]["controls"]] == ["slider"]
+    assert [c["type"] for c in data["state"]["controls"]] == ["slider", "toggles"]  # no window
     assert data["state"]["status"].startswith("16 channels: this page holds the exported window only")
     frame = data["frames"]["0"]
     assert "window" not in frame and frame["panels"][0]["rows"] == 5 and frame["panels"][0]["row_offset"] == 2

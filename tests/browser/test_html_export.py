@@ -205,3 +205,32 @@ def test_the_channel_window_sliders_work_offline(stats, open_page, tmp_path):
     page.page.keyboard.press("ArrowLeft")
     page.page.wait_for_selector('.hw-panel[data-panel-id="key-0"]')
     assert page.js(f"[{model}.get('panels')[0].rows, {model}.get('panels')[0].row_offset]") == [8, 0]
+
+
+def test_the_kind_toggle_switches_between_keys_before_and_after_rope_offline(stats, open_page, tmp_path):
+    """Both key kinds are on the page: the toggle swaps the key panels (values stay), the hover reads
+    the other kind's numbers, and the window and the layer carry over."""
+    view = ChannelView(stats, layer=1, channel_start=0, channel_width=8)
+    page = open_page(save(view, tmp_path / "kinds.html"))
+    model = "window.headwidget.model"
+    assert page.panel_ids() == ["key-1", "value-1"]
+    pressed = page.js("document.querySelector('button[data-value=key]').getAttribute('aria-pressed')")
+    assert pressed == "true"
+    page.page.locator("button[data-trait=kind][data-value=key_post]").click()
+    page.page.wait_for_selector('.hw-panel[data-panel-id="key_post-1"]')
+    assert page.panel_ids() == ["key_post-1", "value-1"]
+    view.kind = "key_post"
+    assert page.js(f"{model}.get('panels')[0].title") == view.grid.panels[0].title
+    post = stats.channel_corr(1, "key_post")
+    page.page.mouse.move(*page.cell_centre("key_post-1", 3, 6))
+    hover = page.js("JSON.parse(document.querySelector('.hw-grid').dataset.hover)")
+    assert hover["value"] == pytest.approx(wire(post[3, 6]), abs=1e-6)
+    assert hover["value"] != pytest.approx(wire(stats.channel_corr(1, "key")[3, 6]), abs=1e-6)
+    # the layer slider keeps the kind; the window stays
+    page.page.locator("input[data-trait=layer]").focus()
+    page.page.keyboard.press("ArrowLeft")
+    page.page.wait_for_selector('.hw-panel[data-panel-id="key_post-0"]')
+    assert page.js(f"{model}.get('panels')[0].rows") == 8
+    page.page.locator("button[data-trait=kind][data-value=key]").click()
+    page.page.wait_for_selector('.hw-panel[data-panel-id="key-0"]')
+    assert page.errors == []

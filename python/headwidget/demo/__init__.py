@@ -97,7 +97,8 @@ def _figures(
             for suffix in (".png", ".pdf"):
                 echo(f"wrote {save(view, out / f'{name}{suffix}', dpi=150)}")
         explorer = view_class("channels").create(smol, interactive=False, channel_width=64)
-        echo(f"wrote {save(explorer, out / 'explorer.html')} (standalone, offline)")
+        page = save(explorer, out / "explorer.html")
+        echo(f"wrote {page} (standalone, offline: {page.stat().st_size / 2**20:.1f} MiB)")
         report += ["## Head similarity before/after alignment (SmolLM2, layers " + f"{ALIGNMENT_LAYERS})", ""]
         report += [
             "| kind | method | before | after (in-sample) | after (held-out) | shown |",

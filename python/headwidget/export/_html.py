@@ -6,7 +6,9 @@ inline model (``offline_model.js``) that stands in for the kernel. Hover, the to
 the PNG button and the layer slider work as in the notebook; the slider switches between the layers
 exported (see :func:`._source.collect_frames`). A view with a channel window (up to
 :data:`._source.MAX_WINDOW_CHANNELS` channels) keeps each layer's whole matrices and its window
-sliders, which the page applies by cropping; the view's other controls need Python. A
+sliders, which the page applies by cropping; a view with a toggle keeps every option's frames; the
+view's other controls need Python. Each distinct matrix is stored once (``blobs``: the value panels
+under both key toggles are the same), a symmetric one as its upper triangle. A
 Content-Security-Policy forbids every network request, so the page shows the same thing offline, and
 runs no script but its own (by hash: :func:`script_hash`) and the bundle.
 """
@@ -21,6 +23,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from headwidget.core.bundle import bundle_path
 from headwidget.export._labels import printable
@@ -71,14 +75,18 @@ h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}</style>
 def page_data(
     source: GridSource, *, layers: Sequence[int] | None = None, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> dict[str, Any]:
-    """The JSON the page embeds: ``state`` (the model's traits), ``frames`` by layer, ``errors``, ``bundle``.
+    """The JSON the page embeds: ``state`` (the model's traits), ``frames`` by layer, ``errors``,
+    ``blobs`` (the panels' matrices: a panel names its own by ``blob``), ``bundle``; with a toggle,
+    ``options``: each option's ``frames`` and ``errors``.
 
     Example:
         >>> import numpy as np
         >>> from headwidget.core.panels import Panel, PanelGrid
         >>> data = page_data(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
         >>> sorted(data), list(data["frames"]), data["frames"]["0"]["panels"][0]["title"]
-        (['bundle', 'errors', 'frames', 'state'], ['0'], 'A')
+        (['blobs', 'bundle', 'errors', 'frames', 'state'], ['0'], 'A')
+        >>> data["frames"]["0"]["panels"][0]["packed"]  # symmetric: stored as its upper triangle
+        'upper'
     """
     frames = collect_frames(source, layers, max_bytes)
     # The status line says why a large view's window sliders are not on the page.
@@ -86,12 +94,53 @@ def page_data(
     first = frames.frames[int(state["layer"])]
     state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns", "charts")})
     state["panels"] = []
-    return {
+    pool = _BlobPool()
+    data: dict[str, Any] = {
         "state": state,
-        "frames": {str(k): v for k, v in frames.frames.items()},
+        "frames": pool.frames(frames.frames),
         "errors": {str(k): v for k, v in frames.errors.items()},
-        "bundle": base64.b64encode(bundle_path().read_bytes()).decode("ascii"),
     }
+    if frames.options:
+        data["options"] = {
+            option: {"frames": pool.frames(f.frames), "errors": {str(k): v for k, v in f.errors.items()}}
+            for option, f in frames.options.items()
+        }
+    data["blobs"] = pool.blobs
+    data["bundle"] = base64.b64encode(bundle_path().read_bytes()).decode("ascii")
+    return data
+
+
+class _BlobPool:
+    """Panels' matrices stored once each (base64), a symmetric square one as its upper triangle."""
+
+    def __init__(self) -> None:
+        self.blobs: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def frames(self, frames: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {str(k): {**f, "panels": [self._panel(p) for p in f["panels"]]} for k, f in frames.items()}
+
+    def _panel(self, panel: dict[str, Any]) -> dict[str, Any]:
+        raw = base64.b64decode(panel["data"])
+        packed = _upper_triangle(raw, panel)
+        text = base64.b64encode(raw if packed is None else packed).decode("ascii")
+        if text not in self._index:
+            self._index[text] = len(self.blobs)
+            self.blobs.append(text)
+        out = {k: v for k, v in panel.items() if k != "data"}
+        out.update(blob=self._index[text], packed="upper" if packed is not None else "")
+        return out
+
+
+def _upper_triangle(raw: bytes, panel: dict[str, Any]) -> bytes | None:
+    """The row-major upper triangle (diagonal included) of a bitwise-symmetric square panel, else None."""
+    n = int(panel["rows"])
+    if n != int(panel["cols"]) or n < 2:
+        return None
+    bits = np.frombuffer(raw, dtype=np.uint16 if panel["dtype"] == "float16" else np.uint32).reshape(n, n)
+    if not np.array_equal(bits, bits.T):
+        return None
+    return bits[np.triu_indices(n)].tobytes()
 
 
 def _script_json(data: dict[str, Any]) -> str:

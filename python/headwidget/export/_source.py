@@ -4,10 +4,12 @@ A view is anything with a ``grid`` property (the panels it shows now): a
 :class:`~headwidget.views.View`, or a widget showing one. The offline HTML page cannot run Python, so
 what its layer slider can show is computed here ("frames"): the view is moved to each requested layer,
 its grid is taken, and it is moved back. The layer slider is the view's own control of its ``layer``
-trait (:meth:`~headwidget.views.View.view_controls`); the page shows it and no other control, since the
-others would need Python. Within ``hold_sync`` a live widget's front end only receives its final
-(original) state. A layer the view cannot show (not captured, say) keeps the view's error message,
-which the page shows when the slider reaches it.
+trait (:meth:`~headwidget.views.View.view_controls`). A view with a toggle (the channel view's keys
+before or after RoPE, say) gets the frames of every option, which the page switches between; its
+channel window, when it has one, is applied by the page. Other controls would need Python. Within
+``hold_sync`` a live widget's front end only receives its final (original) state. A layer the view
+cannot show (not captured, say) keeps the view's error message, which the page shows when the slider
+reaches it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "frame_json",
     "grid_of",
     "layer_slider",
+    "toggle_control",
     "window_control",
 ]
 
@@ -126,6 +129,20 @@ def window_control(source: object) -> Control | None:
     return next((c for c in view.view_controls() if c.type == "window"), None)
 
 
+def toggle_control(source: object) -> Control | None:
+    """The view's first toggle control, if it has one (the page holds the frames of every option).
+
+    Example:
+        >>> from headwidget.views import view_class
+        >>> toggle_control(view_class("channels")).traits()
+        ['kind', 'kinds_available']
+    """
+    view = source if isinstance(source, type) else type(source)
+    if not issubclass(view, View):
+        return None
+    return next((c for c in view.view_controls() if c.type == "toggles"), None)
+
+
 #: Most channels a page holds whole per panel for its window sliders (float16: 2 MiB a panel).
 MAX_WINDOW_CHANNELS = 1024
 
@@ -138,6 +155,8 @@ class Frames:
     frames: dict[int, dict[str, Any]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     nbytes: int = 0
+    #: With a toggle: every option's frames and errors (the current option's are ``frames``/``errors``).
+    options: dict[str, Frames] = field(default_factory=dict)
 
 
 def frame_json(grid: PanelGrid, layer_label: str = "") -> dict[str, Any]:
@@ -192,13 +211,22 @@ def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: 
         _add(frames, 0, source, "", max_bytes)
         return frames
     view: Any = source
+    frames = _window_frames(view, layers, max_bytes)
+    # The page's bar in the order of the view's own
+    order = [(c.type, c.trait) for c in view.view_controls()]
+    frames.state["controls"].sort(key=lambda c: order.index((c["type"], c["trait"])))
+    return frames
+
+
+def _window_frames(view: Any, layers: Sequence[int] | None, max_bytes: int) -> Frames:
+    """The frames of a view, whole matrices for the page's channel window sliders when it has them."""
     window = window_control(view)
     if window is None:
-        return _view_frames(view, layers, max_bytes)
+        return _option_frames(view, layers, max_bytes)
     # The page crops each layer's whole matrices to the window the user picks: export whole ones.
     start, width, total = (int(getattr(view, name)) for name in window.traits()[:3])
     if total > MAX_WINDOW_CHANNELS:
-        frames = _view_frames(view, layers, max_bytes)
+        frames = _option_frames(view, layers, max_bytes)
         frames.state["window_note"] = (
             f"{total} channels: this page holds the exported window only (at most "
             f"{MAX_WINDOW_CHANNELS} channels are kept whole for the window sliders)"
@@ -210,22 +238,50 @@ def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: 
             with view.hold_trait_notifications():
                 setattr(view, window.trait, 0)
                 setattr(view, window.width, total)
-            frames = _view_frames(view, layers, max_bytes)
+            frames = _option_frames(view, layers, max_bytes)
         finally:
             with view.hold_trait_notifications():
                 setattr(view, window.trait, start)
                 setattr(view, window.width, width)
-    if any(p["row_step"] != 1 for frame in frames.frames.values() for p in frame["panels"]):
+    every = [f for option in (frames.options.values() or [frames]) for f in option.frames.values()]
+    if any(p["row_step"] != 1 for frame in every for p in frame["panels"]):
         return frames  # downsampled: no window to crop
     frames.state["controls"].append(window.to_json())
     frames.state.update({name: int(getattr(view, name)) for name in window.traits()})
-    for frame in frames.frames.values():
+    for frame in every:
         frame["window"] = True
     return frames
 
 
-def _view_frames(view: Any, layers: Sequence[int] | None, max_bytes: int) -> Frames:
-    """Frames of a view over ``layers`` (default: all) at its current state but for the layer."""
+def _option_frames(view: Any, layers: Sequence[int] | None, max_bytes: int) -> Frames:
+    """:func:`_view_frames` for each option of the view's toggle (the current option first)."""
+    toggle = toggle_control(view)
+    options = [str(o) for o in getattr(view, toggle.options, [])] if toggle is not None else []
+    frames = _view_frames(view, layers, max_bytes)
+    if toggle is None or len(options) < 2:
+        return frames
+    current = str(getattr(view, toggle.trait))
+    frames.options[current] = frames
+    hold = view.hold_sync() if hasattr(view, "hold_sync") else nullcontext()
+    with hold:
+        try:
+            for option in options:
+                if option == current:
+                    continue
+                setattr(view, toggle.trait, option)
+                other = _view_frames(view, layers, max_bytes, spent=frames.nbytes)
+                frames.options[option] = other
+                frames.nbytes = other.nbytes
+        finally:
+            setattr(view, toggle.trait, current)
+    frames.state["controls"].append(toggle.to_json())
+    frames.state.update({toggle.trait: current, toggle.options: options, "option_trait": toggle.trait})
+    return frames
+
+
+def _view_frames(view: Any, layers: Sequence[int] | None, max_bytes: int, spent: int = 0) -> Frames:
+    """Frames of a view over ``layers`` (default: all) at its current state but for the layer
+    (``spent``: bytes of panel data the page holds already)."""
     current = grid_of(view)  # computes the panels if the view has none yet
     slider = layer_slider(view)
     start = int(getattr(view, "layer", 0))
@@ -233,7 +289,7 @@ def _view_frames(view: Any, layers: Sequence[int] | None, max_bytes: int) -> Fra
     count = int(getattr(view, slider.count)) if slider is not None else 0
     state: dict[str, Any] = {"view": getattr(view, "view_name", ""), "controls": [], "layer": start}
     state.update(layer_label=label, num_layers=count)
-    frames = Frames(state=state)
+    frames = Frames(state=state, nbytes=spent)
     if slider is None or count < 1:
         if layers is not None:
             raise ExportError(f"{type(view).__name__} here has no layer slider; layers= does not apply")

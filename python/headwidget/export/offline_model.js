@@ -3,7 +3,10 @@
 // with a model that has get/set/on/off/save_changes/send. When the layer slider commits a layer,
 // save_changes() swaps in that layer's precomputed panels (or shows why it is missing). A frame
 // marked `window` holds whole square matrices (one cell per channel): the channel window's sliders
-// crop them here, as the kernel would, and the panel subtitles name the window.
+// crop them here, as the kernel would, and the panel subtitles name the window. A page with a
+// toggle (`option_trait`, e.g. the kind of keys) holds each option's frames under `options`; the
+// toggle switches between them. Matrices live in `blobs` (each once; `packed: "upper"` = the upper
+// triangle of a symmetric one, unpacked here).
 // No request leaves the page.
 
 const data = JSON.parse(document.getElementById("headwidget-data").textContent);
@@ -13,7 +16,25 @@ function base64Bytes(text) {
   const raw = atob(text);
   const bytes = new Uint8Array(raw.length);
   for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
-  return new DataView(bytes.buffer);
+  return bytes;
+}
+
+/** A panel's matrix as the widget reads it: n×n row-major, the upper triangle mirrored if packed. */
+function panelData(p, blobs) {
+  const bytes = base64Bytes(blobs[p.blob]);
+  if (p.packed !== "upper") return new DataView(bytes.buffer);
+  const n = p.rows;
+  const Cells = p.dtype === "float16" ? Uint16Array : Uint32Array;
+  const upper = new Cells(bytes.buffer);
+  const full = new Cells(n * n);
+  let k = 0;
+  for (let r = 0; r < n; r++) {
+    for (let c = r; c < n; c++) {
+      full[r * n + c] = upper[k];
+      full[c * n + r] = upper[k++];
+    }
+  }
+  return new DataView(full.buffer);
 }
 
 function same(a, b) {
@@ -63,8 +84,21 @@ class OfflineModel {
   }
 
   save_changes() {
-    if (this.state.layer !== this.shown) this.show(this.state.layer, true);
-    else if (this.windowKey() !== this.cropped) this.show(this.state.layer, true);
+    if (this.state.layer !== this.shown || this.option() !== this.shownOption) {
+      this.show(this.state.layer, true);
+    } else if (this.windowKey() !== this.cropped) this.show(this.state.layer, true);
+  }
+
+  /** The toggle's current option ("" without one). */
+  option() {
+    const trait = this.page.state.option_trait;
+    return trait ? String(this.state[trait]) : "";
+  }
+
+  /** The frames and errors of the current option (the page's own without a toggle). */
+  source() {
+    const options = this.page.options;
+    return options?.[this.option()] ?? this.page;
   }
 
   windowKey() {
@@ -100,24 +134,26 @@ class OfflineModel {
 
   /** Panels of a layer with their data decoded to DataViews (once), or null if not exported. */
   frame(layer) {
-    const frame = this.page.frames[String(layer)];
+    const frame = this.source().frames[String(layer)];
     if (!frame) return null;
-    if (!this.decoded.has(layer)) {
+    const key = `${this.option()}|${layer}`;
+    if (!this.decoded.has(key)) {
       this.decoded.set(
-        layer,
-        frame.panels.map((p) => ({ ...p, data: base64Bytes(p.data) })),
+        key,
+        frame.panels.map((p) => ({ ...p, data: panelData(p, this.page.blobs) })),
       );
     }
-    return { ...frame, panels: this.decoded.get(layer) };
+    return { ...frame, panels: this.decoded.get(key) };
   }
 
   show(layer, notify) {
     const set = notify ? (k, v) => this.set(k, v) : (k, v) => (this.state[k] = v);
     this.shown = layer;
+    this.shownOption = this.option();
     const frame = this.frame(layer);
     if (!frame) {
-      const held = Object.keys(this.page.frames).join(", ");
-      const why = this.page.errors[String(layer)];
+      const held = Object.keys(this.source().frames).join(", ");
+      const why = this.source().errors[String(layer)];
       set(
         "error",
         why
