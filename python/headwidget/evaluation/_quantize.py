@@ -224,8 +224,8 @@ def _nearest(x: torch.Tensor, centroids: torch.Tensor, *, packed: bool = False) 
     distances ``[x, 1, ‖x‖²]·[−2μ, ‖μ‖², 1]`` are read as integers, which order like the floats
     for non-negative values, and their lowest b bits are replaced by the centroid's index. Two
     centroids whose distances agree in all but those b mantissa bits (a relative difference below
-    ``2**(b − 23)`` in float32, smaller than the expansion's own rounding when ``‖x‖²`` exceeds the
-    distance) count as tied; any of them may be returned. A rounding-negative distance (≈ 0) wins.
+    ``2**(b − 23)`` in float32) count as tied and either may be returned; the expanded distance itself
+    is only good to about ``2**-23·‖x‖²``. A rounding-negative distance (≈ 0) wins.
     """
     g, n, _ = x.shape
     k = centroids.shape[1]
