@@ -225,8 +225,8 @@ def run_demo(
     echo: Callable[[str], None] = print,
 ) -> dict[str, KVStats]:
     """Capture each embedded model over the English sample, print summaries, save stats and figures,
-    and (with ``figures``) evaluate SmolLM2's variants on ``evaluation_tokens`` held-out tokens and its
-    per-layer sweep on ``sweep_tokens``.
+    and (with ``figures``) evaluate SmolLM2's variants and K/V quantizers on ``evaluation_tokens``
+    held-out tokens and its per-layer sweep on ``sweep_tokens``.
 
     Example:
         >>> import pathlib, tempfile
