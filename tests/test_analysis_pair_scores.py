@@ -68,3 +68,34 @@ def test_matches_per_pair_numpy(planes: list[tuple[int, int]]) -> None:
 def test_heldout_needs_two_parts() -> None:
     with pytest.raises(ValueError, match="two parts"):
         score_pairs([torch.eye(4, dtype=torch.float64)], HeadSplit.make(2, []), heldout=True)
+
+
+@pytest.mark.parametrize("planes", [[(0, 3), (1, 4), (2, 5)], [(1, 2), (3, 4)], [(0, 4), (1, 2)], []])
+@pytest.mark.parametrize("layout", ["stacked", "window", "summed"])
+def test_in_sample_scores_read_any_strided_gram(planes: list[tuple[int, int]], layout: str) -> None:
+    """The in-sample path (parts summed as read) on Grams that are views: an offset into a stacked
+    tensor, a window of a wider matrix (row stride ≠ C), or the in-sample Gram as one part."""
+    rng = np.random.default_rng(7)
+    heads, d = 5, 6
+    x0, x1 = rng.normal(size=(30, heads * d)), rng.normal(size=(20, heads * d))
+    x0[:, 2 * d : 3 * d] -= 0.5 * x0[:, d : 2 * d]
+    g0, g1 = x0.T @ x0, x1.T @ x1
+    c = heads * d
+    stacked = torch.from_numpy(np.stack([g1, g0, g1]))
+    wide = torch.from_numpy(rng.normal(size=(2, c + 3, c + 5)))
+    wide[0, 1 : c + 1, 2 : c + 2], wide[1, 2 : c + 2, 4 : c + 4] = torch.from_numpy(g0), torch.from_numpy(g1)
+    parts = {
+        "stacked": [stacked[1], stacked[2]],
+        "window": [wide[0, 1 : c + 1, 2 : c + 2], wide[1, 2 : c + 2, 4 : c + 4]],
+        "summed": [torch.from_numpy(g0 + g1)],
+    }[layout]
+    split = HeadSplit.make(d, planes)
+    out = score_pairs(parts, split)
+    assert out.heldout is None and out.heldout_trace is None
+    g = g0 + g1
+    for i in range(heads):
+        for j in range(heads):
+            a = g[i * d : (i + 1) * d, j * d : (j + 1) * d]
+            assert out.trace[i, j] == pytest.approx(np.trace(a), abs=1e-9)
+            want = np.trace(a) if i == j else brute_pair(a, planes, split.rest.tolist())[0]
+            assert out.best[i, j] == pytest.approx(want, abs=1e-9)

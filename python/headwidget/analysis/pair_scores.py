@@ -6,10 +6,10 @@ is read, and the held-out fit reads the same entries. Only pairs ``i ≤ j`` are
 are mirrored (``Q_ji = Q_ij^T`` gives the same score) and the diagonal of an aligned score is the
 trace (a head's best rotation onto itself is the identity).
 
-Per row of blocks, each part is read once, and only at the entries the closed forms use — each block's
-diagonal (the trace) and, for every rotary plane ``(p, q)``, ``A[p, q]`` and ``A[q, p]`` (strided
-diagonal views for the RoPE layouts) — so the RoPE scores touch ``O(P²·d_h)`` entries and copy no
-d_h×d_h block. Non-rotary dims gather their blocks in
+Per row of blocks, each part is read once, and only at the entries the closed forms use: for every
+rotary plane ``(p, q)`` the four entries ``A[p, p]``, ``A[p, q]``, ``A[q, p]``, ``A[q, q]`` (strided views
+for the RoPE layouts, which walk each Gram row once) and the diagonal of the other dims (the traces), so
+the RoPE scores touch ``O(P²·d_h)`` entries and copy no d_h×d_h block. Non-rotary dims gather their blocks in
 chunks (the parts summed as they are read) and score them with one batched symmetric eigensolver
 (:func:`~headwidget.analysis.procrustes.nuclear_norms`, :func:`~headwidget.analysis.procrustes.
 polar_scores`); chunks run one per core.
@@ -69,33 +69,51 @@ def pair_block(parts: Parts, d: int, i: torch.Tensor, j: torch.Tensor) -> torch.
     return sum(_view(g, d).permute(0, 2, 1, 3)[i, j] for g in parts)  # type: ignore[return-value]
 
 
-def _read(g: torch.Tensor, split: HeadSplit, r0: int, r1: int) -> tuple[torch.Tensor, ...]:
-    """Block traces (R, P') and, with planes, (α, β) each (R, P', planes) for rows r0..r1, columns r0..
+def _plane_entries(g: torch.Tensor, split: HeadSplit, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries of every rotary plane ``(p, q)`` in the blocks of rows r0..r1, columns r0..: ``P``
+    with ``[i, m, 0, j] = A_ij[p, p]`` and ``[i, m, 1, j] = A_ij[p, q]``, and ``Q`` with ``A_ij[q, p]``,
+    ``A_ij[q, q]``; each (R, planes, 2, P').
 
-    RoPE layouts (planes ``p = p0 + s·m``, ``q = p + δ``) read three strided diagonals of the
-    (R, d, P', d) view — offsets 0, +δ and −δ hold ``A[k, k]``, ``A[p, q]`` and ``A[q, p]`` — each
-    entry once; other plane sets gather the same entries by advanced indexing.
+    RoPE layouts (``p = p0 + s·m``, ``q = p + δ``) give both as strided views of the Gram: no entry is
+    copied, and a reader walks each Gram row once, left to right, taking the two entries of every
+    block that the row holds. Other plane sets gather the same entries by advanced indexing.
     """
     d = split.head_dim
-    v = _view(g, d)[r0:r1, :, r0:, :]
-    # Copied as (R, d, P'): the innermost index walks along one Gram row (stride d) rather than
-    # down the diagonal (stride C + 1, a new memory page per entry); about 15% faster on CPU.
-    diag = torch.diagonal(v, 0, 1, 3).transpose(1, 2).contiguous()  # [i, k, j] = A_ij[k, k]
-    trace = diag.sum(1)
-    if not split.has_planes:
-        return (trace,)
     prog = split.progression
     if prog is None:
+        v = _view(g, d)[r0:r1, :, r0:, :]
         p, q = split.p.to(g.device), split.q.to(g.device)
-        alpha = (diag[:, p] + diag[:, q]).transpose(1, 2)
-        beta = (v[:, p, :, q] - v[:, q, :, p]).permute(1, 2, 0)  # indexed dims go first
-        return trace, alpha, beta
+        cols = torch.stack([p, q], 1)  # the advanced indices go first: (planes, 2, R, P')
+        return v[:, p[:, None], :, cols].permute(2, 0, 1, 3), v[:, q[:, None], :, cols].permute(2, 0, 1, 3)
     p0, step, m, delta = prog
-    ps = slice(p0, p0 + step * (m - 1) + 1, step)
-    qs = slice(p0 + delta, p0 + delta + step * (m - 1) + 1, step)
-    upper = torch.diagonal(v, delta, 1, 3).transpose(1, 2)[:, ps]  # A_ij[p, p + δ]
-    lower = torch.diagonal(v, -delta, 1, 3).transpose(1, 2)[:, ps]  # A_ij[p + δ, p]
-    return trace, (diag[:, ps] + diag[:, qs]).transpose(1, 2), (upper - lower).transpose(1, 2)
+    row, col = g.stride()
+    size = (r1 - r0, m, 2, g.shape[1] // d - r0)
+    stride = (d * row, step * (row + col), delta * col, d * col)
+    corner = g.storage_offset() + r0 * d * (row + col) + p0 * col
+    return (
+        g.as_strided(size, stride, corner + p0 * row),
+        g.as_strided(size, stride, corner + (p0 + delta) * row),
+    )
+
+
+def _planes(entries: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(α, β)`` (R, planes, P') of the sum of the parts whose :func:`_plane_entries` are given."""
+    p, q = entries[0]
+    if len(entries) > 1:
+        p, q = p + entries[1][0], q + entries[1][1]
+        for more_p, more_q in entries[2:]:
+            p, q = p.add_(more_p), q.add_(more_q)
+    return p[:, :, 0] + q[:, :, 1], p[:, :, 1] - q[:, :, 0]
+
+
+def _rest_trace(g: torch.Tensor, split: HeadSplit, r0: int, r1: int) -> torch.Tensor:
+    """The traces (R, P') of the non-rotary dims of the blocks of rows r0..r1, columns r0..."""
+    v = _view(g, split.head_dim)[r0:r1, :, r0:, :]
+    if split.has_planes:
+        return torch.diagonal(v, 0, 1, 3).index_select(-1, split.rest.to(g.device)).sum(-1)
+    # Copied as (R, d, P'): the innermost index walks along one Gram row (stride d) rather than
+    # down the diagonal (stride C + 1, a new memory page per entry); about 15% faster on CPU.
+    return torch.diagonal(v, 0, 1, 3).transpose(1, 2).contiguous().sum(1)
 
 
 def _row_ranges(heads: int, per_chunk: int) -> list[tuple[int, int]]:
@@ -166,18 +184,25 @@ def score_pairs(parts: Parts, split: HeadSplit, *, best: bool = True, heldout: b
     Opt = torch.Tensor | None
 
     def rows_chunk(r0: int) -> tuple[int, torch.Tensor, Opt, Opt, Opt]:
-        reads = [_read(g, split, r0, min(heads, r0 + rows)) for g in parts]
-        tr = torch.stack([r[0] for r in reads]).sum(0)
-        b = h = None
-        if split.has_planes and best:
-            alpha, beta = reads[0][1], reads[0][2]
-            for r in reads[1:]:
-                alpha, beta = alpha + r[1], beta + r[2]
-            b = torch.sqrt(alpha * alpha + beta * beta).sum(-1)
-        if split.has_planes and heldout:
-            cos, sin = plane_angles(reads[0][1], reads[0][2])
-            h = (cos * reads[1][1] + sin * reads[1][2]).sum(-1)
-        return r0, tr, b, h, (reads[1][0] if heldout else None)
+        r1 = min(heads, r0 + rows)
+        rest = [_rest_trace(g, split, r0, r1) for g in parts] if split.rest.numel() else None
+        if not split.has_planes:
+            assert rest is not None
+            return r0, sum(rest[1:], rest[0]), None, None, (rest[1] if heldout else None)
+        entries = [_plane_entries(g, split, r0, r1) for g in parts]
+        b = h = held_tr = None
+        if heldout:  # each part's planes: the fit's angles are scored on the other part
+            (a0, b0), (a1, b1) = _planes(entries[:1]), _planes(entries[1:])
+            alpha, beta = a0 + a1, b0 + b1
+            cos, sin = plane_angles(a0, b0)
+            h = (cos * a1 + sin * b1).sum(1)
+            held_tr = a1.sum(1) if rest is None else a1.sum(1) + rest[1]
+        else:
+            alpha, beta = _planes(entries)
+        tr = alpha.sum(1) if rest is None else alpha.sum(1) + sum(rest[1:], rest[0])
+        if best:
+            b = torch.hypot(alpha, beta).sum(1)
+        return r0, tr, b, h, held_tr
 
     for r0, tr, b, h, held_tr in map_chunks(rows_chunk, range(0, heads, rows), first.device):
         r1 = min(heads, r0 + rows)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TypeVar
 
 import torch
@@ -92,7 +93,7 @@ class HeadSplit:
     def has_planes(self) -> bool:
         return bool(self.p.numel())
 
-    @property
+    @cached_property
     def progression(self) -> tuple[int, int, int, int] | None:
         """``(p0, step, planes, δ)`` when ``p = p0 + step·m`` and ``q = p + δ``, else None.
 
