@@ -10,7 +10,9 @@ Run: ``.venv/bin/python bench/analysis.py`` (about a minute on a 2-core CPU).
    the two token-split Grams; checked to 1e-9); SVD loops are timed on the first ``--loop-pairs`` pairs.
    Loops run with torch's default threads and with single-threaded LAPACK (which is ~10× faster for
    128×128 SVDs on a 2-core machine); speed-ups are against the faster of the two, and are printed
-   next to the targets (RoPE ≥ 20×, orthogonal ≥ 5×).
+   next to the targets (RoPE ≥ 20×, orthogonal ≥ 5×). Then the exact float64 kernels an orthogonal
+   score can be built from (SVD, or the symmetric eigensolver on AᵀA) are timed per block on one
+   thread, and the most that batching them could gain with this machine's cores is printed.
 2. Operator similarity of a 7B-shaped layer (d 4096, H 32, d_h 128): the Frobenius trick vs dense
    d×d forms. The dense side forms a few M_h and inner products and extrapolates to all heads.
 """
@@ -25,6 +27,7 @@ import torch
 
 from headwidget.analysis.alignment import align
 from headwidget.analysis.operator_space import operator_gram, operator_similarity
+from headwidget.analysis.pair_scores import pair_block
 from headwidget.analysis.procrustes import _single_threaded
 from headwidget.analysis.weights import HeadWeights
 from headwidget.core.layout import AttentionLayout, RopeLayout
@@ -93,6 +96,37 @@ def loop_align(stats: KVStats, pairs: list[tuple[int, int]], method: str, heldou
 TARGETS = {"rope": 20.0, "orthogonal": 5.0}
 
 
+def exact_kernels(stats: KVStats, pairs: list[tuple[int, int]], repeat: int) -> dict[str, float]:
+    """Single-threaded seconds per 128×128 block of the float64 LAPACK kernels an exact orthogonal
+    score can be built from, on the blocks of ``pairs``: what no batching on the CPU gets below."""
+    m = stats.moments(0, "value")
+    d = m.head_dim or 1
+    i, j = (torch.tensor(x) for x in zip(*pairs, strict=True))
+    fit = pair_block([m.token_gram(0)], d, i, j)
+    total = pair_block([m.token_gram(0), m.token_gram(1)], d, i, j)
+    kernels = {
+        "svdvals": lambda: torch.linalg.svdvals(total),
+        "AᵀA + eigvalsh": lambda: torch.linalg.eigvalsh(total.mT @ total),
+        "svd": lambda: torch.linalg.svd(fit),
+        "AᵀA + eigh": lambda: torch.linalg.eigh(fit.mT @ fit),
+    }
+    with _single_threaded():
+        return {name: timed(fn, repeat) / len(pairs) for name, fn in kernels.items()}
+
+
+def print_ceiling(kernels: dict[str, float], loop: dict[bool, float]) -> None:
+    """The most a batched exact orthogonal path can gain on this CPU: one block per core at a time,
+    each in its cheapest exact kernel, nothing else (no gathers, no cross products)."""
+    cores = torch.get_num_threads()
+    best = min(kernels["svdvals"], kernels["AᵀA + eigvalsh"])
+    held = best + min(kernels["svd"], kernels["AᵀA + eigh"])
+    listed = ", ".join(f"{name} {sec * 1e3:.2f} ms" for name, sec in kernels.items())
+    print(f"exact float64 kernels per 128×128 block, 1 thread: {listed}")
+    before, held_out = loop[False] / (best / cores), loop[True] / (held / cores)
+    print(f"so with {cores} cores the orthogonal scores can be at most {before:.1f}× (before+after) "
+          f"and {held_out:.1f}× (held-out) faster than the loop")  # fmt: skip
+
+
 def bench_alignment(heads: int, loop_pairs: int, repeat: int) -> None:
     d = 128
     t = time.perf_counter()
@@ -104,6 +138,7 @@ def bench_alignment(heads: int, loop_pairs: int, repeat: int) -> None:
     print(f"\n[1] head alignment, {n_pairs} pairs measured, extrapolated to {full_pairs} pairs (1024 heads)")
     head = f"{'method':<11}{'scores':<22}{'side':<32}{'ms/pair':>9}{'7B set, s':>11}"
     print(f"{head}{'speed-up':>10}{'target':>8}")
+    fastest_loop: dict[bool, float] = {}
     for method, kind in (("rope", "key"), ("orthogonal", "value")):
         for held in (False, True):
             res = align(stats, 0, kind, method=method, heldout=held)
@@ -133,6 +168,8 @@ def bench_alignment(heads: int, loop_pairs: int, repeat: int) -> None:
                 loop_single / len(sub),
             )
             best_loop = min(loop_default, loop_single)
+            if method == "orthogonal":
+                fastest_loop[held] = best_loop
             label = "before+after+held-out" if held else "before+after"
             for side, per in (("batched align()", batched),
                               ("per-pair loop, torch defaults", loop_default),
@@ -145,6 +182,7 @@ def bench_alignment(heads: int, loop_pairs: int, repeat: int) -> None:
                       f"{best_loop / per:>9.1f}×  {target}")  # fmt: skip
     print("speed-up: the faster per-pair loop's time / this row's; loops agree with align() to 1e-9;")
     print(f"each side timed {repeat}× interleaved with the others, best kept")
+    print_ceiling(exact_kernels(stats, pairs[:loop_pairs], repeat), fastest_loop)
 
 
 def bench_operator(dense_heads: int) -> None:
