@@ -247,3 +247,24 @@ def test_bad_specs_and_statistics(llama_gqa, gqa_stats) -> None:
         apply(make_model("deepseek_v2"), "mqa")
     with pytest.raises(UnsupportedConversionError, match="cannot hold 3"):
         apply(make_model("falcon_new"), "gqa:3")
+
+
+def test_a_shared_variant_copies_only_the_converted_block_and_the_containers_above_it() -> None:
+    from headwidget.evaluation._apply import build_variant, fit_variant
+
+    model = make_model("llama_gqa")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    variant = build_variant(model, "mqa", fit_variant(model, "mqa", None, [1]), share=True)
+    layers, original = variant.model.layers, model.model.layers
+    assert variant is not model and variant.model is not model.model and layers is not original
+    assert variant.config is not model.config  # a converted copy may change its config
+    assert layers[0] is original[0] and variant.lm_head is model.lm_head  # shared, not copied
+    assert layers[1] is not original[1]
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    assert layers[1].self_attn.k_proj.out_features == head_dim  # one KV head
+    assert original[1].self_attn.k_proj.out_features == HEADS["llama_gqa"][2] * head_dim
+    assert torch.equal(layers[1].mlp.gate_proj.weight, original[1].mlp.gate_proj.weight)  # a copy
+    layers[0] = torch.nn.Identity()  # what the sweep does to the copy's container
+    assert isinstance(original[0], type(layers[1]))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

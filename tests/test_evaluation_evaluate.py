@@ -99,7 +99,7 @@ def test_left_padding_gives_the_numbers_of_right_padding(llama, batches) -> None
         assert left.top1[spec] == right.top1[spec]
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "gpt2", "falcon_new"])
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2", "falcon_new", "gpt_neox", "bigcode_mha"])
 def test_per_layer_delta_equals_a_full_forward_with_that_layer_replaced(name: str) -> None:
     model = make_model(name)
     batches = ragged_batches(seed=5)

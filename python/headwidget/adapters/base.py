@@ -76,21 +76,29 @@ class Adapter:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.config: Any = model.config
+        self._attentions: list[nn.Module] | None = None
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) in cls.model_types
 
     def attention_modules(self) -> list[nn.Module]:
-        """The self-attention module of every layer, in layer order."""
-        found = [
-            m
-            for name, m in self.model.named_modules()
-            if hasattr(m, self.marker) and not _is_cross_attention(name, m)
-        ]
-        if not found:
-            raise RuntimeError(f"no attention modules with a {self.marker!r} attribute were found")
-        return found
+        """The self-attention module of every layer, in layer order.
+
+        The model's module tree is walked once per adapter (a walk costs milliseconds on a 30-layer
+        model, and conversions ask for a layer's module many times); ask :func:`adapter_for` for a new
+        adapter after replacing a model's attention modules.
+        """
+        if self._attentions is None:
+            found = [
+                m
+                for name, m in self.model.named_modules()
+                if hasattr(m, self.marker) and not _is_cross_attention(name, m)
+            ]
+            if not found:
+                raise RuntimeError(f"no attention modules with a {self.marker!r} attribute were found")
+            self._attentions = found
+        return list(self._attentions)
 
     def layout(self) -> AttentionLayout:
         raise NotImplementedError

@@ -192,6 +192,9 @@ def _block_prefix(name: str) -> str:
 
 
 def _copy(model: nn.Module, adapter: Adapter, layers: Sequence[int], share: bool) -> nn.Module:
+    """A deep copy of ``model``; with ``share``, one that shares every parameter and buffer outside the
+    blocks of ``layers``, and every module outside them and the containers that lead to them (so a
+    copy with one layer converted copies one block, not the whole model's module tree)."""
     if not share:
         return copy.deepcopy(model)
     names = {id(m): n for n, m in model.named_modules()}
@@ -202,6 +205,12 @@ def _copy(model: nn.Module, adapter: Adapter, layers: Sequence[int], share: bool
         for t in (*model.get_submodule(b).parameters(), *model.get_submodule(b).buffers())
     }
     memo: dict[int, object] = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in own}
+    if blocks:
+        copied = {id(m) for b in blocks for m in model.get_submodule(b).modules()}
+        for b in blocks:  # the containers on the way to a block: ``model``, ``model.layers``, ...
+            parts = b.split(".")
+            copied |= {id(model.get_submodule(".".join(parts[:k]))) for k in range(len(parts))}
+        memo.update({id(m): m for m in model.modules() if id(m) not in copied})
     return copy.deepcopy(model, memo)
 
 
