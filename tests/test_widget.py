@@ -37,7 +37,21 @@ def test_show_sends_the_grid_in_the_wire_format():
         "",
     )
     assert w.grid is shown and grid_of(w) is shown  # the export takes a widget as it takes a view
-    assert repr(w) == 'HeadWidget(panels=["A"])' and w.controls == [] and w.view == ""
+    assert repr(w).splitlines()[:2] == ["HeadWidget", "panels: A"] and w.controls == [] and w.view == ""
+
+
+def test_the_text_stand_in_says_what_the_widget_shows_and_how_to_draw_it():
+    """A saved notebook without widget state shows this text instead of the widget."""
+    w = HeadWidget(grid())
+    w.heading, w.error = "SmolLM2-135M · layer 3", "layer 40 does not exist"
+    w.charts = [{"title": "KV bytes against damage"}, {"title": "per-layer ΔNLL"}]
+    assert repr(w).splitlines() == [
+        "HeadWidget: SmolLM2-135M · layer 3",
+        "charts: KV bytes against damage; per-layer ΔNLL",
+        "panels: A",
+        "error: layer 40 does not exist",
+        "(an interactive headwidget: run the cell in Jupyter to draw it)",
+    ]
 
 
 def test_clicks_and_png_replies_reach_their_callbacks():

@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -111,6 +110,23 @@ class HeadWidget(anywidget.AnyWidget):
                 on_png(png)
 
     def __repr__(self) -> str:
-        """The class and the titles of the panels shown."""
-        titles = json.dumps([p["title"] for p in self.panels])
-        return f"{type(self).__name__}(panels={titles})"
+        """What the widget shows, in words: the text a notebook keeps where the widget cannot be drawn
+        (a saved notebook opened without its widget state, a terminal).
+
+        >>> import numpy as np
+        >>> from headwidget.core.panels import Panel, PanelGrid
+        >>> print(repr(HeadWidget(PanelGrid([Panel("a", "layer 3", np.eye(2))], 0.0, 1.0, "magma", "v"))))
+        HeadWidget
+        panels: layer 3
+        (an interactive headwidget: run the cell in Jupyter to draw it)
+        """
+        name = type(self).__name__
+        lines = [f"{name}: {self.heading}" if self.heading else name]
+        for what, titles in (("charts", [c["title"] for c in self.charts]),
+                             ("panels", [p["title"] for p in self.panels])):  # fmt: skip
+            if titles:
+                lines.append(f"{what}: {'; '.join(titles)}")
+        if self.error:
+            lines.append(f"error: {self.error}")
+        lines.append("(an interactive headwidget: run the cell in Jupyter to draw it)")
+        return "\n".join(lines)
