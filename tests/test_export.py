@@ -413,3 +413,20 @@ def test_a_long_figure_title_wraps_inside_a_narrow_figure():
     assert box.x0 >= page.x0 and box.x1 <= page.x1 and box.y1 <= page.y1
     shown = fig._suptitle.get_text()
     assert "\n" in shown and shown.split() == [w for w in title.split() if w != "·"]  # wrapped, whole
+
+
+def test_save_all_writes_what_separate_saves_write(tmp_path):
+    """One layout, several files: the same bytes as a save() per file (PNG pixels, SVG/PDF text)."""
+    grid = PanelGrid(
+        [Panel("a", "Keys · layer 0", np.arange(12.0).reshape(3, 4) / 12)], 0.0, 1.0, "magma", "r"
+    )
+    together = headwidget.export.save_all(
+        grid, [tmp_path / "a.png", tmp_path / "a.svg", tmp_path / "a.pdf"], dpi=60
+    )
+    assert [p.name for p in together] == ["a.png", "a.svg", "a.pdf"]
+    for suffix in (".png", ".svg", ".pdf"):
+        alone = save(grid, tmp_path / f"b{suffix}", dpi=60)
+        assert alone.read_bytes() == (tmp_path / f"a{suffix}").read_bytes()
+    with pytest.raises(ExportError, match=r"'c\.html'.*\.png, \.svg, \.pdf"):
+        headwidget.export.save_all(grid, [tmp_path / "c.png", tmp_path / "c.html"])
+    assert not (tmp_path / "c.png").exists()  # refused before anything is written

@@ -41,7 +41,7 @@ from headwidget.core.kinds import Kind
 from headwidget.demo._quantization import SAMPLES, entropy_lines, quantizer_lines
 from headwidget.embedded import load_minilm, load_smollm2
 from headwidget.evaluation import EvaluationReport, evaluate
-from headwidget.export import save
+from headwidget.export import save_all
 from headwidget.report import summary_table
 from headwidget.stats import KVStats
 from headwidget.texts import SAMPLE_SOURCE, english_sample
@@ -94,8 +94,8 @@ def _figures(
         )
         alignment = view_class("alignment").create(smol, layers=ALIGNMENT_LAYERS, interactive=False)
         for name, view in (("channel_correlation", channels), ("head_alignment", alignment)):
-            for suffix in (".png", ".pdf"):
-                echo(f"wrote {save(view, out / f'{name}{suffix}', dpi=150)}")
+            for path in save_all(view, [out / f"{name}.png", out / f"{name}.pdf"], dpi=150):
+                echo(f"wrote {path}")
         explorer = view_class("channels").create(smol, interactive=False, channel_width=64)
         page = save(explorer, out / "explorer.html")
         echo(f"wrote {page} (standalone, offline: {page.stat().st_size / 2**20:.1f} MiB)")
@@ -120,8 +120,8 @@ def _figures(
         view = view_class("mechanisms").create(
             mini, models["minilm-l6"], layers=[MECHANISM_LAYER], interactive=False, mechanisms=MECHANISMS
         )
-        for suffix in (".png", ".pdf"):
-            echo(f"wrote {save(view, out / f'mechanisms{suffix}', dpi=150)}")
+        for path in save_all(view, [out / "mechanisms.png", out / "mechanisms.pdf"], dpi=150):
+            echo(f"wrote {path}")
         report += [f"## Mechanisms (MiniLM layer {MECHANISM_LAYER}, data-aware)", ""]
         report += ["| spec | KV bytes/token (bf16) | key error | value error |", "|---|---|---|---|"]
         for row in mechanism_sweep(models["minilm-l6"], MECHANISM_LAYER, MECHANISMS, mini):
@@ -187,8 +187,8 @@ def _evaluation(
     echo(f"wrote {path}")
     # The trade-off chart of the table and the per-layer damage map of the sweep, as figures
     for name, source in (("tradeoff", table), ("damage_map", sweep)):
-        for suffix in (".png", ".pdf"):
-            echo(f"wrote {save(ConsequenceView(source), out / f'{name}{suffix}', dpi=150)}")
+        for path in save_all(ConsequenceView(source), [out / f"{name}.png", out / f"{name}.pdf"], dpi=150):
+            echo(f"wrote {path}")
     facts = (
         f"{table.tokens} predicted tokens in {table.sequences} sequences of the evaluation split of the "
         f"text (fingerprint {table.fingerprint}), disjoint from the calibration split the statistics "

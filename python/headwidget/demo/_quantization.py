@@ -27,7 +27,7 @@ import torch
 from headwidget.analysis.entropy import channel_entropy, channel_entropy_of
 from headwidget.core.kinds import Kind
 from headwidget.evaluation import evaluate
-from headwidget.export import save
+from headwidget.export import save_all
 from headwidget.stats import KVStats
 from headwidget.views import QuantizationView
 from headwidget.views.quantization import bits_per_channel
@@ -106,8 +106,8 @@ def quantizer_lines(
     echo(report.table())
     echo(f"wrote {report.save(out / 'quantization.json')}")
     view = QuantizationView(stats, layer=0, report=report)
-    for suffix in (".png", ".pdf"):
-        echo(f"wrote {save(view, out / f'quantization{suffix}', dpi=150)}")
+    for path in save_all(view, [out / "quantization.png", out / "quantization.pdf"], dpi=150):
+        echo(f"wrote {path}")
     head = ["spec", "bits/channel", "KV bytes/token", "constant bytes", "perplexity", "ΔNLL", "KL", "top-1"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     base = report.measures["model"]["nll"]

@@ -18,7 +18,7 @@ Example:
 from headwidget.export._colormaps import LutNorm, colormap, lut_color, lut_index, nan_color
 from headwidget.export._figure import export_style, figure
 from headwidget.export._html import page_data, page_html, save_html
-from headwidget.export._save import FORMATS, cell_box, save
+from headwidget.export._save import FORMATS, cell_box, save, save_all
 from headwidget.export._source import ExportError, GridSource, grid_of
 from headwidget.export._tabs import save_tabbed_html, tabbed_html
 
@@ -38,6 +38,7 @@ __all__ = [
     "page_data",
     "page_html",
     "save",
+    "save_all",
     "save_html",
     "save_tabbed_html",
     "tabbed_html",

@@ -16,7 +16,7 @@ from headwidget.export._figure import PANEL_LABEL, export_style, figure
 from headwidget.export._html import save_html
 from headwidget.export._source import ExportError, GridSource
 
-__all__ = ["FORMATS", "cell_box", "save"]
+__all__ = ["FORMATS", "cell_box", "save", "save_all"]
 
 #: Suffix → what is written. PNG/SVG/PDF are matplotlib figures; HTML is the interactive page.
 FORMATS = {
@@ -69,10 +69,40 @@ def save(
         return save_html(source, path, title=title, layers=layers)
     if layers is not None:
         raise ExportError("layers= applies to .html exports; a figure shows the view's current panels")
+    (written,) = save_all(source, [path], dpi=dpi, size=size, title=title)
+    return written
+
+
+def save_all(
+    source: GridSource,
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    dpi: float = 200,
+    size: tuple[float, float] | None = None,
+    title: str | None = None,
+) -> list[Path]:
+    """Write one figure to several files (``.png``, ``.svg``, ``.pdf``): laid out once, then saved to each,
+    so a PNG and a PDF of the same view cost one layout instead of two. Arguments as for :func:`save`.
+
+    Example:
+        >>> import numpy as np, tempfile, pathlib
+        >>> from headwidget.core.panels import Panel, PanelGrid
+        >>> grid = PanelGrid([Panel("a", "Keys · layer 0", np.eye(3))], -1.0, 1.0, "diverging", "r")
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> [p.name for p in save_all(grid, [folder / "fig.png", folder / "fig.pdf"], dpi=50)]
+        ['fig.png', 'fig.pdf']
+    """
+    out = [Path(p) for p in paths]
+    for path in out:
+        if path.suffix.lower() not in METADATA:
+            figures = ", ".join(METADATA)
+            raise ExportError(f"cannot write a figure to {path.name!r}: the suffix must be one of {figures}")
     fig = figure(source, dpi=dpi, size=size, title=title)
     with export_style():
-        fig.savefig(path, format=suffix[1:], dpi="figure", metadata=METADATA[suffix])
-    return path
+        for path in out:
+            suffix = path.suffix.lower()
+            fig.savefig(path, format=suffix[1:], dpi="figure", metadata=METADATA[suffix])
+    return out
 
 
 def cell_box(fig: Figure, panel: int, row: int, col: int) -> tuple[float, float, float, float]:
