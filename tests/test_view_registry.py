@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import traitlets as t
 
+from headwidget.core.kinds import KIND_LABELS
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import UnknownViewError
 from headwidget.views import (
@@ -57,8 +58,15 @@ def test_each_view_declares_its_state_and_controls_once():
             "total": "num_channels",
             "step": "channel_step",
         },
-        {"trait": "kind", "type": "toggles", "label": "Kind", "options": "kinds_available"},
+        {
+            "trait": "kind",
+            "type": "toggles",
+            "label": "Kind",
+            "options": "kinds_available",
+            "labels": KIND_LABELS,
+        },
     ]
+    assert KIND_LABELS["key_post"] == "keys, post-RoPE"  # what the kind buttons say
     assert [(c.trait, c.type, c.options) for c in AlignmentView.view_controls()[1:]] == [
         ("kind", "toggles", "kinds_available"),
         ("metric", "select", "metrics_available"),

@@ -6,7 +6,8 @@
  * - slider: `trait` in 0 .. `count` - 1, with the `text` trait beside it;
  * - window: a window [`trait`, `trait` + `width`) inside 0 .. `total`; with a `step` trait
  *   holding more than 1 (e.g. a head's channels), start and width snap to its multiples;
- * - toggles / select: one entry of the `options` list; checklist: a sub-list;
+ * - toggles / select: one entry of the `options` list; checklist: a sub-list; each option shown
+ *   as its text in `labels` (an object), if it has one;
  * - entry: a text field whose submitted text is set on `trait` (e.g. a spec to add).
  */
 
@@ -30,6 +31,8 @@ export interface ControlSpec {
   total: string;
   options: string;
   step: string;
+  /** What an option is shown as: option → text. */
+  labels: Record<string, string>;
 }
 
 const REFERENCES = ["count", "text", "width", "total", "options", "step"] as const;
@@ -46,6 +49,14 @@ const REQUIRED: Record<ControlType, readonly (typeof REFERENCES)[number][]> = {
 
 function text(value: unknown): string {
   return typeof value === "string" ? value : "";
+}
+
+/** The string entries of a plain object (anything else: none). */
+function stringMap(value: unknown): Record<string, string> {
+  const out: Record<string, string> = Object.create(null);
+  if (!value || typeof value !== "object" || Array.isArray(value)) return out;
+  for (const [k, v] of Object.entries(value)) if (typeof v === "string") out[k] = v;
+  return out;
 }
 
 /** The well-formed entries of a `controls` value, in order; anything else is left out. */
@@ -67,6 +78,7 @@ export function parseControls(value: unknown): ControlSpec[] {
       total: text(e.total),
       options: text(e.options),
       step: text(e.step),
+      labels: stringMap(e.labels),
     };
     if (REQUIRED[type].every((k) => spec[k] !== "")) specs.push(spec);
   }

@@ -182,9 +182,10 @@ export class OptionsControl implements BoundControl {
   ) {
     const { label, trait } = spec;
     const pick = (v: unknown) => commit(model, { [trait]: v });
-    if (spec.type === "toggles") this.input = new Toggles(doc, label, trait, pick);
-    else if (spec.type === "select") this.input = new Choice(doc, label, trait, pick);
-    else this.input = new Checklist(doc, label, trait, pick);
+    const { labels } = spec;
+    if (spec.type === "toggles") this.input = new Toggles(doc, label, trait, pick, labels);
+    else if (spec.type === "select") this.input = new Choice(doc, label, trait, pick, labels);
+    else this.input = new Checklist(doc, label, trait, pick, labels);
   }
 
   get el(): HTMLElement {

@@ -166,12 +166,26 @@ export class NumberField {
   }
 }
 
+/** What an option is shown as: option → text (options not in it show as themselves). */
+export type OptionLabels = Readonly<Record<string, string>>;
+
+/** The text of option `o`: its label when `labels` has one of its own, else `o`. */
+export function optionText(labels: OptionLabels, o: string): string {
+  return Object.hasOwn(labels, o) ? labels[o] : o;
+}
+
 export class Choice {
   readonly el: HTMLLabelElement;
   readonly select: HTMLSelectElement;
   private options: string[] = [];
 
-  constructor(doc: Document, label: string, trait: string, onPick: (v: string) => void) {
+  constructor(
+    doc: Document,
+    label: string,
+    trait: string,
+    onPick: (v: string) => void,
+    private readonly labels: OptionLabels = {},
+  ) {
     this.select = h(doc, "select", { attrs: { "data-trait": trait } });
     this.el = h(doc, "label", { className: "hw-control" }, [
       h(doc, "span", { className: "hw-label", text: label }),
@@ -187,7 +201,10 @@ export class Choice {
       this.options = options.slice();
       this.select.replaceChildren(
         ...options.map((o) =>
-          h(this.select.ownerDocument, "option", { text: o, attrs: { value: o } }),
+          h(this.select.ownerDocument, "option", {
+            text: optionText(this.labels, o),
+            attrs: { value: o },
+          }),
         ),
       );
     }
@@ -207,6 +224,7 @@ export class Toggles {
     label: string,
     private readonly trait: string,
     private readonly onPick: (v: string) => void,
+    private readonly labels: OptionLabels = {},
   ) {
     this.group = h(doc, "div", {
       className: "hw-toggles",
@@ -224,7 +242,7 @@ export class Toggles {
       this.options = options.slice();
       this.buttons = options.map((o) => {
         const b = h(this.group.ownerDocument, "button", {
-          text: o,
+          text: optionText(this.labels, o),
           attrs: { type: "button", "data-trait": this.trait, "data-value": o },
         });
         b.addEventListener("click", () => this.onPick(o));
@@ -248,6 +266,7 @@ export class Checklist {
     label: string,
     private readonly trait: string,
     private readonly onPick: (v: string[]) => void,
+    private readonly labels: OptionLabels = {},
   ) {
     this.el = h(doc, "fieldset", { className: "hw-control hw-checklist" }, [
       h(doc, "legend", { text: label }),
@@ -265,7 +284,8 @@ export class Checklist {
           attrs: { type: "checkbox", "data-trait": this.trait, value: o },
         });
         box.addEventListener("change", () => this.onPick(this.checked()));
-        this.el.appendChild(h(doc, "label", {}, [box, doc.createTextNode(` ${o}`)]));
+        const text = doc.createTextNode(` ${optionText(this.labels, o)}`);
+        this.el.appendChild(h(doc, "label", {}, [box, text]));
         return box;
       });
     }

@@ -216,6 +216,8 @@ def test_the_kind_toggle_switches_between_keys_before_and_after_rope_offline(sta
     assert page.panel_ids() == ["key-1", "value-1"]
     pressed = page.js("document.querySelector('button[data-value=key]').getAttribute('aria-pressed')")
     assert pressed == "true"
+    buttons = page.page.locator("button[data-trait=kind]")
+    assert buttons.all_text_contents() == ["keys, pre-RoPE", "keys, post-RoPE"]  # words, not kind names
     page.page.locator("button[data-trait=kind][data-value=key_post]").click()
     page.page.wait_for_selector('.hw-panel[data-panel-id="key_post-1"]')
     assert page.panel_ids() == ["key_post-1", "value-1"]

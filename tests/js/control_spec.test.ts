@@ -25,6 +25,7 @@ describe("parseControls", () => {
         total: "",
         options: "",
         step: "",
+        labels: {},
       },
       {
         trait: "kind",
@@ -36,8 +37,26 @@ describe("parseControls", () => {
         total: "",
         options: "kinds_available",
         step: "",
+        labels: {},
       },
     ]);
+  });
+
+  it("reads the option labels' string entries and nothing else", () => {
+    const [spec] = parseControls([
+      {
+        trait: "kind",
+        type: "toggles",
+        label: "Kind",
+        options: "kinds_available",
+        labels: { key: "keys, pre-RoPE", key_post: "keys, post-RoPE", value: 3 },
+      },
+    ]);
+    expect(spec.labels).toEqual({ key: "keys, pre-RoPE", key_post: "keys, post-RoPE" });
+    const [listed] = parseControls([
+      { trait: "m", type: "select", label: "M", options: "ms", labels: ["a", "b"] },
+    ]);
+    expect(listed.labels).toEqual({});
   });
 
   it("leaves out unknown types, entries without a trait and entries missing what their type needs", () => {

@@ -108,6 +108,42 @@ describe("Toggles", () => {
     t.set([], "");
     expect(t.el.hidden).toBe(true);
   });
+
+  it("shows each option as its label and reports the option itself", () => {
+    const picks: string[] = [];
+    const labels = { key: "keys, pre-RoPE", key_post: "keys, post-RoPE" };
+    const t = new Toggles(document, "Kind", "kind", (v) => picks.push(v), labels);
+    t.set(["key", "key_post", "constructor"], "key_post");
+    const buttons = [...t.el.querySelectorAll("button")];
+    expect(buttons.map((b) => b.textContent)).toEqual([
+      "keys, pre-RoPE",
+      "keys, post-RoPE",
+      "constructor", // an option without a label shows as itself, whatever its name
+    ]);
+    expect(buttons.map((b) => b.dataset.value)).toEqual(["key", "key_post", "constructor"]);
+    buttons[1].click();
+    expect(picks).toEqual(["key_post"]);
+  });
+});
+
+describe("labelled options", () => {
+  it("reach a select's entries and a checklist's boxes", () => {
+    const labels = { nll: "ΔNLL" };
+    const choice = new Choice(document, "Damage", "measure", () => {}, labels);
+    choice.set(["nll", "kl"], "kl");
+    const entries = [...choice.select.querySelectorAll("option")];
+    expect(entries.map((o) => [o.value, o.textContent])).toEqual([
+      ["nll", "ΔNLL"],
+      ["kl", "kl"],
+    ]);
+    const list = new Checklist(document, "Damage", "measures", () => {}, labels);
+    list.set(["nll", "kl"], ["nll"]);
+    expect([...list.el.querySelectorAll("label")].map((l) => l.textContent)).toEqual([
+      " ΔNLL",
+      " kl",
+    ]);
+    expect([...list.el.querySelectorAll("input")].map((b) => b.value)).toEqual(["nll", "kl"]);
+  });
 });
 
 describe("Checklist", () => {

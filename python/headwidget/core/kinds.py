@@ -21,7 +21,7 @@ from typing import Literal, cast, get_args
 
 from headwidget.errors import UnknownKindError
 
-__all__ = ["HEAD_KINDS", "KEY_KINDS", "KINDS", "Kind", "check_kind"]
+__all__ = ["HEAD_KINDS", "KEY_KINDS", "KINDS", "KIND_LABELS", "Kind", "check_kind"]
 
 Kind = Literal["key", "value", "key_post", "input", "latent"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -29,6 +29,14 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 HEAD_KINDS: tuple[Kind, ...] = ("key", "key_post", "value")
 #: The two kinds of keys: before and after the rotary embedding.
 KEY_KINDS: tuple[Kind, ...] = ("key", "key_post")
+#: What a control shows each kind as.
+KIND_LABELS: dict[str, str] = {
+    "key": "keys, pre-RoPE",
+    "key_post": "keys, post-RoPE",
+    "value": "values",
+    "input": "layer input",
+    "latent": "MLA latent",
+}
 
 
 def check_kind(kind: object) -> Kind:

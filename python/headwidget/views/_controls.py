@@ -11,6 +11,7 @@ knows nothing about any particular view. A control names the traits it reads bes
   holds more than 1 (a head's channels, say), start and width snap to its multiples;
 - ``toggles``, ``select``: one value of the list in the ``options`` trait (hidden when it is empty);
 - ``checklist``: a sub-list of the ``options`` trait;
+  these three show an option as its entry in ``labels`` (a fixed option → text map), else as itself;
 - ``entry``: a text field; the text a user submits is set on the trait (a spec to add, say), which the
   view reads and clears.
 
@@ -22,8 +23,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 __all__ = [
     "CONTROL_TYPES",
@@ -48,6 +50,8 @@ class Control:
     """A control of the bar: its type, label and the traits it reads (``""``: none).
 
     ``trait`` is the state trait it sets; :meth:`bind` fills it in when the view lists its controls.
+    ``labels``: ``(option, text)`` pairs, the words an option is shown as (options not listed show as
+    themselves).
     """
 
     type: ControlType
@@ -59,6 +63,7 @@ class Control:
     options: str = ""
     step: str = ""
     trait: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.type not in CONTROL_TYPES:
@@ -77,10 +82,19 @@ class Control:
         """
         return [name for name in (self.trait, *(getattr(self, f) for f in REFERENCES)) if name]
 
-    def to_json(self) -> dict[str, str]:
-        """The description the front end reads: ``trait``, ``type``, ``label`` and the references set."""
-        data = {"trait": self.trait, "type": self.type, "label": self.label}
+    def to_json(self) -> dict[str, Any]:
+        """The description the front end reads: ``trait``, ``type``, ``label``, the references set and
+        the option ``labels`` (an object) when there are any.
+
+        Example:
+            >>> control = toggles("Kind", options="kinds", labels={"key_post": "post-RoPE"}).bind("kind")
+            >>> control.to_json()["labels"], control.to_json()["options"]
+            ({'key_post': 'post-RoPE'}, 'kinds')
+        """
+        data: dict[str, Any] = {"trait": self.trait, "type": self.type, "label": self.label}
         data.update({f: getattr(self, f) for f in REFERENCES if getattr(self, f)})
+        if self.labels:
+            data["labels"] = dict(self.labels)
         return data
 
 
@@ -103,19 +117,24 @@ def window(label: str, *, width: str, total: str, step: str = "") -> Control:
     return Control("window", label, width=width, total=total, step=step)
 
 
-def toggles(label: str, *, options: str) -> Control:
-    """A group of toggle buttons, one per entry of the ``options`` trait."""
-    return Control("toggles", label, options=options)
+def _pairs(labels: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v)) for k, v in (labels or {}).items())
 
 
-def select(label: str, *, options: str) -> Control:
-    """A drop-down of the entries of the ``options`` trait."""
-    return Control("select", label, options=options)
+def toggles(label: str, *, options: str, labels: Mapping[str, str] | None = None) -> Control:
+    """A group of toggle buttons, one per entry of the ``options`` trait, shown as its ``labels`` text."""
+    return Control("toggles", label, options=options, labels=_pairs(labels))
 
 
-def checklist(label: str, *, options: str) -> Control:
-    """A checkbox per entry of the ``options`` trait; the state trait is the list checked."""
-    return Control("checklist", label, options=options)
+def select(label: str, *, options: str, labels: Mapping[str, str] | None = None) -> Control:
+    """A drop-down of the entries of the ``options`` trait, shown as their ``labels`` text."""
+    return Control("select", label, options=options, labels=_pairs(labels))
+
+
+def checklist(label: str, *, options: str, labels: Mapping[str, str] | None = None) -> Control:
+    """A checkbox per entry of the ``options`` trait (shown as its ``labels`` text); the state trait is
+    the list checked."""
+    return Control("checklist", label, options=options, labels=_pairs(labels))
 
 
 def entry(label: str) -> Control:

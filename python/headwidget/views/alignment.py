@@ -34,7 +34,7 @@ import numpy as np
 import traitlets as t
 
 from headwidget.analysis.alignment import AlignmentResult, align
-from headwidget.core.kinds import check_kind
+from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
 from headwidget.views._base import LayerView, state, stats_model_name
@@ -60,7 +60,7 @@ class AlignmentView(LayerView):
 
     title = "Head alignment"
 
-    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available"))
+    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available", labels=KIND_LABELS))
     kinds_available = t.List(t.Unicode()).tag(sync=True)
     metric = state(t.Unicode("token_cosine"), select("Metric", options="metrics_available"))
     metrics_available = t.List(t.Unicode()).tag(sync=True)

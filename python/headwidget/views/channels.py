@@ -31,7 +31,7 @@ import numpy as np
 import traitlets as t
 
 from headwidget.analysis.downsample import downsample
-from headwidget.core.kinds import check_kind
+from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError, UnknownKindError
 from headwidget.stats import KVStats
@@ -82,7 +82,7 @@ class ChannelView(LayerView):
     num_channels = t.Int(0).tag(sync=True)
     #: The window sliders snap to multiples of this (the head size; 1: no snapping).
     channel_step = t.Int(1).tag(sync=True)
-    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available"))
+    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available", labels=KIND_LABELS))
     kinds_available = t.List(t.Unicode()).tag(sync=True)
     pinned = state(t.List(t.Int()))
 

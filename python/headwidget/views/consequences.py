@@ -69,6 +69,9 @@ DAMAGE_MEASURES: dict[str, dict[str, tuple[str, str]]] = {
         "embedding_cosine": ("1 − cosine of mean-pooled embeddings", "cosine_miss"),
     },
 }
+#: What the damage toggles show each measure as.
+MEASURE_LABELS = {"nll": "ΔNLL", "kl": "KL", "top1": "top-1", "hidden_rel_error": "hidden error",
+                  "embedding_cosine": "embedding cosine"}  # fmt: skip
 PER_LAYER_TITLES = {
     "delta_nll": ("ΔNLL, one layer converted", "ΔNLL with only that layer converted (nats / token)"),
     "hidden_rel_error": (
@@ -95,7 +98,7 @@ class ConsequenceView(View):
     needs_report: ClassVar[bool] = True
     wants_report: ClassVar[bool] = True
 
-    measure = state(t.Unicode("nll"), toggles("Damage", options="measures_available"))
+    measure = state(t.Unicode("nll"), toggles("Damage", options="measures_available", labels=MEASURE_LABELS))
     #: The selected layer (a click on the damage map sets it; a dashboard links it to its other views).
     layer = state(t.Int(0))
     measures_available = t.List(t.Unicode()).tag(sync=True)

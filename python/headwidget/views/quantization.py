@@ -65,6 +65,8 @@ COUPLING_KINDS: dict[Kind, tuple[str, str]] = {
 #: Bytes per element of the report's dtypes.
 ELEMENT_BYTES = {"torch.float32": 4, "torch.float64": 8, "torch.bfloat16": 2, "torch.float16": 2}
 DAMAGES = {"nll": "ΔNLL against the original (nats / token)", "kl": "KL(original ‖ variant) (nats / token)"}
+#: What the damage toggles show each measure as.
+DAMAGE_LABELS = {"nll": "ΔNLL", "kl": "KL"}
 
 
 def bits_per_channel(report: EvaluationReport, spec: str) -> float:
@@ -112,7 +114,7 @@ class QuantizationView(LayerView):
     #: Takes an evaluation report when there is one (the bits-against-damage chart), needs none.
     wants_report: ClassVar[bool] = True
 
-    damage = state(t.Unicode("nll"), toggles("Damage", options="damages_available"))
+    damage = state(t.Unicode("nll"), toggles("Damage", options="damages_available", labels=DAMAGE_LABELS))
     damages_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(
