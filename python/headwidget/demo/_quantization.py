@@ -30,7 +30,7 @@ from headwidget.evaluation import evaluate
 from headwidget.export import save_all
 from headwidget.stats import KVStats
 from headwidget.views import QuantizationView
-from headwidget.views.quantization import bits_per_channel
+from headwidget.views.quantization import COUPLING_KINDS, bits_per_channel
 
 __all__ = ["KINDS", "QUANTIZER_VARIANTS", "SAMPLES", "entropy_lines", "quantizer_lines"]
 
@@ -40,7 +40,8 @@ SAMPLES = 2048
 #: KIVI-style integer quantizers at 4 and 2 bits (5 and 3 bits per channel with their fp16 scales and
 #: zeros), and coupled quantization at 2 and 1 bits per channel (the paper's CQ-4c8b and CQ-8c8b).
 QUANTIZER_VARIANTS = ["kv:int4", "kv:int2", "kv:cq4c8b", "kv:cq8c8b"]
-KINDS: dict[Kind, str] = {"key": "K pre-RoPE", "key_post": "K post-RoPE", "value": "V"}
+#: The kinds of the coupling table, named as in the QuantizationView's chart.
+KINDS: dict[Kind, str] = {kind: name for kind, (name, _colour) in COUPLING_KINDS.items()}
 #: The readings the plug-in estimator can make from :data:`SAMPLES` rows: c = 2 channels at 16 bins and
 #: c = 4 channels at 4 bins (256 cells each).
 READINGS = ((2, 16), (4, 4))
