@@ -140,3 +140,8 @@ class EncoderMeasureError(HeadwidgetError, ValueError):
 
 class ReportFileError(HeadwidgetError, OSError):
     """An evaluation report file that is missing, corrupt or not written by headwidget."""
+
+
+class ArgumentError(HeadwidgetError, ValueError, TypeError):
+    """A public argument of the wrong type or outside its range (a float where a count is needed, a
+    number given as a string, NaN, a huge value); the message names the argument and what to pass."""

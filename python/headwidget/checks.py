@@ -1,0 +1,180 @@
+"""Checks for public arguments: each refuses what would silently give a wrong number, and says what to pass.
+
+Every public function reads its numeric and boolean arguments through these, so the same classes of bad
+input get the same treatment everywhere:
+
+- a count (``max_tokens``, ``batch_size``, a layer index…) must be a Python or numpy integer: a float,
+  even ``2.0``, a bool, a string such as ``"10"`` or a NaN is refused, never rounded or parsed;
+- a number with a range (``minimum`` / ``maximum``) is refused outside it, with the range in the message,
+  so a huge value fails before it reaches torch;
+- a flag must be a bool (``"yes"`` and ``1`` are refused: ``bool("no")`` is ``True``);
+- a real number (a learning rate, a budget fraction) must be finite.
+
+The error is :class:`~headwidget.errors.ArgumentError` (a ``ValueError`` and a ``TypeError``) naming the
+argument, what was given and what to give.
+
+Example:
+    >>> whole_number("max_tokens", 4096, minimum=1)
+    4096
+    >>> whole_number("max_tokens", "10", minimum=1)
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: max_tokens must be an integer, got the string '10'; pass 10 without quotes
+    >>> layer_indices("layers", [0, -1], num_layers=4)
+    [0, 3]
+    >>> flag("per_layer", "yes")
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: per_layer must be True or False, got the string 'yes'
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+from headwidget.errors import ArgumentError, LayerIndexError
+
+__all__ = [
+    "flag",
+    "layer_indices",
+    "optional_whole_number",
+    "real_number",
+    "whole_number",
+]
+
+#: Counts beyond this are refused as typos (2**53: the largest integer every float64 holds exactly).
+HUGE = 2**53
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _integral(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def whole_number(
+    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None, hint: str = ""
+) -> int:
+    """``value`` as an ``int``, or :class:`ArgumentError` (see the module docstring).
+
+    ``maximum`` defaults to :data:`HUGE`; ``hint`` is appended to every message (what the number is for).
+
+    >>> whole_number("batch_size", 0, minimum=1, hint="the sequences per forward")
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: batch_size must be at least 1, got 0 (the sequences per forward)
+    """
+    tail = f" ({hint})" if hint else ""
+    if not _integral(value):
+        advice = ""
+        if isinstance(value, str) and value.strip().lstrip("+-").isdecimal() and value.strip().isascii():
+            advice = f"; pass {value.strip()} without quotes"
+        elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            advice = f"; pass {int(value)}"
+        raise ArgumentError(f"{name} must be an integer, got {_shown(value)}{advice}{tail}")
+    number = int(value)
+    top = HUGE if maximum is None else maximum
+    if minimum is not None and number < minimum:
+        raise ArgumentError(f"{name} must be at least {minimum}, got {number}{tail}")
+    if number > top:
+        raise ArgumentError(f"{name} must be at most {top}, got {number}{tail}")
+    return number
+
+
+def optional_whole_number(
+    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None, hint: str = ""
+) -> int | None:
+    """``None`` stays ``None``; anything else as :func:`whole_number`.
+
+    >>> optional_whole_number("max_tokens", None, minimum=1) is None
+    True
+    """
+    return None if value is None else whole_number(name, value, minimum=minimum, maximum=maximum, hint=hint)
+
+
+def real_number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    hint: str = "",
+) -> float:
+    """A finite real ``value`` as a ``float`` (ints allowed; bools, strings, NaN and infinities refused).
+
+    ``minimum``/``maximum`` are inclusive bounds, ``above`` an exclusive lower bound.
+
+    >>> real_number("lr", 3e-4, above=0.0)
+    0.0003
+    >>> real_number("lr", float("nan"), above=0.0)
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: lr must be a finite number, got nan (float)
+    """
+    tail = f" ({hint})" if hint else ""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ArgumentError(f"{name} must be a number, got {_shown(value)}{tail}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ArgumentError(f"{name} must be a finite number, got {_shown(value)}{tail}")
+    if minimum is not None and number < minimum:
+        raise ArgumentError(f"{name} must be at least {minimum}, got {number}{tail}")
+    if maximum is not None and number > maximum:
+        raise ArgumentError(f"{name} must be at most {maximum}, got {number}{tail}")
+    if above is not None and number <= above:
+        raise ArgumentError(f"{name} must be greater than {above}, got {number}{tail}")
+    return number
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (numpy's too), else :class:`ArgumentError`.
+
+    >>> flag("progress", False)
+    False
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise ArgumentError(f"{name} must be True or False, got {_shown(value)}")
+
+
+def layer_indices(name: str, layers: Any, num_layers: int) -> list[int]:
+    """Sorted, distinct, non-negative layer indices of a model with ``num_layers`` layers.
+
+    ``layers`` is an iterable of integers (negative ones count from the end); a single integer, a
+    string, floats, bools and out-of-range indices are refused (:class:`ArgumentError`, or
+    :class:`~headwidget.errors.LayerIndexError` for an index outside the model).
+
+    >>> layer_indices("layers", range(2), num_layers=3)
+    [0, 1]
+    >>> layer_indices("layers", [0.5], num_layers=3)
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: layers must hold integers, got 0.5 (float) at position 0 (layer indices of a model with 3 layers, 0..2)
+    """
+    where = f"layer indices of a model with {num_layers} layers, 0..{num_layers - 1}"
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise ArgumentError(f"{name} must be a list of integers, got {_shown(layers)} ({where})")
+    out: set[int] = set()
+    for position, layer in enumerate(layers):
+        if not _integral(layer):
+            raise ArgumentError(f"{name} must hold integers, got {_shown(layer)} at position {position} ({where})")
+        index = int(layer)
+        if not -num_layers <= index < num_layers:
+            raise LayerIndexError(
+                f"layer {index} is out of range: the model has {num_layers} layers (0..{num_layers - 1})"
+            )
+        out.add(index % num_layers)
+    if not out:
+        raise ArgumentError(f"{name} is empty; give at least one layer, or None for every layer ({where})")
+    return sorted(out)
