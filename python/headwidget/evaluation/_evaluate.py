@@ -4,8 +4,9 @@ The model is run once in ``dtype`` on the evaluation batches (the reference), th
 is fitted from the original weights (float64; see :func:`~headwidget.evaluation.apply`), built into a
 copy that shares every unconverted parameter with the reference, and run on the same batches. The
 reference's predicted-position logits are kept between variants when they fit :data:`LOGITS_BUDGET`
-bytes, else recomputed. ``model`` itself is never changed (a ``dtype`` other than its own, or a model in
-training mode, is run on an eval-mode copy).
+bytes, else recomputed. ``model`` itself is never changed and never run: the reference is an eval-mode
+copy of its modules (sharing its weights when ``dtype`` is its own), so other threads may use ``model``
+meanwhile, even switch it to training mode, and every number stays that of a lone run.
 
 Measures (:mod:`headwidget.evaluation.measures`) are over every predicted token; padding never counts,
 positions come from the attention mask, so left and right padding give the same numbers.
@@ -72,10 +73,15 @@ LOGITS_BUDGET = 4 * 2**30
 
 
 def _working_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """``model`` itself when it is in ``dtype`` and eval mode (it is only read), else an eval-mode copy."""
+    """An eval-mode copy of ``model``'s modules in ``dtype``, never ``model`` itself.
+
+    When ``model`` is already in ``dtype`` the copy shares every parameter and buffer with it (no weight
+    is copied); its modules are its own, so hooks on them see only this evaluation's forwards and
+    another thread switching ``model`` to training mode changes nothing here.
+    """
     floating = [p for p in (*model.parameters(), *model.buffers()) if p.is_floating_point()]
-    if all(p.dtype == dtype for p in floating) and not model.training:
-        return model
+    if all(p.dtype == dtype for p in floating):
+        return shared_copy(model).eval()
     return copy.deepcopy(model).to(dtype).eval()
 
 

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,8 +76,15 @@ class LayerBlocks:
 
     @contextmanager
     def recording(self, model: nn.Module, sink: list[Any]) -> Iterator[None]:
-        """Append every block's output to ``sink`` during the forwards run inside (hooks removed after)."""
-        handles = [b.register_forward_hook(lambda _m, _a, out: sink.append(out)) for b in self.modules(model)]
+        """Append every block's output to ``sink`` during the forwards this thread runs inside (hooks
+        removed after; other threads' forwards of ``model`` are not recorded)."""
+        owner = threading.get_ident()
+
+        def record(_m: nn.Module, _a: Any, out: Any) -> None:
+            if threading.get_ident() == owner:
+                sink.append(out)
+
+        handles = [b.register_forward_hook(record) for b in self.modules(model)]
         try:
             yield
         finally:
