@@ -10,6 +10,9 @@ Fitting a rotation to the same tokens it is scored on is biased upwards: indepen
 vectors in 32 dims score ≈ 0.49 after alignment at 95 tokens. ``after_heldout`` fits on token split 0
 and scores on split 1, and is what the result ``shows`` by default when ``N < 10·d_h²``.
 
+Every score is clamped to ``[−1, 1]``: the Grams are float32 sums, so a score of nearly identical heads
+can round a few float32 steps past 1 (clamping is monotone, so ``after ≥ before`` still holds).
+
 Example:
     >>> import torch, headwidget
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -61,7 +64,7 @@ def _normaliser(trace: torch.Tensor, metric: str, tokens: int) -> torch.Tensor:
 def _divide(num: torch.Tensor, den: torch.Tensor) -> np.ndarray:
     den = den.expand_as(num)
     out = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), float("nan"))
-    return out.cpu().numpy()
+    return out.clamp(-1.0, 1.0).cpu().numpy()  # float32 Grams can put a score a few ulps past ±1
 
 
 @dataclass

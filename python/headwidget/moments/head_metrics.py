@@ -9,7 +9,9 @@ formed). Metrics, for heads i, j over N tokens:
 - ``pearson``: the same on the centred co-moment (a Pearson-like correlation of the two heads);
 - ``cka``: linear CKA, ``‖C_ij‖_F² / (‖C_ii‖_F ‖C_jj‖_F)`` with centred C.
 
-Undefined scores (a head that is constant) are NaN.
+Undefined scores (a head that is constant) are NaN. Every score is clamped to its range, ``[−1, 1]``
+(``[0, 1]`` for CKA): the Grams are summed in float32 on the device, so a mean of cosines near ±1 can
+come out a few float32 rounding steps (≈ 1e-7 relative) beyond it, and a similarity never exceeds 1.
 
 Example:
     >>> import torch
@@ -68,7 +70,7 @@ def head_similarity_from_moments(moments: Moments, metric: str = "token_cosine")
             raise ValueError("no tokens were captured")
         blocks = head_blocks(moments.token_gram(), hd)
         tr = torch.diagonal(blocks, dim1=-2, dim2=-1).sum(-1)
-        return tr / moments.count
+        return (tr / moments.count).clamp(-1.0, 1.0)
     if metric == "cosine":
         return similarity_from_gram(moments.gram(), hd, "cosine")
     if metric in ("pearson", "cka"):
