@@ -7,12 +7,9 @@ overflow float32 second moments, token ids outside the vocabulary, and the memor
 from __future__ import annotations
 
 import importlib
-import json
 import random
-import tempfile
 import time
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +17,7 @@ import torch
 
 import headwidget
 from headwidget.errors import CaptureInputError, NonFiniteActivationError
+from memory_peak import allocated_peak
 from tiny_models import FACTORIES, ROPE_FAMILIES, VOCAB, make_model, ragged_batches
 
 inputs = importlib.import_module("headwidget.capture.inputs")
@@ -355,30 +353,6 @@ def test_memory_of_a_long_one_line_text_is_bounded_by_what_is_kept(minilm):
 
 
 # ---------------------------------------------------------------------------------- memory estimate
-def allocated_peak(fn) -> int:
-    """Peak bytes the CPU allocator held while ``fn`` ran, above what it held before.
-
-    ``torch.profiler`` with ``profile_memory=True`` records every allocation and free of the c10
-    CPU allocator (where all CPU tensors live) with the running total; the largest total is the
-    peak of tensor memory during ``fn``.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    totals = [
-        e["args"]["Total Allocated"]
-        for e in events
-        if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0
-    ]
-    assert totals, "the profiler recorded no CPU allocations"
-    return max(totals)
-
-
 CASES = [
     ("llama_gqa", torch.float32, 8, 96, {"rope": "both", "inputs": True, "cross_layer": True}),
     ("llama_gqa", torch.float64, 4, 128, {}),

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "python" / "headwidget"
 #: Bottom to top. A unit is a top-level module or sub-package of ``headwidget``.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("_version", "errors", "texts"),  # leaves: the version, the error types, the sample text
-    ("core", "files", "checks"),  # shared types (layout, Kind, panels, bundle) / file writes / argument checks
+    ("core", "files", "checks"),  # shared types (layout, Kind, panels...) / file writes / argument checks
     ("moments", "adapters", "embedded"),  # tensors only / model families (transformers) / model files
     ("stats",),  # KVStats: moments per layer and kind, files
     ("capture", "analysis", "report"),  # hooks that fill stats / pure maths on stats and weights

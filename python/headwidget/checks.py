@@ -16,10 +16,10 @@ argument, what was given and what to give.
 Example:
     >>> whole_number("max_tokens", 4096, minimum=1)
     4096
-    >>> whole_number("max_tokens", "10", minimum=1)
+    >>> whole_number("max_tokens", "10", minimum=1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    headwidget.errors.ArgumentError: max_tokens must be an integer, got the string '10'; pass 10 without quotes
+    headwidget.errors.ArgumentError: max_tokens must be an integer, got the string '10'; pass 10 ...
     >>> layer_indices("layers", [0, -1], num_layers=4)
     [0, 3]
     >>> flag("per_layer", "yes")
@@ -157,10 +157,10 @@ def layer_indices(name: str, layers: Any, num_layers: int) -> list[int]:
 
     >>> layer_indices("layers", range(2), num_layers=3)
     [0, 1]
-    >>> layer_indices("layers", [0.5], num_layers=3)
+    >>> layer_indices("layers", [0.5], num_layers=3)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    headwidget.errors.ArgumentError: layers must hold integers, got 0.5 (float) at position 0 (layer indices of a model with 3 layers, 0..2)
+    headwidget.errors.ArgumentError: layers must hold integers, got 0.5 (float) at position 0 (layer ...
     """
     where = f"layer indices of a model with {num_layers} layers, 0..{num_layers - 1}"
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
@@ -168,7 +168,9 @@ def layer_indices(name: str, layers: Any, num_layers: int) -> list[int]:
     out: set[int] = set()
     for position, layer in enumerate(layers):
         if not _integral(layer):
-            raise ArgumentError(f"{name} must hold integers, got {_shown(layer)} at position {position} ({where})")
+            raise ArgumentError(
+                f"{name} must hold integers, got {_shown(layer)} at position {position} ({where})"
+            )
         index = int(layer)
         if not -num_layers <= index < num_layers:
             raise LayerIndexError(

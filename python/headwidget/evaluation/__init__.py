@@ -7,12 +7,14 @@
   the model runs inside :meth:`KVQuantizer.active`; :func:`fit_codebooks` is its k-means.
 - :func:`evaluate`: NLL, perplexity, KL and top-1 agreement (or the encoder measures) and KV bytes per
   token of each variant (conversions and quantizers alike), for the whole model and (``per_layer=True``)
-  one layer at a time, as an :class:`EvaluationReport`.
+  one layer at a time, as an :class:`EvaluationReport`; :func:`estimate_evaluation` is the memory bound
+  it checks against ``max_memory`` before any work.
 """
 
 from headwidget.evaluation._apply import AppliedVariant, apply
 from headwidget.evaluation._evaluate import evaluate
 from headwidget.evaluation._inputs import position_ids_from_mask
+from headwidget.evaluation._memory import estimate_evaluation
 from headwidget.evaluation._quantize import (
     Codebooks,
     KVQuantizer,
@@ -32,6 +34,7 @@ __all__ = [
     "KVQuantizer",
     "PredictionTotals",
     "apply",
+    "estimate_evaluation",
     "evaluate",
     "fit_codebooks",
     "fit_quantizer",

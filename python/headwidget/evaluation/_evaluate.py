@@ -4,9 +4,10 @@ The model is run once in ``dtype`` on the evaluation batches (the reference), th
 is fitted from the original weights (float64; see :func:`~headwidget.evaluation.apply`), built into a
 copy that shares every unconverted parameter with the reference, and run on the same batches. The
 reference's predicted-position logits are kept between variants when they fit :data:`LOGITS_BUDGET`
-bytes, else recomputed. ``model`` itself is never changed and never run: the reference is an eval-mode
-copy of its modules (sharing its weights when ``dtype`` is its own), so other threads may use ``model``
-meanwhile, even switch it to training mode, and every number stays that of a lone run.
+bytes and what ``max_memory`` leaves over, else recomputed. ``model`` itself is never changed and never
+run: the reference is an eval-mode copy of its modules (sharing its weights when ``dtype`` is its own),
+so other threads may use ``model`` meanwhile, even switch it to training mode, and every number stays
+that of a lone run.
 
 Measures (:mod:`headwidget.evaluation.measures`) are over every predicted token; padding never counts,
 positions come from the attention mask, so left and right padding give the same numbers.
@@ -59,10 +60,11 @@ from headwidget.evaluation._apply import (
     shared_copy,
 )
 from headwidget.evaluation._inputs import evaluation_batches, fingerprint, predicted_count
+from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_budget
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
 from headwidget.evaluation._quantize import KVQuantizer, fit_quantizer
 from headwidget.evaluation._report import EvaluationReport
-from headwidget.evaluation._sweep import layer_sweep
+from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals
 from headwidget.stats import KVStats
 
@@ -134,6 +136,7 @@ def evaluate(
     batch_size: int = 8,
     max_length: int = 512,
     max_tokens: int | None = None,
+    max_memory: int | None = None,
     progress: bool = True,
 ) -> EvaluationReport:
     """Measure each variant of ``model`` on held-out ``texts`` (see the module docstring).
@@ -154,6 +157,8 @@ def evaluate(
         per_layer: also measure each variant with only one layer converted, for every layer.
         dtype: the dtype the model and the variants run in; KV bytes are counted in it too.
         max_tokens: use at most this many real tokens of ``texts``.
+        max_memory: bytes the evaluation may allocate on the model's device (default: half its free
+            memory); the estimate (:mod:`headwidget.evaluation._memory`) is checked before any work.
         progress: show a progress bar (in forwards).
 
     Returns:
@@ -165,6 +170,7 @@ def evaluate(
         as :func:`~headwidget.evaluation.fit_quantizer` for the quantizers (a family whose attention
         does not go through ``transformers.AttentionInterface`` is refused).
         EvaluationInputError: texts with fewer than two tokens in every sequence.
+        MemoryBudgetError: the estimate for ``batch_size × max_length`` is over ``max_memory``.
         NonFiniteLogitsError: a variant's outputs are not finite (the message names it and the layer).
     """
     adapter = adapter_for(model)
@@ -174,6 +180,9 @@ def evaluate(
         raise ValueError("give at least one variant, e.g. ['model', 'mqa']")
     check_stats(model, adapter, stats)
     chosen = resolve_layers(adapter, layers)
+    need = EvaluationMemory.of(model, adapter, list(parsed.values()), chosen, per_layer=per_layer,
+                               dtype=dtype, batch_size=batch_size, max_length=max_length)  # fmt: skip
+    spare = check_evaluation_budget(need, max_memory)
     quantizers: dict[str, KVQuantizer] = {
         s: fit_quantizer(model, p, stats, chosen) for s, p in parsed.items() if p.quantizer
     }
@@ -202,7 +211,7 @@ def evaluate(
                 raise_non_finite(base, batch, runner.device, "model", "nothing converted")
             _add(reference_totals, out, out)
             width += out.values.numel() * out.values.element_size()
-            cached = None if cached is None or width > LOGITS_BUDGET else [*cached, out]
+            cached = None if cached is None or width > min(LOGITS_BUDGET, spare) else [*cached, out]
             tick(1)
         measures: dict[str, dict[str, float]] = {}
         size = torch.empty((), dtype=dtype).element_size()
@@ -235,8 +244,10 @@ def evaluate(
             if not per_layer:
                 del fits[spec]  # built and measured: only the sweep would need them again
         sweep = None
+        cached = None
         if per_layer:
-            sweep = layer_sweep(base, batches, fits, chosen, runner, tick=tick, quantizers=quantizers)
+            sweep = layer_sweep(base, batches, fits, chosen, runner, tick=tick, quantizers=quantizers,
+                                record_budget=max(0, min(RECORD_BUDGET, spare)))  # fmt: skip
             if "model" in specs:
                 sweep = {"model": [0.0] * len(chosen), **sweep}
             sweep = {s: sweep[s] for s in specs}

@@ -32,6 +32,7 @@ from headwidget.evaluation._apply import build_variant, shared_copy
 from headwidget.evaluation._layers import LayerBlocks, Replay
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
 from headwidget.evaluation._quantize import KVQuantizer
+from headwidget.evaluation.measures import chunk_rows, work_dtype
 
 __all__ = ["RECORD_BUDGET", "layer_sweep"]
 
@@ -41,16 +42,25 @@ F64 = torch.float64
 
 
 def _nll_sum(out: BatchOutput) -> float:
+    """Summed next-token cross-entropy of a batch's predicted rows: per row in float32 (float64 for
+    float64 logits), summed in float64, in chunks of rows."""
     assert out.targets is not None
-    return float(torch.nn.functional.cross_entropy(out.values.float(), out.targets, reduction="sum"))
+    values, targets = out.values, out.targets
+    work, step = work_dtype(values), chunk_rows(values.shape[-1])
+    total = 0.0
+    for start in range(0, int(targets.numel()), step):
+        rows = slice(start, start + step)
+        nll = torch.nn.functional.cross_entropy(values[rows].to(work), targets[rows], reduction="none")
+        total += float(nll.to(F64).sum())
+    return total
 
 
-def _chunks(batches: Sequence[Batch], per_token: int) -> list[list[Batch]]:
+def _chunks(batches: Sequence[Batch], per_token: int, budget: int) -> list[list[Batch]]:
     chunks: list[list[Batch]] = [[]]
     used = 0
     for batch in batches:
         size = batch.input_ids.numel() * per_token
-        if chunks[-1] and used + size > RECORD_BUDGET:
+        if chunks[-1] and used + size > budget:
             chunks.append([])
             used = 0
         chunks[-1].append(batch)
@@ -93,12 +103,14 @@ def layer_sweep(
     *,
     tick: Callable[[int], None] = lambda n: None,
     quantizers: Mapping[str, KVQuantizer] | None = None,
+    record_budget: int = RECORD_BUDGET,
 ) -> dict[str, list[float]]:
     """Per variant, one number per layer of ``layers`` (see the module docstring).
 
     ``fits[spec][layer]`` are the fitted layers, ``quantizers[spec]`` the K/V quantizers (fitted for
-    ``layers``); ``tick(n)`` is called after every n forwards. The result has the specs of ``fits``,
-    then those of ``quantizers``.
+    ``layers``); ``tick(n)`` is called after every n forwards; at most ``record_budget`` bytes of recorded
+    hidden states are held at once (but always one batch's). The result has the specs of ``fits``, then
+    those of ``quantizers``.
     """
     quantizers = dict(quantizers or {})
     specs = [*fits, *(s for s in quantizers if s not in fits)]
@@ -109,7 +121,7 @@ def layer_sweep(
     per_token = element * lay.hidden_size * len(blocks.index)
     sums = {spec: {layer: _Sums() for layer in layers} for spec in specs}
     reference = _Sums()
-    for chunk in _chunks(batches, per_token):
+    for chunk in _chunks(batches, per_token, record_budget):
         recorded: list[list[object]] = []
         originals: list[BatchOutput] = []
         for batch in chunk:

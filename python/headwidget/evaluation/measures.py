@@ -7,6 +7,10 @@ of the same sequence, so a sequence's first token is never predicted and padding
 - ``kl``: mean ``KL(p_original ‖ p_variant)`` of the next-token distributions, in nats;
 - ``top1``: share of predicted tokens where the variant's argmax equals the original's.
 
+Sums are float64; the log-softmax and KL of each row run in float32, or in float64 when the logits are
+float64 (``evaluate(..., dtype=torch.float64)`` is float64 throughout), on chunks of
+:data:`CHUNK_BYTES` of rows, so the work memory does not grow with the batch.
+
 For encoders without an LM head, over every real token and sentence:
 
 - ``hidden_rel_error``: ``‖H_variant − H_original‖_F / ‖H_original‖_F`` of the last hidden states;
@@ -30,9 +34,38 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["EncoderTotals", "PredictionTotals", "predicted_positions"]
+__all__ = [
+    "CHUNK_BYTES",
+    "EncoderTotals",
+    "PredictionTotals",
+    "chunk_rows",
+    "predicted_positions",
+    "work_dtype",
+]
 
 F64 = torch.float64
+
+
+#: Bytes of work the measures use at once: predicted rows are scored in chunks of this many bytes of logits.
+CHUNK_BYTES = 16 * 2**20
+
+
+def work_dtype(logits: torch.Tensor) -> torch.dtype:
+    """The dtype the measures are computed in: float64 for float64 logits, else float32.
+
+    >>> work_dtype(torch.zeros(1, dtype=torch.bfloat16)), work_dtype(torch.zeros(1, dtype=torch.float64))
+    (torch.float32, torch.float64)
+    """
+    return F64 if logits.dtype == F64 else torch.float32
+
+
+def chunk_rows(vocab: int) -> int:
+    """How many rows of ``vocab`` logits one chunk of the measures takes (at least 1).
+
+    >>> chunk_rows(49152), chunk_rows(10**9)
+    (85, 1)
+    """
+    return max(1, CHUNK_BYTES // (4 * max(1, vocab)))
 
 
 def predicted_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -79,14 +112,18 @@ class PredictionTotals:
         if not targets.numel():
             return
         targets = targets.to(variant.device)
-        ref = torch.log_softmax(original.to(variant.device).float(), dim=-1)
-        var = torch.log_softmax(variant.float(), dim=-1)
-        nll = -var.gather(1, targets[:, None]).squeeze(1)
-        kl = (ref.exp() * (ref - var)).sum(-1)
+        work = work_dtype(variant)
+        step = chunk_rows(variant.shape[-1])
+        for start in range(0, int(targets.numel()), step):
+            rows = slice(start, start + step)
+            ref = torch.log_softmax(original[rows].to(variant.device, work), dim=-1)
+            var = torch.log_softmax(variant[rows].to(work), dim=-1)
+            nll = -var.gather(1, targets[rows, None]).squeeze(1)
+            kl = (ref.exp() * (ref - var)).sum(-1)
+            self.nll_sum += float(nll.to(F64).sum())
+            self.kl_sum += float(kl.to(F64).sum())
+            self.top1_hits += int((ref.argmax(-1) == var.argmax(-1)).sum())
         self.tokens += int(targets.numel())
-        self.nll_sum += float(nll.to(F64).sum())
-        self.kl_sum += float(kl.to(F64).sum())
-        self.top1_hits += int((ref.argmax(-1) == var.argmax(-1)).sum())
 
     @property
     def nll(self) -> float:

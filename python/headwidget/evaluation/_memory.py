@@ -1,0 +1,189 @@
+"""How much memory an evaluation will allocate on the model's device, and the refusal when it is too much.
+
+An upper bound for batches of ``batch_size × max_length`` tokens, as the sum of:
+
+- ``copy``: the working copy of the model in ``dtype`` (nothing when the model already is in ``dtype``:
+  the copy then shares its weights); a copy in another dtype holds the deep copy in the model's own dtype
+  while it is cast;
+- ``fits``: the fitted attention weights every converted variant keeps (in ``dtype``) for all its
+  layers, plus the float64 fit of one variant while it is made;
+- ``variant``: one converted copy at a time, whose converted layers' blocks are its own;
+- ``forward``: one forward pass (:func:`~headwidget.capture.memory.forward_bytes`: one layer's
+  activations) plus its full ``(B, T, vocab)`` logits, the predicted rows picked out of them for the
+  original and the variant, and the measures' float32/float64 work on at most
+  :data:`MEASURE_WORK_BYTES` at a time (a quantizer adds its fake-quantized K/V of one layer);
+- ``sweep`` (``per_layer``): one batch's recorded block outputs of every layer.
+
+What adapts to the budget instead of being counted: the original's predicted-position logits are kept
+between variants only while they fit in what the budget leaves (else recomputed per variant), and the
+sweep records as many batches at once as the rest of the budget holds.
+
+Example:
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from headwidget.adapters import adapter_for
+    >>> from headwidget.analysis.variants import parse_variant
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    >>> need = EvaluationMemory.of(model, adapter_for(model), [parse_variant("mqa")], [0, 1],
+    ...                            per_layer=True, dtype=torch.float32, batch_size=2, max_length=16)
+    >>> sorted(need.parts), need.total == sum(need.parts.values())
+    (['copy', 'fits', 'forward', 'sweep', 'variant'], True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headwidget.adapters import Adapter, adapter_for
+from headwidget.analysis.variants import VariantSpec, parse_variant
+from headwidget.capture.memory import ForwardShape, default_budget, format_bytes, forward_bytes
+from headwidget.errors import MemoryBudgetError
+from headwidget.evaluation.measures import CHUNK_BYTES, chunk_rows
+
+__all__ = ["MEASURE_WORK_BYTES", "EvaluationMemory", "check_evaluation_budget", "estimate_evaluation"]
+
+#: The measures' work on one chunk of rows: its two log-softmaxes, the exponential, the KL product and
+#: casts, each at most twice :data:`~headwidget.evaluation.measures.CHUNK_BYTES` (float64 logits).
+MEASURE_WORK_BYTES = 12 * CHUNK_BYTES
+
+
+def _tensor_bytes(module: nn.Module, dtype: torch.dtype | None = None) -> int:
+    total = 0
+    for t in (*module.parameters(), *module.buffers()):
+        size = t.element_size() if dtype is None or not t.is_floating_point() else _size(dtype)
+        total += t.numel() * size
+    return total
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _block_of(model: nn.Module, attention: nn.Module) -> nn.Module:
+    """The layer block (the ModuleList entry) that holds ``attention``."""
+    names = {id(m): n for n, m in model.named_modules()}
+    parts = names[id(attention)].split(".")
+    cut = max((i for i, p in enumerate(parts) if p.isdigit()), default=len(parts) - 1)
+    return model.get_submodule(".".join(parts[: cut + 1]))
+
+
+def _vocab(model: nn.Module) -> int:
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.ndim == 2:
+        return int(weight.shape[0])
+    return 0
+
+
+@dataclass(frozen=True)
+class EvaluationMemory:
+    """The parts (bytes) of an evaluation's peak on the model's device; see the module docstring."""
+
+    parts: dict[str, int]
+    device: torch.device
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @classmethod
+    def of(
+        cls,
+        model: nn.Module,
+        adapter: Adapter,
+        variants: Sequence[VariantSpec],
+        layers: Sequence[int],
+        *,
+        per_layer: bool,
+        dtype: torch.dtype,
+        batch_size: int,
+        max_length: int,
+    ) -> EvaluationMemory:
+        b = _size(dtype)
+        own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
+        copy = 0 if own == dtype else _tensor_bytes(model) + _tensor_bytes(model, dtype)
+        attentions = [adapter.attention_at(layer) for layer in layers]
+        attention = sum(_tensor_bytes(a, dtype) for a in attentions)
+        blocks = sum(_tensor_bytes(_block_of(model, a), dtype) for a in attentions)
+        converted = [v for v in variants if v.text != "model" and not v.quantizer]
+        fits = (len(converted) * attention + attention * 8 // b) if converted else 0
+        lay = adapter.layout()
+        tokens = batch_size * max_length
+        vocab = _vocab(model)
+        logits = tokens * vocab * b  # the model's (B, T, V) output, and the rows picked out of it
+        rows = min(tokens, chunk_rows(vocab))  # the rows of one chunk of the measures
+        measures = 2 * tokens * vocab * b + min(MEASURE_WORK_BYTES, 6 * rows * max(vocab, 1) * max(b, 4))
+        shape = ForwardShape.of(model, lay)
+        shape = ForwardShape(**{**shape.__dict__, "dtype_bytes": b})
+        forward = forward_bytes(shape, batch_size, max_length) + logits + measures
+        if any(v.quantizer for v in variants):
+            forward += 4 * tokens * (lay.num_kv_heads * (lay.head_dim + lay.value_head_dim)) * max(b, 4)
+        parts = {"copy": copy, "fits": fits, "variant": blocks if converted else 0, "forward": forward}
+        if per_layer:
+            parts["sweep"] = tokens * lay.hidden_size * lay.num_layers * b
+        device = next(model.parameters()).device
+        return cls(parts, device)
+
+    def budget(self, max_memory: int | None) -> int:
+        """``max_memory``, or half the device's free memory now."""
+        return max_memory if max_memory is not None else default_budget(self.device)
+
+
+def check_evaluation_budget(need: EvaluationMemory, max_memory: int | None) -> int:
+    """Refuse ``need`` over the budget (:class:`MemoryBudgetError`); return what the budget leaves over.
+
+    >>> need = EvaluationMemory({"forward": 3 * 2**30}, torch.device("cpu"))
+    >>> check_evaluation_budget(need, 4 * 2**30) == 2**30
+    True
+    >>> check_evaluation_budget(need, 2**30)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.MemoryBudgetError: evaluate would allocate 3.00 GiB on cpu (forward 3.00 GiB), over ...
+    """
+    allowed = need.budget(max_memory)
+    if need.total > allowed:
+        source = "max_memory" if max_memory is not None else "half the free memory"
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.parts.items() if v)
+        raise MemoryBudgetError(
+            f"evaluate would allocate {format_bytes(need.total)} on {need.device} ({parts}), over the "
+            f"{format_bytes(allowed)} allowed ({source}). Use a smaller batch_size or max_length (the logits "
+            "of one forward are batch_size × max_length × vocabulary), fewer converted layers (layers=[...]) "
+            "or variants per call, or raise max_memory= (bytes) if the memory is there."
+        )
+    return allowed - need.total
+
+
+def estimate_evaluation(
+    model: nn.Module,
+    variants: Sequence[str],
+    *,
+    layers: Iterable[int] | None = None,
+    per_layer: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    batch_size: int = 8,
+    max_length: int = 512,
+) -> int:
+    """Peak bytes :func:`~headwidget.evaluation.evaluate` with these arguments may allocate on the model's
+    device (the bound it checks against ``max_memory``; see the module docstring).
+
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_embd=32, n_layer=1, n_head=4))
+    >>> small = estimate_evaluation(gpt2, ["model"], dtype=torch.float32, batch_size=1, max_length=128)
+    >>> large = estimate_evaluation(gpt2, ["model"], dtype=torch.float32, batch_size=16, max_length=512)
+    >>> large > 16 * 512 * 50257 * 4 > small  # the logits of one forward alone
+    True
+    """
+    from headwidget.evaluation._apply import resolve_layers
+
+    adapter = adapter_for(model)
+    parsed = [parse_variant(v) for v in variants]
+    chosen = resolve_layers(adapter, layers)
+    return EvaluationMemory.of(model, adapter, parsed, chosen, per_layer=per_layer, dtype=dtype,
+                               batch_size=batch_size, max_length=max_length).total  # fmt: skip
