@@ -100,3 +100,24 @@ def test_command_line_figure_refuses_another_models_statistics(models, refusal, 
     # Statistics captured in Python from the model that was saved: the saved class is loaded back.
     assert main(["figure", str(own), *args]) == 0, capsys.readouterr().err
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_saving_or_casting_the_model_keeps_its_statistics(tmp_path) -> None:
+    """save_pretrained writes ``architectures`` and ``dtype`` into the model's config; that is the same model."""
+    model = make_model("llama_mha", dtype=torch.float32)
+    stats = headwidget.capture(model, ragged_batches(), inputs=True, progress=False)
+    model.save_pretrained(tmp_path)
+    assert model.config.architectures == ["LlamaForCausalLM"]
+    fitted = convert(model, 0, "lrkv:2", stats)  # data-aware: refused before the fix
+    assert fitted.reconstruction_error["key"] >= 0
+    reloaded = type(model).from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert convert(reloaded, 0, "lrkv:2", stats).reconstruction_error["key"] >= 0
+
+
+def test_statistics_written_before_the_fingerprint_ignored_storage_fields_still_match() -> None:
+    from headwidget.stats._meta import _fingerprint, config_matches
+
+    model = make_model("llama_mha", dtype=torch.float32)
+    legacy = _fingerprint(model.config, ("transformers_version",))
+    assert config_matches(legacy, model.config)
+    assert not config_matches(legacy, make_model("llama_gqa", dtype=torch.float32).config)

@@ -47,7 +47,7 @@ from torch import nn
 
 from headwidget.analysis.weights import HeadWeights, head_weights
 from headwidget.errors import GroupCountError, MechanismSpecError, RankRangeError, StatsMismatchError
-from headwidget.stats import KVStats, config_fingerprint
+from headwidget.stats import KVStats, config_matches
 
 __all__ = [
     "Conversion",
@@ -123,8 +123,8 @@ def _check_stats_source(model: nn.Module | HeadWeights, stats: KVStats | None) -
     """Refuse statistics captured from another model (a data-aware fit would silently be wrong)."""
     if stats is None or isinstance(model, HeadWeights):
         return
-    same = stats.meta.model_class == type(model).__name__ and stats.meta.config_fingerprint == (
-        config_fingerprint(model.config)
+    same = stats.meta.model_class == type(model).__name__ and config_matches(
+        stats.meta.config_fingerprint, model.config
     )
     if not same:
         raise StatsMismatchError(

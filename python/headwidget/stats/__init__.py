@@ -17,7 +17,7 @@ Example:
 """
 
 from headwidget.stats._kvstats import KVStats
-from headwidget.stats._meta import FORMAT, FORMAT_VERSION, StatsMeta, config_fingerprint
+from headwidget.stats._meta import FORMAT, FORMAT_VERSION, StatsMeta, config_fingerprint, config_matches
 from headwidget.stats._samples import SAMPLE_SEED, NoSamplesError
 
 __all__ = [
@@ -28,4 +28,5 @@ __all__ = [
     "NoSamplesError",
     "StatsMeta",
     "config_fingerprint",
+    "config_matches",
 ]

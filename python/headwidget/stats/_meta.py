@@ -10,7 +10,7 @@ from typing import Any
 from headwidget.core.kinds import Kind
 from headwidget.core.layout import AttentionLayout
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "StatsMeta", "config_fingerprint"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "StatsMeta", "config_fingerprint", "config_matches"]
 
 FORMAT = "headwidget-stats"
 FORMAT_VERSION = "1"
@@ -75,12 +75,40 @@ class StatsMeta:
         return cls(**data)
 
 
-def config_fingerprint(config: Any) -> str:
-    """A short hash of a model config's architecture fields (what must agree for a merge)."""
+#: Config fields that say how a model was stored or loaded, not what it computes: ``save_pretrained``
+#: writes ``architectures`` and ``dtype`` into the config of the model it saves, and a dtype cast is the
+#: same model.
+NOT_ARCHITECTURE = ("transformers_version", "architectures", "dtype", "torch_dtype")
+
+
+def _fingerprint(config: Any, ignored: tuple[str, ...]) -> str:
     try:
         raw = config.to_dict()
     except AttributeError:
         raw = dict(vars(config))
-    keep = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("transformers_version",)}
+    keep = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ignored}
     text = json.dumps(keep, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_fingerprint(config: Any) -> str:
+    """A short hash of a model config's architecture fields (what must agree for a merge).
+
+    Fields in :data:`NOT_ARCHITECTURE` do not count, so saving a model or casting it keeps its
+    fingerprint.
+
+    >>> from transformers import GPT2Config
+    >>> config = GPT2Config(n_layer=1)
+    >>> before = config_fingerprint(config)
+    >>> config.architectures, config.dtype = ["GPT2LMHeadModel"], "float32"  # what save_pretrained writes
+    >>> config_fingerprint(config) == before, config_fingerprint(GPT2Config(n_layer=2)) == before
+    (True, False)
+    """
+    return _fingerprint(config, NOT_ARCHITECTURE)
+
+
+def config_matches(fingerprint: str, config: Any) -> bool:
+    """Whether statistics with ``fingerprint`` come from a model with ``config``: today's fingerprint, or
+    the one files written before :data:`NOT_ARCHITECTURE` existed hold (which counted every field but
+    ``transformers_version``)."""
+    return fingerprint in (config_fingerprint(config), _fingerprint(config, ("transformers_version",)))
