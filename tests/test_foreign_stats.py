@@ -103,7 +103,7 @@ def test_command_line_figure_refuses_another_models_statistics(models, refusal, 
 
 
 def test_saving_or_casting_the_model_keeps_its_statistics(tmp_path) -> None:
-    """save_pretrained writes ``architectures`` and ``dtype`` into the model's config; that is the same model."""
+    """save_pretrained writes ``architectures`` and ``dtype`` into the config: still the same model."""
     model = make_model("llama_mha", dtype=torch.float32)
     stats = headwidget.capture(model, ragged_batches(), inputs=True, progress=False)
     model.save_pretrained(tmp_path)
