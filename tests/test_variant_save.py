@@ -161,9 +161,11 @@ def test_push_to_hub_refuses_before_creating_a_repository(monkeypatch) -> None:
 
 
 def test_the_original_model_is_not_changed(tmp_path) -> None:
-    model = model_of("llama_mha")
+    model = make_model("llama_mha")  # its own: transformers' save_pretrained writes into the config
     cls = type(model)
-    apply(model, "rope:2", stats=stats_of("llama_mha", model))
+    apply(
+        model, "rope:2", stats=headwidget.capture(model, ragged_batches(seed=3), progress=False, inputs=True)
+    )
     assert type(model) is cls and "save_pretrained" not in vars(model) and "push_to_hub" not in vars(model)
     assert cls.save_pretrained is PreTrainedModel.save_pretrained  # the class is not patched either
     model.save_pretrained(tmp_path)  # the original still saves
@@ -186,6 +188,24 @@ def test_copies_keep_the_check_and_check_themselves(tmp_path) -> None:
     loaded = reload(model, tmp_path / "twin")
     torch.testing.assert_close(outputs(loaded), outputs(twin), atol=ROUNDING, rtol=0)
     assert not torch.allclose(outputs(loaded), outputs(mqa))
+
+
+def test_a_pickled_partial_rope_variant_loads_where_its_class_was_never_made(monkeypatch, tmp_path) -> None:
+    """A fresh process has no ``PartialRopeLlamaAttention`` until one is made: unpickling makes it."""
+    from headwidget.adapters import _partial_rope
+
+    model = model_of("llama_mha")
+    rope = apply(model, "rope:2", stats=stats_of("llama_mha", model))
+    data = pickle.dumps(rope)
+    monkeypatch.delattr(_partial_rope, "PartialRopeLlamaAttention")
+    loaded = pickle.loads(data)
+    assert type(loaded.model.layers[0].self_attn) is type(rope.model.layers[0].self_attn)
+    torch.testing.assert_close(outputs(loaded), outputs(rope), atol=0, rtol=0)
+    with pytest.raises(VariantSaveError):
+        loaded.save_pretrained(tmp_path / "rope")
+    assert not (tmp_path / "rope").exists()
+    with pytest.raises(AttributeError, match="PartialRopeNoSuchAttention"):
+        _partial_rope.PartialRopeNoSuchAttention  # noqa: B018
 
 
 def test_variants_still_generate() -> None:

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
@@ -109,9 +110,21 @@ def _partial_rope_class(cls: type) -> type:
     if made is None:
         name = f"PartialRope{cls.__name__}"
         made = type(name, (cls,), {"forward": _forward, "__module__": __name__, "__qualname__": name})
-        globals()[name] = made  # so that pickle finds it
+        globals()[name] = made  # so that pickle finds it (and :func:`__getattr__` in a fresh process)
         _CLASSES[cls] = made
     return made
+
+
+def __getattr__(name: str) -> type:
+    """``PartialRope<Attention>`` for a pickle loaded in a process that has not made that class yet."""
+    base = name.removeprefix("PartialRope")
+    if base != name:
+        for model_type in PARTIAL_ROPE_MODEL_TYPES:
+            module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+            cls = getattr(module, base, None)
+            if isinstance(cls, type):
+                return _partial_rope_class(cls)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def install_partial_rope(attention: nn.Module, keep: torch.Tensor) -> None:
