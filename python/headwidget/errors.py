@@ -145,3 +145,9 @@ class ReportFileError(HeadwidgetError, OSError):
 class ArgumentError(HeadwidgetError, ValueError, TypeError):
     """A public argument of the wrong type or outside its range (a float where a count is needed, a
     number given as a string, NaN, a huge value); the message names the argument and what to pass."""
+
+
+class VariantSaveError(HeadwidgetError, TypeError):
+    """A variant built by ``apply`` that a transformers checkpoint cannot hold (partial RoPE, layers
+    with different KV-head counts): ``save_pretrained`` / ``push_to_hub`` refuse before writing
+    anything, and the message says what to keep instead."""

@@ -3,8 +3,10 @@
 :func:`install_partial_rope` switches one attention module to a subclass of its own class whose forward
 is the Llama forward with one change: RoPE's ``cos``/``sin`` become ``1``/``0`` on the dims a KV head
 does not keep (the query heads reading that KV head follow its mask), so those dims pass unrotated.
-The mask is a non-persistent buffer ``rope_keep`` (G, d_h): ``save_pretrained`` writes the plain
-weights, and a model loaded back from them rotates every dim again.
+The mask is a non-persistent buffer ``rope_keep`` (G, d_h): neither a transformers config nor its
+Llama code can hold it, so a checkpoint of the weights alone would load back rotating every dim.
+:func:`partial_rope_mask` tells such an attention apart (``headwidget.apply`` makes ``save_pretrained``
+of a model with one refuse); ``torch.save(model.state_dict())`` leaves the mask out as well.
 
 Only the model types whose attention forward is Llama's (:data:`PARTIAL_ROPE_MODEL_TYPES`) get it:
 Llama, Mistral and Qwen2 (the last two pass their sliding window to the attention function).
@@ -23,13 +25,14 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["PARTIAL_ROPE_MODEL_TYPES", "install_partial_rope", "masked_rope"]
+__all__ = ["PARTIAL_ROPE_MODEL_TYPES", "install_partial_rope", "masked_rope", "partial_rope_mask"]
 
 #: Model types whose attention forward is reproduced here (with how each passes its sliding window).
 PARTIAL_ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -107,9 +110,21 @@ def _partial_rope_class(cls: type) -> type:
     if made is None:
         name = f"PartialRope{cls.__name__}"
         made = type(name, (cls,), {"forward": _forward, "__module__": __name__, "__qualname__": name})
-        globals()[name] = made  # so that pickle finds it
+        globals()[name] = made  # so that pickle finds it (and :func:`__getattr__` in a fresh process)
         _CLASSES[cls] = made
     return made
+
+
+def __getattr__(name: str) -> type:
+    """``PartialRope<Attention>`` for a pickle loaded in a process that has not made that class yet."""
+    base = name.removeprefix("PartialRope")
+    if base != name:
+        for model_type in PARTIAL_ROPE_MODEL_TYPES:
+            module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+            cls = getattr(module, base, None)
+            if isinstance(cls, type):
+                return _partial_rope_class(cls)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def install_partial_rope(attention: nn.Module, keep: torch.Tensor) -> None:
@@ -122,3 +137,22 @@ def install_partial_rope(attention: nn.Module, keep: torch.Tensor) -> None:
         attention.rope_keep = keep.to(device)
     else:
         attention.register_buffer("rope_keep", keep.to(device), persistent=False)
+
+
+def partial_rope_mask(attention: nn.Module) -> torch.Tensor | None:
+    """The mask (G, d_h) :func:`install_partial_rope` gave ``attention``; None for an attention that
+    applies RoPE as its own class does.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+    ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    >>> attention = model.model.layers[0].self_attn
+    >>> partial_rope_mask(attention) is None
+    True
+    >>> install_partial_rope(attention, torch.tensor([[True, False] * 4]))
+    >>> partial_rope_mask(attention).sum().item()
+    4
+    """
+    if type(attention) not in _CLASSES.values():
+        return None
+    return attention.get_buffer("rope_keep")

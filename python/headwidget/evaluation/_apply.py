@@ -7,7 +7,7 @@ original weights) and written into a copy by the model's adapter:
   / ``v_proj`` shrink (or grow), ``num_key_value_groups`` follows, and when every layer is converted
   ``config.num_key_value_heads`` is updated, so ``save_pretrained`` / ``from_pretrained`` round-trip and
   transformers' own KV cache is that much smaller. (Converting only some layers gives a model that runs
-  but whose config cannot describe it.)
+  but whose config cannot describe it: its ``save_pretrained`` refuses.)
 - **Every other family** (GPT-2, GPT-NeoX, Falcon, GPT-BigCode, BERT) keeps its KV-head count: merged
   heads are written as copies (numerically the mechanism's output; the cache the family allocates is
   unchanged, the bytes reported are the mechanism's). A merge the layer cannot hold as copies (``gqa:3``
@@ -15,9 +15,17 @@ original weights) and written into a copy by the model's adapter:
 - **LRKV and MLA** give the same class with the reconstructed K/V weights (numerically the mechanism's
   output); the factors are kept on ``variant.headwidget_variant.factors``.
 - **Partial RoPE** (``rope:r``, ``mla:d_c+rope:r``) changes how the attention applies RoPE: Llama,
-  Mistral and Qwen2 only (:mod:`headwidget.adapters._partial_rope`); the mask does not survive
-  ``save_pretrained``.
+  Mistral and Qwen2 only (:mod:`headwidget.adapters._partial_rope`); no checkpoint can hold the mask,
+  so its ``save_pretrained`` refuses.
 - DeepSeek (already MLA) supports only ``model``.
+
+**Saving.** A variant's ``save_pretrained`` (and ``push_to_hub``, which saves through it) first asks
+:func:`save_blocker` whether the family's own ``from_pretrained`` would give the same model back; where
+it would not (partial RoPE; Llama layers with different KV-head counts), it raises
+:class:`~headwidget.errors.VariantSaveError` before writing anything. Every other variant saves as an
+ordinary checkpoint of its weights (LRKV/MLA as their dense reconstructed K/V weights, the factors not
+included) that reloads with the same logits. ``torch.save(variant.state_dict())`` cannot be checked:
+it too leaves a partial-RoPE mask out; keep the spec and the statistics and rebuild with :func:`apply`.
 
 Example:
     >>> import torch, headwidget
@@ -42,6 +50,7 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
+from headwidget.adapters._partial_rope import partial_rope_mask
 from headwidget.analysis.conversions import _check_stats_source
 from headwidget.analysis.variant_fits import LayerFit, fit_layer
 from headwidget.analysis.variants import VariantSpec, parse_variant
@@ -50,6 +59,7 @@ from headwidget.errors import (
     StatsMismatchError,
     UnsupportedAlignmentError,
     UnsupportedConversionError,
+    VariantSaveError,
 )
 from headwidget.stats import KVStats
 
@@ -63,6 +73,7 @@ __all__ = [
     "fit_variant",
     "layer_kv_elements",
     "resolve_layers",
+    "save_blocker",
     "shared_copy",
 ]
 
@@ -272,7 +283,113 @@ def build_variant(
     }
     kept = {layer: replace(fit, weights=None) for layer, fit in fits.items()}  # written: not kept twice
     out.headwidget_variant = AppliedVariant(parse_variant(spec).text, layers, kv_elements, kept)  # type: ignore[assignment]
+    for method in _SAVING:
+        if callable(getattr(type(out), method, None)):
+            setattr(out, method, _CheckedSave(out, method))
     return out
+
+
+def _layer_list(layers: Sequence[int]) -> str:
+    """``[1]`` → ``layer 1``, ``[0, 1]`` → ``layers 0, 1``."""
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(str(layer) for layer in layers)
+
+
+def save_blocker(model: nn.Module) -> str | None:
+    """Why a checkpoint of ``model``'s weights and config would not load back as the same model
+    (None: ``save_pretrained`` / ``from_pretrained`` round-trip it).
+
+    It looks at the model as it is now: attention that applies RoPE to only part of each KV head's dims
+    (a mask no config field or transformers code expresses), and, where a layer's KV-head count can be
+    changed, layers whose counts differ from the one in the config.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+        >>> save_blocker(apply(model, "mqa")) is None
+        True
+        >>> save_blocker(apply(model, "mqa", layers=[1]))[:55]
+        'its layers hold different numbers of KV heads (layer 0:'
+    """
+    problem = _save_problem(model)
+    return None if problem is None else problem[1]
+
+
+def _save_problem(model: nn.Module) -> tuple[str, str] | None:
+    """``(what, why)`` for :func:`save_blocker`: ``what`` is ``"rope"`` or ``"kv_heads"``."""
+    adapter = adapter_for(model)
+    attention = adapter.attention_modules()
+    config = type(adapter.config).__name__
+    masks = [partial_rope_mask(a) for a in attention]
+    partial = [layer for layer, keep in enumerate(masks) if keep is not None and not bool(keep.all())]
+    if partial:
+        verb = "applies" if len(partial) == 1 else "apply"
+        return "rope", (
+            f"{_layer_list(partial)} {verb} RoPE to only part of each KV head's dims (partial RoPE: "
+            f"a per-head mask that neither {config} nor transformers' {type(model).__name__} code can "
+            "express), so the model loaded from the checkpoint would rotate every dim and give other logits"
+        )
+    if adapter.resizable_kv_heads:
+        counts = [adapter.kv_heads_of(a) for a in attention]
+        configured = adapter.layout().num_kv_heads
+        if any(count != configured for count in counts):
+            held = ", ".join(f"layer {layer}: {count}" for layer, count in enumerate(counts))
+            return "kv_heads", (
+                f"its layers hold different numbers of KV heads ({held}), but {config} has one "
+                f"num_key_value_heads ({configured}) for every layer, so from_pretrained could not load "
+                "the checkpoint"
+            )
+    return None
+
+
+def _save_refusal(model: nn.Module, method: str, what: str, reason: str) -> VariantSaveError:
+    info = getattr(model, "headwidget_variant", None)
+    if not isinstance(info, AppliedVariant):
+        return VariantSaveError(f"{type(model).__name__}.{method}: {reason}. Nothing was written.")
+    spec, layers = info.spec, info.layers
+    chosen = "" if layers == list(range(len(info.kv_elements))) else f", layers={layers}"
+    if what == "rope":
+        other = "variants without rope:r (mqa, gqa:G, lrkv:r, mla:d_c) save as ordinary checkpoints"
+    else:
+        other = (
+            f"converting every layer (headwidget.apply(model, {spec!r}, stats=stats)) gives one that saves"
+        )
+    return VariantSaveError(
+        f"the {spec!r} variant (converted {_layer_list(layers)}) cannot be saved with {method}: {reason}. "
+        "Nothing was written. Keep the spec and the statistics (stats.save(path)) instead, and rebuild the "
+        f"variant from the original model: headwidget.apply(model, {spec!r}, stats=stats{chosen}); "
+        f"{other}."
+    )
+
+
+#: The methods of a variant that write a checkpoint (``push_to_hub`` saves through ``save_pretrained``,
+#: but creates the Hub repository first: it is checked before that).
+_SAVING = ("save_pretrained", "push_to_hub")
+
+
+class _CheckedSave:
+    """A variant's ``save_pretrained`` / ``push_to_hub``: :func:`save_blocker` first, then the class's.
+
+    Kept in the instance's ``__dict__`` (the class and the original model are untouched); it holds the
+    model it belongs to, so ``copy.deepcopy`` and pickling give a copy whose check is its own.
+    """
+
+    def __init__(self, model: nn.Module, method: str) -> None:
+        self.model = model
+        self.method = method
+
+    @property
+    def __wrapped__(self) -> object:  # inspect.signature / help() show the transformers method
+        return getattr(type(self.model), self.method).__get__(self.model)
+
+    def __repr__(self) -> str:
+        return f"<{self.method} of a headwidget variant of {type(self.model).__name__}, checked first>"
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        problem = _save_problem(self.model)
+        if problem is not None:
+            raise _save_refusal(self.model, self.method, *problem)
+        return getattr(type(self.model), self.method)(self.model, *args, **kwargs)
 
 
 def apply(
