@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as fields_of
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,8 @@ class EvaluationReport:
                 f"cannot save the report to {target.name!r}: the suffix must be one of "
                 f"{', '.join(REPORT_SUFFIXES)} (JSON that EvaluationReport.load reads, or a markdown table)"
             )
-        text = report_text(type(self), self.to_json(), target)  # checked before anything is written
+        content = {f.name: getattr(self, f.name) for f in fields_of(self)}  # to_json() without its copy
+        text = report_text(type(self), {"format": FORMAT, "version": VERSION, **content}, target)
         if suffix == ".md":
             facts = (
                 f"model: {self.model}; {self.tokens} evaluation tokens in {self.sequences} sequences "
@@ -222,8 +224,8 @@ class EvaluationReport:
         needs its measures (exactly those of the report's ``kind``) and its KV bytes per token (a finite
         count >= 0), and per-layer numbers with one per entry of ``layers``; ``constant_bytes`` may
         name only listed variants. NLL, KL and top-1 (in [0, 1]) are finite, perplexity >= 1 (+inf where
-        it overflowed), the encoder measures NaN where undefined. Fields written after a report's
-        version came out (``constant_bytes``...) may be absent and take their defaults.
+        it overflowed), the encoder measures NaN where undefined. Fields with a default may be absent
+        (reports written before ``constant_bytes`` existed lack it).
 
         Raises:
             ReportFileError: the file is missing, unreadable, not a regular file, too large, not UTF-8

@@ -147,9 +147,34 @@ def _describe(value: object) -> str:
 
 
 def _key(name: str) -> str:
-    """``name`` as a message shows a table entry: quoted and escaped, shortened when long."""
-    text = json.dumps(name)
+    """``name`` as a message shows a table entry: quoted and escaped as in JSON, shortened when long."""
+    plain = name.isascii() and name.isprintable() and '"' not in name and "\\" not in name
+    text = f'"{name}"' if plain else json.dumps(name)
     return text if len(text) <= 60 else text[:56] + '..."'
+
+
+def _string_problem(value: object) -> str | None:
+    return None if type(value) is str else f"must be a string, not {_describe(value)}"
+
+
+def _integer_problem(value: object) -> str | None:
+    if type(value) is int:  # not a bool
+        return None
+    if isinstance(value, _Oversized):
+        return f"is {_describe(value)}, beyond any count a report holds"
+    return f"must be an integer, not {_describe(value)}"
+
+
+def _number_problem(value: object) -> str | None:
+    if type(value) is float or type(value) is int:
+        return None
+    if isinstance(value, _Oversized):
+        return f"is {_describe(value)}, beyond any number a report holds"
+    return f"must be a number, not {_describe(value)}"
+
+
+#: The checks of the scalar annotations (the JSON parser gives exactly these types).
+_SCALARS = {str: _string_problem, int: _integer_problem, float: _number_problem}
 
 
 def _what(mode: int) -> str:
@@ -171,10 +196,6 @@ def _some(names: Sequence[str], limit: int = 8) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class ReportCheck:
@@ -203,6 +224,12 @@ class ReportCheck:
     # ------------------------------------------------------------------ types, from the annotations
     def value(self, value: object, hint: Any, field: str) -> None:
         """``value`` is a JSON value of the type ``hint`` (recursively)."""
+        scalar = _SCALARS.get(hint)
+        if scalar is not None:
+            problem = scalar(value)
+            if problem is not None:
+                self.fail(field, problem)
+            return
         if hint is Any:
             return
         origin = typing.get_origin(hint)
@@ -212,31 +239,26 @@ class ReportCheck:
                 return
             (inner,) = [o for o in options if o is not type(None)]
             self.value(value, inner, field)
-        elif hint is str:
-            if not isinstance(value, str):
-                self.fail(field, f"must be a string, not {_describe(value)}")
-        elif hint is int:
-            if isinstance(value, _Oversized):
-                self.fail(field, f"is {_describe(value)}, beyond any count a report holds")
-            if not isinstance(value, int) or isinstance(value, bool):
-                self.fail(field, f"must be an integer, not {_describe(value)}")
-        elif hint is float:
-            if isinstance(value, _Oversized):
-                self.fail(field, f"is {_describe(value)}, beyond any number a report holds")
-            if not _is_number(value):
-                self.fail(field, f"must be a number, not {_describe(value)}")
         elif origin is list:
             if not isinstance(value, list):
                 self.fail(field, f"must be a list, not {_describe(value)}")
             (item,) = typing.get_args(hint)
+            check = _SCALARS.get(item)
             for i, entry in enumerate(value):
-                self.value(entry, item, f"{field}[{i}]")
+                if check is None:
+                    self.value(entry, item, f"{field}[{i}]")
+                elif (problem := check(entry)) is not None:  # the common case, without a name per entry
+                    self.fail(f"{field}[{i}]", problem)
         elif origin is dict:
             if not isinstance(value, dict):
                 self.fail(field, f"must be an object, not {_describe(value)}")
             _, item = typing.get_args(hint)
+            check = _SCALARS.get(item)
             for key, entry in value.items():
-                self.value(entry, item, f"{field}[{_key(key)}]")
+                if check is None:
+                    self.value(entry, item, f"{field}[{_key(key)}]")
+                elif (problem := check(entry)) is not None:
+                    self.fail(f"{field}[{_key(key)}]", problem)
         else:  # a field of a new kind of type: teach this method to read it
             raise TypeError(f"the report field {field} has the type {hint!r}, which ReportCheck cannot read")
 
@@ -389,8 +411,10 @@ class ReportCheck:
                     f"holds {_count(len(values), 'number')}, but layers lists {_count(len(layers), 'layer')} "
                     "(one number per layer)",
                 )
+            bounds = MEASURE_RANGES[wanted]
             for i, value in enumerate(values):
-                self.in_range(value, wanted, f"{field}[{i}]")
+                if (problem := bounds.problem(value)) is not None:
+                    self.fail(f"{field}[{i}]", problem)
 
     def calibration(self, value: dict[str, Any]) -> None:
         self.entries(value, "calibration", list(CALIBRATION), "entries", "known:")
@@ -458,6 +482,8 @@ def read_report(report_class: type, path: Path) -> dict[str, Any]:
         fd = os.open(path, flags)
     except FileNotFoundError as err:
         raise ReportFileError(f"no evaluation report at {path} ({err.strerror})") from err
+    except ValueError as err:  # a NUL byte in the path
+        raise ReportFileError(f"cannot read an evaluation report from {path!r}: {err}") from err
     except OSError as err:
         raise ReportFileError(f"cannot read an evaluation report from {path}: {err.strerror or err}") from err
     try:
