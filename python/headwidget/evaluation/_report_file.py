@@ -1,4 +1,4 @@
-"""Evaluation report files: JSON written atomically, read with every field checked.
+"""Evaluation report files: the JSON text that is saved and loaded, every field checked both ways.
 
 :func:`report_text` (what :meth:`EvaluationReport.save <headwidget.evaluation.EvaluationReport.save>`
 writes, after checking it) and :func:`read_report` (what :meth:`EvaluationReport.load
@@ -42,6 +42,7 @@ __all__ = [
     "FORMAT",
     "LM_MEASURES",
     "MAX_REPORT_BYTES",
+    "MEASURE_RANGES",
     "REPORT_SUFFIXES",
     "VERSION",
     "ReportCheck",
@@ -91,8 +92,8 @@ class _Range:
 
 
 #: Each measure's range. NLL, KL and top-1 are defined on every report (at least one predicted token);
-#: perplexity = exp(NLL) may overflow to +inf; the encoder measures are NaN where undefined (original
-#: hidden states that are all zero).
+#: perplexity = exp(NLL) may overflow to +inf; the encoder measures are NaN where undefined (the
+#: original's hidden states all zero).
 MEASURE_RANGES: dict[str, _Range] = {
     "nll": _Range(0.0),
     "perplexity": _Range(1.0, inf=True),
