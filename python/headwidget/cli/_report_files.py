@@ -18,14 +18,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headwidget.files import atomic_output, atomic_write
+from headwidget.files import atomic_write
 
 if TYPE_CHECKING:
     from headwidget.evaluation import EvaluationReport
 
 __all__ = ["REPORT_SUFFIXES", "report_facts", "report_markdown", "write_report"]
 
-#: What ``--out`` of ``evaluate`` may end with.
+#: What ``--out`` of ``evaluate`` may end with: the suffixes ``EvaluationReport.save`` writes (stated
+#: here too so that the command line refuses another before it imports torch).
 REPORT_SUFFIXES = (".json", ".md")
 
 
@@ -74,8 +75,8 @@ def report_markdown(report: EvaluationReport, *, evaluation: str, calibration: s
 
 
 def write_report(report: EvaluationReport, path: Path, *, evaluation: str, calibration: str) -> Path:
-    """Write ``report`` to ``path`` by its suffix (:data:`REPORT_SUFFIXES`), atomically: JSON with
-    ``report.save``, Markdown with :func:`report_markdown`.
+    """Write ``report`` to ``path`` by its suffix (:data:`REPORT_SUFFIXES`), atomically (see
+    :mod:`headwidget.files`): JSON with ``report.save``, Markdown with :func:`report_markdown`.
 
     Example:
         >>> import pathlib, tempfile
@@ -93,6 +94,5 @@ def write_report(report: EvaluationReport, path: Path, *, evaluation: str, calib
         with atomic_write(path, "w") as fh:
             fh.write(report_markdown(report, evaluation=evaluation, calibration=calibration))
     else:
-        with atomic_output(path) as tmp:
-            report.save(tmp)
+        report.save(path)
     return path

@@ -42,6 +42,7 @@ from headwidget.demo._quantization import SAMPLES, entropy_lines, quantizer_line
 from headwidget.embedded import load_minilm, load_smollm2
 from headwidget.evaluation import EvaluationReport, evaluate
 from headwidget.export import save_all
+from headwidget.files import atomic_write
 from headwidget.report import summary_table
 from headwidget.stats import KVStats
 from headwidget.texts import SAMPLE_SOURCE, english_sample
@@ -281,7 +282,8 @@ def run_demo(
         echo("")
         report += _figures(out, results, loaded, echo)
         report += evaluation
-        (out / "report.md").write_text("\n".join(report), encoding="utf-8")
+        with atomic_write(out / "report.md", "w", encoding="utf-8") as fh:
+            fh.write("\n".join(report))
         echo(f"wrote {out / 'report.md'}")
         echo(
             "\nOpen the figures above, or explore interactively: "

@@ -27,20 +27,25 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as fields_of
 from pathlib import Path
 from typing import Any
 
 from headwidget.errors import EncoderMeasureError, ReportFileError
+from headwidget.evaluation._report_file import (
+    ENCODER_MEASURES,
+    FORMAT,
+    LM_MEASURES,
+    REPORT_SUFFIXES,
+    VERSION,
+    read_report,
+    report_text,
+)
+from headwidget.files import NotRegularFileError, atomic_write
 
 __all__ = ["EvaluationReport"]
-
-LM_MEASURES = ("nll", "perplexity", "kl", "top1")
-ENCODER_MEASURES = ("hidden_rel_error", "embedding_cosine")
-FORMAT = "headwidget-evaluation-report"
-VERSION = 1
 
 
 @dataclass
@@ -161,40 +166,73 @@ class EvaluationReport:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
 
     def save(self, path: str | Path) -> Path:
-        """Write the report as JSON (``.json``) or as a markdown table with its facts (``.md``)."""
+        """Write the report as JSON (``.json``) or as a markdown table with its facts (``.md``).
+
+        The suffix is one of those two, in any case; any other is refused before anything is written.
+        The report is checked as :meth:`load` checks a file (so a saved JSON report always loads), and
+        the write is atomic (see :mod:`headwidget.files`): the file at ``path`` is either the old one or
+        the complete new one, even when the disk fills up midway. Every failure raises
+        :class:`~headwidget.errors.ReportFileError` naming ``path``; nothing is left behind.
+
+        Example:
+            >>> import pathlib, tempfile
+            >>> report = EvaluationReport(model="tiny", kind="causal-lm", variants=["model"],
+            ...     measures={"model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0}},
+            ...     kv_bytes_per_token={"model": 512}, tokens=100, sequences=4, fingerprint="0123",
+            ...     dtype="torch.float32")
+            >>> folder = pathlib.Path(tempfile.mkdtemp())
+            >>> EvaluationReport.load(report.save(folder / "report.json")) == report
+            True
+            >>> report.save(folder / "report.png")
+            Traceback (most recent call last):
+            ...
+            headwidget.errors.ReportFileError: cannot save the report to 'report.png': the suffix must be ...
+        """
         target = Path(path)
-        if target.suffix.lower() == ".md":
+        suffix = target.suffix.lower()
+        if suffix not in REPORT_SUFFIXES:
+            raise ReportFileError(
+                f"cannot save the report to {target.name!r}: the suffix must be one of "
+                f"{', '.join(REPORT_SUFFIXES)} (JSON that EvaluationReport.load reads, or a markdown table)"
+            )
+        content = {f.name: getattr(self, f.name) for f in fields_of(self)}  # to_json() without its copy
+        text = report_text(type(self), {"format": FORMAT, "version": VERSION, **content}, target)
+        if suffix == ".md":
             facts = (
                 f"model: {self.model}; {self.tokens} evaluation tokens in {self.sequences} sequences "
                 f"(fingerprint {self.fingerprint}); dtype {self.dtype}"
             )
-            target.write_text(f"{facts}\n\n{self.table()}\n", encoding="utf-8")
-        else:
-            target.write_text(json.dumps(self.to_json(), indent=1, allow_nan=True), encoding="utf-8")
+            text = f"{facts}\n\n{self.table()}\n"
+        try:
+            with atomic_write(target, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except NotRegularFileError as err:
+            raise ReportFileError(f"cannot save the report: {err}") from err
+        except OSError as err:
+            raise ReportFileError(
+                f"cannot save the report to {target}: {err.strerror or err}; the file there before, if "
+                "any, is unchanged"
+            ) from err
         return target
 
     @classmethod
     def load(cls, path: str | Path) -> EvaluationReport:
-        """Read a report written by :meth:`save` as JSON.
+        """Read a report written by :meth:`save` as JSON, checking every field.
+
+        Each field must have its declared type (integers that are integers, strings that are strings),
+        the format tag and version must be this headwidget's, and nothing else may be there. Every variant
+        needs its measures (exactly those of the report's ``kind``) and its KV bytes per token (a finite
+        count >= 0), and per-layer numbers with one per entry of ``layers``; ``constant_bytes`` may
+        name only listed variants. NLL, KL and top-1 (in [0, 1]) are finite, perplexity >= 1 (+inf where
+        it overflowed), the encoder measures NaN where undefined. Fields with a default may be absent
+        (reports written before ``constant_bytes`` existed lack it).
 
         Raises:
-            ReportFileError: the file is missing or is not a headwidget evaluation report.
+            ReportFileError: the file is missing, unreadable, not a regular file, too large, not UTF-8
+                JSON, not an evaluation report, or a field cannot be true; the message names the file
+                and the field (``measures["mqa"]["kl"]``, ``per_layer["mqa"]``...).
         """
-        target = Path(path)
-        try:
-            data = json.loads(target.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ReportFileError(f"cannot read an evaluation report from {target}: {err}") from err
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ReportFileError(
-                f"{target} is not a headwidget evaluation report (save one with report.save)"
-            )
-        data.pop("format")
-        data.pop("version", None)
-        try:
-            return cls(**data)
-        except TypeError as err:
-            raise ReportFileError(f"{target}: unexpected report fields ({err})") from err
+        return cls(**read_report(cls, Path(path)))
 
 
 def _row(cells: list[str]) -> str:

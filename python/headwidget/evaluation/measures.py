@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -131,7 +132,14 @@ class PredictionTotals:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.nll) if self.tokens else math.nan
+        """``exp(nll)``; +inf where that overflows a float (an NLL above about 709 nats).
+
+        >>> PredictionTotals(tokens=1, nll_sum=800.0).perplexity
+        inf
+        """
+        if not self.tokens:
+            return math.nan
+        return math.exp(self.nll) if self.nll < math.log(sys.float_info.max) else math.inf
 
     @property
     def kl(self) -> float:

@@ -29,6 +29,7 @@ import numpy as np
 from headwidget.core.bundle import bundle_path
 from headwidget.export._labels import printable
 from headwidget.export._source import GridSource, collect_frames
+from headwidget.files import atomic_write
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -223,5 +224,6 @@ def save_html(
     """
     page = page_html(source, title=title, layers=layers, max_bytes=max_bytes)
     path = Path(path)
-    path.write_text(page, encoding="utf-8")
+    with atomic_write(path, "w", encoding="utf-8") as fh:  # the old page stays until the new one is whole
+        fh.write(page)
     return path

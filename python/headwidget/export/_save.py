@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from headwidget.export._figure import PANEL_LABEL, export_style, figure
 from headwidget.export._html import save_html
 from headwidget.export._source import ExportError, GridSource
+from headwidget.files import atomic_output
 
 __all__ = ["FORMATS", "cell_box", "save", "save_all"]
 
@@ -101,7 +102,8 @@ def save_all(
     with export_style():
         for path in out:
             suffix = path.suffix.lower()
-            fig.savefig(path, format=suffix[1:], dpi="figure", metadata=METADATA[suffix])
+            with atomic_output(path) as tmp:  # each file is the old one or the whole new one
+                fig.savefig(tmp, format=suffix[1:], dpi="figure", metadata=METADATA[suffix])
     return out
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from headwidget.export._html import page_csp
 from headwidget.export._labels import printable
+from headwidget.files import atomic_write
 
 __all__ = ["save_tabbed_html", "tabbed_html"]
 
@@ -75,7 +76,9 @@ def tabbed_html(pages: Sequence[tuple[str, str]], title: str) -> str:
 
 
 def save_tabbed_html(path: str | os.PathLike[str], pages: Sequence[tuple[str, str]], title: str) -> Path:
-    """Write :func:`tabbed_html` to ``path``; returns the path."""
+    """Write :func:`tabbed_html` to ``path`` atomically (:mod:`headwidget.files`); returns the path."""
     path = Path(path)
-    path.write_text(tabbed_html(pages, title), encoding="utf-8")
+    page = tabbed_html(pages, title)
+    with atomic_write(path, "w", encoding="utf-8") as fh:
+        fh.write(page)
     return path
