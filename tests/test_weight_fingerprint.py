@@ -25,7 +25,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerFast
 
 import headwidget
-from headwidget import KVStats, StatsFileError, StatsMismatchError, cli
+from headwidget import KVStats, StatsFileError, StatsMismatchError, cli, views
 from headwidget.adapters import adapter_for
 from headwidget.analysis.conversions import convert, mechanism_sweep
 from headwidget.errors import ArgumentError
@@ -36,6 +36,8 @@ from tiny_models import FACTORIES, VOCAB, make_model, ragged_batches
 
 #: What every refusal says: where the statistics come from, how to recapture, how to opt out.
 REFUSAL = r"other weights.*fine-tune.*headwidget\.capture.*allow_other_weights=True"
+#: A view takes no opt-out: its refusal says to show the statistics without the model.
+VIEW_REFUSAL = r"other weights.*fine-tune.*headwidget\.capture.*or show them without the model"
 IDS = torch.randint(1, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5))
 
 
@@ -118,7 +120,7 @@ def test_every_family_tells_its_weights_from_a_siblings(name):
     check_sources(stats, model)
     check_sources(stats, copy.deepcopy(model).to(torch.bfloat16))  # the same weights, rounded
     check_sources(stats, make_model(name, dtype=torch.float64))  # float32 weights held in float64
-    with pytest.raises(StatsMismatchError, match=REFUSAL):
+    with pytest.raises(StatsMismatchError, match=VIEW_REFUSAL):
         check_sources(stats, make_model(name, dtype=torch.float32, seed=1))  # another initialisation
 
 
@@ -176,8 +178,10 @@ def test_align_model_convert_and_sweep_refuse_the_siblings_weights(base, sibling
         mechanism_sweep(sibling, 0, ["lrkv:2"], stats)
     rows = mechanism_sweep(sibling, 0, ["lrkv:2"], stats, allow_other_weights=True)
     assert rows[0]["key_error"] == allowed.reconstruction_error["key"]
-    with pytest.raises(StatsMismatchError, match=REFUSAL):
+    with pytest.raises(StatsMismatchError, match=VIEW_REFUSAL):
         check_sources(stats, sibling)
+    with pytest.raises(StatsMismatchError, match=VIEW_REFUSAL):
+        views.MechanismView(sibling, stats=stats)
 
 
 # ---------------------------------------------------------------------- accepted: the same weights
@@ -352,5 +356,5 @@ def test_smollm2_in_bfloat16_is_the_same_weights_and_a_changed_row_is_not(smollm
     check_sources(stats, half)
     with torch.no_grad():
         half.model.layers[29].self_attn.v_proj.weight[0] *= 1.5
-    with pytest.raises(StatsMismatchError, match=REFUSAL):
+    with pytest.raises(StatsMismatchError, match=VIEW_REFUSAL):
         check_sources(stats, half)

@@ -124,10 +124,15 @@ class Conversion:
 
 
 def _check_stats_source(
-    model: nn.Module | HeadWeights, stats: KVStats | None, *, allow_other_weights: bool = False
+    model: nn.Module | HeadWeights,
+    stats: KVStats | None,
+    *,
+    allow_other_weights: bool = False,
+    opt_out: bool = True,
 ) -> None:
     """Refuse statistics captured from another model (a data-aware fit would silently be wrong): another
-    class or config, or, unless ``allow_other_weights``, other weights (:func:`_check_stats_weights`)."""
+    class or config, or, unless ``allow_other_weights``, other weights (:func:`_check_stats_weights`;
+    ``opt_out``: whether the caller takes ``allow_other_weights``, which the message then offers)."""
     allow = flag("allow_other_weights", allow_other_weights)
     if stats is None or isinstance(model, HeadWeights):
         return
@@ -140,10 +145,10 @@ def _check_stats_source(
             f"this {type(model).__name__}; capture them from this model (inputs=True) or pass stats=None"
         )
     if not allow:
-        _check_stats_weights(model, stats)
+        _check_stats_weights(model, stats, opt_out)
 
 
-def _check_stats_weights(model: nn.Module, stats: KVStats) -> None:
+def _check_stats_weights(model: nn.Module, stats: KVStats, opt_out: bool = True) -> None:
     """Refuse statistics whose weight fingerprint is not ``model``'s (over the captured layers).
 
     Statistics without one (files of older versions) are accepted with a warning, since nothing tells
@@ -156,22 +161,29 @@ def _check_stats_weights(model: nn.Module, stats: KVStats) -> None:
     name = type(model).__name__
     if recorded is None:
         warnings.warn(
-            f"these statistics carry no weight fingerprint (saved by a headwidget from before it recorded "
-            f"one), so nothing tells whether they come from this {name}'s weights or from another model "
-            "of its architecture (its base model, a fine-tune); capture them again from this model to "
-            "have them checked",
+            "these statistics carry no weight fingerprint (saved by a headwidget from before it recorded "
+            "one, or merged with such statistics), so nothing tells whether they come from this "
+            f"{name}'s weights or from another model of its architecture (its base model, a fine-tune); "
+            "capture them again from this model to have them checked",
             UserWarning,
             stacklevel=3,
         )
         return
+    allow = (
+        "or, if you mean to use statistics of other weights, pass allow_other_weights=True "
+        "(--allow-other-weights on the command line)"
+        if opt_out
+        else "or show them without the model (a view shows statistics beside the weights they come from "
+        "only; apply, evaluate, fit_quantizer, align_model, convert and mechanism_sweep take "
+        "allow_other_weights=True)"
+    )
     raise StatsMismatchError(
         f"these statistics were captured from other weights than this {name}'s (weight fingerprint "
         f"{recorded} of layers {stats.meta.layers}; this model's is {actual}): the same architecture and "
         "config with other values, such as a base model's statistics given with its fine-tune, so what "
         "is fitted on them (alignments, data-aware LRKV/MLA, codebooks) would not fit this model. Capture "
-        "them again from this model (headwidget.capture(model, texts, ...) with the options you need), or, "
-        "if you mean to use statistics of other weights, pass allow_other_weights=True "
-        "(--allow-other-weights on the command line)"
+        "them again from this model (headwidget.capture(model, texts, ...) with the options you need), "
+        + allow
     )
 
 
