@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerFast
 
 import headwidget
 from headwidget import KVStats, StatsFileError, StatsMismatchError, cli, views
-from headwidget.adapters import adapter_for
+from headwidget.adapters import adapter_for, weight_fingerprint
 from headwidget.analysis.conversions import convert, mechanism_sweep
 from headwidget.errors import ArgumentError
 from headwidget.evaluation import apply, evaluate, fit_quantizer
@@ -122,6 +122,23 @@ def test_every_family_tells_its_weights_from_a_siblings(name):
     check_sources(stats, make_model(name, dtype=torch.float64))  # float32 weights held in float64
     with pytest.raises(StatsMismatchError, match=VIEW_REFUSAL):
         check_sources(stats, make_model(name, dtype=torch.float32, seed=1))  # another initialisation
+
+
+def test_weights_that_cannot_be_read_have_no_fingerprint_and_are_not_checked(base, stats):
+    packed = copy.deepcopy(base)
+    attention = packed.model.layers[1].self_attn
+    attention.k_proj.weight = nn.Parameter(  # what a quantised checkpoint looks like
+        torch.zeros_like(attention.k_proj.weight, dtype=torch.int8), requires_grad=False
+    )
+    assert adapter_for(packed).fingerprint_rows(1) is None
+    assert weight_fingerprint(adapter_for(packed), [0, 1]) is None
+    assert weight_fingerprint(adapter_for(packed), [0]) == weight_fingerprint(adapter_for(base), [0])
+    with torch.device("meta"):  # weights not in memory (offloaded)
+        offloaded = FACTORIES["llama_gqa"]()
+    assert weight_fingerprint(adapter_for(offloaded), [0]) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_sources(stats, packed)  # nothing to compare: accepted, without a warning
 
 
 # ---------------------------------------------------------------------- refused for other weights
