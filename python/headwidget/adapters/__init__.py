@@ -9,12 +9,13 @@ from headwidget.adapters.bert import BertAdapter
 from headwidget.adapters.bigcode import GPTBigCodeAdapter
 from headwidget.adapters.deepseek import DeepseekAdapter
 from headwidget.adapters.falcon import FalconAdapter
+from headwidget.adapters.fingerprint import weight_fingerprint
 from headwidget.adapters.gpt2 import GPT2Adapter
 from headwidget.adapters.llama import LlamaAdapter
 from headwidget.adapters.neox import GPTNeoXAdapter
 from headwidget.errors import UnsupportedModelError
 
-__all__ = ["ADAPTERS", "Adapter", "Tap", "adapter_for", "supported_families"]
+__all__ = ["ADAPTERS", "Adapter", "Tap", "adapter_for", "supported_families", "weight_fingerprint"]
 
 ADAPTERS: tuple[type[Adapter], ...] = (
     LlamaAdapter,

@@ -7,7 +7,8 @@ O columns sit (:meth:`Adapter.head_projections`), read as :class:`~headwidget.co
 weights exactly (:meth:`Adapter.alignment_blocker`) and folding them (:meth:`Adapter.fold_rotations`).
 Conversions: writing converted per-head weights back (:meth:`Adapter.write_head_weights`), with another
 number of KV heads where the family allows it (:attr:`Adapter.resizable_kv_heads`), and partial RoPE
-(:meth:`Adapter.set_partial_rope`).
+(:meth:`Adapter.set_partial_rope`). Fingerprints: the few weight rows that identify a layer's weights
+(:meth:`Adapter.fingerprint_rows`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from headwidget.adapters._heads import (
     fold_into,
     plain_weight_problem,
     read_projections,
+    weight_rows,
     write_projections,
 )
 from headwidget.adapters._partial_rope import PARTIAL_ROPE_MODEL_TYPES
@@ -168,6 +170,42 @@ class Adapter:
             LayerIndexError: ``layer`` is not a layer of the model.
         """
         return self.read_head_weights(self.attention_at(layer))
+
+    def fingerprint_rows(self, layer: int) -> dict[str, torch.Tensor] | None:
+        """The few weight rows of ``layer`` that identify its weights (what a weight fingerprint hashes).
+
+        The first row of the first and of the last head of the query, key and value projections, and
+        the matching bias entries: ``{"q.weight": (2, d), "q.bias": (2,), "k.weight": ..., ...}``, gathered
+        on the weights' own devices (a model split across devices is read where it lies). None when they
+        cannot be read: a projection that is not a plain floating-point Linear/Conv1D (a quantised
+        model), weights on the meta device (offloaded), or a family that does not say where its heads'
+        weights are. See :func:`~headwidget.adapters.fingerprint.weight_fingerprint`.
+
+        Example:
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> from headwidget.adapters import adapter_for
+            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
+            >>> rows = adapter_for(gpt2).fingerprint_rows(0)
+            >>> list(rows), tuple(rows["k.weight"].shape), tuple(rows["k.bias"].shape)
+            (['q.weight', 'q.bias', 'k.weight', 'k.bias', 'v.weight', 'v.bias'], (2, 32), (2,))
+        """
+        try:
+            projections = self.head_projections(self.attention_at(layer))
+        except UnsupportedModelError:
+            return None
+        out: dict[str, torch.Tensor] = {}
+        for name, s in (("q", projections.q), ("k", projections.k), ("v", projections.v)):
+            if plain_weight_problem(s.module) is not None:
+                return None
+            weight = weight_rows(s.module)
+            if weight.device.type == "meta":
+                return None
+            rows = s.index[[0, -1], 0].to(weight.device)  # the first row of the first and last head
+            out[f"{name}.weight"] = weight.detach()[rows]
+            bias = getattr(s.module, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                out[f"{name}.bias"] = bias.detach()[rows.to(bias.device)]
+        return out
 
     # ------------------------------------------------------------------ rotations
     def shared_key_dims(self) -> tuple[int, ...]:

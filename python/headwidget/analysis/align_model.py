@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from headwidget.adapters import adapter_for
+from headwidget.analysis.conversions import _check_stats_source
 from headwidget.analysis.procrustes import HeadSplit, fit_rotations
 from headwidget.errors import GroupCountError, StatsMismatchError, UnsupportedAlignmentError
 from headwidget.moments.head_metrics import head_blocks
@@ -133,6 +134,7 @@ def align_model(
     groups: Mapping[int, Groups] | Groups,
     *,
     layers: Sequence[int] | None = None,
+    allow_other_weights: bool = False,
 ) -> nn.Module:
     """A rotated copy of ``model`` whose KV heads of each group are aligned; the input is not modified.
 
@@ -142,6 +144,9 @@ def align_model(
         stats: its :class:`~headwidget.stats.KVStats` with kinds ``"key"`` and ``"value"``.
         groups: KV-head groups, either ``{layer: [[heads], ...]}`` or one grouping for every layer.
         layers: the layers to rotate when ``groups`` is not a mapping (default: every captured layer).
+        allow_other_weights: rotate by ``stats`` even when they were captured from other weights of the
+            same architecture and config (a base model's statistics for its fine-tune); by default
+            refused.
 
     Example:
         >>> import torch, headwidget
@@ -155,7 +160,8 @@ def align_model(
     Raises:
         UnsupportedAlignmentError: the model's heads cannot be rotated exactly (the message says why:
             per-head query/key norms, an element-wise q/k/v clamp, quantised projections...).
-        StatsMismatchError: ``stats`` were captured from a model of another shape.
+        StatsMismatchError: ``stats`` were captured from a model of another shape, class or config, or
+            from other weights (unless ``allow_other_weights``).
         GroupCountError: ``groups`` are not disjoint lists of KV head indices.
     """
     adapter = adapter_for(model)
@@ -165,6 +171,7 @@ def align_model(
     layout = adapter.layout()
     if layout != stats.meta.layout:
         raise StatsMismatchError("these statistics were captured from a model of another shape")
+    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     by_layer = _groups_by_layer(groups, layers if layers is not None else stats.meta.layers)
     for layer, layer_groups in by_layer.items():
         _check_groups(layer_groups, layout.num_kv_heads, layer)

@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import re
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,7 +46,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from headwidget.adapters import adapter_for
+from headwidget.adapters.fingerprint import weight_fingerprint
 from headwidget.analysis.weights import HeadWeights, head_weights
+from headwidget.checks import flag
 from headwidget.errors import GroupCountError, MechanismSpecError, RankRangeError, StatsMismatchError
 from headwidget.stats import KVStats, config_matches
 
@@ -119,8 +123,17 @@ class Conversion:
         return self.source.o
 
 
-def _check_stats_source(model: nn.Module | HeadWeights, stats: KVStats | None) -> None:
-    """Refuse statistics captured from another model (a data-aware fit would silently be wrong)."""
+def _check_stats_source(
+    model: nn.Module | HeadWeights,
+    stats: KVStats | None,
+    *,
+    allow_other_weights: bool = False,
+    opt_out: bool = True,
+) -> None:
+    """Refuse statistics captured from another model (a data-aware fit would silently be wrong): another
+    class or config, or, unless ``allow_other_weights``, other weights (:func:`_check_stats_weights`;
+    ``opt_out``: whether the caller takes ``allow_other_weights``, which the message then offers)."""
+    allow = flag("allow_other_weights", allow_other_weights)
     if stats is None or isinstance(model, HeadWeights):
         return
     same = stats.meta.model_class == type(model).__name__ and config_matches(
@@ -131,6 +144,47 @@ def _check_stats_source(model: nn.Module | HeadWeights, stats: KVStats | None) -
             f"these statistics were captured from {stats.meta.model_class} with another config, not from "
             f"this {type(model).__name__}; capture them from this model (inputs=True) or pass stats=None"
         )
+    if not allow:
+        _check_stats_weights(model, stats, opt_out)
+
+
+def _check_stats_weights(model: nn.Module, stats: KVStats, opt_out: bool = True) -> None:
+    """Refuse statistics whose weight fingerprint is not ``model``'s (over the captured layers).
+
+    Statistics without one (files of older versions) are accepted with a warning, since nothing tells
+    their weights apart; a model whose weights cannot be read (quantised, offloaded) is not checked.
+    """
+    recorded = stats.meta.weights_fingerprint
+    actual = weight_fingerprint(adapter_for(model), stats.meta.layers)
+    if actual is None or recorded == actual:
+        return
+    name = type(model).__name__
+    if recorded is None:
+        warnings.warn(
+            "these statistics carry no weight fingerprint (saved by a headwidget from before it recorded "
+            "one, or merged with such statistics), so nothing tells whether they come from this "
+            f"{name}'s weights or from another model of its architecture (its base model, a fine-tune); "
+            "capture them again from this model to have them checked",
+            UserWarning,
+            stacklevel=3,
+        )
+        return
+    allow = (
+        "or, if you mean to use statistics of other weights, pass allow_other_weights=True "
+        "(--allow-other-weights on the command line)"
+        if opt_out
+        else "or show them without the model (a view shows statistics beside the weights they come from "
+        "only; apply, evaluate, fit_quantizer, align_model, convert and mechanism_sweep take "
+        "allow_other_weights=True)"
+    )
+    raise StatsMismatchError(
+        f"these statistics were captured from other weights than this {name}'s (weight fingerprint "
+        f"{recorded} of layers {stats.meta.layers}; this model's is {actual}): the same architecture and "
+        "config with other values, such as a base model's statistics given with its fine-tune, so what "
+        "is fitted on them (alignments, data-aware LRKV/MLA, codebooks) would not fit this model. Capture "
+        "them again from this model (headwidget.capture(model, texts, ...) with the options you need), "
+        + allow
+    )
 
 
 def input_sqrt(stats: KVStats | None, layer: int) -> torch.Tensor | None:
@@ -209,7 +263,12 @@ def _group_mean(w: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def convert(
-    model: nn.Module | HeadWeights, layer: int, spec: str, stats: KVStats | None = None
+    model: nn.Module | HeadWeights,
+    layer: int,
+    spec: str,
+    stats: KVStats | None = None,
+    *,
+    allow_other_weights: bool = False,
 ) -> Conversion:
     """Convert the K/V projections of ``layer`` to the mechanism ``spec`` (see the module docstring).
 
@@ -217,7 +276,10 @@ def convert(
         model: a supported Hugging Face model, or :class:`~headwidget.analysis.weights.HeadWeights`.
         layer: the layer index.
         spec: ``"model"``, ``"mha"``, ``"gqa:G"``, ``"mqa"``, ``"lrkv:r"`` or ``"mla:d_c"``.
-        stats: :class:`~headwidget.stats.KVStats` with kind ``"input"`` for data-aware fits and errors.
+        stats: :class:`~headwidget.stats.KVStats` with kind ``"input"`` for data-aware fits and errors,
+            captured from ``model`` (statistics of another model are refused).
+        allow_other_weights: accept statistics of other weights of the same architecture and config
+            (a base model's statistics for its fine-tune), which are otherwise refused.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -229,10 +291,11 @@ def convert(
 
     Raises:
         MechanismSpecError: an unreadable spec. GroupCountError: G does not divide H.
-        RankRangeError: r or d_c outside what the layer allows.
+        RankRangeError: r or d_c outside what the layer allows. StatsMismatchError: statistics of
+        another model, or of other weights (unless ``allow_other_weights``).
     """
     name, arg = parse_spec(spec)
-    _check_stats_source(model, stats)
+    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     factors: dict[str, torch.Tensor] = {}
     w = model if isinstance(model, HeadWeights) else head_weights(model, layer)
     heads, d_h, d_v, d = w.num_heads, int(w.k.shape[1]), int(w.v.shape[1]), int(w.k.shape[2])
@@ -279,16 +342,22 @@ def convert(
 
 
 def mechanism_sweep(
-    model: nn.Module | HeadWeights, layer: int, specs: Sequence[str], stats: KVStats | None = None
+    model: nn.Module | HeadWeights,
+    layer: int,
+    specs: Sequence[str],
+    stats: KVStats | None = None,
+    *,
+    allow_other_weights: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per spec: ``spec``, ``mechanism``, ``kv_bytes_per_token`` (bf16), ``key_error``,
-    ``value_error``, ``weighting``.
+    ``value_error``, ``weighting``. ``stats`` and ``allow_other_weights``: as :func:`convert` takes them.
 
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
     >>> [row["kv_bytes_per_token"] for row in mechanism_sweep(model, 0, ["mha", "mqa", "lrkv:2"])]
     [128, 32, 64]
     """
+    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     w = model if isinstance(model, HeadWeights) else head_weights(model, layer)
     rows = []
     for spec in specs:

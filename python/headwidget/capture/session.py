@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, Tap, adapter_for
+from headwidget.adapters.fingerprint import weight_fingerprint
 from headwidget.capture.dropout import NoDropout, any_training
 from headwidget.capture.inputs import Batch, iter_batches
 from headwidget.capture.interface import watch_attention_keys
@@ -474,6 +475,7 @@ def capture(
         skip_first_token=skip_first_token,
         cross_layers=plan.cross_layers,
         config_fingerprint=config_fingerprint(cfg),
+        weights_fingerprint=weight_fingerprint(adapter, plan.layers),
         versions=_versions(),
         sample_size=plan.samples,
         sample_seed=sample_seed if plan.samples else 0,

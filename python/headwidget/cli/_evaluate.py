@@ -94,6 +94,12 @@ def add_parser(sub: Any) -> None:
         help="statistics of this model written by `headwidget capture` (used instead of capturing)",
     )
     ev.add_argument(
+        "--allow-other-weights",
+        action="store_true",
+        help="use --stats even when they were captured from other weights of the same architecture "
+        "(a base model's statistics for its fine-tune), which is otherwise refused",
+    )
+    ev.add_argument(
         "--texts",
         type=Path,
         default=None,
@@ -155,7 +161,8 @@ def run(args: argparse.Namespace, load: Loader) -> int:
         calibration = "none (no variant is fitted from statistics)"
     if stats is not None:
         calibration += f" (kinds {', '.join(stats.kinds)})"
-    report = evaluate(model, texts, specs, tokenizer=tokenizer, stats=stats, layers=layers,
+    report = evaluate(model, texts, specs, tokenizer=tokenizer, stats=stats,
+                      allow_other_weights=args.allow_other_weights, layers=layers,
                       per_layer=args.per_layer, dtype=getattr(torch, args.dtype),
                       batch_size=args.batch_size, max_length=args.max_length,
                       max_tokens=args.evaluation_tokens, progress=progress)  # fmt: skip

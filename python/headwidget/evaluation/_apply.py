@@ -129,15 +129,23 @@ def resolve_layers(adapter: Adapter, layers: Iterable[int] | None) -> list[int]:
     return sorted(out)
 
 
-def check_stats(model: nn.Module, adapter: Adapter, stats: KVStats | None) -> None:
+def check_stats(
+    model: nn.Module, adapter: Adapter, stats: KVStats | None, *, allow_other_weights: bool = False
+) -> None:
     """Refuse statistics captured from another model.
 
+    ``model`` is the model as the caller gave it (before any cast to another dtype), whose weight
+    fingerprint (:mod:`headwidget.adapters.fingerprint`) must be the one the statistics recorded unless
+    ``allow_other_weights``. Statistics without a fingerprint (files of older versions) are accepted
+    with a warning.
+
     Raises:
-        StatsMismatchError: the model class, its config or its attention layout differ.
+        StatsMismatchError: the model class, its config or its attention layout differ, or the
+            statistics come from other weights (a base model's statistics for its fine-tune).
     """
+    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     if stats is None:
         return
-    _check_stats_source(model, stats)
     if stats.meta.layout != adapter.layout():
         raise StatsMismatchError(
             "these statistics were captured from a model with another attention layout; capture them "
@@ -397,6 +405,8 @@ def apply(
     spec: str,
     stats: KVStats | None = None,
     layers: Iterable[int] | None = None,
+    *,
+    allow_other_weights: bool = False,
 ) -> nn.Module:
     """A converted copy of ``model`` (``model`` itself is not changed; see the module docstring).
 
@@ -408,6 +418,8 @@ def apply(
         stats: statistics of ``model``: ``+align`` needs its keys and values; ``rope:r`` and data-aware
             LRKV/MLA fits need ``inputs=True``. Without them LRKV/MLA are weight-space.
         layers: the layers to convert (default: all).
+        allow_other_weights: use ``stats`` even when they were captured from other weights of the same
+            architecture and config (a base model's statistics for its fine-tune); by default refused.
 
     Returns:
         The converted model, in eval mode like ``model``, with ``headwidget_variant``
@@ -424,7 +436,8 @@ def apply(
     Raises:
         MechanismSpecError: an unreadable spec. GroupCountError / RankRangeError: a G, r or d_c the
         model does not allow (the message names the possible values). MissingStatisticsError: a fit
-        without the statistics it needs. StatsMismatchError: statistics of another model.
+        without the statistics it needs. StatsMismatchError: statistics of another model, or of
+        other weights (unless ``allow_other_weights``).
         UnsupportedConversionError / UnsupportedAlignmentError: a variant the family cannot be built as,
         or a K/V quantizer (``kv:...``: it changes no weight; :func:`~headwidget.evaluation.evaluate`
         measures it).
@@ -432,7 +445,7 @@ def apply(
     adapter = adapter_for(model)
     parsed = parse_variant(spec)
     _refuse_quantizer(parsed)
-    check_stats(model, adapter, stats)
+    check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
     chosen = resolve_layers(adapter, layers)
     fits = fit_variant(model, parsed, stats, chosen)
     return build_variant(model, parsed.text, fits)

@@ -130,6 +130,7 @@ def evaluate(
     *,
     tokenizer: Any = None,
     stats: KVStats | None = None,
+    allow_other_weights: bool = False,
     layers: Iterable[int] | None = None,
     per_layer: bool = False,
     dtype: torch.dtype = torch.bfloat16,
@@ -152,6 +153,9 @@ def evaluate(
         stats: statistics of ``model`` (``+align`` needs keys/values; ``rope:r`` and data-aware
             LRKV/MLA need ``inputs=True``; ``kv:cq`` needs ``rope="post"`` and ``samples=R``), captured
             on calibration text, not on ``texts``.
+        allow_other_weights: use ``stats`` even when they were captured from other weights of the same
+            architecture and config (a base model's statistics for its fine-tune); by default refused.
+            ``model`` is checked as given, before the cast to ``dtype``.
         layers: the layers each variant converts or quantizes (default: all); with ``per_layer`` also the
             layers swept.
         per_layer: also measure each variant with only one layer converted, for every layer.
@@ -178,13 +182,15 @@ def evaluate(
     specs = list(parsed)
     if not specs:
         raise ValueError("give at least one variant, e.g. ['model', 'mqa']")
-    check_stats(model, adapter, stats)
+    check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
     chosen = resolve_layers(adapter, layers)
     need = EvaluationMemory.of(model, adapter, list(parsed.values()), chosen, per_layer=per_layer,
                                dtype=dtype, batch_size=batch_size, max_length=max_length)  # fmt: skip
     spare = check_evaluation_budget(need, max_memory)
     quantizers: dict[str, KVQuantizer] = {
-        s: fit_quantizer(model, p, stats, chosen) for s, p in parsed.items() if p.quantizer
+        s: fit_quantizer(model, p, stats, chosen, allow_other_weights=allow_other_weights)
+        for s, p in parsed.items()
+        if p.quantizer
     }
     runner = OutputRunner.for_model(model)
     lm = runner.kind == "causal-lm"

@@ -72,7 +72,7 @@ from headwidget.errors import (
     StatsMismatchError,
     UnsupportedConversionError,
 )
-from headwidget.evaluation._apply import layer_kv_elements, resolve_layers
+from headwidget.evaluation._apply import check_stats, layer_kv_elements, resolve_layers
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -656,19 +656,23 @@ def fit_quantizer(
     *,
     iters: int = 25,
     seed: int = 0,
+    allow_other_weights: bool = False,
 ) -> KVQuantizer:
     """The K/V quantizer ``spec`` (``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b``) for ``model``.
 
     ``kv:int`` needs nothing fitted (its ranges are each group's own). ``kv:cq`` fits, per quantized
     layer, key and value codebooks (:func:`fit_codebooks` with ``iters`` and ``seed``) on the layer's
     calibration samples in ``stats`` (``stats.samples(layer, "key_post")``, ``"key"`` for a model
-    without RoPE, and ``stats.samples(layer, "value")``), on the samples' device.
+    without RoPE, and ``stats.samples(layer, "value")``), on the samples' device. ``stats`` must come
+    from ``model`` (its class, config and layout), and from its weights too unless
+    ``allow_other_weights`` (a base model's statistics for its fine-tune).
 
     Raises:
         MechanismSpecError: not a quantizer spec, or a ``c`` that does not divide the model's C.
         UnsupportedConversionError: a family whose attention does not go through
             ``transformers.AttentionInterface``, or an MLA model (:func:`quantizer_blocker`).
         MissingStatisticsError: ``kv:cq`` without statistics holding samples.
+        StatsMismatchError: statistics of another model, or of other weights.
 
     Example:
         >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -687,6 +691,7 @@ def fit_quantizer(
     reason = quantizer_blocker(adapter)
     if reason is not None:
         raise UnsupportedConversionError(f"{parsed.text}: {reason}")
+    check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
     chosen = resolve_layers(adapter, layers)
     channels = _kind_channels(adapter)
     total = adapter.layout().num_layers

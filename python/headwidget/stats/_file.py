@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -95,6 +96,8 @@ _SAMPLE_EPS = 1e-6
 #: Absolute slack of a sampled value's distance from its mean (subnormal rounding).
 _TINY = 1e-30
 _MECHANISMS = ("mha", "gqa", "mqa", "mla")
+#: A weight fingerprint as :func:`~headwidget.adapters.fingerprint.weight_fingerprint` writes it.
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 _PAIRINGS = ("half", "interleaved", "none")
 _REPAIR = (
     "the file was damaged or edited after KVStats.save() wrote it; capture the statistics again or "
@@ -264,6 +267,7 @@ class _FileCheck:
                 "skip_first_token",
                 "cross_layers",
                 "config_fingerprint",
+                "weights_fingerprint",
                 "versions",
                 "sample_size",
                 "sample_seed",
@@ -297,10 +301,22 @@ class _FileCheck:
             skip_first_token=self.boolean(obj.get("skip_first_token", False), "meta.skip_first_token"),
             cross_layers=cross,
             config_fingerprint=self.string(obj.get("config_fingerprint", ""), "meta.config_fingerprint"),
+            weights_fingerprint=self.weights_fingerprint(obj.get("weights_fingerprint")),
             versions=dict(versions),
             sample_size=self.integer(obj.get("sample_size", 0), "meta.sample_size", 0),
             sample_seed=self.integer(obj.get("sample_seed", 0), "meta.sample_seed", 0, SEED_LIMIT - 1),
         )
+
+    def weights_fingerprint(self, value: object) -> str | None:
+        """16 lowercase hexadecimal digits, or None: unknown (null, or absent in files of older versions)."""
+        field = "meta.weights_fingerprint"
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self.fail(field, f"must be a string of 16 hexadecimal digits or null, not {_describe(value)}")
+        if _FINGERPRINT.fullmatch(value) is None:
+            self.fail(field, f"is {value!r}, which is not 16 lowercase hexadecimal digits")
+        return value
 
     def kinds(self, value: object, layout: AttentionLayout) -> list[Kind]:
         if not isinstance(value, list) or not value:

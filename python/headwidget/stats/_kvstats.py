@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -201,6 +201,12 @@ class KVStats:
                      "cross_layers"):  # fmt: skip
             if getattr(a, name) != getattr(b, name):
                 problems.append(f"{name}: {getattr(a, name)!r} vs {getattr(b, name)!r}")
+        mine, theirs = a.weights_fingerprint, b.weights_fingerprint
+        if mine is not None and theirs is not None and mine != theirs:
+            problems.append(
+                f"weights_fingerprint: {mine!r} vs {theirs!r} (statistics of different weights, such as "
+                "a base model's and its fine-tune's)"
+            )
         return problems
 
     def merge(self, other: KVStats) -> KVStats:
@@ -208,7 +214,9 @@ class KVStats:
 
         Token samples merge into a uniform sample of the union, of the smaller of the two sample
         sizes (none when either side has none): see :mod:`headwidget.stats._samples`. The merge's
-        draw is seeded by both sides' seeds and token counts, so it is reproducible.
+        draw is seeded by both sides' seeds and token counts, so it is reproducible. Statistics of
+        different weights (``meta.weights_fingerprint``) do not merge; with one side's weights unknown
+        (a file of an older version) the merge's are unknown too.
         """
         if not isinstance(other, KVStats):
             raise TypeError(f"can only merge KVStats with KVStats, not {type(other).__name__}")
@@ -230,6 +238,8 @@ class KVStats:
         meta = replace(
             self.meta, tokens=self.meta.tokens + other.meta.tokens, sample_size=size, sample_seed=seed
         )
+        if other.meta.weights_fingerprint != meta.weights_fingerprint:  # one side unknown
+            meta.weights_fingerprint = None
         return KVStats(meta, moments, cross, samples)
 
     __add__ = merge
@@ -249,8 +259,12 @@ class KVStats:
         Every rank must have captured the same layers and kinds; afterwards every rank holds the
         statistics of all ranks' tokens. Token samples become one uniform sample of all ranks' tokens
         (the same on every rank, of the smallest rank's sample size; draw each rank's with its own
-        ``sample_seed``, such as the rank, so that their picks are independent). Returns ``self``.
+        ``sample_seed``, such as the rank, so that their picks are independent). Ranks whose weights
+        differ (``meta.weights_fingerprint``) raise :class:`~headwidget.errors.StatsMismatchError`, every
+        one of them, before anything is summed; with one rank's weights unknown the result's are
+        unknown too. Returns ``self``.
         """
+        self.meta.weights_fingerprint = self._all_reduce_fingerprint(group)
         samples, seed, size = all_reduce_samples(
             self._samples, self.meta.tokens, self.meta.sample_seed, self.meta.sample_size, group
         )
@@ -262,6 +276,25 @@ class KVStats:
         total = self._moments[next(iter(sorted(self._moments)))].count if self._moments else 0
         self.meta.tokens = int(total)
         return self
+
+    def _all_reduce_fingerprint(self, group: object) -> str | None:
+        """Every rank's ``weights_fingerprint`` compared: the common one, None when a rank's is unknown."""
+        import torch.distributed as dist
+
+        own = self.meta.weights_fingerprint
+        device = next(iter(self._moments.values())).mean.device if self._moments else torch.device("cpu")
+        word = int(own, 16) - (1 << 63) if own is not None else 0  # 64 bits as a signed int64
+        mine = torch.tensor([own is not None, word], dtype=torch.int64, device=device)
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size(cast(Any, group)))]
+        dist.all_gather(every, mine, group=cast(Any, group))
+        facts = [(bool(v[0]), int(v[1])) for v in (t.cpu() for t in every)]
+        known = sorted({f"{value + (1 << 63):016x}" for is_known, value in facts if is_known})
+        if len(known) > 1:
+            raise StatsMismatchError(
+                f"cannot all_reduce statistics of different weights: the ranks' weight fingerprints are "
+                f"{', '.join(known)} (meta.weights_fingerprint); capture every rank from the same model"
+            )
+        return own if all(is_known for is_known, _ in facts) else None
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:

@@ -36,6 +36,11 @@ class StatsMeta:
     skip_first_token: bool = False
     cross_layers: list[int] | None = None
     config_fingerprint: str = ""
+    #: 16 hexadecimal digits identifying the captured layers' weights
+    #: (:func:`~headwidget.adapters.fingerprint.weight_fingerprint`), so that statistics of a base model
+    #: are not taken for its fine-tune's; None: unknown (a file saved before headwidget recorded it,
+    #: weights it could not read, or a merge with such statistics).
+    weights_fingerprint: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     #: The reservoir size ``R`` of ``capture(..., samples=R)`` (0: no token samples were kept).
     sample_size: int = 0

@@ -76,8 +76,9 @@ class ViewSourceError(HeadwidgetError, ValueError):
 def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "view") -> None:
     """Refuse statistics and a model that do not belong together, as :func:`~headwidget.convert` does.
 
-    Statistics carry the class and config fingerprint of the model they were captured from: a view
-    that combines them with another model's weights would show numbers of neither. Either may be
+    Statistics carry the class, config fingerprint and weight fingerprint of the model they were
+    captured from: a view that combines them with another model's weights (a fine-tune's, say) would
+    show numbers of neither. Either may be
     None (nothing to combine). Raises :class:`~headwidget.errors.StatsMismatchError`, and
     :class:`ViewSourceError` when ``stats`` is not a :class:`~headwidget.stats.KVStats` or ``model``
     not a torch module.
@@ -104,7 +105,7 @@ def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "v
     if model is not None and not isinstance(model, nn.Module):
         raise ViewSourceError(f"the {what} needs a torch model (its weights), got {type(model).__name__}")
     if stats is not None and model is not None:
-        _check_stats_source(model, stats)
+        _check_stats_source(model, stats, opt_out=False)
 
 
 class View(t.HasTraits):
