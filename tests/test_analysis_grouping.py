@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from headwidget.analysis.grouping import group_heads, within_group_mean
-from headwidget.errors import GroupCountError
+from headwidget.errors import ArgumentError, GroupCountError
 
 
 def equal_partitions(items: list[int], size: int) -> Iterator[list[list[int]]]:
@@ -59,7 +59,7 @@ def test_recovers_planted_groups_deterministically() -> None:
 def test_bad_group_counts_and_nan() -> None:
     with pytest.raises(GroupCountError, match="1, 2, 4, 8"):
         group_heads(np.eye(8), 5)
-    with pytest.raises(GroupCountError):
+    with pytest.raises(ArgumentError, match="num_groups must be at least 1, got 0"):
         group_heads(np.eye(8), 0)
     s = np.eye(4)
     s[0, 1] = np.nan

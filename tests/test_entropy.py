@@ -165,9 +165,12 @@ def test_real_keys_and_values_are_sub_additive(captured: headwidget.KVStats) -> 
         ({"group_sizes": (0,)}, r"group size 0 is outside 1\.\.11"),
         ({"group_sizes": (12,)}, r"group size 12 is outside 1\.\.11: .* 1 ≤ c ≤ C = 11"),
         ({"group_sizes": ()}, r"group_sizes is empty"),
-        ({"group_sizes": (2.0,)}, r"group sizes must be integers, got 2\.0"),
-        ({"bins": 0}, r"bins must be an integer ≥ 1, got 0"),
-        ({"bins": True}, r"bins must be an integer ≥ 1, got True"),
+        ({"group_sizes": (2.0,)}, r"group_sizes\[0\] must be an integer, got 2\.0 \(float\); pass 2"),
+        ({"group_sizes": None}, r"group_sizes must be a list of integers, got None"),
+        ({"bins": 0}, r"bins must be at least 1, got 0"),
+        ({"bins": True}, r"bins must be an integer, got True \(bool\)"),
+        ({"bins": 2**62}, r"bins must be at most 1048576, got 4611686018427387904"),
+        ({"miller_madow": "yes"}, r"miller_madow must be True or False, got the string 'yes'"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(args: dict, message: str) -> None:

@@ -98,3 +98,18 @@ def test_measures_in_chunks_equal_one_piece(monkeypatch, dtype) -> None:
             assert chunked.measures[spec][name] == pytest.approx(whole.measures[spec][name], rel=tol, abs=tol)
         assert chunked.per_layer is not None and whole.per_layer is not None
         assert chunked.per_layer[spec] == pytest.approx(whole.per_layer[spec], abs=tol)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.5, "1024", float("nan"), True, 10**30])
+def test_max_memory_must_be_a_positive_byte_count(bad) -> None:
+    model = make_model("gpt2", dtype=torch.float32)
+    with pytest.raises(headwidget.ArgumentError, match="max_memory"):
+        evaluate(model, texts(2, 16), ["model"], dtype=torch.float32, max_memory=bad, progress=False)
+
+
+def test_the_estimate_checks_its_arguments() -> None:
+    model = make_model("gpt2", dtype=torch.float32)
+    with pytest.raises(headwidget.ArgumentError, match="batch_size"):
+        headwidget.estimate_evaluation(model, ["model"], batch_size="8")
+    with pytest.raises(headwidget.ArgumentError, match="variants"):
+        headwidget.estimate_evaluation(model, "mqa")

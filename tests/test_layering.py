@@ -18,9 +18,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "python" / "headwidget"
 
 #: Bottom to top. A unit is a top-level module or sub-package of ``headwidget``.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_version", "errors", "texts"),  # leaves: the version, the error types, the sample text
-    ("core", "files", "checks"),  # shared types (layout, Kind, panels...) / file writes / argument checks
-    ("moments", "adapters", "embedded"),  # tensors only / model families (transformers) / model files
+    ("_version", "errors"),  # leaves: the version, the error types
+    ("core", "files", "checks"),  # shared types (layout, Kind, panels, bundle) / file writes / arg checks
+    ("moments", "adapters", "embedded", "texts"),  # tensors / model families / model files / sample text
     ("stats",),  # KVStats: moments per layer and kind, files
     ("capture", "analysis", "report"),  # hooks that fill stats / pure maths on stats and weights
     ("evaluation",),  # what conversions and quantizers do to the model's predictions

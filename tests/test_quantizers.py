@@ -408,10 +408,11 @@ def test_weights_and_the_attention_registry_are_left_as_they_were(monkeypatch) -
     [
         ("kv:int0", "1 ≤ b ≤ 16"),
         ("kv:int17", "1 ≤ b ≤ 16"),
-        ("kv:int4/g0", "n ≥ 1"),
+        ("kv:int4/g0", "1 ≤ n ≤ 1048576"),
+        ("kv:int4/g99999999999999999999", "1 ≤ n ≤ 1048576"),
         ("kv:int", "kv:int{b}"),
         ("kv:int4/32", "kv:int{b}/g{n}"),
-        ("kv:cq0c8b", "c ≥ 1"),
+        ("kv:cq0c8b", "1 ≤ c ≤ 1048576"),
         ("kv:cq4c0b", "1 ≤ b ≤ 12"),
         ("kv:cq4c13b", "1 ≤ b ≤ 12"),
         ("kv:cq4c", "kv:cq{c}c{b}b"),

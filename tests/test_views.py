@@ -15,6 +15,7 @@ from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import convert
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.core.panels import Panel, encode_panel
+from headwidget.errors import ArgumentError
 from headwidget.views import AlignmentView, ChannelView, MechanismView
 from tiny_models import make_model, ragged_batches
 
@@ -248,9 +249,10 @@ def test_a_failed_construction_raises_its_own_error_and_nothing_after(llama, mon
     failures = [
         ((stats.channel_corr,), {}, ViewSourceError, r"needs captured statistics \(a KVStats.*got method"),
         ((None,), {}, ViewSourceError, "the channels view needs captured statistics"),
-        ((stats,), {"max_cells": "many"}, ValueError, "max_cells must be an integer ≥ 1, got 'many'"),
-        ((stats,), {"max_cells": 0}, ValueError, "max_cells must be an integer ≥ 1, got 0"),
-        ((stats,), {"layer": "one"}, traitlets.TraitError, "'layer' trait of a ChannelView"),
+        ((stats,), {"max_cells": "many"}, ArgumentError, "max_cells must be an integer, got the string"),
+        ((stats,), {"max_cells": 0}, ArgumentError, "max_cells must be at least 1, got 0"),
+        ((stats,), {"layer": 0.5}, ArgumentError, r"layer must be an integer, got 0\.5"),
+        ((stats,), {"layer": "one"}, ArgumentError, "layer must be an integer, got the string 'one'"),
     ]
     for args, kwargs, error, message in failures:
         with pytest.raises(error, match=message):
@@ -259,6 +261,13 @@ def test_a_failed_construction_raises_its_own_error_and_nothing_after(llama, mon
     # A state the view cannot show is refused when the view is built, with its own error type.
     with pytest.raises(headwidget.LayerIndexError, match="layer 99 is out of range"):
         cls(stats, layer=99)
+    gc.collect()
+    # A trait set later from Python is refused by its type too: True is not a layer (bool is an int).
+    view = cls(stats, prefetch=False)
+    for trait, value in (("layer", True), ("channel_start", 0.5), ("pinned", [True])):
+        with pytest.raises(traitlets.TraitError, match=f"'{trait}' trait"):
+            setattr(view, trait, value)
+    view.close()
     gc.collect()
     assert unraisable == []
 

@@ -33,6 +33,7 @@ from headwidget.analysis import (
 )
 from headwidget.capture import AttentionLayout, RopeLayout, adapter_for, capture, estimate, supported_families
 from headwidget.errors import (
+    ArgumentError,
     CaptureConflictError,
     CaptureInputError,
     CrossLayerMissingError,
@@ -99,6 +100,7 @@ def unload_ipython_extension(ipython: object) -> None:
 __all__ = [
     "AlignmentResult",
     "AlignmentView",
+    "ArgumentError",
     "AttentionLayout",
     "CaptureConflictError",
     "CaptureInputError",

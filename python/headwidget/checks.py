@@ -19,7 +19,7 @@ Example:
     >>> whole_number("max_tokens", "10", minimum=1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    headwidget.errors.ArgumentError: max_tokens must be an integer, got the string '10'; pass 10 ...
+    headwidget.errors.ArgumentError: max_tokens must be an integer, got the string '10'; pass 10 without ...
     >>> layer_indices("layers", [0, -1], num_layers=4)
     [0, 3]
     >>> flag("per_layer", "yes")
@@ -38,11 +38,16 @@ from typing import Any
 from headwidget.errors import ArgumentError, LayerIndexError
 
 __all__ = [
+    "HUGE",
     "flag",
+    "layer_index",
     "layer_indices",
+    "optional_flag",
     "optional_whole_number",
     "real_number",
+    "text_list",
     "whole_number",
+    "whole_numbers",
 ]
 
 #: Counts beyond this are refused as typos (2**53: the largest integer every float64 holds exactly).
@@ -148,6 +153,95 @@ def flag(name: str, value: Any) -> bool:
     raise ArgumentError(f"{name} must be True or False, got {_shown(value)}")
 
 
+def optional_flag(name: str, value: Any) -> bool | None:
+    """``None`` stays ``None`` (an automatic choice); anything else as :func:`flag`.
+
+    >>> optional_flag("heldout", None) is None, optional_flag("heldout", True)
+    (True, True)
+    >>> optional_flag("heldout", 1)
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: heldout must be True, False or None, got 1 (int)
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise ArgumentError(f"{name} must be True, False or None, got {_shown(value)}")
+
+
+def whole_numbers(
+    name: str, values: Any, *, minimum: int | None = None, maximum: int | None = None, hint: str = ""
+) -> list[int]:
+    """A list of integers, each as :func:`whole_number` (a string or a non-iterable is refused).
+
+    >>> whole_numbers("group_sizes", (1, 2), minimum=1)
+    [1, 2]
+    >>> whole_numbers("group_sizes", None, minimum=1)
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: group_sizes must be a list of integers, got None (NoneType)
+    """
+    tail = f" ({hint})" if hint else ""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ArgumentError(f"{name} must be a list of integers, got {_shown(values)}{tail}")
+    return [
+        whole_number(f"{name}[{position}]", value, minimum=minimum, maximum=maximum, hint=hint)
+        for position, value in enumerate(values)
+    ]
+
+
+def text_list(name: str, values: Any, *, example: str, what: str = "specs") -> list[str]:
+    """A list of strings; a bare string is refused with the list to pass instead.
+
+    A bare string is iterable letter by letter, so ``"mqa"`` would silently be ``["m", "q", "a"]``.
+
+    >>> text_list("variants", ("model", "mqa"), example="['mqa']")
+    ['model', 'mqa']
+    >>> text_list("variants", "mqa", example="['mqa']")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: variants must be a list of specs, got the string 'mqa'; pass a list: ...
+    """
+    if isinstance(values, str):
+        raise ArgumentError(
+            f"{name} must be a list of {what}, got {_shown(values)}; pass a list: {[values]!r}"
+        )
+    if isinstance(values, bytes) or not isinstance(values, Iterable):
+        raise ArgumentError(f"{name} must be a list of {what} such as {example}, got {_shown(values)}")
+    out = list(values)
+    for position, value in enumerate(out):
+        if not isinstance(value, str):
+            raise ArgumentError(
+                f"{name} must hold strings such as {example}, got {_shown(value)} at position {position}"
+            )
+    return out
+
+
+def layer_index(name: str, layer: Any, num_layers: int) -> int:
+    """One layer index of a model with ``num_layers`` layers, non-negative (negative counts from the end).
+
+    A float, bool or string is an :class:`ArgumentError`; an index outside the model a
+    :class:`~headwidget.errors.LayerIndexError`.
+
+    >>> layer_index("layer", -1, num_layers=4)
+    3
+    >>> layer_index("layer", 1.0, num_layers=4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: layer must be an integer, got 1.0 (float); pass 1 (a layer index ...)
+    """
+    if not _integral(layer):
+        where = f"a layer index of a model with {num_layers} layers, 0..{num_layers - 1}"
+        whole_number(name, layer, hint=where)
+    index = int(layer)
+    if not -num_layers <= index < num_layers:
+        raise LayerIndexError(
+            f"layer {index} is out of range: the model has {num_layers} layers (0..{num_layers - 1})"
+        )
+    return index % num_layers
+
+
 def layer_indices(name: str, layers: Any, num_layers: int) -> list[int]:
     """Sorted, distinct, non-negative layer indices of a model with ``num_layers`` layers.
 
@@ -160,7 +254,7 @@ def layer_indices(name: str, layers: Any, num_layers: int) -> list[int]:
     >>> layer_indices("layers", [0.5], num_layers=3)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    headwidget.errors.ArgumentError: layers must hold integers, got 0.5 (float) at position 0 (layer ...
+    headwidget.errors.ArgumentError: layers must hold integers, got 0.5 (float) at position 0 (layer ...)
     """
     where = f"layer indices of a model with {num_layers} layers, 0..{num_layers - 1}"
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):

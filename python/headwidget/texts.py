@@ -23,6 +23,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from headwidget.checks import optional_whole_number, whole_number
+from headwidget.errors import ArgumentError
+
 __all__ = ["EVALUATION_EVERY", "SAMPLE_SOURCE", "english_sample"]
 
 SAMPLE_SOURCE = "CPython's pydoc_data.topics (the Python Language Reference topics, English prose)"
@@ -42,9 +45,18 @@ def english_sample(
     Paragraphs shorter than ``min_chars`` are joined with their successor; longer than
     ``max_paragraph_chars`` are cut at a sentence end. ``split`` keeps only the calibration or the
     evaluation paragraphs (disjoint; see the module docstring). ``max_chars`` bounds the total.
+
+    Raises:
+        ArgumentError: a count that is not a whole number (≥ 1; ``min_chars`` ≥ 0), or a
+            ``split`` other than ``"calibration"``, ``"evaluation"`` or None.
     """
-    if split not in (None, "calibration", "evaluation"):
-        raise ValueError(f"split must be 'calibration', 'evaluation' or None, got {split!r}")
+    max_chars = optional_whole_number("max_chars", max_chars, minimum=1, hint="characters in all")
+    min_chars = whole_number("min_chars", min_chars, minimum=0, hint="characters of the shortest paragraph")
+    max_paragraph_chars = whole_number(
+        "max_paragraph_chars", max_paragraph_chars, minimum=1, hint="characters of the longest paragraph"
+    )
+    if split is not None and split not in ("calibration", "evaluation"):
+        raise ArgumentError(f"split must be 'calibration', 'evaluation' or None, got {split!r}")
     from pydoc_data.topics import topics
 
     paragraphs: list[str] = []

@@ -32,7 +32,7 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -40,7 +40,8 @@ from torch import nn
 from headwidget.adapters import adapter_for
 from headwidget.analysis.conversions import _check_stats_source
 from headwidget.analysis.procrustes import HeadSplit, fit_rotations
-from headwidget.errors import GroupCountError, StatsMismatchError, UnsupportedAlignmentError
+from headwidget.checks import layer_index, whole_numbers
+from headwidget.errors import ArgumentError, GroupCountError, StatsMismatchError, UnsupportedAlignmentError
 from headwidget.moments.head_metrics import head_blocks
 from headwidget.stats import KVStats
 
@@ -92,10 +93,27 @@ def fit_group_rotations(
     return rot
 
 
-def _groups_by_layer(groups: Mapping[int, Groups] | Groups, layers: Sequence[int]) -> dict[int, Groups]:
+def _checked_groups(groups: object, where: str) -> list[list[int]]:
+    """``groups`` as lists of ints: a list of lists of integer KV-head indices (ArgumentError otherwise)."""
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Iterable):
+        raise ArgumentError(
+            f"{where} must be a list of lists of KV-head indices such as [[0, 1]], got {groups!r}"
+        )
+    return [
+        whole_numbers(f"{where}[{i}]", group, minimum=0, hint="KV-head indices")
+        for i, group in enumerate(groups)
+    ]
+
+
+def _groups_by_layer(
+    groups: Mapping[int, Groups] | Groups, layers: Sequence[int], num_layers: int
+) -> dict[int, Groups]:
     if isinstance(groups, Mapping):
-        return {int(k): v for k, v in groups.items()}
-    return dict.fromkeys(layers, groups)
+        return {
+            layer_index("layer", k, num_layers): _checked_groups(v, f"groups[{k!r}]")
+            for k, v in groups.items()
+        }
+    return dict.fromkeys(layers, _checked_groups(groups, "groups"))
 
 
 def _check_groups(groups: Groups, kv_heads: int, layer: int) -> None:
@@ -163,16 +181,28 @@ def align_model(
         StatsMismatchError: ``stats`` were captured from a model of another shape, class or config, or
             from other weights (unless ``allow_other_weights``).
         GroupCountError: ``groups`` are not disjoint lists of KV head indices.
+        ArgumentError: ``groups`` or ``layers`` that are not (lists of) integers.
     """
     adapter = adapter_for(model)
     reason = adapter.alignment_blocker()
     if reason is not None:
         raise UnsupportedAlignmentError(reason)
     layout = adapter.layout()
+    if not isinstance(stats, KVStats):
+        raise ArgumentError(
+            f"stats must be a KVStats (from headwidget.capture or KVStats.load), got {type(stats).__name__}"
+        )
     if layout != stats.meta.layout:
         raise StatsMismatchError("these statistics were captured from a model of another shape")
     _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
-    by_layer = _groups_by_layer(groups, layers if layers is not None else stats.meta.layers)
+    if layers is not None:
+        layers = [
+            layer_index("layers", x, layout.num_layers)
+            for x in whole_numbers("layers", layers, maximum=2**63)
+        ]
+    by_layer = _groups_by_layer(
+        groups, layers if layers is not None else stats.meta.layers, layout.num_layers
+    )
     for layer, layer_groups in by_layer.items():
         _check_groups(layer_groups, layout.num_kv_heads, layer)
     planes, fixed = layout.rope.planes(), adapter.shared_key_dims()

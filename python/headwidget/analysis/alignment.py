@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,9 +36,11 @@ import torch
 
 from headwidget.analysis.pair_scores import pair_block, score_pairs
 from headwidget.analysis.procrustes import HeadSplit, fit_rotations
+from headwidget.checks import layer_index, optional_flag, whole_numbers
 from headwidget.core.kinds import Kind
 from headwidget.core.layout import AttentionLayout
 from headwidget.errors import (
+    ArgumentError,
     HeldOutSplitError,
     MemoryBudgetError,
     RopeAlignmentError,
@@ -176,6 +179,8 @@ def align(
         ('orthogonal', 'held-out', 64, (4, 4))
 
     Raises:
+        ArgumentError: ``layers`` not an integer or a non-empty list of integers, ``heldout`` not a bool or
+            None.
         CrossLayerMissingError: several layers but no cross-layer statistics for them.
         RopeAlignmentError: ``method="rope"`` for heads that RoPE does not rotate.
         HeldOutSplitError: ``heldout=True`` without two non-empty splits (or for a Gram metric).
@@ -185,9 +190,18 @@ def align(
             f"metric {metric!r} cannot be aligned; choose one of {', '.join(ALIGN_METRICS)} "
             "(CKA is rotation-invariant and needs no alignment: use head_similarity)"
         )
+    heldout = optional_flag("heldout", heldout)
+    if not isinstance(stats, KVStats):
+        raise ArgumentError(
+            f"stats must be a KVStats (from headwidget.capture or KVStats.load), got {type(stats).__name__}"
+        )
     layout = stats.meta.layout
     method = _resolve_method(method, kind, layout)
-    layer_list = [int(layers)] if isinstance(layers, (int, np.integer)) else [int(x) for x in layers]
+    one = isinstance(layers, numbers.Integral) and not isinstance(layers, bool)
+    given = whole_numbers("layers", [layers] if one else layers, maximum=2**63, hint="a layer or a list")
+    layer_list = [layer_index("layers", layer, layout.num_layers) for layer in given]
+    if not layer_list:
+        raise ArgumentError("layers is empty; give a layer, or a list of layers to compare heads across")
     moments = stats.head_moments(layer_list if len(layer_list) > 1 else layer_list[0], kind)
     if moments.head_dim is None:
         raise UnknownKindError(f"kind {kind!r} is not split into heads; align 'key', 'key_post' or 'value'")

@@ -48,9 +48,16 @@ from torch import nn
 
 from headwidget.adapters import adapter_for
 from headwidget.adapters.fingerprint import weight_fingerprint
+from headwidget.analysis.variants import SPEC_ARGUMENTS, short, spec_number, spec_text, unreadable_digits
 from headwidget.analysis.weights import HeadWeights, head_weights
-from headwidget.checks import flag
-from headwidget.errors import GroupCountError, MechanismSpecError, RankRangeError, StatsMismatchError
+from headwidget.checks import flag, text_list, whole_number
+from headwidget.errors import (
+    ArgumentError,
+    GroupCountError,
+    MechanismSpecError,
+    RankRangeError,
+    StatsMismatchError,
+)
 from headwidget.stats import KVStats, config_matches
 
 __all__ = [
@@ -72,16 +79,16 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     >>> parse_spec(" LRKV:16 ")
     ('lrkv', 16)
     """
-    text = str(spec).strip().lower()
-    m = re.fullmatch(r"(model|mha|mqa)|(gqa|lrkv|mla):(\d+)", text)
+    text = spec_text(spec, "mechanism spec")
+    m = re.fullmatch(r"(model|mha|mqa)|(gqa|lrkv|mla):([0-9]+)", text)  # ASCII digits only
     if m is None:
         raise MechanismSpecError(
-            f"cannot read mechanism spec {spec!r}; write one of {SPEC_FORMS} with whole numbers, "
-            "e.g. 'gqa:4', 'lrkv:16', 'mla:512'"
+            f"cannot read mechanism spec {short(str(spec))}{unreadable_digits(str(spec))}; write one of "
+            f"{SPEC_FORMS} with whole numbers, e.g. 'gqa:4', 'lrkv:16', 'mla:512'"
         )
     if m.group(1):
         return m.group(1), None
-    return m.group(2), int(m.group(3))
+    return m.group(2), spec_number(str(spec), m.group(3), *SPEC_ARGUMENTS[m.group(2)])
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,26 @@ class Conversion:
         return self.source.o
 
 
+def check_stats_type(stats: Any) -> None:
+    """Refuse ``stats`` that are neither a :class:`~headwidget.stats.KVStats` nor None (ArgumentError).
+
+    >>> check_stats_type(None)
+    """
+    if stats is not None and not isinstance(stats, KVStats):
+        raise ArgumentError(
+            "stats must be a KVStats (from headwidget.capture or KVStats.load) or None, "
+            f"got {type(stats).__name__}"
+        )
+
+
+def _source_weights(model: nn.Module | HeadWeights, layer: Any) -> tuple[HeadWeights, int]:
+    """The weights of ``layer`` (of a model, or ``model`` itself) and the layer as an int."""
+    if isinstance(model, HeadWeights):
+        return model, whole_number("layer", layer, minimum=-(2**31), hint="the layer the weights are of")
+    w = head_weights(model, layer)
+    return w, int(layer)
+
+
 def _check_stats_source(
     model: nn.Module | HeadWeights,
     stats: KVStats | None,
@@ -133,6 +160,7 @@ def _check_stats_source(
     """Refuse statistics captured from another model (a data-aware fit would silently be wrong): another
     class or config, or, unless ``allow_other_weights``, other weights (:func:`_check_stats_weights`;
     ``opt_out``: whether the caller takes ``allow_other_weights``, which the message then offers)."""
+    check_stats_type(stats)
     allow = flag("allow_other_weights", allow_other_weights)
     if stats is None or isinstance(model, HeadWeights):
         return
@@ -293,11 +321,13 @@ def convert(
         MechanismSpecError: an unreadable spec. GroupCountError: G does not divide H.
         RankRangeError: r or d_c outside what the layer allows. StatsMismatchError: statistics of
         another model, or of other weights (unless ``allow_other_weights``).
+        ArgumentError: ``layer`` is not an integer, or ``stats`` are not a KVStats.
+        LayerIndexError: ``layer`` is not a layer of the model.
     """
     name, arg = parse_spec(spec)
     _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     factors: dict[str, torch.Tensor] = {}
-    w = model if isinstance(model, HeadWeights) else head_weights(model, layer)
+    w, layer = _source_weights(model, layer)
     heads, d_h, d_v, d = w.num_heads, int(w.k.shape[1]), int(w.v.shape[1]), int(w.k.shape[2])
     sqrt = input_sqrt(stats, layer)
     k, v = w.k[w.kv_of], w.v[w.kv_of]
@@ -357,8 +387,9 @@ def mechanism_sweep(
     >>> [row["kv_bytes_per_token"] for row in mechanism_sweep(model, 0, ["mha", "mqa", "lrkv:2"])]
     [128, 32, 64]
     """
+    specs = text_list("specs", specs, example="['mha', 'mqa', 'lrkv:16']", what="mechanism specs")
     _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
-    w = model if isinstance(model, HeadWeights) else head_weights(model, layer)
+    w, layer = _source_weights(model, layer)
     rows = []
     for spec in specs:
         c = convert(w, layer, spec, stats)

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from headwidget.errors import DegenerateHeadsError
+from headwidget.checks import flag
+from headwidget.errors import ArgumentError, DegenerateHeadsError
 
 __all__ = ["head_diversity"]
 
@@ -34,17 +35,24 @@ def head_diversity(matrix: Any, *, centre: bool = False) -> dict[str, Any]:
         centre: apply ``J M J`` first (pass ``True`` for a raw, uncentred Gram).
 
     Raises:
+        ArgumentError: a matrix that is not a finite square numeric array, or a ``centre`` that is not a bool.
         DegenerateHeadsError: the matrix has no positive spectrum (e.g. centred identical heads).
 
     >>> d = head_diversity(np.ones((3, 3)))
     >>> round(d["effective_rank"], 6), d["k90"], d["explained"].round(6).tolist()
     (1.0, 1, [1.0, 0.0, 0.0])
     """
-    m = np.asarray(matrix, dtype=np.float64)
+    centre = flag("centre", centre)
+    try:
+        m = np.asarray(matrix, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ArgumentError(
+            f"matrix must be a numeric (H, H) array, got {type(matrix).__name__} ({err})"
+        ) from None
     if m.ndim != 2 or m.shape[0] != m.shape[1]:
-        raise ValueError(f"expected a square (H, H) matrix, got shape {m.shape}")
+        raise ArgumentError(f"matrix must be a square (H, H) array, got shape {m.shape}")
     if not np.isfinite(m).all():
-        raise ValueError("the matrix has NaN or infinite entries; drop the undefined heads first")
+        raise ArgumentError("matrix has NaN or infinite entries; drop the undefined heads first")
     m = (m + m.T) / 2
     heads = m.shape[0]
     if centre:

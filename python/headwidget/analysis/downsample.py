@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from headwidget.errors import UnknownAggregationError
+from headwidget.checks import whole_number
+from headwidget.errors import ArgumentError, UnknownAggregationError
 
 __all__ = ["DOWNSAMPLE_RULES", "downsample"]
 
@@ -55,15 +56,19 @@ def downsample(matrix: Any, size: int, how: str = "mean") -> tuple[np.ndarray, i
     >>> out.shape, block
     ((250, 250), 4)
     """
-    if how not in DOWNSAMPLE_RULES:
+    if not isinstance(how, str) or how not in DOWNSAMPLE_RULES:
         raise UnknownAggregationError(f"unknown aggregation {how!r}; choose 'mean' or 'maxabs'")
     if hasattr(matrix, "detach"):
         matrix = matrix.detach().cpu().numpy()
-    m = np.asarray(matrix, dtype=np.float64)
+    size = whole_number("size", size, minimum=1, hint="the largest output side")
+    try:
+        m = np.asarray(matrix, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ArgumentError(
+            f"matrix must be a numeric 2-D array, got {type(matrix).__name__} ({err})"
+        ) from None
     if m.ndim != 2 or m.size == 0:
-        raise ValueError(f"expected a non-empty 2-D matrix, got shape {m.shape}")
-    if not isinstance(size, (int, np.integer)) or size < 1:
-        raise ValueError(f"size must be a positive integer, got {size!r}")
+        raise ArgumentError(f"matrix must be a non-empty 2-D array, got shape {m.shape}")
     b = math.ceil(max(m.shape) / size)
     if b == 1:
         return m.copy(), 1

@@ -37,28 +37,45 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import numbers
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
+from headwidget.checks import flag, whole_number, whole_numbers
 from headwidget.core.kinds import Kind
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import ArgumentError
 from headwidget.stats import KVStats
 
-__all__ = ["ChannelEntropy", "ChannelEntropyError", "channel_entropy", "channel_entropy_of"]
+__all__ = ["BINS_MAX", "ChannelEntropy", "ChannelEntropyError", "channel_entropy", "channel_entropy_of"]
 
 #: Codes stay below this bound (int64), with room for the per-group offsets.
 _CODE_LIMIT = 2**62
 #: Bin indices handled at a time (samples × channels of a chunk of groups).
 _CHUNK = 1 << 24
+#: The most bins per channel: more than a million equal-width bins is a typo (and ``bins**c`` codes
+#: of larger counts would overflow int64 between renumberings).
+BINS_MAX = 2**20
+
+T = TypeVar("T")
 
 
-class ChannelEntropyError(HeadwidgetError, ValueError):
-    """Arguments of :func:`channel_entropy` that give no entropy (a group size outside 1..C, bins < 1,
-    fewer than two samples, samples that are not a finite 2-D array)."""
+class ChannelEntropyError(ArgumentError):
+    """Arguments of :func:`channel_entropy` that give no entropy (a group size outside 1..C, bins
+    outside 1..:data:`BINS_MAX`, a flag that is not a bool, fewer than two samples, samples that are
+    not a finite 2-D array). An :class:`~headwidget.errors.ArgumentError` (a ``ValueError`` and a
+    ``TypeError``)."""
+
+
+def _checked(check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``check(*args, **kwargs)`` of :mod:`headwidget.checks`, its error raised as a ChannelEntropyError."""
+    try:
+        return check(*args, **kwargs)
+    except ArgumentError as err:
+        raise ChannelEntropyError(str(err)) from None
 
 
 @dataclass(frozen=True)
@@ -132,7 +149,7 @@ def channel_entropy_of(
         samples: a 2-D torch tensor or numpy array, N token rows of C channels (finite, N ≥ 2); the
             computation runs on its device.
         group_sizes: the group sizes c, each ``1 ≤ c ≤ C``.
-        bins: equal-width bins per channel (≥ 1).
+        bins: equal-width bins per channel (1 ≤ bins ≤ :data:`BINS_MAX`).
         miller_madow: add the Miller–Madow correction ``(m − 1) / (2 N ln 2)`` bits.
 
     Returns:
@@ -147,12 +164,11 @@ def channel_entropy_of(
     >>> round(r.joint[1], 3), round(r.joint[2], 3), round(r.marginal_sum[2], 3)  # independent: additive
     (2.0, 4.0, 4.0)
     """
+    bins = _checked(whole_number, "bins", bins, minimum=1, maximum=BINS_MAX, hint="bins per channel")
+    miller_madow = _checked(flag, "miller_madow", miller_madow)
     x = _as_rows(samples)
     n, channels = x.shape
     sizes = _group_sizes(group_sizes, channels)
-    if not isinstance(bins, (int, np.integer)) or isinstance(bins, bool) or bins < 1:
-        raise ChannelEntropyError(f"bins must be an integer ≥ 1, got {bins!r}")
-    bins = int(bins)
     lo = x.amin(0).double()
     hi = x.amax(0).double()
     per_channel = _group_entropies(x, lo, hi, 1, bins, miller_madow)
@@ -203,13 +219,11 @@ def _as_rows(samples: Any) -> torch.Tensor:
     return x.detach()
 
 
-def _group_sizes(group_sizes: Iterable[int], channels: int) -> list[int]:
-    if isinstance(group_sizes, (int, np.integer)):
+def _group_sizes(group_sizes: Iterable[int] | int, channels: int) -> list[int]:
+    if isinstance(group_sizes, numbers.Integral) and not isinstance(group_sizes, bool):
         group_sizes = [int(group_sizes)]
     sizes: list[int] = []
-    for c in group_sizes:
-        if not isinstance(c, (int, np.integer)) or isinstance(c, bool):
-            raise ChannelEntropyError(f"group sizes must be integers, got {c!r}")
+    for c in _checked(whole_numbers, "group_sizes", group_sizes, hint="channels per group, as (1, 2, 4)"):
         if not 1 <= c <= channels:
             raise ChannelEntropyError(
                 f"group size {c} is outside 1..{channels}: groups of c contiguous channels need "

@@ -20,17 +20,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from headwidget.errors import GroupCountError
+from headwidget.checks import whole_number
+from headwidget.errors import ArgumentError, GroupCountError
 
 __all__ = ["group_heads", "within_group_mean"]
 
 
 def _check(similarity: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
-    s = np.asarray(similarity, dtype=np.float64)
+    try:
+        s = np.asarray(similarity, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ArgumentError(
+            f"similarity must be a numeric (P, P) array, got {type(similarity).__name__} ({err})"
+        ) from None
     if s.ndim != 2 or s.shape[0] != s.shape[1]:
-        raise ValueError(f"similarity must be a square (P, P) matrix, got shape {s.shape}")
+        raise ArgumentError(f"similarity must be a square (P, P) matrix, got shape {s.shape}")
     if not np.isfinite(s).all():
-        raise ValueError(
+        raise ArgumentError(
             "similarity has NaN or infinite entries (undefined scores of constant heads); "
             "replace them, e.g. np.nan_to_num(similarity), before grouping"
         )
@@ -85,13 +91,21 @@ def group_heads(
 
     Raises:
         GroupCountError: ``num_groups`` does not divide the number of heads.
+        ArgumentError: a similarity that is not a finite square array, or a count that is not an integer.
 
     >>> group_heads(np.zeros((6, 6)), 3)
     [[0, 3], [1, 4], [2, 5]]
     """
     s = _check(similarity)
     heads = s.shape[0]
-    if not isinstance(num_groups, (int, np.integer)) or num_groups < 1 or heads % num_groups:
+    num_groups = whole_number("num_groups", num_groups, minimum=1, hint=f"groups of the {heads} heads")
+    restarts = whole_number(
+        "restarts", restarts, minimum=0, maximum=10_000, hint="random starting partitions"
+    )
+    seed = whole_number(
+        "seed", seed, minimum=0, maximum=2**63 - 1, hint="the seed of the starting partitions"
+    )
+    if heads % num_groups:
         raise GroupCountError(
             f"cannot split {heads} heads into {num_groups} equal groups; use a divisor of {heads}: "
             + ", ".join(str(k) for k in range(1, heads + 1) if heads % k == 0)

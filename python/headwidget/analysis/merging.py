@@ -124,9 +124,14 @@ def merge_groups(w: HeadWeights, groups: int) -> HeadWeights:
     )  # fmt: skip
 
 
-def per_kv_head(per_query: torch.Tensor, kv_heads: int, *, what: str = "weights") -> torch.Tensor:
+def per_kv_head(
+    per_query: torch.Tensor, kv_heads: int, *, what: str = "weights", scale: float | None = None
+) -> torch.Tensor:
     """One entry per KV head from per-query-head tensors (H, …) that agree within each group of
-    ``H / kv_heads`` contiguous query heads (checked to 1e-9 relative).
+    ``H / kv_heads`` contiguous query heads (checked to 1e-9 relative to ``scale``: the magnitude their
+    rounding errors are relative to; default the largest entry of ``per_query``; a fit of K and V together,
+    such as MLA's joint factorisation, passes the largest entry of both, since keys far smaller than
+    the values, or zero, carry rounding errors of the values' size).
 
     >>> per_kv_head(torch.tensor([[1.0], [1.0], [2.0], [2.0]]), 2).tolist()
     [[1.0], [2.0]]
@@ -141,7 +146,7 @@ def per_kv_head(per_query: torch.Tensor, kv_heads: int, *, what: str = "weights"
     first = grouped[:, :1]
     if not per_query.numel():
         return first[:, 0].clone()
-    scale = float(per_query.abs().max())
+    scale = float(per_query.abs().max()) if scale is None else max(float(scale), float(per_query.abs().max()))
     if float((grouped - first).abs().max()) > 1e-9 * max(scale, 1e-300):
         raise GroupCountError(
             f"these {what} differ between query heads that share a KV head, so a model with "

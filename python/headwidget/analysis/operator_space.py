@@ -31,6 +31,7 @@ from torch import nn
 
 from headwidget.analysis.conversions import Conversion
 from headwidget.analysis.weights import HeadWeights, head_weights
+from headwidget.checks import flag
 from headwidget.errors import DegenerateHeadsError, UnknownCircuitError
 
 __all__ = ["CIRCUITS", "operator_gram", "operator_similarity"]
@@ -105,8 +106,9 @@ def operator_similarity(
     Raises:
         DegenerateHeadsError: a head whose (centred) form is zero, e.g. all heads identical.
     """
-    if circuit not in CIRCUITS:
+    if not isinstance(circuit, str) or circuit not in CIRCUITS:
         raise UnknownCircuitError(f"unknown circuit {circuit!r}; choose 'qk' or 'ov'")
+    centre = flag("centre", centre)
     gram = operator_gram(*_stacks(source, layer, circuit))
     heads = gram.shape[0]
     scale = float(torch.diagonal(gram).abs().max())

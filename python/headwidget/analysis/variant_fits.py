@@ -231,7 +231,11 @@ def fit_layer(
                       v_bias=_group_bias(w.v_bias, w, groups_n), mechanism=c.mechanism)  # fmt: skip
         target = groups_n if kv_target is None else kv_target
         return LayerFit(layer, _to_kv(new, target), None, c.kv_elements, "weight-space")
-    k, v = per_kv_head(c.k_weight, kv), per_kv_head(c.v_weight, kv)
+    # LRKV and MLA give every query head of a KV head the same K/V up to rounding; MLA factorises K and V
+    # together, so its rounding errors are relative to the larger of the two (keys that are all zero
+    # come back as rounding noise of the values' size, which is no reason to refuse them)
+    scale = float(max(c.k_weight.abs().max(), c.v_weight.abs().max())) if c.k_weight.numel() else None
+    k, v = per_kv_head(c.k_weight, kv, scale=scale), per_kv_head(c.v_weight, kv, scale=scale)
     new = replace(w, k=k, v=v, mechanism=c.mechanism)
     target = kv if kv_target is None else kv_target
     return LayerFit(layer, _to_kv(new, target), None, c.kv_elements, weighting, dict(c.factors))

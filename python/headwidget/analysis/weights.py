@@ -20,6 +20,7 @@ from __future__ import annotations
 from torch import nn
 
 from headwidget.adapters import adapter_for
+from headwidget.checks import layer_index
 from headwidget.core.weights import HeadWeights
 
 __all__ = ["HeadWeights", "head_weights"]
@@ -37,7 +38,9 @@ def head_weights(model: nn.Module, layer: int) -> HeadWeights:
         ((4, 8, 32), (4, 8), (32,))
 
     Raises:
+        ArgumentError: ``layer`` is not an integer (a float, a bool, a string).
         LayerIndexError: ``layer`` is not a layer of the model.
         UnsupportedModelError: the model's family has no adapter, or its projections are quantised.
     """
-    return adapter_for(model).head_weights(layer)
+    adapter = adapter_for(model)
+    return adapter.head_weights(layer_index("layer", layer, adapter.layout().num_layers))

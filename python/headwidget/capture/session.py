@@ -29,6 +29,7 @@ from torch import nn
 
 from headwidget.adapters import Adapter, Tap, adapter_for
 from headwidget.adapters.fingerprint import weight_fingerprint
+from headwidget.capture.arguments import check_capture_arguments, check_estimate_arguments
 from headwidget.capture.dropout import NoDropout, any_training
 from headwidget.capture.inputs import Batch, iter_batches
 from headwidget.capture.interface import watch_attention_keys
@@ -363,6 +364,8 @@ def capture(
         :class:`~headwidget.stats.KVStats`.
 
     Raises:
+        ArgumentError: an argument of the wrong type or outside its range (a count given as a float,
+            a bool or a string, NaN, a huge value; a flag that is not a bool; layers given as a string).
         CaptureInputError: unusable input (a mask of another shape, token ids outside the
             vocabulary, left padding for a model whose forward takes no ``position_ids``...).
         NonFiniteActivationError: a layer's activations (or their float32 second moments) were
@@ -382,12 +385,15 @@ def capture(
         (60, 'mha')
     """
     adapter = adapter_for(model)
+    (layers, cross_layer, batch_size, max_length, max_tokens, max_memory, skip_first_token, inputs,
+     progress) = check_capture_arguments(adapter, layers=layers, cross_layer=cross_layer,
+                                         batch_size=batch_size, max_length=max_length, max_tokens=max_tokens,
+                                         max_memory=max_memory, skip_first_token=skip_first_token,
+                                         inputs=inputs, progress=progress)  # fmt: skip
     plan = CapturePlan.make(
         adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer, samples=samples
     )
     sample_seed = _check_seed(sample_seed)
-    if max_tokens is not None and max_tokens < 1:
-        raise CaptureInputError(f"max_tokens must be ≥ 1, got {max_tokens}")
     plan.check_budget(batch_size, max_length, max_memory)
     batches = iter_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length)
     recorder = _Recorder(adapter, plan, sample_seed)
@@ -509,7 +515,12 @@ def estimate(
         >>> estimate(model) > 2 * 2 * 8 * 32 * 32
         True
     """
+    adapter = adapter_for(model)
+    layers, cross_layer, batch_size, max_length, inputs = check_estimate_arguments(
+        adapter, layers=layers, cross_layer=cross_layer, batch_size=batch_size, max_length=max_length,
+        inputs=inputs,
+    )  # fmt: skip
     plan = CapturePlan.make(
-        adapter_for(model), layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer, samples=samples
+        adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer, samples=samples
     )
     return sum(plan.bytes_by_device(batch_size, max_length).values())

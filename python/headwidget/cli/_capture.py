@@ -14,7 +14,7 @@ from typing import Any
 from headwidget.cli._command import Command
 from headwidget.cli._files import check_output_file, read_texts
 from headwidget.cli._models import EMBEDDED, Loader
-from headwidget.cli._options import DTYPES, gib, int_list
+from headwidget.cli._options import DTYPES, count, gib, int_list
 
 __all__ = ["COMMAND"]
 
@@ -44,9 +44,9 @@ def add_parser(sub: Any) -> None:
         help="comma-separated layers whose heads get joint statistics, or 'all'",
     )
     cap.add_argument("--skip-first-token", action="store_true", help="drop each text's first token")
-    cap.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens")
-    cap.add_argument("--max-length", type=int, default=512, help="tokens per text (default: 512)")
-    cap.add_argument("--batch-size", type=int, default=8, help="texts per forward pass (default: 8)")
+    cap.add_argument("--max-tokens", type=count, default=None, help="stop after this many tokens")
+    cap.add_argument("--max-length", type=count, default=512, help="tokens per text (default: 512)")
+    cap.add_argument("--batch-size", type=count, default=8, help="texts per forward pass (default: 8)")
     cap.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     cap.add_argument(
         "--dtype",

@@ -32,10 +32,10 @@ def add_parser(sub: Any) -> None:
         "and save the statistics (safetensors) under --out.",
     )
     demo.add_argument("--out", type=Path, default=Path("headwidget-demo"), help="output directory")
-    demo.add_argument("--max-tokens", type=int, default=4096, help="tokens per model (default: 4096)")
+    demo.add_argument("--max-tokens", type=count, default=4096, help="tokens per model (default: 4096)")
     demo.add_argument("--no-figures", action="store_true", help="only capture, print and save statistics")
-    demo.add_argument("--max-length", type=int, default=256, help="tokens per text (default: 256)")
-    demo.add_argument("--batch-size", type=int, default=8, help="texts per forward pass (default: 8)")
+    demo.add_argument("--max-length", type=count, default=256, help="tokens per text (default: 256)")
+    demo.add_argument("--batch-size", type=count, default=8, help="texts per forward pass (default: 8)")
     demo.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     demo.add_argument("--models", default=None, help=f"comma-separated subset of: {', '.join(EMBEDDED)}")
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -57,6 +57,10 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     """Check the options, then run :func:`headwidget.demo.run_demo` (``load`` is not needed)."""
     from headwidget.demo import MODELS, run_demo
 
+    if args.models is not None and not args.models.strip():
+        raise UsageError(
+            f"--models is empty; give a comma-separated subset of {list(MODELS)}, or leave it out"
+        )
     models = args.models.split(",") if args.models else None
     unknown = [m for m in models or [] if m not in MODELS]
     if unknown:

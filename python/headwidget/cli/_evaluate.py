@@ -40,6 +40,7 @@ from headwidget.cli._variants import (
     needs_inputs,
     needs_samples,
     needs_statistics,
+    samples_needed,
     variant_specs,
 )
 from headwidget.texts import SAMPLE_SOURCE, english_sample
@@ -112,8 +113,8 @@ def add_parser(sub: Any) -> None:
         choices=DTYPES,
         help="dtype the model and the variants run in; KV bytes are counted in it (default: float32)",
     )
-    ev.add_argument("--batch-size", type=int, default=8, help="texts per forward pass (default: 8)")
-    ev.add_argument("--max-length", type=int, default=512, help="tokens per text (default: 512)")
+    ev.add_argument("--batch-size", type=count, default=8, help="texts per forward pass (default: 8)")
+    ev.add_argument("--max-length", type=count, default=512, help="tokens per text (default: 512)")
     ev.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     ev.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
@@ -130,6 +131,13 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     if args.out.suffix.lower() not in REPORT_SUFFIXES:
         raise UsageError(f"--out {args.out}: the extension must be .json or .md (the report's format)")
     layers = int_list(args.layers, "--layers")
+    need = samples_needed(specs)
+    if args.stats is None and need > args.calibration_tokens:
+        raise UsageError(
+            f"--calibration-tokens {args.calibration_tokens}: the kv:cq codebooks fit {need} centroids per "
+            f"layer on one sample per calibration token, so they need at least {need}; give "
+            f"--calibration-tokens {need} or more"
+        )
     texts = read_texts(args.texts) if args.texts is not None else english_sample(split="evaluation")
     evaluation = str(args.texts) if args.texts is not None else f"the evaluation split of {SAMPLE_SOURCE}"
     stats = None

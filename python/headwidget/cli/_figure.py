@@ -15,7 +15,7 @@ from headwidget.cli._command import Command
 from headwidget.cli._errors import FigureError, UsageError
 from headwidget.cli._files import check_output_file
 from headwidget.cli._models import Loader
-from headwidget.cli._options import DPI_RANGE, dpi, int_list
+from headwidget.cli._options import DPI_RANGE, ascii_int, dpi, int_list
 
 if TYPE_CHECKING:
     from headwidget.views import View
@@ -66,10 +66,10 @@ def _figure_state(view: type[View], args: argparse.Namespace) -> dict[str, Any]:
         state["kind"] = args.kind
     window = next((c for c in view.view_controls() if c.type == "window"), None)
     if args.channels and window is not None:
-        try:
-            start, stop = (int(x) for x in args.channels.split(":"))
-        except ValueError as err:
-            raise UsageError(f"--channels takes START:STOP, got {args.channels!r}") from err
+        ends = [ascii_int(x) for x in args.channels.split(":")]
+        start, stop = (ends[0], ends[1]) if len(ends) == 2 else (None, None)
+        if start is None or stop is None:
+            raise UsageError(f"--channels takes START:STOP (two integers), got {args.channels!r}")
         if not 0 <= start < stop:
             raise UsageError(f"--channels takes START:STOP with 0 ≤ START < STOP, got {args.channels!r}")
         state.update({window.trait: start, window.width: stop - start})

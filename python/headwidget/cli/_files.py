@@ -21,7 +21,7 @@ __all__ = ["check_output_dir", "check_output_file", "read_texts"]
 def read_texts(path: Path, option: str = "--texts") -> list[str]:
     """Paragraphs of a UTF-8 text file (blank-line separated), whitespace-normalised.
 
-    A missing, unreadable, non-UTF-8 or empty file is a :class:`UsageError` (exit 2).
+    A missing, unreadable, non-UTF-8 or empty file, or a directory, is a :class:`UsageError` (exit 2).
 
     Example:
         >>> import pathlib, tempfile
@@ -30,6 +30,8 @@ def read_texts(path: Path, option: str = "--texts") -> list[str]:
         >>> read_texts(file)
         ['First text, on two lines.', 'Second text.']
     """
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory; give a UTF-8 text file")
     if not path.is_file():
         raise UsageError(f"{option} {path}: no such file")
     try:

@@ -64,6 +64,11 @@ def check_device(name: str | None) -> None:
         ... except UsageError as err:
         ...     print(str(err).split(";")[0])
         --device 'banana' is not a torch device
+        >>> try:
+        ...     check_device("meta")
+        ... except UsageError as err:
+        ...     print(str(err).split(";")[0])
+        --device meta: meta tensors hold no values (a model there computes nothing)
     """
     if name is None:
         return
@@ -75,6 +80,11 @@ def check_device(name: str | None) -> None:
         raise UsageError(
             f"--device {name!r} is not a torch device; use cpu, cuda, cuda:1, mps... ({one_line(err)})"
         ) from err
+    if device.type == "meta":
+        raise UsageError(
+            f"--device {name}: meta tensors hold no values (a model there computes nothing); "
+            "use --device cpu or cuda, or leave --device out"
+        )
     try:
         torch.empty(1, device=device)
     except Exception as err:  # CUDA without a driver raises AssertionError, a bad index RuntimeError

@@ -9,30 +9,52 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 from headwidget.cli._errors import UsageError
 
-__all__ = ["DPI_RANGE", "DTYPES", "count", "dpi", "gib", "int_list"]
+__all__ = ["DPI_RANGE", "DTYPES", "MAX_COUNT", "MAX_GIB", "ascii_int", "count", "dpi", "gib", "int_list"]
 
 #: ``--dpi`` range of ``figure``: beyond it a page-sized PNG needs gigabytes of memory.
 DPI_RANGE = (1, 1200)
 #: ``--dtype`` choices: the torch dtypes a model may be loaded or run in.
 DTYPES = ("float32", "bfloat16", "float16")
+#: The largest count (``--max-tokens``, ``--batch-size``...) taken: beyond it a number is a typo.
+MAX_COUNT = 2**53
+#: The largest ``--max-memory`` in GiB (2**53 bytes).
+MAX_GIB = 2**23
+#: An integer written in ASCII digits: ``int()`` also reads ``"１２"``, ``"1_000"`` and ``" +3 "``.
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def ascii_int(text: str) -> int | None:
+    """``text`` as an int when it is an integer in ASCII digits (surrounding spaces allowed), else None.
+
+    Example:
+        >>> ascii_int(" 12 "), ascii_int("-3"), ascii_int("１２"), ascii_int("1_000"), ascii_int("")
+        (12, -3, None, None, None)
+    """
+    stripped = text.strip()
+    if not _INTEGER.fullmatch(stripped) or len(stripped) > 20:
+        return None
+    return int(stripped)
 
 
 def gib(text: str) -> float:
-    """``--max-memory``: a finite number of GiB > 0.
+    """``--max-memory``: a finite number of GiB > 0 (ASCII digits: ``float()`` also reads ``"４"``).
 
     Example:
         >>> gib("4")
         4.0
     """
     try:
-        value = float(text)
+        value = float(text) if text.isascii() else math.nan
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"takes a finite number of GiB > 0 (like 4 or 0.5), got {text!r}")
+    if not (math.isfinite(value) and 0 < value <= MAX_GIB):
+        raise argparse.ArgumentTypeError(
+            f"takes a finite number of GiB > 0 and at most {MAX_GIB} (like 4 or 0.5), got {text!r}"
+        )
     return value
 
 
@@ -44,11 +66,8 @@ def dpi(text: str) -> int:
         150
     """
     low, high = DPI_RANGE
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
+    value = ascii_int(text)
+    if value is None or not low <= value <= high:
         raise argparse.ArgumentTypeError(
             f"takes a whole number of dots per inch in {low}..{high}, got {text!r}"
         )
@@ -56,18 +75,31 @@ def dpi(text: str) -> int:
 
 
 def int_list(text: str | None, option: str) -> list[int] | None:
-    """Comma-separated integers (None stays None); anything else is a :class:`UsageError`.
+    """Comma-separated integers in ASCII digits (None stays None; leaving the option out means all).
+
+    An empty list (``--layers ""``), an empty item (``1,,2``) or anything but an integer is a
+    :class:`UsageError`.
 
     Example:
         >>> int_list("1,2", "--layers"), int_list(None, "--layers")
         ([1, 2], None)
+        >>> try:
+        ...     int_list("", "--layers")
+        ... except UsageError as err:
+        ...     print(err)
+        --layers is empty; give comma-separated integers such as 0,1,12, or leave --layers out for its default
     """
     if text is None:
         return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise UsageError(f"{option} takes comma-separated integers, got {text!r}") from err
+    if not text.strip():
+        raise UsageError(
+            f"{option} is empty; give comma-separated integers such as 0,1,12, or leave {option} out for its "
+            "default"
+        )
+    values = [ascii_int(x) for x in text.split(",")]
+    if any(v is None for v in values):
+        raise UsageError(f"{option} takes comma-separated integers such as 0,1,12, got {text!r}")
+    return [v for v in values if v is not None]
 
 
 def count(text: str) -> int:
@@ -77,10 +109,9 @@ def count(text: str) -> int:
         >>> count("2048")
         2048
     """
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"takes a whole number ≥ 1, got {text!r}")
+    value = ascii_int(text)
+    if value is None or not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"takes a whole number ≥ 1 in ASCII digits (at most {MAX_COUNT}), got {text!r}"
+        )
     return value

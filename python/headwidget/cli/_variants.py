@@ -32,6 +32,7 @@ __all__ = [
     "needs_inputs",
     "needs_samples",
     "needs_statistics",
+    "samples_needed",
     "variant_specs",
 ]
 
@@ -87,6 +88,17 @@ def needs_samples(specs: Sequence[str]) -> bool:
         (True, False)
     """
     return any(_needs_samples(s) for s in specs)
+
+
+def samples_needed(specs: Sequence[str]) -> int:
+    """The fewest token samples per layer the codebooks of ``specs`` can be fitted on: ``2**b`` for
+    ``kv:cq{c}c{b}b`` (one per centroid), 0 when no spec fits codebooks.
+
+    Example:
+        >>> samples_needed(["kv:cq4c8b", "kv:cq2c4b", "mqa"]), samples_needed(["kv:int4"])
+        (256, 0)
+    """
+    return max((2 ** int(parse_variant(s).bits or 0) for s in specs if _needs_samples(s)), default=0)
 
 
 def needs_inputs(specs: Sequence[str]) -> bool:
@@ -163,8 +175,9 @@ def check_variants(model: Any, tokenizer: Any, specs: Sequence[str], layer: int,
     probe = None
     if needs_statistics(specs):
         sampled = needs_samples(specs)
+        tokens = max(PROBE_TOKENS, samples_needed(specs))  # a k-means needs a sample per centroid
         probe = capture(model, texts, tokenizer=tokenizer, layers=[layer], inputs=needs_inputs(specs),
-                        max_tokens=PROBE_TOKENS, samples=PROBE_TOKENS if sampled else 0,
+                        max_tokens=tokens, samples=tokens if sampled else 0,
                         rope="both" if sampled else "pre", progress=False)  # fmt: skip
     for spec in specs:
         try:

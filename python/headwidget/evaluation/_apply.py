@@ -54,13 +54,14 @@ from headwidget.adapters._partial_rope import partial_rope_mask
 from headwidget.analysis.conversions import _check_stats_source
 from headwidget.analysis.variant_fits import LayerFit, fit_layer
 from headwidget.analysis.variants import VariantSpec, parse_variant
+from headwidget.checks import layer_indices
 from headwidget.errors import (
-    LayerIndexError,
     StatsMismatchError,
     UnsupportedAlignmentError,
     UnsupportedConversionError,
     VariantSaveError,
 )
+from headwidget.evaluation._arguments import check_apply_arguments
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -111,22 +112,17 @@ def applied_variant(model: nn.Module) -> AppliedVariant:
 
 
 def resolve_layers(adapter: Adapter, layers: Iterable[int] | None) -> list[int]:
-    """Sorted, non-negative layer indices (default: every layer).
+    """Sorted, distinct, non-negative layer indices (default: every layer).
 
     Raises:
+        ArgumentError: ``layers`` is not a non-empty list of integers
+            (:func:`headwidget.checks.layer_indices`).
         LayerIndexError: an index outside the model.
     """
     total = adapter.layout().num_layers
     if layers is None:
         return list(range(total))
-    out = set()
-    for layer in layers:
-        if isinstance(layer, bool) or not -total <= int(layer) < total:
-            raise LayerIndexError(
-                f"layer {layer} is out of range: the model has {total} layers (0..{total - 1})"
-            )
-        out.add(int(layer) % total)
-    return sorted(out)
+    return layer_indices("layers", layers, total)
 
 
 def check_stats(
@@ -434,6 +430,7 @@ def apply(
         ({0: 64, 1: 32}, ['k_down', 'k_shared'])
 
     Raises:
+        ArgumentError: ``stats`` that are not a KVStats, ``layers`` that are not a list of layer indices.
         MechanismSpecError: an unreadable spec. GroupCountError / RankRangeError: a G, r or d_c the
         model does not allow (the message names the possible values). MissingStatisticsError: a fit
         without the statistics it needs. StatsMismatchError: statistics of another model, or of
@@ -443,6 +440,7 @@ def apply(
         measures it).
     """
     adapter = adapter_for(model)
+    stats, layers = check_apply_arguments(adapter, stats, layers)
     parsed = parse_variant(spec)
     _refuse_quantizer(parsed)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)

@@ -49,6 +49,7 @@ from torch import nn
 from headwidget.adapters import adapter_for
 from headwidget.analysis.variants import parse_variant
 from headwidget.capture.inputs import Batch
+from headwidget.checks import optional_whole_number
 from headwidget.evaluation._apply import (
     applied_variant,
     build_variant,
@@ -59,6 +60,7 @@ from headwidget.evaluation._apply import (
     resolve_layers,
     shared_copy,
 )
+from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._inputs import evaluation_batches, fingerprint, predicted_count
 from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_budget
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
@@ -133,7 +135,7 @@ def evaluate(
     allow_other_weights: bool = False,
     layers: Iterable[int] | None = None,
     per_layer: bool = False,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | str = torch.bfloat16,
     batch_size: int = 8,
     max_length: int = 512,
     max_tokens: int | None = None,
@@ -159,7 +161,8 @@ def evaluate(
         layers: the layers each variant converts or quantizes (default: all); with ``per_layer`` also the
             layers swept.
         per_layer: also measure each variant with only one layer converted, for every layer.
-        dtype: the dtype the model and the variants run in; KV bytes are counted in it too.
+        dtype: the dtype the model and the variants run in; KV bytes are counted in it too: a floating
+            torch dtype, or its name (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``).
         max_tokens: use at most this many real tokens of ``texts``.
         max_memory: bytes the evaluation may allocate on the model's device (default: half its free
             memory); the estimate (:mod:`headwidget.evaluation._memory`) is checked before any work.
@@ -173,11 +176,19 @@ def evaluate(
         StatsMismatchError, UnsupportedConversionError: as :func:`~headwidget.evaluation.apply`, and
         as :func:`~headwidget.evaluation.fit_quantizer` for the quantizers (a family whose attention
         does not go through ``transformers.AttentionInterface`` is refused).
+        ArgumentError: an argument of the wrong type or outside its range (a count given as a float or a
+            string, ``variants`` given as one string, ``stats`` that are not a KVStats...).
+        CaptureInputError: token ids outside the model's vocabulary (as :func:`headwidget.capture`).
         EvaluationInputError: texts with fewer than two tokens in every sequence.
         MemoryBudgetError: the estimate for ``batch_size × max_length`` is over ``max_memory``.
         NonFiniteLogitsError: a variant's outputs are not finite (the message names it and the layer).
     """
     adapter = adapter_for(model)
+    variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress = (
+        check_evaluate_arguments(adapter, variants, stats, layers, per_layer, dtype, batch_size, max_length,
+                                 max_tokens, progress)
+    )  # fmt: skip
+    max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
     parsed = {p.text: p for p in (parse_variant(v) for v in variants)}
     specs = list(parsed)
     if not specs:
@@ -196,6 +207,7 @@ def evaluate(
     lm = runner.kind == "causal-lm"
     batches: list[Batch] = evaluation_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length,
                                               max_tokens=max_tokens, min_tokens=2 if lm else 1)  # fmt: skip
+    check_token_ids(model, batches)
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     fits = {

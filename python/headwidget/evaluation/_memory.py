@@ -181,8 +181,12 @@ def estimate_evaluation(
     True
     """
     from headwidget.evaluation._apply import resolve_layers
+    from headwidget.evaluation._arguments import check_evaluate_arguments
 
     adapter = adapter_for(model)
+    variants, _, layers, per_layer, dtype, batch_size, max_length, _, _ = check_evaluate_arguments(
+        adapter, variants, None, layers, per_layer, dtype, batch_size, max_length, None, False
+    )
     parsed = [parse_variant(v) for v in variants]
     chosen = resolve_layers(adapter, layers)
     return EvaluationMemory.of(model, adapter, parsed, chosen, per_layer=per_layer, dtype=dtype,

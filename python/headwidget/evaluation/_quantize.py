@@ -62,10 +62,12 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
-from headwidget.analysis.variants import VariantSpec, parse_variant
+from headwidget.analysis.variants import CQ_BITS, VariantSpec, parse_variant
 from headwidget.capture.interface import transform_attention_kv
+from headwidget.checks import whole_number
 from headwidget.core.kinds import Kind
 from headwidget.errors import (
+    ArgumentError,
     HeadwidgetError,
     MechanismSpecError,
     MissingStatisticsError,
@@ -92,6 +94,8 @@ CHUNK_ELEMENTS = 2**18
 DEVICE_CHUNK_ELEMENTS = 2**26
 #: k-means++ seeding looks at most this many samples per group (``max(it, 16·2**b)``); Lloyd uses all.
 SEED_SAMPLES = 8192
+#: The most Lloyd iterations ``iters`` may ask for (the fit stops early when no assignment changes).
+MAX_ITERS = 10_000
 
 F16 = torch.float16
 
@@ -152,6 +156,7 @@ def quantize_int_keys(
         order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)  # real tokens first, in order
         xs = work.gather(2, order[:, None, :, None].expand(b, g, t, d))
         mask = real.gather(1, order)
+    group = max(1, min(group, t))  # a group longer than the sequence is one group of all of it
     pad = (-t) % group
     if pad:
         xs = torch.nn.functional.pad(xs, (0, 0, 0, pad))
@@ -374,6 +379,9 @@ def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, see
 
     Raises:
         MechanismSpecError: ``c`` does not divide C (the message lists the divisors), or no samples.
+        MissingStatisticsError: fewer samples than the ``2**b`` centroids (a k-means with fewer points
+            than centroids cannot be trusted: the message says how many samples it needs).
+        ArgumentError: ``c``, ``b``, ``iters`` or ``seed`` not an integer in range.
 
     Example:
         >>> gen = torch.Generator().manual_seed(0)
@@ -382,9 +390,19 @@ def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, see
         >>> tuple(books.centroids.shape), books.objective[-1] <= books.objective[0]
         ((2, 8, 4), True)
     """
+    c = whole_number("c", c, minimum=1, hint="channels per codeword")
+    b = whole_number("b", b, minimum=CQ_BITS[0], maximum=CQ_BITS[1], hint="bits per codeword: 2**b centroids")
+    iters = whole_number("iters", iters, minimum=0, maximum=MAX_ITERS, hint="Lloyd iterations")
+    seed = whole_number("seed", seed, minimum=0, maximum=2**63 - 1, hint="the seed of the k-means++ start")
+    if not isinstance(samples, torch.Tensor) or not samples.is_floating_point():
+        got = type(samples).__name__ + (f" of {samples.dtype}" if isinstance(samples, torch.Tensor) else "")
+        raise ArgumentError(
+            f"samples must be a floating (n, C) torch tensor (KVStats.samples(layer, kind)), got {got}"
+        )
     if samples.ndim != 2 or samples.shape[0] == 0:
         raise MechanismSpecError(f"k-means needs (n, C) samples with n ≥ 1, got shape {tuple(samples.shape)}")
     n, channels = samples.shape
+    _check_enough_samples(n, b, f"kv:cq{c}c{b}b")
     if c < 1 or channels % c:
         divisors = [d for d in range(1, channels + 1) if channels % d == 0]
         raise MechanismSpecError(
@@ -418,6 +436,17 @@ def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, see
             means = torch.where(empty[..., None], reseeded, means)
         centroids = means
     return Codebooks(centroids, tuple(history))
+
+
+def _check_enough_samples(n: int, b: int, spec: str, where: str = "") -> None:
+    """Refuse a k-means of ``2**b`` centroids on fewer than ``2**b`` samples (it cannot be trusted: some
+    centroids would be copies of single samples, or left empty)."""
+    need = 2**b
+    if n < need:
+        raise MissingStatisticsError(
+            f"{spec}{where}: fitting 2**{b} = {need} centroids needs at least {need} calibration samples, "
+            f"got {n}; capture with samples={need} or more (and at least {need} tokens), or use fewer bits"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- quantizer
@@ -671,8 +700,10 @@ def fit_quantizer(
         MechanismSpecError: not a quantizer spec, or a ``c`` that does not divide the model's C.
         UnsupportedConversionError: a family whose attention does not go through
             ``transformers.AttentionInterface``, or an MLA model (:func:`quantizer_blocker`).
-        MissingStatisticsError: ``kv:cq`` without statistics holding samples.
+        MissingStatisticsError: ``kv:cq`` without statistics holding samples, or with fewer samples
+            per layer than its ``2**b`` centroids (the message says how many it needs).
         StatsMismatchError: statistics of another model, or of other weights.
+        ArgumentError: ``stats``, ``layers``, ``iters`` or ``seed`` of the wrong type or out of range.
 
     Example:
         >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -685,6 +716,13 @@ def fit_quantizer(
         headwidget.errors.MechanismSpecError: kv:cq3c8b groups c = 3 ... allowed c: 1, 2, 4, 8, 16, 32
     """
     parsed = spec if isinstance(spec, VariantSpec) else parse_variant(spec)
+    iters = whole_number("iters", iters, minimum=0, maximum=MAX_ITERS, hint="Lloyd iterations")
+    seed = whole_number("seed", seed, minimum=0, maximum=2**63 - 1, hint="the seed of the k-means++ start")
+    if stats is not None and not isinstance(stats, KVStats):
+        raise ArgumentError(
+            "stats must be a KVStats (from headwidget.capture or KVStats.load) or None, "
+            f"got {type(stats).__name__}"
+        )
     if not parsed.quantizer or parsed.bits is None or parsed.group is None:
         raise MechanismSpecError(f"{parsed.text!r} is not a K/V quantizer (kv:int{{b}}, kv:cq{{c}}c{{b}}b)")
     adapter = adapter_for(model)
@@ -707,6 +745,10 @@ def fit_quantizer(
                     f"channels; allowed c: {', '.join(map(str, divisors))}"
                 )
         key_kind = "key_post" if adapter.layout().rope.uses_rope else "key"
+        for layer in chosen:  # every layer's samples checked before any fit
+            for kind, source in (("key", key_kind), ("value", "value")):
+                rows = _samples(stats, layer, source, parsed.text, channels[kind])
+                _check_enough_samples(rows.shape[0], parsed.bits, parsed.text, f" (layer {layer}, {source})")
         for layer in chosen:
             out.codebooks[layer] = {
                 kind: fit_codebooks(

@@ -6,18 +6,20 @@ colour of a known cell back from the PNG.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from headwidget.errors import ArgumentError
 from headwidget.export._figure import PANEL_LABEL, export_style, figure
 from headwidget.export._html import save_html
 from headwidget.export._source import ExportError, GridSource
 from headwidget.files import atomic_output
 
-__all__ = ["FORMATS", "cell_box", "save", "save_all"]
+__all__ = ["FORMATS", "cell_box", "check_figure_size", "save", "save_all"]
 
 #: Suffix → what is written. PNG/SVG/PDF are matplotlib figures; HTML is the interactive page.
 FORMATS = {
@@ -61,6 +63,7 @@ def save(
         >>> out.read_bytes()[:4], out.suffix
         (b'\\x89PNG', '.png')
     """
+    dpi, size = check_figure_size(dpi, size)
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
@@ -72,6 +75,36 @@ def save(
         raise ExportError("layers= applies to .html exports; a figure shows the view's current panels")
     (written,) = save_all(source, [path], dpi=dpi, size=size, title=title)
     return written
+
+
+def check_figure_size(dpi: object, size: object) -> tuple[float, tuple[float, float] | None]:
+    """``(dpi, size)`` as numbers: ``dpi`` a real number, ``size`` None or two real numbers (inches).
+
+    A string, a bool or None for ``dpi``, or a ``size`` that is not two numbers, is an
+    :class:`~headwidget.errors.ArgumentError`; their values (> 0, finite, a figure of at most so many
+    pixels) are checked by :func:`~headwidget.export.figure`, which says which dpi would fit.
+
+    Example:
+        >>> check_figure_size(200, (4, 3))
+        (200.0, (4.0, 3.0))
+        >>> check_figure_size("200", None)
+        Traceback (most recent call last):
+        ...
+        headwidget.errors.ArgumentError: dpi must be a number of dots per inch, got the string '200'
+    """
+    if isinstance(dpi, bool) or not isinstance(dpi, numbers.Real):
+        shown = f"the string {dpi!r}" if isinstance(dpi, str) else f"{dpi!r} ({type(dpi).__name__})"
+        raise ArgumentError(f"dpi must be a number of dots per inch, got {shown}")
+    if size is None:
+        return float(dpi), None
+    if (
+        isinstance(size, (str, bytes))
+        or not isinstance(size, Sequence)
+        or len(size) != 2
+        or any(isinstance(x, bool) or not isinstance(x, numbers.Real) for x in size)
+    ):
+        raise ArgumentError(f"size must be None or (width, height): two numbers of inches, got {size!r}")
+    return float(dpi), (float(size[0]), float(size[1]))
 
 
 def save_all(
@@ -93,6 +126,9 @@ def save_all(
         >>> [p.name for p in save_all(grid, [folder / "fig.png", folder / "fig.pdf"], dpi=50)]
         ['fig.png', 'fig.pdf']
     """
+    dpi, size = check_figure_size(dpi, size)
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        raise ArgumentError(f"paths must be a list of paths, got {paths!r}; pass a list: [{str(paths)!r}]")
     out = [Path(p) for p in paths]
     for path in out:
         if path.suffix.lower() not in METADATA:

@@ -15,11 +15,19 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
+from headwidget.checks import optional_whole_number, whole_numbers
+from headwidget.errors import ArgumentError
 from headwidget.moments.streaming import Moments
 
-__all__ = ["channel_corr_from_moments", "corr_from_comoment", "resolve_channels"]
+__all__ = ["ChannelSelectionError", "channel_corr_from_moments", "corr_from_comoment", "resolve_channels"]
+
+
+class ChannelSelectionError(ArgumentError, IndexError):
+    """A channel selection that holds no channel, reaches outside the channels, or is not integers."""
 
 
 def corr_from_comoment(m2: torch.Tensor) -> torch.Tensor:
@@ -31,19 +39,59 @@ def corr_from_comoment(m2: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_channels(channels: slice | range | list[int] | None, total: int) -> torch.Tensor | slice:
-    """Turn a user's channel selection into an index (slice or LongTensor), checking its bounds."""
+    """Turn a user's channel selection into an index (slice or LongTensor), checking its bounds.
+
+    ``channels``: None (all), a slice of integers, or an iterable of integer channel indices in
+    ``0 .. total - 1`` (a float, a bool or a string is refused, never truncated).
+
+    >>> resolve_channels(slice(0, 4), 8), resolve_channels([3, 1], 8).tolist()
+    (slice(0, 4, 1), [3, 1])
+    >>> resolve_channels([0.5], 8)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.moments.correlation.ChannelSelectionError: channels[0] must be an integer, got 0.5 (float)...
+
+    Raises:
+        ChannelSelectionError: an empty selection, indices outside the channels, or not integers.
+    """
     if channels is None:
         return slice(0, total)
     if isinstance(channels, slice):
+        try:
+            for part in ("start", "stop", "step"):
+                optional_whole_number(f"channels.{part}", getattr(channels, part), minimum=-(2**53))
+            if channels.step == 0:
+                raise ArgumentError("channels.step must not be 0")
+        except ArgumentError as err:
+            raise ChannelSelectionError(str(err)) from None
         start, stop, step = channels.indices(total)
         if start >= stop:
-            raise IndexError(f"channel window {channels} is empty for {total} channels")
+            raise ChannelSelectionError(f"channel window {channels} is empty for {total} channels")
         return slice(start, stop, step)
-    idx = torch.as_tensor(list(channels), dtype=torch.long)
+    if isinstance(channels, (str, bytes)) or not isinstance(channels, Iterable):
+        raise ChannelSelectionError(
+            f"channels must be a slice or a list of channel indices (such as slice(0, 32) or [0, 5]), "
+            f"got {channels!r}"
+        )
+    if isinstance(channels, torch.Tensor):  # an integer tensor of indices
+        if channels.is_floating_point() or channels.is_complex() or channels.dtype == torch.bool:
+            raise ChannelSelectionError(
+                f"channels must hold integer channel indices, got a {channels.dtype} tensor"
+            )
+        idx = channels.detach().flatten().long().cpu()
+    else:
+        try:
+            idx = torch.as_tensor(
+                whole_numbers("channels", channels, hint="channel indices"), dtype=torch.long
+            )
+        except ArgumentError as err:
+            raise ChannelSelectionError(str(err)) from None
     if idx.numel() == 0:
-        raise IndexError("empty channel selection")
+        raise ChannelSelectionError("empty channel selection")
     if int(idx.min()) < 0 or int(idx.max()) >= total:
-        raise IndexError(f"channel indices must lie in [0, {total}); got {int(idx.min())}..{int(idx.max())}")
+        raise ChannelSelectionError(
+            f"channel indices must lie in [0, {total}); got {int(idx.min())}..{int(idx.max())}"
+        )
     return idx
 
 

@@ -12,8 +12,9 @@ import traitlets
 from torch import nn
 
 from headwidget.analysis.alignment import ALIGN_METRICS
+from headwidget.checks import flag
 from headwidget.core.panels import PanelGrid
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import ArgumentError, HeadwidgetError
 from headwidget.evaluation import EvaluationReport
 from headwidget.export import ExportError, page_html, save, save_tabbed_html
 from headwidget.notebook._trend_charts import trend_charts
@@ -218,6 +219,11 @@ def explore(
     """
     from headwidget.capture import capture
 
+    mechanisms_trend = flag("mechanisms_trend", mechanisms_trend)
+    if report is not None and not isinstance(report, EvaluationReport):
+        raise ArgumentError(
+            f"report must be an EvaluationReport (headwidget.evaluate), got {type(report).__name__}"
+        )
     if isinstance(model_or_stats, KVStats):
         return Dashboard(model_or_stats, report=report)
     model = model_or_stats
@@ -230,7 +236,7 @@ def explore(
         capture_options.setdefault("max_tokens", 4096)
         capture_options.setdefault("max_length", 256)
     if texts is None:
-        raise ValueError("explore(model) needs texts to capture: explore(model, texts, tokenizer=...)")
+        raise ArgumentError("explore(model) needs texts to capture: explore(model, texts, tokenizer=...)")
     capture_options.setdefault("inputs", True)
     stats = capture(model, texts, tokenizer=tokenizer, **capture_options)
     return Dashboard(stats, model, mechanisms_trend=mechanisms_trend, report=report)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -161,8 +161,10 @@ class KVStats:
         Several layers need the cross-layer statistics (``capture(..., cross_layer=[...])``).
         """
         self._check_kind(kind)
-        if isinstance(layers, (int, np.integer)):
+        if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
             return self.moments(int(layers), kind)
+        if isinstance(layers, (str, bytes, bool)) or not isinstance(layers, Iterable):
+            raise LayerIndexError(f"layers must be a layer or a list of layers, got {layers!r}")
         layers = [self._check_layer(layer) for layer in layers]
         if len(layers) == 1:
             return self.moments(layers[0], kind)

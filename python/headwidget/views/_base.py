@@ -43,6 +43,7 @@ __all__ = [
     "LayerView",
     "View",
     "ViewSourceError",
+    "WholeNumber",
     "check_sources",
     "state",
     "stats_model_name",
@@ -53,6 +54,27 @@ V = TypeVar("V", bound="View")
 
 #: What :meth:`View.compute` raises for a state it cannot show (reported in ``error`` once built).
 STATE_ERRORS: tuple[type[Exception], ...] = (HeadwidgetError, ValueError, IndexError, KeyError)
+
+
+class WholeNumber(t.Int):
+    """An integer trait that refuses bools too (``True`` is not a layer or a channel, though Python's
+    ``bool`` is an ``int``); floats and strings are refused as by ``traitlets.Int``.
+
+    Example:
+        >>> class Counted(t.HasTraits):
+        ...     n = WholeNumber(0)
+        >>> Counted(n=3).n
+        3
+        >>> Counted(n=True)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        traitlets.traitlets.TraitError: The 'n' trait of a Counted instance expected an int, not the bool...
+    """
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        if isinstance(value, bool):
+            self.error(obj, value)
+        return super().validate(obj, value)
 
 
 def state(trait: T, control: Control | None = None) -> T:
@@ -283,7 +305,7 @@ def stats_model_name(stats: KVStats) -> str:
 class LayerView(View):
     """A view of one selected layer at a time, with the layer slider."""
 
-    layer = state(t.Int(0), slider("Layer", count="num_layers", text="layer_label"))
+    layer = state(WholeNumber(0), slider("Layer", count="num_layers", text="layer_label"))
     num_layers = t.Int(0).tag(sync=True)
     layer_label = t.Unicode("").tag(sync=True)
 

@@ -34,6 +34,7 @@ import numpy as np
 import traitlets as t
 
 from headwidget.analysis.alignment import AlignmentResult, align
+from headwidget.checks import optional_flag, optional_whole_number, whole_numbers
 from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
@@ -82,8 +83,11 @@ class AlignmentView(LayerView):
         """``layers``: a flattened set of layers (no slider); ``heldout``: None lets ``align`` choose."""
         stats = self._stats(stats)
         self.stats = stats
-        self.fixed_layers = list(layers) if layers is not None else None
-        self.heldout = heldout
+        layer = optional_whole_number("layer", layer)
+        self.fixed_layers = (
+            whole_numbers("layers", layers, hint="one flattened set") if layers is not None else None
+        )
+        self.heldout = optional_flag("heldout", heldout)
         self._results: dict[tuple[Any, ...], AlignmentResult] = {}
         self._invariants: dict[tuple[Any, ...], np.ndarray] = {}
         uses_rope = stats.meta.layout.rope.uses_rope

@@ -24,18 +24,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from numbers import Integral
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import traitlets as t
 
 from headwidget.analysis.downsample import downsample
+from headwidget.checks import flag, optional_whole_number, whole_number, whole_numbers
 from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError, UnknownKindError
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, state, stats_model_name
+from headwidget.views._base import LayerView, WholeNumber, state, stats_model_name
 from headwidget.views._controls import toggles, window
 from headwidget.views._registry import register_view
 
@@ -63,12 +63,6 @@ def check_key_kind(kind: str, stats: KVStats, what: str) -> None:
         )
 
 
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
-    return int(value)
-
-
 @register_view("channels", order=10)
 class ChannelView(LayerView):
     """K and V channel correlation for the selected layer (and pinned layers), one window."""
@@ -76,15 +70,15 @@ class ChannelView(LayerView):
     title = "Channels"
 
     channel_start = state(
-        t.Int(0), window("Channels", width="channel_width", total="num_channels", step="channel_step")
+        WholeNumber(0), window("Channels", width="channel_width", total="num_channels", step="channel_step")
     )
-    channel_width = state(t.Int(0))
+    channel_width = state(WholeNumber(0))
     num_channels = t.Int(0).tag(sync=True)
     #: The window sliders snap to multiples of this (the head size; 1: no snapping).
     channel_step = t.Int(1).tag(sync=True)
     kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available", labels=KIND_LABELS))
     kinds_available = t.List(t.Unicode()).tag(sync=True)
-    pinned = state(t.List(t.Int()))
+    pinned = state(t.List(WholeNumber()))
 
     def __init__(
         self,
@@ -103,9 +97,15 @@ class ChannelView(LayerView):
         # First, so that close() (which a widget's finaliser calls) works however far __init__ gets.
         self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-prefetch")
         stats = self._stats(stats)
-        self.max_cells = _positive_int(max_cells, "max_cells")
+        self.max_cells = whole_number(
+            "max_cells", max_cells, minimum=1, hint="the most cells a panel side shows"
+        )
+        layer = optional_whole_number("layer", layer)
+        pinned = whole_numbers("pinned", pinned, hint="layers shown beside the selected one")
+        channel_start = whole_number("channel_start", channel_start)
+        channel_width = optional_whole_number("channel_width", channel_width)
         self.stats = stats
-        self.prefetch = prefetch
+        self.prefetch = flag("prefetch", prefetch)
         channels = stats.meta.layout.channels_of("key")
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
         # Full correlations are C×C float64 (128 MiB at C = 4096): keep about 1 GiB of them.

@@ -44,12 +44,13 @@ import numpy as np
 import traitlets as t
 from torch import nn
 
+from headwidget.checks import optional_whole_number
 from headwidget.core.charts import Chart, Series, pareto_front
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
 from headwidget.stats import KVStats
-from headwidget.views._base import View, ViewSourceError, state
+from headwidget.views._base import View, ViewSourceError, WholeNumber, state
 from headwidget.views._controls import toggles
 from headwidget.views._registry import register_view
 
@@ -100,7 +101,7 @@ class ConsequenceView(View):
 
     measure = state(t.Unicode("nll"), toggles("Damage", options="measures_available", labels=MEASURE_LABELS))
     #: The selected layer (a click on the damage map sets it; a dashboard links it to its other views).
-    layer = state(t.Int(0))
+    layer = state(WholeNumber(0))
     measures_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(self, report: EvaluationReport, *, measure: str | None = None, layer: int | None = None):
@@ -110,6 +111,7 @@ class ConsequenceView(View):
                 "the consequences view needs an evaluation report (headwidget.evaluate(...) or "
                 f"EvaluationReport.load(path)), got {type(report).__name__}"
             )
+        layer = optional_whole_number("layer", layer)
         super().__init__()
         self.report = report
         measures = list(DAMAGE_MEASURES.get(report.kind, {}))
@@ -118,7 +120,7 @@ class ConsequenceView(View):
         with self.initial_state():
             self.measures_available = measures
             self.measure = measures[0] if measure is None else measure
-            self.layer = (report.layers[0] if report.layers else 0) if layer is None else int(layer)
+            self.layer = (report.layers[0] if report.layers else 0) if layer is None else layer
 
     @classmethod
     def create(

@@ -47,6 +47,7 @@ from headwidget.analysis.conversions import Conversion, convert
 from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.analysis.weights import head_weights
+from headwidget.checks import flag, text_list, whole_number
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import (
     DegenerateHeadsError,
@@ -136,7 +137,10 @@ class MechanismView(LayerView):
         """
         # First, so that close() (which a widget's finaliser calls) works however far __init__ gets.
         self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-mechanisms")
-        self.prefetch = prefetch
+        self.prefetch = flag("prefetch", prefetch)
+        layer = whole_number("layer", layer)
+        if mechanisms is not None:
+            mechanisms = text_list("mechanisms", mechanisms, example="['mha', 'mqa']", what="mechanism specs")
         self.models = dict(model) if isinstance(model, Mapping) else None
         if self.models is not None and not self.models:
             raise ViewSourceError("the mechanism view needs at least one model; got an empty dict")

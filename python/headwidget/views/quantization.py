@@ -41,7 +41,8 @@ from typing import Any, ClassVar, TypeVar
 import traitlets as t
 from torch import nn
 
-from headwidget.analysis.entropy import ChannelEntropy, channel_entropy
+from headwidget.analysis.entropy import BINS_MAX, ChannelEntropy, channel_entropy
+from headwidget.checks import flag, optional_whole_number, whole_number, whole_numbers
 from headwidget.core.charts import Chart, Series
 from headwidget.core.kinds import Kind
 from headwidget.core.panels import PanelGrid
@@ -140,7 +141,12 @@ class QuantizationView(LayerView):
         if report is not None and not isinstance(report, EvaluationReport):
             raise ViewSourceError(f"report must be an EvaluationReport, got {type(report).__name__}")
         self.stats, self.report = stats, report
-        self.bins, self.group_sizes, self.miller_madow = bins, tuple(group_sizes), miller_madow
+        layer = optional_whole_number("layer", layer)
+        self.bins = whole_number("bins", bins, minimum=1, maximum=BINS_MAX, hint="bins per channel")
+        self.group_sizes = tuple(
+            whole_numbers("group_sizes", group_sizes, minimum=1, hint="channels per group")
+        )
+        self.miller_madow = flag("miller_madow", miller_madow)
         self.kinds = [k for k in COUPLING_KINDS if k in stats.kinds]
         self._entropy = lru_cache(maxsize=256)(self._layer_entropy)
         super().__init__(**kwargs)
