@@ -56,15 +56,16 @@ def test_channel_corr_and_covariance_match_numpy(family_case):
 
 
 def test_channel_window_is_a_sub_block(family_case):
-    _, _, stats, ref = family_case
+    name, _, stats, ref = family_case
     x = ref[1]["value"]
     window = slice(2, 9)
+    atol = _atol(name, "value")  # DeepSeek's float32 RMSNorm rounds by kernel (AVX-512, AVX2, plain)
     np.testing.assert_allclose(
-        stats.channel_corr(1, "value", channels=window), np.corrcoef(x[:, 2:9].T), atol=1e-8
+        stats.channel_corr(1, "value", channels=window), np.corrcoef(x[:, 2:9].T), atol=atol
     )
     picked = [0, 5, 3]
     np.testing.assert_allclose(
-        stats.channel_corr(1, "value", channels=picked), np.corrcoef(x[:, picked].T), atol=1e-8
+        stats.channel_corr(1, "value", channels=picked), np.corrcoef(x[:, picked].T), atol=atol
     )
 
 

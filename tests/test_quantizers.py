@@ -354,20 +354,25 @@ def left_padded(batches: list[dict]) -> list[dict]:
 
 
 def test_padding_never_enters_a_quantized_group() -> None:
-    """Right and left padding give the same numbers; so does every sequence run alone, unpadded."""
+    """Right and left padding give the same numbers; so does every sequence run alone, unpadded.
+
+    In float64: in float32 the padded and unpadded forwards round differently (by kernel: AVX-512,
+    AVX2 and plain kernels differ), enough to move a key across a 2-bit bin edge now and then.
+    """
     model, batches = peaky_llama(), ragged_batches(seed=5)
     specs = ["kv:int2", "kv:int3/g4"]
-    right = evaluate(model, batches, specs, dtype=torch.float32, progress=False)
-    left = evaluate(model, left_padded(batches), specs, dtype=torch.float32, progress=False)
+    f64 = torch.float64
+    right = evaluate(model, batches, specs, dtype=f64, progress=False)
+    left = evaluate(model, left_padded(batches), specs, dtype=f64, progress=False)
     alone = [
         {"input_ids": b["input_ids"][i : i + 1, : int(b["attention_mask"][i].sum())]}
         for b in batches
         for i in range(b["input_ids"].shape[0])
     ]
-    single = evaluate(model, alone, specs, dtype=torch.float32, progress=False, batch_size=1)
+    single = evaluate(model, alone, specs, dtype=f64, progress=False, batch_size=1)
     for spec in specs:
-        assert left.nll[spec] == pytest.approx(right.nll[spec], abs=1e-6)
-        assert single.nll[spec] == pytest.approx(right.nll[spec], abs=1e-6)
+        assert left.nll[spec] == pytest.approx(right.nll[spec], abs=1e-12)
+        assert single.nll[spec] == pytest.approx(right.nll[spec], abs=1e-12)
 
 
 def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
