@@ -104,19 +104,20 @@ def update_bytes(rows: int, channels: int, heads: int, work_bytes: int = 4) -> i
 def plane_norm_update_bytes(
     rows: int, heads: tuple[int, int], head_dim: int, planes: int, dtype_bytes: int = 4, work_bytes: int = 4
 ) -> int:
-    """Peak working memory of folding ``rows`` tokens into one layer's rotary-pair norm sums.
+    """Peak working memory of folding ``rows`` token positions into one layer's rotary-pair norm sums.
 
-    ``heads`` is (query heads, KV heads). The queries split out of a fused projection's output, the
-    selected query and key rows (in the model's ``dtype_bytes``), the gathered pair dims of the query
-    heads and their float copy, the pairs' norms (``work_bytes``), and the float64 sums.
+    ``heads`` is (query heads, KV heads). For the larger (query) side: the queries split out of a
+    fused projection's output, the gathered pair dims (in the model's ``dtype_bytes``) and their float
+    copy, the pairs' norms and the selected rows of them (``work_bytes``); and the float64 sums.
 
     >>> plane_norm_update_bytes(rows=100, heads=(4, 2), head_dim=8, planes=4)
-    64384
+    51984
     """
     h, g = heads
-    selected = rows * (2 * h + g) * head_dim * dtype_bytes
+    split = rows * h * head_dim * dtype_bytes
     gathered = rows * h * 2 * planes * (dtype_bytes + work_bytes)
-    return selected + gathered + rows * h * planes * work_bytes + 16 * (h + g) * planes
+    norms = 2 * rows * h * planes * work_bytes + work_bytes * rows
+    return split + gathered + norms + 16 * (h + g) * planes
 
 
 def reservoir_bytes(samples: int, channels: int) -> int:

@@ -210,17 +210,17 @@ class _Recorder:
         sel = self.selection
         assert sel is not None
         d = self.plan.layout.head_dim
-        norms = self.plane_norms[layer]
-        index = sel.on(queries.device)
-        q = queries.reshape(-1, queries.shape[-1]).index_select(0, index).detach()
-        k = keys.reshape(-1, keys.shape[-1]).index_select(0, index.to(keys.device)).detach()
+        q = queries.detach().reshape(-1, queries.shape[-1] // d, d)
+        k = keys.detach().reshape(-1, keys.shape[-1] // d, d).to(q.device)
+        # the norms of every position are taken, the selected ones summed (all of them: no selection)
+        rows = None if sel.count == q.shape[0] else sel.on(q.device)
         pairs = None
         if self.pair_index is not None:
             pairs = self.pairs_on.get(q.device)
             if pairs is None:  # one copy per device, not one per batch
                 pairs = self.pairs_on[q.device] = self.pair_index.to(q.device)
         checks: list[torch.Tensor] = []
-        norms.update(q.reshape(q.shape[0], -1, d), k.reshape(k.shape[0], -1, d), pairs, checks=checks)
+        self.plane_norms[layer].update(q, k, pairs, rows, checks=checks)
         self.checks.append((f"layer {layer} query/key rotary-pair norms", checks))
 
     def fold_cross(self, kind: Kind) -> None:

@@ -165,8 +165,8 @@ class KVStats:
                 why = "they were captured without inputs=True"
             elif not self._plane_norms:
                 why = (
-                    "the capture recorded none: a headwidget from before they were recorded, or a model "
-                    "family whose adapter gives no queries"
+                    "the capture recorded none: a headwidget from before they were recorded, a merge with "
+                    "statistics without them, or a model family whose adapter gives no queries"
                 )
             else:
                 why = f"layer {layer} has none"

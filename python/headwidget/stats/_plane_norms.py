@@ -32,21 +32,34 @@ __all__ = ["PlaneNorms", "pair_norm_sums"]
 F64 = torch.float64
 
 
-def pair_norm_sums(x: torch.Tensor, pairs: torch.Tensor | None) -> torch.Tensor:
-    """``Σ_t ‖(x_{t,n,a_m}, x_{t,n,b_m})‖`` (heads, planes), float64, of ``x`` (tokens, heads, d).
+def pair_norm_sums(
+    x: torch.Tensor, pairs: torch.Tensor | None, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``Σ_t ‖(x_{t,n,a_m}, x_{t,n,b_m})‖`` (heads, planes), float64, over rows ``t`` of ``x`` (N, heads, d).
 
     ``pairs`` (2·planes,) lists the first dims ``a_m`` of every plane, then the second dims ``b_m``;
     None means the planes are ``(m, m + d/2)`` of the whole head (half-split RoPE on every dim), which
-    needs no gather.
+    needs no gather. ``rows`` (LongTensor) sums only those rows (None: all); the norms of the other rows
+    are computed and dropped, so they may be anything, even NaN. The norms are taken in ``x``'s
+    precision (float32 for narrower floats; pairs beyond about 1e19 overflow to infinity in float32)
+    and summed in it by one matrix-vector product, as a batch's Gram is formed in float32 in
+    :class:`~headwidget.moments.Moments`.
 
-    >>> pair_norm_sums(torch.tensor([[[3.0, 4.0, 1.0]], [[0.0, 1.0, 0.0]]]), torch.tensor([0, 1]))
+    >>> x = torch.tensor([[[3.0, 4.0, 1.0]], [[0.0, 1.0, 0.0]], [[float("nan"), 0.0, 0.0]]])
+    >>> pair_norm_sums(x, torch.tensor([0, 1]), rows=torch.tensor([1, 0]))
     tensor([[6.]], dtype=torch.float64)
     """
     picked = x if pairs is None else x.index_select(-1, pairs)
     half = picked.shape[-1] // 2
-    if not picked.is_floating_point() or picked.element_size() < 4:
-        picked = picked.float()
-    return torch.hypot(picked[..., :half], picked[..., half:]).sum(0, dtype=F64)
+    first, second = picked[..., :half], picked[..., half:]
+    if picked.dtype not in (torch.float32, torch.float64):
+        first, second = first.float(), second.float()
+    norms = first.square().addcmul_(second, second).sqrt_()  # one buffer of (N, heads, planes)
+    flat = norms.reshape(norms.shape[0], -1)
+    if rows is not None:
+        flat = flat.index_select(0, rows)
+    ones = torch.ones(flat.shape[0], dtype=flat.dtype, device=flat.device)
+    return (ones @ flat).to(F64).reshape(norms.shape[1:])
 
 
 @dataclass
@@ -82,27 +95,30 @@ class PlaneNorms:
         queries: torch.Tensor,
         keys: torch.Tensor,
         pairs: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
         *,
         checks: list[torch.Tensor] | None = None,
     ) -> None:
-        """Fold in ``queries`` (n, H, d) and ``keys`` (n, G, d) of the same ``n`` tokens.
+        """Fold in the tokens ``rows`` (None: all) of ``queries`` (N, H, d) and ``keys`` (N, G, d).
 
-        ``pairs`` as :func:`pair_norm_sums` takes it, on their device. With ``checks`` (a list), a (2,)
-        bool tensor is appended: whether both sums of this batch are finite (twice, in the form
-        :meth:`Moments.update <headwidget.moments.Moments.update>` appends its flags).
+        ``pairs`` and ``rows`` as :func:`pair_norm_sums` takes them, on their device. With ``checks``
+        (a list), a (2,) bool tensor is appended in the form of :meth:`Moments.update
+        <headwidget.moments.Moments.update>`'s flags: whether this batch's sums are free of NaN (NaN
+        activations), and whether they are finite (no pair norm overflowed).
         """
-        n = int(queries.shape[0])
-        if n != int(keys.shape[0]):
+        if int(queries.shape[0]) != int(keys.shape[0]):
             raise ValueError(
-                f"{n} query rows but {int(keys.shape[0])} key rows: they must be the same tokens"
+                f"{int(queries.shape[0])} query rows but {int(keys.shape[0])} key rows: they must be "
+                "the same tokens"
             )
+        n = int(queries.shape[0]) if rows is None else int(rows.numel())
         if n == 0:
             return
-        q = pair_norm_sums(queries, pairs)
-        k = pair_norm_sums(keys, pairs)
+        q = pair_norm_sums(queries, pairs, rows)
+        k = pair_norm_sums(keys, pairs, rows)
         if checks is not None:
-            finite = torch.isfinite(q).all() & torch.isfinite(k).all()
-            checks.append(torch.stack([finite, finite]))
+            both = torch.cat([q.reshape(-1), k.reshape(-1)])
+            checks.append(torch.stack([~torch.isnan(both).any(), torch.isfinite(both).all()]))
         self.query.add_(q)
         self.key.add_(k)
         self.count += n
