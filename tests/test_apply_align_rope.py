@@ -112,7 +112,8 @@ def test_keeping_every_rotary_pair_is_the_original_model(model_type: str) -> Non
 
 
 def _plane_scores_by_brute_force(model, batches, layer: int) -> np.ndarray:
-    """RMS over real tokens of every query/key plane norm, from the projections applied by hand."""
+    """MHA2MLA's 2-norm scores: the token mean over real tokens of every query/key plane norm, from the
+    projections applied by hand, key head's times the sum over its query heads."""
     xs = record_attention_inputs(model, batches)[layer]
     rows = [x[i, : int(b["attention_mask"][i].sum())] for x, b in zip(xs, batches, strict=True)
             for i in range(x.shape[0])]  # fmt: skip
@@ -121,12 +122,11 @@ def _plane_scores_by_brute_force(model, batches, layer: int) -> np.ndarray:
     q = (x @ attn.q_proj.weight.detach().T + attn.q_proj.bias.detach()).reshape(len(x), 6, 8)
     k = (x @ attn.k_proj.weight.detach().T + attn.k_proj.bias.detach()).reshape(len(x), 2, 8)
 
-    def rms(t: torch.Tensor) -> torch.Tensor:  # (heads, 4 planes (m, m + 4))
-        sq = t[..., :4] ** 2 + t[..., 4:] ** 2
-        return sq.mean(0).sqrt()
+    def mean_norm(t: torch.Tensor) -> torch.Tensor:  # (heads, 4 planes (m, m + 4))
+        return (t[..., :4] ** 2 + t[..., 4:] ** 2).sqrt().mean(0)
 
-    q_rms, k_rms = rms(q), rms(k)
-    return (k_rms * torch.stack([q_rms[0:3].sum(0), q_rms[3:6].sum(0)])).numpy()
+    q_mean, k_mean = mean_norm(q), mean_norm(k)
+    return (k_mean * torch.stack([q_mean[0:3].sum(0), q_mean[3:6].sum(0)])).numpy()
 
 
 def test_partial_rope_keeps_the_pairs_with_the_largest_norm_products() -> None:

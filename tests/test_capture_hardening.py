@@ -46,6 +46,12 @@ def close_stats(a, b, atol: float = 1e-8, atol_post: float | None = None) -> Non
         for kind in ("key", "value"):
             ja, jb = a.head_moments(a.meta.cross_layers, kind), b.head_moments(b.meta.cross_layers, kind)
             np.testing.assert_allclose(ja.m2.numpy(), jb.m2.numpy(), rtol=1e-10, atol=atol)
+    assert sorted(a._plane_norms) == sorted(b._plane_norms)
+    for layer, na in a._plane_norms.items():  # the rotary-pair norm sums of queries and keys
+        nb = b._plane_norms[layer]
+        assert na.count == nb.count
+        for x, y in ((na.query, nb.query), (na.key, nb.key)):
+            np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=1e-10, atol=atol, err_msg=f"{layer} norms")
 
 
 # ---------------------------------------------------------------------------------- padding
@@ -360,6 +366,7 @@ CASES = [
     ("bert", torch.float64, 4, 128, {"inputs": True}),
     ("falcon_mqa", torch.float32, 8, 128, {}),
     ("deepseek_v2", torch.float64, 8, 128, {"rope": "both"}),
+    ("gpt_neox", torch.float32, 8, 96, {"inputs": True}),  # queries split out of the fused output
 ]
 
 

@@ -113,6 +113,23 @@ def add_tensor(header: dict[str, str], meta: dict[str, Any], tensors: dict[str, 
     tensors["layer1.latent.mean"] = torch.zeros(4, dtype=torch.float64)
 
 
+def drop_plane_norms_of_layer_one(
+    header: dict[str, str], meta: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> None:
+    for name in [n for n in tensors if n.startswith("layer1.plane_norms.")]:
+        del tensors[name]
+
+
+def plane_norms_of_no_layer(
+    header: dict[str, str], meta: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> None:
+    tensors["layer7.plane_norms.count"] = tensors["layer0.plane_norms.count"].clone()
+
+
+def no_rope(header: dict[str, str], meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    meta["layout"]["rope"] = {"pairing": "none", "rotary_dim": 0, "offset": 0, "post_pairing": None}
+
+
 def duplicate_json_key(
     header: dict[str, str], meta: dict[str, Any], tensors: dict[str, torch.Tensor]
 ) -> None:
@@ -259,6 +276,59 @@ LOAD_CASES: list[tuple[str, Edit, str]] = [
         "cross-layer block against its layer",
         edit_tensor("cross.key.mean", lambda t: t * 2),
         r"tensor cross\.key\.mean differs from layer0\.key in its block of layer 0",
+    ),
+    (
+        "negative plane norm",
+        edit_tensor("layer0.plane_norms.query", set_entry(4, 1, -1.0)),
+        r"tensor layer0\.plane_norms\.query has the negative entry -1 at \(4, 1\); a sum of norms is never",
+    ),
+    (
+        "NaN plane norm",
+        edit_tensor("layer1.plane_norms.key", set_entry(1, 3, math.nan)),
+        r"tensor layer1\.plane_norms\.key holds NaN or infinite values \(at \(1, 3\)\)",
+    ),
+    (
+        "plane norms of fewer planes",
+        edit_tensor("layer0.plane_norms.key", lambda t: t[:, :3].contiguous()),
+        r"tensor layer0\.plane_norms\.key must be float64 of shape \(2, 4\) \(KV heads × the rotary "
+        r"planes of meta\.layout\.rope\), but is float64 of shape \(2, 3\)",
+    ),
+    (
+        "float32 plane norms",
+        edit_tensor("layer1.plane_norms.query", lambda t: t.float()),
+        r"tensor layer1\.plane_norms\.query must be float64 of shape \(6, 4\)",
+    ),
+    (
+        "plane-norm count",
+        edit_tensor("layer1.plane_norms.count", lambda t: t.fill_(3)),
+        r"tensor layer1\.plane_norms\.count is 3, but meta\.tokens is \d+",
+    ),
+    (
+        "key norms above what the key moments allow",
+        edit_tensor("layer0.plane_norms.key", lambda t: t * 8),
+        r"tensor layer0\.plane_norms\.key KV head 0, plane 0: the sum of norms [\d.]+ lies above",
+    ),
+    (
+        "key norms below what the key moments allow",
+        edit_tensor("layer1.plane_norms.key", lambda t: t.index_fill_(1, torch.tensor([2]), 1e-3)),
+        r"tensor layer1\.plane_norms\.key KV head 0, plane 2: the sum of norms 0\.001 lies below",
+    ),
+    (
+        "plane norms of one layer only",
+        drop_plane_norms_of_layer_one,
+        r"tensor layer1\.plane_norms\.count is missing \(and 2 more\); a capture keeps rotary-pair norms "
+        r"for every captured layer or for none",
+    ),
+    (
+        "plane norms of a layer not captured",
+        plane_norms_of_no_layer,
+        r"tensor layer7\.plane_norms\.count does not belong to meta\.layers \[0, 1\]",
+    ),
+    (
+        "plane norms without RoPE",
+        no_rope,
+        r"tensor layer0\.plane_norms\.count holds rotary-pair norms, but meta\.layout\.rope says the "
+        r"model has no rotary planes",
     ),
     ("duplicate layers", set_meta("layers", value=[0, 1, 1]), r"meta\.layers lists layer 1 twice"),
     (

@@ -349,6 +349,9 @@ def check_sound(stats: KVStats, scratch: Path) -> None:
         for kind in stats._cross:
             sim = stats.head_similarity(stats.meta.cross_layers, kind, "token_cosine")
             assert in_range(sim, -1.0 - SLACK, 1.0 + SLACK), (kind, "cross")
+    for layer, norms in stats._plane_norms.items():  # what partial RoPE ranks by: finite, never negative
+        for means in (norms.query_mean(), norms.key_mean()):
+            assert bool(torch.isfinite(means).all()) and bool((means >= 0).all()), (layer, "plane norms")
     stats.summary()
     repr(stats)
     KVStats.load(stats.save(scratch / "again.safetensors"))

@@ -39,6 +39,20 @@ def assert_stats_equal(a: KVStats, b: KVStats, rtol: float = 0.0) -> None:
                 assert torch.equal(ta, tb)
             else:
                 np.testing.assert_allclose(ta.numpy(), tb.numpy(), rtol=rtol, atol=1e-12)
+    assert sorted(a._plane_norms) == sorted(b._plane_norms)
+    for layer, na in a._plane_norms.items():
+        nb = b._plane_norms[layer]
+        assert na.count == nb.count
+        for ta, tb in ((na.query, nb.query), (na.key, nb.key)):
+            if rtol == 0.0:
+                assert torch.equal(ta, tb)
+            else:
+                np.testing.assert_allclose(ta.numpy(), tb.numpy(), rtol=rtol, atol=1e-12)
+
+
+def test_the_statistics_hold_rotary_pair_norms(llama_stats):
+    _, stats = llama_stats  # inputs=True on a RoPE model: every layer's norms, compared below
+    assert sorted(stats._plane_norms) == stats.layers
 
 
 def test_save_load_round_trip_is_exact(llama_stats, tmp_path):

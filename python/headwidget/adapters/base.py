@@ -1,7 +1,8 @@
 """The adapter interface: everything headwidget knows about one model family.
 
 Capture: where K/V and the attention input live (:meth:`Adapter.taps`, :meth:`Adapter.input_tap`) and
-how recorded outputs split into heads (:meth:`Adapter.split`). Weights: where each head's Q/K/V rows and
+how recorded outputs split into heads (:meth:`Adapter.split`); where the queries the model rotates are
+(:meth:`Adapter.query_taps`, :meth:`Adapter.split_queries`). Weights: where each head's Q/K/V rows and
 O columns sit (:meth:`Adapter.head_projections`), read as :class:`~headwidget.core.weights.HeadWeights`
 (:meth:`Adapter.head_weights`). Alignment: whether per-KV-head rotations can be folded back into the
 weights exactly (:meth:`Adapter.alignment_blocker`) and folding them (:meth:`Adapter.fold_rotations`).
@@ -120,6 +121,27 @@ class Adapter:
         """The tap whose input is the attention layer's input (what enters the K/V projections)."""
         first = self.taps(attention)[0]
         return Tap(first.module, "input", on_input=True)
+
+    def query_taps(self, attention: Any) -> list[Tap] | None:
+        """The taps, beside :meth:`taps`, that :meth:`split_queries` reads (None: no queries for this family).
+
+        The base adapter gives none; families with rotary embeddings whose queries are one module's
+        output (or part of the fused projection that :meth:`taps` records) say where.
+
+        >>> from transformers import BertConfig, BertModel
+        >>> from headwidget.adapters import adapter_for
+        >>> bert = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        ...                             intermediate_size=64))
+        >>> adapter = adapter_for(bert)
+        >>> adapter.query_taps(adapter.attention_at(0)) is None
+        True
+        """
+        return None
+
+    def split_queries(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The queries ``(B, T, H·d_h)`` (head-major) as the model rotates them: after any per-head query
+        norm, before RoPE, from the slots of :meth:`taps` and :meth:`query_taps`."""
+        raise NotImplementedError(f"the {self.family} adapter gives no queries")
 
     # ------------------------------------------------------------------ weights
     def attention_at(self, layer: int) -> nn.Module:

@@ -39,6 +39,14 @@ class FusedQKVAdapter(Adapter):
         qkv = parts["qkv"]
         return {"key": self.fused.take(qkv, "k"), "value": self.fused.take(qkv, "v")}
 
+    def query_taps(self, attention: Any) -> list[Tap] | None:
+        """No taps beyond :meth:`taps`: the queries are part of the recorded fused output."""
+        return []
+
+    def split_queries(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The query features of the recorded fused output."""
+        return self.fused.take(parts["qkv"], "q")
+
     def head_projections(self, attention: Any) -> HeadProjections:
         """Q/K/V rows from the fused layout; O columns are the query heads' blocks of the input."""
         f = self.fused

@@ -63,6 +63,14 @@ class LlamaAdapter(Adapter):
     def input_tap(self, attention: Any) -> Tap:
         return Tap(attention.k_proj, "input", on_input=True)
 
+    def query_taps(self, attention: Any) -> list[Tap] | None:
+        # As for keys: a model that normalises its query heads (q_norm) rotates the normed queries.
+        return [Tap(getattr(attention, "q_norm", None) or attention.q_proj, "query")]
+
+    def split_queries(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        query = parts["query"]
+        return query.reshape(*query.shape[:2], -1)
+
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         key = parts["key"]
         return {

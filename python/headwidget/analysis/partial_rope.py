@@ -1,17 +1,24 @@
 """Partial RoPE: which rotary frequency pairs of each KV head keep rotating, and the MLA latent beside them.
 
-**Which pairs** (MHA2MLA's 2-norm criterion, from second moments). Query head h's and KV head g's
-components on rotary plane m are ``q_{h,m}`` and ``k_{g,m}`` (2 dims each); RoPE rotates both by the
-same kind of 2×2 rotation, so their norms are the same before and after it and ``|q_{h,m}·k_{g,m}| ≤
-‖q_{h,m}‖ ‖k_{g,m}‖``. From the attention input's uncentred second moment ``E[x xᵀ]`` (and mean, for
-the biases) the mean squares ``E‖q_{h,m}‖²`` and ``E‖k_{g,m}‖²`` over the captured tokens are exact,
-and the score of plane m of KV head g is
+**Which pairs** (MHA2MLA's 2-norm criterion, as its authors' ``src/mha2mla/2_norm.py`` computes it).
+Query head h's and KV head g's components on rotary plane m are ``q_{h,m}`` and ``k_{g,m}`` (2 dims
+each; the planes are the model's own, ``2_norm.py`` pairs dims (m, m + d/2) as HF's half-split RoPE
+does) of the queries and keys the model rotates: the pre-RoPE projection outputs (``2_norm.py``:
+``q_proj(x)``, ``k_proj(x)`` of the attention input), after the query/key norm where the model has one
+(``q_norm``/``k_norm``, which ``2_norm.py``, written for Llama and Qwen2, never meets; headwidget takes
+what RoPE is applied to). RoPE turns each pair by a 2×2 rotation, so a pair's norm is the same before
+and after it. The score of plane m of KV head g is
 
-    ``score_{g,m} = sqrt(E‖k_{g,m}‖²) · Σ_{h reads g} sqrt(E‖q_{h,m}‖²)``
+    ``score_{g,m} = mean_t ‖k_{g,m}‖ · Σ_{h reads g} mean_t ‖q_{h,m}‖``
 
-— the product of root-mean-square norms, which bounds the token mean of ``‖q_{h,m}‖·‖k_{g,m}‖`` from
-above (Cauchy–Schwarz) and needs no per-token queries. The ``r`` planes with the largest scores keep
-rotating (ties: the lower plane index); the other planes lose their rotation.
+— each query head's token-mean pair norm times its KV head's, summed over the query heads of the group
+(``2_norm.py``: ``qk_states = query_states * key_states`` summed over ``group_size``): the norms are
+taken per head before anything is summed, and averaged over the captured tokens (``2_norm.py``
+averages over each sequence's positions, then over its sequences, all of one length; headwidget
+averages over the real tokens, never padding, which is the same for sequences of one length). The
+means come from the sums a capture with ``inputs=True`` keeps (:meth:`KVStats.plane_norms
+<headwidget.stats.KVStats.plane_norms>`). The ``r`` planes with the largest scores keep rotating (ties:
+the lower plane index; ``2_norm.py`` sorts without a tie rule); the other planes lose their rotation.
 
 **The latent** (the deployable MLA of MHA2MLA / TransMLA): the kept rotary key rows stay as they are
 (cached per KV head: ``G·2r`` elements), and the rows of the non-rotary key dims of every KV head and of
@@ -21,13 +28,11 @@ weighted norm ``‖(W − Ŵ) Σ_x^{1/2}‖_F`` (weight space: ``Σ_x = I``), ca
 
 Example:
     >>> import torch
-    >>> z = torch.zeros(2, 4, 3, dtype=torch.float64)
-    >>> q = z.clone(); q[:, 1, 0] = q[:, 3, 0] = 1.0  # both heads live on plane 1 = dims (1, 3)
-    >>> w = HeadWeights(q=q, k=q.clone(), v=z.clone(), o=z.transpose(1, 2).clone())
-    >>> scores = plane_scores(w, torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
-    ...                       [(0, 2), (1, 3)])
-    >>> scores.round(decimals=9).tolist(), kept_planes(scores, 1).tolist()
-    ([[0.0, 2.0], [0.0, 2.0]], [[1], [1]])
+    >>> query = torch.tensor([[1.0, 2.0], [3.0, 0.5]], dtype=torch.float64)  # 2 query heads, 2 planes
+    >>> key = torch.tensor([[1.0, 1.0]], dtype=torch.float64)  # both read the one KV head
+    >>> scores = plane_scores(query, key, torch.tensor([0, 0]))
+    >>> scores.tolist(), kept_planes(scores, 1).tolist()
+    ([[4.0, 2.5]], [[0]])
 """
 
 from __future__ import annotations
@@ -41,45 +46,21 @@ from headwidget.analysis.conversions import top_projection_factors
 from headwidget.core.weights import HeadWeights
 from headwidget.errors import RankRangeError
 
-__all__ = ["LatentFit", "keep_mask", "kept_planes", "partial_rope_latent", "plane_scores", "row_mean_squares"]
+__all__ = ["LatentFit", "keep_mask", "kept_planes", "partial_rope_latent", "plane_scores"]
 
 F64 = torch.float64
 
 
-def row_mean_squares(
-    w: torch.Tensor, bias: torch.Tensor | None, second: torch.Tensor, mean: torch.Tensor
-) -> torch.Tensor:
-    """``E[(w_i·x + b_i)²]`` for every row i of ``w`` (…, d), from ``E[x xᵀ]`` (d, d) and ``E[x]`` (d,).
-
-    >>> second = torch.tensor([[2.0, 0.0], [0.0, 3.0]], dtype=torch.float64)
-    >>> row_mean_squares(torch.tensor([[1.0, 1.0]], dtype=torch.float64), torch.tensor([1.0]),
-    ...                  second, torch.tensor([0.5, 0.0], dtype=torch.float64)).tolist()
-    [7.0]
-    """
-    quad = torch.einsum("...a,ab,...b->...", w, second, w)
-    if bias is None:
-        return quad
-    return quad + 2 * bias * (w @ mean) + bias * bias
-
-
-def plane_scores(
-    w: HeadWeights, second: torch.Tensor, mean: torch.Tensor, planes: Sequence[tuple[int, int]]
-) -> torch.Tensor:
+def plane_scores(query: torch.Tensor, key: torch.Tensor, kv_of: torch.Tensor) -> torch.Tensor:
     """(G, planes) 2-norm scores of every rotary plane of every KV head (see the module docstring).
 
-    ``second`` is the attention input's uncentred second moment ``E[x xᵀ]``, ``mean`` its ``E[x]``.
+    ``query`` (H, planes) and ``key`` (G, planes) are the token-mean pair norms ``mean_t ‖q_{h,m}‖`` and
+    ``mean_t ‖k_{g,m}‖`` (:meth:`PlaneNorms.query_mean <headwidget.stats.PlaneNorms.query_mean>`,
+    :meth:`~headwidget.stats.PlaneNorms.key_mean`); query head h reads KV head ``kv_of[h]``.
     """
-    p = torch.tensor([a for a, _ in planes], dtype=torch.long)
-    q = torch.tensor([b for _, b in planes], dtype=torch.long)
-
-    def plane_rms(weights: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        rows = row_mean_squares(weights, bias, second, mean)  # (heads, d_h)
-        return (rows[:, p] + rows[:, q]).clamp_min(0).sqrt()
-
-    q_rms = plane_rms(w.q, w.q_bias)  # (H, planes)
-    k_rms = plane_rms(w.k, w.k_bias)  # (G, planes)
-    per_kv = torch.zeros_like(k_rms).index_add_(0, w.kv_of, q_rms)
-    return k_rms * per_kv
+    kv_of = kv_of.to(query.device, torch.long)
+    per_kv = torch.zeros_like(key).index_add_(0, kv_of, query.to(key.dtype))
+    return key * per_kv
 
 
 def kept_planes(scores: torch.Tensor, r: int) -> torch.Tensor:

@@ -14,8 +14,10 @@
   otherwise); each group's rotations are fitted jointly by :func:`~headwidget.analysis.align_model.
   fit_group_rotations` (keys RoPE-compatible, values orthogonal), applied by :func:`~headwidget.analysis.
   merging.rotate_heads`, the groups made contiguous and merged by their means (:mod:`.merging`).
-- ``rope:r``: the weights are unchanged and each KV head keeps the ``r`` planes that
-  :func:`~headwidget.analysis.partial_rope.plane_scores` ranks highest rotating; the cost is unchanged.
+- ``rope:r``: the weights are unchanged and each KV head keeps rotating the ``r`` planes that
+  :func:`~headwidget.analysis.partial_rope.plane_scores` ranks highest (MHA2MLA's 2-norm criterion:
+  ``mean_t ‖k_{g,m}‖ · Σ_h mean_t ‖q_{h,m}‖``, from the rotary-pair norms of a capture with
+  ``inputs=True``); the cost is unchanged.
 - ``mla:d_c+rope:r``: those planes, plus :func:`~headwidget.analysis.partial_rope.partial_rope_latent`
   for the rest; cost ``d_c + G·2r``.
 
@@ -45,7 +47,12 @@ from headwidget.analysis.partial_rope import keep_mask, kept_planes, partial_rop
 from headwidget.analysis.procrustes import HeadSplit
 from headwidget.analysis.variants import VariantSpec
 from headwidget.core.weights import HeadWeights
-from headwidget.errors import GroupCountError, MissingStatisticsError, UnsupportedConversionError
+from headwidget.errors import (
+    GroupCountError,
+    MissingStatisticsError,
+    StatsMismatchError,
+    UnsupportedConversionError,
+)
 from headwidget.stats import KVStats
 
 __all__ = ["LayerFit", "align_groups", "aligned_heads", "fit_layer", "rope_keep"]
@@ -132,15 +139,37 @@ def aligned_heads(
 def rope_keep(
     w: HeadWeights, stats: KVStats | None, layer: int, pairs: int, rope_planes: Sequence[tuple[int, int]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(keep (G, d_h) bool, kept planes (G, r))`` of partial RoPE with ``pairs`` planes per KV head."""
+    """``(keep (G, d_h) bool, kept planes (G, r))`` of partial RoPE with ``pairs`` planes per KV head.
+
+    The planes are ranked by :func:`~headwidget.analysis.partial_rope.plane_scores` of the token-mean
+    rotary-pair norms in ``stats`` (:meth:`KVStats.plane_norms <headwidget.stats.KVStats.plane_norms>`).
+
+    Raises:
+        MissingStatisticsError: no statistics of ``layer``, or statistics without the pair norms
+            (captured without ``inputs=True``, or by a headwidget that did not record them).
+    """
     if not rope_planes:
         raise UnsupportedConversionError("partial RoPE needs a model with rotary position embeddings")
-    stats = _need(stats, layer, ["input"], f"rope:{pairs} (the 2-norm ranking of rotary pairs)",
-                  "capture them with inputs=True")  # fmt: skip
-    m = stats.moments(layer, "input")
-    mean = m.mean.to("cpu", F64)
-    second = (m.gram() / max(m.count, 1)).to("cpu", F64)
-    kept = kept_planes(plane_scores(w, second, mean, rope_planes), pairs)
+    what = f"rope:{pairs} (MHA2MLA's ranking of rotary pairs by query and key 2-norms)"
+    if stats is None or layer not in stats.layers:
+        problem = "no statistics were given" if stats is None else f"layer {layer} was not captured"
+        raise MissingStatisticsError(
+            f"{what} needs the per-pair query/key norms of layer {layer}: {problem}; capture them from "
+            "this model with inputs=True"
+        )
+    try:
+        norms = stats.plane_norms(layer)
+    except MissingStatisticsError as err:
+        raise MissingStatisticsError(f"{what}: {err}") from err
+    have = (int(norms.query.shape[0]), int(norms.key.shape[0]), norms.planes)
+    if have != (w.num_heads, w.num_kv_heads, len(rope_planes)):
+        raise StatsMismatchError(
+            f"{what}: the statistics hold norms of {have[0]} query heads, {have[1]} KV heads and "
+            f"{have[2]} rotary planes, but layer {layer} has {w.num_heads}, {w.num_kv_heads} and "
+            f"{len(rope_planes)}; capture them from this model"
+        )
+    scores = plane_scores(norms.query_mean().to("cpu", F64), norms.key_mean().to("cpu", F64), w.kv_of)
+    kept = kept_planes(scores, pairs)
     return keep_mask(kept, rope_planes, int(w.k.shape[1])), kept
 
 
@@ -189,8 +218,9 @@ def fit_layer(
     change it).
 
     Raises:
-        MissingStatisticsError: ``+align`` without key/value statistics, partial RoPE without
-            ``inputs=True``, or a data-aware fit (``stats`` given) whose layer has no input statistics.
+        MissingStatisticsError: ``+align`` without key/value statistics, partial RoPE without the
+            rotary-pair norms of ``inputs=True`` (statistics of an older capture lack them too), or a
+            data-aware fit (``stats`` given) whose layer has no input statistics.
         GroupCountError, RankRangeError: a G, r or d_c the layer does not allow.
         UnsupportedConversionError: a result the family cannot hold.
     """

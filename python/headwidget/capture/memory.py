@@ -5,8 +5,9 @@ A capture's peak on a device is the sum of three parts, each an upper bound for 
 
 - the float64 accumulators (:func:`accumulator_bytes`);
 - the working memory of folding one batch into them (:func:`update_bytes`: the selected rows, their
-  float32 copies, the batch co-moment and Grams in float32 and float64), and for cross-layer
-  statistics the per-layer rows kept until the last cross layer and their concatenation;
+  float32 copies, the batch co-moment and Grams in float32 and float64; with ``inputs=True`` on a RoPE
+  model also the rotary-pair norms of queries and keys, :func:`plane_norm_update_bytes`), and for
+  cross-layer statistics the per-layer rows kept until the last cross layer and their concatenation;
 - the model's own forward pass up to the last captured layer (:func:`forward_bytes`: one layer's
   activations, the attention mask and, for eager attention, the attention scores).
 
@@ -37,6 +38,7 @@ __all__ = [
     "default_budget",
     "format_bytes",
     "forward_bytes",
+    "plane_norm_update_bytes",
     "reservoir_bytes",
     "reservoir_key_bytes",
     "sample_update_bytes",
@@ -97,6 +99,25 @@ def update_bytes(rows: int, channels: int, heads: int, work_bytes: int = 4) -> i
     """
     vectors = rows * channels
     return 4 * work_bytes * vectors + 2 * work_bytes * rows * heads + 24 * channels * channels
+
+
+def plane_norm_update_bytes(
+    rows: int, heads: tuple[int, int], head_dim: int, planes: int, dtype_bytes: int = 4, work_bytes: int = 4
+) -> int:
+    """Peak working memory of folding ``rows`` token positions into one layer's rotary-pair norm sums.
+
+    ``heads`` is (query heads, KV heads). For the larger (query) side: the queries split out of a
+    fused projection's output, the gathered pair dims (in the model's ``dtype_bytes``) and their float
+    copy, the pairs' norms and the selected rows of them (``work_bytes``); and the float64 sums.
+
+    >>> plane_norm_update_bytes(rows=100, heads=(4, 2), head_dim=8, planes=4)
+    51984
+    """
+    h, g = heads
+    split = rows * h * head_dim * dtype_bytes
+    gathered = rows * h * 2 * planes * (dtype_bytes + work_bytes)
+    norms = 2 * rows * h * planes * work_bytes + work_bytes * rows
+    return split + gathered + norms + 16 * (h + g) * planes
 
 
 def reservoir_bytes(samples: int, channels: int) -> int:

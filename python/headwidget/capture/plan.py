@@ -20,6 +20,7 @@ from headwidget.capture.memory import (
     default_budget,
     format_bytes,
     forward_bytes,
+    plane_norm_update_bytes,
     reservoir_bytes,
     reservoir_key_bytes,
     sample_update_bytes,
@@ -28,6 +29,7 @@ from headwidget.capture.memory import (
 from headwidget.core.kinds import Kind
 from headwidget.core.layout import AttentionLayout
 from headwidget.errors import CaptureInputError, LayerIndexError, MemoryBudgetError, RopeCaptureError
+from headwidget.stats import PlaneNorms
 
 __all__ = ["CapturePlan", "module_device"]
 
@@ -51,6 +53,9 @@ class CapturePlan:
     devices: list[torch.device]  # one per captured layer
     forward: ForwardShape
     samples: int = 0  # token rows sampled per (layer, kind)
+    #: Whether the token sums of every rotary pair's query/key norms are kept (inputs=True, RoPE
+    #: models whose adapter gives the queries): partial RoPE's ranking.
+    plane_norms: bool = False
 
     @classmethod
     def make(
@@ -127,7 +132,10 @@ class CapturePlan:
         taps = [adapter.taps(m)[0].module for m in attention]
         devices = [module_device(t) for t in taps]
         forward = ForwardShape.of(adapter.model, layout)
-        return cls(layout, chosen, kinds, cross, attention, devices, forward, int(samples))
+        plane_norms = inputs and layout.rope.uses_rope and adapter.query_taps(attention[0]) is not None
+        plan = cls(layout, chosen, kinds, cross, attention, devices, forward, int(samples))
+        plan.plane_norms = bool(plane_norms)
+        return plan
 
     # ------------------------------------------------------------------ memory
     def head_kinds(self) -> list[Kind]:
@@ -155,12 +163,18 @@ class CapturePlan:
         def fold_and_sample(channels: int, head_dim: int | None) -> int:
             return fold(channels, head_dim) + (sample_update_bytes(r, tokens, channels, w) if r else 0)
 
+        planes = len(lay.rope.planes()) if self.plane_norms else 0
         out: dict[torch.device, int] = {}
         for device in self.devices:
             out[device] = out.get(device, 0) + accumulator_bytes(shapes)
             out[device] += sum(reservoir_bytes(r, c) for c, _ in shapes)
+            out[device] += PlaneNorms.nbytes(lay.num_heads, lay.num_kv_heads, planes)
         for device in set(self.devices):
-            out[device] += max(fold_and_sample(c, hd) for c, hd in shapes)
+            folds = [fold_and_sample(c, hd) for c, hd in shapes]
+            if planes:
+                heads = (lay.num_heads, lay.num_kv_heads)
+                folds.append(plane_norm_update_bytes(tokens, heads, lay.head_dim, planes, b, w))
+            out[device] += max(folds)
             out[device] += forward_bytes(fwd, batch_size, max_length)
         if r:
             cpu = torch.device("cpu")

@@ -1,9 +1,10 @@
 """``capture``: run a model over texts with hooks that stream K/V statistics, then remove every hook.
 
 The hooks record the key/value projection outputs (and, on request, the attention input and post-RoPE
-keys) of each captured layer, select the non-padding tokens, and fold them into float64 moments on that
-layer's device. The forward pass stops after the last captured layer's attention, so the rest of the
-network (and the LM head) is never computed.
+keys; with the attention input of a RoPE model also the queries) of each captured layer, select the
+non-padding tokens, and fold them into float64 moments (and the queries' and keys' rotary-pair norm
+sums) on that layer's device. The forward pass stops after the last captured layer's attention, so the
+rest of the network (and the LM head) is never computed.
 
 Nothing is changed in the model: hooks are removed on normal exit, on exceptions and on
 KeyboardInterrupt, training flags are never touched, and the computation of every layer is the
@@ -43,7 +44,7 @@ from headwidget.errors import (
     RopeCaptureError,
 )
 from headwidget.moments import Moments
-from headwidget.stats import SAMPLE_SEED, KVStats, StatsMeta, config_fingerprint
+from headwidget.stats import SAMPLE_SEED, KVStats, PlaneNorms, StatsMeta, config_fingerprint
 
 __all__ = ["capture", "estimate"]
 
@@ -95,6 +96,19 @@ class _Recorder:
                         plan.samples, lay.channels_of(kind), dtype=torch.float32, device=device
                     )
         self.sample_step: ReservoirStep | None = None
+        # the rotary-pair norm sums of queries and keys, and the pair dims they gather
+        self.plane_norms: dict[int, PlaneNorms] = {}
+        self.pair_index: torch.Tensor | None = None
+        self.pairs_on: dict[torch.device, torch.Tensor] = {}
+        if plan.plane_norms:
+            planes = lay.rope.planes()
+            for layer, device in zip(plan.layers, plan.devices, strict=True):
+                self.plane_norms[layer] = PlaneNorms.empty(
+                    heads=lay.num_heads, kv_heads=lay.num_kv_heads, planes=len(planes), device=device
+                )
+            index = torch.tensor([a for a, _ in planes] + [b for _, b in planes], dtype=torch.long)
+            # half-split RoPE on every dim: the planes are the two halves of a head, nothing to gather
+            self.pair_index = None if torch.equal(index, torch.arange(lay.head_dim)) else index
         self.parts: dict[int, dict[str, torch.Tensor]] = {layer: {} for layer in plan.layers}
         self.pending_cross: dict[Kind, dict[int, torch.Tensor]] = {k: {} for k in self.cross}
         self.selection: TokenSelection | None = None
@@ -159,6 +173,8 @@ class _Recorder:
         post = parts.pop("key_post", None)
         attention_input = parts.pop("input", None)
         by_kind = self.adapter.split(parts)
+        if layer in self.plane_norms:
+            self.fold_plane_norms(layer, self.adapter.split_queries(parts), by_kind["key"])
         if attention_input is not None:
             by_kind["input"] = attention_input
         if "key_post" in self.plan.kinds:
@@ -190,6 +206,24 @@ class _Recorder:
             if kind in self.pending_cross and layer in (self.plan.cross_layers or []):
                 self.pending_cross[kind][layer] = x
                 self.fold_cross(kind)
+
+    def fold_plane_norms(self, layer: int, queries: torch.Tensor, keys: torch.Tensor) -> None:
+        """Fold the selected tokens' query and key heads (B, T, heads·d_h) into the layer's pair norms."""
+        sel = self.selection
+        assert sel is not None
+        d = self.plan.layout.head_dim
+        q = queries.detach().reshape(-1, queries.shape[-1] // d, d)
+        k = keys.detach().reshape(-1, keys.shape[-1] // d, d).to(q.device)
+        # the norms of every position are taken, the selected ones summed (all of them: no selection)
+        rows = None if sel.count == q.shape[0] else sel.on(q.device)
+        pairs = None
+        if self.pair_index is not None:
+            pairs = self.pairs_on.get(q.device)
+            if pairs is None:  # one copy per device, not one per batch
+                pairs = self.pairs_on[q.device] = self.pair_index.to(q.device)
+        checks: list[torch.Tensor] = []
+        self.plane_norms[layer].update(q, k, pairs, rows, checks=checks)
+        self.checks.append((f"layer {layer} query/key rotary-pair norms", checks))
 
     def fold_cross(self, kind: Kind) -> None:
         pending = self.pending_cross[kind]
@@ -345,7 +379,10 @@ def capture(
         rope: ``"pre"`` (key-projection output), ``"post"`` (the keys attention uses, kind
             ``"key_post"``) or ``"both"``.
         skip_first_token: drop each sequence's first real token (BOS / attention sink).
-        inputs: also accumulate the attention input's moments (kind ``"input"``).
+        inputs: also accumulate the attention input's moments (kind ``"input"``) and, for a model
+            with rotary embeddings, the token sums of every rotary pair's 2-norm of the queries and
+            keys (:meth:`KVStats.plane_norms <headwidget.stats.KVStats.plane_norms>`), which partial
+            RoPE (``rope:r``) ranks the pairs by.
         cross_layer: layers (or ``True`` for all captured) whose heads get joint statistics, needed
             to compare heads of different layers.
         max_memory: bytes the capture may allocate per device — statistics, one batch's working
@@ -412,6 +449,8 @@ def capture(
             taps = list(adapter.taps(attention))
             if "input" in plan.kinds:
                 taps.append(adapter.input_tap(attention))
+            if plan.plane_norms:
+                taps.extend(adapter.query_taps(attention) or [])
             for tap in taps:
                 stack.callback(recorder.tap_hook(layer, tap).remove)
             stack.callback(recorder.layer_done_hook(layer, attention).remove)
@@ -486,7 +525,7 @@ def capture(
         sample_size=plan.samples,
         sample_seed=sample_seed if plan.samples else 0,
     )
-    return KVStats(meta, recorder.moments, recorder.cross, recorder.samples())
+    return KVStats(meta, recorder.moments, recorder.cross, recorder.samples(), recorder.plane_norms)
 
 
 def estimate(

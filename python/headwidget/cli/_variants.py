@@ -2,8 +2,9 @@
 against the model before any statistics are captured.
 
 - ``+align`` (``mqa+align``, ``gqa:G+align``) needs key and value statistics;
-- ``lrkv:r`` and ``mla:d_c`` are fitted data-aware, and ``rope:r`` / ``mla:d_c+rope:r`` rank the rotary
-  pairs, from the attention input's statistics (``inputs=True``);
+- ``lrkv:r`` and ``mla:d_c`` are fitted data-aware from the attention input's statistics, and
+  ``rope:r`` / ``mla:d_c+rope:r`` rank the rotary pairs by the query/key pair norms recorded with them
+  (both ``inputs=True``);
 - ``kv:cq{c}c{b}b`` fits its codebooks on token samples of the post-RoPE keys and the values
   (``samples=R``, ``rope="both"``); ``kv:int{b}`` quantizes each group by its own range and needs none;
 - ``model``, ``mha``, ``gqa:G`` and ``mqa`` need none.

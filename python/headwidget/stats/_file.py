@@ -21,6 +21,7 @@ from headwidget.errors import StatsFileError
 from headwidget.files import NotRegularFileError, atomic_output
 from headwidget.moments import Moments
 from headwidget.stats._meta import FORMAT, FORMAT_VERSION, StatsMeta
+from headwidget.stats._plane_norms import PlaneNorms
 from headwidget.stats._samples import SEED_LIMIT
 
 __all__ = ["read_stats", "write_stats"]
@@ -32,11 +33,13 @@ def write_stats(
     moments: dict[tuple[int, Kind], Moments],
     cross: dict[Kind, Moments],
     samples: dict[tuple[int, Kind], torch.Tensor] | None = None,
+    plane_norms: dict[int, PlaneNorms] | None = None,
 ) -> Path:
-    """Write one capture's moments, token samples and metadata to ``path`` atomically.
+    """Write one capture's moments, token samples, plane norms and metadata to ``path`` atomically.
 
     See :mod:`headwidget.files` for what atomically means here. Samples are the float32 tensors
-    ``layer{L}.{kind}.samples``.
+    ``layer{L}.{kind}.samples``; the per-pair query/key norm sums of a layer are
+    ``layer{L}.plane_norms.count`` / ``.query`` / ``.key``.
     """
     from safetensors import SafetensorError
     from safetensors.torch import save_file
@@ -48,6 +51,8 @@ def write_stats(
         tensors.update(m.to_tensors(f"cross.{kind}"))
     for (layer, kind), rows in sorted((samples or {}).items()):
         tensors[f"layer{layer}.{kind}.samples"] = rows.detach().cpu().contiguous()
+    for layer, norms in sorted((plane_norms or {}).items()):
+        tensors.update(norms.to_tensors(f"layer{layer}.{_PLANE_NORMS}"))
     header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": json.dumps(meta.to_json())}
     try:
         with atomic_output(path) as tmp:
@@ -67,9 +72,14 @@ def write_stats(
 def read_stats(
     path: Path,
 ) -> tuple[
-    StatsMeta, dict[tuple[int, Kind], Moments], dict[Kind, Moments], dict[tuple[int, Kind], torch.Tensor]
+    StatsMeta,
+    dict[tuple[int, Kind], Moments],
+    dict[Kind, Moments],
+    dict[tuple[int, Kind], torch.Tensor],
+    dict[int, PlaneNorms],
 ]:
-    """The metadata, moments and token samples (on the CPU) of the file at ``path``, every field checked."""
+    """The metadata, moments, token samples and plane norms (on the CPU) of the file at ``path``, every
+    field checked. A file without plane norms (written before they were recorded) gives none."""
     if not path.exists():
         raise StatsFileError(f"no statistics file at {path}")
     if not path.is_file():
@@ -80,9 +90,11 @@ def read_stats(
     header, tensors = _read_safetensors(path)
     check = _FileCheck(path)
     meta = check.header(header)
-    moments, cross = check.moments(tensors, meta)
+    norm_tensors = {name: t for name, t in tensors.items() if name.split(".")[1:2] == [_PLANE_NORMS]}
+    moments, cross = check.moments({n: t for n, t in tensors.items() if n not in norm_tensors}, meta)
     samples = check.samples(tensors, meta, moments)
-    return meta, moments, cross, samples
+    planes = check.plane_norms(norm_tensors, meta, moments)
+    return meta, moments, cross, samples, planes
 
 
 #: Relative slack for rounding: float32 Grams folded into float64 sums are off by well under 1e-4.
@@ -95,6 +107,9 @@ _CHUNK = 1 << 22
 _SAMPLE_EPS = 1e-6
 #: Absolute slack of a sampled value's distance from its mean (subnormal rounding).
 _TINY = 1e-30
+#: The middle part of the names of a layer's plane-norm tensors, ``layer{L}.plane_norms.{part}``.
+_PLANE_NORMS = "plane_norms"
+_PLANE_PARTS = ("count", "query", "key")
 _MECHANISMS = ("mha", "gqa", "mqa", "mla")
 #: A weight fingerprint as :func:`~headwidget.adapters.fingerprint.weight_fingerprint` writes it.
 _FINGERPRINT = re.compile(r"[0-9a-f]{16}")
@@ -508,6 +523,95 @@ class _FileCheck:
                     f"row {start + a} has {float(x[a, c]):.6g} on channel {c}, "
                     f"{float(gap[a, c]):.6g} from the channel's mean {float(m.mean[c]):.6g}, but the "
                     f"co-moment allows a captured token at most {float(scale[c]):.6g}",
+                )
+
+    def plane_norms(
+        self, tensors: dict[str, torch.Tensor], meta: StatsMeta, moments: dict[tuple[int, Kind], Moments]
+    ) -> dict[int, PlaneNorms]:
+        """Each layer's rotary-pair norm sums of queries and keys (``tensors``: the ``layer{L}.plane_norms.*``
+        ones; none in a file written before they were recorded).
+
+        Every captured layer has them or none does, and only a model with rotary planes. Each layer's
+        ``count`` is ``meta.tokens``; ``query`` (H, planes) and ``key`` (G, planes) are float64 sums of
+        norms: finite, never negative, zero without tokens. With keys captured, each key sum
+        ``S₁ = Σ_t ‖k_m‖`` lies where the key moments' ``S₂ = Σ_t ‖k_m‖²`` put it: ``√S₂ ≤ S₁ ≤ √(n·S₂)``
+        (Cauchy–Schwarz), up to rounding.
+        """
+        if not tensors:
+            return {}
+        layout = meta.layout
+        planes = layout.rope.planes()
+        if not planes:
+            self.fail(
+                f"tensor {min(tensors)}",
+                "holds rotary-pair norms, but meta.layout.rope says the model has no rotary planes",
+            )
+        names = {f"layer{layer}.{_PLANE_NORMS}.{part}" for layer in meta.layers for part in _PLANE_PARTS}
+        extra = sorted(set(tensors) - names)
+        if extra:
+            self.fail(
+                f"tensor {extra[0]}",
+                f"does not belong to meta.layers {meta.layers} (each captured layer L has "
+                f"layer{{L}}.{_PLANE_NORMS}.count, .query and .key)",
+            )
+        missing = sorted(names - set(tensors))
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            self.fail(
+                f"tensor {missing[0]}",
+                f"is missing{more}; a capture keeps rotary-pair norms for every captured layer or for none",
+            )
+        shapes = {"query": (layout.num_heads, len(planes)), "key": (layout.num_kv_heads, len(planes))}
+        out: dict[int, PlaneNorms] = {}
+        for layer in meta.layers:
+            name = f"layer{layer}.{_PLANE_NORMS}"
+            prefix = f"tensor {name}"
+            count = int(self.tensor(tensors, f"{name}.count", torch.int64, (1,))[0])
+            if count != meta.tokens:
+                self.fail(
+                    f"{prefix}.count",
+                    f"is {count}, but meta.tokens is {meta.tokens} (the norms are summed over the same "
+                    "tokens as the moments)",
+                )
+            sums = {}
+            for part, shape in shapes.items():
+                heads = "query heads" if part == "query" else "KV heads"
+                why = f" ({heads} × the rotary planes of meta.layout.rope)"
+                t = self.tensor(tensors, f"{name}.{part}", torch.float64, shape, why)
+                if bool((t < 0).any()):
+                    at = _first(t < 0)
+                    self.fail(
+                        f"{prefix}.{part}",
+                        f"has the negative entry {float(t[at]):.6g} at {at}; a sum of norms is never "
+                        "negative",
+                    )
+                if count == 0 and bool(t.any()):
+                    self.fail(f"{prefix}.{part}", "is not zero although no tokens were counted")
+                sums[part] = t
+            if "key" in meta.kinds:
+                self.key_norm_bounds(f"{prefix}.key", sums["key"], moments[(layer, "key")], planes, count)
+            out[layer] = PlaneNorms(count, sums["query"], sums["key"])
+        return out
+
+    def key_norm_bounds(
+        self, field: str, sums: torch.Tensor, keys: Moments, planes: Sequence[tuple[int, int]], count: int
+    ) -> None:
+        """``√S₂ ≤ S₁ ≤ √(n·S₂)`` for every KV head and plane (see :meth:`plane_norms`)."""
+        squares = torch.diagonal(keys.gram()).clamp_min(0).reshape(sums.shape[0], -1)
+        a = torch.tensor([p for p, _ in planes], dtype=torch.long)
+        b = torch.tensor([q for _, q in planes], dtype=torch.long)
+        s2 = squares[:, a] + squares[:, b]
+        low, high = s2.sqrt(), (count * s2).sqrt()
+        below = sums < (1 - _RTOL) * low - _TINY
+        above = sums > (1 + _RTOL) * high + _TINY
+        for bad, bound, side in ((below, low, "below"), (above, high, "above")):
+            if bool(bad.any()):
+                g, m = _first(bad)
+                self.fail(
+                    field,
+                    f"KV head {g}, plane {m}: the sum of norms {float(sums[g, m]):.6g} lies {side} "
+                    f"{float(bound[g, m]):.6g}, which the key moments (layer's key m2 and mean) allow: a "
+                    "sum of n norms lies between the root of their sum of squares and √n times it",
                 )
 
     def same_tokens(self, kind: Kind, i: int, layer: int, joint: Moments, own: Moments) -> None:

@@ -14,6 +14,7 @@ from headwidget.core.kinds import Kind, check_kind
 from headwidget.errors import (
     CrossLayerMissingError,
     LayerIndexError,
+    MissingStatisticsError,
     StatsMismatchError,
     UnknownKindError,
     UnknownMetricError,
@@ -22,6 +23,7 @@ from headwidget.moments import HEAD_METRICS, Moments, channel_corr_from_moments,
 from headwidget.moments.correlation import resolve_channels
 from headwidget.stats._file import read_stats, write_stats
 from headwidget.stats._meta import StatsMeta
+from headwidget.stats._plane_norms import PlaneNorms
 from headwidget.stats._samples import NoSamplesError, SamplePart, all_reduce_samples, merge_samples
 
 __all__ = ["KVStats"]
@@ -49,11 +51,13 @@ class KVStats:
         moments: dict[tuple[int, Kind], Moments],
         cross: dict[Kind, Moments] | None = None,
         samples: dict[tuple[int, Kind], torch.Tensor] | None = None,
+        plane_norms: dict[int, PlaneNorms] | None = None,
     ) -> None:
         self.meta = meta
         self._moments = moments
         self._cross = cross or {}
         self._samples = samples or {}
+        self._plane_norms = plane_norms or {}
 
     # ------------------------------------------------------------------ access
     @property
@@ -128,6 +132,50 @@ class KVStats:
                 "samples=4096) to keep a uniform sample of R token rows per layer and kind"
             )
         return self._samples[key]
+
+    def plane_norms(self, layer: int) -> PlaneNorms:
+        """Token sums of every rotary pair's 2-norm of the queries and keys of one layer.
+
+        Kept by ``capture(..., inputs=True)`` for models with rotary embeddings whose adapter gives
+        the queries: ``query`` (H, planes) and ``key`` (G, planes) sums over the captured tokens, planes
+        in the order of ``meta.layout.rope.planes()`` (see :mod:`headwidget.stats._plane_norms`). They are
+        what ``rope:r`` ranks the rotary pairs by. The tensors are the stored ones: clone before changing.
+
+        Raises:
+            MissingStatisticsError: the statistics hold none (captured without ``inputs=True``, of a
+                model without rotary embeddings, or by a headwidget that did not record them).
+
+        Example:
+            >>> import torch, headwidget
+            >>> from transformers import LlamaConfig, LlamaForCausalLM
+            >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            ...                   num_attention_heads=4, num_key_value_heads=2)
+            >>> stats = headwidget.capture(LlamaForCausalLM(cfg).eval(), torch.randint(0, 64, (2, 8)),
+            ...                            inputs=True, progress=False)
+            >>> norms = stats.plane_norms(0)
+            >>> tuple(norms.query_mean().shape), tuple(norms.key_mean().shape), norms.count
+            ((4, 4), (2, 4), 16)
+        """
+        layer = self._check_layer(layer)
+        norms = self._plane_norms.get(layer)
+        if norms is None:
+            if not self.meta.layout.rope.uses_rope:
+                why = "the model has no rotary embeddings"
+            elif "input" not in self.meta.kinds:
+                why = "they were captured without inputs=True"
+            elif not self._plane_norms:
+                why = (
+                    "the capture recorded none: a headwidget from before they were recorded, a merge with "
+                    "statistics without them, or a model family whose adapter gives no queries"
+                )
+            else:
+                why = f"layer {layer} has none"
+            raise MissingStatisticsError(
+                f"these statistics hold no per-pair query/key norms for layer {layer} ({why}); capture "
+                "again with inputs=True (headwidget.capture(model, texts, inputs=True), or `headwidget "
+                "capture --inputs`) to record them"
+            )
+        return norms
 
     def heads_of(self, kind: Kind) -> int:
         hd = self.meta.layout.head_dim_of(kind)
@@ -231,6 +279,12 @@ class KVStats:
             )
         moments = {key: m.merge(other._moments[key]) for key, m in self._moments.items()}
         cross = {kind: m.merge(other._cross[kind]) for kind, m in self._cross.items()}
+        # plane norms only where both sides hold them (statistics of an older capture hold none)
+        planes = {
+            layer: n.merge(other._plane_norms[layer])
+            for layer, n in self._plane_norms.items()
+            if layer in other._plane_norms
+        }
         size = min(self.meta.sample_size, other.meta.sample_size)
         samples: dict[tuple[int, Kind], torch.Tensor] = {}
         seed = 0
@@ -242,7 +296,7 @@ class KVStats:
         )
         if other.meta.weights_fingerprint != meta.weights_fingerprint:  # one side unknown
             meta.weights_fingerprint = None
-        return KVStats(meta, moments, cross, samples)
+        return KVStats(meta, moments, cross, samples, planes)
 
     __add__ = merge
 
@@ -253,6 +307,7 @@ class KVStats:
             {k: m.to(device) for k, m in self._moments.items()},
             {k: m.to(device) for k, m in self._cross.items()},
             {k: s.to(device) for k, s in self._samples.items()},
+            {layer: n.to(device) for layer, n in self._plane_norms.items()},
         )
 
     def all_reduce(self, group: object = None) -> KVStats:
@@ -275,6 +330,8 @@ class KVStats:
             self._moments[key].all_reduce(group)
         for kind in sorted(self._cross):
             self._cross[kind].all_reduce(group)
+        for layer in sorted(self._plane_norms):
+            self._plane_norms[layer].all_reduce(group)
         total = self._moments[next(iter(sorted(self._moments)))].count if self._moments else 0
         self.meta.tokens = int(total)
         return self
@@ -324,7 +381,9 @@ class KVStats:
             headwidget.errors.StatsFileError: cannot save statistics: ... is a directory, not a regular ...
             >>> shutil.rmtree(folder)
         """
-        return write_stats(Path(path), self.meta, self._moments, self._cross, self._samples)
+        return write_stats(
+            Path(path), self.meta, self._moments, self._cross, self._samples, self._plane_norms
+        )
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> KVStats:
@@ -339,7 +398,10 @@ class KVStats:
         Cross-layer moments must agree with each layer's own. Token samples (files written without
         them load as statistics without samples) must be float32 of ``min(meta.sample_size,
         meta.tokens)`` rows of the kind's channels, finite, and no farther from the mean than the
-        co-moment allows one token to be. Any problem raises
+        co-moment allows one token to be. Rotary-pair norm sums of queries and keys (files written
+        without them load as statistics without them) must be float64 sums over ``meta.tokens`` tokens,
+        for every captured layer or none, of a model with rotary planes, never negative, and each key
+        sum within what the key moments allow. Any problem raises
         :class:`~headwidget.errors.StatsFileError` naming the file and the field.
 
         Example:
@@ -363,12 +425,13 @@ class KVStats:
             headwidget.errors.StatsFileError: ...: meta.tokens must be an integer, not the string '12'; ...
             >>> shutil.rmtree(folder)
         """
-        meta, moments, cross, samples = read_stats(Path(path))
+        meta, moments, cross, samples, planes = read_stats(Path(path))
         if torch.device(device) != torch.device("cpu"):
             moments = {key: m.to(device) for key, m in moments.items()}
             cross = {kind: m.to(device) for kind, m in cross.items()}
             samples = {key: s.to(device) for key, s in samples.items()}
-        return cls(meta, moments, cross, samples)
+            planes = {layer: n.to(device) for layer, n in planes.items()}
+        return cls(meta, moments, cross, samples, planes)
 
     # ------------------------------------------------------------------ display
     def summary(self) -> list[dict[str, Any]]:
