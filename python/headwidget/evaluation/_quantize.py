@@ -289,7 +289,7 @@ def _seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
         x = x[:, pick]
     rows = torch.arange(g, device=x.device)
     norms = (x * x).sum(-1)  # (G, m)
-    xt = x.transpose(1, 2).contiguous()  # (G, c, m): x·μ as a row times a matrix, many times faster
+    xt = x.transpose(1, 2).contiguous()  # (G, c, m): x·μ as a row times a matrix (faster than x times μ)
     centroids = torch.empty(g, k, c, dtype=x.dtype, device=x.device)
     best = torch.full_like(norms, math.inf)  # ≥ 0 from the first step on (each distance is clamped)
     chosen = torch.randint(0, m, (g,), generator=gen, device=x.device)
@@ -298,7 +298,7 @@ def _seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
             weights = best.cumsum(1)
             total = weights[:, -1:]
             dead = total <= 0  # every row already a centroid: draw uniformly
-            if bool(dead.any()):
+            if x.device.type != "cpu" or bool(dead.any()):  # (no host sync per step on a device)
                 weights = torch.where(dead, torch.arange(1, m + 1, device=x.device, dtype=x.dtype), weights)
                 total = torch.where(dead, torch.full_like(total, m), total)
             u = torch.rand(g, 1, generator=gen, device=x.device, dtype=x.dtype) * total
