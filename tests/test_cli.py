@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -25,8 +26,24 @@ def test_help_lists_every_option(capsys):
         "--device",
         "--models",
         "--no-progress",
+        "--evaluation-tokens",
+        "--sweep-tokens",
+        "--full",
     ):
         assert option in out
+    said = " ".join(out.split())  # argparse wraps the text
+    assert "The K/V quantizers are a reduced run by default" in said and "--full runs them in full" in said
+    assert "CQ codebooks fitted on all 2048 sampled rows" in said
+
+
+@pytest.mark.parametrize("flags", [[], ["--full"]])
+def test_full_reaches_the_demo(tmp_path, monkeypatch, flags):
+    import headwidget.demo
+
+    seen: dict = {}
+    monkeypatch.setattr(headwidget.demo, "run_demo", lambda out, **kwargs: seen.update(kwargs))
+    assert main(["demo", "--out", str(tmp_path / "d"), *flags]) == 0
+    assert seen["full"] is bool(flags)
 
 
 def test_unknown_model_is_a_usage_error(capsys):
@@ -106,6 +123,13 @@ def test_demo_writes_readable_statistics(tmp_path):
     assert "| kv:int4 | 5.00 | 7200 | 0 |" in report  # 2·(192·4/8 + 4·192/32) per layer, 30 layers
     assert "| kv:cq4c8b | 2.00 | 2880 | " in report and "| kv:cq8c8b | 1.00 | 1440 | " in report
     assert quant.constant_bytes["kv:cq4c8b"] == 30 * 2 * 48 * 256 * 4 * 2  # fp16 codebooks, K and V
+    # the time of every section; 300 sampled rows and 128 tokens are below the default run's reduction
+    smol = ["load and capture", "6 variants", "per-layer sweep", "channel coupling", "K/V quantizers"]
+    sections = [*(f"smollm2-135m: {s}" for s in smol), "minilm-l6: load and capture"]
+    sections += ["figures, explorer and report", "total"]
+    timings = result.stdout.split("time per section:\n", 1)[1].splitlines()
+    assert [re.fullmatch(r"  (.+?) +\d+\.\d s", line).group(1) for line in timings] == sections
+    assert "(codebooks from 300 calibration rows)" in result.stdout and "A reduced run" not in result.stdout
 
 
 @pytest.fixture(scope="module")

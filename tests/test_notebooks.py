@@ -9,11 +9,15 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "example_notebooks").glob("*.ipynb"))
-#: Token counts of the notebooks that read them from the environment (their defaults are the full run's).
+#: Token counts, and the layers captured and converted or quantized, of the notebooks that read them from
+#: the environment (consequences, quantization; their defaults are the full run's: every layer). Three of
+#: SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first layer, a middle one,
+#: the last) at a tenth of the fits.
 SMALL_RUN = {
     "HEADWIDGET_NOTEBOOK_TOKENS": "256",
     "HEADWIDGET_NOTEBOOK_CALIBRATION_TOKENS": "512",
     "HEADWIDGET_NOTEBOOK_SWEEP_TOKENS": "64",
+    "HEADWIDGET_NOTEBOOK_LAYERS": "0,14,29",
 }
 
 

@@ -22,14 +22,17 @@ __all__ = ["COMMAND"]
 
 def add_parser(sub: Any) -> None:
     """Declare ``demo`` and its options on the subparsers ``sub``."""
-    from headwidget.demo import EVALUATION_TOKENS, SWEEP_TOKENS
+    from headwidget.demo import CODEBOOK_ROWS, EVALUATION_TOKENS, QUANTIZER_TOKENS, SAMPLES, SWEEP_TOKENS
 
     demo = sub.add_parser(
         "demo",
         help="capture the embedded real models over English text, print summaries, save stats",
         description="Load SmolLM2-135M (GQA) and all-MiniLM-L6-v2 (BERT) from their PyPI packages, "
         "capture K/V statistics over English prose shipped with Python, print a per-layer summary "
-        "and save the statistics (safetensors) under --out.",
+        "and save the statistics (safetensors) under --out; then draw the figures, evaluate SmolLM2's "
+        "attention variants and K/V quantizers on held-out text and write report.md. The K/V quantizers "
+        f"are a reduced run by default (CQ codebooks from {CODEBOOK_ROWS} of the {SAMPLES} sampled rows, "
+        f"measured on at most {QUANTIZER_TOKENS} tokens): --full runs them in full.",
     )
     demo.add_argument("--out", type=Path, default=Path("headwidget-demo"), help="output directory")
     demo.add_argument("--max-tokens", type=count, default=4096, help="tokens per model (default: 4096)")
@@ -50,6 +53,13 @@ def add_parser(sub: Any) -> None:
         type=count,
         default=SWEEP_TOKENS,
         help=f"held-out tokens of the per-layer ΔNLL sweep (default: {SWEEP_TOKENS})",
+    )
+    demo.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the full K/V quantizer run: CQ codebooks fitted on all {SAMPLES} sampled rows and the "
+        f"quantizers measured on --evaluation-tokens (default: {CODEBOOK_ROWS} rows, at most "
+        f"{QUANTIZER_TOKENS} tokens; the codebook fits are the demo's costliest step)",
     )
 
 
@@ -78,6 +88,7 @@ def run(args: argparse.Namespace, load: Loader) -> int:
         figures=not args.no_figures,
         evaluation_tokens=args.evaluation_tokens,
         sweep_tokens=args.sweep_tokens,
+        full=args.full,
     )
     return 0
 

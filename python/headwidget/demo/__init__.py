@@ -18,10 +18,12 @@
    marginals, with a shuffled control, from a uniform sample of token rows) and evaluates its K/V
    quantizers (:data:`~headwidget.demo._quantization.QUANTIZER_VARIANTS`: kv:int4, kv:int2, kv:cq4c8b,
    kv:cq8c8b) on the same held-out text, saved as ``DIR/quantization.json`` and drawn as
-   ``quantization.png``/``.pdf``;
+   ``quantization.png``/``.pdf``. By default the CQ codebooks are fitted on 1024 of the 2048 sampled
+   rows and the quantizers measured on 512 held-out tokens (the k-means fits are the costliest step);
+   ``full=True`` (``headwidget demo --full``) uses every row and the table's token count;
 5. writes a standalone HTML explorer of SmolLM2's channel correlations and ``report.md`` with the
    per-layer numbers, the alignment means, the mechanism bytes/error table, the evaluation tables, the
-   coupling table and the quantizer table.
+   coupling table and the quantizer table, and prints the time each section took.
 """
 
 from __future__ import annotations
@@ -38,7 +40,14 @@ from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import mechanism_sweep
 from headwidget.capture import capture
 from headwidget.core.kinds import Kind
-from headwidget.demo._quantization import SAMPLES, entropy_lines, quantizer_lines
+from headwidget.demo._quantization import (
+    CODEBOOK_ROWS,
+    QUANTIZER_TOKENS,
+    SAMPLES,
+    entropy_lines,
+    quantizer_lines,
+    reduced_run,
+)
 from headwidget.embedded import load_minilm, load_smollm2
 from headwidget.evaluation import EvaluationReport, evaluate
 from headwidget.export import save_all
@@ -48,7 +57,16 @@ from headwidget.stats import KVStats
 from headwidget.texts import SAMPLE_SOURCE, english_sample
 from headwidget.views import ConsequenceView
 
-__all__ = ["CHANNEL_LAYERS", "EVALUATION_VARIANTS", "MECHANISMS", "SWEEP_VARIANTS", "run_demo"]
+__all__ = [
+    "CHANNEL_LAYERS",
+    "CODEBOOK_ROWS",
+    "EVALUATION_VARIANTS",
+    "MECHANISMS",
+    "QUANTIZER_TOKENS",
+    "SAMPLES",
+    "SWEEP_VARIANTS",
+    "run_demo",
+]
 
 MODELS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "smollm2-135m": load_smollm2,
@@ -79,6 +97,28 @@ def _capture(name: str, model: Any, tokenizer: Any, texts: list[str], **options:
     samples = SAMPLES if smol else 0  # token rows for the coupling entropies and the CQ codebooks
     return capture(model, texts, tokenizer=tokenizer, rope=rope, inputs=True, cross_layer=cross,
                    samples=samples, **options)  # fmt: skip
+
+
+class _Clock:
+    """The wall-clock seconds of each named section of the demo, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.sections: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> float:
+        """Record the time since the previous lap (or the start) as section ``name``; return it."""
+        now = time.perf_counter()
+        took, self._last = now - self._last, now
+        self.sections[name] = self.sections.get(name, 0.0) + took
+        return took
+
+    def lines(self) -> list[str]:
+        total = sum(self.sections.values())
+        width = max(len(name) for name in [*self.sections, "total"])
+        return [f"  {name:<{width}}  {took:6.1f} s" for name, took in self.sections.items()] + [
+            f"  {'total':<{width}}  {total:6.1f} s"
+        ]
 
 
 def _figures(
@@ -162,6 +202,8 @@ def _evaluation(
     max_length: int,
     batch_size: int,
     progress: bool,
+    full: bool,
+    clock: _Clock,
 ) -> list[str]:
     """Evaluate SmolLM2's variants on the evaluation split; save the sweep; the report's lines."""
     texts = english_sample(split="evaluation")
@@ -172,17 +214,17 @@ def _evaluation(
         "max_length": max_length,
         "progress": progress,
     }
-    started = time.perf_counter()
+    clock.lap("smollm2-135m: load and capture")
     table = evaluate(model, texts, EVALUATION_VARIANTS, stats=stats, max_tokens=tokens, **options)
-    took = time.perf_counter() - started
+    took = clock.lap(f"smollm2-135m: {len(EVALUATION_VARIANTS)} variants")
     count = len(EVALUATION_VARIANTS)
     echo(f"\nsmollm2-135m: {count} variants on {table.tokens} held-out tokens in {took:.1f} s")
     echo(table.table())
-    started = time.perf_counter()
+    clock.lap(f"smollm2-135m: {len(EVALUATION_VARIANTS)} variants")
     sweep = evaluate(
         model, texts, SWEEP_VARIANTS, stats=stats, max_tokens=sweep_tokens, per_layer=True, **options
     )
-    took = time.perf_counter() - started
+    took = clock.lap("smollm2-135m: per-layer sweep")
     path = sweep.save(out / "evaluation.json")
     echo(f"per-layer ΔNLL of {', '.join(SWEEP_VARIANTS[1:])} on {sweep.tokens} tokens in {took:.1f} s")
     echo(f"wrote {path}")
@@ -201,11 +243,14 @@ def _evaluation(
     report += [table.table(), ""]
     report += [f"### Per-layer ΔNLL: only one layer converted ({sweep.tokens} tokens, `evaluation.json`)", ""]
     report += [*_per_layer_table(sweep), ""]
+    clock.lap("smollm2-135m: per-layer sweep")
     coupling = entropy_lines(stats, CHANNEL_LAYERS)
     echo(f"\nsmollm2-135m: channel coupling in bits, layers {CHANNEL_LAYERS}")
     echo("\n".join(coupling))
     report += [f"## Channel coupling in bits (SmolLM2, layers {CHANNEL_LAYERS})", "", *coupling, ""]
-    quantizers = quantizer_lines(out, model, texts, stats, echo, max_tokens=tokens, **options)
+    clock.lap("smollm2-135m: channel coupling")
+    quantizers = quantizer_lines(out, model, texts, stats, echo, max_tokens=tokens, full=full, **options)
+    clock.lap("smollm2-135m: K/V quantizers")
     report += ["## K/V quantizers: what 1–5 bits per channel do to SmolLM2 (held-out text)", ""]
     report += [*quantizers, ""]
     return report
@@ -223,11 +268,13 @@ def run_demo(
     progress: bool = True,
     evaluation_tokens: int = EVALUATION_TOKENS,
     sweep_tokens: int = SWEEP_TOKENS,
+    full: bool = False,
     echo: Callable[[str], None] = print,
 ) -> dict[str, KVStats]:
     """Capture each embedded model over the English sample, print summaries, save stats and figures,
-    and (with ``figures``) evaluate SmolLM2's variants and K/V quantizers on ``evaluation_tokens``
-    held-out tokens and its per-layer sweep on ``sweep_tokens``.
+    and (with ``figures``) evaluate SmolLM2's variants on ``evaluation_tokens`` held-out tokens, its
+    per-layer sweep on ``sweep_tokens`` and its K/V quantizers (a reduced run unless ``full``: see
+    :func:`~headwidget.demo._quantization.quantizer_lines`). Prints the time of each section.
 
     Example:
         >>> import pathlib, tempfile
@@ -249,6 +296,7 @@ def run_demo(
         "",
     ]
     evaluation: list[str] = []
+    clock = _Clock()
     for name in models or list(MODELS):
         started = time.perf_counter()
         model, tokenizer = MODELS[name](device=device)
@@ -276,8 +324,9 @@ def run_demo(
         if figures and name == "smollm2-135m":
             evaluation = _evaluation(out, model, tokenizer, stats, echo, tokens=evaluation_tokens,
                                      sweep_tokens=sweep_tokens, max_length=max_length, batch_size=batch_size,
-                                     progress=progress)  # fmt: skip
+                                     progress=progress, full=full, clock=clock)  # fmt: skip
         results[name], loaded[name] = stats, model.to("cpu")
+        clock.lap(f"{name}: load and capture")
     if figures:
         echo("")
         report += _figures(out, results, loaded, echo)
@@ -285,8 +334,15 @@ def run_demo(
         with atomic_write(out / "report.md", "w", encoding="utf-8") as fh:
             fh.write("\n".join(report))
         echo(f"wrote {out / 'report.md'}")
+        clock.lap("figures, explorer and report")
         echo(
             "\nOpen the figures above, or explore interactively: "
             "jupyter lab example_notebooks/quickstart.ipynb"
         )
+    echo("\ntime per section:")
+    echo("\n".join(clock.lines()))
+    if figures and "smollm2-135m" in results:
+        reduced = reduced_run(results["smollm2-135m"], evaluation_tokens, full)[2]
+        if reduced:
+            echo(f"K/V quantizers: {reduced}")
     return results

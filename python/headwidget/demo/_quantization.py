@@ -4,6 +4,12 @@ Both read the calibration statistics of the demo's capture, which keeps a unifor
 per layer and kind (:data:`SAMPLES`): the entropies are estimated from them, the CQ codebooks fitted on
 them. The quantizers are measured on the evaluation split, like the mechanism variants.
 
+Fitting the CQ codebooks (k-means, 30 layers × 2 kinds × 2 quantizers) is the demo's costliest step, so
+by default they are fitted on the first :data:`CODEBOOK_ROWS` of the sampled rows (the rows are in a
+random order: these are a uniform sample too) and the quantizers measured on at most
+:data:`QUANTIZER_TOKENS` held-out tokens; ``full=True`` (``headwidget demo --full``) fits them on every
+sampled row and measures them on as many tokens as the variants' table.
+
 Example:
     >>> import torch, headwidget
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +39,17 @@ from headwidget.stats import KVStats
 from headwidget.views import QuantizationView
 from headwidget.views.quantization import COUPLING_KINDS, bits_per_channel
 
-__all__ = ["KINDS", "QUANTIZER_VARIANTS", "SAMPLES", "entropy_lines", "quantizer_lines"]
+__all__ = [
+    "CODEBOOK_ROWS",
+    "KINDS",
+    "QUANTIZER_TOKENS",
+    "QUANTIZER_VARIANTS",
+    "SAMPLES",
+    "entropy_lines",
+    "first_rows",
+    "quantizer_lines",
+    "reduced_run",
+]
 
 #: Token rows kept per (layer, kind) by the demo's SmolLM2 capture: enough that both readings below
 #: stay under the estimator's bias flag (256 cells ≤ samples / 5).
@@ -45,6 +62,10 @@ KINDS: dict[Kind, str] = {kind: name for kind, (name, _colour) in COUPLING_KINDS
 #: The readings the plug-in estimator can make from :data:`SAMPLES` rows: c = 2 channels at 16 bins and
 #: c = 4 channels at 4 bins (256 cells each).
 READINGS = ((2, 16), (4, 4))
+#: The default (not ``--full``) demo's CQ codebooks are fitted on this many of the :data:`SAMPLES` rows...
+CODEBOOK_ROWS = 1024
+#: ... and its quantizers measured on at most this many held-out tokens.
+QUANTIZER_TOKENS = 512
 
 
 def _shuffled(x: torch.Tensor, seed: int) -> torch.Tensor:
@@ -88,22 +109,85 @@ def entropy_lines(stats: KVStats, layers: Sequence[int]) -> list[str]:
     return [intro, "", *lines]
 
 
+def first_rows(stats: KVStats, rows: int) -> KVStats:
+    """``stats`` with every (layer, kind)'s token sample cut to its first ``rows`` rows (``stats`` itself
+    when it holds no more): the same moments and meta, no cross-layer moments. The samples are in a random
+    order, so the first rows are a uniform sample of the token rows as well.
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50)).eval()
+        >>> stats = headwidget.capture(model, torch.randint(0, 50, (3, 20)), samples=40, progress=False)
+        >>> cut = first_rows(stats, 16)
+        >>> rows = cut.samples(1, "value")
+        >>> rows.shape, torch.equal(rows, stats.samples(1, "value")[:16])
+        (torch.Size([16, 32]), True)
+        >>> cut.tokens == stats.tokens, first_rows(stats, 40) is stats
+        (True, True)
+    """
+    keys = [(layer, kind) for layer in stats.layers for kind in stats.kinds]
+    if stats.samples(*keys[0]).shape[0] <= rows:  # every (layer, kind) holds the same token rows
+        return stats
+    moments = {key: stats.moments(*key) for key in keys}
+    samples = {key: stats.samples(*key)[:rows] for key in keys}
+    return KVStats(replace(stats.meta, sample_size=rows), moments, None, samples)
+
+
+def reduced_run(stats: KVStats, max_tokens: int, full: bool = False) -> tuple[int, int, str]:
+    """The rows the CQ codebooks are fitted on, the tokens the quantizers are measured on (at most), and
+    the sentence that says how this run was reduced ("" when it was not: ``full``, or small inputs).
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50)).eval()
+        >>> stats = headwidget.capture(model, torch.randint(0, 50, (3, 20)), samples=40, progress=False)
+        >>> reduced_run(stats, 300)
+        (40, 300, '')
+        >>> reduced_run(stats, 2000)[:2], reduced_run(stats, 2000, full=True)
+        ((40, 512), (40, 2000, ''))
+    """
+    sampled = stats.samples(stats.layers[0], "value").shape[0]
+    if full:
+        return sampled, max_tokens, ""
+    rows, tokens = min(sampled, CODEBOOK_ROWS), min(max_tokens, QUANTIZER_TOKENS)
+    if rows == sampled and tokens == max_tokens:
+        return rows, tokens, ""
+    note = (
+        f"A reduced run: codebooks from {rows} of the {sampled} sampled rows, quantizers on at most "
+        f"{tokens} held-out tokens; `headwidget demo --full` fits them on all {sampled} rows and "
+        f"measures them on up to {max_tokens} tokens."
+    )
+    return rows, tokens, note
+
+
 def quantizer_lines(
     out: Path,
     model: Any,
     texts: list[str],
     stats: KVStats,
     echo: Callable[[str], None],
+    *,
+    max_tokens: int,
+    full: bool = False,
     **options: Any,
 ) -> list[str]:
     """Evaluate :data:`QUANTIZER_VARIANTS` on ``texts``; save ``quantization.json`` and the view's figures;
-    the report's lines (one row per quantizer, with honest bits per channel)."""
+    the report's lines (one row per quantizer, with honest bits per channel).
+
+    Unless ``full``, the codebooks are fitted on the first :data:`CODEBOOK_ROWS` sampled rows of ``stats``
+    and the quantizers measured on at most :data:`QUANTIZER_TOKENS` of ``max_tokens`` (:func:`reduced_run`).
+    """
+    rows, tokens, reduced = reduced_run(stats, max_tokens, full)
     started = time.perf_counter()
-    report = evaluate(model, texts, ["model", *QUANTIZER_VARIANTS], stats=stats, **options)
+    report = evaluate(model, texts, ["model", *QUANTIZER_VARIANTS], stats=first_rows(stats, rows),
+                      max_tokens=tokens, **options)  # fmt: skip
     took = time.perf_counter() - started
-    rows = stats.samples(stats.layers[0], "value").shape[0]
     echo(f"\nsmollm2-135m: {len(QUANTIZER_VARIANTS)} K/V quantizers on {report.tokens} held-out tokens "
          f"(codebooks from {rows} calibration rows) in {took:.1f} s")  # fmt: skip
+    if reduced:
+        echo(reduced)
     echo(report.table())
     echo(f"wrote {report.save(out / 'quantization.json')}")
     view = QuantizationView(stats, layer=0, report=report)
@@ -119,8 +203,9 @@ def quantizer_lines(
                  f"{m['kl']:.4f}", f"{m['top1']:.4f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     intro = (
-        "Fake-quantized post-RoPE keys and values, every layer, on the same held-out tokens as the table "
-        "above. Bits per channel count the fp16 scales and zero points of kv:int; the fp16 CQ codebooks "
-        "are a per-layer constant (constant bytes), fitted by k-means on the calibration samples."
+        f"Fake-quantized post-RoPE keys and values, every layer, on {report.tokens} held-out tokens of the "
+        "evaluation split of the table above. Bits per channel count the fp16 scales and zero points of "
+        "kv:int; the fp16 CQ codebooks are a per-layer constant (constant bytes), fitted by k-means on "
+        f"{rows} calibration samples per layer and kind."
     )
-    return [intro, "", *lines]
+    return [f"{intro} {reduced}".strip(), "", *lines]

@@ -294,23 +294,27 @@ def _seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
         x = x[:, pick]
     rows = torch.arange(g, device=x.device)
     norms = (x * x).sum(-1)  # (G, m)
+    xt = x.transpose(1, 2).contiguous()  # (G, c, m): x·μ as a row times a matrix (faster than x times μ)
     centroids = torch.empty(g, k, c, dtype=x.dtype, device=x.device)
-    best = torch.full_like(norms, math.inf)
+    best = torch.full_like(norms, math.inf)  # ≥ 0 from the first step on (each distance is clamped)
     chosen = torch.randint(0, m, (g,), generator=gen, device=x.device)
     for j in range(k):
         if j:  # draw the next centroid with probability ∝ squared distance to the nearest one so far
-            weights = best.clamp_min(0).cumsum(1)
+            weights = best.cumsum(1)
             total = weights[:, -1:]
             dead = total <= 0  # every row already a centroid: draw uniformly
-            weights = torch.where(dead, torch.arange(1, m + 1, device=x.device, dtype=x.dtype), weights)
-            total = torch.where(dead, torch.full_like(total, m), total)
+            if x.device.type != "cpu" or bool(dead.any()):  # (no host sync per step on a device)
+                weights = torch.where(dead, torch.arange(1, m + 1, device=x.device, dtype=x.dtype), weights)
+                total = torch.where(dead, torch.full_like(total, m), total)
             u = torch.rand(g, 1, generator=gen, device=x.device, dtype=x.dtype) * total
             chosen = torch.searchsorted(weights, u, right=True).squeeze(1).clamp_(max=m - 1)
         new = x[rows, chosen]  # (G, c)
         centroids[:, j] = new
-        dist = norms - 2 * torch.bmm(x, new[:, :, None]).squeeze(2) + (new * new).sum(-1, keepdim=True)
+        # ‖x‖² − 2·x·μ + ‖μ‖², in place (−2·p + n is n − 2·p to the bit: the doubling is exact)
+        dist = torch.bmm(new[:, None, :], xt).squeeze(1).mul_(-2).add_(norms)
+        dist.add_((new * new).sum(-1, keepdim=True))
         dist[rows, chosen] = 0.0  # exactly: the rounding of the expansion must not keep it drawable
-        best = torch.minimum(best, dist.clamp_min_(0))
+        torch.minimum(best, dist.clamp_min_(0), out=best)
     return centroids
 
 
@@ -369,8 +373,10 @@ def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, see
     distances by batched matmul (in chunks of at most :data:`CHUNK_ELEMENTS`). Seeding is k-means++ on
     (at most :data:`SEED_SAMPLES`, or 16·2**b) samples; then up to ``iters`` Lloyd iterations, stopping
     early when no assignment changes; a cluster left empty is re-seeded at the sample farthest from
-    its centroid. Deterministic for a ``seed`` on one device. Computes in float32 (float64 samples in
-    float64).
+    its centroid. A group whose assignment did not change, and whose centroids are the means of it
+    (none re-seeded), is at a fixed point: it is not computed again, which gives the same codebooks and
+    objective as iterating it. Deterministic for a ``seed`` on one device. Computes in float32 (float64
+    samples in float64).
 
     Args:
         samples: (n, C) calibration rows of one layer and kind (``KVStats.samples(layer, kind)``).
@@ -415,26 +421,40 @@ def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, see
     gen = torch.Generator(device=x.device).manual_seed(int(seed))
     centroids = _seed(x, k, gen)
     history: list[float] = []
-    previous: torch.Tensor | None = None
+    assign = torch.empty(groups, n, dtype=torch.long, device=x.device)
+    dist = torch.empty(groups, n, dtype=x.dtype, device=x.device)
+    # Only the groups whose centroids can still move are computed: ``live`` (their data ``xs`` and
+    # centroids ``books``); ``settled`` marks centroids that are the means of their group's current
+    # assignment, none re-seeded.
+    live = torch.arange(groups, device=x.device)
+    settled = torch.zeros(groups, dtype=torch.bool, device=x.device)
+    xs, books = x, centroids
     for step in range(iters + 1):
-        assign = _nearest(x, centroids)
-        dist = _sq_dist(x, centroids, assign)
+        found = _nearest(xs, books)
+        near = _sq_dist(xs, books, found)
+        same = None if step == 0 else (found == assign[live]).all(1)
+        assign[live], dist[live] = found, near
         history.append(float(dist.sum(dtype=torch.float64)) / (n * groups))
-        if step == iters or (previous is not None and torch.equal(assign, previous)):
+        if step == iters or (same is not None and bool(same.all())):
             break
-        previous = assign
-        sums = torch.zeros_like(centroids).scatter_add_(1, assign[..., None].expand(groups, n, c), x)
-        counts = torch.zeros(groups, k, dtype=x.dtype, device=x.device)
-        counts.scatter_add_(1, assign, torch.ones_like(dist))
+        if same is not None:  # unchanged and settled: a fixed point, Lloyd keeps these centroids for ever
+            moving = ~(same & settled[live])
+            live, xs, found, near = live[moving], xs[moving], found[moving], near[moving]
+        count = len(live)
+        sums = torch.zeros(count, k, c, dtype=x.dtype, device=x.device)
+        sums.scatter_add_(1, found[..., None].expand(count, n, c), xs)
+        counts = torch.zeros(count, k, dtype=x.dtype, device=x.device)
+        counts.scatter_add_(1, found, torch.ones_like(near))
         means = sums / counts.clamp_min(1)[..., None]
         empty = counts == 0
         if bool(empty.any()):  # re-seed each empty cluster at a distinct far sample of its group
-            far = dist.topk(min(k, n), dim=1).indices  # (G, min(k, n))
+            far = near.topk(min(k, n), dim=1).indices  # (live groups, min(k, n))
             rank = (empty.cumsum(1) - 1).clamp(0, far.shape[1] - 1)
             rows = far.gather(1, rank)
-            reseeded = x.gather(1, rows[..., None].expand(groups, k, c))
+            reseeded = xs.gather(1, rows[..., None].expand(count, k, c))
             means = torch.where(empty[..., None], reseeded, means)
-        centroids = means
+        settled[live] = ~empty.any(1)
+        centroids[live] = books = means
     return Codebooks(centroids, tuple(history))
 
 

@@ -7,7 +7,8 @@ parameter with the original). So a sweep of L layers × V variants costs about `
 (plus one recording forward per batch) instead of ``V·L``.
 
 Batches are processed in chunks whose recorded hidden states fit :data:`RECORD_BUDGET` bytes; each
-(variant, layer) copy is built once per chunk.
+converted (variant, layer) copy is built once per chunk (it copies one block), and the quantizers' cells
+share one copy of the model per chunk, their :class:`Replay` modules put in and taken out per cell.
 
 K/V quantizers (``kv:int``, ``kv:cq``; :mod:`headwidget.evaluation._quantize`) fit the same scheme: their
 copy shares every parameter (no weight changes), only layer ``ℓ``'s K/V are fake-quantized while it
@@ -83,14 +84,30 @@ def _cell(
     layer: int,
     fits: Mapping[str, dict[int, LayerFit]],
     quantizers: Mapping[str, KVQuantizer],
+    shared: nn.Module | None = None,
 ) -> Iterator[nn.Module]:
-    """The model of one (variant, layer) cell: layer ``layer`` converted, or its K/V quantized inside."""
+    """The model of one (variant, layer) cell: layer ``layer`` converted, or its K/V quantized inside
+    (in ``shared``, a :func:`shared_copy` of ``base`` that the cells reuse, when given)."""
     if spec in quantizers:
-        variant = shared_copy(base)
+        variant = shared_copy(base) if shared is None else shared
         with quantizers[spec].active(variant, [layer]):
             yield variant
     else:
         yield build_variant(base, spec, {layer: fits[spec][layer]}, share=True)
+
+
+@contextmanager
+def _replaying(blocks: LayerBlocks, variant: nn.Module, layer: int, slot: list[object]) -> Iterator[None]:
+    """Inside, the blocks of layers ``0..layer − 1`` of ``variant`` return ``slot[0]`` (put back on exit)."""
+    container = blocks.container(variant)
+    replaced = [(i, container[i]) for i in blocks.index[:layer]]
+    for i, block in replaced:
+        container[i] = Replay(block, slot)
+    try:
+        yield
+    finally:
+        for i, block in replaced:
+            container[i] = block
 
 
 @torch.no_grad()
@@ -133,13 +150,14 @@ def layer_sweep(
             if runner.kind == "causal-lm":
                 reference.a += _nll_sum(out)
             tick(1)
+        shared = shared_copy(base) if quantizers else None  # for every quantizer cell of the chunk
         for spec in specs:
             for layer in layers:
-                with _cell(base, spec, layer, fits, quantizers) as variant:
-                    slot: list[object] = [None]
-                    container = blocks.container(variant)
-                    for i in blocks.index[:layer]:
-                        container[i] = Replay(container[i], slot)
+                slot: list[object] = [None]
+                with (
+                    _cell(base, spec, layer, fits, quantizers, shared) as variant,
+                    _replaying(blocks, variant, layer, slot),
+                ):
                     cell = sums[spec][layer]
                     for b, batch in enumerate(chunk):
                         if layer > 0:

@@ -1,0 +1,143 @@
+"""The CQ k-means against plain reference loops: the same seeds, codebooks and objective to the bit.
+
+``fit_codebooks`` stops computing a group once it sits at a fixed point of Lloyd's iteration, and
+its k-means++ seeding computes the distances in place; both are speed-ups that must not change a
+result. The references here are the algorithm as documented, written out plainly: every group
+recomputed at every iteration, every seeding step with fresh tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from headwidget.evaluation import _quantize
+from headwidget.evaluation._quantize import _nearest, _sq_dist, fit_codebooks
+
+F64 = torch.float64
+
+
+def reference_seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    """k-means++ on all rows of ``x`` (G, m, c) (m ≤ SEED_SAMPLES), drawing as ``_seed`` documents."""
+    g, m, c = x.shape
+    rows = torch.arange(g)
+    norms = (x * x).sum(-1)
+    centroids = torch.empty(g, k, c, dtype=x.dtype)
+    best = torch.full_like(norms, math.inf)
+    chosen = torch.randint(0, m, (g,), generator=gen)
+    for j in range(k):
+        if j:
+            weights = best.clamp_min(0).cumsum(1)
+            total = weights[:, -1:]
+            dead = total <= 0
+            weights = torch.where(dead, torch.arange(1, m + 1, dtype=x.dtype), weights)
+            total = torch.where(dead, torch.full_like(total, m), total)
+            u = torch.rand(g, 1, generator=gen, dtype=x.dtype) * total
+            chosen = torch.searchsorted(weights, u, right=True).squeeze(1).clamp_(max=m - 1)
+        new = x[rows, chosen]
+        centroids[:, j] = new
+        dist = norms - 2 * torch.bmm(x, new[:, :, None]).squeeze(2) + (new * new).sum(-1, keepdim=True)
+        dist[rows, chosen] = 0.0
+        best = torch.minimum(best, dist.clamp_min_(0))
+    return centroids
+
+
+def reference_lloyd(
+    samples: torch.Tensor, c: int, b: int, iters: int, seed: int
+) -> tuple[torch.Tensor, list]:
+    """The module's seeding, then Lloyd on every group at every iteration (the documented stopping rule)."""
+    n, channels = samples.shape
+    k, groups = 2**b, channels // c
+    x = samples.reshape(n, groups, c).transpose(0, 1).contiguous()
+    centroids = _quantize._seed(x, k, torch.Generator().manual_seed(seed))
+    history, previous = [], None
+    for step in range(iters + 1):
+        assign = _nearest(x, centroids)
+        dist = _sq_dist(x, centroids, assign)
+        history.append(float(dist.sum(dtype=F64)) / (n * groups))
+        if step == iters or (previous is not None and torch.equal(assign, previous)):
+            break
+        previous = assign
+        sums = torch.zeros_like(centroids).scatter_add_(1, assign[..., None].expand(groups, n, c), x)
+        counts = torch.zeros(groups, k, dtype=x.dtype).scatter_add_(1, assign, torch.ones_like(dist))
+        means = sums / counts.clamp_min(1)[..., None]
+        empty = counts == 0
+        if bool(empty.any()):
+            far = dist.topk(min(k, n), dim=1).indices
+            rank = (empty.cumsum(1) - 1).clamp(0, far.shape[1] - 1)
+            rows = far.gather(1, rank)
+            means = torch.where(empty[..., None], x.gather(1, rows[..., None].expand(groups, k, c)), means)
+        centroids = means
+    return centroids, history
+
+
+def mixture(n: int, groups: int, c: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Groups of very different difficulty (some converge in a few iterations, some take many)."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = []
+    for g in range(groups):
+        centres = torch.randn(2 + 3 * g, c, generator=gen, dtype=F64) * 3
+        pick = torch.randint(0, len(centres), (n,), generator=gen)
+        parts.append(centres[pick] + (0.05 + 0.4 * g) * torch.randn(n, c, generator=gen, dtype=F64))
+    return torch.cat(parts, 1).to(dtype)
+
+
+def with_duplicates(
+    n: int, groups: int, c: int, distinct: int, seed: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Only ``distinct`` different vectors per group: more centroids than that leave clusters empty."""
+    gen = torch.Generator().manual_seed(seed)
+    atoms = torch.randint(-4, 5, (groups, distinct, c), generator=gen).to(dtype)
+    pick = torch.randint(0, distinct, (n, groups), generator=gen)
+    return torch.stack([atoms[g, pick[:, g]] for g in range(groups)], 1).reshape(n, groups * c)
+
+
+@pytest.mark.parametrize(
+    ("c", "b", "dtype"),
+    [(1, 5, torch.float32), (2, 4, F64), (4, 4, torch.float32), (8, 6, torch.float32)],
+)
+def test_seeding_draws_the_reference_centroids(c: int, b: int, dtype: torch.dtype) -> None:
+    x = mixture(400, 2, c, seed=c + b, dtype=dtype).reshape(400, 2, c).transpose(0, 1).contiguous()
+    got = _quantize._seed(x, 2**b, torch.Generator().manual_seed(3))
+    assert torch.equal(got, reference_seed(x, 2**b, torch.Generator().manual_seed(3)))
+
+
+def test_seeding_with_fewer_distinct_rows_than_centroids_draws_the_reference_centroids() -> None:
+    x = with_duplicates(300, 3, 4, distinct=6, seed=1, dtype=torch.float32)
+    x = x.reshape(300, 3, 4).transpose(0, 1).contiguous()
+    got = _quantize._seed(x, 16, torch.Generator().manual_seed(0))  # every row a centroid after 6 draws
+    assert torch.equal(got, reference_seed(x, 16, torch.Generator().manual_seed(0)))
+
+
+@pytest.mark.parametrize(
+    ("data", "c", "b", "dtype"),
+    [
+        ("mixture", 4, 8, torch.float32),  # K = 256: the two-step argmin
+        ("mixture", 2, 5, F64),
+        ("mixture", 8, 3, torch.float32),
+        ("duplicates", 4, 4, torch.float32),  # empty clusters, re-seeded
+        ("duplicates", 2, 3, F64),
+    ],
+)
+def test_fixed_point_groups_end_with_the_reference_codebooks(monkeypatch, data, c, b, dtype) -> None:
+    groups = 4
+    if data == "mixture":
+        samples = mixture(500, groups, c, seed=b, dtype=dtype)
+    else:
+        samples = with_duplicates(500, groups, c, distinct=2**b - 3, seed=b, dtype=dtype)
+    want, history = reference_lloyd(samples, c, b, iters=30, seed=4)
+    computed: list[int] = []
+
+    def counting(x: torch.Tensor, centroids: torch.Tensor, **kw: bool) -> torch.Tensor:
+        computed.append(x.shape[0])
+        return _nearest(x, centroids, **kw)
+
+    monkeypatch.setattr(_quantize, "_nearest", counting)
+    books = fit_codebooks(samples, c, b, iters=30, seed=4)
+    assert torch.equal(books.centroids, want)
+    assert list(books.objective) == history
+    assert len(computed) == len(history)
+    if data == "mixture":  # the groups settle at different iterations: later ones compute fewer
+        assert computed[0] == groups and min(computed) < groups
