@@ -8,6 +8,7 @@ also recorded the other thread's forwards would pair a layer with another batch'
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -105,6 +106,7 @@ def test_a_thread_switching_the_model_to_training_mode_changes_no_number() -> No
     def flip() -> None:
         model.train()
         model.eval()
+        time.sleep(0.001)  # a pure-Python loop would hold the GIL and starve the evaluation (20 s)
 
     report, overlapped = while_other_thread(lambda: run(model, texts), flip)
     assert overlapped > 0
