@@ -99,3 +99,18 @@ def test_encoder_measures_equal_a_sentence_loop() -> None:
     assert totals.hidden_rel_error == pytest.approx(math.sqrt(diff / norm), rel=1e-12)
     assert totals.embedding_cosine == pytest.approx(np.mean(cos), rel=1e-12)
     assert totals.tokens == int(m.sum()) and totals.sentences == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_all_finite_agrees_with_isfinite_wherever_the_bad_value_sits(dtype):
+    from headwidget.evaluation._outputs import all_finite
+
+    values = torch.randn(7, 13, dtype=torch.float64).to(dtype)
+    assert all_finite(values)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for row, col in ((0, 0), (3, 5), (6, 12)):
+            spoilt = values.clone()
+            spoilt[row, col] = bad
+            assert not bool(torch.isfinite(spoilt).all())
+            assert all_finite(spoilt) is False
+    assert all_finite(torch.full((2, 2), torch.finfo(dtype).max, dtype=dtype))  # large, still finite
