@@ -277,11 +277,41 @@ def _error(w: torch.Tensor, approx: torch.Tensor, sqrt: torch.Tensor | None) -> 
 
 
 def _shared_plus_low_rank(
-    w: torch.Tensor, sqrt: torch.Tensor | None, rank: int
+    w: torch.Tensor, sqrt: torch.Tensor | None, rank: int, kv_of: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """LRKV of the KV heads ``w`` (G, d_h, d) as the query heads read them (``w[kv_of]``, H heads).
+
+    The query heads of one group hold the same weights, and each group has H/G of them, so the mean
+    over query heads is the mean over KV heads and each head's residual factors are its KV head's:
+    they are fitted once per KV head and repeated.
+    """
     shared = w.mean(0)
     up, down = top_projection_factors(w - shared, sqrt, rank)
+    up, down = up[kv_of], down[kv_of]
     return shared + up @ down, {"shared": shared, "up": up, "down": down}
+
+
+def _latent_factors(
+    w: HeadWeights, sqrt: torch.Tensor | None, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA's ``(up, down)`` of the query heads' stacked K/V rows, H·(d_h + d_v) of them.
+
+    Each KV head's rows appear once per query head of its group, H/G times: the stack is ``E W``
+    with ``W`` the KV heads' own rows and ``E/√(H/G)`` orthonormal, so its best rank-r factors are
+    ``(E U_r, U_rᵀ W)`` from those of ``W`` — G/H of the rows to factor (a rank beyond the own rows'
+    count takes the whole stack, where the factorisation is exact either way).
+    """
+    d, heads, d_h = int(w.k.shape[2]), w.num_heads, int(w.k.shape[1])
+    own = torch.cat([w.k.reshape(-1, d), w.v.reshape(-1, d)])
+    kv_of = w.kv_of
+    if rank > own.shape[0] or heads == w.num_kv_heads:
+        stacked = torch.cat([w.k[kv_of].reshape(-1, d), w.v[kv_of].reshape(-1, d)])
+        return top_projection_factors(stacked, sqrt, rank)
+    up, down = top_projection_factors(own, sqrt, rank)
+    d_v, keys = int(w.v.shape[1]), w.num_kv_heads * d_h
+    key_rows = (kv_of[:, None] * d_h + torch.arange(d_h)).reshape(-1)
+    value_rows = keys + (kv_of[:, None] * d_v + torch.arange(d_v)).reshape(-1)
+    return up[torch.cat([key_rows, value_rows]).to(up.device)], down
 
 
 def _group_mean(w: torch.Tensor, groups: int) -> torch.Tensor:
@@ -341,7 +371,7 @@ def convert(
         rank = int(arg or 0)
         if rank > max(d_h, d_v):
             raise RankRangeError(f"lrkv:{rank}: r must lie in 0..{max(d_h, d_v)} (the head size)")
-        (k_hat, kf), (v_hat, vf) = _shared_plus_low_rank(k, sqrt, rank), _shared_plus_low_rank(v, sqrt, rank)
+        (k_hat, kf), (v_hat, vf) = (_shared_plus_low_rank(t, sqrt, rank, w.kv_of) for t in (w.k, w.v))
         factors = {f"{kind}_{name}": t for kind, f in (("k", kf), ("v", vf)) for name, t in f.items()}
         elements = d_h + d_v + 2 * heads * rank
     elif name == "mla":
@@ -351,8 +381,7 @@ def convert(
                 f"mla:{rank}: d_c must lie in 1..{top} (rows of the stacked K/V weights; beyond "
                 f"min(rows, d) = {min(top, d)} the factorisation is already exact)"
             )
-        stacked = torch.cat([k.reshape(-1, d), v.reshape(-1, d)])
-        up, down = top_projection_factors(stacked, sqrt, rank)
+        up, down = _latent_factors(w, sqrt, rank)
         approx = up @ down
         k_hat, v_hat = approx[: heads * d_h].reshape(k.shape), approx[heads * d_h :].reshape(v.shape)
         factors = {
