@@ -36,6 +36,18 @@ def test_help_lists_every_option(capsys):
     assert "CQ codebooks fitted on all 2048 sampled rows" in said
 
 
+def test_evaluate_help_names_every_variant_form(capsys):
+    from headwidget.analysis.variants import VARIANT_FORMS
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "--help"])
+    assert exit_info.value.code == 0
+    said = " ".join(capsys.readouterr().out.split())  # argparse wraps the text
+    for form in VARIANT_FORMS.split(", "):
+        assert form in said
+    assert "kv:int{b}/g{n}" in said and "kv:cq{c}c{b}b" in said
+
+
 @pytest.mark.parametrize("flags", [[], ["--full"]])
 def test_full_reaches_the_demo(tmp_path, monkeypatch, flags):
     import headwidget.demo

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from headwidget.analysis.variants import VARIANT_FORMS
 from headwidget.cli._command import Command
 from headwidget.cli._errors import UsageError
 from headwidget.cli._files import check_output_file, read_texts
@@ -66,8 +67,8 @@ def add_parser(sub: Any) -> None:
     ev.add_argument(
         "--variants",
         required=True,
-        help="comma-separated variant specs: mha, gqa:G, mqa, gqa:G+align, mqa+align, lrkv:r, mla:d_c, "
-        "rope:r, mla:d_c+rope:r (the model itself is always the first row)",
+        help=f"comma-separated variant specs: {VARIANT_FORMS} (the model itself is always the first "
+        "row; kv:… quantize the K/V the attention uses, the others convert the attention)",
     )
     ev.add_argument("--out", required=True, type=Path, help="report to write: .json or .md")
     ev.add_argument(
