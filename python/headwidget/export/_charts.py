@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 
 from matplotlib.axes import Axes
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from headwidget.core.charts import Chart
-from headwidget.export._labels import printable, wrap
+from headwidget.export._labels import printable, text_width, wrap
 
 __all__ = ["CHART_IN", "PALETTE", "draw_chart", "tick_label"]
 
@@ -57,10 +57,48 @@ def tick_label(value: float, _pos: object = None) -> str:
     return f"{value:.4g}"
 
 
-def _log_axis(axis: object) -> None:
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # type: ignore[attr-defined]
+#: Inches per tick label a log axis over less than a decade leaves (its ticks are spaced linearly).
+NARROW_LOG_TICK_IN = 0.55
+
+
+def _log_axis(axis: object, values: list[float], length_in: float) -> None:
+    """Ticks at 1, 2 and 5 per decade; over less than a decade (where those give one tick or a crowd),
+    3-6 evenly spaced round values, as many as the axis' length holds."""
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
+    if positive and max(positive) < 10 * min(positive):
+        nbins = max(2, min(5, int(length_in / NARROW_LOG_TICK_IN)))
+        axis.set_major_locator(MaxNLocator(nbins=nbins, steps=[1, 2, 2.5, 5, 10]))  # type: ignore[attr-defined]
+    else:
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # type: ignore[attr-defined]
     axis.set_major_formatter(FuncFormatter(tick_label))  # type: ignore[attr-defined]
     axis.set_minor_formatter(NullFormatter())  # type: ignore[attr-defined]
+
+
+#: Inches of a chart's text width taken by its y tick labels and y label, left of the plot.
+AXIS_LABELS_IN = 0.5
+#: Legend geometry (in units of its font size), as :meth:`Axes.legend` is called below.
+LEGEND_HANDLE_EM, LEGEND_PAD_EM, LEGEND_GAP_EM, LEGEND_ROW_EM = 1.6, 0.8, 1.0, 1.55
+
+
+def legend_rows(names: list[str], width_in: float) -> tuple[int, int]:
+    """(columns, rows) of a legend of ``names`` laid out in equal columns within ``width_in`` inches.
+
+    >>> legend_rows(["mechanisms", "quantizers", "Pareto frontier"], 4.0)
+    (3, 1)
+    >>> legend_rows(["K pre-RoPE · joint", "K pre-RoPE · Σ marginals", "V · joint", "V · Σ marginals"], 2.0)
+    (1, 4)
+    """
+    if not names:
+        return 0, 0
+    extras = (LEGEND_HANDLE_EM + LEGEND_PAD_EM + LEGEND_GAP_EM) * TICK_PT / 72
+    column = max(text_width(n, TICK_PT) for n in names) + extras
+    columns = max(1, min(len(names), int(width_in // column)))
+    return columns, math.ceil(len(names) / columns)
+
+
+def legend_height_pt(rows: int) -> float:
+    """Points a legend of ``rows`` rows takes above a chart (0 without one)."""
+    return rows * TICK_PT * LEGEND_ROW_EM + (2.0 if rows else 0.0)
 
 
 def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
@@ -94,9 +132,11 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
                     text, (s.x[k], s.y[k]), xytext=(4, 3), textcoords="offset points",
                     fontsize=TICK_PT - 0.5, color=TEXT_COLOR,
                 )  # fmt: skip
+    xs_all = [x for s in chart.series for x in s.x]
+    ys_all = [y for s in chart.series for y in s.y]
     if chart.x_log:
         ax.set_xscale("log")
-        _log_axis(ax.xaxis)
+        _log_axis(ax.xaxis, xs_all, text_w)
     else:
         ax.xaxis.set_major_formatter(FuncFormatter(tick_label))
     if chart.x_ticks:
@@ -104,7 +144,7 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
     if chart.y_log:
         ax.set_yscale("log")
-        _log_axis(ax.yaxis)
+        _log_axis(ax.yaxis, ys_all, text_w * 0.75)
     else:
         ax.yaxis.set_major_formatter(FuncFormatter(tick_label))
     if chart.y_reference is not None:
@@ -115,19 +155,25 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
     ax.set_xlabel(printable(chart.x_label), fontsize=LABEL_PT)
     ax.set_ylabel(printable(chart.y_label), fontsize=LABEL_PT)
     subtitle = wrap(printable(chart.subtitle), text_w, SUBTITLE_PT)
-    legend = bool([s for s in chart.series if s.name])
-    pad = 2.0 + (SUBTITLE_PT * 1.2 * len(subtitle) + 2.0 if subtitle else 0.0) + (12.0 if legend else 0.0)
+    names = [printable(s.name) for s in chart.series if s.name]
+    columns, rows = legend_rows(names, text_w - AXIS_LABELS_IN)
+    legend_pt = legend_height_pt(rows)
+    pad = 2.0 + (SUBTITLE_PT * 1.2 * len(subtitle) + 2.0 if subtitle else 0.0) + legend_pt
     ax.set_title(printable(chart.title), loc="left", fontsize=TITLE_PT, fontweight="bold", pad=pad)
     if subtitle:
         ax.annotate(
-            "\n".join(subtitle), xy=(0, 1), xycoords="axes fraction", xytext=(0, 3 + (12 if legend else 0)),
+            "\n".join(subtitle), xy=(0, 1), xycoords="axes fraction", xytext=(0, 3 + legend_pt),
             textcoords="offset points", ha="left", va="bottom", fontsize=SUBTITLE_PT, color=MUTED_COLOR,
         )  # fmt: skip
-    if legend:
-        ax.legend(
-            loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=4, frameon=False, fontsize=TICK_PT,
-            borderaxespad=0.2, handlelength=1.6, columnspacing=1.0,
+    if names:
+        # Its rows and columns are sized to the chart's text width above, so the layout need not
+        # make room for it (counted in, a legend wider than the plot squeezes the plot instead).
+        legend = ax.legend(
+            loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=columns, frameon=False, fontsize=TICK_PT,
+            borderaxespad=0.2, handlelength=LEGEND_HANDLE_EM, handletextpad=LEGEND_PAD_EM,
+            columnspacing=LEGEND_GAP_EM,
         )  # fmt: skip
+        legend.set_in_layout(False)
     if chart.note:
         note = "\n".join(wrap(printable(chart.note), text_w, NOTE_PT, style="italic"))
         ax.annotate(

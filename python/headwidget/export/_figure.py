@@ -28,6 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure, SubFigure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
@@ -233,6 +234,32 @@ def _colorbar(fig: Figure | SubFigure, axes: list[Axes], grid: PanelGrid, length
         )  # fmt: skip
 
 
+#: Inches of text past the figure's edge that an automatically sized figure grows to hold.
+OVERFLOW_IN = 0.005
+
+
+def _grow_to_fit(fig: Figure) -> None:
+    """Grow an automatically sized figure by whatever its text overflows on each side (the size
+    estimates come from text widths; a long note or colorbar label can still run over), then lay it
+    out again. A figure that fits is left as it is."""
+    for attempt in range(2):  # grow; if the layout still puts text past an edge, also widen its padding
+        box = fig.get_tightbbox()  # inches
+        width, height = fig.get_size_inches()
+        over = [max(0.0, -box.x0), max(0.0, box.x1 - width), max(0.0, -box.y0), max(0.0, box.y1 - height)]
+        if max(over) <= OVERFLOW_IN:
+            return
+        margin = 0.04  # a little room, so the re-laid-out text does not touch the edge
+        grow_w = sum(o + margin for o in over[:2] if o > OVERFLOW_IN)
+        grow_h = sum(o + margin for o in over[2:] if o > OVERFLOW_IN)
+        fig.set_size_inches(round(width + grow_w, 2), round(height + grow_h, 2))
+        engine = fig.get_layout_engine()
+        if attempt and isinstance(engine, ConstrainedLayoutEngine):
+            pads = engine.get()
+            engine.set(w_pad=pads["w_pad"] + max(over[:2]) + margin, h_pad=pads["h_pad"] + max(over[2:]))
+        for _pass in range(LAYOUT_PASSES):
+            fig.draw_without_rendering()
+
+
 def figure(
     source: GridSource, *, dpi: float = 200, size: tuple[float, float] | None = None, title: str | None = None
 ) -> Figure:
@@ -296,5 +323,7 @@ def figure(
             fig.suptitle("\n".join(lines), fontsize=TITLE_PT + 2, fontweight="bold")
         for _ in range(LAYOUT_PASSES):  # the layout settles on the text sizes in two passes
             fig.draw_without_rendering()
+        if size is None:
+            _grow_to_fit(fig)
     fig.set_layout_engine("none")  # frozen: every later draw, at any dpi, has this geometry
     return fig

@@ -1,0 +1,79 @@
+"""Every view's exported figure is laid out: its axes have a usable size, no text leaves the figure and
+no two texts overlap — read from the boxes matplotlib renders (``tests/figure_layout.py``), on the real
+SmolLM2 (its long model name and sample counts are the texts that ran over)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+import headwidget
+from figure_layout import layout_problems
+from headwidget.export import figure, save
+from headwidget.texts import english_sample
+
+pytestmark = pytest.mark.slow
+
+LAYERS = [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def views(smollm2):
+    model, tok = smollm2
+    stats = headwidget.capture(
+        model, english_sample(), tokenizer=tok, max_tokens=512, max_length=128, rope="both",
+        samples=256, inputs=True, layers=LAYERS, progress=False,
+    )  # fmt: skip
+    variants = ["model", "kv:int4", "kv:int2", "mqa"]
+    report = headwidget.evaluate(
+        model, english_sample(split="evaluation"), variants, tokenizer=tok, stats=stats, layers=LAYERS,
+        max_tokens=64, per_layer=True, progress=False,
+    )  # fmt: skip
+    mechanisms = ["model", "mqa", "lrkv:16", "mla:128"]
+    return {
+        "channels": headwidget.ChannelView(stats, layer=0, pinned=[1], channel_width=32),
+        "alignment": headwidget.AlignmentView(stats, layer=1),
+        "mechanisms": headwidget.MechanismView(model, layer=0, mechanisms=mechanisms, stats=stats),
+        "quantization": headwidget.QuantizationView(stats, layer=0),
+        "quantization+report": headwidget.QuantizationView(stats, layer=0, report=report),
+        "consequences": headwidget.ConsequenceView(report),
+    }
+
+
+CASES = ["channels", "alignment", "mechanisms", "quantization", "quantization+report", "consequences"]
+
+
+def test_every_registered_view_is_among_the_cases():
+    from headwidget.views._registry import view_names
+
+    assert {case.split("+")[0] for case in CASES} == set(view_names())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_exported_figure_is_laid_out(views, case, tmp_path):
+    view = views[case]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig = figure(view, dpi=100)
+        problems = layout_problems(fig)
+    assert problems == []
+    assert not [w for w in caught if "collapsed" in str(w.message)]
+    for suffix in (".png", ".svg", ".pdf"):  # one frozen geometry, written in every format
+        assert save(view, tmp_path / f"{case}{suffix}", dpi=100).stat().st_size > 2000
+
+
+def test_the_layout_check_sees_what_it_is_for():
+    fig = Figure(figsize=(3, 2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.1, 0.1, 0.05, 0.8))  # a plot 0.15 inches wide
+    ax.plot([0, 1], [0, 1])
+    fig.text(0.3, 0.5, "one text here")
+    fig.text(0.32, 0.5, "and another on it")
+    fig.text(0.9, 0.9, "running off the right edge")
+    problems = layout_problems(fig)
+    assert any("overlap" in p and "one text here" in p for p in problems)
+    assert any("leaves the figure" in p and "running off" in p for p in problems)
+    assert any(p.startswith("chart axes") and "0.15×1.60 in" in p for p in problems)
