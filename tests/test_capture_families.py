@@ -129,3 +129,27 @@ def test_float32_model_matches_float64_reference():
     stats = headwidget.capture(model, batches, progress=False)
     ref = reference_activations("llama_gqa", model, batches)
     np.testing.assert_allclose(stats.channel_corr(1, "key"), np.corrcoef(ref[1]["key"].T), atol=1e-5)
+
+
+#: The first projection of each family's MLP in a layer block (transformers' module names).
+MLP_UP = {"llama": "mlp.up_proj", "gpt2": "mlp.c_fc", "gpt_neox": "mlp.dense_h_to_4h",
+          "falcon": "mlp.dense_h_to_4h", "bigcode": "mlp.c_fc", "bert": "intermediate.dense",
+          "deepseek": "mlp.up_proj"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_mlp_width_is_the_width_of_the_mlps_first_projection(name):
+    from headwidget.adapters import adapter_for
+
+    model = make_model(name)
+    block = next(m for n, m in model.named_modules() if n.endswith(("layers.0", "h.0", "layer.0")))
+    up = block.get_submodule(next(v for k, v in MLP_UP.items() if name.startswith(k)))
+    width = up.out_features if isinstance(up, torch.nn.Linear) else up.nf  # GPT-2's Conv1D
+    assert adapter_for(model).mlp_width() == width
+
+
+def test_an_encoder_is_measured_by_its_hidden_states_and_a_decoder_by_its_predictions():
+    from headwidget.evaluation._outputs import OutputRunner
+
+    assert OutputRunner.for_model(make_model("bert")).kind == "encoder"
+    assert OutputRunner.for_model(make_model("gpt2")).kind == "causal-lm"

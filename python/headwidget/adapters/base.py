@@ -75,6 +75,13 @@ class Adapter:
     routes_through_interface: ClassVar[bool] = True
     #: Name of the attribute an attention module must have (used to find them).
     marker: ClassVar[str] = ""
+    #: Whether each position attends only to earlier ones (a decoder); False for encoders, whose
+    #: outputs are measured as hidden states, never as next-token predictions.
+    causal: ClassVar[bool] = True
+    #: The config field that holds the width of the MLP's hidden layer, and the multiple of the hidden
+    #: size the family's own config uses when that field is None (0: the field must be set).
+    mlp_width_field: ClassVar[str] = "intermediate_size"
+    mlp_width_default: ClassVar[int] = 0
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -102,6 +109,26 @@ class Adapter:
                 raise RuntimeError(f"no attention modules with a {self.marker!r} attribute were found")
             self._attentions = found
         return list(self._attentions)
+
+    def mlp_width(self) -> int:
+        """Width of the MLP's hidden layer, from the config field the family names.
+
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> from headwidget.adapters import adapter_for
+        >>> gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4))  # n_inner None: 4 × 32
+        >>> adapter_for(gpt2).mlp_width()
+        128
+        """
+        config = getattr(self.model, "config", None)
+        value = getattr(config, self.mlp_width_field, None)
+        if value is None and self.mlp_width_default:
+            return self.mlp_width_default * self.layout().hidden_size
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}'s config has no usable {self.mlp_width_field} (got {value!r}), "
+                "the width of its MLP that headwidget's memory estimates need; set it in the config"
+            )
+        return value
 
     def layout(self) -> AttentionLayout:
         raise NotImplementedError

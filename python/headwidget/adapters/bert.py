@@ -18,6 +18,7 @@ from headwidget.core.layout import AttentionLayout
 
 class BertAdapter(Adapter):
     family = "bert"
+    causal = False
     model_types = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
     marker = "key"
 

@@ -14,6 +14,7 @@ from headwidget.core.layout import AttentionLayout, mechanism_of
 
 class GPTBigCodeAdapter(FusedQKVAdapter):
     family = "gpt_bigcode"
+    mlp_width_field, mlp_width_default = "n_inner", 4  # n_inner None: 4 × n_embd
     model_types = ("gpt_bigcode",)
     marker = "c_attn"
     qkv_module = "c_attn"

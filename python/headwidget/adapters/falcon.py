@@ -21,6 +21,7 @@ from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 
 class FalconAdapter(FusedQKVAdapter):
     family = "falcon"
+    mlp_width_field, mlp_width_default = "ffn_hidden_size", 4  # None: 4 × hidden_size
     model_types = ("falcon",)
     marker = "query_key_value"
     qkv_module = "query_key_value"

@@ -11,6 +11,7 @@ from headwidget.core.layout import AttentionLayout
 
 class GPT2Adapter(FusedQKVAdapter):
     family = "gpt2"
+    mlp_width_field, mlp_width_default = "n_inner", 4  # n_inner None: 4 × n_embd
     model_types = ("gpt2",)
     marker = "c_attn"
     qkv_module = "c_attn"

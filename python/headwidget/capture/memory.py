@@ -155,14 +155,6 @@ def reservoir_key_bytes(samples: int, rows: int) -> int:
     return 8 * (5 * samples + 4 * rows)
 
 
-def _config_int(config: Any, *names: str) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 @dataclass(frozen=True)
 class ForwardShape:
     """What the working memory of a model's forward pass depends on."""
@@ -176,10 +168,12 @@ class ForwardShape:
     scores: bool  # whether attention may materialise the (heads × T × T) scores
 
     @classmethod
-    def of(cls, model: nn.Module, layout: AttentionLayout) -> ForwardShape:
+    def of(cls, model: nn.Module, layout: AttentionLayout, mlp_width: int) -> ForwardShape:
+        """The shape of ``model``'s forward: ``layout`` and ``mlp_width`` from its adapter
+        (:meth:`~headwidget.adapters.Adapter.mlp_width`, which reads the family's own config field)."""
         config: Any = getattr(model, "config", None)
         hidden = layout.hidden_size
-        ffn = _config_int(config, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
+        ffn = mlp_width
         dtype_bytes = 4
         for p in model.parameters():
             if p.is_floating_point():

@@ -131,7 +131,7 @@ class CapturePlan:
         attention = [modules[i] for i in chosen]
         taps = [adapter.taps(m)[0].module for m in attention]
         devices = [module_device(t) for t in taps]
-        forward = ForwardShape.of(adapter.model, layout)
+        forward = ForwardShape.of(adapter.model, layout, adapter.mlp_width())
         plane_norms = inputs and layout.rope.uses_rope and adapter.query_taps(attention[0]) is not None
         plan = cls(layout, chosen, kinds, cross, attention, devices, forward, int(samples))
         plan.plane_norms = bool(plane_norms)

@@ -119,7 +119,7 @@ class EvaluationMemory:
         logits = tokens * vocab * b  # the model's (B, T, V) output, and the rows picked out of it
         rows = min(tokens, chunk_rows(vocab))  # the rows of one chunk of the measures
         measures = 2 * tokens * vocab * b + min(MEASURE_WORK_BYTES, 6 * rows * max(vocab, 1) * max(b, 4))
-        shape = ForwardShape.of(model, lay)
+        shape = ForwardShape.of(model, lay, adapter.mlp_width())
         shape = ForwardShape(**{**shape.__dict__, "dtype_bytes": b})
         forward = forward_bytes(shape, batch_size, max_length) + logits + measures
         if any(v.quantizer for v in variants):

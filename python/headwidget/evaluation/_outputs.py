@@ -76,7 +76,7 @@ class OutputRunner:
         adapter = adapter_for(model)
         get_head = getattr(model, "get_output_embeddings", None)
         has_head = callable(get_head) and get_head() is not None
-        kind = "causal-lm" if adapter.family != "bert" and has_head else "encoder"
+        kind = "causal-lm" if adapter.causal and has_head else "encoder"
         return cls(kind, next(model.parameters()).device)
 
     @torch.no_grad()
