@@ -197,7 +197,8 @@ def test_the_widget_sends_the_charts_and_a_cell_click_selects_the_layer(tiny_rep
     assert view.view == "consequences" and [c["trait"] for c in view.controls] == ["measure"]
     assert view.charts[0]["id"] == "tradeoff" and view.panels[0]["id"] == "damage"
     assert view.charts[0]["series"][0]["y"] == view.grid.charts[0].series[0].y
-    assert view.heading == view.caption == f"{report.model} · KV bytes against damage"
+    caption = f"{report.model} · {len(report.variants)} variants on {report.tokens} held-out tokens"
+    assert view.heading == view.caption == caption
     view._handle_message(view, {"type": "click", "panel": "damage", "row": 0, "col": 1}, [])
     assert view.layer == 1
     points = []

@@ -144,8 +144,10 @@ class ConsequenceView(View):
 
     @property
     def caption(self) -> str:
-        """The model and what the view shows."""
-        return f"{self.report.model} · KV bytes against damage"
+        """The model and what the variants were measured on (the charts below have their own titles:
+        the figure's title does not repeat one)."""
+        report = self.report
+        return f"{report.model} · {len(report.variants)} variants on {report.tokens} held-out tokens"
 
     # ------------------------------------------------------------------ numbers
     def damage(self, spec: str) -> float:
