@@ -63,7 +63,7 @@ NARROW_LOG_TICK_IN = 0.55
 
 def _log_axis(axis: object, values: list[float], length_in: float) -> None:
     """Ticks at 1, 2 and 5 per decade; over less than a decade (where those give one tick or a crowd),
-    3-6 evenly spaced round values, as many as the axis' length holds."""
+    round values evenly spaced in 2-5 intervals, as many as the axis' length holds."""
     positive = [v for v in values if v > 0 and math.isfinite(v)]
     if positive and max(positive) < 10 * min(positive):
         nbins = max(2, min(5, int(length_in / NARROW_LOG_TICK_IN)))

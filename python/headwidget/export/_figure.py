@@ -34,7 +34,7 @@ from matplotlib.ticker import MaxNLocator
 
 from headwidget.core.charts import Chart
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.export._charts import CHART_IN, draw_chart
+from headwidget.export._charts import AXIS_LABELS_IN, CHART_IN, draw_chart, legend_height_pt, legend_rows
 from headwidget.export._colormaps import LutNorm, colormap, nan_color
 from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, printable, text_width, wrap
 from headwidget.export._source import ExportError, GridSource, grid_of
@@ -99,12 +99,17 @@ def _printable_grid(grid: PanelGrid) -> PanelGrid:
 
 
 def _charts_size(charts: list[Chart]) -> tuple[float, float]:
-    """(width, height) in inches of a row of charts with their subtitles and notes."""
-    lines = max(
-        len(wrap(c.subtitle, CHART_IN[0] - 0.4, SUBTITLE_PT)) + len(wrap(c.note, CHART_IN[0] - 0.4, NOTE_PT))
-        for c in charts
-    )
-    return CHART_IN[0] * len(charts), CHART_IN[1] + 0.14 * lines
+    """(width, height) in inches of a row of charts with their subtitles, legends and notes."""
+
+    def text_h(c: Chart) -> float:
+        width = CHART_IN[0] - 0.4
+        lines = len(wrap(c.subtitle, width, SUBTITLE_PT)) + len(wrap(c.note, width, NOTE_PT))
+        names = [printable(s.name) for s in c.series if s.name]
+        rows = legend_rows(names, CHART_IN[0] - 0.6 - AXIS_LABELS_IN)[1]
+        # the one legend row the base height always held is not counted twice
+        return 0.14 * lines + max(0.0, legend_height_pt(rows) - legend_height_pt(1)) / 72
+
+    return CHART_IN[0] * len(charts), CHART_IN[1] + max(text_h(c) for c in charts)
 
 
 def _check_pixels(width: float, height: float, dpi: float) -> None:
