@@ -270,7 +270,8 @@ def figure(
 ) -> Figure:
     """The figure of a view's (or a grid's) panels; ``size`` is (width, height) in inches.
 
-    Without ``size`` the figure is sized for plots of about 2.2 inches and their text. Without
+    Without ``size`` the figure is sized for plots of about 2.2 inches and their text, and grows to
+    hold any text that would still run past its edge. Without
     ``title``, a view's figure is titled with its ``caption`` (the model and the layer); ``title=""``
     gives none.
 
