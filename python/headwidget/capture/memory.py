@@ -172,8 +172,6 @@ class ForwardShape:
         """The shape of ``model``'s forward: ``layout`` and ``mlp_width`` from its adapter
         (:meth:`~headwidget.adapters.Adapter.mlp_width`, which reads the family's own config field)."""
         config: Any = getattr(model, "config", None)
-        hidden = layout.hidden_size
-        ffn = mlp_width
         dtype_bytes = 4
         for p in model.parameters():
             if p.is_floating_point():
@@ -181,8 +179,8 @@ class ForwardShape:
                 break
         impl = str(getattr(config, "_attn_implementation", None) or "eager")
         return cls(
-            hidden=hidden,
-            ffn=ffn,
+            hidden=layout.hidden_size,
+            ffn=mlp_width,
             heads=layout.num_heads,
             kv_heads=layout.num_kv_heads,
             head_dim=max(layout.head_dim, layout.value_head_dim),

@@ -56,9 +56,7 @@ def all_finite(values: torch.Tensor) -> bool:
     >>> all_finite(torch.tensor([-float("inf"), 0.0])), all_finite(torch.empty(0))
     (False, True)
     """
-    if values.numel() == 0:
-        return True
-    if not values.is_floating_point():
+    if values.numel() == 0 or not values.is_floating_point():
         return True
     low, high = torch.aminmax(values)
     return bool(torch.isfinite(low) & torch.isfinite(high))
