@@ -194,3 +194,72 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
     assert "://" not in text  # nothing to fetch
     with pytest.raises(headwidget.HeadwidgetError, match=r"use \.html, \.png, \.svg or \.pdf"):
         dash.save(tmp_path / "dash.gif")
+
+
+@pytest.fixture(scope="module")
+def wide_stats():
+    """Statistics of a GPT-2 with 256 key channels (two layers): enough cells to fit to a screen."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=256, n_layer=2, n_head=4)).eval()
+    return headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False)
+
+
+def block_means(matrix: np.ndarray, block: int) -> np.ndarray:
+    """Float64 mean of each block × block square, by a loop (partial edge blocks included)."""
+    n = -(-matrix.shape[0] // block)
+    out = np.empty((n, n))
+    for i in range(n):
+        for j in range(n):
+            out[i, j] = matrix[i * block : (i + 1) * block, j * block : (j + 1) * block].mean()
+    return out
+
+
+def test_a_shown_view_sends_no_more_cells_than_the_page_draws(wide_stats):
+    view = ChannelView(wide_stats, layer=0, prefetch=False)
+    assert view.panels[0]["rows"] == 256 and view.resolution is None  # no page yet: the view's own limit
+    view.panel_pixels = 100  # what the front end reports: a plot 100 device pixels wide
+    assert view.panels[0]["rows"] == 256  # the page has these already: nothing resent
+    view.layer = 1
+    for sent, kind in zip(view.panels, ("key", "value"), strict=True):
+        block = -(-256 // 100)
+        assert (sent["rows"], sent["row_step"], sent["col_step"]) == (86, block, block)
+        expected = block_means(wide_stats.channel_corr(1, kind), block)
+        assert np.abs(decode(sent) - expected).max() <= 4.9e-4 + 1e-12  # float16 on the wire
+        assert f"downsampled 256→86: mean of {block}×{block}" in sent["note"]
+    # A wider plot asks for more at once; a narrower one waits for the next change.
+    view.panel_pixels = 200
+    assert view.panels[0]["rows"] == 128
+    view.panel_pixels = 150
+    assert view.panels[0]["rows"] == 128
+    view.channel_width = 64  # a window narrower than the plot is sent whole
+    assert (view.panels[0]["rows"], view.panels[0]["row_step"]) == (64, 1)
+    view.close()
+
+
+def test_saving_a_shown_view_keeps_the_full_resolution(wide_stats, tmp_path):
+    from headwidget.export import grid_of
+    from headwidget.export._source import collect_frames
+
+    view = ChannelView(wide_stats, layer=1, prefetch=False)
+    view.panel_pixels = 60
+    view.layer = 0
+    shown = view.panels
+    assert shown[0]["rows"] == 52
+    grid = grid_of(view)
+    np.testing.assert_array_equal(grid.panels[0].matrix, wide_stats.channel_corr(0, "key"))
+    frames = collect_frames(view, None, 2**30)
+    assert {p["rows"] for f in frames.frames.values() for p in f["panels"]} == {256}
+    view.save(tmp_path / "channels.html")
+    assert view.panels == shown and view.resolution == 60 and view.layer == 0  # the screen's again
+    view.close()
+
+
+@pytest.mark.parametrize("reported", [-5, 0, 10**9])
+def test_a_nonsense_plot_size_means_not_known(wide_stats, reported):
+    view = ChannelView(wide_stats, layer=0, prefetch=False)
+    view.panel_pixels = 50
+    view.panel_pixels = reported
+    assert view.panel_pixels == 0 and view.resolution is None and view.panels[0]["rows"] == 256
+    view.close()

@@ -297,6 +297,16 @@ export function cellRect(b: PanelBox, row: number, col: number): Rect {
   return { x: x0, y: y0, w: x1 - x0, h: y1 - y0 };
 }
 
+/**
+ * The longest plot side of a layout in device pixels (0 without panels): what the page tells the
+ * kernel, which then sends no more cells per panel side than that.
+ */
+export function plotPixels(layout: GridLayout, dpr: number): number {
+  let side = 0;
+  for (const b of layout.boxes) side = Math.max(side, b.plot.w, b.plot.h);
+  return side > 0 ? Math.ceil(side * (dpr > 0 ? dpr : 1)) : 0;
+}
+
 /** Height of the colorbar strip above the grid, and its minimum width. */
 export const COLORBAR_H = 52;
 export const COLORBAR_W = 380;

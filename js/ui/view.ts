@@ -9,6 +9,10 @@
  * figure, so it never scrolls away; only a figure wider than a very narrow
  * container scrolls, inside its own box.
  *
+ * After each layout the view reports its longest plot side in device pixels
+ * (the `panel_pixels` trait): the kernel sends no more cells per panel side
+ * than that, and sends more when a resize or a zoom makes room for them.
+ *
  * Each panels update leaves the User Timing marks "headwidget:panels" (the
  * update arrives) and "headwidget:drawn" (every canvas is drawn) for
  * profiling in the browser.
@@ -16,7 +20,7 @@
 
 import { type Chart, parseCharts } from "../lib/charts";
 import { packedColormap } from "../lib/colormap";
-import { computeLayout } from "../lib/layout";
+import { computeLayout, plotPixels } from "../lib/layout";
 import { type Panel, parsePanels } from "../lib/panels";
 import type { Measure } from "../lib/text";
 import { ChartStrip } from "./charts";
@@ -26,7 +30,7 @@ import { h, makeMeasure } from "./dom";
 import { downloadCanvas, EXPORT_SCALE, renderFigure } from "./export_png";
 import { Grid, type GridContent } from "./grid";
 import { Messages } from "./messages";
-import { getNumber, getString, type Model, onChanges } from "./model";
+import { commit, getNumber, getString, type Model, onChanges } from "./model";
 import { buildImage, type Image, recolorImage } from "./panel_canvas";
 import { injectStyle } from "./style";
 
@@ -68,6 +72,8 @@ export class View {
   private observedWidth = 0;
   private lastWidth = 0;
   private lastDpr = 1;
+  /** The longest plot side this view drew, in device pixels (see reportPixels). */
+  private pixels = 0;
   /** The box the figure scrolls in when it is wider than the container. */
   readonly figure: HTMLDivElement;
   private readonly cleanup: (() => void)[] = [];
@@ -228,11 +234,26 @@ export class View {
   relayout(): void {
     this.lastWidth = this.availableWidth();
     this.lastDpr = this.dpr();
-    this.grid.setContent(this.content(), this.lastDpr);
+    const content = this.content();
+    this.grid.setContent(content, this.lastDpr);
+    this.reportPixels(plotPixels(content.layout, this.lastDpr));
     // A view of charts alone (no heatmap) shows no colorbar.
     this.grid.root.hidden = this.panels.length === 0 && this.chartList.length > 0;
     this.charts.setCharts(this.chartList, this.lastWidth, this.measure, this.lastDpr);
     this.drawColorbar();
+  }
+
+  /**
+   * Tell the kernel how many cells a panel side can show (only when that changed): the largest of
+   * the model's views, so that two views of one widget of different sizes agree on one number.
+   */
+  private reportPixels(pixels: number): void {
+    this.pixels = pixels;
+    const views = viewsByModel.get(this.model) ?? [this];
+    const wanted = Math.max(...views.map((v) => v.pixels));
+    if (wanted > 0 && wanted !== getNumber(this.model, "panel_pixels")) {
+      commit(this.model, { panel_pixels: wanted });
+    }
   }
 
   private drawColorbar(): void {

@@ -9,6 +9,7 @@ the wrong channel window fails.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -209,3 +210,40 @@ def test_a_spec_typed_into_the_mechanisms_bar_reaches_the_kernel_and_gets_a_pane
     )
     assert checked[-1] == "gqa:1"
     lab.page.locator(".lm-TabBar-tab", has_text="Channels").first.click()
+
+
+WIDE_CELL = """\
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=1024, n_layer=2, n_head=8)).eval()
+wide = headwidget.ChannelView(headwidget.capture(gpt2, torch.randint(0, 64, (2, 16)), progress=False))
+wide"""
+
+#: The longest plot side of the last channel view on the page, in device pixels.
+PLOT_PIXELS = """() => {
+  const roots = document.querySelectorAll('.hw-root[data-view="channels"]');
+  const panels = roots[roots.length - 1].querySelectorAll('.hw-panel');
+  const side = Math.max(...[...panels].map((p) => {
+    const r = JSON.parse(p.dataset.plotRect); return Math.max(r.w, r.h); }));
+  return Math.ceil(side * window.devicePixelRatio);
+}"""
+
+
+def test_the_kernel_sends_no_more_cells_than_the_page_draws(lab):
+    """A 1024-channel view: the page reports its plot size, and the next layer comes at that size."""
+    lab.run(WIDE_CELL, timeout_s=120)
+    lab.page.wait_for_function(
+        "() => document.querySelectorAll('.hw-root[data-view=\"channels\"] .hw-heatmap').length >= 4"
+    )
+    pixels = lab.page.evaluate(PLOT_PIXELS)
+    assert 100 < pixels < 1024, pixels  # the plot is narrower than the 1024 channels
+    deadline = time.monotonic() + 30
+    while int(lab.run("print(wide.panel_pixels)").splitlines()[-1]) != pixels:
+        assert time.monotonic() < deadline, "the page never told the kernel its plot size"
+    out = lab.run("wide.layer = 1\nprint(wide.panels[0]['rows'], wide.panels[0]['row_step'])")
+    rows, step = map(int, out.splitlines()[-1].split())
+    assert step == -(-1024 // pixels) and rows == -(-1024 // step) <= pixels
+    lab.page.wait_for_function(
+        """() => { const roots = document.querySelectorAll('.hw-root[data-view="channels"]');
+          return roots[roots.length - 1].querySelector('.hw-panel').dataset.panelId === 'key-1'; }"""
+    )

@@ -20,6 +20,7 @@ import {
   PLOT_BASE,
   PLOT_FLOOR,
   PLOT_MIN_FIT,
+  plotPixels,
   plotSize,
   rowLength,
   SUBTITLE_H,
@@ -289,5 +290,22 @@ describe("hit-testing", () => {
     for (let k = 0; k < 3; k++) expect(cellIndex(cellEdge(0.1, 320, 3, k), 0.1, 320, 3)).toBe(k);
     expect(cellIndex(cellEdge(0.1, 320, 3, 1) - 1e-9, 0.1, 320, 3)).toBe(0);
     expect(cellIndex(NaN, 0, 10, 2)).toBe(-1);
+  });
+});
+
+describe("plotPixels", () => {
+  it("is the longest plot side of the layout in device pixels, rounded up", () => {
+    const layout = computeLayout([spec(4, 4), spec(8, 2)], 900, 0, approxMeasure);
+    const side = Math.max(...layout.boxes.flatMap((b) => [b.plot.w, b.plot.h]));
+    expect(plotPixels(layout, 1)).toBe(Math.ceil(side));
+    expect(plotPixels(layout, 1.5)).toBe(Math.ceil(side * 1.5));
+    expect(plotPixels(layout, 2)).toBe(Math.ceil(side * 2));
+  });
+
+  it("is 0 without panels, and counts a nonsense ratio as 1", () => {
+    expect(plotPixels(computeLayout([], 900, 0, approxMeasure), 2)).toBe(0);
+    const layout = computeLayout([spec(3, 3)], 900, 0, approxMeasure);
+    expect(plotPixels(layout, 0)).toBe(plotPixels(layout, 1));
+    expect(plotPixels(layout, Number.NaN)).toBe(plotPixels(layout, 1));
   });
 });

@@ -173,6 +173,65 @@ describe("View sizing", () => {
     expect(ro.on).toBe(false);
   });
 
+  it("tells the kernel its longest plot side in device pixels, and again only when it changes", () => {
+    const { fm, el, view } = mount({ panels: five().slice(0, 1) });
+    const side = () =>
+      Math.max(
+        ...[...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => {
+          const r = JSON.parse(p.dataset.plotRect!);
+          return Math.max(r.w, r.h);
+        }),
+      );
+    expect(fm.get("panel_pixels")).toBe(Math.ceil(side()));
+    const saves = fm.saves.length;
+    expect(saves).toBeGreaterThan(0);
+    view.relayout(); // same size: nothing to say
+    expect(fm.saves.length).toBe(saves);
+    let w = 2400;
+    Object.defineProperty(view.root, "clientWidth", { get: () => w });
+    window.dispatchEvent(new Event("resize"));
+    expect(fm.get("panel_pixels")).toBe(Math.ceil(side()));
+    const wide = side();
+    w = 500;
+    window.dispatchEvent(new Event("resize"));
+    expect(side()).toBeLessThan(wide);
+    expect(fm.get("panel_pixels")).toBe(Math.ceil(side()));
+    const dpr = window.devicePixelRatio;
+    Object.defineProperty(window, "devicePixelRatio", { value: 2, configurable: true });
+    try {
+      window.dispatchEvent(new Event("resize"));
+      expect(fm.get("panel_pixels")).toBe(Math.ceil(side() * 2));
+    } finally {
+      Object.defineProperty(window, "devicePixelRatio", { value: dpr, configurable: true });
+    }
+    view.destroy();
+  });
+
+  it("reports the larger of two views of one model, so that they do not undo each other", () => {
+    const { fm, view } = mount({ panels: five() });
+    const wide = view.root;
+    Object.defineProperty(wide, "clientWidth", { get: () => 2400 });
+    view.relayout();
+    const large = fm.get("panel_pixels");
+    const el2 = document.createElement("div");
+    document.body.appendChild(el2);
+    const narrow = new View(fm.asModel(), el2);
+    Object.defineProperty(narrow.root, "clientWidth", { get: () => 400 });
+    narrow.relayout();
+    const alone = new FakeModel({ panels: five() });
+    const el3 = document.createElement("div");
+    document.body.appendChild(el3);
+    const single = new View(alone.asModel(), el3);
+    Object.defineProperty(single.root, "clientWidth", { get: () => 400 });
+    single.relayout();
+    expect(alone.get("panel_pixels")).toBeLessThan(large); // what the narrow one alone would say
+    single.destroy();
+    fm.set("panels", five()); // both lay out again
+    expect(fm.get("panel_pixels")).toBe(large);
+    narrow.destroy();
+    view.destroy();
+  });
+
   it("keeps the controls outside the box that scrolls", () => {
     const { el } = mount({ panels: five() });
     const figure = el.querySelector(".hw-figure")!;

@@ -26,14 +26,19 @@ import math
 from typing import Any
 
 import numpy as np
+import torch
 
 from headwidget.checks import whole_number
+from headwidget.core.kinds import Kind
 from headwidget.errors import ArgumentError, UnknownAggregationError
+from headwidget.stats import KVStats
 
-__all__ = ["DOWNSAMPLE_RULES", "downsample"]
+__all__ = ["DOWNSAMPLE_RULES", "downsample", "downsampled_corr"]
 
 DOWNSAMPLE_RULES = ("mean", "maxabs")
 CHUNK_CELLS = 8 * 2**20
+#: Cells of the correlation made at once by :func:`downsampled_corr` (8 MiB of float64).
+BAND_CELLS = 2**20
 
 
 def _blocks(part: np.ndarray, b: int, cols_b: int) -> np.ndarray:
@@ -42,6 +47,28 @@ def _blocks(part: np.ndarray, b: int, cols_b: int) -> np.ndarray:
     padded = np.full((rows, cols_b * b), np.nan)
     padded[: part.shape[0], : part.shape[1]] = part
     return padded.reshape(rows // b, b, cols_b, b).transpose(0, 2, 1, 3).reshape(rows // b, cols_b, b * b)
+
+
+def _block_mean(m: np.ndarray, b: int) -> np.ndarray:
+    """The block mean of a matrix without NaN: block rows summed first (``b`` whole rows at a time,
+    reading the matrix once in order), then block columns, then divided by each block's cell count
+    (the last block row / column holds what is left). Same numbers as the NaN-aware rule, several
+    times faster on a 4096-channel matrix."""
+    (rows, cols), (q, p) = m.shape, (m.shape[0] // b, m.shape[1] // b)
+    rows_b, cols_b = -(-rows // b), -(-cols // b)
+    by_rows = np.empty((rows_b, cols))
+    by_rows[:q] = m[: q * b].reshape(q, b, cols).sum(axis=1)
+    if rows_b > q:
+        by_rows[q] = m[q * b :].sum(axis=0)
+    sums = np.empty((rows_b, cols_b))
+    sums[:, :p] = by_rows[:, : p * b].reshape(rows_b, p, b).sum(axis=2)
+    if cols_b > p:
+        sums[:, p] = by_rows[:, p * b :].sum(axis=1)
+    row_cells = np.full(rows_b, float(b))
+    row_cells[q:] = rows - q * b
+    col_cells = np.full(cols_b, float(b))
+    col_cells[p:] = cols - p * b
+    return sums / np.outer(row_cells, col_cells)
 
 
 def downsample(matrix: Any, size: int, how: str = "mean") -> tuple[np.ndarray, int]:
@@ -72,10 +99,14 @@ def downsample(matrix: Any, size: int, how: str = "mean") -> tuple[np.ndarray, i
     b = math.ceil(max(m.shape) / size)
     if b == 1:
         return m.copy(), 1
+    return _aggregate(m, b, how), b
+
+
+def _aggregate(m: np.ndarray, b: int, how: str) -> np.ndarray:
+    """``m`` (float64) aggregated in ``b × b`` blocks under the rule ``how``."""
+    if how == "mean" and not np.isnan(m).any():
+        return _block_mean(m, b)
     rows_b, cols_b = -(-m.shape[0] // b), -(-m.shape[1] // b)
-    if how == "mean" and m.shape[0] % b == 0 and m.shape[1] % b == 0 and not np.isnan(m).any():
-        # whole blocks, nothing undefined: a plain block mean (same numbers, a third of the time)
-        return m.reshape(rows_b, b, cols_b, b).mean(axis=(1, 3)), b
     out = np.empty((rows_b, cols_b))
     step = max(1, CHUNK_CELLS // (b * b * cols_b))  # block rows per chunk
     for i0 in range(0, rows_b, step):
@@ -91,4 +122,49 @@ def downsample(matrix: Any, size: int, how: str = "mean") -> tuple[np.ndarray, i
             pick = np.take_along_axis(blk, mag.argmax(-1)[..., None], -1)[..., 0]
             res = np.where(missing.all(-1), np.nan, pick)
         out[i0 : i0 + res.shape[0]] = res
+    return out
+
+
+def downsampled_corr(
+    stats: KVStats, layer: int, kind: Kind, start: int, stop: int, size: int
+) -> tuple[np.ndarray, int]:
+    """``downsample(stats.channel_corr(layer, kind)[start:stop, start:stop], size)`` (the mean rule),
+    without making the whole correlation: it is made and block-averaged a band of block rows at a
+    time, from the co-moments. The same numbers (each cell's correlation is computed as
+    :meth:`~headwidget.stats.KVStats.channel_corr` computes it), without allocating C × C floats
+    (128 MiB at C = 4096) per layer shown.
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=64, n_layer=1, n_head=4)).eval()
+        >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 16)), progress=False)
+        >>> got, block = downsampled_corr(stats, 0, "key", 0, 64, 20)
+        >>> want, _ = downsample(stats.channel_corr(0, "key"), 20)
+        >>> block, got.shape, bool(np.allclose(got, want, atol=1e-12, equal_nan=True))
+        (4, (16, 16), True)
+    """
+    size = whole_number("size", size, minimum=1, hint="the largest output side")
+    moments = stats.moments(layer, kind)
+    if not 0 <= start < stop <= moments.channels:
+        raise ArgumentError(
+            f"channels {start}..{stop - 1} are not a window of the {moments.channels} channels of {kind}"
+        )
+    n = stop - start
+    b = math.ceil(n / size)
+    if b == 1:
+        return stats.channel_corr(layer, kind, slice(start, stop)), 1
+    side = -(-n // b)
+    if moments.count < 2:
+        return np.full((side, side), np.nan), b
+    m2 = moments.m2[start:stop, start:stop]
+    std = torch.sqrt(torch.diagonal(m2).clamp_min(0))
+    inv = torch.where(std > 0, 1.0 / torch.where(std > 0, std, 1.0), float("nan"))
+    out = np.empty((side, side))
+    band = max(1, BAND_CELLS // (b * n))  # block rows per band
+    for i0 in range(0, side, band):
+        rows = slice(i0 * b, min(n, (i0 + band) * b))
+        corr = (m2[rows] * inv[rows, None]).mul_(inv[None, :]).clamp_(-1.0, 1.0)
+        part = _aggregate(corr.cpu().numpy(), b, "mean")
+        out[i0 : i0 + part.shape[0]] = part
     return out, b

@@ -94,6 +94,9 @@ def grid_of(source: GridSource) -> PanelGrid:
     """
     if isinstance(source, PanelGrid):
         return _check(source)
+    if isinstance(source, View):
+        with source.full_resolution():  # a screen's coarser panels are not what a file keeps
+            return _check(source.grid)
     if isinstance(source, HasGrid):
         grid = source.grid
         if isinstance(grid, PanelGrid):
@@ -211,7 +214,8 @@ def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: 
         _add(frames, 0, source, "", max_bytes)
         return frames
     view: Any = source
-    frames = _window_frames(view, layers, max_bytes)
+    with view.full_resolution() if isinstance(view, View) else nullcontext():
+        frames = _window_frames(view, layers, max_bytes)
     # The page's bar in the order of the view's own
     order = [(c.type, c.trait) for c in view.view_controls()]
     frames.state["controls"].sort(key=lambda c: order.index((c["type"], c["trait"])))

@@ -4,6 +4,9 @@ A displayable view class lists the view class after :class:`ViewWidget`
 (``class ChannelView(ViewWidget, views.ChannelView)``): the view's ``__init__`` and state come first,
 the widget's transport after. Every computed grid goes to the browser in one message; ``status``
 says "computing…" meanwhile; ``controls`` and ``view`` come from the view class's declarations.
+The page reports its plot size (``panel_pixels``): the view's ``resolution`` follows it, so a
+4096-channel panel drawn 560 device pixels wide is sent as about 512 × 512 block means, and a larger
+plot (a wider window, a zoom) asks for the panels again. Saving (``.save``) uses the full resolution.
 :func:`displayable` makes such a class for a view that has no hand-written one; :func:`widget_class`
 finds the class of a registered view by name.
 
@@ -22,7 +25,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +35,7 @@ import traitlets as t
 
 from headwidget.core.panels import PanelGrid
 from headwidget.export import save
-from headwidget.views import View, view_class
+from headwidget.views import View, reduced, view_class
 from headwidget.widget import HeadWidget
 
 __all__ = ["ViewWidget", "displayable", "widget_class"]
@@ -67,6 +72,22 @@ class ViewWidget(View, HeadWidget):
     @t.default("controls")
     def _controls_default(self) -> list[dict[str, str]]:
         return [control.to_json() for control in self.view_controls()]
+
+    @t.observe("panel_pixels")
+    def _on_panel_pixels(self, change: dict[str, Any]) -> None:
+        """The page's plot size changed: compute for it from now on, and at once when it now has room
+        for more cells than the panels it shows."""
+        old, cells = self.resolution, change["new"] or None
+        self.resolution = cells
+        grew = old is not None and (cells is None or cells > old)
+        if grew and self._grid is not None and reduced(self._grid, cells or float("inf")):
+            self.refresh()
+
+    @contextlib.contextmanager
+    def full_resolution(self) -> Iterator[None]:
+        """:meth:`View.full_resolution`, sending the browser only the screen's panels afterwards."""
+        with self.hold_sync(), super().full_resolution():
+            yield
 
     def refresh(self, *, strict: bool = False) -> None:
         """Recompute the panels and send them; on a bad state, show why above the last panels

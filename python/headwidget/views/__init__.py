@@ -16,7 +16,7 @@ Example:
 import importlib
 import pkgutil
 
-from headwidget.views._base import LayerView, View, ViewSourceError, check_sources, state
+from headwidget.views._base import LayerView, View, ViewSourceError, check_sources, reduced, state
 from headwidget.views._controls import Control, ControlType, checklist, entry, select, slider, toggles, window
 from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
 from headwidget.views.alignment import AlignmentView
@@ -42,6 +42,7 @@ __all__ = [
     "checklist",
     "default_mechanisms",
     "entry",
+    "reduced",
     "register_view",
     "select",
     "slider",

@@ -6,6 +6,12 @@ control bar shows for it. A view built with a state it cannot show (a layer that
 say) raises that error; a later change to such a state (from Python, or from the browser) is
 reported in ``error`` instead, and the last good panels stay.
 
+A view shown on a screen computes its panels for that screen: ``resolution`` is the most cells a
+panel side needs there (the widget sets it from the page's plot size in device pixels), and a view
+with more cells than that (the channel view's 4096 channels) sends block means. Inside
+:meth:`View.full_resolution` the panels are those of the view's own limit, which is what saved
+figures and pages hold.
+
 Views do not draw and import no widget library: :mod:`headwidget.notebook` shows them,
 :mod:`headwidget.export` saves them.
 
@@ -45,6 +51,7 @@ __all__ = [
     "ViewSourceError",
     "WholeNumber",
     "check_sources",
+    "reduced",
     "state",
     "stats_model_name",
 ]
@@ -151,6 +158,9 @@ class View(t.HasTraits):
     def __init__(self, **kwargs: Any) -> None:
         self._grid: PanelGrid | None = None
         self._setting_up = False
+        #: The most cells a panel side needs where the view is shown (None: no screen to fit, the
+        #: view's own limit); set by the widget from the page, read by ``compute``.
+        self.resolution: int | None = None
         super().__init__(**kwargs)
         self.observe(self._on_state_change, names=self.state_traits())
 
@@ -283,6 +293,39 @@ class View(t.HasTraits):
             self._setting_up = False
         self.refresh(strict=True)
 
+    @contextlib.contextmanager
+    def full_resolution(self) -> Iterator[None]:
+        """Within the block, ``grid`` holds the panels at the view's own limit (what a saved figure or
+        page shows), whatever ``resolution`` the screen asked for; afterwards the screen's again.
+
+        Example:
+            >>> import numpy as np
+            >>> from headwidget.core.panels import Panel
+            >>> class Sized(View):
+            ...     def compute(self) -> PanelGrid:
+            ...         n = min(8, self.resolution or 8)
+            ...         panel = Panel("m", "m", np.zeros((n, n)), row_step=8 // n, col_step=8 // n)
+            ...         return PanelGrid([panel], -1.0, 1.0, "diverging", "")
+            >>> view = Sized()
+            >>> view.resolution = 2
+            >>> view.refresh()
+            >>> with view.full_resolution():
+            ...     full = view.grid.panels[0].matrix.shape
+            >>> full, view.grid.panels[0].matrix.shape
+            ((8, 8), (2, 2))
+        """
+        cells = self.resolution
+        if cells is None or (self._grid is not None and not reduced(self._grid)):
+            yield
+            return
+        self.resolution = None
+        try:
+            self.refresh()
+            yield
+        finally:
+            self.resolution = cells
+            self.refresh()
+
     def _on_state_change(self, change: dict[str, Any]) -> None:
         if not self._setting_up:
             self.refresh()
@@ -295,6 +338,24 @@ class View(t.HasTraits):
         parent = getattr(super(), "close", None)
         if callable(parent):
             parent()
+
+
+def reduced(grid: PanelGrid, cells: float = float("inf")) -> bool:
+    """Whether a panel of ``grid`` shows block means and has fewer than ``cells`` cells on that side
+    (more of its cells could be shown).
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.core.panels import Panel
+        >>> panel = Panel("m", "m", np.zeros((4, 4)), row_step=2, col_step=2)
+        >>> grid = PanelGrid([panel], 0.0, 1.0, "magma", "")
+        >>> reduced(grid), reduced(grid, cells=4)
+        (True, False)
+    """
+    return any(
+        (p.row_step > 1 and p.matrix.shape[0] < cells) or (p.col_step > 1 and p.matrix.shape[1] < cells)
+        for p in grid.panels
+    )
 
 
 def stats_model_name(stats: KVStats) -> str:

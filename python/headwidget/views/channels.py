@@ -3,7 +3,8 @@
 Reference: the coupled-quantization paper's figure (keys over values, several layers, colour −1..1).
 The layer slider picks the layer to explore; ``pinned`` layers stay beside it. The channel window
 (start, width) is shown at full resolution when it has at most ``max_cells`` channels, otherwise
-block-averaged (NaN-aware mean) down to at most ``max_cells``, and the panel says so.
+block-averaged (NaN-aware mean) down to at most ``max_cells``, and the panel says so. On a screen,
+the limit is the screen's ``resolution`` when that is smaller (the page's plot side in device pixels).
 
 Example:
     >>> import torch, headwidget
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import traitlets as t
 
-from headwidget.analysis.downsample import downsample
+from headwidget.analysis.downsample import downsampled_corr
 from headwidget.checks import flag, optional_whole_number, whole_number, whole_numbers
 from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
@@ -108,9 +109,7 @@ class ChannelView(LayerView):
         self.prefetch = flag("prefetch", prefetch)
         channels = stats.meta.layout.channels_of("key")
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
-        # Full correlations are C×C float64 (128 MiB at C = 4096): keep about 1 GiB of them.
-        full_bytes = 8 * channels * channels
-        self._corr = lru_cache(maxsize=max(4, min(64, 2**30 // full_bytes)))(self._full_corr)
+        # What panels show (at most max_cells² floats each): revisits and prefetched layers are free.
         self._shown = lru_cache(maxsize=64)(self._window_matrix)
         super().__init__(**kwargs)
         with self.initial_state():
@@ -143,21 +142,26 @@ class ChannelView(LayerView):
             **state,
         )
 
-    def _full_corr(self, layer: int, kind: str) -> np.ndarray:
-        corr = self.stats.channel_corr(layer, check_kind(kind))
-        corr.setflags(write=False)  # cached and shared by panels: never changed in place
-        return corr
-
     def _window_matrix(
         self, layer: int, kind: str, start: int, stop: int, max_cells: int
     ) -> tuple[np.ndarray, int]:
-        """The matrix a panel shows for a window, and its block size (cached: revisits are free)."""
-        window = self._corr(layer, kind)[start:stop, start:stop]
-        if window.shape[0] <= max_cells:
-            return window, 1
-        matrix, block = downsample(window, max_cells, how="mean")
-        matrix.setflags(write=False)
+        """The matrix a panel shows for a window, and its block size (cached: revisits are free).
+
+        Made from the co-moments at the size shown (:func:`downsampled_corr`): a 4096-channel layer
+        never allocates its whole 128 MiB correlation.
+        """
+        matrix, block = downsampled_corr(self.stats, layer, check_kind(kind), start, stop, max_cells)
+        matrix.setflags(write=False)  # cached and shared by panels: never changed in place
         return matrix, block
+
+    def _channels(self, layer: int, kind: str) -> int:
+        return self.stats.moments(layer, check_kind(kind)).channels
+
+    def cells(self) -> int:
+        """The most cells a panel side shows now: ``max_cells``, or the screen's ``resolution`` if smaller."""
+        if self.resolution is None:
+            return self.max_cells
+        return max(1, min(self.max_cells, self.resolution))
 
     def _prefetch_neighbours(self, layer: int, kind: str, start: int, width: int, max_cells: int) -> None:
         """Compute the panels of the layers next to ``layer`` in the background (same window), so a
@@ -167,7 +171,7 @@ class ChannelView(LayerView):
                 if neighbour not in self.stats.layers:
                     continue
                 for k in (kind, "value"):
-                    total = self._corr(neighbour, k).shape[0]
+                    total = self._channels(neighbour, k)
                     if start < total:
                         self._shown(neighbour, k, start, min(start + width, total), max_cells)
         except Exception:
@@ -203,11 +207,11 @@ class ChannelView(LayerView):
         layers = sorted({self.layer, *self.pinned})
         for layer in layers:
             self.check_layer(layer)
-        panels = []
+        panels, cells = [], self.cells()
         for kind in (self.kind, "value"):
             for layer in layers:
-                start, stop = self._window(self._corr(layer, kind).shape[0])
-                matrix, block = self._shown(layer, kind, start, stop, self.max_cells)
+                start, stop = self._window(self._channels(layer, kind))
+                matrix, block = self._shown(layer, kind, start, stop, cells)
                 head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
                 note = ""
                 if block > 1:
@@ -233,7 +237,7 @@ class ChannelView(LayerView):
                 )
         self.layer_label = f"layer {self.layer} of {self.num_layers} ({stats.tokens} tokens)"
         if self.prefetch:
-            args = (self.layer, self.kind, self.channel_start, max(self.channel_width, 1), self.max_cells)
+            args = (self.layer, self.kind, self.channel_start, max(self.channel_width, 1), cells)
             self._prefetcher.submit(self._prefetch_neighbours, *args)
         return PanelGrid(
             panels, vmin=-1.0, vmax=1.0, colormap="diverging",

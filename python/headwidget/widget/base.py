@@ -26,7 +26,10 @@ from headwidget.core.bundle import bundle_path
 from headwidget.core.charts import encode_chart
 from headwidget.core.panels import PanelGrid, encode_panel
 
-__all__ = ["HeadWidget"]
+__all__ = ["MAX_PANEL_PIXELS", "HeadWidget"]
+
+#: The largest plot side a page may report (canvas sides are limited to about this by browsers).
+MAX_PANEL_PIXELS = 32767
 
 
 class HeadWidget(anywidget.AnyWidget):
@@ -51,6 +54,15 @@ class HeadWidget(anywidget.AnyWidget):
     status = t.Unicode("").tag(sync=True)
     #: What the figure shows, above the controls (a view's ``caption``: model and layer); "" for none.
     heading = t.Unicode("").tag(sync=True)
+    #: Set by the front end: the longest plot side it draws, in device pixels (0: not drawn yet). A
+    #: view sends no more cells per panel side than this (:attr:`~headwidget.views.View.resolution`).
+    panel_pixels = t.Int(0).tag(sync=True)
+
+    @t.validate("panel_pixels")
+    def _check_panel_pixels(self, proposal: dict[str, Any]) -> int:
+        # What a page reports is a size, never a reason to fail: nonsense means "not known".
+        value = proposal["value"]
+        return value if 0 < value <= MAX_PANEL_PIXELS else 0
 
     def __init__(self, grid: PanelGrid | None = None, **kwargs: Any) -> None:
         """``grid``: panels to show at once (else call :meth:`show`)."""
