@@ -157,6 +157,7 @@ def test_the_damage_map_is_the_per_layer_sweep(tiny_report):
     peak = max(abs(x) for v in specs for x in report.per_layer[v])
     assert (view.grid.vmin, view.grid.vmax) == (-peak, peak)
     assert panel.col_offset == report.layers[0] == 0
+    assert (panel.row_axis, panel.col_axis) == ("variant", "layer")  # what the tooltip names them
     # the note names the selected layer's values and the most fragile layer, by hand
     view.select_cell("damage", 1, 1)
     assert view.layer == 1

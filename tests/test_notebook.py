@@ -57,7 +57,7 @@ def test_the_widget_sends_the_views_panels_and_controls(llama):
     grid = view.grid
     assert view.panels == [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
     assert (view.vmin, view.vmax, view.colormap, view.columns) == (-1.0, 1.0, "diverging", 1)
-    assert view.layer_label == "layer 1 of 2 (51 tokens)" and view.status == ""
+    assert view.layer_label == "layer 1 of 0–1 (51 tokens)" and view.status == ""
     model_name = stats.meta.model_name or stats.meta.model_class
     assert view.heading == f"{model_name} · layer 1"  # shown above the controls
     view.layer = 0  # what the slider's commit does

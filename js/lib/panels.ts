@@ -32,6 +32,9 @@ export interface PanelSpec {
   col_group: number;
   /** What the axes hold, for the tooltip ("K": `K h1·d36 × h2·d22 = …`); may be empty. */
   axis_prefix: string;
+  /** What a row / a column stands for, as the tooltip names it ("variant", "layer"; may be empty). */
+  row_axis: string;
+  col_axis: string;
   dtype: Dtype;
   note: string;
 }
@@ -101,6 +104,8 @@ export function parsePanel(input: unknown, index: number): Panel {
     row_group: int(r, "row_group", 0),
     col_group: int(r, "col_group", 0),
     axis_prefix: str(r, "axis_prefix"),
+    row_axis: str(r, "row_axis"),
+    col_axis: str(r, "col_axis"),
     dtype,
     note: str(r, "note"),
   };

@@ -53,6 +53,8 @@ export class Grid {
   };
   private views: PanelView[] = [];
   private hovered: Hit | null = null;
+  /** What the colour scale calls the values ("Pearson correlation"), for the tooltip. */
+  private valueName = "";
   /** Where the tooltip of the hovered cell points (grid coordinates), to refresh it. */
   private hoverPoint: [number, number] | null = null;
   private dpr = 1;
@@ -164,6 +166,7 @@ export class Grid {
   }
 
   drawColorbar(scale: ColorScale, measure: Measure): void {
+    this.valueName = scale.label; // the tooltip names a cell's value as the colour scale does
     const w = figureSize(this.content.layout).w;
     const hgt = COLORBAR_H;
     sizeCanvas(this.colorbar, w, hgt, this.dpr);
@@ -225,6 +228,9 @@ export class Grid {
       row: axisLabel(p.row_labels, p.row_offset, p.row_step, hit.row),
       col: axisLabel(p.col_labels, p.col_offset, p.col_step, hit.col),
       value,
+      rowName: p.row_axis,
+      colName: p.col_axis,
+      valueName: this.valueName,
       cell: namesHeads(p) ? groupedCell(p, hit.row, hit.col, value) : undefined,
     };
     this.tooltip.show(content, x, y, this.content.layout.width, this.content.layout.height);

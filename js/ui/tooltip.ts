@@ -12,6 +12,10 @@ export interface TooltipContent {
   row: string;
   col: string;
   value: number;
+  /** What the row, the column and the value are ("variant", "layer", "ΔNLL"); empty: row, col, value. */
+  rowName?: string;
+  colName?: string;
+  valueName?: string;
   /** "K h1·d36 × h2·d22 = 0.2310" (see lib/format groupedCell): the cell by head, when set. */
   cell?: string;
   /** Free lines below the title (a chart's point), shown instead of row, column and value. */
@@ -48,7 +52,12 @@ export class Tooltip {
   static lines(c: TooltipContent): string[] {
     if (c.lines) return [c.title, ...c.lines.slice(0, MAX_FREE_LINES)];
     if (c.cell) return [c.title, c.cell, `index ${c.row} × ${c.col}`];
-    return [c.title, `row: ${c.row}`, `col: ${c.col}`, `value: ${formatValue(c.value)}`];
+    return [
+      c.title,
+      `${c.rowName || "row"}: ${c.row}`,
+      `${c.colName || "col"}: ${c.col}`,
+      `${c.valueName || "value"}: ${formatValue(c.value)}`,
+    ];
   }
 
   /**

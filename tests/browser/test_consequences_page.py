@@ -63,6 +63,11 @@ def test_hovering_a_point_names_the_variant_and_its_numbers(browser, report, tmp
         assert cell["panel"] == "damage" and math.isclose(
             cell["value"], report.per_layer["mqa"][1], rel_tol=1e-3
         )
+        # the tooltip names the variant, the layer and what the value is, as the colour scale does
+        label = headwidget.ConsequenceView(report).grid.colorbar_label
+        lines = [page.text(f".hw-grid .hw-tooltip .hw-tt-{part}") for part in ("row", "col", "value")]
+        assert lines[:2] == ["variant: mqa", f"layer: {report.layers[1]}"], lines
+        assert label and lines[2].startswith(f"{label}: "), lines
         assert [u for u in page.requests if not u.startswith("data:")] == [page.url]  # nothing else
     finally:
         page.close()

@@ -31,7 +31,7 @@ def mount(h, **state):
         "colorbar_label": "cosine",
         "num_layers": 30,
         "layer": 3,
-        "layer_label": "layer 3 of 30",
+        "layer_label": "layer 3 of 0–29",
         "num_channels": 128,
         "channel_start": 0,
         "channel_width": 64,
@@ -54,7 +54,7 @@ def test_hover_shows_tooltip_crosshair_and_data_hover(harness):
     x, y = h.cell_centre("attn", 0, 0, 2, 3)
     before = h.pixel("attn", x, y)
     h.page.mouse.move(x, y)
-    assert tooltip_lines(h) == ["layer 3 · head 5", "row: q_first", "col: 64–67", "value: 0.2500"]
+    assert tooltip_lines(h) == ["layer 3 · head 5", "row: q_first", "col: 64–67", "cosine: 0.2500"]
     assert json.loads(h.js("() => document.querySelector('.hw-grid').dataset.hover")) == {
         "panel": "attn",
         "row": 0,
@@ -68,9 +68,9 @@ def test_hover_shows_tooltip_crosshair_and_data_hover(harness):
     assert h.pixel("attn", x, y) == before
 
     h.page.mouse.move(*h.cell_centre("attn", 1, 0, 2, 3))
-    assert tooltip_lines(h)[1:] == ["row: q_second", "col: 64–67", "value: 0.1235"]
+    assert tooltip_lines(h)[1:] == ["row: q_second", "col: 64–67", "cosine: 0.1235"]
     h.page.mouse.move(*h.cell_centre("attn", 0, 2, 2, 3))
-    assert tooltip_lines(h)[3] == "value: undefined"
+    assert tooltip_lines(h)[3] == "cosine: undefined"
     assert json.loads(h.js("() => document.querySelector('.hw-grid').dataset.hover"))["value"] is None
 
     h.page.mouse.move(5, 5)  # outside every plot
@@ -106,13 +106,13 @@ def test_ui_follows_python(harness):
     h = harness
     mount(h)
     h.js("""() => {
-      model.kernelSet('layer', 12); model.kernelSet('layer_label', 'layer 12 of 30');
+      model.kernelSet('layer', 12); model.kernelSet('layer_label', 'layer 12 of 0–29');
       model.kernelSet('kind', 'value'); model.kernelSet('metric', 'max');
       model.kernelSet('error', 'capture failed: <b>out of memory</b>');
       model.kernelSet('status', 'computing…');
     }""")
     assert h.js("() => document.querySelector('input[data-trait=layer]').value") == "12"
-    assert h.js("() => document.querySelector('.hw-controls output').textContent") == "layer 12 of 30"
+    assert h.js("() => document.querySelector('.hw-controls output').textContent") == "layer 12 of 0–29"
     assert (
         h.js("() => document.querySelector('button[data-value=value]').getAttribute('aria-pressed')")
         == "true"
@@ -127,7 +127,7 @@ def test_ui_follows_python(harness):
     assert not h.page.locator('input[data-trait="channel_start"]').is_visible()
     # the grid still works with an error shown
     h.page.mouse.move(*h.cell_centre("attn", 0, 1, 2, 3))
-    assert tooltip_lines(h)[3] == "value: -0.5000"
+    assert tooltip_lines(h)[3] == "cosine: -0.5000"
 
 
 def test_keyboard_only_controls(harness):

@@ -44,7 +44,7 @@ def channel_state(layers: int, width: int = C, **extra) -> dict:
         "colorbar_label": "Pearson correlation",
         "num_layers": 30,
         "layer": 3,
-        "layer_label": "layer 3 of 30",
+        "layer_label": "layer 3 of 0–29",
         "num_channels": width,
         "channel_start": 0,
         "channel_width": width,
@@ -237,14 +237,14 @@ def test_tooltip_follows_a_metric_change_under_a_still_pointer(harness):
 def test_export_button_stays_put_while_read_outs_grow(harness):
     h = harness
     set_width(h, 968)
-    h.mount(channel_state(1, width=4096, channel_width=8, layer_label="layer 3 of 30"))
+    h.mount(channel_state(1, width=4096, channel_width=8, layer_label="layer 3 of 0–29"))
     settle(h)
     button = h.rect("button.hw-export")
     kind = h.rect("button[data-value=key]")
     h.js("""() => {
       model.kernelSet('channel_start', 4000); model.kernelSet('channel_width', 96);
       model.kernelSet('layer', 27);
-      model.kernelSet('layer_label', 'layer 27 of 30 (20480 tokens, key_post)');
+      model.kernelSet('layer_label', 'layer 27 of 0–29 (20480 tokens, key_post)');
     }""")
     settle(h)
     assert h.rect("button.hw-export") == button

@@ -34,7 +34,7 @@ function bar(state: Record<string, unknown> = {}) {
     controls: CONTROLS,
     layer: 3,
     num_layers: 30,
-    layer_label: "layer 3 of 30",
+    layer_label: "layer 3 of 0–29",
     channel_start: 0,
     channel_width: 64,
     num_channels: 128,
@@ -110,7 +110,7 @@ describe("Controls", () => {
     const { layer, channels, metric, alignment, mechanisms } = setup();
     expect(layer.input.value).toBe("3");
     expect(layer.input.max).toBe("29");
-    expect(layer.output.textContent).toBe("layer 3 of 30");
+    expect(layer.output.textContent).toBe("layer 3 of 0–29");
     expect(channels.width.input.value).toBe("64");
     expect(channels.start.input.max).toBe("64");
     expect(channels.width.output.textContent).toBe("channels 0–63 of 128");
@@ -122,9 +122,9 @@ describe("Controls", () => {
   it("follows trait changes from Python", () => {
     const { fm, layer, channels, alignment, c } = setup();
     fm.set("layer", 7);
-    fm.set("layer_label", "layer 7 of 30");
+    fm.set("layer_label", "layer 7 of 0–29");
     expect(layer.input.value).toBe("7");
-    expect(layer.output.textContent).toBe("layer 7 of 30");
+    expect(layer.output.textContent).toBe("layer 7 of 0–29");
     fm.set("num_channels", 0);
     expect(channels.el.hidden).toBe(true);
     fm.set("alignments_available", ["rope", "none"]);
@@ -210,7 +210,7 @@ describe("Controls", () => {
     expect(room).toBe(`${"channels 8888–8888 of 8888…".length}ch`);
     fm.set("channel_start", 4000);
     expect(channels.width.output.style.minWidth).toBe(room);
-    fm.set("layer_label", "layer 3 of 30 (a much longer description of the layer)");
+    fm.set("layer_label", "layer 3 of 0–29 (a much longer description of the layer)");
     const grown = layer.output.style.minWidth;
     fm.set("layer_label", "layer 3");
     expect(layer.output.style.minWidth).toBe(grown); // never shrinks

@@ -67,6 +67,37 @@ describe("Grid", () => {
     expect(hover().value).toBeNull();
   });
 
+  it("names the axes and the value as the panel and the colour scale do", () => {
+    const { panels } = parsePanels([
+      rawPanel({
+        id: "damage",
+        title: "ΔNLL, one layer converted",
+        rows: 1,
+        cols: 2,
+        row_labels: ["mqa"],
+        col_offset: 3,
+        row_axis: "variant",
+        col_axis: "layer",
+        data: f32View([0.5, -0.25]),
+      }),
+    ]);
+    const grid = new Grid(document, () => {});
+    document.body.replaceChildren(grid.root);
+    const layout = computeLayout(panels, 800, 0, approxMeasure);
+    grid.setContent({ layout, panels, images: [null] }, 1);
+    grid.drawColorbar(
+      { vmin: -1, vmax: 1, colormap: "diverging", label: "ΔNLL (nats)" },
+      approxMeasure,
+    );
+    const b = layout.boxes[0];
+    const r = cellRect(b, 0, 1);
+    const at = { clientX: b.x + r.x + r.w / 2, clientY: b.y + r.y + r.h / 2, bubbles: true };
+    grid.panelsEl.dispatchEvent(new MouseEvent("mousemove", at));
+    expect(grid.tooltip.text).toBe(
+      "ΔNLL, one layer converted\nvariant: mqa\nlayer: 4\nΔNLL (nats): -0.2500",
+    );
+  });
+
   it("uses labels and index ranges, and renders the title as text", () => {
     const { grid, move, centre } = setup();
     move(centre(1, 1, 1));

@@ -59,13 +59,17 @@ describe("parsePanel", () => {
         row_group: 64,
         col_group: 32,
         axis_prefix: "K",
+        row_axis: "variant",
+        col_axis: "layer",
         data: f32View([0]),
       }),
       0,
     );
     expect([p.row_group, p.col_group, p.axis_prefix]).toEqual([64, 32, "K"]);
+    expect([p.row_axis, p.col_axis]).toEqual(["variant", "layer"]);
     const q = parsePanel({ rows: 1, cols: 1, data: f32View([0]) }, 0);
     expect([q.row_group, q.col_group, q.axis_prefix]).toEqual([0, 0, ""]);
+    expect([q.row_axis, q.col_axis]).toEqual(["", ""]);
     expect(() => parsePanel(rawPanel({ row_group: -1, data: f32View([1]) }), 0)).toThrow(
       /row_group/,
     );

@@ -47,7 +47,8 @@ class Panel:
     ``offset + (i + 1) * step - 1``. ``row_group`` / ``col_group``: indices per head along the axis
     (0: the axis has no heads); the front end then draws a line at every head boundary and names
     a hovered cell by head and dimension, prefixed by ``axis_prefix``
-    (``"K h1·d36 × h2·d22 = 0.2310"``).
+    (``"K h1·d36 × h2·d22 = 0.2310"``). ``row_axis`` / ``col_axis``: what a row / a column stands
+    for, as the tooltip names it (``"variant"``, ``"layer"``; empty: "row" / "col").
     """
 
     id: str
@@ -64,6 +65,8 @@ class Panel:
     row_group: int = 0
     col_group: int = 0
     axis_prefix: str = ""
+    row_axis: str = ""
+    col_axis: str = ""
 
 
 @dataclass
@@ -178,6 +181,8 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
         "row_group": panel.row_group,
         "col_group": panel.col_group,
         "axis_prefix": panel.axis_prefix,
+        "row_axis": panel.row_axis,
+        "col_axis": panel.col_axis,
         "dtype": dtype,
         "data": data,
         "note": panel.note,

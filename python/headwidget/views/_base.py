@@ -370,6 +370,11 @@ class LayerView(View):
     num_layers = t.Int(0).tag(sync=True)
     layer_label = t.Unicode("").tag(sync=True)
 
+    def layer_text(self) -> str:
+        """The selected layer among the model's, as the slider says it: ``"layer 3 of 0–29"`` (layers
+        count from 0, so "of 30" would read as if a 30th layer existed)."""
+        return f"layer {self.layer} of 0–{self.num_layers - 1}"
+
     def check_layer(self, layer: int) -> None:
         """Refuse a layer outside ``0 .. num_layers - 1`` (:class:`~headwidget.errors.LayerIndexError`;
         a negative layer is not counted from the end: the slider and the labels show it as it is)."""

@@ -193,6 +193,8 @@ class AlignmentView(LayerView):
                     subtitle=f"{self.metric}, {tokens} tokens",
                     row_labels=labels,
                     col_labels=labels,
+                    row_axis="head",
+                    col_axis="head",
                 )
             )
             panels.append(
@@ -203,12 +205,12 @@ class AlignmentView(LayerView):
                     subtitle=after_subtitle,
                     row_labels=labels,
                     col_labels=labels,
+                    row_axis="head",
+                    col_axis="head",
                 )
             )
         layers = self.fixed_layers or [self.layer]
-        self.layer_label = (
-            f"layers {layers}" if self.fixed_layers else f"layer {self.layer} of {self.num_layers}"
-        )
+        self.layer_label = f"layers {layers}" if self.fixed_layers else self.layer_text()
         label = "head similarity"
         for panel in panels:
             lowest = float(np.nanmin(panel.matrix)) if np.isfinite(panel.matrix).any() else 0.0

@@ -235,7 +235,7 @@ class ChannelView(LayerView):
                         axis_prefix="V" if kind == "value" else "K",
                     )
                 )
-        self.layer_label = f"layer {self.layer} of {self.num_layers} ({stats.tokens} tokens)"
+        self.layer_label = f"{self.layer_text()} ({stats.tokens} tokens)"
         if self.prefetch:
             args = (self.layer, self.kind, self.channel_start, max(self.channel_width, 1), cells)
             self._prefetcher.submit(self._prefetch_neighbours, *args)

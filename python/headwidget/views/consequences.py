@@ -254,6 +254,8 @@ class ConsequenceView(View):
             col_labels=None if contiguous else [str(layer) for layer in r.layers],
             col_offset=r.layers[0] if contiguous else 0,
             note=" · ".join(notes),
+            row_axis="variant",
+            col_axis="layer",
         )
         return panel, peak if peak > 0 else 1.0
 

@@ -291,7 +291,10 @@ class MechanismView(LayerView):
             f"err K {err['key']:.3f} V {err['value']:.3f} ({self._errors_label(conversion)})"
         )
         labels = [f"H{h}" for h in range(sim.shape[0])]
-        return Panel(panel_id, title, sim, subtitle=subtitle, row_labels=labels, col_labels=labels)
+        return Panel(
+            panel_id, title, sim, subtitle=subtitle, row_labels=labels, col_labels=labels,
+            row_axis="head", col_axis="head",
+        )  # fmt: skip
 
     def _shown_specs(self) -> list[tuple[str, str, nn.Module, str]]:
         """(panel id, title, model, spec) of every panel, in order."""
@@ -345,7 +348,7 @@ class MechanismView(LayerView):
         self.check_layer(self.layer)
         shown = self._shown_specs()
         panels = [self._panel(*each) for each in shown]
-        self.layer_label = f"layer {self.layer} of {self.num_layers} · {self._model_names()}"
+        self.layer_label = f"{self.layer_text()} · {self._model_names()}"
         if self.prefetch:
             self._prefetch_around(self.layer, self.circuit, [(spec, model) for _, _, model, spec in shown])
         label = f"{self.circuit.upper()} operator correlation (centred across heads)"

@@ -318,5 +318,5 @@ class QuantizationView(LayerView):
         bits = self._bits_against_damage()
         if bits is not None:
             charts.append(bits)
-        self.layer_label = f"layer {self.layer} of {self.num_layers}"
+        self.layer_label = self.layer_text()
         return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)
