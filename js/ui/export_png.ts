@@ -11,7 +11,7 @@ import type { ChartContent } from "./charts";
 import { type ColorScale, drawColorbar } from "./colorbar";
 import { context2d } from "./dom";
 import type { GridContent } from "./grid";
-import { drawPanel } from "./panel_canvas";
+import { drawCellLabels, drawPanel } from "./panel_canvas";
 
 export const EXPORT_SCALE = 2;
 export const EXPORT_FILENAME = "headwidget.png";
@@ -62,6 +62,7 @@ export function renderFigure(
   content.layout.boxes.forEach((b, i) => {
     ctx.setTransform(k, 0, 0, k, k * b.x, k * (top + COLORBAR_H + b.y));
     drawPanel(ctx, b, content.images[i] ?? null);
+    drawCellLabels(ctx, content.labels?.[i] ?? []);
   });
   return canvas;
 }

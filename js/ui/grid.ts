@@ -3,9 +3,11 @@
  * plus one overlay canvas per panel, absolutely placed from the layout.
  * Hover, click and keyboard inspection all go through layout hit-testing;
  * there is no DOM element per cell.  The crosshair lives on the overlay, so
- * hovering never redraws a heatmap.
+ * hovering never redraws a heatmap, and so do the numbers printed in the
+ * cells of a small panel (lib/cells), which take the colour scale's colours.
  */
 
+import { type CellLabel, cellLabels, type LabelScale } from "../lib/cells";
 import { axisLabel, groupedCell, hoverJson, namesHeads } from "../lib/format";
 import {
   COLORBAR_H,
@@ -19,7 +21,7 @@ import { cellValue, type Panel } from "../lib/panels";
 import type { Measure } from "../lib/text";
 import { type ColorScale, drawColorbar } from "./colorbar";
 import { context2d, h, setText, sizeCanvas } from "./dom";
-import { drawCrosshair, drawPanel, type Image } from "./panel_canvas";
+import { drawCellLabels, drawCrosshair, drawPanel, type Image } from "./panel_canvas";
 import { Tooltip } from "./tooltip";
 
 interface PanelView {
@@ -28,12 +30,16 @@ interface PanelView {
   overlay: HTMLCanvasElement;
   /** Whether the overlay holds a crosshair (an empty overlay is left alone: nothing to redraw). */
   marked: boolean;
+  /** Whether the overlay's cell numbers are out of date (new panels or colours). */
+  stale: boolean;
 }
 
 export interface GridContent {
   layout: GridLayout;
   panels: Panel[];
   images: (Image | null)[];
+  /** The numbers printed in each panel's cells (filled by the grid; empty: none). */
+  labels?: CellLabel[][];
 }
 
 export type ClickHandler = (panel: Panel, row: number, col: number) => void;
@@ -58,6 +64,9 @@ export class Grid {
   /** Where the tooltip of the hovered cell points (grid coordinates), to refresh it. */
   private hoverPoint: [number, number] | null = null;
   private dpr = 1;
+  /** The colour scale and text measure the cell numbers were made with (null: none yet). */
+  private scale: LabelScale | null = null;
+  private measure: Measure | null = null;
   private readonly cleanup: (() => void)[] = [];
 
   constructor(
@@ -119,7 +128,7 @@ export class Grid {
       const overlay = h(this.doc, "canvas", { className: "hw-overlay" });
       const wrap = h(this.doc, "div", { className: "hw-panel" }, [heat, overlay]);
       this.panelsEl.insertBefore(wrap, this.tooltip.el);
-      this.views.push({ wrap, heat, overlay, marked: false });
+      this.views.push({ wrap, heat, overlay, marked: false, stale: true });
     }
     layout.boxes.forEach((b, i) => {
       const v = this.views[i];
@@ -133,6 +142,7 @@ export class Grid {
       sizeCanvas(v.heat, b.w, b.h, dpr);
       if (sizeCanvas(v.overlay, b.w, b.h, dpr)) v.marked = false; // resizing cleared it
     });
+    this.updateLabels();
     this.redraw();
     this.refreshHover();
   }
@@ -165,8 +175,33 @@ export class Grid {
     });
   }
 
+  /** The numbers to print in each panel's cells under the current colour scale; overlays redrawn. */
+  private updateLabels(): void {
+    const { scale, measure } = this;
+    const { boxes } = this.content.layout;
+    this.content.labels = boxes.map((b, i) => {
+      const p = this.content.panels[i];
+      return scale && measure && p
+        ? cellLabels(b, (r, c) => cellValue(p, r, c), scale, measure)
+        : [];
+    });
+    for (const v of this.views) v.stale = true;
+  }
+
   drawColorbar(scale: ColorScale, measure: Measure): void {
     this.valueName = scale.label; // the tooltip names a cell's value as the colour scale does
+    const changed =
+      this.measure !== measure ||
+      !this.scale ||
+      this.scale.vmin !== scale.vmin ||
+      this.scale.vmax !== scale.vmax ||
+      this.scale.colormap !== scale.colormap;
+    if (changed) {
+      this.scale = { vmin: scale.vmin, vmax: scale.vmax, colormap: scale.colormap };
+      this.measure = measure;
+      this.updateLabels();
+      this.drawOverlays();
+    }
     const w = figureSize(this.content.layout).w;
     const hgt = COLORBAR_H;
     sizeCanvas(this.colorbar, w, hgt, this.dpr);
@@ -176,21 +211,22 @@ export class Grid {
     drawColorbar(ctx, w, hgt, scale, measure);
   }
 
-  /** Crosshair on the hovered panel's overlay; only overlays that change are touched. */
+  /** Cell numbers and the crosshair on the overlays; only overlays that change are touched. */
   private drawOverlays(): void {
     this.views.forEach((v, i) => {
       const hit = this.hovered && this.hovered.index === i ? this.hovered : null;
-      if (!hit && !v.marked) return;
+      if (!hit && !v.marked && !v.stale) return;
+      const labels = this.content.labels?.[i] ?? [];
+      v.overlay.dataset.cellLabels = String(labels.length);
       const ctx = context2d(v.overlay);
       if (!ctx) return;
       ctx.setTransform(1, 0, 0, 1, 0, 0);
       ctx.clearRect(0, 0, v.overlay.width, v.overlay.height);
-      v.marked = false;
-      if (hit) {
-        ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
-        drawCrosshair(ctx, this.content.layout.boxes[i], hit.row, hit.col);
-        v.marked = true;
-      }
+      ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+      drawCellLabels(ctx, labels);
+      v.stale = false;
+      v.marked = hit !== null;
+      if (hit) drawCrosshair(ctx, this.content.layout.boxes[i], hit.row, hit.col);
     });
   }
 

@@ -10,6 +10,7 @@
  * the transform (device pixel ratio on screen, 2× for export).
  */
 
+import { CELL_FONT, type CellLabel } from "../lib/cells";
 import { colorizeWire, type PackedColormap } from "../lib/colormap";
 import {
   cellRect,
@@ -172,6 +173,20 @@ export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: I
       ctx.fillText(line, PAD, box.noteY + i * NOTE_LINE_H);
     });
   }
+}
+
+/** The numbers of a small panel's cells (lib/cells), centred, white on dark colours. */
+export function drawCellLabels(ctx: CanvasRenderingContext2D, labels: readonly CellLabel[]): void {
+  if (labels.length === 0) return;
+  ctx.save();
+  ctx.font = CELL_FONT;
+  ctx.textAlign = "center";
+  ctx.textBaseline = "middle";
+  for (const l of labels) {
+    ctx.fillStyle = l.light ? "#fff" : TEXT_COLOR;
+    ctx.fillText(l.text, l.x, l.y);
+  }
+  ctx.restore();
 }
 
 /** Crosshair over cell (row, col): guide lines across the plot and a cell outline. */

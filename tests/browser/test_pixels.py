@@ -90,3 +90,42 @@ def test_large_panel_draws_every_row_band(harness, colour_of):
     for r, c in [(0, 0), (17, 200), (128, 128), (255, 255)]:
         x, y = h.cell_centre("big", r, c, n, n)
         assert h.pixel("big", x, y) == [*colour_of("diverging", float(vals[r, c]), -1, 1), 255]
+
+
+#: Opaque overlay pixels inside cell (row, col): [count, brightest, darkest] by channel mean.
+CELL_INK = """([id, row, col, rows, cols]) => {
+  const w = document.querySelector(`.hw-panel[data-panel-id="${id}"]`);
+  const p = JSON.parse(w.dataset.plotRect);
+  const c = w.querySelector('.hw-overlay');
+  const k = c.width / c.getBoundingClientRect().width;
+  const x0 = Math.ceil((p.x + col * p.w / cols) * k), x1 = Math.floor((p.x + (col + 1) * p.w / cols) * k);
+  const y0 = Math.ceil((p.y + row * p.h / rows) * k), y1 = Math.floor((p.y + (row + 1) * p.h / rows) * k);
+  const d = c.getContext('2d').getImageData(x0, y0, x1 - x0, y1 - y0).data;
+  let n = 0, hi = 0, lo = 255;
+  for (let i = 0; i < d.length; i += 4) {
+    if (d[i + 3] < 160) continue;
+    const m = (d[i] + d[i + 1] + d[i + 2]) / 3;
+    n++; hi = Math.max(hi, m); lo = Math.min(lo, m);
+  }
+  return [n, hi, lo];
+}"""
+
+
+def test_a_small_panel_prints_its_numbers_in_its_cells(harness_dpr):
+    """A 3×3 magma panel: white digits on its near-black cell, dark ones on its pale cell; a 20×20
+    panel beside it gets none (its cells are too small for a number)."""
+    h = harness_dpr
+    small = np.array([[0.02, 0.5, 1.0], [0.3, np.nan, 0.7], [0.9, 0.1, 0.6]], dtype=np.float32)
+    big = np.full((20, 20), 0.5, dtype=np.float32)
+    h.mount({"panels": [f32_panel("s", small), f32_panel("b", big)], "vmin": 0, "vmax": 1,
+             "colormap": "magma"})  # fmt: skip
+    h.page.wait_for_function("() => document.querySelectorAll('.hw-overlay[data-cell-labels]').length === 2")
+    assert h.js("() => [...document.querySelectorAll('.hw-overlay')].map((c) => c.dataset.cellLabels)") == [
+        "8", "0",
+    ]  # fmt: skip
+    count, brightest, _ = h.js(CELL_INK, ["s", 0, 0, 3, 3])
+    assert count > 10 and brightest > 230  # white text on the near-black cell
+    count, _, darkest = h.js(CELL_INK, ["s", 0, 2, 3, 3])
+    assert count > 10 and darkest < 60  # dark text on the pale cell
+    assert h.js(CELL_INK, ["s", 1, 1, 3, 3])[0] == 0  # undefined: no number
+    assert all(h.js(CELL_INK, ["b", r, c, 20, 20])[0] == 0 for r, c in ((0, 0), (10, 10), (19, 5)))

@@ -67,6 +67,25 @@ describe("Grid", () => {
     expect(hover().value).toBeNull();
   });
 
+  it("prints numbers in the cells of a small panel, on its overlay, and none in a large one", () => {
+    const small = new Array(9).fill(0.5);
+    const { panels } = parsePanels([
+      rawPanel({ id: "s", rows: 3, cols: 3, data: f32View(small) }),
+      rawPanel({ id: "l", rows: 64, cols: 64, data: f32View(new Array(64 * 64).fill(0.5)) }),
+    ]);
+    const grid = new Grid(document, () => {});
+    document.body.replaceChildren(grid.root);
+    const layout = computeLayout(panels, 2000, 0, approxMeasure);
+    grid.setContent({ layout, panels, images: [null, null] }, 1);
+    const counts = () =>
+      [...grid.root.querySelectorAll<HTMLCanvasElement>(".hw-overlay")].map(
+        (c) => c.dataset.cellLabels,
+      );
+    grid.drawColorbar({ vmin: 0, vmax: 1, colormap: "magma", label: "" }, approxMeasure);
+    expect(counts()).toEqual(["9", "0"]);
+    expect(grid.current.labels?.[0].map((l) => l.text)).toEqual(new Array(9).fill("0.50"));
+  });
+
   it("names the axes and the value as the panel and the colour scale do", () => {
     const { panels } = parsePanels([
       rawPanel({
