@@ -153,10 +153,12 @@ def test_the_trend_chart_follows_the_alignment_tabs_method_and_metric(llama):
     expected = layer_series(stats, alignment="orthogonal", metric="pearson", similarity_only=True)
     for name, values in expected.items():
         np.testing.assert_allclose(dash.trends.series[name], values)
-    assert "pearson" in dash.trends.figure.title and "orthogonal" in dash.trends.figure.title
+    assert "Pearson" in dash.trends.figure.title and "orthogonal" in dash.trends.figure.title
+    metric = next(c for c in dash.alignment.controls if c["trait"] == "metric")
+    assert dict(metric["labels"])["token_cosine"] == "per-token cosine"  # the drop-down's words, too
     dash.alignment.metric = "cka"  # rotation-invariant: the chart stays on the metric it names
     assert dash.alignment.error == "" and dash.trends.metric == "pearson"
-    assert "pearson" in dash.trends.figure.title
+    assert "Pearson" in dash.trends.figure.title
 
 
 def test_dashboard_saves_every_tab(llama, tmp_path):

@@ -96,7 +96,7 @@ def test_points_show_series_layer_and_value_on_hover(llama):
 def test_trend_follows_the_alignment_views_method_and_metric(llama):
     _, stats = llama
     trends = LayerTrends(stats)
-    assert trends.figure.title.endswith("head similarity: token_cosine, auto alignment")
+    assert trends.figure.title.endswith("head similarity: per-token cosine, auto alignment")
     view = AlignmentView(stats, layer=0)
     traitlets.link((view, "alignment"), (trends, "alignment"))
     traitlets.link((view, "metric"), (trends, "metric"))
@@ -106,7 +106,7 @@ def test_trend_follows_the_alignment_views_method_and_metric(llama):
     after = key.shown[~np.eye(len(key.shown), dtype=bool)].mean()
     assert trends.series["K head similarity · after"][1] == pytest.approx(after, abs=1e-12)
     assert trends.dots["K head similarity · after"].y[1] == pytest.approx(after, abs=1e-12)
-    assert trends.figure.title.endswith("head similarity: pearson, orthogonal alignment")
+    assert trends.figure.title.endswith("head similarity: Pearson, orthogonal alignment")
     left = [v for vs in trends.series.values() for v in vs]
     assert trends.y_scale.min < min(left) and trends.y_scale.max > max(left)
     view.alignment = "none"  # nothing aligned: after is before

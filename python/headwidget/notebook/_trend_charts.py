@@ -8,7 +8,7 @@ series, the layer and the value.
 
 Example:
     >>> charts = trend_charts({"K mean |channel corr|": [0.2, 0.3], "eff. rank · mqa": [3.0, 2.5]}, [0, 1],
-    ...                       "head similarity: token_cosine, auto alignment")
+    ...                       "head similarity: per-token cosine, auto alignment")
     >>> [c.id for c in charts], charts[0].series[0].labels[1]
     (['trend-means', 'trend-ranks'], 'K mean |channel corr|\\nlayer 1: 0.3000')
 """

@@ -46,11 +46,15 @@ from headwidget.views.channels import check_key_kind
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["AlignmentView"]
+__all__ = ["METRIC_LABELS", "AlignmentView"]
 
 #: ``cka`` (linear CKA) is invariant under rotations of either head: both panels show one matrix.
 ROTATION_INVARIANT = ("cka",)
 METRICS = ["token_cosine", "cosine", "pearson", *ROTATION_INVARIANT]
+#: What the metric drop-down and the trend chart's title call each metric.
+METRIC_LABELS = {
+    "token_cosine": "per-token cosine", "cosine": "cosine", "pearson": "Pearson", "cka": "linear CKA",
+}  # fmt: skip
 
 AV = TypeVar("AV", bound="AlignmentView")
 
@@ -63,7 +67,9 @@ class AlignmentView(LayerView):
 
     kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available", labels=KIND_LABELS))
     kinds_available = t.List(t.Unicode()).tag(sync=True)
-    metric = state(t.Unicode("token_cosine"), select("Metric", options="metrics_available"))
+    metric = state(
+        t.Unicode("token_cosine"), select("Metric", options="metrics_available", labels=METRIC_LABELS)
+    )
     metrics_available = t.List(t.Unicode()).tag(sync=True)
     alignment = state(t.Unicode("auto"), select("Alignment", options="alignments_available"))
     alignments_available = t.List(t.Unicode()).tag(sync=True)

@@ -23,7 +23,7 @@ Example:
     >>> sorted(trends.series)[:2], trends.layer
     (['K head similarity · after', 'K head similarity · before'], 0)
     >>> trends.figure.title
-    'head similarity: token_cosine, auto alignment'
+    'head similarity: per-token cosine, auto alignment'
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from headwidget.analysis.conversions import convert
 from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.stats import KVStats
+from headwidget.views.alignment import METRIC_LABELS
 
 __all__ = ["LayerTrends", "layer_series", "padded_range"]
 
@@ -263,7 +264,8 @@ class LayerTrends(ipywidgets.VBox):
 
     def _name_figure(self) -> None:
         # Short enough to fit a narrow cell: bqplot centres the title and cuts what overflows.
-        self.figure.title = f"head similarity: {self.metric}, {self.alignment} alignment"
+        metric = METRIC_LABELS.get(self.metric, self.metric)
+        self.figure.title = f"head similarity: {metric}, {self.alignment} alignment"
 
     def _on_alignment(self, change: dict[str, Any]) -> None:
         """Recompute the head-similarity series for the new alignment method or metric."""
