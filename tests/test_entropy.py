@@ -197,3 +197,53 @@ def test_stats_without_samples_or_kind_say_how_to_capture(captured: headwidget.K
         channel_entropy(captured, 0, "input")
     with pytest.raises(LayerIndexError, match=r"out of range"):
         channel_entropy(captured, 7, "key")
+
+
+def test_shuffled_rows_keep_every_channel_and_lose_the_dependence() -> None:
+    from headwidget.analysis.entropy import shuffled_rows
+
+    x = coupled_rows(n=2000)
+    y = shuffled_rows(x, seed=3)
+    assert torch.equal(y.sort(0).values, x.sort(0).values)  # each channel keeps its values
+    assert torch.equal(y, shuffled_rows(x, seed=3)) and not torch.equal(y, shuffled_rows(x, seed=4))
+    # rows no longer line up: a perfectly coupled pair of channels (a copy) loses its correlation
+    copies = torch.cat([x[:, :1], x[:, :1]], 1)
+    mixed = shuffled_rows(copies, seed=0).double().numpy()
+    assert abs(np.corrcoef(mixed.T)[0, 1]) < 0.1
+    with pytest.raises(ValueError, match="seed"):
+        shuffled_rows(x, seed=-1)
+
+
+def test_the_control_is_the_entropy_of_the_shuffled_sample(captured: headwidget.KVStats) -> None:
+    from headwidget.analysis.entropy import coupling_control, shuffled_rows
+
+    for layer, kind in ((0, "key"), (1, "value")):
+        control = coupling_control(captured, layer, kind, group_sizes=(1, 2, 4), bins=4)
+        rows = captured.samples(layer, kind).double().numpy()
+        order = shuffled_rows(torch.arange(rows.size, dtype=torch.float64).reshape(rows.shape), layer)
+        flat = order.numpy().astype(np.int64)  # which original cell each shuffled cell came from
+        shuffled = rows.reshape(-1)[flat]
+        for c in (2, 4):
+            joint, marginal = reference(shuffled, c, 4)
+            assert control.joint[c] == pytest.approx(joint.mean(), abs=1e-12)
+            assert control.marginal_sum[c] == pytest.approx(marginal.mean(), abs=1e-12)
+        real = channel_entropy(captured, layer, kind, group_sizes=(1, 2, 4), bins=4)
+        assert control.marginal_sum == pytest.approx(real.marginal_sum, abs=1e-12)  # same marginals
+
+
+def test_the_control_separates_coupling_from_the_estimators_bias() -> None:
+    """Independent channels: the real ratio is the control's (all of its gap from 1 is bias).
+    Copies: the control stays near 1 and the real ratio falls to 1/2."""
+    from headwidget.analysis.entropy import shuffled_rows
+
+    gen = torch.Generator().manual_seed(5)
+    independent = torch.rand(300, 8, generator=gen)
+    copies = torch.rand(300, 1, generator=gen).repeat(1, 2)
+
+    def ratio(x: torch.Tensor) -> float:
+        e = channel_entropy_of(x, group_sizes=(2,), bins=16)
+        return e.joint[2] / e.marginal_sum[2]
+
+    biased, control = ratio(independent), ratio(shuffled_rows(independent, seed=0))
+    assert biased < 0.95 and abs(biased - control) < 0.01  # 256 cells for 300 samples: biased low
+    assert ratio(copies) == pytest.approx(0.5, abs=1e-12) and ratio(shuffled_rows(copies, seed=0)) > 0.9

@@ -80,6 +80,29 @@ def test_the_coupling_chart_is_the_samples_entropy_by_brute_force(stats):
     )
 
 
+def test_a_coupling_point_reads_the_gap_to_the_shuffled_control_not_the_estimators_bias(stats):
+    """Each tooltip: the ratio joint ÷ Σ marginals, the same on the channel-by-channel shuffled rows,
+    and only their difference called coupling; a point flagged as biased states no percentage."""
+    from headwidget.analysis.entropy import shuffled_rows
+
+    view = QuantizationView(stats, layer=1, bins=4)
+    (chart,) = view.grid.charts
+    for i, kind in enumerate(["key", "key_post", "value"]):
+        rows = stats.samples(1, kind).double().numpy()
+        shuffled = shuffled_rows(torch.from_numpy(rows), seed=1).numpy()  # the control's seed: the layer
+        for k, c in enumerate((1, 2, 4, 8)):
+            joint, marginals = brute(rows, c, 4)
+            control_joint, control_marginals = brute(shuffled, c, 4)
+            ratio, baseline = joint / marginals, control_joint / control_marginals
+            text = chart.series[2 * i].labels[k]
+            assert f"joint ÷ Σ marginals {ratio:.3f} · shuffled control {baseline:.3f}" in text, text
+            assert "saves" not in text
+            if c >= 4:  # 4^4 = 256 cells > 200 / 5: biased low
+                assert "biased low" in text and "%" not in text, text
+            else:
+                assert f"coupling beyond the estimator's bias: {baseline - ratio:.1%}" in text, text
+
+
 def made_up_report() -> EvaluationReport:
     m = {
         "model": {"nll": 2.0, "perplexity": math.exp(2.0), "kl": 0.0, "top1": 1.0},

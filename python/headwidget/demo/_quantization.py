@@ -29,9 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from headwidget.analysis.entropy import channel_entropy, channel_entropy_of
+from headwidget.analysis.entropy import channel_entropy, channel_entropy_of, shuffled_rows
 from headwidget.core.kinds import Kind
 from headwidget.evaluation import evaluate
 from headwidget.export import save_all
@@ -68,12 +66,6 @@ CODEBOOK_ROWS = 1024
 QUANTIZER_TOKENS = 512
 
 
-def _shuffled(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """Every channel permuted independently across the rows: the same marginals, no dependence."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.gather(x, 0, torch.argsort(torch.rand(x.shape, generator=gen), dim=0))
-
-
 def entropy_lines(stats: KVStats, layers: Sequence[int]) -> list[str]:
     """The report's coupling table: joint entropy ÷ sum of marginals, real and shuffled, per layer.
 
@@ -91,7 +83,7 @@ def entropy_lines(stats: KVStats, layers: Sequence[int]) -> list[str]:
         for kind in KINDS:
             rows = stats.samples(layer, kind).float().cpu()
             samples = rows.shape[0]
-            control_rows = _shuffled(rows, seed=layer)
+            control_rows = shuffled_rows(rows, seed=layer)
             for c, bins in READINGS:
                 real = channel_entropy(stats, layer, kind, group_sizes=(c,), bins=bins)
                 control = channel_entropy_of(control_rows, group_sizes=(c,), bins=bins)

@@ -7,8 +7,11 @@ slowly than the sum of their marginal entropies, so channels quantized together 
    the joint entropy of groups of c contiguous channels and the sum of their marginal entropies, in bits
    per group, against c (:func:`~headwidget.analysis.entropy.channel_entropy`: equal-width bins per
    channel over the token sample, plug-in estimates averaged over the groups). The gap between a
-   dashed line (the sum) and the solid line of the same colour (joint) is what coupling saves. Where
-   ``bins**c`` exceeds a fifth of the samples the plug-in estimate is biased low, and the chart says so.
+   dashed line (the sum) and the solid line of the same colour (joint) is coupling plus the plug-in
+   estimator's low bias: a point's tooltip gives the ratio joint ÷ Σ marginals beside the same ratio on
+   the rows shuffled channel by channel (:func:`~headwidget.analysis.entropy.coupling_control`:
+   independent channels, same marginals), and calls only the gap between them coupling. Where
+   ``bins**c`` exceeds a fifth of the samples the estimate is biased low, and the chart says so.
 2. With an evaluation ``report`` holding quantizer variants (``kv:int{b}``, ``kv:cq{c}c{b}b``), the
    bits each spends per K/V channel (scales and zero points included, codebooks not: they are a
    per-layer constant) against its damage (ΔNLL against the original, or KL), one line per quantizer
@@ -41,7 +44,7 @@ from typing import Any, ClassVar, TypeVar
 import traitlets as t
 from torch import nn
 
-from headwidget.analysis.entropy import BINS_MAX, ChannelEntropy, channel_entropy
+from headwidget.analysis.entropy import BINS_MAX, ChannelEntropy, channel_entropy, coupling_control
 from headwidget.checks import flag, optional_whole_number, whole_number, whole_numbers
 from headwidget.core.charts import Chart, Series
 from headwidget.core.kinds import Kind
@@ -103,6 +106,35 @@ def _family(spec: str) -> str:
     return spec
 
 
+def coupling_reading(real: ChannelEntropy, control: ChannelEntropy, c: int) -> str:
+    """What a coupling point says, fairly: the ratio joint ÷ Σ marginals beside the shuffled control's
+    (the estimator's bias alone), and as coupling only the gap between them; on a point whose estimate
+    is biased low (``bins**c > samples / 5``), no percentage at all.
+
+    Example:
+        >>> import torch
+        >>> from headwidget.analysis.entropy import channel_entropy_of, shuffled_rows
+        >>> x = torch.arange(4096.0)[:, None]
+        >>> copies = torch.cat([x, x], 1)  # two copies of one channel: all of the second one is coupling
+        >>> real = channel_entropy_of(copies, group_sizes=(2,), bins=4)
+        >>> control = channel_entropy_of(shuffled_rows(copies, seed=0), group_sizes=(2,), bins=4)
+        >>> print(coupling_reading(real, control, 2))
+        joint ÷ Σ marginals 0.500 · shuffled control 1.000
+        coupling beyond the estimator's bias: 50.0% of the marginal bits
+    """
+    real_total, control_total = real.marginal_sum[c], control.marginal_sum[c]
+    if not (real_total and control_total):
+        return "constant channels: no bits to couple"
+    ratio, baseline = real.joint[c] / real_total, control.joint[c] / control_total
+    line = f"joint ÷ Σ marginals {ratio:.3f} · shuffled control {baseline:.3f}"
+    if real.biased[c]:
+        return (
+            f"{line}\nbiased low: {real.bins}^{c} bins > samples / 5 — read the gap to the control, "
+            "not the ratio"
+        )
+    return f"{line}\ncoupling beyond the estimator's bias: {baseline - ratio:.1%} of the marginal bits"
+
+
 class QuantizationViewError(HeadwidgetError, ValueError):
     """A quantization view asked of statistics without token samples, or with a bad option."""
 
@@ -149,6 +181,7 @@ class QuantizationView(LayerView):
         self.miller_madow = flag("miller_madow", miller_madow)
         self.kinds = [k for k in COUPLING_KINDS if k in stats.kinds]
         self._entropy = lru_cache(maxsize=256)(self._layer_entropy)
+        self._control = lru_cache(maxsize=256)(self._layer_control)
         super().__init__(**kwargs)
         with self.initial_state():
             self.num_layers = stats.meta.layout.num_layers
@@ -196,6 +229,14 @@ class QuantizationView(LayerView):
         """The channel entropies of one layer and kind (cached)."""
         return self._entropy(layer, kind)
 
+    def _layer_control(self, layer: int, kind: Kind) -> ChannelEntropy:
+        return coupling_control(self.stats, layer, kind, self.group_sizes, self.bins, self.miller_madow)
+
+    def control(self, layer: int, kind: Kind) -> ChannelEntropy:
+        """The same entropies of the layer's sample shuffled channel by channel (cached): what the
+        estimator alone reports for independent channels."""
+        return self._control(layer, kind)
+
     def _quantizers(self) -> list[str]:
         return [v for v in (self.report.variants if self.report else []) if v.startswith("kv:")]
 
@@ -205,23 +246,17 @@ class QuantizationView(LayerView):
         samples = 0
         for kind in self.kinds:
             name, colour = COUPLING_KINDS[kind]
-            e = self.entropy(self.layer, kind)
+            e, control = self.entropy(self.layer, kind), self.control(self.layer, kind)
             samples = e.samples
             sizes = sorted(e.joint)
             biased_at |= {c for c in sizes if e.biased[c]}
 
-            def label(c: int, e: ChannelEntropy = e, name: str = name) -> str:
-                joint, total = e.joint[c], e.marginal_sum[c]
-                saved = (
-                    f"coupling saves {total - joint:.3f} bits ({(total - joint) / total:.0%})"
-                    if total
-                    else ""
-                )
-                flag = f"\nbiased low: {e.bins}^{c} bins > samples / 5" if e.biased[c] else ""
-                return (
+            def label(c: int, e: ChannelEntropy = e, ctl: ChannelEntropy = control, name: str = name) -> str:
+                head = (
                     f"{name} · groups of {c} channel{'s' if c > 1 else ''}\n"
-                    f"joint {joint:.3f} bits · Σ marginals {total:.3f} bits\n{saved}{flag}"
+                    f"joint {e.joint[c]:.3f} bits · Σ marginals {e.marginal_sum[c]:.3f} bits"
                 )
+                return f"{head}\n{coupling_reading(e, ctl, c)}"
 
             xs = [float(c) for c in sizes]
             series.append(
