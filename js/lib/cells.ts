@@ -36,11 +36,30 @@ export interface LabelScale {
   colormap: string;
 }
 
-/** A cell's value as printed: two decimals below 10 in magnitude, else 3 significant digits. */
+/**
+ * How a panel prints its values, from the largest magnitude among them: two significant digits of
+ * that one at least (two decimals for values up to 10, "−0.0028" where the largest is 0.0028),
+ * three significant digits from 10 on, and an exponent below 0.0001 (where decimals would print zeros).
+ */
+export function cellFormat(largest: number): (v: number) => string {
+  const m = Math.abs(largest);
+  let digits: (v: number) => string;
+  if (m >= 10) digits = (v) => v.toPrecision(3);
+  else if (m > 0 && m < 1e-4) digits = (v) => (v === 0 ? "0" : v.toExponential(1));
+  else {
+    const decimals = m > 0 ? Math.max(2, 1 - Math.floor(Math.log10(m))) : 2;
+    digits = (v) => v.toFixed(decimals);
+  }
+  return (v) => {
+    if (!Number.isFinite(v)) return Number.isNaN(v) ? "" : v > 0 ? "∞" : "−∞";
+    const text = digits(v);
+    return /^-0\.?0*$/.test(text) ? text.slice(1) : text.replace("-", "−");
+  };
+}
+
+/** A cell's value as printed in a panel whose largest magnitude is 1 (see cellFormat). */
 export function cellText(v: number): string {
-  if (!Number.isFinite(v)) return Number.isNaN(v) ? "" : v > 0 ? "∞" : "−∞";
-  const text = Math.abs(v) < 10 ? v.toFixed(2) : v.toPrecision(3);
-  return text === "-0.00" ? "0.00" : text.replace("-", "−");
+  return cellFormat(1)(v);
 }
 
 /** WCAG relative luminance of an sRGB colour (0 black … 1 white). */
@@ -67,11 +86,19 @@ export function cellLabels(
   const cellW = plot.w / cols;
   const cellH = plot.h / rows;
   if (cellH < MIN_CELL_H) return [];
+  let largest = 0;
+  for (let row = 0; row < rows; row++) {
+    for (let col = 0; col < cols; col++) {
+      const v = Math.abs(value(row, col));
+      if (Number.isFinite(v) && v > largest) largest = v;
+    }
+  }
+  const format = cellFormat(largest);
   const out: CellLabel[] = [];
   for (let row = 0; row < rows; row++) {
     for (let col = 0; col < cols; col++) {
       const v = value(row, col);
-      const text = cellText(v);
+      const text = format(v);
       if (measure(text, CELL_FONT) + CELL_TEXT_PAD > cellW) return [];
       if (text === "") continue;
       const colour = valueToColor(v, scale.vmin, scale.vmax, scale.colormap);

@@ -163,21 +163,38 @@ export function axisPos(a: Axis, v: number, length: number): number {
   return t * length;
 }
 
-/** Tick values inside the axis: 1-2-5 steps, or powers of ten (and 2×, 5× for a short log axis). */
-export function chartTicks(a: Axis, maxCount = 6): number[] {
-  if (!a.log) {
-    const d = niceStep((a.hi - a.lo) / Math.max(1, maxCount));
-    const out: number[] = [];
-    for (let k = Math.ceil(a.lo / d); k * d <= a.hi + d * 1e-9; k++) {
-      const v = Number((k * d).toPrecision(12));
-      out.push(Object.is(v, -0) ? 0 : v);
-    }
-    return out;
+/** Fewest ticks a log axis shows: over a narrow range its powers of ten and 2×, 5× are too few. */
+export const MIN_LOG_TICKS = 3;
+
+function linearTicks(lo: number, hi: number, maxCount: number): number[] {
+  const d = niceStep((hi - lo) / Math.max(1, maxCount));
+  const out: number[] = [];
+  for (let k = Math.ceil(lo / d); k * d <= hi + d * 1e-9; k++) {
+    const v = Number((k * d).toPrecision(12));
+    out.push(Object.is(v, -0) ? 0 : v);
   }
+  return out;
+}
+
+/**
+ * Tick values inside the axis: 1-2-5 steps, or powers of ten (and 2×, 5× for a short log axis).
+ * A log axis never shows fewer than MIN_LOG_TICKS where more can be had: it adds the 2× and 5×
+ * values, and over a narrow range, where even those are too few, it takes evenly stepped 1-2-5
+ * values instead (placed on the log scale).
+ */
+export function chartTicks(a: Axis, maxCount = 6): number[] {
+  if (!a.log) return linearTicks(a.lo, a.hi, maxCount);
+  const decades = Math.log10(a.hi) - Math.log10(a.lo);
+  let ticks = logTicks(a, maxCount, decades < 1.5 ? [1, 2, 5] : [1]);
+  if (ticks.length < MIN_LOG_TICKS) ticks = logTicks(a, maxCount, [1, 2, 5]);
+  if (ticks.length >= MIN_LOG_TICKS) return ticks;
+  const even = linearTicks(a.lo, a.hi, Math.min(maxCount, 4)).filter((v) => v > 0);
+  return even.length > ticks.length ? even : ticks;
+}
+
+function logTicks(a: Axis, maxCount: number, mults: readonly number[]): number[] {
   const lo = Math.floor(Math.log10(a.lo));
   const hi = Math.ceil(Math.log10(a.hi));
-  const decades = Math.log10(a.hi) - Math.log10(a.lo);
-  const mults = decades < 1.5 ? [1, 2, 5] : [1];
   const out: number[] = [];
   const every = Math.max(1, Math.ceil((hi - lo) / maxCount));
   for (let e = lo; e <= hi; e++) {
@@ -223,6 +240,63 @@ export interface ChartBox extends Rect {
   reference: number | null;
   /** Where the legend's entries go (relative to the box), one per named series. */
   legend: { series: number; x: number; y: number }[];
+  /** Names printed beside the points (see pointLabels): text baseline at (x, y), left-aligned. */
+  labels: PointLabel[];
+}
+
+export interface PointLabel {
+  series: number;
+  index: number;
+  text: string;
+  x: number;
+  y: number;
+}
+
+/** Points of one chart beyond which none is named on the chart (as the matplotlib export). */
+export const MAX_LABELLED_POINTS = 16;
+const LABEL_H = 10;
+const LABEL_GAP = 4;
+
+function overlaps(a: Rect, b: Rect): boolean {
+  return a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+}
+
+/**
+ * Names beside the points of a chart with at most MAX_LABELLED_POINTS points in series that are not
+ * plain lines: the first line of each point's hover text (a variant's spec), to the upper right of
+ * the point, else the lower right, upper left or lower left; a name that fits nowhere inside the plot
+ * without covering another name or another point is left out (its hover still gives it).
+ */
+export function pointLabels(
+  chart: Chart,
+  points: readonly ChartPoint[],
+  plot: Rect,
+  measure: Measure,
+): PointLabel[] {
+  if (points.length === 0 || points.length > MAX_LABELLED_POINTS) return [];
+  const taken: Rect[] = points.map((p) => ({ x: p.x - 3, y: p.y - 3, w: 6, h: 6 }));
+  const out: PointLabel[] = [];
+  points.forEach((p, k) => {
+    const text = (chart.series[p.series]?.labels[p.index] ?? "").split("\n", 1)[0];
+    if (!text) return;
+    const w = measure(text, FONTS.tick);
+    const spots: Rect[] = [
+      { x: p.x + LABEL_GAP, y: p.y - LABEL_GAP - LABEL_H, w, h: LABEL_H },
+      { x: p.x + LABEL_GAP, y: p.y + LABEL_GAP, w, h: LABEL_H },
+      { x: p.x - LABEL_GAP - w, y: p.y - LABEL_GAP - LABEL_H, w, h: LABEL_H },
+      { x: p.x - LABEL_GAP - w, y: p.y + LABEL_GAP, w, h: LABEL_H },
+    ];
+    const inside = (r: Rect) =>
+      r.x >= plot.x &&
+      r.y >= plot.y &&
+      r.x + r.w <= plot.x + plot.w &&
+      r.y + r.h <= plot.y + plot.h;
+    const spot = spots.find((r) => inside(r) && !taken.some((t, j) => j !== k && overlaps(r, t)));
+    if (!spot) return;
+    taken.push(spot);
+    out.push({ series: p.series, index: p.index, text, x: spot.x, y: spot.y + LABEL_H - 1 });
+  });
+  return out;
 }
 
 export const CHART_W = 480;
@@ -319,6 +393,7 @@ export function layoutChart(chart: Chart, width: number, measure: Measure): Char
     lines: drawnLines,
     reference,
     legend,
+    labels: pointLabels(chart, points, plot, measure),
   };
 }
 

@@ -137,6 +137,11 @@ export function drawChart(
     ctx.fillStyle = seriesColor(chart, pt.series);
     marker(ctx, pt.x, pt.y, POINT_R);
   }
+  ctx.fillStyle = TEXT_COLOR;
+  ctx.font = FONTS.tick;
+  ctx.textAlign = "left";
+  ctx.textBaseline = "alphabetic";
+  for (const label of box.labels) ctx.fillText(label.text, label.x, label.y);
   if (highlight) {
     const pt = box.points.find((q) => q.series === highlight.series && q.index === highlight.index);
     if (pt) {

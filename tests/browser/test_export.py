@@ -72,14 +72,21 @@ def test_export_message_replies_with_png(harness, colour_of):
     g = h.rect(".hw-grid")
     assert (w, hh) == (round(2 * g["w"]), round(2 * g["h"]))
 
-    # Heatmap cells of panel p2 (second grid row) at their exported positions.
+    # Heatmap cells of panel p2 (second grid row) at their exported positions, off the number
+    # printed at each cell's centre (the export draws the numbers the screen shows).
     pts, want = [], []
+    plot = h.plot_rect("p2")
     for r in range(2):
         for c in range(2):
-            x, y = h.cell_centre("p2", r, c, 2, 2)
+            x, y = plot["x"] + (c + 0.15) * plot["w"] / 2, plot["y"] + (r + 0.15) * plot["h"] / 2
             pts.append([int(2 * (x - g["x"])), int(2 * (y - g["y"]))])
             want.append([*colour_of("diverging", float(VALUES[r, c]), -1, 1), 255])
     assert decoded_pixels(h, url, pts) == want
+    labels = h.js("() => [...document.querySelectorAll('.hw-overlay')].map((c) => c.dataset.cellLabels)")
+    centre = [int(2 * (v - g[k])) for v, k in zip(h.cell_centre("p2", 0, 0, 2, 2), ("x", "y"), strict=True)]
+    if labels[1] != "0":  # the number at the centre: some pixel around it is not the cell's colour
+        around = [[centre[0] + dx, centre[1] + dy] for dx in range(-8, 9, 2) for dy in range(-4, 5, 2)]
+        assert any(p != want[0] for p in decoded_pixels(h, url, around))
 
     # Text is drawn: the title of panel p1 (first line of its box) is not blank white.
     wrap = h.rect(".hw-panel[data-panel-id=p1]")

@@ -73,9 +73,12 @@ def test_hover_shows_tooltip_crosshair_and_data_hover(harness):
     assert tooltip_lines(h)[3] == "cosine: undefined"
     assert json.loads(h.js("() => document.querySelector('.hw-grid').dataset.hover"))["value"] is None
 
+    h.page.mouse.move(*h.cell_centre("attn", 0, 0, 2, 3))
+    guide = (rect["x"] + rect["w"] - 4, y)  # the crosshair's line across the row, far from any number
+    assert h.pixel("attn", *guide, "hw-overlay")[3] > 0
     h.page.mouse.move(5, 5)  # outside every plot
     assert h.js("() => document.querySelector('.hw-tooltip').hidden") is True
-    assert h.pixel("attn", x, y, "hw-overlay")[3] == 0
+    assert h.pixel("attn", *guide, "hw-overlay")[3] == 0
 
 
 def test_click_sends_cell(harness):

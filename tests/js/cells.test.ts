@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import {
   CELL_FONT,
   CELL_TEXT_PAD,
+  cellFormat,
   cellLabels,
   cellText,
   luminance,
@@ -35,17 +36,30 @@ function box(rows: number, cols: number, side: number) {
 const scale = { vmin: 0, vmax: 1, colormap: "magma" };
 
 describe("cellText", () => {
-  it("prints two decimals below 10, three significant digits above, nothing for NaN", () => {
-    expect([0.934, -0.4149, 0, -0.001, 9.999, 12.345, -1234.5].map(cellText)).toEqual([
+  it("prints two decimals in a panel of values up to 1, nothing for NaN", () => {
+    expect([0.934, -0.4149, 0, -0.001, 1].map(cellText)).toEqual([
       "0.93",
       "−0.41",
       "0.00",
       "0.00",
-      "10.00",
-      "12.3",
-      "−1.23e+3",
+      "1.00",
     ]);
     expect([Number.NaN, Infinity, -Infinity].map(cellText)).toEqual(["", "∞", "−∞"]);
+  });
+
+  it("gives the panel's largest value two significant digits at least", () => {
+    const small = cellFormat(0.0028); // a damage map of ΔNLL in thousandths
+    expect([-0.0028, 0.00012, 0, -0.00001].map(small)).toEqual([
+      "−0.0028",
+      "0.0001",
+      "0.0000",
+      "0.0000",
+    ]);
+    expect(cellFormat(0.04)(0.0312)).toBe("0.031");
+    expect(cellFormat(3.5)(3.456)).toBe("3.46");
+    expect([12.345, -1234.5].map(cellFormat(1234.5))).toEqual(["12.3", "−1.23e+3"]);
+    expect(cellFormat(3e-6)(-2.84e-6)).toBe("−2.8e-6"); // decimals would print zeros
+    expect(cellFormat(0)(0)).toBe("0.00");
   });
 });
 

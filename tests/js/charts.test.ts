@@ -8,8 +8,10 @@ import {
   formatChartTick,
   layoutChart,
   layoutCharts,
+  MAX_LABELLED_POINTS,
   nearestPoint,
   parseCharts,
+  pointLabels,
 } from "../../js/lib/charts";
 import { approxMeasure } from "../../js/lib/text";
 import { ChartStrip } from "../../js/ui/charts";
@@ -83,10 +85,57 @@ describe("axes", () => {
     expect(chartTicks({ lo: -0.5, hi: 10.5, log: false }, 5)).toEqual([0, 5, 10]);
     expect(chartTicks({ lo: 3000, hi: 60000, log: true })).toEqual([5000, 10000, 20000, 50000]);
     expect(chartTicks({ lo: 800, hi: 2e6, log: true })).toEqual([1000, 10000, 100000, 1000000]);
-    expect(chartTicks({ lo: 150, hi: 900, log: true })).toEqual([200, 500]);
+    // under a decade, 200 and 500 alone would be too few: evenly stepped values, on the log scale
+    expect(chartTicks({ lo: 150, hi: 900, log: true })).toEqual([200, 400, 600, 800]);
+    expect(chartTicks({ lo: 3000, hi: 8000, log: true })).toEqual([4000, 6000, 8000]);
+    // a decade and a half: 100 and 1,000 alone are too few, so 2× and 5× join them
+    expect(chartTicks({ lo: 31.8, hi: 1133, log: true }, 5)).toEqual([50, 100, 200, 500, 1000]);
+    expect(chartTicks({ lo: 0.011, hi: 0.019, log: true })).toEqual([0.012, 0.014, 0.016, 0.018]);
     expect(chartTicks({ lo: 0, hi: 1, log: false }, 4)).toEqual([0, 0.5, 1]);
     expect(formatChartTick(15360)).toBe("15,360");
     expect(formatChartTick(0.25)).toBe("0.25");
+  });
+});
+
+describe("point labels", () => {
+  const inside = (l: { x: number; y: number }, p: { x: number; y: number; w: number; h: number }) =>
+    l.x >= p.x && l.y <= p.y + p.h && l.y - 10 >= p.y;
+
+  it("name each point by the first line of its hover text, inside the plot, none over another", () => {
+    const b = layoutChart(chart(), 600, approxMeasure);
+    expect(b.labels.map((l) => l.text).sort()).toEqual(["mla:128", "model", "mqa"]);
+    for (const l of b.labels) {
+      expect(inside(l, b.plot)).toBe(true);
+      const w = approxMeasure(l.text, "10px sans-serif");
+      expect(l.x + w).toBeLessThanOrEqual(b.plot.x + b.plot.w + 1e-9);
+    }
+    const rects = b.labels.map((l) => ({
+      x: l.x,
+      y: l.y - 9,
+      w: approxMeasure(l.text, "10px x"),
+      h: 10,
+    }));
+    rects.forEach((r, i) => {
+      rects.forEach((q, j) => {
+        if (i < j) {
+          const apart =
+            r.x + r.w <= q.x || q.x + q.w <= r.x || r.y + r.h <= q.y || q.y + q.h <= r.y;
+          expect(apart).toBe(true);
+        }
+      });
+    });
+  });
+
+  it("leaves out a name with no room, and names nothing on a crowded chart", () => {
+    const c = chart();
+    const plot = { x: 0, y: 0, w: 100, h: 100 };
+    const point = (index: number, x: number, y: number) => ({ series: 0, index, x, y });
+    // two points at one place: the second name takes the next spot, a third finds none after four
+    const same = [0, 1, 2, 0, 1].map((i) => point(i, 50, 50));
+    const placed = pointLabels(c, same, plot, () => 20);
+    expect(placed.length).toBe(4);
+    const many = Array.from({ length: MAX_LABELLED_POINTS + 1 }, (_, i) => point(0, i, i));
+    expect(pointLabels(c, many, plot, () => 5)).toEqual([]);
   });
 });
 
