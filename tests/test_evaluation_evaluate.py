@@ -72,6 +72,10 @@ def test_model_variant_is_the_models_own_loss(llama, batches) -> None:
     assert report.perplexity["model"] == pytest.approx(np.exp(report.nll["model"]), rel=1e-12)
     assert report.kl["model"] == 0.0 and report.top1["model"] == 1.0
     assert report.kv_bytes_per_token["model"] == 2 * 2 * (8 + 8) * 8
+    # every layer converted by default; one layer of two: half of the original's cache
+    assert (report.num_layers, report.layers, report.converted_kv_bytes) == (2, [0, 1], 2 * 2 * (8 + 8) * 8)
+    one = evaluate(llama, batches, ["mqa"], layers=[1], dtype=F64, progress=False)
+    assert (one.num_layers, one.layers, one.converted_kv_bytes) == (2, [1], 2 * (8 + 8) * 8)
     assert all(torch.equal(before[n], t) for n, t in llama.state_dict().items())
 
 

@@ -120,6 +120,32 @@ def made_up_report() -> EvaluationReport:
     )  # fmt: skip
 
 
+def test_bits_are_per_channel_of_the_quantized_layers_when_some_are_left_as_they_were():
+    """6 of 30 bf16 layers quantized to 2 bits + scales: the rest still costs 16 bits per channel, and the
+    quantized channels cost what the quantizer spends on them, not the average over all 30 layers."""
+    from dataclasses import replace
+
+    per_layer = 2 * 32 * 2  # K and V, 32 channels each, bf16
+    quantized = 2 * (32 * 2 // 8 + 2 * 32 // 32)  # 2-bit codes + a bf16 scale and zero per 32 channels
+    report = replace(
+        made_up_report(), layers=list(range(6)), num_layers=30, converted_kv_bytes=6.0 * per_layer,
+        kv_bytes_per_token={**made_up_report().kv_bytes_per_token, "model": 30 * per_layer,
+                            "kv:int2": 24 * per_layer + 6 * quantized},
+    )  # fmt: skip
+    assert bits_per_channel(report, "kv:int2") == pytest.approx(8 * quantized / 64, abs=1e-12)  # 2.5 bits
+    assert bits_per_channel(report, "model") == pytest.approx(16.0, abs=1e-12)
+    assert report.scope() == "layers 0–5 of 30" and not report.converts_every_layer
+    stats = headwidget.capture(make_model("llama_gqa", dtype=torch.float32), torch.randint(0, 96, (2, 16)),
+                               samples=16, progress=False)  # fmt: skip
+    bits = next(c for c in QuantizationView(stats, report=report).grid.charts if c.id == "bits")
+    assert "layers 0–5 of 30 quantized" in bits.subtitle and "quantized K/V channel" in bits.x_label
+    label = next(lab for s in bits.series for lab in s.labels if lab.startswith("kv:int2"))
+    assert "2.500 bits per K/V channel of the quantized layers" in label
+    tradeoff = headwidget.ConsequenceView(report).grid.charts[0]
+    hover = next(lab for s in tradeoff.series for lab in s.labels if lab.startswith("mqa"))
+    assert "layers 0–5 of 30 converted" in hover and "layers 0–5 of 30 converted" in tradeoff.subtitle
+
+
 def test_bits_per_channel_is_bytes_over_the_originals_channels():
     report = made_up_report()
     channels = 256 / 2  # K and V channels of every layer

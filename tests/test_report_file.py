@@ -49,6 +49,7 @@ def lm_report(per_layer: bool = True, constant: bool = True) -> EvaluationReport
         per_layer_measure="delta_nll" if per_layer else None,
         calibration={"tokens": 4096, "kinds": ["key_post", "value"]} if constant else {},
         constant_bytes={"kv:cq4c8b": 8192} if constant else {},
+        num_layers=4 if per_layer else 0, converted_kv_bytes=256.0 if per_layer else 0.0,
     )  # fmt: skip
 
 
@@ -85,8 +86,9 @@ def write_tree(path: Path, tree: Any) -> Path:
 
 
 # ---------------------------------------------------------------------- the rules, stated independently
-def number_allowed(kind: str, where: tuple[Any, ...], value: Any) -> bool:
-    """Whether a report of ``kind`` may hold the JSON number ``value`` at ``where``."""
+def number_allowed(report: EvaluationReport, where: tuple[Any, ...], value: Any) -> bool:
+    """Whether ``report`` may hold the JSON number ``value`` at ``where`` (the rest unchanged)."""
+    kind = report.kind
     if isinstance(value, bool):
         return False
     finite = isinstance(value, int) or math.isfinite(value)
@@ -106,8 +108,9 @@ def number_allowed(kind: str, where: tuple[Any, ...], value: Any) -> bool:
             return math.isnan(value) or (finite and value >= 0)
         if name == "embedding_cosine":
             return math.isnan(value) or (finite and -1 - 1e-6 <= value <= 1 + 1e-6)
-    if top == "kv_bytes_per_token":
-        return finite and value >= 0
+    if top == "kv_bytes_per_token":  # the model's: at least what its converted layers cache
+        least = report.converted_kv_bytes if where[1] == "model" else 0
+        return finite and value >= least
     if top in ("constant_bytes", "calibration"):
         return integer and value >= 0
     if top in ("tokens", "sequences"):
@@ -118,6 +121,10 @@ def number_allowed(kind: str, where: tuple[Any, ...], value: Any) -> bool:
         if kind == "causal-lm":
             return finite
         return math.isnan(value) or (finite and value >= 0)
+    if top == "num_layers":  # 0: not recorded; else more than the largest converted layer
+        return integer and (value == 0 or value > max(report.layers, default=-1))
+    if top == "converted_kv_bytes":  # at most what the whole model caches
+        return finite and 0 <= value <= report.kv_bytes_per_token["model"]
     raise AssertionError(f"no rule for {where}")
 
 
@@ -247,7 +254,7 @@ def test_every_number_is_range_checked(name: str, tmp_path: Path) -> None:
             if not (len(where) > 1 and where[0] in REAL_TABLES) and isinstance(special, float):
                 continue  # a wrong type, the test above
             write_tree(path, put(tree, where, special))
-            if number_allowed(report.kind, where, special):
+            if number_allowed(report, where, special):
                 loaded = EvaluationReport.load(path)
                 assert as_text(loaded) == json.dumps(put(tree, where, special), allow_nan=True), where
                 outcomes["loaded"] += 1
@@ -265,7 +272,8 @@ def test_every_field_removed(name: str, tmp_path: Path) -> None:
     report = BUILDERS[name]()
     tree = json.loads(json.dumps(report.to_json(), allow_nan=True))
     path = tmp_path / "r.json"
-    optional = {"layers", "per_layer", "per_layer_measure", "calibration", "constant_bytes"}
+    optional = {"layers", "per_layer", "per_layer_measure", "calibration", "constant_bytes", "num_layers",
+                "converted_kv_bytes"}  # fmt: skip
     for key in tree:
         write_tree(path, {k: v for k, v in tree.items() if k != key})
         if key == "format":
@@ -502,8 +510,8 @@ def check_sound(report: EvaluationReport, scratch: Path) -> None:
     report.rows()
     for v in report.variants:
         for name, value in report.measures[v].items():
-            assert number_allowed(report.kind, ("measures", v, name), value), (v, name, value)
-        assert number_allowed(report.kind, ("kv_bytes_per_token", v), report.kv_bytes_per_token[v])
+            assert number_allowed(report, ("measures", v, name), value), (v, name, value)
+        assert number_allowed(report, ("kv_bytes_per_token", v), report.kv_bytes_per_token[v])
     for v, values in (report.per_layer or {}).items():
         assert len(values) == len(report.layers) and v in report.variants
     again = EvaluationReport.load(report.save(scratch / "again.json"))

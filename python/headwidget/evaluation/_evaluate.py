@@ -233,13 +233,14 @@ def evaluate(
             tick(1)
         measures: dict[str, dict[str, float]] = {}
         size = torch.empty((), dtype=dtype).element_size()
+        num_layers = base_adapter.layout().num_layers
+        layer_bytes = [size * layer_kv_elements(base_adapter, i) for i in range(num_layers)]
         kv_bytes: dict[str, float] = {}
         constant: dict[str, int] = {}
         for spec in specs:
             if spec == "model":
                 measures[spec] = _summary(reference_totals)
-                lay = base_adapter.layout()
-                kv_bytes[spec] = size * sum(layer_kv_elements(base_adapter, i) for i in range(lay.num_layers))
+                kv_bytes[spec] = sum(layer_bytes)
                 continue
             if spec in quantizers:
                 quantizer = quantizers[spec]
@@ -279,7 +280,8 @@ def evaluate(
         sequences=sum(int((b.attention_mask.sum(-1) > 0).sum()) for b in batches),
         fingerprint=fingerprint(batches), dtype=str(dtype), layers=chosen, per_layer=sweep,
         per_layer_measure=None if sweep is None else ("delta_nll" if lm else "hidden_rel_error"),
-        calibration=calibration, constant_bytes=constant,
+        calibration=calibration, constant_bytes=constant, num_layers=num_layers,
+        converted_kv_bytes=sum(layer_bytes[i] for i in chosen),
     )  # fmt: skip
 
 

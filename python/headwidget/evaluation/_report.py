@@ -10,7 +10,10 @@ the hidden-state relative error for encoders (``per_layer_measure`` says which).
 ``kv_bytes_per_token`` is what every token costs in the cache (a float where a quantizer's count is not
 whole); ``constant_bytes`` what a variant stores once, whatever the number of tokens (the fp16 codebooks
 of ``kv:cq``, over all quantized layers; absent means 0, as in reports written before it existed).
-The table shows a "constant bytes" column when some variant has any.
+The table shows a "constant bytes" column when some variant has any. A variant converts or quantizes
+the ``layers`` listed, of the model's ``num_layers``; ``converted_kv_bytes`` is what the original
+caches per token in those layers, so that a cost can be given per converted channel as well as over
+the whole cache (both 0 in reports written before they existed: not recorded).
 
 Example:
     >>> report = EvaluationReport(
@@ -71,6 +74,36 @@ class EvaluationReport:
     per_layer_measure: str | None = None
     calibration: dict[str, Any] = field(default_factory=dict)
     constant_bytes: dict[str, int] = field(default_factory=dict)
+    num_layers: int = 0
+    converted_kv_bytes: float = 0.0
+
+    @property
+    def converts_every_layer(self) -> bool:
+        """Whether the variants convert every layer of the model (True where the report does not say:
+        ``num_layers`` 0)."""
+        return not self.num_layers or sorted(self.layers) == list(range(self.num_layers))
+
+    def scope(self) -> str:
+        """Which layers the variants convert, in words: ``"all 30 layers"``, ``"layers 0–5 of 30"``.
+
+        Example:
+            >>> report = EvaluationReport(model="m", kind="causal-lm", variants=["model"], measures={},
+            ...     kv_bytes_per_token={"model": 1}, tokens=1, sequences=1, fingerprint="0",
+            ...     dtype="torch.float32", layers=[0, 1, 2, 5], num_layers=30)
+            >>> report.scope()
+            'layers 0–2, 5 of 30'
+        """
+        if self.converts_every_layer:
+            count = self.num_layers or len(self.layers)
+            return f"all {count} layers" if count else "all layers"
+        runs: list[list[int]] = []
+        for layer in sorted(self.layers):
+            if runs and layer == runs[-1][-1] + 1:
+                runs[-1].append(layer)
+            else:
+                runs.append([layer])
+        text = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+        return f"layer{'s' if len(self.layers) > 1 else ''} {text} of {self.num_layers}"
 
     # ------------------------------------------------------------------ measures
     def _measure(self, name: str) -> dict[str, float]:

@@ -343,13 +343,28 @@ class ReportCheck:
                 self.fail(field, f"is {f[field]}; a report measures at least one (it must be >= 1)")
         self.dtype(f["dtype"])
         layers = f.get("layers", [])
+        num_layers = f.get("num_layers", 0)
+        if num_layers < 0:
+            self.fail("num_layers", f"is {num_layers}; it must be >= 0 (0: not recorded)")
         seen = set()
         for i, layer in enumerate(layers):
             if layer < 0:
                 self.fail(f"layers[{i}]", f"is {layer}; layer indices are >= 0")
+            if num_layers and layer >= num_layers:
+                self.fail(f"layers[{i}]", f"is {layer}, but the model has num_layers = {num_layers}")
             if layer in seen:
                 self.fail("layers", f"lists layer {layer} twice")
             seen.add(layer)
+        converted = f.get("converted_kv_bytes", 0.0)
+        base = f["kv_bytes_per_token"].get("model")
+        if not (math.isfinite(converted) and converted >= 0):
+            self.fail("converted_kv_bytes", f"is {converted!r}; it must be a finite count >= 0")
+        if base is not None and converted > base * (1 + 1e-12):
+            self.fail(
+                "converted_kv_bytes",
+                f"is {converted}, more than kv_bytes_per_token[{_key('model')}] = {base}, what the whole "
+                "model caches per token",
+            )
         self.per_layer(f.get("per_layer"), f.get("per_layer_measure"), kind, variants, layers)
         self.calibration(f.get("calibration", {}))
 

@@ -173,6 +173,8 @@ class ConsequenceView(View):
         base = r.kv_bytes_per_token.get("model")
         share = f" ({nbytes / base:.1%} of the model's)" if base else ""
         lines = [spec, f"{nbytes:,} KV bytes / token{share}"]
+        if spec != "model" and not r.converts_every_layer:
+            lines[1] += f" · {r.scope()} converted"
         if r.kind == "causal-lm":
             delta = m["nll"] - r.measures["model"]["nll"] if "model" in r.measures else math.nan
             lines.append(f"ΔNLL {delta:+.4f} · perplexity {m['perplexity']:.2f}")
@@ -213,7 +215,7 @@ class ConsequenceView(View):
             series,
             subtitle=(
                 f"{r.model} · {r.tokens:,} held-out tokens in {r.sequences} sequences · "
-                f"fingerprint {r.fingerprint[:8]} · lower left is better"
+                f"fingerprint {r.fingerprint[:8]} · {r.scope()} converted · lower left is better"
             ),
             x_log=True,
             y_reference=0.0,

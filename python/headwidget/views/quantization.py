@@ -74,11 +74,14 @@ DAMAGE_LABELS = {"nll": "ΔNLL", "kl": "KL"}
 
 
 def bits_per_channel(report: EvaluationReport, spec: str) -> float:
-    """The KV bits a variant spends per token and K/V channel of the original model (NaN when the report
-    has no ``model`` row or an unknown dtype).
+    """The KV bits a variant spends per token and K/V channel of the layers it converts (NaN when the
+    report has no ``model`` row or an unknown dtype).
 
-    The original caches every K and V channel of every layer in the report's dtype; a variant's bytes per
-    token over that channel count is its cost per channel (scales and zero points included).
+    The original caches every K and V channel of every layer in the report's dtype. A variant converts
+    ``report.layers`` (what the original caches there is ``converted_kv_bytes``) and leaves the others
+    as they are; its bytes per token in the converted layers over their channel count is its cost per
+    channel (scales and zero points included). A report that does not record which layers were
+    converted counts every layer.
 
     Example:
         >>> report = EvaluationReport(model="m", kind="causal-lm", variants=["model", "kv:int4"],
@@ -91,8 +94,9 @@ def bits_per_channel(report: EvaluationReport, spec: str) -> float:
     base = report.kv_bytes_per_token.get("model")
     if size is None or not base:
         return math.nan
-    channels = base / size
-    return 8.0 * report.kv_bytes_per_token[spec] / channels
+    converted = report.converted_kv_bytes or base
+    kept = base - converted  # the layers left as they were, at the original's cost
+    return 8.0 * (report.kv_bytes_per_token[spec] - kept) / (converted / size)
 
 
 def _family(spec: str) -> str:
@@ -308,11 +312,13 @@ class QuantizationView(LayerView):
         def label(spec: str) -> str:
             m = report.measures[spec]
             return (
-                f"{spec}\n{bits_per_channel(report, spec):.3f} bits per K/V channel · "
+                f"{spec}\n{bits_per_channel(report, spec):.3f} bits per {channel} · "
                 f"{report.kv_bytes_per_token[spec]:,} B / token\n"
                 f"ΔNLL {m['nll'] - base:+.4f} · KL {m['kl']:.4f} · top-1 {m['top1']:.3f}"
             )
 
+        every = report.converts_every_layer
+        channel = "K/V channel" if every else "K/V channel of the quantized layers"
         families: dict[str, list[str]] = {}
         for spec in quantizers:
             families.setdefault(_family(spec), []).append(spec)
@@ -329,15 +335,19 @@ class QuantizationView(LayerView):
         return Chart(
             "bits",
             "Bits per channel against damage",
-            "KV bits per token and K/V channel (scales and zero points included; log)",
+            f"KV bits per token and {'' if every else 'quantized '}K/V channel (with scales; log)",
             DAMAGES[self.damage],
             series,
             subtitle=(
                 f"{report.model} · {report.tokens:,} held-out tokens · {report.dtype.removeprefix('torch.')}"
+                f" · {report.scope()} quantized"
             ),
             x_log=True,
             y_reference=0.0,
-            note="coupled-quantization codebooks are a per-layer constant, not counted per token",
+            note=(
+                "scales and zero points are counted per token; coupled-quantization codebooks are a "
+                "per-layer constant, not counted"
+            ),
         )
 
     def compute(self) -> PanelGrid:
