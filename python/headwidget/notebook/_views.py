@@ -13,7 +13,7 @@ Example:
     >>> view = ChannelView(stats, layer=1, channel_width=8)
     >>> view.layer = 0  # what a move of the layer slider does
     >>> [p["title"] for p in view.panels], view.layer_label
-    (['Keys · layer 0', 'Values · layer 0'], 'layer 0 of 2 (32 tokens)')
+    (['Keys · layer 0', 'Values · layer 0'], 'layer 0 of 0–1 (32 tokens)')
     >>> view.save(pathlib.Path(tempfile.mkdtemp()) / "channels.png", dpi=50).suffix
     '.png'
     >>> MechanismView(model, mechanisms=["model", "mqa"]).controls[1]

@@ -22,7 +22,7 @@ Example:
     >>> [p.title for p in view.grid.panels]
     ['Keys · before', 'Keys · after (rope)', 'Values · before', 'Values · after (orthogonal)']
     >>> AlignmentView.create(stats, layers=[1]).layer_label
-    'layer 1 of 2'
+    'layer 1 of 0–1'
 """
 
 from __future__ import annotations
