@@ -245,7 +245,9 @@ def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
     sent_before = view.panels
     data = page_data(view)
     assert view.layer == 1 and view.panels == sent_before  # the live view is back where it was
-    assert sorted(data["frames"]) == ["0", "1"] and data["errors"] == {}
+    assert [a["trait"] for a in data["axes"]] == ["layer", "kind"]  # what a frame's key lists
+    assert sorted(data["frames"]) == ['[0,"key"]', '[0,"key_post"]', '[1,"key"]', '[1,"key_post"]']
+    assert data["errors"] == {}
     assert data["state"]["layer"] == 1 and data["state"]["num_layers"] == 2
     # The page's bar holds the layer slider, the channel window (which the page crops itself) and the
     # kind toggle; the window starts where the user left it.
@@ -256,8 +258,10 @@ def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
     for layer in (0, 1):
         # each frame: the whole matrices, exactly what the kernel sends for the full window
         grid = ChannelView(stats, layer=layer, channel_start=0, channel_width=16).grid
-        frame = data["frames"][str(layer)]
-        assert frame["window"] is True
+        frame = data["frames"][f'[{layer},"key"]']
+        assert frame["window"] is True and frame["traits"] == {
+            "layer_label": f"layer {layer} of 0–1 (51 tokens)"
+        }
         assert [p["id"] for p in frame["panels"]] == [p.id for p in grid.panels]
         for sent, panel in zip(frame["panels"], grid.panels, strict=True):
             wire = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)
@@ -274,18 +278,22 @@ def test_html_page_holds_both_key_kinds_behind_the_kind_toggle(tiny):
     data = page_data(view)
     assert view.kind == "key_post"
     assert data["state"]["kind"] == "key_post" and data["state"]["kinds_available"] == ["key", "key_post"]
-    assert data["state"]["option_trait"] == "kind" and sorted(data["options"]) == ["key", "key_post"]
-    assert data["options"]["key_post"]["frames"] == data["frames"]
+    assert data["axes"][1] == {
+        "trait": "kind",
+        "type": "toggles",
+        "label": "Kind",
+        "values": ["key", "key_post"],
+    }
     for kind in ("key", "key_post"):
         for layer in (0, 1):
             grid = ChannelView(stats, layer=layer, kind=kind).grid
-            frame = data["options"][kind]["frames"][str(layer)]
+            frame = data["frames"][f'[{layer},"{kind}"]']
             assert [p["id"] for p in frame["panels"]] == [f"{kind}-{layer}", f"value-{layer}"]
             for sent, panel in zip(frame["panels"], grid.panels, strict=True):
                 assert sent["packed"] == "upper"
                 wire = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)["data"]
                 assert decode(sent, data).tobytes() == wire
-    value = {o: data["options"][o]["frames"]["0"]["panels"][1]["blob"] for o in ("key", "key_post")}
+    value = {o: data["frames"][f'[0,"{o}"]']["panels"][1]["blob"] for o in ("key", "key_post")}
     assert value["key"] == value["key_post"]
     # 2 layers × (key, key_post, value), each once
     assert len(data["blobs"]) == 6
@@ -298,8 +306,8 @@ def test_a_view_too_wide_to_keep_whole_gets_no_window_sliders_and_says_so(tiny, 
     monkeypatch.setattr(_source, "MAX_WINDOW_CHANNELS", 8)  # the tiny model's 16 channels are "too many"
     data = page_data(ChannelView(stats, layer=0, channel_start=2, channel_width=5))
     assert [c["type"] for c in data["state"]["controls"]] == ["slider", "toggles"]  # no window
-    assert data["state"]["status"].startswith("16 channels: this page holds the exported window only")
-    frame = data["frames"]["0"]
+    assert data["state"]["status"].startswith("16 channels: this page holds the saved window only")
+    frame = data["frames"]['[0,"key"]']
     assert "window" not in frame and frame["panels"][0]["rows"] == 5 and frame["panels"][0]["row_offset"] == 2
 
 
@@ -307,7 +315,9 @@ def test_html_layers_subset_missing_layers_and_size_limit(tiny, tmp_path):
     _, stats = tiny
     view = ChannelView(stats, layer=0)
     data = page_data(view, layers=[1, 7])
-    assert sorted(data["frames"]) == ["1"] and "out of range" in data["errors"]["7"]
+    assert sorted(data["frames"]) == ['[1,"key"]', '[1,"key_post"]']
+    assert sorted(data["errors"]) == ['[7,"key"]', '[7,"key_post"]']
+    assert all("out of range" in message for message in data["errors"].values())
     assert data["state"]["layer"] == 1 and view.layer == 0 and view.error == ""
     with pytest.raises(ExportError, match="raise max_bytes"):
         page_data(view, max_bytes=100)
@@ -322,7 +332,7 @@ def test_html_page_is_self_contained_and_escapes_text(tmp_path):
     assert text.count("</script>") == 2 and "<script>alert" not in text
     assert not re.search(r"(src|href)=\"?(https?:)?//", text) and "://" not in text
     blob = text.split('id="headwidget-data">', 1)[1].split("</script>", 1)[0]
-    assert json.loads(blob)["frames"]["0"]["panels"][0]["title"] == hostile
+    assert json.loads(blob)["frames"]["[]"]["panels"][0]["title"] == hostile
 
 
 CONTROL = "\x00\x01\x07\x08\x0b\x0c\x1b\x7f\x85\ud800\ufffe"
@@ -373,7 +383,7 @@ def test_control_characters_in_text_still_give_valid_files(tmp_path, recwarn):
     assert not any(c in page for c in CONTROL if c not in "\x0c")
     # The widget's data keep the text as given (JSON escapes it); the page shows it as text.
     blob = page.split('id="headwidget-data">', 1)[1].split("</script>", 1)[0]
-    assert json.loads(blob)["frames"]["0"]["panels"][0]["title"] == f"Keys\x1b[31m{CONTROL}"
+    assert json.loads(blob)["frames"]["[]"]["panels"][0]["title"] == f"Keys\x1b[31m{CONTROL}"
 
 
 def test_absurd_figure_sizes_are_refused_before_allocating(tmp_path):

@@ -192,7 +192,9 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
         assert (
             f"<h1>{html.escape(view.title)} · {stats.meta.model_name or stats.meta.model_class}</h1>" in frame
         )
-        assert sorted(json.loads(data)["frames"]) == ["0", "1"]
+        page = json.loads(data)
+        assert page["axes"][0]["trait"] == "layer"  # every tab's page: both layers, by its slider
+        assert {json.loads(key)[0] for key in page["frames"]} == {0, 1}
     assert "://" not in text  # nothing to fetch
     with pytest.raises(headwidget.HeadwidgetError, match=r"use \.html, \.png, \.svg or \.pdf"):
         dash.save(tmp_path / "dash.gif")

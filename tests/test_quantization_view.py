@@ -192,6 +192,9 @@ def test_the_view_exports_and_its_page_has_a_frame_per_layer(stats, tmp_path):
     svg = save(view, tmp_path / "q.svg").read_text()
     assert 'id="coupling"' in svg and 'id="bits"' in svg and "Channel coupling in bits" in svg
     data = page_data(view)
-    assert sorted(data["frames"]) == ["0", "1"]
-    assert data["frames"]["1"]["charts"][0]["title"].endswith("layer 1")
+    assert sorted(data["frames"]) == ['[0,"kl"]', '[0,"nll"]', '[1,"kl"]', '[1,"nll"]']  # layer, damage
+    assert data["frames"]['[1,"nll"]']["charts"][0]["title"].endswith("layer 1")
+    for damage in ("nll", "kl"):  # the damage toggle works on the page: each option's own chart
+        expected = view.compute(view.current_state().replace(layer=1, damage=damage))
+        assert data["frames"][f'[1,"{damage}"]']["charts"][1]["y_label"] == expected.charts[1].y_label
     assert view.heading == f"{stats.meta.model_name or stats.meta.model_class} · layer 0"

@@ -88,10 +88,10 @@ def test_a_new_view_is_registered_with_its_controls_and_recomputes_on_its_state(
         factor = state(t.Float(1.0), select("Factor", options="factors"))
         factors = t.List(t.Unicode()).tag(sync=True)
 
-        def compute(self) -> PanelGrid:
-            if self.layer < 0:
+        def compute(self, state, resolution=None) -> PanelGrid:
+            if state.layer < 0:
                 raise ValueError("layer must be ≥ 0")
-            m = self.factor * np.eye(2) + self.layer
+            m = state.factor * np.eye(2) + state.layer
             return PanelGrid([Panel("m", "scaled", m)], -1.0, 1.0, "diverging", "")
 
     try:

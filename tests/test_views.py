@@ -157,7 +157,7 @@ def test_mechanism_view_of_several_real_models():
 def test_channel_view_prefetches_the_neighbouring_layers(llama):
     _, stats = llama
     view = ChannelView(stats, layer=0, channel_start=2, channel_width=5)
-    view._prefetcher.submit(lambda: None).result()  # wait for the background work queued so far
+    view._prefetcher.wait()  # wait for the background work queued so far
     assert view._shown.cache_info().currsize == 4  # layer 0 shown, layer 1 prefetched: K and V each
     misses = view._shown.cache_info().misses
     view.layer = 1  # both panels come from the cache: no new computation
@@ -168,7 +168,7 @@ def test_channel_view_prefetches_the_neighbouring_layers(llama):
     assert view.grid.panels[0].row_step == 2
     view.close()
     quiet = ChannelView(stats, layer=0, prefetch=False)
-    quiet._prefetcher.submit(lambda: None).result()
+    quiet._prefetcher.wait()
     assert quiet._shown.cache_info().currsize == 2
 
 
@@ -219,12 +219,14 @@ def test_initial_state_is_computed_once(llama, monkeypatch):
     calls = []
     original = ChannelView.compute
 
-    def counting(self):
-        calls.append(self.layer)
-        return original(self)
+    def counting(self, state, resolution=None):
+        calls.append(state.layer)
+        return original(self, state, resolution)
 
     monkeypatch.setattr(ChannelView, "compute", counting)
-    view = ChannelView(stats, layer=1, pinned=[0], kind="key_post", channel_start=2, channel_width=5)
+    view = ChannelView(
+        stats, layer=1, pinned=[0], kind="key_post", channel_start=2, channel_width=5, prefetch=False
+    )  # (prefetching would compute the neighbouring layer 0 too, in the background)
     assert calls == [1]
     view.channel_width = 4
     assert calls == [1, 1] and view.grid.panels[0].matrix.shape == (4, 4)
@@ -420,18 +422,18 @@ def test_mechanism_view_caches_and_prefetches_neighbours(llama, monkeypatch):
 
     monkeypatch.setattr(module, "convert", counting)
     view = MechanismView(model, layer=0, mechanisms=["mqa", "lrkv:2"], stats=stats)
-    view._prefetcher.submit(lambda: None).result()  # wait for the background work queued so far
+    view._prefetcher.wait()  # wait for the background work queued so far
     assert sorted(calls) == [(0, "lrkv:2"), (0, "mqa"), (1, "lrkv:2"), (1, "mqa")]
     view.layer = 1
     view.circuit = "ov"
-    view._prefetcher.submit(lambda: None).result()
+    view._prefetcher.wait()
     assert len(calls) == 4  # the neighbour and the other circuit were ready: nothing converted again
     np.testing.assert_array_equal(
         view.grid.panels[0].matrix, operator_similarity(convert(model, 1, "mqa", stats), 1, "ov")
     )
     view.close()
     quiet = MechanismView(model, layer=0, mechanisms=["mqa"], prefetch=False)
-    quiet._prefetcher.submit(lambda: None).result()
+    quiet._prefetcher.wait()
     assert len(calls) == 5
 
 

@@ -49,6 +49,9 @@ class Panel:
     a hovered cell by head and dimension, prefixed by ``axis_prefix``
     (``"K h1·d36 × h2·d22 = 0.2310"``). ``row_axis`` / ``col_axis``: what a row / a column stands
     for, as the tooltip names it (``"variant"``, ``"layer"``; empty: "row" / "col").
+    ``window_subtitle``: for a panel of a window of indices (the channel view's), the subtitle with
+    ``{first}`` and ``{last}`` where it names the window's first and last index, so that a saved page
+    cropping the panel to another window says which (empty: the subtitle names no window).
     """
 
     id: str
@@ -67,6 +70,7 @@ class Panel:
     axis_prefix: str = ""
     row_axis: str = ""
     col_axis: str = ""
+    window_subtitle: str = ""
 
 
 @dataclass
@@ -186,4 +190,5 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
         "dtype": dtype,
         "data": data,
         "note": panel.note,
+        "window_subtitle": panel.window_subtitle,
     }

@@ -2,15 +2,15 @@
 
 The page holds everything it needs: the built bundle (``static/widget.js``, base64) and the panels
 (wire format of :func:`~headwidget.core.panels.encode_panel`, base64) in one JSON blob, and a small
-inline model (``offline_model.js``) that stands in for the kernel. Hover, the tooltip, the colorbar,
-the PNG button and the layer slider work as in the notebook; the slider switches between the layers
-exported (see :func:`._source.collect_frames`). A view with a channel window (up to
-:data:`._source.MAX_WINDOW_CHANNELS` channels) keeps each layer's whole matrices and its window
-sliders, which the page applies by cropping; a view with a toggle keeps every option's frames; the
-view's other controls need Python. Each distinct matrix is stored once (``blobs``: the value panels
-under both key toggles are the same), a symmetric one as its upper triangle. A
-Content-Security-Policy forbids every network request, so the page shows the same thing offline, and
-runs no script but its own (by hash: :func:`script_hash`) and the bundle.
+model (``static/offline.js``, built from ``js/offline.ts``) that stands in for the kernel. Hover, the
+tooltip, the colorbar, the PNG button and every control but a text entry work as in the notebook:
+the page holds the view's panels for each state its controls reach, keyed by state (see
+:func:`._source.collect_frames`), and a control looks its new state up. A view with a channel window
+(up to :data:`._source.MAX_WINDOW_CHANNELS` channels) keeps each state's whole matrices, which the
+page crops to the window. Each distinct matrix is stored once (``blobs``: the value panels under both
+key toggles are the same), a symmetric one as its upper triangle. A Content-Security-Policy forbids
+every network request, so the page shows the same thing offline, and runs no script but its own (by
+hash: :func:`script_hash`) and the bundle.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from headwidget.core.bundle import bundle_path
+from headwidget.checks import whole_number
+from headwidget.core.bundle import bundle_path, offline_path
 from headwidget.export._labels import printable
-from headwidget.export._source import GridSource, collect_frames
+from headwidget.export._source import DEFAULT_MAX_STATES, GridSource, collect_frames
 from headwidget.files import atomic_write
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "script_hash",
 ]
 
-OFFLINE_MODEL = Path(__file__).with_name("offline_model.js")
 DEFAULT_MAX_BYTES = 64 * 2**20
 #: The page's Content-Security-Policy; ``{script_hashes}``: the ``'sha256-…'`` of each inline script
 #: (the JSON data block is not run, so it needs none). No ``'unsafe-inline'`` for scripts: an inline
@@ -74,41 +74,47 @@ h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}</style>
 
 
 def page_data(
-    source: GridSource, *, layers: Sequence[int] | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    source: GridSource,
+    *,
+    layers: Sequence[int] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_states: int | None = None,
 ) -> dict[str, Any]:
-    """The JSON the page embeds: ``state`` (the model's traits), ``frames`` by layer, ``errors``,
-    ``blobs`` (the panels' matrices: a panel names its own by ``blob``), ``bundle``; with a toggle,
-    ``options``: each option's ``frames`` and ``errors``.
+    """The JSON the page embeds: ``state`` (the model's traits at the saved state), ``axes`` (each
+    control the page holds frames for: its trait, type and the values held), ``frames`` by state key
+    (:func:`~headwidget.export._source.state_key` of the axes' values), ``errors`` (the view's message
+    for a state it cannot show), ``blobs`` (the panels' matrices: a panel names its own by ``blob``),
+    ``bundle``.
 
     Example:
         >>> import numpy as np
         >>> from headwidget.core.panels import Panel, PanelGrid
         >>> data = page_data(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
-        >>> sorted(data), list(data["frames"]), data["frames"]["0"]["panels"][0]["title"]
-        (['blobs', 'bundle', 'errors', 'frames', 'state'], ['0'], 'A')
-        >>> data["frames"]["0"]["panels"][0]["packed"]  # symmetric: stored as its upper triangle
+        >>> sorted(data), list(data["frames"]), data["frames"]["[]"]["panels"][0]["title"]
+        (['axes', 'blobs', 'bundle', 'errors', 'frames', 'state'], ['[]'], 'A')
+        >>> data["frames"]["[]"]["panels"][0]["packed"]  # symmetric: stored as its upper triangle
         'upper'
     """
-    frames = collect_frames(source, layers, max_bytes)
-    # The status line says why a large view's window sliders are not on the page.
-    state = {**frames.state, "error": "", "status": frames.state.pop("window_note", "")}
-    first = frames.frames[int(state["layer"])]
+    states = (
+        DEFAULT_MAX_STATES
+        if max_states is None
+        else whole_number("max_states", max_states, minimum=1, hint="the most states a page holds")
+    )
+    frames = collect_frames(source, layers, max_bytes, states)
+    # The status line says what the page leaves out (a window too wide to crop, a text entry...).
+    state = {**frames.state, "error": "", "status": frames.note}
+    first = frames.frames[str(state.pop("opening", "[]"))]
     state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns", "charts")})
     state["panels"] = []
     pool = _BlobPool()
-    data: dict[str, Any] = {
+    return {
         "state": state,
+        "axes": [axis.to_json() for axis in frames.axes],
         "frames": pool.frames(frames.frames),
-        "errors": {str(k): v for k, v in frames.errors.items()},
+        "errors": dict(frames.errors),
+        "blobs": pool.blobs,
+        "bundle": base64.b64encode(bundle_path().read_bytes()).decode("ascii"),
     }
-    if frames.options:
-        data["options"] = {
-            option: {"frames": pool.frames(f.frames), "errors": {str(k): v for k, v in f.errors.items()}}
-            for option, f in frames.options.items()
-        }
-    data["blobs"] = pool.blobs
-    data["bundle"] = base64.b64encode(bundle_path().read_bytes()).decode("ascii")
-    return data
 
 
 class _BlobPool:
@@ -118,8 +124,8 @@ class _BlobPool:
         self.blobs: list[str] = []
         self._index: dict[str, int] = {}
 
-    def frames(self, frames: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        return {str(k): {**f, "panels": [self._panel(p) for p in f["panels"]]} for k, f in frames.items()}
+    def frames(self, frames: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {k: {**f, "panels": [self._panel(p) for p in f["panels"]]} for k, f in frames.items()}
 
     def _panel(self, panel: dict[str, Any]) -> dict[str, Any]:
         raw = base64.b64decode(panel["data"])
@@ -167,6 +173,7 @@ def page_html(
     title: str | None = None,
     layers: Sequence[int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_states: int | None = None,
 ) -> str:
     """The standalone page :func:`save_html` writes, as text.
 
@@ -177,7 +184,7 @@ def page_html(
         >>> page.startswith("<!doctype html>"), "<h1>A</h1>" in page
         (True, True)
     """
-    data = page_data(source, layers=layers, max_bytes=max_bytes)
+    data = page_data(source, layers=layers, max_bytes=max_bytes, max_states=max_states)
     name = printable(title or "headwidget")
     script = offline_script()
     return TEMPLATE.format(
@@ -191,7 +198,7 @@ def page_html(
 
 def offline_script() -> str:
     """The page's one inline script: the small model that stands in for the kernel."""
-    return "\n" + OFFLINE_MODEL.read_text(encoding="utf-8") + "\n"
+    return "\n" + offline_path().read_text(encoding="utf-8") + "\n"
 
 
 def page_csp() -> str:
@@ -206,6 +213,7 @@ def save_html(
     title: str | None = None,
     layers: Sequence[int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_states: int | None = None,
 ) -> Path:
     """Write ``source`` as a standalone interactive page that works offline; returns the path.
 
@@ -222,7 +230,7 @@ def save_html(
         >>> "<title>Keys</title>" in text, "://" in text  # no URL anywhere
         (True, False)
     """
-    page = page_html(source, title=title, layers=layers, max_bytes=max_bytes)
+    page = page_html(source, title=title, layers=layers, max_bytes=max_bytes, max_states=max_states)
     path = Path(path)
     with atomic_write(path, "w", encoding="utf-8") as fh:  # the old page stays until the new one is whole
         fh.write(page)

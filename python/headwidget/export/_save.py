@@ -44,14 +44,17 @@ def save(
     size: tuple[float, float] | None = None,
     title: str | None = None,
     layers: Sequence[int] | None = None,
+    max_states: int | None = None,
 ) -> Path:
     """Write a view (or a :class:`PanelGrid`) to ``path``; the suffix picks the format.
 
     - ``.png``, ``.svg``, ``.pdf``: the figure of :func:`headwidget.export.figure` — the panels the
       view shows now, ``dpi`` dots per inch, ``size`` (width, height) in inches (default: sized for
       the panels), ``title`` above all panels (default: the view's ``caption``, its model and layer).
-    - ``.html``: :func:`headwidget.export.save_html` — an offline page with hover and the layer slider
-      over ``layers`` (default: every layer of the view); ``dpi`` and ``size`` do not apply.
+    - ``.html``: :func:`headwidget.export.save_html` — an offline page with hover and the view's
+      controls: the layer slider over ``layers`` (default: every layer of the view), the other
+      controls' states up to ``max_states`` in all (default
+      :data:`~headwidget.export._source.DEFAULT_MAX_STATES`); ``dpi`` and ``size`` do not apply.
 
     Returns the path written.
 
@@ -70,9 +73,10 @@ def save(
         known = ", ".join(FORMATS)
         raise ExportError(f"cannot export to {path.name!r}: the suffix must be one of {known}")
     if suffix == ".html":
-        return save_html(source, path, title=title, layers=layers)
-    if layers is not None:
-        raise ExportError("layers= applies to .html exports; a figure shows the view's current panels")
+        return save_html(source, path, title=title, layers=layers, max_states=max_states)
+    if layers is not None or max_states is not None:
+        what = "layers=" if layers is not None else "max_states="
+        raise ExportError(f"{what} applies to .html exports; a figure shows the view's current panels")
     (written,) = save_all(source, [path], dpi=dpi, size=size, title=title)
     return written
 

@@ -1,24 +1,29 @@
-"""What the exporters take: a :class:`PanelGrid` or a view, and a view's panel sets across layers.
+"""What the exporters take: a :class:`PanelGrid` or a view, and a view's panels over the states its
+controls reach.
 
 A view is anything with a ``grid`` property (the panels it shows now): a
 :class:`~headwidget.views.View`, or a widget showing one. The offline HTML page cannot run Python, so
-what its layer slider can show is computed here ("frames"): the view is moved to each requested layer,
-its grid is taken, and it is moved back. The layer slider is the view's own control of its ``layer``
-trait (:meth:`~headwidget.views.View.view_controls`). A view with a toggle (the channel view's keys
-before or after RoPE, say) gets the frames of every option, which the page switches between; its
-channel window, when it has one, is applied by the page. Other controls would need Python. Within
-``hold_sync`` a live widget's front end only receives its final (original) state. A layer the view
-cannot show (not captured, say) keeps the view's error message, which the page shows when the slider
-reaches it.
+the panels its controls can ask for are computed here, one "frame" per state: the view's
+:meth:`~headwidget.views.View.compute` of each state, keyed by the values of the state traits its
+controls set (:func:`state_key`); the view itself is never moved. The states are every combination
+of the controls' values (each slider position, each option of a toggle or a select, each subset of a
+checklist's options), taken in order of how far they are from the saved state (how many options
+differ; the slider's positions are all distance 0): the page holds them until ``max_states`` or
+``max_bytes`` is reached, so what is left out first is the combinations with most controls changed,
+and the page says so. A channel window is not a state of its own: the page holds the whole matrices
+(up to :data:`MAX_WINDOW_CHANNELS` channels) and crops them to the window, as the kernel would. A text
+entry (a spec to add) needs Python. A state the view cannot show (a layer not captured, say) keeps the
+view's error message, which the page shows when a control reaches it.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
+import hashlib
+import itertools
+import json
 import math
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,9 +33,11 @@ from headwidget.core.charts import encode_chart
 from headwidget.core.panels import PanelGrid, encode_panel
 from headwidget.errors import HeadwidgetError
 from headwidget.export._colormaps import colormap
-from headwidget.views import Control, View
+from headwidget.views import STATE_ERRORS, Control, View
 
 __all__ = [
+    "DEFAULT_MAX_STATES",
+    "MAX_CHECKLIST_OPTIONS",
     "MAX_WINDOW_CHANNELS",
     "ExportError",
     "Frames",
@@ -39,8 +46,7 @@ __all__ = [
     "collect_frames",
     "frame_json",
     "grid_of",
-    "layer_slider",
-    "toggle_control",
+    "state_key",
     "window_control",
 ]
 
@@ -95,8 +101,12 @@ def grid_of(source: GridSource) -> PanelGrid:
     if isinstance(source, PanelGrid):
         return _check(source)
     if isinstance(source, View):
-        with source.full_resolution():  # a screen's coarser panels are not what a file keeps
-            return _check(source.grid)
+        try:  # a screen's coarser panels are not what a file keeps
+            return _check(source.full_grid())
+        except STATE_ERRORS as err:
+            raise ExportError(
+                f"the view cannot show its current state, so it cannot be saved: {err}"
+            ) from err
     if isinstance(source, HasGrid):
         grid = source.grid
         if isinstance(grid, PanelGrid):
@@ -104,22 +114,8 @@ def grid_of(source: GridSource) -> PanelGrid:
     raise TypeError(f"expected a PanelGrid or a view with a .grid, got {type(source).__name__}")
 
 
-def layer_slider(source: object) -> Control | None:
-    """The view's slider of its ``layer`` trait (what the page's frames follow), if it has one.
-
-    Example:
-        >>> from headwidget.views import view_class
-        >>> layer_slider(view_class("alignment")).traits()
-        ['layer', 'num_layers', 'layer_label']
-    """
-    view = source if isinstance(source, type) else type(source)
-    if not issubclass(view, View):
-        return None
-    return next((c for c in view.view_controls() if c.trait == "layer" and c.type == "slider"), None)
-
-
 def window_control(source: object) -> Control | None:
-    """The view's channel-window control, if it has one (the page crops full frames to the window).
+    """The view's window control, if it has one (the page crops whole frames to the window).
 
     Example:
         >>> from headwidget.views import view_class
@@ -132,38 +128,95 @@ def window_control(source: object) -> Control | None:
     return next((c for c in view.view_controls() if c.type == "window"), None)
 
 
-def toggle_control(source: object) -> Control | None:
-    """The view's first toggle control, if it has one (the page holds the frames of every option).
-
-    Example:
-        >>> from headwidget.views import view_class
-        >>> toggle_control(view_class("channels")).traits()
-        ['kind', 'kinds_available']
-    """
-    view = source if isinstance(source, type) else type(source)
-    if not issubclass(view, View):
-        return None
-    return next((c for c in view.view_controls() if c.type == "toggles"), None)
-
-
 #: Most channels a page holds whole per panel for its window sliders (float16: 2 MiB a panel).
 MAX_WINDOW_CHANNELS = 1024
+#: Most states a page holds by default (every slider position counts: 30 layers × 2 kinds is 60).
+DEFAULT_MAX_STATES = 256
+#: Most options a checklist may have for the page to hold its subsets (2⁸ = 256 of them); a longer
+#: one keeps the saved choice only.
+MAX_CHECKLIST_OPTIONS = 8
+
+
+def state_key(values: Sequence[Any]) -> str:
+    """The key of a state on the page: the JSON array of its traits' values, compact, as the page's
+    ``JSON.stringify`` writes it (``js/lib/offline.ts``).
+
+    Example:
+        >>> state_key([3, "key_post", ["mha", "mqa"]])
+        '[3,"key_post",["mha","mqa"]]'
+    """
+    return json.dumps(list(values), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+@dataclass
+class Axis:
+    """One control the page holds frames for: the trait it sets and the values it can give it."""
+
+    control: Control
+    values: list[Any]
+    saved: Any
+
+    @property
+    def trait(self) -> str:
+        return self.control.trait
+
+    def distance(self, value: Any) -> int:
+        """How far ``value`` is from the saved one: options changed (a slider moves for free)."""
+        if self.control.type == "slider":
+            return 0
+        if self.control.type == "checklist":
+            return len(set(value) ^ set(self.saved))
+        return int(value != self.saved)
+
+    @property
+    def options(self) -> list[Any]:
+        """A checklist's options in their order (its first value holds them all); [] otherwise."""
+        return list(self.values[0]) if self.control.type == "checklist" and self.values else []
+
+    def to_json(self) -> dict[str, Any]:
+        """The axis as the page reads it (``js/lib/offline.ts``): trait, control type, values held
+        (sliders, toggles, selects) and, for a checklist, its options (the order its keys use)."""
+        data: dict[str, Any] = {"trait": self.trait, "type": self.control.type, "label": self.control.label}
+        if self.control.type == "checklist":
+            data["options"] = self.options
+        else:
+            data["values"] = self.values
+        return data
 
 
 @dataclass
 class Frames:
-    """The page's content: the view's fixed state, a frame per exported layer, errors of the others."""
+    """The page's content: its initial traits, a frame per state key, and why other states are
+    missing (``errors``: the view's own message; ``note``: what the page leaves out, in words)."""
 
     state: dict[str, Any]
-    frames: dict[int, dict[str, Any]] = field(default_factory=dict)
-    errors: dict[int, str] = field(default_factory=dict)
+    axes: list[Axis] = field(default_factory=list)
+    frames: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
     nbytes: int = 0
-    #: With a toggle: every option's frames and errors (the current option's are ``frames``/``errors``).
-    options: dict[str, Frames] = field(default_factory=dict)
+    reachable: int = 1
+    note: str = ""
+    _seen: set[bytes] = field(default_factory=set, repr=False)
+
+    @property
+    def keys(self) -> list[str]:
+        """The state traits a frame's key lists the values of, in order."""
+        return [axis.trait for axis in self.axes]
+
+    def add(self, key: str, frame: dict[str, Any]) -> None:
+        """Hold ``frame`` under ``key``, counting each distinct matrix once (the page stores it once)."""
+        self.frames[key] = frame
+        for panel in frame["panels"]:
+            digest = hashlib.sha256(panel["data"].encode("ascii")).digest()
+            if digest not in self._seen:
+                self._seen.add(digest)
+                self.nbytes += len(panel["data"])
+        self.nbytes += len(json.dumps({k: v for k, v in frame.items() if k != "panels"}))
 
 
-def frame_json(grid: PanelGrid, layer_label: str = "") -> dict[str, Any]:
-    """A grid as the page's JSON: the widget's traits, panels' data as base64 of the wire format.
+def frame_json(grid: PanelGrid, traits: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A grid as the page's JSON: the widget's traits, panels' data as base64 of the wire format, and
+    ``traits``, the text traits that go with the state (the layer read-out...).
 
     Example:
         >>> import numpy as np
@@ -180,24 +233,21 @@ def frame_json(grid: PanelGrid, layer_label: str = "") -> dict[str, Any]:
     return {
         "vmin": grid.vmin, "vmax": grid.vmax, "colormap": grid.colormap,
         "colorbar_label": grid.colorbar_label, "columns": grid.columns,
-        "layer_label": layer_label, "panels": panels, "charts": [encode_chart(c) for c in grid.charts],
+        "traits": dict(traits or {}), "panels": panels, "charts": [encode_chart(c) for c in grid.charts],
     }  # fmt: skip
 
 
-def _add(frames: Frames, layer: int, grid: PanelGrid, label: str, max_bytes: int) -> None:
-    frame = frame_json(grid_of(grid), label)
-    frames.frames[layer] = frame
-    frames.nbytes += sum(len(p["data"]) for p in frame["panels"])
-    if frames.nbytes > max_bytes:
-        raise ExportError(
-            f"the page would hold more than {max_bytes / 2**20:.0f} MiB of panel data after "
-            f"{len(frames.frames)} layers: pass fewer layers (layers=[...]), a narrower channel window "
-            "or a smaller max_cells, or raise max_bytes"
-        )
+def collect_frames(
+    source: GridSource,
+    layers: Sequence[int] | None,
+    max_bytes: int,
+    max_states: int = DEFAULT_MAX_STATES,
+) -> Frames:
+    """Frames of a grid (one frame, no control) or of a view over the states its controls reach
+    (``layers``: the layer slider's positions held, default all).
 
-
-def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: int) -> Frames:
-    """Frames of a grid (one frame, no slider) or of a view over ``layers`` (default: all).
+    Raises :class:`ExportError` when the saved state at every slider position does not fit in
+    ``max_bytes``; the other states are held as far as ``max_bytes`` and ``max_states`` allow.
 
     Example:
         >>> import numpy as np
@@ -205,122 +255,186 @@ def collect_frames(source: GridSource, layers: Sequence[int] | None, max_bytes: 
         >>> grid = PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r")
         >>> frames = collect_frames(grid, None, 2**20)
         >>> list(frames.frames), frames.state["controls"]
-        ([0], [])
+        (['[]'], [])
     """
     if isinstance(source, PanelGrid):
         if layers is not None:
             raise ExportError("layers= needs a view with a layer slider; a PanelGrid has one panel set")
-        frames = Frames(state={"view": "", "controls": [], "layer": 0, "layer_label": "", "num_layers": 0})
-        _add(frames, 0, source, "", max_bytes)
+        frames = Frames(state={"view": "", "controls": []})
+        frames.add(state_key([]), frame_json(grid_of(source)))
+        _check_size(frames, max_bytes)
         return frames
-    view: Any = source
-    with view.full_resolution() if isinstance(view, View) else nullcontext():
-        frames = _window_frames(view, layers, max_bytes)
-    # The page's bar in the order of the view's own
-    order = [(c.type, c.trait) for c in view.view_controls()]
-    frames.state["controls"].sort(key=lambda c: order.index((c["type"], c["trait"])))
-    return frames
-
-
-def _window_frames(view: Any, layers: Sequence[int] | None, max_bytes: int) -> Frames:
-    """The frames of a view, whole matrices for the page's channel window sliders when it has them."""
-    window = window_control(view)
-    if window is None:
-        return _option_frames(view, layers, max_bytes)
-    # The page crops each layer's whole matrices to the window the user picks: export whole ones.
-    start, width, total = (int(getattr(view, name)) for name in window.traits()[:3])
-    if total > MAX_WINDOW_CHANNELS:
-        frames = _option_frames(view, layers, max_bytes)
-        frames.state["window_note"] = (
-            f"{total} channels: this page holds the exported window only (at most "
-            f"{MAX_WINDOW_CHANNELS} channels are kept whole for the window sliders)"
-        )
-        return frames
-    hold = view.hold_sync() if hasattr(view, "hold_sync") else nullcontext()
-    with hold:
-        try:
-            with view.hold_trait_notifications():
-                setattr(view, window.trait, 0)
-                setattr(view, window.width, total)
-            frames = _option_frames(view, layers, max_bytes)
-        finally:
-            with view.hold_trait_notifications():
-                setattr(view, window.trait, start)
-                setattr(view, window.width, width)
-    every = [f for option in (frames.options.values() or [frames]) for f in option.frames.values()]
-    if any(p["row_step"] != 1 for frame in every for p in frame["panels"]):
-        return frames  # downsampled: no window to crop
-    frames.state["controls"].append(window.to_json())
-    frames.state.update({name: int(getattr(view, name)) for name in window.traits()})
-    for frame in every:
-        frame["window"] = True
-    return frames
-
-
-def _option_frames(view: Any, layers: Sequence[int] | None, max_bytes: int) -> Frames:
-    """:func:`_view_frames` for each option of the view's toggle (the current option first)."""
-    toggle = toggle_control(view)
-    options = [str(o) for o in getattr(view, toggle.options, [])] if toggle is not None else []
-    frames = _view_frames(view, layers, max_bytes)
-    if toggle is None or len(options) < 2:
-        return frames
-    current = str(getattr(view, toggle.trait))
-    frames.options[current] = frames
-    hold = view.hold_sync() if hasattr(view, "hold_sync") else nullcontext()
-    with hold:
-        try:
-            for option in options:
-                if option == current:
-                    continue
-                setattr(view, toggle.trait, option)
-                other = _view_frames(view, layers, max_bytes, spent=frames.nbytes)
-                frames.options[option] = other
-                frames.nbytes = other.nbytes
-        finally:
-            setattr(view, toggle.trait, current)
-    frames.state["controls"].append(toggle.to_json())
-    frames.state.update({toggle.trait: current, toggle.options: options, "option_trait": toggle.trait})
-    return frames
-
-
-def _view_frames(view: Any, layers: Sequence[int] | None, max_bytes: int, spent: int = 0) -> Frames:
-    """Frames of a view over ``layers`` (default: all) at its current state but for the layer
-    (``spent``: bytes of panel data the page holds already)."""
-    current = grid_of(view)  # computes the panels if the view has none yet
-    slider = layer_slider(view)
-    start = int(getattr(view, "layer", 0))
-    label = str(getattr(view, slider.text, "")) if slider is not None and slider.text else ""
-    count = int(getattr(view, slider.count)) if slider is not None else 0
-    state: dict[str, Any] = {"view": getattr(view, "view_name", ""), "controls": [], "layer": start}
-    state.update(layer_label=label, num_layers=count)
-    frames = Frames(state=state, nbytes=spent)
-    if slider is None or count < 1:
+    if not isinstance(source, View):
         if layers is not None:
-            raise ExportError(f"{type(view).__name__} here has no layer slider; layers= does not apply")
-        _add(frames, start, current, label, max_bytes)
+            raise ExportError(f"{type(source).__name__} has no layer slider; layers= does not apply")
+        frames = Frames(state={"view": str(getattr(source, "view", "")), "controls": []})
+        frames.add(state_key([]), frame_json(grid_of(source)))
+        _check_size(frames, max_bytes)
         return frames
-    # The page's own names for the slider's traits (its offline model sets them per frame).
-    page_slider = dataclasses.replace(slider, count="num_layers", text="layer_label")
-    state["controls"] = [page_slider.to_json()]
-    wanted = sorted({int(x) for x in (range(count) if layers is None else layers)})
-    hold = view.hold_sync() if hasattr(view, "hold_sync") else nullcontext()
-    with hold:
+    return _view_frames(source, layers, max_bytes, max_states)
+
+
+def _view_frames(view: View, layers: Sequence[int] | None, max_bytes: int, max_states: int) -> Frames:
+    saved = view.current_state()
+    grid_of(view)  # the saved state must be one the view can show (else: why it cannot be saved)
+    controls = view.view_controls()
+    axes, left_out = _axes(view, saved, layers)
+    base = saved
+    window = _whole_window(view, saved)
+    if window is not None:
+        base = saved.replace(**window)
+    state: dict[str, Any] = {"view": view.view_name, "controls": []}
+    frames = Frames(state=state, axes=axes)
+    notes = list(left_out)
+    ordered = _states(axes)
+    frames.reachable = len(ordered)
+    held = 0
+    for distance, values in ordered:
+        if distance > 0 and (held >= max_states or frames.nbytes > max_bytes):
+            break
+        key = state_key([_keyed(axis, v) for axis, v in zip(axes, values, strict=True)])
+        each = base.replace(**{axis.trait: v for axis, v in zip(axes, values, strict=True)})
+        held += 1
         try:
-            for layer in wanted:
-                if layer == start:
-                    _add(frames, layer, current, label, max_bytes)
-                    continue
-                view.layer = layer
-                if getattr(view, "error", ""):
-                    frames.errors[layer] = str(view.error)
-                else:
-                    shown = str(getattr(view, slider.text, "")) if slider.text else ""
-                    _add(frames, layer, view.grid, shown, max_bytes)
-        finally:
-            view.layer = start
-    if start not in frames.frames:  # the page opens on the first exported layer
-        if not frames.frames:
-            raise ExportError(f"none of the layers {wanted} could be shown: {frames.errors}")
-        state["layer"] = min(frames.frames)
-        state["layer_label"] = frames.frames[state["layer"]]["layer_label"]
+            grid = _check(view.compute(each, None))
+            traits = view.labels(each)
+        except STATE_ERRORS as err:
+            frames.errors[key] = str(err)
+            continue
+        frame = frame_json(grid, traits)
+        if window is not None:
+            frame["window"] = True
+        frames.add(key, frame)
+        if distance == 0:
+            _check_size(frames, max_bytes)
+    if not frames.frames:
+        raise ExportError(f"none of the states could be shown: {sorted(set(frames.errors.values()))}")
+    if held < frames.reachable:
+        notes.append(
+            f"this page holds {held} of the {frames.reachable} states its controls reach (at most "
+            f"{max_states} states and {max_bytes / 2**20:.0f} MiB): left out first are those with most "
+            "options changed from the saved one; save with a larger max_states to hold more"
+        )
+    window_spec = window_control(view)
+    if window_spec is not None and window is None:
+        notes.append(
+            f"{_window_total(view, window_spec)} channels: this page holds the saved window only (at "
+            f"most {MAX_WINDOW_CHANNELS} channels, each a cell, are kept whole for the window sliders)"
+        )
+    exported = {axis.trait for axis in axes}
+    if window_spec is not None and window is not None:
+        exported.add(window_spec.trait)
+    state["controls"] = [c.to_json() for c in controls if c.trait in exported]
+    for control in controls:
+        if control.trait in exported:
+            state.update({name: _trait_json(getattr(view, name)) for name in control.traits()})
+    saved_key = state_key([_keyed(axis, getattr(saved, axis.trait)) for axis in axes])
+    opening = saved_key if saved_key in frames.frames else next(iter(frames.frames))
+    if opening != saved_key:  # the saved layer was not exported: open on the first held state
+        for axis, value in zip(axes, json.loads(opening), strict=True):
+            state[axis.trait] = value
+    state.update(frames.frames[opening]["traits"])
+    frames.state["opening"] = opening
+    frames.note = "; ".join(notes)
     return frames
+
+
+def _trait_json(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _axes(view: View, saved: Any, layers: Sequence[int] | None) -> tuple[list[Axis], list[str]]:
+    """The controls the page holds frames for, with their values, and what it cannot offer."""
+    axes: list[Axis] = []
+    notes: list[str] = []
+    fields = set(saved.values())
+    for control in view.view_controls():
+        if control.trait not in fields:
+            if control.type == "entry":
+                notes.append(f"“{control.label}” needs Python: open the view in a notebook to add one")
+            continue
+        value = saved.values()[control.trait]
+        if control.type == "slider":
+            count = int(getattr(view, control.count))
+            if count < 1:
+                continue
+            positions = range(count) if layers is None or control.trait != "layer" else layers
+            axes.append(Axis(control, sorted({int(x) for x in positions}), value))
+        elif control.type in ("toggles", "select"):
+            options = [str(o) for o in getattr(view, control.options)]
+            if options:
+                axes.append(Axis(control, options, value))
+        elif control.type == "checklist":
+            options = [str(o) for o in getattr(view, control.options)]
+            if len(options) > MAX_CHECKLIST_OPTIONS:
+                axes.append(Axis(control, [value], value))
+                notes.append(
+                    f"“{control.label}” has {len(options)} options: this page holds the saved choice only "
+                    f"(the subsets of at most {MAX_CHECKLIST_OPTIONS})"
+                )
+            else:
+                subsets = [
+                    [o for o, on in zip(options, mask, strict=True) if on]
+                    for mask in itertools.product((True, False), repeat=len(options))
+                ]
+                axes.append(Axis(control, subsets, value))
+    if layers is not None and not any(a.trait == "layer" and a.control.type == "slider" for a in axes):
+        raise ExportError(f"{type(view).__name__} here has no layer slider; layers= does not apply")
+    return axes, notes
+
+
+def _keyed(axis: Axis, value: Any) -> Any:
+    """A value as the page keys it: a checklist's choice in the order of its options."""
+    if axis.control.type == "checklist":
+        order = {o: i for i, o in enumerate(axis.options)}
+        return sorted((str(v) for v in value), key=lambda v: order.get(v, len(order)))
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _states(axes: list[Axis]) -> list[tuple[int, tuple[Any, ...]]]:
+    """Every combination of the axes' values with its distance from the saved state, nearest first
+    (the saved choice itself, not an equal subset in another order, for a checklist)."""
+
+    def values(axis: Axis) -> Iterator[Any]:
+        for v in axis.values:
+            if axis.control.type == "checklist" and set(v) == set(axis.saved):
+                yield list(axis.saved)
+            else:
+                yield v
+
+    combos = itertools.product(*(list(values(a)) for a in axes))
+    scored = [(sum(a.distance(v) for a, v in zip(axes, c, strict=True)), c) for c in combos]
+    scored.sort(key=lambda item: item[0])
+    return scored
+
+
+def _window_total(view: View, control: Control) -> int:
+    return int(getattr(view, control.total))
+
+
+def _whole_window(view: View, saved: Any) -> dict[str, int] | None:
+    """The window traits set to the whole range, when the page can crop that to any window: at most
+    :data:`MAX_WINDOW_CHANNELS` channels, shown one cell each (None: the page keeps the saved window)."""
+    control = window_control(view)
+    if control is None:
+        return None
+    total = _window_total(view, control)
+    if not 0 < total <= MAX_WINDOW_CHANNELS:
+        return None
+    whole = {control.trait: 0, control.width: total}
+    try:
+        grid = view.compute(saved.replace(**whole), None)
+    except STATE_ERRORS:
+        return None
+    if any(p.row_step != 1 or p.col_step != 1 for p in grid.panels):
+        return None  # block means: a crop would not show the window's own cells
+    return whole
+
+
+def _check_size(frames: Frames, max_bytes: int) -> None:
+    if frames.nbytes > max_bytes:
+        raise ExportError(
+            f"the page would hold more than {max_bytes / 2**20:.0f} MiB of panel data after "
+            f"{len(frames.frames)} states: pass fewer layers (layers=[...]), a narrower channel window "
+            "or a smaller max_cells, or raise max_bytes"
+        )

@@ -25,9 +25,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +80,6 @@ class ViewWidget(View, HeadWidget):
         grew = old is not None and (cells is None or cells > old)
         if grew and self._grid is not None and reduced(self._grid, cells or float("inf")):
             self.refresh()
-
-    @contextlib.contextmanager
-    def full_resolution(self) -> Iterator[None]:
-        """:meth:`View.full_resolution`, sending the browser only the screen's panels afterwards."""
-        with self.hold_sync(), super().full_resolution():
-            yield
 
     def refresh(self, *, strict: bool = False) -> None:
         """Recompute the panels and send them; on a bad state, show why above the last panels

@@ -16,7 +16,16 @@ Example:
 import importlib
 import pkgutil
 
-from headwidget.views._base import LayerView, View, ViewSourceError, check_sources, reduced, state
+from headwidget.views._base import (
+    STATE_ERRORS,
+    LayerView,
+    View,
+    ViewSourceError,
+    ViewState,
+    check_sources,
+    reduced,
+    state,
+)
 from headwidget.views._controls import Control, ControlType, checklist, entry, select, slider, toggles, window
 from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
 from headwidget.views.alignment import AlignmentView
@@ -26,6 +35,7 @@ from headwidget.views.mechanisms import MechanismView, default_mechanisms
 from headwidget.views.quantization import QuantizationView
 
 __all__ = [
+    "STATE_ERRORS",
     "AlignmentView",
     "ChannelView",
     "ChannelWindowError",
@@ -38,6 +48,7 @@ __all__ = [
     "UnknownViewError",
     "View",
     "ViewSourceError",
+    "ViewState",
     "check_sources",
     "checklist",
     "default_mechanisms",

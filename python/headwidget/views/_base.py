@@ -6,11 +6,19 @@ control bar shows for it. A view built with a state it cannot show (a layer that
 say) raises that error; a later change to such a state (from Python, or from the browser) is
 reported in ``error`` instead, and the last good panels stay.
 
+The state traits together are one frozen value, :meth:`View.current_state` (an instance of the
+view's :meth:`View.state_class`), and :meth:`View.compute` is a function of it: it reads the view's
+sources (statistics, a model, a report: fixed when the view is built) and its state argument, never
+the state traits, and sets nothing. So the panels of any state can be computed without moving the
+view (what a saved page does for every state its controls reach), and the base class alone decides
+when to compute: on a change, ahead of time for the :meth:`View.neighbours` of the state shown
+(:mod:`~headwidget.views._prefetch`), and what text traits follow a state (:meth:`View.labels`).
+
 A view shown on a screen computes its panels for that screen: ``resolution`` is the most cells a
 panel side needs there (the widget sets it from the page's plot size in device pixels), and a view
-with more cells than that (the channel view's 4096 channels) sends block means. Inside
-:meth:`View.full_resolution` the panels are those of the view's own limit, which is what saved
-figures and pages hold.
+with more cells than that (the channel view's 4096 channels) sends block means. Computed with
+``resolution=None``, the panels are those of the view's own limit, which is what saved figures and
+pages hold.
 
 Views do not draw and import no widget library: :mod:`headwidget.notebook` shows them,
 :mod:`headwidget.export` saves them.
@@ -21,17 +29,20 @@ Example:
     >>> from headwidget.core.panels import Panel, PanelGrid
     >>> class Scaled(View):
     ...     factor = state(t.Float(1.0))
-    ...     def compute(self) -> PanelGrid:
-    ...         return PanelGrid([Panel("m", "scaled", self.factor * np.eye(2))], -1.0, 1.0, "diverging", "")
+    ...     def compute(self, state, resolution=None) -> PanelGrid:
+    ...         return PanelGrid([Panel("m", "scaled", state.factor * np.eye(2))], -1.0, 1.0, "diverging", "")
     >>> view = Scaled()
     >>> view.factor = 0.5
-    >>> view.grid.panels[0].matrix[0, 0], Scaled.state_traits()
-    (np.float64(0.5), ['factor'])
+    >>> view.grid.panels[0].matrix[0, 0], Scaled.state_traits(), view.current_state()
+    (np.float64(0.5), ['factor'], Scaled.State(factor=0.5))
+    >>> view.compute(view.current_state().replace(factor=2.0)).panels[0].matrix[0, 0], view.factor
+    (np.float64(2.0), 0.5)
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -43,12 +54,14 @@ from headwidget.core.panels import PanelGrid
 from headwidget.errors import HeadwidgetError, LayerIndexError
 from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
+from headwidget.views._prefetch import Prefetcher
 
 __all__ = [
     "STATE_ERRORS",
     "LayerView",
     "View",
     "ViewSourceError",
+    "ViewState",
     "WholeNumber",
     "check_sources",
     "reduced",
@@ -96,6 +109,34 @@ def state(trait: T, control: Control | None = None) -> T:
         (True, 'toggles')
     """
     return trait.tag(sync=True, state=True, control=control)
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewState:
+    """Base of every view's frozen state (:meth:`View.state_class` makes one per view class): its
+    fields are the view's state traits, lists held as tuples, so that a state is hashable (a cache
+    key) and cannot change under a computation."""
+
+    def replace(self: S, **changes: Any) -> S:
+        """This state with some fields changed (lists become tuples, as in every state)."""
+        return dataclasses.replace(self, **{k: frozen(v) for k, v in changes.items()})
+
+    def values(self) -> dict[str, Any]:
+        """The fields as trait values (tuples back to lists)."""
+        return {f.name: thawed(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+S = TypeVar("S", bound=ViewState)
+
+
+def frozen(value: Any) -> Any:
+    """A trait value as a state holds it: a list (of lists) as a tuple (of tuples)."""
+    return tuple(frozen(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+def thawed(value: Any) -> Any:
+    """A state's value as its trait holds it: tuples back to lists."""
+    return [thawed(v) for v in value] if isinstance(value, tuple) else value
 
 
 class ViewSourceError(HeadwidgetError, ValueError):
@@ -153,14 +194,21 @@ class View(t.HasTraits):
     needs_report: ClassVar[bool] = False
     wants_report: ClassVar[bool] = False
 
+    #: The class :meth:`state_class` made (per class: a subclass with more state makes its own).
+    _state_class: ClassVar[type[ViewState] | None] = None
+
     error = t.Unicode("").tag(sync=True)
+    #: Whether the panels of :meth:`neighbours` are computed in the background (views that have
+    #: neighbours take ``prefetch=`` in their constructor).
+    prefetch: bool = False
 
     def __init__(self, **kwargs: Any) -> None:
         self._grid: PanelGrid | None = None
         self._setting_up = False
         #: The most cells a panel side needs where the view is shown (None: no screen to fit, the
-        #: view's own limit); set by the widget from the page, read by ``compute``.
+        #: view's own limit); set by the widget from the page, passed to ``compute``.
         self.resolution: int | None = None
+        self._prefetcher = Prefetcher()
         super().__init__(**kwargs)
         self.observe(self._on_state_change, names=self.state_traits())
 
@@ -169,6 +217,29 @@ class View(t.HasTraits):
     def state_traits(cls) -> list[str]:
         """Names of the traits whose change recomputes the panels (sorted)."""
         return sorted(cls.class_trait_names(state=True))
+
+    @classmethod
+    def state_class(cls) -> type[ViewState]:
+        """The frozen dataclass of the view's state: one field per state trait (made once per class).
+
+        Example:
+            >>> from headwidget.views import view_class
+            >>> [f.name for f in dataclasses.fields(view_class("channels").state_class())]
+            ['channel_start', 'channel_width', 'kind', 'layer', 'pinned']
+        """
+        made: type[ViewState] | None = cls.__dict__.get("_state_class")  # this class's own
+        if made is None:
+            fields = [(name, Any) for name in cls.state_traits()]
+            made = dataclasses.make_dataclass(
+                "State", fields, bases=(ViewState,), frozen=True, namespace={"__module__": cls.__module__}
+            )
+            made.__qualname__ = f"{cls.__name__}.State"
+            cls._state_class = made
+        return made
+
+    def current_state(self) -> Any:
+        """The state shown now: the state traits' values, frozen (see :meth:`state_class`)."""
+        return self.state_class()(**{name: frozen(getattr(self, name)) for name in self.state_traits()})
 
     @classmethod
     def view_controls(cls) -> list[Control]:
@@ -245,9 +316,19 @@ class View(t.HasTraits):
         return ""
 
     # ------------------------------------------------------------------ computing panels
-    def compute(self) -> PanelGrid:
-        """The panels for the current state (views override this)."""
+    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+        """The panels of ``state`` (an instance of :meth:`state_class`), at most ``resolution`` cells
+        a side where the view can reduce them (None: the view's own limit). Views override this; it
+        reads ``state`` and the view's sources, never the state traits, and changes nothing."""
         raise NotImplementedError
+
+    def labels(self, state: Any) -> dict[str, Any]:
+        """The text traits that follow ``state`` (the layer read-out...), set with its panels."""
+        return {}
+
+    def neighbours(self, state: Any) -> Sequence[Any]:
+        """The states a user is likely to move to from ``state`` (computed ahead with ``prefetch``)."""
+        return ()
 
     def refresh(self, *, strict: bool = False) -> None:
         """Recompute the panels; on a bad state, report it in ``error`` and keep the last panels.
@@ -255,14 +336,27 @@ class View(t.HasTraits):
         ``strict=True`` raises the error instead (what a view being built does: a view that cannot
         show its initial state is not built).
         """
+        state, resolution = self.current_state(), self.resolution
         try:
-            grid = self.compute()
+            grid = self._prefetcher.take((state, resolution))
+            if grid is None:
+                grid = self.compute(state, resolution)
+            labels = self.labels(state)
         except STATE_ERRORS as err:
             if strict:
                 raise
             self.error = str(err)
             return
+        for name, value in labels.items():
+            setattr(self, name, value)
         self._set_grid(grid)
+        if self.prefetch:
+            self._prefetcher.queue(
+                {(n, resolution): self._ahead(n, resolution) for n in self.neighbours(state)}
+            )
+
+    def _ahead(self, state: Any, resolution: int | None) -> Any:
+        return lambda: self.compute(state, resolution)
 
     def _set_grid(self, grid: PanelGrid) -> None:
         self._grid = grid
@@ -293,38 +387,28 @@ class View(t.HasTraits):
             self._setting_up = False
         self.refresh(strict=True)
 
-    @contextlib.contextmanager
-    def full_resolution(self) -> Iterator[None]:
-        """Within the block, ``grid`` holds the panels at the view's own limit (what a saved figure or
-        page shows), whatever ``resolution`` the screen asked for; afterwards the screen's again.
+    def full_grid(self) -> PanelGrid:
+        """The panels of the current state at the view's own limit (what a saved figure or page
+        shows), whatever ``resolution`` the screen asked for; the view is not changed. A state the
+        view cannot show raises its error.
 
         Example:
             >>> import numpy as np
             >>> from headwidget.core.panels import Panel
             >>> class Sized(View):
-            ...     def compute(self) -> PanelGrid:
-            ...         n = min(8, self.resolution or 8)
+            ...     def compute(self, state, resolution=None) -> PanelGrid:
+            ...         n = min(8, resolution or 8)
             ...         panel = Panel("m", "m", np.zeros((n, n)), row_step=8 // n, col_step=8 // n)
             ...         return PanelGrid([panel], -1.0, 1.0, "diverging", "")
             >>> view = Sized()
             >>> view.resolution = 2
             >>> view.refresh()
-            >>> with view.full_resolution():
-            ...     full = view.grid.panels[0].matrix.shape
-            >>> full, view.grid.panels[0].matrix.shape
+            >>> view.full_grid().panels[0].matrix.shape, view.grid.panels[0].matrix.shape
             ((8, 8), (2, 2))
         """
-        cells = self.resolution
-        if cells is None or (self._grid is not None and not reduced(self._grid)):
-            yield
-            return
-        self.resolution = None
-        try:
-            self.refresh()
-            yield
-        finally:
-            self.resolution = cells
-            self.refresh()
+        if self.resolution is None and self._grid is not None and not self.error:
+            return self._grid
+        return self.compute(self.current_state(), None)
 
     def _on_state_change(self, change: dict[str, Any]) -> None:
         if not self._setting_up:
@@ -335,6 +419,9 @@ class View(t.HasTraits):
 
     def close(self) -> None:
         """Release what the view holds (background work; a widget's connection to the browser)."""
+        prefetcher = getattr(self, "_prefetcher", None)  # absent when __init__ failed before it
+        if prefetcher is not None:
+            prefetcher.close()
         parent = getattr(super(), "close", None)
         if callable(parent):
             parent()
@@ -370,10 +457,20 @@ class LayerView(View):
     num_layers = t.Int(0).tag(sync=True)
     layer_label = t.Unicode("").tag(sync=True)
 
-    def layer_text(self) -> str:
-        """The selected layer among the model's, as the slider says it: ``"layer 3 of 0–29"`` (layers
-        count from 0, so "of 30" would read as if a 30th layer existed)."""
-        return f"layer {self.layer} of 0–{self.num_layers - 1}"
+    def layer_text(self, layer: int) -> str:
+        """``layer`` among the model's, as the slider says it: ``"layer 3 of 0–29"`` (layers count
+        from 0, so "of 30" would read as if a 30th layer existed)."""
+        return f"layer {layer} of 0–{self.num_layers - 1}"
+
+    def labels(self, state: Any) -> dict[str, Any]:
+        """The layer read-out beside the slider."""
+        return {"layer_label": self.layer_text(state.layer)}
+
+    def layer_neighbours(self, state: Any) -> list[Any]:
+        """``state`` at the layers next to its own (those the model has): the slider's next steps."""
+        return [
+            state.replace(layer=n) for n in (state.layer + 1, state.layer - 1) if 0 <= n < self.num_layers
+        ]
 
     def check_layer(self, layer: int) -> None:
         """Refuse a layer outside ``0 .. num_layers - 1`` (:class:`~headwidget.errors.LayerIndexError`;

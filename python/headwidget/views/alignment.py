@@ -129,6 +129,12 @@ class AlignmentView(LayerView):
         """Several layers are compared head to head: their joint (cross-layer) statistics."""
         return {"cross_layer": list(layers)} if len(layers) > 1 else {}
 
+    def labels(self, state: Any) -> dict[str, Any]:
+        """The layer read-out (the flattened layers, for a fixed set)."""
+        if self.fixed_layers:
+            return {"layer_label": f"layers {self.fixed_layers}"}
+        return super().labels(state)
+
     @property
     def caption(self) -> str:
         """The model and the layer (or the flattened layers) whose heads are compared."""
@@ -136,56 +142,58 @@ class AlignmentView(LayerView):
             return f"{stats_model_name(self.stats)} · layers {', '.join(map(str, self.fixed_layers))}"
         return f"{stats_model_name(self.stats)} · layer {self.layer}"
 
-    def result(self, kind: str) -> AlignmentResult:
-        """The alignment result behind the panels of ``kind`` (cached per state)."""
-        layers = self.fixed_layers or [self.layer]
+    def result(self, kind: str, state: Any = None) -> AlignmentResult:
+        """The alignment result behind the panels of ``kind`` in ``state`` (default: the current
+        one), cached per state."""
+        state = self.current_state() if state is None else state
+        layers = self.fixed_layers or [state.layer]
         method: str | None
         if kind == "value":
-            method = "none" if self.alignment == "none" else "orthogonal"
+            method = "none" if state.alignment == "none" else "orthogonal"
         else:
-            method = None if self.alignment == "auto" else self.alignment
-        key = (tuple(layers), kind, method, self.metric, self.heldout)
+            method = None if state.alignment == "auto" else state.alignment
+        key = (tuple(layers), kind, method, state.metric, self.heldout)
         if key not in self._results:
             self._results[key] = align(
                 self.stats,
                 layers,
                 kind=check_kind(kind),
                 method=method,
-                metric=self.metric,
+                metric=state.metric,
                 heldout=self.heldout,
             )
         return self._results[key]
 
-    def _invariant(self, kind: str) -> tuple[np.ndarray, list[str], int]:
+    def _invariant(self, kind: str, state: Any) -> tuple[np.ndarray, list[str], int]:
         """A rotation-invariant metric's matrix (the same before and after alignment), its labels
         and token count."""
-        layers = self.fixed_layers or [self.layer]
-        key = (tuple(layers), kind, self.metric)
+        layers = self.fixed_layers or [state.layer]
+        key = (tuple(layers), kind, state.metric)
         if key not in self._invariants:
             matrix = self.stats.head_similarity(
-                layers if len(layers) > 1 else layers[0], check_kind(kind), self.metric
+                layers if len(layers) > 1 else layers[0], check_kind(kind), state.metric
             )
             self._invariants[key] = matrix
         groups = self.stats.meta.num_kv_heads
         labels = [f"L{layer}·H{g}" for layer in layers for g in range(groups)]
         return self._invariants[key], labels, self.stats.tokens
 
-    def compute(self) -> PanelGrid:
+    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
         """Keys then values, each before and after alignment, on the 0..1 scale."""
-        check_key_kind(self.kind, self.stats, "alignment view")
+        check_key_kind(state.kind, self.stats, "alignment view")
         if not self.fixed_layers:
-            self.check_layer(self.layer)
+            self.check_layer(state.layer)
         panels = []
-        for kind in (self.kind, "value"):
+        for kind in (state.kind, "value"):
             title = "Keys" if kind == "key" else ("Keys (post-RoPE)" if kind == "key_post" else "Values")
-            if self.metric in ROTATION_INVARIANT:
-                before, labels, tokens = self._invariant(kind)
+            if state.metric in ROTATION_INVARIANT:
+                before, labels, tokens = self._invariant(kind, state)
                 after, after_title = before, f"{title} · after (unchanged)"
                 after_subtitle = (
-                    f"{self.metric}, {tokens} tokens: rotation-invariant, alignment leaves it as before"
+                    f"{state.metric}, {tokens} tokens: rotation-invariant, alignment leaves it as before"
                 )
             else:
-                res = self.result(kind)
+                res = self.result(kind, state)
                 labels, tokens, before = list(res.labels), res.token_count, res.before
                 aligned = res.method != "none"
                 after = res.shown if aligned else res.before
@@ -196,7 +204,7 @@ class AlignmentView(LayerView):
                     f"{kind}-before",
                     f"{title} · before",
                     before,
-                    subtitle=f"{self.metric}, {tokens} tokens",
+                    subtitle=f"{state.metric}, {tokens} tokens",
                     row_labels=labels,
                     col_labels=labels,
                     row_axis="head",
@@ -215,8 +223,6 @@ class AlignmentView(LayerView):
                     col_axis="head",
                 )
             )
-        layers = self.fixed_layers or [self.layer]
-        self.layer_label = f"layers {layers}" if self.fixed_layers else self.layer_text()
         label = "head similarity"
         for panel in panels:
             lowest = float(np.nanmin(panel.matrix)) if np.isfinite(panel.matrix).any() else 0.0

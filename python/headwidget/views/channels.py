@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -95,8 +94,6 @@ class ChannelView(LayerView):
         **kwargs: Any,
     ) -> None:
         """``channel_width=None``: every key channel; ``prefetch``: compute neighbouring layers ahead."""
-        # First, so that close() (which a widget's finaliser calls) works however far __init__ gets.
-        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-prefetch")
         stats = self._stats(stats)
         self.max_cells = whole_number(
             "max_cells", max_cells, minimum=1, hint="the most cells a panel side shows"
@@ -157,30 +154,19 @@ class ChannelView(LayerView):
     def _channels(self, layer: int, kind: str) -> int:
         return self.stats.moments(layer, check_kind(kind)).channels
 
-    def cells(self) -> int:
-        """The most cells a panel side shows now: ``max_cells``, or the screen's ``resolution`` if smaller."""
-        if self.resolution is None:
+    def cells(self, resolution: int | None) -> int:
+        """The most cells a panel side shows: ``max_cells``, or the screen's ``resolution`` if smaller."""
+        if resolution is None:
             return self.max_cells
-        return max(1, min(self.max_cells, self.resolution))
+        return max(1, min(self.max_cells, resolution))
 
-    def _prefetch_neighbours(self, layer: int, kind: str, start: int, width: int, max_cells: int) -> None:
-        """Compute the panels of the layers next to ``layer`` in the background (same window), so a
-        slider step to them is a cache hit. Best effort: a failure here only means no head start."""
-        try:
-            for neighbour in (layer + 1, layer - 1):
-                if neighbour not in self.stats.layers:
-                    continue
-                for k in (kind, "value"):
-                    total = self._channels(neighbour, k)
-                    if start < total:
-                        self._shown(neighbour, k, start, min(start + width, total), max_cells)
-        except Exception:
-            return
+    def neighbours(self, state: Any) -> list[Any]:
+        """The layers next to the selected one (same window, kind and pinned layers)."""
+        return [n for n in self.layer_neighbours(state) if n.layer in self.stats.layers]
 
-    def close(self) -> None:
-        """Stop the background prefetching (and close the widget, when the view is one)."""
-        self._prefetcher.shutdown(wait=False, cancel_futures=True)
-        super().close()
+    def labels(self, state: Any) -> dict[str, Any]:
+        """The layer read-out, with the number of tokens the correlations are over."""
+        return {"layer_label": f"{self.layer_text(state.layer)} ({self.stats.tokens} tokens)"}
 
     @property
     def caption(self) -> str:
@@ -189,8 +175,9 @@ class ChannelView(LayerView):
         where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(map(str, layers))}"
         return f"{stats_model_name(self.stats)} · {where}"
 
-    def _window(self, total: int) -> tuple[int, int]:
-        start, width = self.channel_start, self.channel_width
+    @staticmethod
+    def _window(state: Any, total: int) -> tuple[int, int]:
+        start, width = state.channel_start, state.channel_width
         if width < 1:
             raise ChannelWindowError(f"channel_width must be ≥ 1, got {width}")
         if not 0 <= start < total:
@@ -200,17 +187,17 @@ class ChannelView(LayerView):
             )
         return start, min(start + width, total)
 
-    def compute(self) -> PanelGrid:
+    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
         """K panels over V panels, one column per shown layer (selected and pinned), one window."""
         stats = self.stats
-        check_key_kind(self.kind, stats, "channel view")
-        layers = sorted({self.layer, *self.pinned})
+        check_key_kind(state.kind, stats, "channel view")
+        layers = sorted({state.layer, *state.pinned})
         for layer in layers:
             self.check_layer(layer)
-        panels, cells = [], self.cells()
-        for kind in (self.kind, "value"):
+        panels, cells = [], self.cells(resolution)
+        for kind in (state.kind, "value"):
             for layer in layers:
-                start, stop = self._window(self._channels(layer, kind))
+                start, stop = self._window(state, self._channels(layer, kind))
                 matrix, block = self._shown(layer, kind, start, stop, cells)
                 head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
                 note = ""
@@ -219,11 +206,13 @@ class ChannelView(LayerView):
                         f"downsampled {stop - start}→{matrix.shape[0]}: mean of {block}×{block} "
                         "blocks (NaN cells ignored)"
                     )
+                window_subtitle = f"channels {{first}}–{{last}} · Pearson over {stats.tokens} tokens"
                 panels.append(
                     Panel(
                         id=f"{kind}-{layer}",
                         title=f"{KIND_TITLES[kind]} · layer {layer}",
-                        subtitle=f"channels {start}–{stop - 1} · Pearson over {stats.tokens} tokens",
+                        subtitle=window_subtitle.format(first=start, last=stop - 1),
+                        window_subtitle=window_subtitle,
                         matrix=matrix,
                         row_offset=start,
                         col_offset=start,
@@ -235,10 +224,6 @@ class ChannelView(LayerView):
                         axis_prefix="V" if kind == "value" else "K",
                     )
                 )
-        self.layer_label = f"{self.layer_text()} ({stats.tokens} tokens)"
-        if self.prefetch:
-            args = (self.layer, self.kind, self.channel_start, max(self.channel_width, 1), cells)
-            self._prefetcher.submit(self._prefetch_neighbours, *args)
         return PanelGrid(
             panels, vmin=-1.0, vmax=1.0, colormap="diverging",
             colorbar_label="Pearson correlation", columns=len(layers),

@@ -150,10 +150,10 @@ class ConsequenceView(View):
         return f"{report.model} · {len(report.variants)} variants on {report.tokens} held-out tokens"
 
     # ------------------------------------------------------------------ numbers
-    def damage(self, spec: str) -> float:
-        """The current ``measure`` of one variant (0 for the original model)."""
+    def damage(self, spec: str, measure: str | None = None) -> float:
+        """One variant's ``measure`` (default: the one shown; 0 for the original model)."""
         m = self.report.measures[spec]
-        key = DAMAGE_MEASURES[self.report.kind][self.measure][1]
+        key = DAMAGE_MEASURES[self.report.kind][measure or self.measure][1]
         if key == "delta_nll":
             return (
                 m["nll"] - self.report.measures["model"]["nll"]
@@ -184,22 +184,22 @@ class ConsequenceView(View):
             lines.append(f"embedding cosine {m['embedding_cosine']:.6f}")
         return "\n".join(lines)
 
-    def _tradeoff(self) -> Chart:
+    def _tradeoff(self, measure: str) -> Chart:
         r = self.report
-        label, _ = DAMAGE_MEASURES[r.kind][self.measure]
+        label, _ = DAMAGE_MEASURES[r.kind][measure]
         specs = list(r.variants)
         groups = [
             ("mechanisms", [v for v in specs if not _is_quantizer(v)]),
             ("quantizers", [v for v in specs if _is_quantizer(v)]),
         ]
         series = [
-            Series(name, [r.kv_bytes_per_token[v] for v in vs], [self.damage(v) for v in vs],
+            Series(name, [r.kv_bytes_per_token[v] for v in vs], [self.damage(v, measure) for v in vs],
                    [self._hover(v) for v in vs])
             for name, vs in groups
             if vs
         ]  # fmt: skip
         costs = [float(r.kv_bytes_per_token[v]) for v in specs]
-        damages = [self.damage(v) for v in specs]
+        damages = [self.damage(v, measure) for v in specs]
         front = pareto_front(costs, damages)
         series.append(
             Series(
@@ -222,7 +222,7 @@ class ConsequenceView(View):
             note="frontier: " + ", ".join(specs[i] for i in front),
         )
 
-    def _damage_map(self) -> tuple[Panel, float] | None:
+    def _damage_map(self, layer: int) -> tuple[Panel, float] | None:
         r = self.report
         # The original model's row is 0 everywhere by definition: the map shows the variants.
         per_layer = r.per_layer or {}
@@ -237,12 +237,12 @@ class ConsequenceView(View):
         finite = matrix[np.isfinite(matrix)]
         peak = float(np.abs(finite).max()) if finite.size else 1.0
         notes = []
-        if self.layer in r.layers:
-            col = r.layers.index(self.layer)
+        if layer in r.layers:
+            col = r.layers.index(layer)
             values = ", ".join(f"{v} {matrix[i, col]:+.4f}" for i, v in enumerate(specs))
-            notes.append(f"layer {self.layer}: {values}")
+            notes.append(f"layer {layer}: {values}")
         else:
-            notes.append(f"layer {self.layer} was not swept")
+            notes.append(f"layer {layer} was not swept")
         if finite.size:
             i, j = np.unravel_index(np.nanargmax(matrix), matrix.shape)
             notes.append(f"most fragile: layer {r.layers[j]} under {specs[i]} ({matrix[i, j]:+.4f})")
@@ -261,15 +261,15 @@ class ConsequenceView(View):
         )
         return panel, peak if peak > 0 else 1.0
 
-    def compute(self) -> PanelGrid:
+    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
         """The trade-off chart and, with a per-layer sweep, the damage map."""
-        if self.measure not in DAMAGE_MEASURES[self.report.kind]:
+        if state.measure not in DAMAGE_MEASURES[self.report.kind]:
             raise UnknownDamageMeasureError(
-                f"unknown damage measure {self.measure!r} for a {self.report.kind} report; "
+                f"unknown damage measure {state.measure!r} for a {self.report.kind} report; "
                 f"choose one of {', '.join(DAMAGE_MEASURES[self.report.kind])}"
             )
-        chart = self._tradeoff()
-        damage = self._damage_map()
+        chart = self._tradeoff(state.measure)
+        damage = self._damage_map(state.layer)
         if damage is None:
             return PanelGrid([], 0.0, 1.0, "diverging", "", charts=[chart])
         panel, peak = damage

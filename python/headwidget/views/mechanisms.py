@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
@@ -135,8 +134,6 @@ class MechanismView(LayerView):
         raise :class:`~headwidget.errors.StatsMismatchError`, as :func:`~headwidget.convert` does.
         ``prefetch``: compute the neighbouring layers and the other circuit in the background.
         """
-        # First, so that close() (which a widget's finaliser calls) works however far __init__ gets.
-        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headwidget-mechanisms")
         self.prefetch = flag("prefetch", prefetch)
         layer = whole_number("layer", layer)
         if mechanisms is not None:
@@ -163,7 +160,6 @@ class MechanismView(LayerView):
         self._weights: dict[tuple[int, int], Any] = {}
         self._conversions: dict[tuple[int, int, str], Conversion | Exception] = {}
         self._results: dict[tuple[int, int, str, str], Result] = {}
-        self._queued: dict[tuple[int, int, str, str], Future[Result]] = {}
         super().__init__(**kwargs)
         first = self.model
         assert isinstance(first, nn.Module)
@@ -236,24 +232,13 @@ class MechanismView(LayerView):
                 self._conversions[key] = found
         return found
 
-    def _result(
-        self, model: nn.Module, layer: int, spec: str, circuit: str, *, queued_task: bool = False
-    ) -> Result:
-        """The correlation, effective rank and conversion of one panel (or why there is none), cached.
-
-        ``queued_task``: the call is the background task queued for this panel (it must not wait for
-        itself)."""
+    def _result(self, model: nn.Module, layer: int, spec: str, circuit: str) -> Result:
+        """The correlation, effective rank and conversion of one panel (or why there is none), cached."""
         key = (id(model), layer, spec, circuit)
         with self._lock:
             found = self._results.get(key)
-            queued = None if queued_task else self._queued.pop(key, None)
         if found is not None:
             return found
-        if queued is not None and not queued.cancel():  # already being computed: wait for it
-            try:
-                return queued.result()
-            except Exception:
-                pass  # computed again below, so that the error is this call's
         conversion = self._conversion(model, layer, spec)
         result: Result
         if isinstance(conversion, Exception):
@@ -274,8 +259,8 @@ class MechanismView(LayerView):
             return f"data-aware over {self.stats.tokens} tokens"
         return "weight-space: no statistics" if self.stats is None else "weight-space: no attention input"
 
-    def _panel(self, panel_id: str, title: str, model: nn.Module, spec: str) -> Panel:
-        result = self._result(model, self.layer, spec, self.circuit)
+    def _panel(self, state: Any, panel_id: str, title: str, model: nn.Module, spec: str) -> Panel:
+        result = self._result(model, state.layer, spec, state.circuit)
         if isinstance(result, Exception):
             heads = adapter_for(model).layout().num_heads
             labels = [f"H{h}" for h in range(heads)]
@@ -296,42 +281,17 @@ class MechanismView(LayerView):
             row_axis="head", col_axis="head",
         )  # fmt: skip
 
-    def _shown_specs(self) -> list[tuple[str, str, nn.Module, str]]:
+    def _shown_specs(self, state: Any) -> list[tuple[str, str, nn.Module, str]]:
         """(panel id, title, model, spec) of every panel, in order."""
         if self.models is not None:
             return [(name, name, m, "model") for name, m in self.models.items()]
         assert isinstance(self.model, nn.Module)
-        return [(spec, spec, self.model, spec) for spec in self.mechanisms]
+        return [(spec, spec, self.model, spec) for spec in state.mechanisms]
 
-    def _prefetch_around(self, layer: int, circuit: str, shown: list[tuple[str, nn.Module]]) -> None:
-        """Queue the other circuit of ``layer``, then the layers next to it, one panel per task, in
-        place of what the previous state queued. A panel asked for while queued is computed at once
-        (or waited for, when it is being computed); a failure here only means no head start."""
-        other = next(c for c in CIRCUITS if c != circuit)
-        plan = [(layer, other)] + [(n, circuit) for n in (layer + 1, layer - 1) if 0 <= n < self.num_layers]
-        with self._lock:
-            stale, self._queued = list(self._queued.values()), {}
-        for future in stale:
-            future.cancel()
-        for each_layer, each_circuit in plan:
-            for spec, model in shown:
-                key = (id(model), each_layer, spec, each_circuit)
-                with self._lock:
-                    if key in self._results:
-                        continue
-                try:
-                    future = self._prefetcher.submit(
-                        self._result, model, each_layer, spec, each_circuit, queued_task=True
-                    )
-                except RuntimeError:  # closed
-                    return
-                with self._lock:
-                    self._queued[key] = future
-
-    def close(self) -> None:
-        """Stop the background prefetching (and close the widget, when the view is one)."""
-        self._prefetcher.shutdown(wait=False, cancel_futures=True)
-        super().close()
+    def neighbours(self, state: Any) -> list[Any]:
+        """The other circuit of the layer, then the layers next to it."""
+        other = next((c for c in CIRCUITS if c != state.circuit), state.circuit)
+        return [state.replace(circuit=other), *self.layer_neighbours(state)]
 
     def _model_names(self) -> str:
         return model_name(self.model) if self.models is None else ", ".join(self.models)
@@ -341,15 +301,15 @@ class MechanismView(LayerView):
         """What the figure shows: the model (or models) and the layer."""
         return f"{self._model_names()} · layer {self.layer}"
 
-    def compute(self) -> PanelGrid:
+    def labels(self, state: Any) -> dict[str, Any]:
+        """The layer read-out, with the model (or models) shown."""
+        return {"layer_label": f"{self.layer_text(state.layer)} · {self._model_names()}"}
+
+    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
         """One panel per mechanism spec (or per real model), in order, colour −1..1."""
-        if self.circuit not in CIRCUITS:
-            raise UnknownCircuitError(f"unknown circuit {self.circuit!r}; choose 'qk' or 'ov'")
-        self.check_layer(self.layer)
-        shown = self._shown_specs()
-        panels = [self._panel(*each) for each in shown]
-        self.layer_label = f"{self.layer_text()} · {self._model_names()}"
-        if self.prefetch:
-            self._prefetch_around(self.layer, self.circuit, [(spec, model) for _, _, model, spec in shown])
-        label = f"{self.circuit.upper()} operator correlation (centred across heads)"
+        if state.circuit not in CIRCUITS:
+            raise UnknownCircuitError(f"unknown circuit {state.circuit!r}; choose 'qk' or 'ov'")
+        self.check_layer(state.layer)
+        panels = [self._panel(state, *each) for each in self._shown_specs(state)]
+        label = f"{state.circuit.upper()} operator correlation (centred across heads)"
         return PanelGrid(panels, vmin=-1.0, vmax=1.0, colormap="diverging", colorbar_label=label)

@@ -244,13 +244,13 @@ class QuantizationView(LayerView):
     def _quantizers(self) -> list[str]:
         return [v for v in (self.report.variants if self.report else []) if v.startswith("kv:")]
 
-    def _coupling(self) -> Chart:
+    def _coupling(self, layer: int) -> Chart:
         series: list[Series] = []
         biased_at: set[int] = set()
         samples = 0
         for kind in self.kinds:
             name, colour = COUPLING_KINDS[kind]
-            e, control = self.entropy(self.layer, kind), self.control(self.layer, kind)
+            e, control = self.entropy(layer, kind), self.control(layer, kind)
             samples = e.samples
             sizes = sorted(e.joint)
             biased_at |= {c for c in sizes if e.biased[c]}
@@ -283,7 +283,7 @@ class QuantizationView(LayerView):
         missing = "" if "key_post" in self.kinds else " · capture with rope='both' for post-RoPE keys"
         return Chart(
             "coupling",
-            f"Channel coupling in bits · layer {self.layer}",
+            f"Channel coupling in bits · layer {layer}",
             "channels per group (c)",
             "entropy per group (bits)",
             series,
@@ -298,7 +298,7 @@ class QuantizationView(LayerView):
             note=note,
         )
 
-    def _bits_against_damage(self) -> Chart | None:
+    def _bits_against_damage(self, measure: str) -> Chart | None:
         report = self.report
         quantizers = self._quantizers()
         if report is None or not quantizers or report.kind != "causal-lm":
@@ -307,7 +307,7 @@ class QuantizationView(LayerView):
 
         def damage(spec: str) -> float:
             m = report.measures[spec]
-            return m["nll"] - base if self.damage == "nll" else m["kl"]
+            return m["nll"] - base if measure == "nll" else m["kl"]
 
         def label(spec: str) -> str:
             m = report.measures[spec]
@@ -336,7 +336,7 @@ class QuantizationView(LayerView):
             "bits",
             "Bits per channel against damage",
             f"KV bits per token and {'' if every else 'quantized '}K/V channel (with scales; log)",
-            DAMAGES[self.damage],
+            DAMAGES[measure],
             series,
             subtitle=(
                 f"{report.model} · {report.tokens:,} held-out tokens · {report.dtype.removeprefix('torch.')}"
@@ -350,18 +350,17 @@ class QuantizationView(LayerView):
             ),
         )
 
-    def compute(self) -> PanelGrid:
+    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
         """The coupling chart of the selected layer, and the bits-against-damage chart with a report."""
-        self.check_layer(self.layer)
-        if self.layer not in self.stats.layers:
+        self.check_layer(state.layer)
+        if state.layer not in self.stats.layers:
             raise QuantizationViewError(
-                f"layer {self.layer} was not captured (captured: {self.stats.layers})"
+                f"layer {state.layer} was not captured (captured: {self.stats.layers})"
             )
-        if self.damages_available and self.damage not in DAMAGES:
-            raise QuantizationViewError(f"damage must be one of {', '.join(DAMAGES)}, got {self.damage!r}")
-        charts = [self._coupling()]
-        bits = self._bits_against_damage()
+        if self.damages_available and state.damage not in DAMAGES:
+            raise QuantizationViewError(f"damage must be one of {', '.join(DAMAGES)}, got {state.damage!r}")
+        charts = [self._coupling(state.layer)]
+        bits = self._bits_against_damage(state.damage)
         if bits is not None:
             charts.append(bits)
-        self.layer_label = self.layer_text()
         return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)
