@@ -32,7 +32,7 @@ def timed(action: Callable[[], object]) -> float:
 
 def settle(view: MechanismView) -> None:
     """Wait for the background work queued so far (a user's pause between two interactions)."""
-    view._prefetcher.submit(lambda: None).result()
+    view._prefetcher.wait()
 
 
 def main() -> None:

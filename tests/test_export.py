@@ -325,6 +325,74 @@ def test_html_layers_subset_missing_layers_and_size_limit(tiny, tmp_path):
         page_data(known_grid(), layers=[0])
 
 
+def test_saving_a_page_never_moves_the_view(tiny):
+    """The page's frames are the view's compute() of each state: no trait of the (live) view changes,
+    so a widget on screen neither flickers nor ends up elsewhere (a widget sends only changes)."""
+    model, stats = tiny
+    view = notebook.MechanismView(model, layer=1, mechanisms=["mqa", "lrkv:2"], stats=stats, prefetch=False)
+    changes: list[str] = []
+    view.observe(lambda change: changes.append(change["name"]))
+    data = page_data(view)
+    assert changes == []
+    assert len(data["frames"]) == 2 * 2 * 4  # layers × circuits × subsets of the two specs
+
+
+def test_every_state_of_a_checklist_and_a_select_is_on_the_page(tiny):
+    """Mechanisms: each subset of the checklist under each circuit at each layer, each frame exactly
+    the view's panels for that state; the text entry is named as needing Python."""
+    model, stats = tiny
+    view = MechanismView(model, layer=0, mechanisms=["lrkv:2", "mqa"], stats=stats, prefetch=False)
+    data = page_data(view)
+    assert [(a["trait"], a["type"]) for a in data["axes"]] == [
+        ("layer", "slider"), ("circuit", "select"), ("mechanisms", "checklist")
+    ]  # fmt: skip
+    assert data["axes"][2]["options"] == ["lrkv:2", "mqa"]
+    assert "“Add mechanism” needs Python" in data["state"]["status"]
+    subsets = [["lrkv:2", "mqa"], ["lrkv:2"], ["mqa"], []]
+    for layer in (0, 1):
+        for circuit in ("qk", "ov"):
+            for chosen in subsets:
+                key = json.dumps([layer, circuit, chosen], separators=(",", ":"))
+                state = view.current_state().replace(layer=layer, circuit=circuit, mechanisms=chosen)
+                grid = view.compute(state)
+                frame = data["frames"][key]
+                assert [p["title"] for p in frame["panels"]] == chosen
+                for sent, panel in zip(frame["panels"], grid.panels, strict=True):
+                    assert decode(sent, data).tobytes() == encode_panel(panel, vmin=-1.0, vmax=1.0)["data"]
+                assert frame["traits"]["layer_label"].startswith(f"layer {layer} of 0–1")
+
+
+def test_a_page_holds_the_states_nearest_the_saved_one_and_says_what_it_leaves_out(tiny):
+    """Alignment: 2 layers × 2 kinds × 4 metrics × 4 alignments = 64 states. With room for 20, the
+    page holds the saved state at each layer, then those one option away, and says what is missing."""
+    _, stats = tiny
+    view = AlignmentView(stats, layer=0)
+    assert len(page_data(view)["frames"]) == 64
+    data = page_data(view, max_states=20)
+    held = [json.loads(k) for k in data["frames"]]
+    saved = ["key", "token_cosine", "auto"]
+    changed = [sum(a != b for a, b in zip(state[1:], saved, strict=True)) for state in held]
+    # distance 0 at both layers (2), all 14 states one option away (2 × (1 + 3 + 3)), then distance 2
+    assert len(held) == 20 and changed == sorted(changed) and changed.count(0) == 2 and changed.count(1) == 14
+    assert "this page holds 20 of the 64 states" in data["state"]["status"]
+    assert "max_states" in data["state"]["status"]
+    with pytest.raises(headwidget.ArgumentError, match="max_states must be at least 1"):
+        page_data(view, max_states=0)
+    with pytest.raises(headwidget.ArgumentError, match="max_states must be an integer"):
+        page_data(view, max_states="20")  # type: ignore[arg-type]
+    with pytest.raises(ExportError, match=r"max_states= applies to \.html exports"):
+        save(view, "figure.png", max_states=4)
+
+
+def test_a_view_that_cannot_show_its_state_is_not_saved(tiny):
+    _, stats = tiny
+    view = ChannelView(stats, layer=0)
+    view.layer = 9  # reported in error; the last panels stay on screen
+    assert "out of range" in view.error
+    with pytest.raises(ExportError, match=r"cannot show its current state.*out of range"):
+        page_data(view)
+
+
 def test_html_page_is_self_contained_and_escapes_text(tmp_path):
     hostile = "</script><script>alert(1)</script>"
     grid = PanelGrid([Panel("a", hostile, np.eye(2))], -1.0, 1.0, "diverging", "r & <b>")

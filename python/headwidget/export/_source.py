@@ -66,8 +66,10 @@ class HasGrid(Protocol):
 GridSource = PanelGrid | HasGrid
 
 
-def _check(grid: PanelGrid) -> PanelGrid:
-    if not grid.panels and not grid.charts:
+def _check(grid: PanelGrid, *, empty: bool = False) -> PanelGrid:
+    """``grid``, checked to be drawable (``empty``: a grid with nothing to draw is, as a page's state
+    with every checklist option unticked)."""
+    if not grid.panels and not grid.charts and not empty:
         raise ExportError("the grid has no panels or charts to draw")
     if not (math.isfinite(grid.vmin) and math.isfinite(grid.vmax)):
         raise ExportError(f"the colour range must be finite, got vmin={grid.vmin}, vmax={grid.vmax}")
@@ -296,7 +298,7 @@ def _view_frames(view: View, layers: Sequence[int] | None, max_bytes: int, max_s
         each = base.replace(**{axis.trait: v for axis, v in zip(axes, values, strict=True)})
         held += 1
         try:
-            grid = _check(view.compute(each, None))
+            grid = _check(view.compute(each, None), empty=True)
             traits = view.labels(each)
         except STATE_ERRORS as err:
             frames.errors[key] = str(err)

@@ -337,6 +337,7 @@ class View(t.HasTraits):
         show its initial state is not built).
         """
         state, resolution = self.current_state(), self.resolution
+        self._prefetcher.drop_others((state, resolution))
         try:
             grid = self._prefetcher.take((state, resolution))
             if grid is None:

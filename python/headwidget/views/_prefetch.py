@@ -50,6 +50,14 @@ class Prefetcher:
                 if key not in self._futures:
                     self._futures[key] = _EXECUTOR.submit(job)
 
+    def drop_others(self, key: Hashable) -> None:
+        """Cancel queued work for every key but ``key`` (a new state is shown: the thread should be
+        free for it, not busy ahead of the old one); what has started runs on, and stays takeable."""
+        with self._lock:
+            for other in [k for k in self._futures if k != key]:
+                if self._futures[other].cancel():
+                    del self._futures[other]
+
     def take(self, key: Hashable) -> Any:
         """The result computed for ``key`` (waiting when it is being computed now), else None: not
         queued, cancelled before it started, or failed."""

@@ -289,9 +289,10 @@ class MechanismView(LayerView):
         return [(spec, spec, self.model, spec) for spec in state.mechanisms]
 
     def neighbours(self, state: Any) -> list[Any]:
-        """The other circuit of the layer, then the layers next to it."""
+        """The next layer first (what a slider move asks for most), the previous one, then the other
+        circuit of this layer."""
         other = next((c for c in CIRCUITS if c != state.circuit), state.circuit)
-        return [state.replace(circuit=other), *self.layer_neighbours(state)]
+        return [*self.layer_neighbours(state), state.replace(circuit=other)]
 
     def _model_names(self) -> str:
         return model_name(self.model) if self.models is None else ", ".join(self.models)
