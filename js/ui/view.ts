@@ -22,6 +22,7 @@ import { type Chart, parseCharts } from "../lib/charts";
 import { packedColormap } from "../lib/colormap";
 import { computeLayout, plotPixels } from "../lib/layout";
 import { type Panel, parsePanels } from "../lib/panels";
+import { type KernelMessageType, pageMessage } from "../lib/protocol";
 import type { Measure } from "../lib/text";
 import { ChartStrip } from "./charts";
 import type { ColorScale } from "./colorbar";
@@ -90,10 +91,10 @@ export class View {
     this.controls = new Controls(doc, model, () => this.download());
     this.messages = new Messages(doc, model);
     this.grid = new Grid(doc, (p, row, col) =>
-      model.send({ type: "click", panel: p.id, row, col }),
+      model.send(pageMessage("click", { panel: p.id, row, col })),
     );
     this.charts = new ChartStrip(doc, (c, series, point) =>
-      model.send({ type: "chart_click", chart: c.id, series, point }),
+      model.send(pageMessage("chart_click", { chart: c.id, series, point })),
     );
     this.textList = h(doc, "ul", { className: "hw-sr" });
     this.figure = h(doc, "div", { className: "hw-figure" }, [this.charts.root, this.grid.root]);
@@ -316,23 +317,18 @@ export class View {
   }
 
   private onCustom(msg: unknown): void {
-    if (!msg || typeof msg !== "object" || (msg as { type?: unknown }).type !== "export_png")
-      return;
+    const exportPng: KernelMessageType = "export_png";
+    if (!msg || typeof msg !== "object" || (msg as { type?: unknown }).type !== exportPng) return;
     // Several views of one model all receive the message; the oldest live one answers.
     if (viewsByModel.get(this.model)?.[0] !== this) return;
     try {
       const url = this.exportDataUrl();
       this.model.send(
-        url
-          ? { type: "png", data_url: url }
-          : { type: "png", data_url: null, error: "canvas unavailable" },
+        pageMessage("png", { data_url: url || null, error: url ? null : "canvas unavailable" }),
       );
     } catch (e) {
-      this.model.send({
-        type: "png",
-        data_url: null,
-        error: e instanceof Error ? e.message : String(e),
-      });
+      const error = e instanceof Error ? e.message : String(e);
+      this.model.send(pageMessage("png", { data_url: null, error }));
     }
   }
 

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import anywidget
 import traitlets as t
 
-from headwidget.core.bundle import bundle_path
+from headwidget.core import bundle
 from headwidget.core.charts import encode_chart
 from headwidget.core.panels import PanelGrid, encode_panel
+from headwidget.core.protocol import PAGE_MESSAGES
 
 __all__ = ["MAX_PANEL_PIXELS", "HeadWidget"]
 
@@ -32,10 +33,18 @@ __all__ = ["MAX_PANEL_PIXELS", "HeadWidget"]
 MAX_PANEL_PIXELS = 32767
 
 
+#: The built front end (``npm run build``): anywidget's class-level module file, read once for every
+#: widget; with ``ANYWIDGET_HMR=1`` (and ``watchfiles``, in the ``dev`` extra) in a source checkout, a
+#: rebuild reloads every widget on screen.
+BUNDLE = bundle.STATIC / "widget.js"
+
+
 class HeadWidget(anywidget.AnyWidget):
     """Panels of matrices with a shared colour scale, the controls that choose them, and messages."""
 
-    _esm = t.Unicode("").tag(sync=True)
+    _esm: ClassVar[Any]  # the bundle: a file anywidget reads (and watches), or its text
+    if BUNDLE.is_file():
+        _esm = BUNDLE
 
     panels = t.List(t.Dict()).tag(sync=True)
     vmin = t.Float(-1.0).tag(sync=True)
@@ -66,7 +75,8 @@ class HeadWidget(anywidget.AnyWidget):
 
     def __init__(self, grid: PanelGrid | None = None, **kwargs: Any) -> None:
         """``grid``: panels to show at once (else call :meth:`show`)."""
-        kwargs.setdefault("_esm", bundle_path().read_text())
+        if not hasattr(HeadWidget, "_esm"):  # not built when headwidget was imported: built since?
+            HeadWidget._esm = bundle.bundle_path().read_text()  # (the error says how to build it)
         self._sent: PanelGrid | None = None
         self._click_callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._png_callbacks: list[Callable[[bytes], None]] = []
@@ -103,16 +113,12 @@ class HeadWidget(anywidget.AnyWidget):
     def request_png(self, callback: Callable[[bytes], None]) -> None:
         """Ask the browser for a 2× PNG of the grid; ``callback(png_bytes)`` runs when it arrives."""
         self._png_callbacks.append(callback)
-        self.send({"type": "export_png"})
+        self.send({"type": "export_png"})  # (KERNEL_MESSAGES)
 
     def _handle_message(self, widget: Any, content: dict[str, Any], buffers: list[bytes]) -> None:
         kind = content.get("type")
-        if kind == "click":
-            event = {k: content.get(k) for k in ("panel", "row", "col")}
-            for on_click in list(self._click_callbacks):
-                on_click(event)
-        elif kind == "chart_click":
-            event = {k: content.get(k) for k in ("chart", "series", "point")}
+        if kind in ("click", "chart_click"):
+            event = {k: content.get(k) for k in PAGE_MESSAGES[kind]}
             for on_click in list(self._click_callbacks):
                 on_click(event)
         elif kind == "png" and content.get("data_url"):

@@ -1,0 +1,92 @@
+"""The protocol between the kernel and the front end, written down once.
+
+Its TypeScript twin is ``js/lib/protocol.ts``: the same names, in the same order;
+``tests/test_protocol.py`` builds the twin with esbuild, runs it in node and checks that both say
+the same, and that a panel encoded here decodes there to the same cells. Everything else that crosses
+the wire is described by these: a view's state traits are named by its controls (``controls``, see
+:mod:`headwidget.views._controls`), and a control reads the traits its description names.
+
+- ``KERNEL_TRAITS``: what the kernel sets and the page draws (a grid, the control bar, messages);
+- ``PAGE_TRAITS``: what the page sets and the kernel reads (the plot size, in device pixels);
+- ``PAGE_MESSAGES``: custom messages from the page, by ``type``, with their fields;
+- ``KERNEL_MESSAGES``: custom messages from the kernel, by ``type``;
+- ``PANEL_FIELDS``: one entry of the ``panels`` trait (:func:`~headwidget.core.panels.encode_panel`);
+  ``data`` is the matrix as raw little-endian bytes (a binary buffer of the message), as ``dtype``
+  says;
+- ``CHART_FIELDS``: one entry of the ``charts`` trait (:func:`~headwidget.core.charts.encode_chart`).
+
+A JSON type is ``"string"``, ``"number"``, ``"boolean"``, ``"list"``, ``"object"``, ``"bytes"``, or
+two of them joined by ``|`` (``"list|null"``).
+
+Example:
+    >>> PAGE_MESSAGES["click"], KERNEL_MESSAGES
+    (('panel', 'row', 'col'), {'export_png': ()})
+    >>> sorted(PANEL_FIELDS)[:3]
+    ['axis_prefix', 'col_axis', 'col_group']
+"""
+
+from __future__ import annotations
+
+__all__ = ["CHART_FIELDS", "KERNEL_MESSAGES", "KERNEL_TRAITS", "PAGE_MESSAGES", "PAGE_TRAITS", "PANEL_FIELDS"]
+
+KERNEL_TRAITS: dict[str, str] = {
+    "panels": "list",
+    "charts": "list",
+    "vmin": "number",
+    "vmax": "number",
+    "colormap": "string",
+    "colorbar_label": "string",
+    "columns": "number",
+    "view": "string",
+    "controls": "list",
+    "error": "string",
+    "status": "string",
+    "heading": "string",
+}
+
+PAGE_TRAITS: dict[str, str] = {"panel_pixels": "number"}
+
+PAGE_MESSAGES: dict[str, tuple[str, ...]] = {
+    "click": ("panel", "row", "col"),
+    "chart_click": ("chart", "series", "point"),
+    "png": ("data_url", "error"),
+}
+
+KERNEL_MESSAGES: dict[str, tuple[str, ...]] = {"export_png": ()}
+
+PANEL_FIELDS: dict[str, str] = {
+    "id": "string",
+    "title": "string",
+    "subtitle": "string",
+    "rows": "number",
+    "cols": "number",
+    "row_labels": "list|null",
+    "col_labels": "list|null",
+    "row_offset": "number",
+    "col_offset": "number",
+    "row_step": "number",
+    "col_step": "number",
+    "row_group": "number",
+    "col_group": "number",
+    "axis_prefix": "string",
+    "row_axis": "string",
+    "col_axis": "string",
+    "dtype": "string",
+    "data": "bytes",
+    "note": "string",
+    "window_subtitle": "string",
+}
+
+CHART_FIELDS: dict[str, str] = {
+    "id": "string",
+    "title": "string",
+    "subtitle": "string",
+    "note": "string",
+    "x_label": "string",
+    "y_label": "string",
+    "x_log": "boolean",
+    "y_log": "boolean",
+    "y_reference": "number|null",
+    "x_ticks": "list",
+    "series": "list",
+}

@@ -1,0 +1,36 @@
+/**
+ * Run by tests/test_protocol.py (bundled with esbuild, run with node): prints
+ * the front end's protocol tables, and what its decoder makes of the panels
+ * the kernel encoded (JSON on stdin, `data` as base64).
+ */
+
+import { parsePanels } from "../../../js/lib/panels";
+import * as protocol from "../../../js/lib/protocol";
+
+declare const process: {
+  stdin: { on(event: string, callback: (chunk?: unknown) => void): void };
+  stdout: { write(text: string): void };
+};
+
+let input = "";
+process.stdin.on("data", (chunk) => {
+  input += String(chunk);
+});
+process.stdin.on("end", () => {
+  const sent = JSON.parse(input) as Record<string, unknown>[];
+  const panels = sent.map((p) => {
+    const raw = atob(String(p.data));
+    const bytes = new Uint8Array(raw.length);
+    for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+    return { ...p, data: new DataView(bytes.buffer) };
+  });
+  const parsed = parsePanels(panels);
+  const decoded = parsed.panels.map((p) => {
+    const { raw, values, ...spec } = p;
+    return { ...spec, values: Array.from(values, (v) => (Number.isNaN(v) ? null : v)) };
+  });
+  const tables = Object.fromEntries(
+    Object.entries(protocol).filter(([, value]) => typeof value === "object"),
+  );
+  process.stdout.write(JSON.stringify({ tables, decoded, problems: parsed.problems }));
+});
