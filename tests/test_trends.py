@@ -113,3 +113,17 @@ def test_trend_follows_the_alignment_views_method_and_metric(llama):
     assert trends.series["V head similarity · after"] == trends.series["V head similarity · before"]
     with pytest.raises(ValueError, match="alignment must be one of"):
         layer_series(stats, alignment="sideways")
+
+
+def test_the_layer_axis_ticks_at_layers_and_the_saved_page_keeps_the_colours(llama):
+    """Two layers: ticks at 0 and 1 only (d3's own would be 0, 0.1, … read as "0 0 0 … 1 1"); each
+    series on the saved page is drawn in the colour the notebook's chart gives it."""
+    from headwidget.notebook._trend_charts import trend_charts
+
+    model, stats = llama
+    trends = LayerTrends(stats, model=model, mechanisms=["mqa"])
+    layer_axis = trends.figure.axes[0]
+    assert layer_axis.label == "layer" and list(layer_axis.tick_values) == [0.0, 1.0]
+    drawn = {s.name: s.color for c in trend_charts(trends.series, stats.layers, "") for s in c.series}
+    live = {name: line.colors[0] for name, line in trends.lines.items()}
+    assert drawn == live and len(set(live.values())) == len(live)

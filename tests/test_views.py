@@ -454,3 +454,13 @@ def test_alignment_view_offers_cka_and_shows_it_unchanged_by_alignment(llama):
     assert got["key-before"].row_labels == ["L1·H0", "L1·H1"] and view.error == ""
     flat = AlignmentView(stats, layers=[0, 1], metric="cka")
     np.testing.assert_array_equal(flat.grid.panels[0].matrix, stats.head_similarity([0, 1], "key", "cka"))
+
+
+def test_alignment_subtitles_name_the_metric_as_the_drop_down_does(llama):
+    _, stats = llama
+    view = AlignmentView(stats, layer=1)
+    before, after = view.grid.panels[:2]
+    assert before.subtitle == f"per-token cosine, {stats.tokens} tokens"
+    assert after.subtitle.startswith("per-token cosine, ") and after.subtitle.endswith(" scores")
+    view.metric = "cka"
+    assert view.grid.panels[1].subtitle.startswith(f"linear CKA, {stats.tokens} tokens: rotation-invariant")

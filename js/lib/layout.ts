@@ -72,6 +72,8 @@ export interface PanelBox extends Rect {
   plot: Rect; // relative to the box
   title: string; // fitted to the box
   subtitleLines: string[]; // wrapped to the box, at most two
+  /** Whether the title or the subtitle lost words to the box's width (hover shows them whole). */
+  headerCut: boolean;
   titleY: number; // baselines, relative to the box
   subtitleY: number;
   rowTicks: Tick[];
@@ -169,6 +171,9 @@ export function layoutPanel(p: LayoutPanel, measure: Measure, side = PLOT_BASE):
     plot,
     title: fitText(p.title, inner, FONTS.title, measure),
     subtitleLines,
+    headerCut:
+      fitText(p.title, inner, FONTS.title, measure) !== p.title ||
+      !sameWords(subtitleLines, p.subtitle),
     titleY,
     subtitleY,
     rowTicks,
@@ -276,6 +281,24 @@ export interface Hit {
 }
 
 /** The cell under grid point (x, y), or null outside every plot. */
+/** Whether wrapped lines hold every word of `text` as it is (nothing cut or elided). */
+function sameWords(lines: readonly string[], text: string): boolean {
+  const words = (t: string) => t.split(/\s+/).filter((w) => w.length > 0);
+  return words(lines.join(" ")).join(" ") === words(text).join(" ");
+}
+
+/**
+ * The box whose title and subtitle lie at (x, y) (grid coordinates), or null:
+ * the header above a plot, where hovering shows a cut title or subtitle whole.
+ */
+export function headerAt(layout: GridLayout, x: number, y: number): number | null {
+  for (let index = 0; index < layout.boxes.length; index++) {
+    const b = layout.boxes[index];
+    if (x >= b.x && x < b.x + b.w && y >= b.y && y < b.y + b.plot.y) return index;
+  }
+  return null;
+}
+
 export function hitTest(layout: GridLayout, x: number, y: number): Hit | null {
   for (let index = 0; index < layout.boxes.length; index++) {
     const b = layout.boxes[index];

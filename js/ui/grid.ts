@@ -15,6 +15,7 @@ import {
   figureSize,
   type GridLayout,
   type Hit,
+  headerAt,
   hitTest,
 } from "../lib/layout";
 import { cellValue, type Panel } from "../lib/panels";
@@ -238,8 +239,20 @@ export class Grid {
   private onMouse(e: MouseEvent): void {
     const [x, y] = this.point(e);
     const hit = hitTest(this.content.layout, x, y);
-    if (hit) this.inspect(hit, x, y, false);
-    else this.leave();
+    if (hit) {
+      this.inspect(hit, x, y, false);
+      return;
+    }
+    this.leave();
+    const header = headerAt(this.content.layout, x, y);
+    const box = header === null ? null : this.content.layout.boxes[header];
+    const p = header === null ? null : this.content.panels[header];
+    if (box?.headerCut && p) {
+      // A title or subtitle cut to the panel's width: the whole text, where it was cut.
+      const lines = p.subtitle ? [p.subtitle] : [];
+      const content = { title: p.title, row: "", col: "", value: Number.NaN, lines };
+      this.tooltip.show(content, x, y, this.content.layout.width, this.content.layout.height);
+    }
   }
 
   private onMouseClick(e: MouseEvent): void {

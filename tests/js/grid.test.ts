@@ -134,6 +134,31 @@ describe("Grid", () => {
     expect(hover()).toEqual({ panel: "a", row: 1, col: 0, value: 1 });
   });
 
+  it("shows a title and subtitle cut to the panel's width whole when the header is hovered", () => {
+    const subtitle = Array.from({ length: 80 }, (_, i) => `part${i}`).join(" · ");
+    const { panels } = parsePanels([
+      rawPanel({
+        id: "m",
+        title: "mla:128",
+        subtitle,
+        rows: 2,
+        cols: 2,
+        data: f32View([1, 0, 0, 1]),
+      }),
+    ]);
+    const layout = computeLayout(panels, 2000, 0, approxMeasure);
+    const grid = new Grid(document, () => {});
+    document.body.replaceChildren(grid.root);
+    grid.setContent({ layout, panels, images: [null] }, 1);
+    const b = layout.boxes[0];
+    expect(b.headerCut).toBe(true);
+    const at = { clientX: b.x + 20, clientY: b.y + b.subtitleY, bubbles: true };
+    grid.panelsEl.dispatchEvent(new MouseEvent("mousemove", at));
+    expect(grid.tooltip.visible).toBe(true);
+    expect(grid.tooltip.text).toBe(`mla:128\n${subtitle}`);
+    expect(grid.root.dataset.hover).toBeUndefined(); // no cell hovered
+  });
+
   it("reports clicks on cells only", () => {
     const { grid, clicks, centre } = setup();
     grid.panelsEl.dispatchEvent(new MouseEvent("click", { ...centre(1, 0, 1), bubbles: true }));

@@ -11,6 +11,7 @@ import {
   GRID_GAP,
   GROW_CELL,
   groupEdges,
+  headerAt,
   hitTest,
   type LayoutPanel,
   layoutPanel,
@@ -307,5 +308,28 @@ describe("plotPixels", () => {
     const layout = computeLayout([spec(3, 3)], 900, 0, approxMeasure);
     expect(plotPixels(layout, 0)).toBe(plotPixels(layout, 1));
     expect(plotPixels(layout, Number.NaN)).toBe(plotPixels(layout, 1));
+  });
+});
+
+describe("a cut header", () => {
+  const long = Array.from({ length: 60 }, (_, i) => `word${i}`).join(" ");
+  it("is flagged when the subtitle loses words, and found by the pointer above the plot", () => {
+    const l = computeLayout(
+      [spec(4, 4, { subtitle: long }), spec(4, 4, { subtitle: "short" })],
+      2000,
+      2,
+      approxMeasure,
+    );
+    const [cut, whole] = l.boxes;
+    expect(cut.subtitleLines.length).toBe(2);
+    expect(cut.headerCut).toBe(true);
+    expect(whole.headerCut).toBe(false);
+    expect(headerAt(l, cut.x + 5, cut.y + cut.subtitleY)).toBe(0);
+    expect(headerAt(l, whole.x + 5, whole.y + 3)).toBe(1);
+    expect(headerAt(l, cut.x + cut.plot.x + 2, cut.y + cut.plot.y + 2)).toBeNull(); // the plot itself
+  });
+  it("is flagged when the title is cut", () => {
+    const l = computeLayout([spec(4, 4, { title: long })], 2000, 1, approxMeasure);
+    expect(l.boxes[0].headerCut).toBe(true);
   });
 });

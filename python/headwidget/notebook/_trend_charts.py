@@ -3,8 +3,8 @@
 The notebook draws the per-layer trends with bqplot (:class:`~headwidget.widget.LayerTrends`); a saved
 page has no kernel and no bqplot, so it draws the same series with the widget's own charts: means
 (channel correlation, head similarity before and after alignment) on one chart, effective ranks (when
-the dashboard has mechanism trends) on another, one line with points per series, hover naming the
-series, the layer and the value.
+the dashboard has mechanism trends) on another, one line with points per series in the colour the
+notebook's chart gives it, hover naming the series, the layer and the value.
 
 Example:
     >>> charts = trend_charts({"K mean |channel corr|": [0.2, 0.3], "eff. rank · mqa": [3.0, 2.5]}, [0, 1],
@@ -18,18 +18,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from headwidget.core.charts import Chart, Series
+from headwidget.widget.trends import COLOURS
 
 __all__ = ["trend_charts"]
 
 
-def _series(name: str, values: Sequence[float], layers: Sequence[int]) -> Series:
+def _series(name: str, values: Sequence[float], layers: Sequence[int], colour: str) -> Series:
     labels = [f"{name}\nlayer {layer}: {v:.4f}" for layer, v in zip(layers, values, strict=True)]
     dashed = name.endswith("· before")
-    return Series(name, [float(x) for x in layers], list(values), labels, style="points+line", dashed=dashed)
+    xs = [float(x) for x in layers]
+    return Series(name, xs, list(values), labels, style="points+line", dashed=dashed, color=colour)
 
 
 def trend_charts(series: Mapping[str, Sequence[float]], layers: Sequence[int], subtitle: str) -> list[Chart]:
-    """The means chart and (if any series is an effective rank) the ranks chart of ``series``."""
+    """The means chart and (if any series is an effective rank) the ranks chart of ``series``; the
+    i-th series in the i-th colour of :data:`~headwidget.widget.trends.COLOURS`, as in the notebook."""
+    colours = {name: COLOURS[i % len(COLOURS)] for i, name in enumerate(series)}
     ranks = {k: v for k, v in series.items() if k.startswith("eff. rank")}
     means = {k: v for k, v in series.items() if k not in ranks}
     charts = []
@@ -40,7 +44,7 @@ def trend_charts(series: Mapping[str, Sequence[float]], layers: Sequence[int], s
                 "Per-layer summary",
                 "layer",
                 "mean |corr| / similarity",
-                [_series(k, v, layers) for k, v in means.items()],
+                [_series(k, v, layers, colours[k]) for k, v in means.items()],
                 subtitle=subtitle,
             )
         )
@@ -51,7 +55,7 @@ def trend_charts(series: Mapping[str, Sequence[float]], layers: Sequence[int], s
                 "Head diversity per mechanism",
                 "layer",
                 "effective rank (QK operators)",
-                [_series(k, v, layers) for k, v in ranks.items()],
+                [_series(k, v, layers, colours[k]) for k, v in ranks.items()],
                 subtitle="entropy effective rank of the heads",
             )
         )

@@ -184,13 +184,14 @@ class AlignmentView(LayerView):
         if not self.fixed_layers:
             self.check_layer(state.layer)
         panels = []
+        metric = METRIC_LABELS.get(state.metric, state.metric)  # in words, as the drop-down says it
         for kind in (state.kind, "value"):
             title = "Keys" if kind == "key" else ("Keys (post-RoPE)" if kind == "key_post" else "Values")
             if state.metric in ROTATION_INVARIANT:
                 before, labels, tokens = self._invariant(kind, state)
                 after, after_title = before, f"{title} · after (unchanged)"
                 after_subtitle = (
-                    f"{state.metric}, {tokens} tokens: rotation-invariant, alignment leaves it as before"
+                    f"{metric}, {tokens} tokens: rotation-invariant, alignment leaves it as before"
                 )
             else:
                 res = self.result(kind, state)
@@ -198,13 +199,13 @@ class AlignmentView(LayerView):
                 aligned = res.method != "none"
                 after = res.shown if aligned else res.before
                 after_title = f"{title} · after ({res.method})"
-                after_subtitle = f"{res.metric}, {res.scoring if aligned else 'in-sample'} scores"
+                after_subtitle = f"{metric}, {res.scoring if aligned else 'in-sample'} scores"
             panels.append(
                 Panel(
                     f"{kind}-before",
                     f"{title} · before",
                     before,
-                    subtitle=f"{state.metric}, {tokens} tokens",
+                    subtitle=f"{metric}, {tokens} tokens",
                     row_labels=labels,
                     col_labels=labels,
                     row_axis="head",

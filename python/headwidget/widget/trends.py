@@ -45,7 +45,7 @@ from headwidget.analysis.operator_space import operator_similarity
 from headwidget.stats import KVStats
 from headwidget.views.alignment import METRIC_LABELS
 
-__all__ = ["LayerTrends", "layer_series", "padded_range"]
+__all__ = ["COLOURS", "LayerTrends", "layer_series", "layer_ticks", "padded_range"]
 
 COLOURS = ["#2166ac", "#b2182b", "#4393c3", "#d6604d", "#1b7837", "#762a83", "#e08214", "#35978f"]
 #: Fraction of the data's span added below and above it on each y-axis.
@@ -65,6 +65,18 @@ def _method(kind: str, alignment: str) -> str | None:
     if kind == "value":
         return "none" if alignment == "none" else "orthogonal"
     return None if alignment == "auto" else alignment
+
+
+def layer_ticks(layers: Sequence[int], most: int = 12) -> np.ndarray:
+    """Where the layer axis has ticks: at layers, every k-th so that there are at most ``most``.
+
+    Example:
+        >>> layer_ticks([0, 1]).tolist(), layer_ticks(range(30)).tolist()
+        ([0.0, 1.0], [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0, 24.0, 27.0])
+    """
+    layers = sorted(layers)
+    step = max(1, -(-len(layers) // most))
+    return np.asarray(layers[::step], dtype=float)
 
 
 def _is_rank(name: str) -> bool:
@@ -219,7 +231,8 @@ class LayerTrends(ipywidgets.VBox):
         )
         marks.append(self.rule)
         axes = [
-            bq.Axis(scale=xs, label="layer", tick_format="d"),
+            # Ticks at layers only: d3's own ticks over 2 layers (0, 0.1, … 1) all read "0" or "1".
+            bq.Axis(scale=xs, label="layer", tick_format="d", tick_values=layer_ticks(stats.layers)),
             bq.Axis(scale=self.y_scale, side="left", label="mean |corr| / similarity"),
         ]
         if any(_is_rank(n) for n in self.series):
