@@ -138,7 +138,10 @@ def test_mechanism_view_matches_conversion(llama):
     assert [p.title for p in view.grid.panels] == ["model", "mqa", "lrkv:2"]
     expected = operator_similarity(convert(model, 1, "lrkv:2", stats), 1, "qk")
     np.testing.assert_array_equal(view.grid.panels[2].matrix, expected)
-    assert view.grid.panels[1].subtitle.startswith(f"{convert(model, 1, 'mqa').kv_bytes_per_token()} B/token")
+    per_layer = convert(model, 1, "mqa").kv_bytes_per_token()
+    assert view.grid.panels[1].subtitle.startswith(
+        f"KV {2 * per_layer} B/token over 2 layers (bf16; {per_layer} this layer) · eff. rank "
+    )
     view.circuit = "ov"
     np.testing.assert_array_equal(
         view.grid.panels[0].matrix, operator_similarity(convert(model, 1, "model"), 1, "ov")

@@ -46,6 +46,7 @@ from torch import nn
 
 from headwidget.checks import optional_whole_number
 from headwidget.core.charts import Chart, Series, pareto_front
+from headwidget.core.kv_bytes import kv_bytes_text
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
@@ -171,8 +172,8 @@ class ConsequenceView(View):
         m = r.measures[spec]
         nbytes = r.kv_bytes_per_token[spec]
         base = r.kv_bytes_per_token.get("model")
-        share = f" ({nbytes / base:.1%} of the model's)" if base else ""
-        lines = [spec, f"{nbytes:,} KV bytes / token{share}"]
+        share = f" · {nbytes / base:.1%} of the model's" if base else ""
+        lines = [spec, f"{kv_bytes_text(nbytes, r.num_layers, r.dtype)}{share}"]
         if spec != "model" and not r.converts_every_layer:
             lines[1] += f" · {r.scope()} converted"
         if r.kind == "causal-lm":

@@ -3,7 +3,8 @@
 Reference: the low-rank KV paper's figure (MHA, LRKV r=16, LRKV r=64, MQA, MLA side by side, colour
 −1..1). Each panel is the (H × H) correlation of the heads' QK forms ``W_Q^h ᵀ W_K^{g(h)}`` (or OV
 forms ``W_O^h W_V^{g(h)}``, ``circuit="ov"``) after converting the layer's K/V projections to that
-mechanism, centred across heads. Under each title: the KV-cache bytes per token (bf16, this layer),
+mechanism, centred across heads. Under each title: the KV-cache bytes per token (bf16, over all
+layers as if each were converted so, and this layer's own),
 the entropy effective rank of the heads, and the K/V reconstruction errors (``err K … V …``), labelled
 as what they are: weight-space errors, or data-aware ones over the statistics' N tokens (when the
 statistics hold the attention input). The figure's caption (its title when saved) and the layer
@@ -47,6 +48,7 @@ from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.analysis.weights import head_weights
 from headwidget.checks import flag, text_list, whole_number
+from headwidget.core.kv_bytes import kv_bytes_text
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import (
     DegenerateHeadsError,
@@ -254,6 +256,14 @@ class MechanismView(LayerView):
             self._results[key] = result
         return result
 
+    @staticmethod
+    def _bytes(model: nn.Module, conversion: Conversion) -> str:
+        """The conversion's KV bytes as every view says them: over all layers (as if each were
+        converted so), this layer's beside them, bf16."""
+        per_layer = conversion.kv_bytes_per_token()
+        layers = adapter_for(model).layout().num_layers
+        return kv_bytes_text(per_layer * layers, layers, "bf16", this_layer=per_layer)
+
     def _errors_label(self, conversion: Conversion) -> str:
         if conversion.weighting == "data-aware" and self.stats is not None:
             return f"data-aware over {self.stats.tokens} tokens"
@@ -272,7 +282,7 @@ class MechanismView(LayerView):
         sim, rank, conversion = result
         err = conversion.reconstruction_error
         subtitle = (
-            f"{conversion.kv_bytes_per_token()} B/token KV (bf16) · eff. rank {rank:.2f} · "
+            f"{self._bytes(model, conversion)} · eff. rank {rank:.2f} · "
             f"err K {err['key']:.3f} V {err['value']:.3f} ({self._errors_label(conversion)})"
         )
         labels = [f"H{h}" for h in range(sim.shape[0])]

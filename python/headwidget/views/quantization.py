@@ -48,6 +48,7 @@ from headwidget.analysis.entropy import BINS_MAX, ChannelEntropy, channel_entrop
 from headwidget.checks import flag, optional_whole_number, whole_number, whole_numbers
 from headwidget.core.charts import Chart, Series
 from headwidget.core.kinds import Kind
+from headwidget.core.kv_bytes import kv_bytes_text
 from headwidget.core.panels import PanelGrid
 from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
@@ -313,7 +314,7 @@ class QuantizationView(LayerView):
             m = report.measures[spec]
             return (
                 f"{spec}\n{bits_per_channel(report, spec):.3f} bits per {channel} · "
-                f"{report.kv_bytes_per_token[spec]:,} B / token\n"
+                f"{kv_bytes_text(report.kv_bytes_per_token[spec], report.num_layers, report.dtype)}\n"
                 f"ΔNLL {m['nll'] - base:+.4f} · KL {m['kl']:.4f} · top-1 {m['top1']:.3f}"
             )
 
