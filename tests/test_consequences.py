@@ -109,8 +109,8 @@ def test_tradeoff_points_are_the_reports_bytes_and_damage():
     assert chart.note == "frontier: " + ", ".join(all_specs[i] for i in want)
     assert "lrkv:8" not in chart.note  # beaten by gqa:2 on both counts
     hover = mech.labels[1].split("\n")
-    assert hover == ["mqa", "KV 256 B/token over all layers (bf16) · 25.0% of the model's", "ΔNLL +0.6000 · perplexity 13.46",
-                     "KL 0.5000 · top-1 agreement 0.700"]  # fmt: skip
+    assert hover == ["mqa", "KV 256 B/token over all layers (bf16) · 25.0% of the model's",
+                     "ΔNLL +0.6000 · perplexity 13.46", "KL 0.5000 · top-1 agreement 0.700"]  # fmt: skip
     assert "1,234 held-out tokens in 5 sequences" in chart.subtitle and "bfloat16" in chart.x_label
     # no per-layer sweep: the chart alone
     assert view.grid.panels == []
