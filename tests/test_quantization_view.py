@@ -165,11 +165,8 @@ def test_the_bits_chart_draws_the_reports_quantizers(stats):
     assert by_name["kv:int"].x == [3.0, 5.0]  # int2, int4: sorted by bits
     assert by_name["kv:int"].y == pytest.approx([0.4, 0.05], abs=1e-12)
     assert by_name["original"].x == [16.0] and by_name["original"].y == [0.0]
-    assert (
-        by_name["kv:int"]
-        .labels[1]
-        .startswith("kv:int4\n5.000 bits per K/V channel · KV 80 B/token over all layers (bf16)")
-    )
+    int4 = by_name["kv:int"].labels[1]
+    assert int4.startswith("kv:int4\n5.000 bits per K/V channel · KV 80 B/token over all layers (bf16)")
     view.damage = "kl"
     assert view.grid.charts[1].series[0].y == [0.3, 0.03]
     assert view.damages_available == ["nll", "kl"]
