@@ -380,6 +380,8 @@ def test_a_page_holds_the_states_nearest_the_saved_one_and_says_what_it_leaves_o
         page_data(view, max_states=0)
     with pytest.raises(headwidget.ArgumentError, match="max_states must be an integer"):
         page_data(view, max_states="20")  # type: ignore[arg-type]
+    with pytest.raises(headwidget.ArgumentError, match="progress must be True or False"):
+        page_data(view, progress="yes")  # type: ignore[arg-type]
     with pytest.raises(ExportError, match=r"max_states= applies to \.html exports"):
         save(view, "figure.png", max_states=4)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from headwidget.checks import whole_number
+from headwidget.checks import flag, whole_number
 from headwidget.core.bundle import bundle_path, offline_path
 from headwidget.export._labels import printable
 from headwidget.export._source import DEFAULT_MAX_STATES, GridSource, collect_frames
@@ -79,6 +79,7 @@ def page_data(
     layers: Sequence[int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_states: int | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """The JSON the page embeds: ``state`` (the model's traits at the saved state), ``axes`` (each
     control the page holds frames for: its trait, type and the values held), ``frames`` by state key
@@ -100,7 +101,7 @@ def page_data(
         if max_states is None
         else whole_number("max_states", max_states, minimum=1, hint="the most states a page holds")
     )
-    frames = collect_frames(source, layers, max_bytes, states)
+    frames = collect_frames(source, layers, max_bytes, states, progress=flag("progress", progress))
     # The status line says what the page leaves out (a window too wide to crop, a text entry...).
     state = {**frames.state, "error": "", "status": frames.note}
     first = frames.frames[str(state.pop("opening", "[]"))]
@@ -174,6 +175,7 @@ def page_html(
     layers: Sequence[int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_states: int | None = None,
+    progress: bool = True,
 ) -> str:
     """The standalone page :func:`save_html` writes, as text.
 
@@ -184,7 +186,7 @@ def page_html(
         >>> page.startswith("<!doctype html>"), "<h1>A</h1>" in page
         (True, True)
     """
-    data = page_data(source, layers=layers, max_bytes=max_bytes, max_states=max_states)
+    data = page_data(source, layers=layers, max_bytes=max_bytes, max_states=max_states, progress=progress)
     name = printable(title or "headwidget")
     script = offline_script()
     return TEMPLATE.format(
@@ -214,12 +216,15 @@ def save_html(
     layers: Sequence[int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_states: int | None = None,
+    progress: bool = True,
 ) -> Path:
     """Write ``source`` as a standalone interactive page that works offline; returns the path.
 
-    A view with a layer slider gets a frame for each of ``layers`` (default: all of the view's
-    layers); a :class:`PanelGrid` gets one. Raises :class:`ExportError` beyond ``max_bytes`` of panel
-    data, with what to do about it.
+    A view gets a frame for each state its controls reach (:func:`page_data`: the layer slider over
+    ``layers``, default all of the view's layers; the other controls' states nearest the saved one
+    first, up to ``max_states``); a :class:`PanelGrid` gets one. Raises :class:`ExportError` when
+    the saved state at every layer needs more than ``max_bytes`` of panel data, with what to do
+    about it. ``progress``: a bar of the states computed, when they take more than two seconds.
 
     Example:
         >>> import numpy as np, tempfile, pathlib
@@ -230,7 +235,9 @@ def save_html(
         >>> "<title>Keys</title>" in text, "://" in text  # no URL anywhere
         (True, False)
     """
-    page = page_html(source, title=title, layers=layers, max_bytes=max_bytes, max_states=max_states)
+    page = page_html(
+        source, title=title, layers=layers, max_bytes=max_bytes, max_states=max_states, progress=progress
+    )
     path = Path(path)
     with atomic_write(path, "w", encoding="utf-8") as fh:  # the old page stays until the new one is whole
         fh.write(page)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from headwidget.core.charts import encode_chart
 from headwidget.core.panels import PanelGrid, encode_panel
@@ -244,12 +245,15 @@ def collect_frames(
     layers: Sequence[int] | None,
     max_bytes: int,
     max_states: int = DEFAULT_MAX_STATES,
+    *,
+    progress: bool = False,
 ) -> Frames:
     """Frames of a grid (one frame, no control) or of a view over the states its controls reach
     (``layers``: the layer slider's positions held, default all).
 
     Raises :class:`ExportError` when the saved state at every slider position does not fit in
     ``max_bytes``; the other states are held as far as ``max_bytes`` and ``max_states`` allow.
+    ``progress``: a bar of the states computed, shown when they take more than two seconds.
 
     Example:
         >>> import numpy as np
@@ -273,10 +277,12 @@ def collect_frames(
         frames.add(state_key([]), frame_json(grid_of(source)))
         _check_size(frames, max_bytes)
         return frames
-    return _view_frames(source, layers, max_bytes, max_states)
+    return _view_frames(source, layers, max_bytes, max_states, progress)
 
 
-def _view_frames(view: View, layers: Sequence[int] | None, max_bytes: int, max_states: int) -> Frames:
+def _view_frames(
+    view: View, layers: Sequence[int] | None, max_bytes: int, max_states: int, progress: bool
+) -> Frames:
     saved = view.current_state()
     grid_of(view)  # the saved state must be one the view can show (else: why it cannot be saved)
     controls = view.view_controls()
@@ -291,9 +297,13 @@ def _view_frames(view: View, layers: Sequence[int] | None, max_bytes: int, max_s
     ordered = _states(axes)
     frames.reachable = len(ordered)
     held = 0
+    planned = max(min(len(ordered), max_states), sum(1 for d, _ in ordered if d == 0))
+    bar = tqdm(total=planned, unit="state", desc=f"page of {view.view_name or 'view'}", delay=2.0,
+               disable=not progress)  # fmt: skip
     for distance, values in ordered:
         if distance > 0 and (held >= max_states or frames.nbytes > max_bytes):
             break
+        bar.update()
         key = state_key([_keyed(axis, v) for axis, v in zip(axes, values, strict=True)])
         each = base.replace(**{axis.trait: v for axis, v in zip(axes, values, strict=True)})
         held += 1
@@ -309,6 +319,7 @@ def _view_frames(view: View, layers: Sequence[int] | None, max_bytes: int, max_s
         frames.add(key, frame)
         if distance == 0:
             _check_size(frames, max_bytes)
+    bar.close()
     if not frames.frames:
         raise ExportError(f"none of the states could be shown: {sorted(set(frames.errors.values()))}")
     if held < frames.reachable:
