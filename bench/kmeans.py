@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from headwidget.evaluation import _quantize
-from headwidget.evaluation._quantize import _nearest, _sq_dist, fit_codebooks
+from headwidget.analysis import quantizers as _quantize
+from headwidget.analysis.quantizers import _sq_dist, fit_codebooks, nearest_centroids
 
 
 def plain_seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -60,7 +60,7 @@ def plain_fit(
     centroids = plain_seed(x, k, torch.Generator().manual_seed(0))
     history, previous, steps = [], None, 0
     for step in range(iters + 1):
-        assign = _nearest(x, centroids)
+        assign = nearest_centroids(x, centroids)
         steps += groups
         dist = _sq_dist(x, centroids, assign)
         history.append(float(dist.sum(dtype=torch.float64)) / (n * groups))
@@ -108,11 +108,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     total = {"plain": 0.0, "fit_codebooks": 0.0}
     computed = skipped = 0
-    counted: list[int] = []  # the groups of every _nearest call of one fit_codebooks
+    counted: list[int] = []  # the groups of every nearest_centroids call of one fit_codebooks
 
     def counting(x: torch.Tensor, centroids: torch.Tensor, **kw: bool) -> torch.Tensor:
         counted.append(x.shape[0])
-        return _nearest(x, centroids, **kw)
+        return nearest_centroids(x, centroids, **kw)
 
     for i, (name, rows) in enumerate(rows_to_fit(args)):
         for c in (4, 8):
@@ -123,11 +123,11 @@ def main() -> None:
                 if side == "plain":
                     results[side] = plain_fit(rows, c, 8)
                 else:
-                    _quantize._nearest = counting
+                    _quantize.nearest_centroids = counting
                     try:
                         books = fit_codebooks(rows, c, 8)
                     finally:
-                        _quantize._nearest = _nearest
+                        _quantize.nearest_centroids = nearest_centroids
                     results[side] = (books.centroids, list(books.objective), sum(counted))
                 total[side] += time.perf_counter() - started
             (want, history, steps), (got, objective, done) = results["plain"], results["fit_codebooks"]

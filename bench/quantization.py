@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/quantization.py`` (the fit takes minutes on a 2-core CPU; ``--fit-iters``
 shortens it; the first SmolLM2 load takes about 20 s more).
 
-(a) **Fit.** :func:`headwidget.evaluation._quantize.fit_codebooks` of CQ-8c8b codebooks (256 centroids
+(a) **Fit.** :func:`headwidget.analysis.quantizers.fit_codebooks` of CQ-8c8b codebooks (256 centroids
 for each of the 512 groups of 8 channels) for one 4096-channel layer from 16384 samples, on the CPU (or
 ``--device``). The samples are random data with correlated channels (a rank-64 signal plus noise), not a
 real model's K/V: the cost depends on the shapes and the iterations, not on the values.
@@ -23,10 +23,11 @@ from contextlib import nullcontext
 
 import torch
 
+from headwidget.analysis.quantizers import fit_codebooks
 from headwidget.capture import capture
 from headwidget.embedded import load_smollm2
 from headwidget.evaluation._inputs import evaluation_batches, forward_kwargs
-from headwidget.evaluation._quantize import fit_codebooks, fit_quantizer
+from headwidget.evaluation._quantize import fit_quantizer
 from headwidget.texts import english_sample
 
 TARGET = 1.3

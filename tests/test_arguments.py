@@ -478,7 +478,7 @@ def test_what_is_accepted_is_read_exactly(env: Env) -> None:
 def test_a_group_larger_than_the_sequence_is_one_group_and_allocates_nothing(env: Env) -> None:
     """kv:int{b}/g{n} with n beyond the sequence: the same numbers as n = T (one group of all tokens),
     without padding the keys to n tokens (which overflowed, or allocated n × d per row)."""
-    from headwidget.evaluation._quantize import quantize_int_keys
+    from headwidget.analysis.quantizers import quantize_int_keys
 
     key = torch.randn(2, 2, 7, 4, generator=torch.Generator().manual_seed(1))
     real = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from headwidget.evaluation import _quantize
-from headwidget.evaluation._quantize import _nearest, _sq_dist, fit_codebooks
+from headwidget.analysis import quantizers as _quantize
+from headwidget.analysis.quantizers import _sq_dist, fit_codebooks, nearest_centroids
 
 F64 = torch.float64
 
@@ -54,7 +54,7 @@ def reference_lloyd(
     centroids = _quantize._seed(x, k, torch.Generator().manual_seed(seed))
     history, previous = [], None
     for step in range(iters + 1):
-        assign = _nearest(x, centroids)
+        assign = nearest_centroids(x, centroids)
         dist = _sq_dist(x, centroids, assign)
         history.append(float(dist.sum(dtype=F64)) / (n * groups))
         if step == iters or (previous is not None and torch.equal(assign, previous)):
@@ -132,9 +132,9 @@ def test_fixed_point_groups_end_with_the_reference_codebooks(monkeypatch, data, 
 
     def counting(x: torch.Tensor, centroids: torch.Tensor, **kw: bool) -> torch.Tensor:
         computed.append(x.shape[0])
-        return _nearest(x, centroids, **kw)
+        return nearest_centroids(x, centroids, **kw)
 
-    monkeypatch.setattr(_quantize, "_nearest", counting)
+    monkeypatch.setattr(_quantize, "nearest_centroids", counting)
     books = fit_codebooks(samples, c, b, iters=30, seed=4)
     assert torch.equal(books.centroids, want)
     assert list(books.objective) == history

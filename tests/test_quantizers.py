@@ -19,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_utils import AttentionInterface
 
 import headwidget
+from headwidget.analysis.quantizers import fit_codebooks, quantize_int_keys, quantize_int_values
 from headwidget.capture import interface
 from headwidget.errors import (
     HeadwidgetError,
@@ -27,13 +28,7 @@ from headwidget.errors import (
     UnsupportedConversionError,
 )
 from headwidget.evaluation import apply, evaluate
-from headwidget.evaluation._quantize import (
-    KVQuantizer,
-    fit_codebooks,
-    fit_quantizer,
-    quantize_int_keys,
-    quantize_int_values,
-)
+from headwidget.evaluation._quantize import KVQuantizer, fit_quantizer
 from headwidget.texts import english_sample
 from tiny_models import make_model, ragged_batches
 
@@ -518,13 +513,13 @@ def test_packed_nearest_search_agrees_with_the_exact_argmin(dtype: torch.dtype) 
     """The forward's integer-packed minimum: the exact argmin (float64 brute force) up to near ties of
     a relative 2**(b − 23), each row's own centroid when it is one; the exact path where packing does
     not apply."""
-    from headwidget.evaluation._quantize import _nearest
+    from headwidget.analysis.quantizers import nearest_centroids
 
     gen = torch.Generator().manual_seed(3)
     centroids = torch.randn(5, 256, 4, generator=gen, dtype=dtype)
     x = torch.randn(5, 700, 4, generator=gen, dtype=dtype)
     x[:, :256] = centroids  # exact matches: distance 0 (or a rounding-negative one) must win
-    got = _nearest(x, centroids, packed=True)
+    got = nearest_centroids(x, centroids, packed=True)
     assert torch.equal(got[:, :256], torch.arange(256).expand(5, 256))
     dist = ((x.double()[:, :, None, :] - centroids.double()[:, None]) ** 2).sum(-1)
     best = dist.min(-1).values
@@ -532,4 +527,6 @@ def test_packed_nearest_search_agrees_with_the_exact_argmin(dtype: torch.dtype) 
     assert bool((picked <= best * (1 + 2.0 ** (8 - 22)) + 1e-6).all())
     assert float((got == dist.argmin(-1)).double().mean()) > 0.999
     # K not a power of two, or more than 256 centroids: the exact path
-    assert torch.equal(_nearest(x, centroids[:, :200], packed=True), _nearest(x, centroids[:, :200]))
+    assert torch.equal(
+        nearest_centroids(x, centroids[:, :200], packed=True), nearest_centroids(x, centroids[:, :200])
+    )

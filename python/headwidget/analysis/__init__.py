@@ -13,6 +13,7 @@ from headwidget.analysis.entropy import (
 )
 from headwidget.analysis.grouping import group_heads, within_group_mean
 from headwidget.analysis.operator_space import CIRCUITS, operator_gram, operator_similarity
+from headwidget.analysis.quantizers import Codebooks, fit_codebooks, quantize_int_keys, quantize_int_values
 from headwidget.analysis.weights import HeadWeights, head_weights
 from headwidget.moments.correlation import channel_corr_from_moments, corr_from_comoment
 from headwidget.moments.head_metrics import HEAD_METRICS, head_similarity_from_moments
@@ -26,6 +27,7 @@ __all__ = [
     "AlignmentResult",
     "ChannelEntropy",
     "ChannelEntropyError",
+    "Codebooks",
     "Conversion",
     "HeadWeights",
     "align",
@@ -36,6 +38,7 @@ __all__ = [
     "convert",
     "corr_from_comoment",
     "downsample",
+    "fit_codebooks",
     "fit_group_rotations",
     "group_heads",
     "head_diversity",
@@ -45,5 +48,7 @@ __all__ = [
     "operator_gram",
     "operator_similarity",
     "parse_spec",
+    "quantize_int_keys",
+    "quantize_int_values",
     "within_group_mean",
 ]

@@ -4,25 +4,20 @@
   ``rope:r``, ``mla:d_c+rope:r``...), runnable as a normal transformers model.
 - :func:`fit_quantizer`: a K/V quantizer (``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b``) that
   fake-quantizes the post-RoPE keys and the values where the attention function receives them, while
-  the model runs inside :meth:`KVQuantizer.active`; :func:`fit_codebooks` is its k-means.
+  the model runs inside :meth:`KVQuantizer.active`; :func:`fit_codebooks` is its k-means (the schemes'
+  maths: :mod:`headwidget.analysis.quantizers`).
 - :func:`evaluate`: NLL, perplexity, KL and top-1 agreement (or the encoder measures) and KV bytes per
   token of each variant (conversions and quantizers alike), for the whole model and (``per_layer=True``)
   one layer at a time, as an :class:`EvaluationReport`; :func:`estimate_evaluation` is the memory bound
   it checks against ``max_memory`` before any work.
 """
 
+from headwidget.analysis.quantizers import Codebooks, fit_codebooks, quantize_int_keys, quantize_int_values
 from headwidget.evaluation._apply import AppliedVariant, apply
 from headwidget.evaluation._evaluate import evaluate
 from headwidget.evaluation._inputs import position_ids_from_mask
 from headwidget.evaluation._memory import estimate_evaluation
-from headwidget.evaluation._quantize import (
-    Codebooks,
-    KVQuantizer,
-    fit_codebooks,
-    fit_quantizer,
-    quantize_int_keys,
-    quantize_int_values,
-)
+from headwidget.evaluation._quantize import KVQuantizer, fit_quantizer
 from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals, predicted_positions
 
