@@ -124,3 +124,16 @@ def test_wide_grams_are_formed_by_blocks_and_equal_the_float64_product(channels)
     # float32 products of 300 terms: |error| ≤ 300·eps32·Σ|x_i||x_j| (the bound, with headroom)
     bound = 300 * np.finfo(np.float32).eps * (np.abs(x).T @ np.abs(x))
     assert np.all(np.abs(got.double().numpy() - reference) <= bound)
+
+
+def test_off_diagonal_mean_against_a_loop():
+    from headwidget.moments import off_diagonal_mean
+
+    rng = np.random.default_rng(4)
+    m = rng.normal(size=(5, 5))
+    m[1, 3] = np.nan
+    for absolute in (False, True):
+        kept = [abs(m[i, j]) if absolute else m[i, j] for i in range(5) for j in range(5)
+                if i != j and not np.isnan(m[i, j])]  # fmt: skip
+        assert off_diagonal_mean(m, absolute=absolute) == pytest.approx(sum(kept) / len(kept), abs=1e-15)
+    assert np.isnan(off_diagonal_mean(np.eye(1))) and np.isnan(off_diagonal_mean(np.full((3, 3), np.nan)))

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from headwidget.analysis.alignment import align
@@ -52,6 +51,7 @@ from headwidget.embedded import load_minilm, load_smollm2
 from headwidget.evaluation import EvaluationReport, evaluate
 from headwidget.export import save_all
 from headwidget.files import atomic_write
+from headwidget.moments import off_diagonal_mean
 from headwidget.report import summary_table
 from headwidget.stats import KVStats
 from headwidget.texts import SAMPLE_SOURCE, english_sample
@@ -84,10 +84,6 @@ SWEEP_VARIANTS = ["model", "mqa", "mla:128"]
 #: Default evaluation tokens of the table and of the sweep (which costs about L/2 forwards per variant).
 EVALUATION_TOKENS = 1024
 SWEEP_TOKENS = 128
-
-
-def _off_diagonal_mean(m: np.ndarray) -> float:
-    return float(np.nanmean(m[~np.eye(len(m), dtype=bool)]))
 
 
 def _capture(name: str, model: Any, tokenizer: Any, texts: list[str], **options: Any) -> KVStats:
@@ -152,8 +148,8 @@ def _figures(
         )
         for kind, method in pairs:
             res = align(smol, ALIGNMENT_LAYERS, kind=kind, method=method)
-            held = _off_diagonal_mean(res.after_heldout) if res.after_heldout is not None else float("nan")
-            before, after = _off_diagonal_mean(res.before), _off_diagonal_mean(res.after)
+            held = off_diagonal_mean(res.after_heldout) if res.after_heldout is not None else float("nan")
+            before, after = off_diagonal_mean(res.before), off_diagonal_mean(res.after)
             report.append(f"| {kind} | {method} | {before:.3f} | {after:.3f} | {held:.3f} | {res.scoring} |")
         report.append("")
     if "minilm-l6" in stats:

@@ -5,7 +5,12 @@
 similarities. Nothing here knows about models, statistics files or analyses.
 """
 
-from headwidget.moments.correlation import channel_corr_from_moments, corr_from_comoment, resolve_channels
+from headwidget.moments.correlation import (
+    channel_corr_from_moments,
+    corr_from_comoment,
+    off_diagonal_mean,
+    resolve_channels,
+)
 from headwidget.moments.head_metrics import (
     HEAD_METRICS,
     head_blocks,
@@ -22,6 +27,7 @@ __all__ = [
     "head_blocks",
     "head_similarity_from_moments",
     "normalise_heads",
+    "off_diagonal_mean",
     "resolve_channels",
     "similarity_from_gram",
 ]

@@ -16,14 +16,42 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+import numpy as np
 import torch
 
 from headwidget.checks import optional_whole_number, whole_numbers
 from headwidget.errors import ArgumentError
 from headwidget.moments.streaming import Moments
 
-__all__ = ["ChannelSelectionError", "channel_corr_from_moments", "corr_from_comoment", "resolve_channels"]
+__all__ = [
+    "ChannelSelectionError",
+    "channel_corr_from_moments",
+    "corr_from_comoment",
+    "off_diagonal_mean",
+    "resolve_channels",
+]
+
+
+def off_diagonal_mean(matrix: Any, *, absolute: bool = False) -> float:
+    """The mean of a square matrix's entries off its diagonal (of their absolute values with
+    ``absolute``), NaN entries left out (``np.nanmean``); NaN when none is finite. The one per-layer
+    summary of a correlation or similarity matrix: ``KVStats.summary``, the trend chart and the demo
+    use it.
+
+    Example:
+        >>> import numpy as np
+        >>> m = np.array([[1.0, -0.5], [0.25, 1.0]])
+        >>> off_diagonal_mean(m), off_diagonal_mean(m, absolute=True)
+        (-0.125, 0.375)
+        >>> off_diagonal_mean(np.full((2, 2), np.nan))
+        nan
+    """
+    values = np.asarray(matrix, dtype=np.float64)
+    off = values[~np.eye(len(values), dtype=bool)]
+    off = np.abs(off) if absolute else off
+    return float(np.nanmean(off)) if np.isfinite(off).any() else float("nan")
 
 
 class ChannelSelectionError(ArgumentError, IndexError):

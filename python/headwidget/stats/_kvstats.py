@@ -19,7 +19,13 @@ from headwidget.errors import (
     UnknownKindError,
     UnknownMetricError,
 )
-from headwidget.moments import HEAD_METRICS, Moments, channel_corr_from_moments, head_similarity_from_moments
+from headwidget.moments import (
+    HEAD_METRICS,
+    Moments,
+    channel_corr_from_moments,
+    head_similarity_from_moments,
+    off_diagonal_mean,
+)
 from headwidget.moments.correlation import resolve_channels
 from headwidget.stats._file import read_stats, write_stats
 from headwidget.stats._meta import StatsMeta
@@ -442,12 +448,9 @@ class KVStats:
             for kind in ("key", "value"):
                 if kind not in self.meta.kinds:
                     continue
-                rho = self.channel_corr(layer, kind)
-                off = rho[~np.eye(len(rho), dtype=bool)]
-                row[f"{kind}_abs_corr"] = float(np.nanmean(np.abs(off))) if off.size else float("nan")
+                row[f"{kind}_abs_corr"] = off_diagonal_mean(self.channel_corr(layer, kind), absolute=True)
                 sim = self.head_similarity(layer, kind, "token_cosine")
-                offh = sim[~np.eye(len(sim), dtype=bool)]
-                row[f"{kind}_head_cos"] = float(np.nanmean(offh)) if offh.size else float("nan")
+                row[f"{kind}_head_cos"] = off_diagonal_mean(sim)
             rows.append(row)
         return rows
 

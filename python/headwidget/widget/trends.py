@@ -42,6 +42,7 @@ from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import convert
 from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
+from headwidget.moments import off_diagonal_mean
 from headwidget.stats import KVStats
 from headwidget.views.alignment import METRIC_LABELS
 
@@ -52,12 +53,6 @@ COLOURS = ["#2166ac", "#b2182b", "#4393c3", "#d6604d", "#1b7837", "#762a83", "#e
 MARGIN = 0.08
 #: The alignment view's choices (its ``alignment`` trait) and what they mean for keys and values.
 ALIGNMENTS = ("auto", "rope", "orthogonal", "none")
-
-
-def _off_diagonal_mean(matrix: np.ndarray, absolute: bool = False) -> float:
-    off = matrix[~np.eye(len(matrix), dtype=bool)]
-    off = np.abs(off) if absolute else off
-    return float(np.nanmean(off)) if off.size and np.isfinite(off).any() else float("nan")
 
 
 def _method(kind: str, alignment: str) -> str | None:
@@ -111,12 +106,12 @@ def layer_series(
                 continue
             if not similarity_only:
                 series.setdefault(f"{short} mean |channel corr|", []).append(
-                    _off_diagonal_mean(stats.channel_corr(layer, kind), absolute=True)
+                    off_diagonal_mean(stats.channel_corr(layer, kind), absolute=True)
                 )
             res = align(stats, [layer], kind=kind, method=_method(kind, alignment), metric=metric)
-            series.setdefault(f"{short} head similarity · before", []).append(_off_diagonal_mean(res.before))
+            series.setdefault(f"{short} head similarity · before", []).append(off_diagonal_mean(res.before))
             after = res.shown if res.method != "none" else res.before
-            series.setdefault(f"{short} head similarity · after", []).append(_off_diagonal_mean(after))
+            series.setdefault(f"{short} head similarity · after", []).append(off_diagonal_mean(after))
         for spec in () if similarity_only else mechanisms:
             if model is None:
                 raise ValueError("mechanism trends need the model's weights: pass model=")
