@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
-import tomllib
+import pytest
 
 import headwidget
 
@@ -51,3 +52,19 @@ def test_readme_setup_commands_are_what_ci_runs():
 def test_console_script_is_declared():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["headwidget"] == "headwidget.cli:main"
+
+
+def test_the_type_checker_and_linter_target_the_oldest_python_the_package_admits():
+    """mypy and ruff check against the oldest Python ``requires-python`` admits, and that is the Python
+    the tests run on here (3.11, Debian's): no version is claimed that nothing tested."""
+    import sys
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    oldest = re.fullmatch(r">=\s*3\.(\d+)", pyproject["project"]["requires-python"])
+    assert oldest is not None, pyproject["project"]["requires-python"]
+    minor = int(oldest.group(1))
+    assert pyproject["tool"]["mypy"]["python_version"] == f"3.{minor}"
+    assert pyproject["tool"]["ruff"]["target-version"] == f"py3{minor}"
+    assert sys.version_info[:2] >= (3, minor)
+    if sys.version_info[:2] != (3, minor):
+        pytest.skip(f"the oldest admitted Python, 3.{minor}, is tested where it is the interpreter")
