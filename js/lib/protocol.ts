@@ -1,7 +1,7 @@
 /**
  * The protocol between the kernel and the front end, written down once: the
  * twin of `python/headwidget/core/protocol.py` (same names, same order;
- * `tests/test_protocol.py` runs both and compares them, and decodes a panel
+ * `tests/export/test_protocol.py` runs both and compares them, and decodes a panel
  * the kernel encoded).  See the Python module for what each table holds.
  */
 

@@ -16,7 +16,7 @@ With ``samples=R`` the token samples add their float32 reservoir of ``R`` rows p
 (:func:`sample_update_bytes`), and the reservoir's float64 keys on the CPU (:func:`reservoir_key_bytes`).
 
 The bounds were checked against the CPU allocator's peak (``torch.profiler`` memory events) for
-every supported family; ``tests/test_capture_hardening.py`` keeps checking them.
+every supported family; ``tests/capture/test_capture_hardening.py`` keeps checking them.
 """
 
 from __future__ import annotations

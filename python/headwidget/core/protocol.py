@@ -1,7 +1,7 @@
 """The protocol between the kernel and the front end, written down once.
 
 Its TypeScript twin is ``js/lib/protocol.ts``: the same names, in the same order;
-``tests/test_protocol.py`` builds the twin with esbuild, runs it in node and checks that both say
+``tests/export/test_protocol.py`` builds the twin with esbuild, runs it in node and checks that both say
 the same, and that a panel encoded here decodes there to the same cells. Everything else that crosses
 the wire is described by these: a view's state traits are named by its controls (``controls``, see
 :mod:`headwidget.views._controls`), and a control reads the traits its description names.

@@ -1,5 +1,5 @@
 /**
- * Run by tests/test_protocol.py (bundled with esbuild, run with node): prints
+ * Run by tests/export/test_protocol.py (bundled with esbuild, run with node): prints
  * the front end's protocol tables, and what its decoder makes of the panels
  * the kernel encoded (JSON on stdin, `data` as base64).
  */

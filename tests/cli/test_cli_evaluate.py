@@ -11,36 +11,17 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer
 
 import headwidget
+from cli_runs import TINY, char_tokenizer, run
 from headwidget import cli
 from headwidget.evaluation import EvaluationReport, evaluate
 from headwidget.texts import english_sample
 from tiny_models import VOCAB, make_model
 
-TINY = [
-    "--calibration-tokens",
-    "256",
-    "--evaluation-tokens",
-    "128",
-    "--max-length",
-    "64",
-    "--batch-size",
-    "4",
-]
 VARIANTS = "mqa,mqa+align,lrkv:2,mla:16,rope:2,mla:12+rope:2"
 CAPTURE = importlib.import_module("headwidget.capture")  # the module (headwidget.capture is the function)
-
-
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per printable ASCII character (95 of them, and [UNK]): the tiny models' 96 ids."""
-    from tokenizers import Tokenizer, models
-
-    vocab = {"[UNK]": 0, **{chr(c): c - 31 for c in range(32, 127)}}
-    assert len(vocab) == VOCAB
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[UNK]")
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +34,6 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
         char_tokenizer().save_pretrained(root / name)
         dirs[name] = root / name
     return dirs
-
-
-def run(capfd: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
-    """``main(argv)``'s exit code (argparse's too), stdout and stderr (file descriptors 1 and 2)."""
-    capfd.readouterr()
-    try:
-        code = cli.main(argv)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 2
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def direct(path: Path, specs: list[str], *, inputs: bool, per_layer: bool) -> EvaluationReport:

@@ -29,7 +29,7 @@ from headwidget.views import (
     window,
 )
 
-PACKAGE = Path(__file__).resolve().parents[1] / "python" / "headwidget"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "headwidget"
 
 
 def test_the_built_in_views_are_registered_in_their_order():

@@ -23,7 +23,7 @@ from headwidget.files import (
     real_target,
 )
 
-PACKAGE = Path(__file__).resolve().parents[1] / "python" / "headwidget"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "headwidget"
 
 
 def write(path: Path, data: bytes) -> None:

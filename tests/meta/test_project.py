@@ -12,7 +12,7 @@ import pytest
 
 import headwidget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version_single_sourced_from_package_json():

@@ -23,7 +23,7 @@ from headwidget.core.charts import Chart, Series, encode_chart
 from headwidget.core.panels import Panel, encode_panel
 from headwidget.widget import HeadWidget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ESBUILD = ROOT / "node_modules" / ".bin" / "esbuild"
 DRIVER = ROOT / "tests" / "js" / "helpers" / "protocol_driver.ts"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "python" / "headwidget"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "headwidget"
 
 #: Bottom to top. A unit is a top-level module or sub-package of ``headwidget``.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -133,7 +133,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_unit_has_a_layer() -> None:
     units = {unit_of(m) for m in import_graph()}
     unknown = sorted(u for u in units if not any(u in layer for layer in LAYERS))
-    assert not unknown, f"add these to LAYERS in tests/test_layering.py: {unknown}"
+    assert not unknown, f"add these to LAYERS in tests/meta/test_layering.py: {unknown}"
 
 
 def test_imports_point_down() -> None:

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from cli_runs import TINY, char_tokenizer, run
 from headwidget.evaluation import EvaluationReport
-from test_cli_evaluate import TINY, char_tokenizer, run
 from tiny_models import make_model
 
 

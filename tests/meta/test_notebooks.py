@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "example_notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "example_notebooks").glob("*.ipynb"))
 #: Token counts, and the layers captured and converted or quantized, of the notebooks that read them from
 #: the environment (consequences, quantization; their defaults are the full run's: every layer). Three of
 #: SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first layer, a middle one,

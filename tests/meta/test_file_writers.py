@@ -23,7 +23,7 @@ from headwidget.export import save, save_all, save_html
 from headwidget.export._tabs import save_tabbed_html
 from headwidget.files import partial_leftovers
 
-PACKAGE = Path(__file__).resolve().parents[1] / "python" / "headwidget"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "headwidget"
 #: Methods and functions that write a file they are given the path of.
 WRITERS = {"write_text", "write_bytes", "savefig", "save_file", "dump", "savetxt", "imsave", "to_csv"}
 ATOMIC = {"atomic_write", "atomic_output"}
