@@ -166,10 +166,11 @@ def test_channel_view_prefetches_the_neighbouring_layers(llama):
     view.layer = 1  # both panels come from the cache: no new computation
     assert view._shown.cache_info().misses == misses
     np.testing.assert_array_equal(view.grid.panels[0].matrix, stats.channel_corr(1, "key")[2:7, 2:7])
-    view.max_cells = 3  # part of the cache key: a new block size, not the cached full-resolution panel
-    view.refresh()
-    assert view.grid.panels[0].row_step == 2
+    with pytest.raises(AttributeError):
+        view.max_cells = 3  # fixed when built: the panels computed ahead were computed with it
     view.close()
+    coarse = ChannelView(stats, layer=1, channel_start=2, channel_width=5, max_cells=3, prefetch=False)
+    assert coarse.grid.panels[0].row_step == 2
     quiet = ChannelView(stats, layer=0, prefetch=False)
     quiet._prefetcher.wait()
     assert quiet._shown.cache_info().currsize == 2

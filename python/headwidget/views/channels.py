@@ -95,7 +95,7 @@ class ChannelView(LayerView):
     ) -> None:
         """``channel_width=None``: every key channel; ``prefetch``: compute neighbouring layers ahead."""
         stats = self._stats(stats)
-        self.max_cells = whole_number(
+        self._max_cells = whole_number(
             "max_cells", max_cells, minimum=1, hint="the most cells a panel side shows"
         )
         layer = optional_whole_number("layer", layer)
@@ -153,6 +153,12 @@ class ChannelView(LayerView):
 
     def _channels(self, layer: int, kind: str) -> int:
         return self.stats.moments(layer, check_kind(kind)).channels
+
+    @property
+    def max_cells(self) -> int:
+        """The most cells a panel side shows (fixed when the view is built: panels computed ahead
+        for the next layers are computed with it)."""
+        return self._max_cells
 
     def cells(self, resolution: int | None) -> int:
         """The most cells a panel side shows: ``max_cells``, or the screen's ``resolution`` if smaller."""
