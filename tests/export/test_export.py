@@ -386,6 +386,20 @@ def test_a_page_holds_the_states_nearest_the_saved_one_and_says_what_it_leaves_o
         save(view, "figure.png", max_states=4)
 
 
+def test_a_page_stays_within_its_byte_budget_past_the_saved_state(tiny):
+    from headwidget.export._source import collect_frames
+
+    _, stats = tiny
+    view = AlignmentView(stats, layer=0)
+    saved = collect_frames(view, None, 2**30, max_states=1)  # the saved state at both layers
+    every = collect_frames(view, None, 2**30)
+    budget = (saved.nbytes + every.nbytes) // 2
+    part = collect_frames(view, None, budget)
+    assert len(saved.frames) == 2 and len(every.frames) == 64
+    assert 2 < len(part.frames) < 64 and saved.nbytes < part.nbytes <= budget
+    assert f"holds {len(part.frames)} of the 64 states" in part.note
+
+
 def test_a_view_that_cannot_show_its_state_is_not_saved(tiny):
     _, stats = tiny
     view = ChannelView(stats, layer=0)

@@ -206,15 +206,18 @@ class Frames:
         """The state traits a frame's key lists the values of, in order."""
         return [axis.trait for axis in self.axes]
 
+    def cost(self, frame: dict[str, Any]) -> int:
+        """The bytes ``frame`` would add: its matrices the page does not hold yet (each distinct one
+        is stored once), and its text."""
+        new = {hashlib.sha256(p["data"].encode("ascii")).digest(): len(p["data"]) for p in frame["panels"]}
+        text = len(json.dumps({k: v for k, v in frame.items() if k != "panels"}))
+        return text + sum(n for digest, n in new.items() if digest not in self._seen)
+
     def add(self, key: str, frame: dict[str, Any]) -> None:
-        """Hold ``frame`` under ``key``, counting each distinct matrix once (the page stores it once)."""
+        """Hold ``frame`` under ``key`` (see :meth:`cost`)."""
+        self.nbytes += self.cost(frame)
         self.frames[key] = frame
-        for panel in frame["panels"]:
-            digest = hashlib.sha256(panel["data"].encode("ascii")).digest()
-            if digest not in self._seen:
-                self._seen.add(digest)
-                self.nbytes += len(panel["data"])
-        self.nbytes += len(json.dumps({k: v for k, v in frame.items() if k != "panels"}))
+        self._seen.update(hashlib.sha256(p["data"].encode("ascii")).digest() for p in frame["panels"])
 
 
 def frame_json(grid: PanelGrid, traits: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -301,7 +304,7 @@ def _view_frames(
     bar = tqdm(total=planned, unit="state", desc=f"page of {view.view_name or 'view'}", delay=2.0,
                disable=not progress)  # fmt: skip
     for distance, values in ordered:
-        if distance > 0 and (held >= max_states or frames.nbytes > max_bytes):
+        if distance > 0 and held >= max_states:
             break
         bar.update()
         key = state_key([_keyed(axis, v) for axis, v in zip(axes, values, strict=True)])
@@ -316,6 +319,9 @@ def _view_frames(
         frame = frame_json(grid, traits)
         if window is not None:
             frame["window"] = True
+        if distance > 0 and frames.nbytes + frames.cost(frame) > max_bytes:
+            held -= 1
+            break  # the saved state at every layer is in; the states further away would not fit
         frames.add(key, frame)
         if distance == 0:
             _check_size(frames, max_bytes)
