@@ -1,7 +1,8 @@
 /**
  * The widget's CSS, injected by JS as one <style> element per view so that
  * the bundle is a single self-contained file (no separate CSS asset, no
- * web fonts).  Every rule is scoped under .hw-root.
+ * web fonts).  Every rule is scoped under .hw-root.  Fields and buttons carry
+ * their own borders: a host's CSS reset (marimo's) would otherwise strip them.
  */
 
 import { FONT_FAMILY } from "../lib/text";
@@ -21,6 +22,8 @@ export const CSS = `
 .hw-control output { min-width: 7em; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .hw-entry { width: 9em; font: inherit; padding: 1px 3px; }
 .hw-number { width: 5.5em; font: inherit; font-variant-numeric: tabular-nums; padding: 1px 3px; }
+.hw-entry, .hw-number, .hw-root select, .hw-export, .hw-control > button {
+  border: 1px solid #888; border-radius: 2px; background: #fff; color: #1f1f1f; }
 .hw-toggles { display: inline-flex; }
 .hw-toggles button { border: 1px solid #888; background: #f4f4f4; color: #1f1f1f; padding: 2px 9px;
   margin: 0; cursor: pointer; font: inherit; }

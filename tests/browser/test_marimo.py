@@ -206,6 +206,13 @@ def test_panels_show_pythons_values(app_page, colour_of):
     assert_pixels_show(app_page.page, colour_of, panels)
 
 
+def test_fields_and_buttons_keep_their_borders_under_the_hosts_css(app_page):
+    """marimo's CSS reset sets every border to 0: the widget's number fields and buttons keep theirs."""
+    fields = app_page.page.locator(f"{ROOT} input.hw-number, {ROOT} button.hw-export")  # (in a shadow root)
+    borders = fields.evaluate_all("(all) => all.map((e) => getComputedStyle(e).borderTopWidth)")
+    assert borders and set(borders) == {"1px"}, borders
+
+
 def test_layer_slider_reaches_python(app_page, colour_of):
     before = digest(app_page.page)
     click_slider_end(app_page.page)
