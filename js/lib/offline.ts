@@ -87,6 +87,7 @@ export function missingState(
   textTraits: Readonly<Record<string, string>>,
 ): Missing {
   const known = page.errors[key];
+  if (known !== undefined) return { error: known, traits: {} };
   for (const axis of page.axes) {
     if (axis.type !== "slider") continue;
     const value = get(axis.trait);
@@ -96,7 +97,6 @@ export function missingState(
     const traits: Record<string, string> = text
       ? { [text]: `${what} ${value} (not in this file)` }
       : {};
-    if (known !== undefined) return { error: known, traits: {} };
     if (!held.includes(value as never)) {
       return {
         error:
@@ -106,7 +106,6 @@ export function missingState(
       };
     }
   }
-  if (known !== undefined) return { error: known, traits: {} };
   const held = Object.keys(page.frames).length;
   return {
     error:

@@ -206,18 +206,20 @@ class Frames:
         """The state traits a frame's key lists the values of, in order."""
         return [axis.trait for axis in self.axes]
 
-    def cost(self, frame: dict[str, Any]) -> int:
-        """The bytes ``frame`` would add: its matrices the page does not hold yet (each distinct one
-        is stored once), and its text."""
+    def cost(self, frame: dict[str, Any]) -> tuple[int, set[bytes]]:
+        """The bytes ``frame`` would add (its matrices the page does not hold yet, each distinct one
+        stored once, and its text) and the digests of those new matrices."""
         new = {hashlib.sha256(p["data"].encode("ascii")).digest(): len(p["data"]) for p in frame["panels"]}
+        new = {digest: n for digest, n in new.items() if digest not in self._seen}
         text = len(json.dumps({k: v for k, v in frame.items() if k != "panels"}))
-        return text + sum(n for digest, n in new.items() if digest not in self._seen)
+        return text + sum(new.values()), set(new)
 
-    def add(self, key: str, frame: dict[str, Any]) -> None:
-        """Hold ``frame`` under ``key`` (see :meth:`cost`)."""
-        self.nbytes += self.cost(frame)
+    def add(self, key: str, frame: dict[str, Any], cost: tuple[int, set[bytes]] | None = None) -> None:
+        """Hold ``frame`` under ``key``; ``cost``: what :meth:`cost` said of it, if it was asked."""
+        nbytes, digests = self.cost(frame) if cost is None else cost
+        self.nbytes += nbytes
         self.frames[key] = frame
-        self._seen.update(hashlib.sha256(p["data"].encode("ascii")).digest() for p in frame["panels"])
+        self._seen |= digests
 
 
 def frame_json(grid: PanelGrid, traits: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -319,10 +321,11 @@ def _view_frames(
         frame = frame_json(grid, traits)
         if window is not None:
             frame["window"] = True
-        if distance > 0 and frames.nbytes + frames.cost(frame) > max_bytes:
+        cost = frames.cost(frame)
+        if distance > 0 and frames.nbytes + cost[0] > max_bytes:
             held -= 1
             break  # the saved state at every layer is in; the states further away would not fit
-        frames.add(key, frame)
+        frames.add(key, frame, cost)
         if distance == 0:
             _check_size(frames, max_bytes)
     bar.close()
@@ -346,7 +349,7 @@ def _view_frames(
     state["controls"] = [c.to_json() for c in controls if c.trait in exported]
     for control in controls:
         if control.trait in exported:
-            state.update({name: _trait_json(getattr(view, name)) for name in control.traits()})
+            state.update({name: getattr(view, name) for name in control.traits()})
     saved_key = state_key([_keyed(axis, getattr(saved, axis.trait)) for axis in axes])
     opening = saved_key if saved_key in frames.frames else next(iter(frames.frames))
     if opening != saved_key:  # the saved layer was not exported: open on the first held state
@@ -358,21 +361,17 @@ def _view_frames(
     return frames
 
 
-def _trait_json(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
 def _axes(view: View, saved: Any, layers: Sequence[int] | None) -> tuple[list[Axis], list[str]]:
     """The controls the page holds frames for, with their values, and what it cannot offer."""
     axes: list[Axis] = []
     notes: list[str] = []
-    fields = set(saved.values())
+    fields = saved.values()
     for control in view.view_controls():
         if control.trait not in fields:
             if control.type == "entry":
                 notes.append(f"“{control.label}” needs Python: open the view in a notebook to add one")
             continue
-        value = saved.values()[control.trait]
+        value = fields[control.trait]
         if control.type == "slider":
             count = int(getattr(view, control.count))
             if count < 1:
@@ -407,7 +406,7 @@ def _keyed(axis: Axis, value: Any) -> Any:
     if axis.control.type == "checklist":
         order = {o: i for i, o in enumerate(axis.options)}
         return sorted((str(v) for v in value), key=lambda v: order.get(v, len(order)))
-    return list(value) if isinstance(value, tuple) else value
+    return value  # a slider's position, a toggle's or a select's option
 
 
 def _states(axes: list[Axis]) -> list[tuple[int, tuple[Any, ...]]]:
