@@ -166,10 +166,12 @@ class MechanismView(LayerView):
         first = self.model
         assert isinstance(first, nn.Module)
         self.num_heads = adapter_for(first).layout().num_heads
+        #: Each shown model's number of layers (its KV bytes are counted over all of them).
+        self._model_layers = {
+            id(m): adapter_for(m).layout().num_layers for m in (self.models or {"": first}).values()
+        }
         with self.initial_state():
-            self.num_layers = min(
-                adapter_for(m).layout().num_layers for m in (self.models or {"": first}).values()
-            )
+            self.num_layers = min(self._model_layers.values())
             self.layer = layer
             self.circuits_available = CIRCUITS
             self.circuit = circuit
@@ -256,12 +258,11 @@ class MechanismView(LayerView):
             self._results[key] = result
         return result
 
-    @staticmethod
-    def _bytes(model: nn.Module, conversion: Conversion) -> str:
+    def _bytes(self, model: nn.Module, conversion: Conversion) -> str:
         """The conversion's KV bytes as every view says them: over all layers (as if each were
         converted so), this layer's beside them, bf16."""
         per_layer = conversion.kv_bytes_per_token()
-        layers = adapter_for(model).layout().num_layers
+        layers = self._model_layers[id(model)]
         return kv_bytes_text(per_layer * layers, layers, "bf16", this_layer=per_layer)
 
     def _errors_label(self, conversion: Conversion) -> str:
