@@ -280,3 +280,12 @@ def reference_activations(
                 rows.setdefault("input", []).append(x_b[i, :n].double().numpy())
         out[layer] = {k: np.concatenate(v) for k, v in rows.items()}
     return out
+
+
+def three_layer_llama(seed: int) -> nn.Module:
+    """A float64 Llama of three layers (4 query heads over 2 KV heads of 16 dims): a first, a middle and
+    a last layer, for mixed specs and allocations."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    return LlamaForCausalLM(config).to(torch.float64).eval()

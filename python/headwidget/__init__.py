@@ -34,6 +34,7 @@ from headwidget.analysis import (
 from headwidget.capture import AttentionLayout, RopeLayout, adapter_for, capture, estimate, supported_families
 from headwidget.errors import (
     ArgumentError,
+    BudgetError,
     CaptureConflictError,
     CaptureInputError,
     CrossLayerMissingError,
@@ -61,9 +62,12 @@ from headwidget.errors import (
     UnsupportedModelError,
 )
 from headwidget.evaluation import (
+    Allocation,
     Codebooks,
     EvaluationReport,
     KVQuantizer,
+    allocate,
+    allocate_frontier,
     apply,
     estimate_evaluation,
     evaluate,
@@ -100,8 +104,10 @@ def unload_ipython_extension(ipython: object) -> None:
 __all__ = [
     "AlignmentResult",
     "AlignmentView",
+    "Allocation",
     "ArgumentError",
     "AttentionLayout",
+    "BudgetError",
     "CaptureConflictError",
     "CaptureInputError",
     "ChannelEntropy",
@@ -149,6 +155,8 @@ __all__ = [
     "adapter_for",
     "align",
     "align_model",
+    "allocate",
+    "allocate_frontier",
     "apply",
     "capture",
     "channel_entropy",

@@ -57,6 +57,11 @@ class LayerIndexError(HeadwidgetError, IndexError):
     """A layer index outside the model, or a layer that was not captured."""
 
 
+class BudgetError(HeadwidgetError, ValueError):
+    """A K/V byte budget no allocation fits in (below the cheapest candidate at every layer), or one too
+    fine-grained for the exact solver."""
+
+
 class MemoryBudgetError(HeadwidgetError, MemoryError):
     """The statistics a request needs would not fit in the allowed memory."""
 

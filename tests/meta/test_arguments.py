@@ -223,6 +223,52 @@ for _spec, _phrase in BAD_SPECS:
 for _spec in ("gqa:２", "lrkv:99999999999999999999", "mla:" + "1" * 5000):
     case(f"convert spec={_spec[:20]}", lambda e, s=_spec: headwidget.convert(e.model, 0, s),
          errors.MechanismSpecError, r"mechanism spec|takes")  # fmt: skip
+# mixed specs and protocols
+for _spec, _phrase in [
+    ("mqa@0-1;mla:8@1", r"layer 1 is named twice"),
+    ("mqa@0-5", r"layers 2, 3, 4, 5 are not in the model, which has 2 layers"),
+    ("mqa@1-0", r"runs backwards"),
+    ("mqa;mla:8@1", r"is not spec@layers"),
+    ("mqa@1x", r"cannot read the layers '1x'"),
+]:
+    case(f"apply mixed spec={_spec}", lambda e, s=_spec: headwidget.apply(e.model, s),
+         errors.MechanismSpecError, _phrase)  # fmt: skip
+    case(f"evaluate mixed variants=[{_spec}]", lambda e, s=_spec: _evaluate(e, variants=[s]),
+         errors.MechanismSpecError, _phrase)  # fmt: skip
+case("evaluate mixed spec with layers", lambda e: _evaluate(e, variants=["mqa@0"], layers=[0]),
+     ArgumentError, r"layers=\[0\] was given with the mixed spec")  # fmt: skip
+for _protocol in ("chunks:1", "chunks:0.5", "stride:8/4", 2048, None, "chunks:99999999999"):
+    case(f"evaluate protocol={_protocol}", lambda e, p=_protocol: _evaluate(e, protocol=p),
+         ArgumentError, r"\bprotocol\b")  # fmt: skip
+
+
+# allocate
+def _allocate(e: Env, **kw: Any) -> Any:
+    options = {"dtype": torch.float32, "progress": False, "budget": 0.5, "candidates": ["model", "mqa"],
+               "refine": 0, **kw}  # fmt: skip
+    return headwidget.allocate(e.model, options.pop("texts", e.ids), **options)
+
+
+for _label, _budget in [("string", "0.5"), ("nan", math.nan), ("inf", math.inf), ("zero", 0.0),
+                        ("over one", 1.5), ("bool", True), ("negative", -3), ("None", None)]:  # fmt: skip
+    case(
+        f"allocate budget={_label}", lambda e, b=_budget: _allocate(e, budget=b), ArgumentError, r"\bbudget\b"
+    )
+case("allocate budget=below the cheapest", lambda e: _allocate(e, budget=1), errors.BudgetError,
+     r"below the cheapest choice")  # fmt: skip
+counts("allocate", "refine", lambda e, v: _allocate(e, refine=v), negative=True)
+for _name in ("batch_size", "max_length"):
+    counts("allocate", _name, lambda e, v, n=_name: _allocate(e, **{n: v}))
+for _label, _candidates in [("string", "mqa"), ("empty", []), ("None", None)]:
+    case(f"allocate candidates={_label}", lambda e, c=_candidates: _allocate(e, candidates=c), ArgumentError,
+         r"\bcandidates\b")  # fmt: skip
+case("allocate candidates=[mixed]", lambda e: _allocate(e, candidates=["model", "mqa@0"]), ArgumentError,
+     r"mixed spec")  # fmt: skip
+case("allocate candidates=[banana]", lambda e: _allocate(e, candidates=["model", "banana"]),
+     errors.MechanismSpecError, r"banana")  # fmt: skip
+case("allocate objective=ppl", lambda e: _allocate(e, objective="ppl"), ArgumentError, r"\bobjective\b")
+flags("allocate", "progress", lambda e, v: _allocate(e, progress=v))
+
 for _where, _call in [
     ("apply", lambda e: headwidget.apply(e.model, None)),
     ("convert", lambda e: headwidget.convert(e.model, 0, 4)),

@@ -10,14 +10,17 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "example_notebooks").glob("*.ipynb"))
 #: Token counts, and the layers captured and converted or quantized, of the notebooks that read them from
-#: the environment (consequences, quantization; their defaults are the full run's: every layer). Three of
-#: SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first layer, a middle one,
-#: the last) at a tenth of the fits.
+#: the environment (consequences, quantization, allocation; their defaults are the full run's: every
+#: layer). Three of SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first
+#: layer, a middle one, the last) at a tenth of the fits.
 SMALL_RUN = {
     "HEADWIDGET_NOTEBOOK_TOKENS": "256",
     "HEADWIDGET_NOTEBOOK_CALIBRATION_TOKENS": "512",
     "HEADWIDGET_NOTEBOOK_SWEEP_TOKENS": "64",
     "HEADWIDGET_NOTEBOOK_LAYERS": "0,14,29",
+    # allocation: two candidates beside the model, no refine round (the full run is the saved outputs)
+    "HEADWIDGET_NOTEBOOK_CANDIDATES": "model,mla:64,kv:int4",
+    "HEADWIDGET_NOTEBOOK_REFINE": "0",
 }
 
 

@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def test_readme_python_examples_run(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)\n```", README.read_text(), flags=re.S)
     assert len(blocks) >= 4
-    quickstart, analyses, costs, jupyter = blocks[:4]
+    quickstart, analyses, costs, allocation, jupyter = blocks[:5]
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(quickstart.replace("max_tokens=8192", "max_tokens=256"), namespace)
@@ -31,6 +31,13 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     assert report.variants == ["model", "mqa"] and len(report.per_layer["mqa"]) == 2
     assert namespace["variant"].model.layers[0].self_attn.k_proj.out_features == 64  # one KV head
     assert {p.id for p in namespace["headwidget"].ConsequenceView(report).grid.panels} == {"damage"}
+    # an allocation over three candidates on a few tokens (the full run is the allocation notebook's)
+    allocation = re.sub(r"candidates=\[.*?\]", 'candidates=["model", "mqa+align", "kv:int4"]', allocation)
+    allocation = allocation.replace("max_tokens=4096", "max_tokens=64").replace("refine=1", "refine=0")
+    allocation = allocation.replace("max_tokens=16384", "max_tokens=128")
+    exec(allocation, namespace)
+    alloc = namespace["alloc"]
+    assert alloc.kv_bytes_per_token <= alloc.model_bytes / 3 and alloc.spec in namespace["report"].variants
     jupyter = jupyter.replace("headwidget.explore()", "headwidget.explore(stats)")
     exec(
         jupyter.replace(

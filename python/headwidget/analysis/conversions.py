@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from torch import nn
 
 from headwidget.adapters import adapter_for
 from headwidget.adapters.fingerprint import weight_fingerprint
-from headwidget.analysis.variants import SPEC_ARGUMENTS, short, spec_number, spec_text, unreadable_digits
+from headwidget.analysis.variants import VariantSpec, parse_variant, short, spec_text, unreadable_digits
 from headwidget.analysis.weights import HeadWeights, head_weights
 from headwidget.checks import flag, text_list, whole_number
 from headwidget.errors import (
@@ -71,6 +70,7 @@ __all__ = [
 
 F64 = torch.float64
 SPEC_FORMS = "model, mha, gqa:G, mqa, lrkv:r, mla:d_c"
+_CONVERTIBLE = ("model", "mha", "mqa", "gqa", "lrkv", "mla")
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
@@ -79,16 +79,28 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     >>> parse_spec(" LRKV:16 ")
     ('lrkv', 16)
     """
-    text = spec_text(spec, "mechanism spec")
-    m = re.fullmatch(r"(model|mha|mqa)|(gqa|lrkv|mla):([0-9]+)", text)  # ASCII digits only
-    if m is None:
+    spec_text(spec, "mechanism spec")
+    try:
+        parsed = parse_variant(spec)
+    except MechanismSpecError as err:
+        if not str(err).startswith("cannot read"):
+            raise  # a number out of range, a combination that does not exist: the message says which
         raise MechanismSpecError(
             f"cannot read mechanism spec {short(str(spec))}{unreadable_digits(str(spec))}; write one of "
             f"{SPEC_FORMS} with whole numbers, e.g. 'gqa:4', 'lrkv:16', 'mla:512'"
+        ) from None
+    if (
+        not isinstance(parsed, VariantSpec)
+        or parsed.mechanism not in _CONVERTIBLE
+        or parsed.align
+        or parsed.rope
+    ):
+        raise MechanismSpecError(
+            f"{short(str(spec))} is a variant spec, not one mechanism: convert takes one of {SPEC_FORMS} for "
+            "one layer; alignment, partial RoPE, quantizers and mixed specs are for headwidget.apply and "
+            "headwidget.evaluate"
         )
-    if m.group(1):
-        return m.group(1), None
-    return m.group(2), spec_number(str(spec), m.group(3), *SPEC_ARGUMENTS[m.group(2)])
+    return parsed.mechanism, parsed.arg
 
 
 @dataclass(frozen=True)

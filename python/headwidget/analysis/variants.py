@@ -23,6 +23,13 @@ spec                   meaning
 Quantizers (``kv:...``) combine with nothing else: ``kv:int4+align`` is refused. The numbers in a spec
 are ASCII digits (``gqa:２`` is refused) of at most :data:`SPEC_NUMBER_MAX`.
 
+**Mixed specs** give layers different specs: ``spec@layers`` parts joined by ``;``, the layers a list
+of indices and ranges (``"mla:64@0-9;mla:128@10-29"``, ``"model@0,1;mqa+align@2-29"``,
+``"kv:int4@0-3,8;kv:int2@4-7"``). A layer named in no part keeps the model's own attention; a layer
+named twice is refused, and so (once the model is known, :meth:`MixedSpec.check_layers`) is a layer
+the model does not have. The canonical form lists the parts by their first layer, each spec once,
+its layers as ranges.
+
 Example:
     >>> parse_variant(" MQA+Align ")
     VariantSpec(text='mqa+align', mechanism='mqa', arg=None, align=True, rope=None)
@@ -33,11 +40,15 @@ Example:
     ('kv:int4', 'kv:int', 4, 32, True)
     >>> parse_variant("KV:CQ4C8B").text, parse_variant("kv:cq4c8b").bits_per_channel
     ('kv:cq4c8b', 2.0)
+    >>> mixed = parse_variant("mla:128@10-11 ; MLA:64@0-4,5,6-9")
+    >>> mixed.text, mixed.spec_at(10).text, mixed.spec_at(12).text
+    ('mla:64@0-9;mla:128@10-11', 'mla:128', 'model')
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from headwidget.errors import MechanismSpecError
@@ -46,20 +57,27 @@ __all__ = [
     "CQ_BITS",
     "INT_BITS",
     "INT_GROUP",
+    "LAYER_MAX",
     "SPEC_ARGUMENTS",
     "SPEC_NUMBER_MAX",
     "VARIANT_FORMS",
+    "MixedSpec",
+    "Variant",
     "VariantSpec",
+    "layer_ranges",
+    "parse_uniform",
     "parse_variant",
     "short",
     "spec_number",
     "spec_text",
+    "uniform_parts",
     "unreadable_digits",
+    "variant_group",
 ]
 
 VARIANT_FORMS = (
     "model, mha, gqa:G, mqa, lrkv:r, mla:d_c, gqa:G+align, mqa+align, rope:r, mla:d_c+rope:r, "
-    "kv:int{b}, kv:int{b}/g{n}, kv:cq{c}c{b}b"
+    "kv:int{b}, kv:int{b}/g{n}, kv:cq{c}c{b}b, or spec@layers parts joined by ';' (mla:64@0-9;mla:128@10-29)"
 )
 #: Bits of ``kv:int{b}`` (inclusive range).
 INT_BITS = (1, 16)
@@ -70,6 +88,8 @@ INT_GROUP = 32
 #: The largest number a spec may hold (a group size, rank, latent size, head or channel count):
 #: beyond it a spec is a typo, and numbers such as ``g99999999999999999999`` would overflow in torch.
 SPEC_NUMBER_MAX = 2**20
+#: The largest layer index a mixed spec may name (beyond it a layer list is a typo).
+LAYER_MAX = 2**16 - 1
 # ``[0-9]``, not ``\d``: Python's ``\d`` and ``int()`` also take other scripts' digits ("２").
 _QUANTIZER = re.compile(r"kv:(?:int(?P<bits>[0-9]+)(?:/g(?P<group>[0-9]+))?|cq(?P<c>[0-9]+)c(?P<cb>[0-9]+)b)")
 _GRAMMAR = re.compile(
@@ -187,8 +207,187 @@ class VariantSpec:
         return self.arg if self.mechanism == "rope" else self.rope
 
 
-def parse_variant(spec: str) -> VariantSpec:
-    """Read a variant spec (see the module docstring).
+def layer_ranges(layers: Iterable[int]) -> str:
+    """Sorted distinct layer indices as ranges: ``[0, 1, 2, 5, 7, 8]`` → ``"0-2,5,7-8"``.
+
+    >>> layer_ranges([8, 0, 1, 2, 5, 7])
+    '0-2,5,7-8'
+    """
+    ordered = sorted(set(layers))
+    runs: list[list[int]] = []
+    for layer in ordered:
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+@dataclass(frozen=True)
+class MixedSpec:
+    """A parsed mixed spec (``spec@layers`` parts joined by ``;``; see the module docstring).
+
+    ``parts`` pairs each uniform spec with the layers it is applied to (sorted), ordered by first layer;
+    ``text`` is the canonical form.
+
+    Example:
+        >>> m = parse_variant("model@0,1;mqa+align@2-5;kv:int4@6")
+        >>> m.converted, m.quantized
+        ({'mqa+align': (2, 3, 4, 5)}, {'kv:int4': (6,)})
+        >>> m.align, m.layers
+        (True, (0, 1, 2, 3, 4, 5, 6))
+    """
+
+    text: str
+    parts: tuple[tuple[VariantSpec, tuple[int, ...]], ...]
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Every layer a part names (sorted)."""
+        return tuple(sorted(layer for _, layers in self.parts for layer in layers))
+
+    def spec_at(self, layer: int) -> VariantSpec:
+        """The uniform spec of ``layer`` (``model`` when no part names it)."""
+        for part, layers in self.parts:
+            if layer in layers:
+                return part
+        return _MODEL
+
+    @property
+    def converted(self) -> dict[str, tuple[int, ...]]:
+        """The conversions' canonical specs and their layers (``model`` parts and quantizers left out)."""
+        return {p.text: ls for p, ls in self.parts if p.mechanism != "model" and not p.quantizer}
+
+    @property
+    def quantized(self) -> dict[str, tuple[int, ...]]:
+        """The quantizers' canonical specs and their layers."""
+        return {p.text: ls for p, ls in self.parts if p.quantizer}
+
+    @property
+    def align(self) -> bool:
+        """Whether any part aligns heads before merging (needs the keys' and values' statistics)."""
+        return any(p.align for p, _ in self.parts)
+
+    def check_layers(self, num_layers: int) -> None:
+        """Refuse a layer that a model with ``num_layers`` layers does not have.
+
+        >>> parse_variant("mqa@0-3").check_layers(2)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        headwidget.errors.MechanismSpecError: 'mqa@0-3': layers 2, 3 are not in the model, which has 2 ...
+        """
+        outside = [layer for layer in self.layers if layer >= num_layers]
+        if outside:
+            named = ", ".join(str(layer) for layer in outside[:8]) + (", ..." if len(outside) > 8 else "")
+            noun = "layer" if len(outside) == 1 else "layers"
+            verb = "is" if len(outside) == 1 else "are"
+            raise MechanismSpecError(
+                f"{short(self.text)}: {noun} {named} {verb} not in the model, which has {num_layers} layers "
+                f"(0..{num_layers - 1}); name layers 0..{num_layers - 1} only"
+            )
+
+
+#: A parsed spec: one for every layer, or mixed.
+Variant = VariantSpec | MixedSpec
+
+
+def uniform_parts(parsed: Variant) -> list[VariantSpec]:
+    """The uniform specs a parsed spec is made of: itself, or a mixed spec's parts.
+
+    >>> [p.text for p in uniform_parts(parse_variant("mqa@0;kv:int4@1"))]
+    ['mqa', 'kv:int4']
+    """
+    return [parsed] if isinstance(parsed, VariantSpec) else [p for p, _ in parsed.parts]
+
+
+def variant_group(spec: str) -> str:
+    """``"quantizers"`` for a K/V quantizer, ``"mixed"`` for a mixed spec, else ``"mechanisms"`` (how
+    the views group variants).
+
+    >>> [variant_group(s) for s in ("mqa", "kv:int4", "mla:64@0-9;kv:int4@10-29")]
+    ['mechanisms', 'quantizers', 'mixed']
+    """
+    parsed = parse_variant(spec)
+    if isinstance(parsed, MixedSpec):
+        return "mixed"
+    return "quantizers" if parsed.quantizer else "mechanisms"
+
+
+def parse_uniform(spec: str, where: str) -> VariantSpec:
+    """:func:`parse_variant` for a place that applies one spec to every layer it is given (``where``
+    names it): a mixed spec is refused.
+
+    >>> parse_uniform("mqa@0-1", "fit_quantizer")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.MechanismSpecError: fit_quantizer takes one spec for every layer ... 'mqa@0-1'; ...
+    """
+    parsed = parse_variant(spec)
+    if isinstance(parsed, MixedSpec):
+        raise MechanismSpecError(
+            f"{where} takes one spec for every layer it is given, not the mixed spec {short(parsed.text)}; "
+            "give its parts one at a time with their layers (layers=[...]), or pass the mixed spec to "
+            "headwidget.apply / headwidget.evaluate"
+        )
+    return parsed
+
+
+def _parse_layers(spec: str, part: str, text: str) -> tuple[int, ...]:
+    """The layers of one ``spec@layers`` part: indices and ``a-b`` ranges joined by commas."""
+    layers: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        m = re.fullmatch(r"([0-9]+)(?:\s*-\s*([0-9]+))?", item)
+        if m is None:
+            raise MechanismSpecError(
+                f"{short(spec)}: cannot read the layers {item!r} of part {part!r}{unreadable_digits(item)}; "
+                "write layer indices and ranges joined by commas, e.g. 'mqa@0-9', 'mla:64@0,1,4-7'"
+            )
+        what, top = "a layer index", LAYER_MAX
+        first = spec_number(spec, m.group(1), what, "layer", 0, top)
+        last = first if m.group(2) is None else spec_number(spec, m.group(2), what, "layer", 0, top)
+        if last < first:
+            raise MechanismSpecError(
+                f"{short(spec)}: the layer range {item!r} of part {part!r} runs backwards; write it "
+                f"{last}-{first}"
+            )
+        layers.extend(range(first, last + 1))
+    return tuple(layers)
+
+
+def _parse_mixed(spec: str, text: str) -> MixedSpec:
+    seen: dict[int, str] = {}
+    merged: dict[str, tuple[VariantSpec, list[int]]] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            raise MechanismSpecError(
+                f"{short(spec)}: an empty part; join spec@layers parts with single ';' "
+                "(e.g. 'mla:64@0-9;mla:128@10-29')"
+            )
+        if part.count("@") != 1:
+            raise MechanismSpecError(
+                f"{short(spec)}: part {part!r} is not spec@layers; in a mixed spec every part names its "
+                "layers (e.g. 'mla:64@0-9;mla:128@10-29')"
+            )
+        head, _, tail = part.partition("@")
+        uniform = parse_variant(head.strip())
+        assert isinstance(uniform, VariantSpec)
+        for layer in _parse_layers(spec, part, tail):
+            if layer in seen:
+                raise MechanismSpecError(
+                    f"{short(spec)}: layer {layer} is named twice (in {seen[layer]!r} and {part!r}); name "
+                    "each layer in one part only"
+                )
+            seen[layer] = part
+            merged.setdefault(uniform.text, (uniform, []))[1].append(layer)
+    parts = sorted(((u, tuple(sorted(ls))) for u, ls in merged.values()), key=lambda item: item[1][0])
+    canonical = ";".join(f"{u.text}@{layer_ranges(ls)}" for u, ls in parts)
+    return MixedSpec(canonical, tuple(parts))
+
+
+def parse_variant(spec: str) -> Variant:
+    """Read a variant spec, uniform or mixed (see the module docstring): the only reader of specs.
 
     >>> parse_variant("gqa:3+align").arg
     3
@@ -196,9 +395,16 @@ def parse_variant(spec: str) -> VariantSpec:
     Raises:
         MechanismSpecError: an unreadable spec, or a combination that does not exist (``+align`` is
             for ``gqa:G``/``mqa``, ``+rope:r`` for ``mla:d_c``, quantizers combine with nothing), or a
-            quantizer's bits or group size out of range (the message names the allowed values).
+            quantizer's bits or group size out of range (the message names the allowed values); in a
+            mixed spec, a part without layers, unreadable layers or a layer named twice.
     """
     text = spec_text(spec)
+    if "@" in text or ";" in text:
+        return _parse_mixed(spec, text)
+    return _parse_single(spec, text)
+
+
+def _parse_single(spec: str, text: str) -> VariantSpec:
     if text.startswith("kv:"):
         return _parse_quantizer(spec, text)
     m = _GRAMMAR.fullmatch(text)
@@ -229,6 +435,9 @@ def parse_variant(spec: str) -> VariantSpec:
     canonical += "+align" if align else ""
     canonical += f"+rope:{rope}" if rope is not None else ""
     return VariantSpec(canonical, mechanism, arg, align, rope)
+
+
+_MODEL = VariantSpec("model", "model", None)
 
 
 def _parse_quantizer(spec: str, text: str) -> VariantSpec:

@@ -66,9 +66,17 @@ def add_parser(sub: Any) -> None:
     ev.add_argument("--model", required=True, help=f"model directory, or one of: {', '.join(EMBEDDED)}")
     ev.add_argument(
         "--variants",
-        required=True,
+        default=None,
         help=f"comma-separated variant specs: {VARIANT_FORMS} (the model itself is always the first "
         "row; kv:… quantize the K/V the attention uses, the others convert the attention)",
+    )
+    ev.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="one more variant spec, repeatable; for mixed specs, whose layer lists hold commas "
+        "(--variant 'mla:64@0-9;mla:128@10-29')",
     )
     ev.add_argument("--out", required=True, type=Path, help="report to write: .json or .md")
     ev.add_argument(
@@ -128,7 +136,7 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     from headwidget.evaluation import evaluate
     from headwidget.stats import KVStats
 
-    specs = variant_specs(args.variants)
+    specs = variant_specs(args.variants, args.variant)
     if args.out.suffix.lower() not in REPORT_SUFFIXES:
         raise UsageError(f"--out {args.out}: the extension must be .json or .md (the report's format)")
     layers = int_list(args.layers, "--layers")

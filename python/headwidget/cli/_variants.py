@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from headwidget.analysis.variants import VARIANT_FORMS, parse_variant
+from headwidget.analysis.variants import VARIANT_FORMS, MixedSpec, VariantSpec, parse_variant, uniform_parts
 from headwidget.cli._errors import UsageError, VariantError
 from headwidget.errors import HeadwidgetError, MechanismSpecError, MissingStatisticsError
 
@@ -43,31 +43,43 @@ PROBE_TOKENS = 32
 CALIBRATION_SAMPLES = 4096
 
 
-def variant_specs(text: str) -> list[str]:
-    """The canonical specs of ``--variants`` (comma-separated), ``model`` first, each once.
+def variant_specs(text: str | None, single: Sequence[str] = ()) -> list[str]:
+    """The canonical specs of ``--variants`` (comma-separated) and of each ``--variant`` (one spec each,
+    so a mixed spec's layer lists may hold commas), ``model`` first, each once.
 
     An unreadable spec is a :class:`UsageError` naming it and the forms there are.
 
     Example:
         >>> variant_specs("mla:96+rope:8,model")
         ['model', 'mla:96+rope:8']
+        >>> variant_specs("mqa", ["mla:8@0,1;mqa@2"])
+        ['model', 'mqa', 'mla:8@0-1;mqa@2']
         >>> try:
         ...     variant_specs("mqa,banana")
         ... except UsageError as err:
         ...     print(str(err).split(";")[0])
         --variants: cannot read variant spec 'banana'
     """
-    items = [item for item in text.split(",") if item.strip()]
-    if not items:
+    items = [item for item in (text or "").split(",") if item.strip()]
+    if not items and not single:
         raise UsageError(
-            f"--variants: give comma-separated variant specs, e.g. mqa,lrkv:16 ({VARIANT_FORMS})"
+            f"give --variants (comma-separated variant specs, e.g. mqa,lrkv:16) or one --variant SPEC per "
+            f"spec ({VARIANT_FORMS})"
         )
     specs = ["model"]
     for item in items:
         try:
             specs.append(parse_variant(item).text)
         except MechanismSpecError as err:
-            raise UsageError(f"--variants: {err}") from err
+            hint = ""
+            if "@" in (text or ""):
+                hint = " (a mixed spec's layer list holds commas: give it with --variant SPEC instead)"
+            raise UsageError(f"--variants: {err}{hint}") from err
+    for item in single:
+        try:
+            specs.append(parse_variant(item).text)
+        except MechanismSpecError as err:
+            raise UsageError(f"--variant: {err}") from err
     return list(dict.fromkeys(specs))
 
 
@@ -99,7 +111,7 @@ def samples_needed(specs: Sequence[str]) -> int:
         >>> samples_needed(["kv:cq4c8b", "kv:cq2c4b", "mqa"]), samples_needed(["kv:int4"])
         (256, 0)
     """
-    return max((2 ** int(parse_variant(s).bits or 0) for s in specs if _needs_samples(s)), default=0)
+    return max((2 ** int(p.bits or 0) for s in specs for p in _parts(s) if p.mechanism == "kv:cq"), default=0)
 
 
 def needs_inputs(specs: Sequence[str]) -> bool:
@@ -112,17 +124,20 @@ def needs_inputs(specs: Sequence[str]) -> bool:
     return any(_needs_input(s) for s in specs)
 
 
+def _parts(spec: str) -> list[VariantSpec]:
+    return uniform_parts(parse_variant(spec))
+
+
 def _needs_keys(spec: str) -> bool:
-    return parse_variant(spec).align
+    return any(p.align for p in _parts(spec))
 
 
 def _needs_input(spec: str) -> bool:
-    parsed = parse_variant(spec)
-    return parsed.mechanism in ("lrkv", "mla", "rope") or parsed.rope_pairs is not None
+    return any(p.mechanism in ("lrkv", "mla", "rope") or p.rope_pairs is not None for p in _parts(spec))
 
 
 def _needs_samples(spec: str) -> bool:
-    return parse_variant(spec).mechanism == "kv:cq"
+    return any(p.mechanism == "kv:cq" for p in _parts(spec))
 
 
 def check_variants_statistics(specs: Sequence[str], kinds: Sequence[str], source: str) -> None:
@@ -169,6 +184,7 @@ def check_variants(model: Any, tokenizer: Any, specs: Sequence[str], layer: int,
         ...     print(err)
         --variants: gqa:3 needs a divisor of the 4 query heads: 1, 2, 4
     """
+    from headwidget.adapters import adapter_for
     from headwidget.capture import capture
     from headwidget.evaluation import fit_quantizer
     from headwidget.evaluation._apply import fit_variant
@@ -182,9 +198,13 @@ def check_variants(model: Any, tokenizer: Any, specs: Sequence[str], layer: int,
                         rope="both" if sampled else "pre", progress=False)  # fmt: skip
     for spec in specs:
         try:
-            if parse_variant(spec).quantizer:  # no converted model: fit the quantizer of one layer
-                fit_quantizer(model, spec, probe, [layer], iters=1)
-            else:
-                fit_variant(model, spec, probe, [layer])
+            parsed = parse_variant(spec)
+            if isinstance(parsed, MixedSpec):
+                parsed.check_layers(adapter_for(model).layout().num_layers)
+            for part in uniform_parts(parsed):  # a mixed spec's parts, each checked on ``layer``
+                if part.quantizer:  # no converted model: fit the quantizer of one layer
+                    fit_quantizer(model, part, probe, [layer], iters=1)
+                elif part.mechanism != "model":
+                    fit_variant(model, part, probe, [layer])
         except HeadwidgetError as err:
             raise VariantError(f"--variants: {err}") from err

@@ -9,10 +9,14 @@
 - :func:`evaluate`: NLL, perplexity, KL and top-1 agreement (or the encoder measures) and KV bytes per
   token of each variant (conversions and quantizers alike), for the whole model and (``per_layer=True``)
   one layer at a time, as an :class:`EvaluationReport`; :func:`estimate_evaluation` is the memory bound
-  it checks against ``max_memory`` before any work.
+  it checks against ``max_memory`` before any work. Every spec may be mixed, one spec per layer
+  (``"mla:64@0-9;kv:int4@10-29"``).
+- :func:`allocate`: the mixed spec with the least damage on calibration text within a K/V byte budget
+  (an exact per-layer knapsack over candidates, refined with the whole spec applied).
 """
 
 from headwidget.analysis.quantizers import Codebooks, fit_codebooks, quantize_int_keys, quantize_int_values
+from headwidget.evaluation._allocate import Allocation, AllocationRound, allocate, allocate_frontier
 from headwidget.evaluation._apply import AppliedVariant, apply
 from headwidget.evaluation._evaluate import evaluate
 from headwidget.evaluation._inputs import position_ids_from_mask
@@ -22,12 +26,16 @@ from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals, predicted_positions
 
 __all__ = [
+    "Allocation",
+    "AllocationRound",
     "AppliedVariant",
     "Codebooks",
     "EncoderTotals",
     "EvaluationReport",
     "KVQuantizer",
     "PredictionTotals",
+    "allocate",
+    "allocate_frontier",
     "apply",
     "estimate_evaluation",
     "evaluate",

@@ -53,9 +53,10 @@ from headwidget.adapters import Adapter, adapter_for
 from headwidget.adapters._partial_rope import partial_rope_mask
 from headwidget.analysis.conversions import _check_stats_source
 from headwidget.analysis.variant_fits import LayerFit, fit_layer
-from headwidget.analysis.variants import VariantSpec, parse_variant
+from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, parse_uniform, parse_variant
 from headwidget.checks import layer_indices
 from headwidget.errors import (
+    ArgumentError,
     StatsMismatchError,
     UnsupportedAlignmentError,
     UnsupportedConversionError,
@@ -73,6 +74,7 @@ __all__ = [
     "compact_fits",
     "fit_variant",
     "layer_kv_elements",
+    "refuse_layers_with_mixed",
     "resolve_layers",
     "save_blocker",
     "shared_copy",
@@ -165,7 +167,16 @@ def _check_buildable(adapter: Adapter, spec: VariantSpec) -> None:
             raise UnsupportedConversionError(f"{spec.text}: {reason}")
 
 
-def _refuse_quantizer(spec: VariantSpec) -> None:
+def _refuse_quantizer(spec: Variant) -> None:
+    if isinstance(spec, MixedSpec):
+        if spec.quantized:
+            parts = ", ".join(f"{q}@{','.join(map(str, ls))}" for q, ls in spec.quantized.items())
+            raise UnsupportedConversionError(
+                f"{spec.text}: its part(s) {parts} quantize the K/V the attention uses while the model runs; "
+                "they change no weight, so apply cannot build them into a model: measure the whole mixed "
+                f"spec with headwidget.evaluate(model, texts, [{spec.text!r}], ...)"
+            )
+        return
     if spec.quantizer:
         raise UnsupportedConversionError(
             f"{spec.text} quantizes the K/V the attention uses while the model runs; it changes no weight, "
@@ -175,12 +186,28 @@ def _refuse_quantizer(spec: VariantSpec) -> None:
         )
 
 
+def refuse_layers_with_mixed(parsed: Sequence[Variant], layers: object) -> None:
+    """Refuse ``layers=`` given beside a mixed spec, which names its own layers.
+
+    >>> refuse_layers_with_mixed([parse_variant("mqa@0-1")], [0])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: layers=[0] was given with the mixed spec 'mqa@0-1', which names ...
+    """
+    mixed = [p.text for p in parsed if isinstance(p, MixedSpec)]
+    if mixed and layers is not None:
+        raise ArgumentError(
+            f"layers={layers!r} was given with the mixed spec {mixed[0]!r}, which names its own layers; "
+            "leave layers out, or write the layers into each spec instead (e.g. 'mqa@0-3')"
+        )
+
+
 def fit_variant(
     model: nn.Module, spec: str | VariantSpec, stats: KVStats | None, layers: Sequence[int]
 ) -> dict[int, LayerFit]:
     """The per-layer fits of ``spec`` for ``layers`` of ``model`` (nothing is built)."""
     adapter = adapter_for(model)
-    parsed = spec if isinstance(spec, VariantSpec) else parse_variant(spec)
+    parsed = spec if isinstance(spec, VariantSpec) else parse_uniform(spec, "fit_variant")
     _refuse_quantizer(parsed)
     _check_buildable(adapter, parsed)
     planes = adapter.layout().rope.planes()
@@ -410,10 +437,11 @@ def apply(
         model: a supported transformers model.
         spec: a variant spec: ``model``, ``mha``, ``gqa:G``, ``mqa``, ``lrkv:r``, ``mla:d_c``,
             ``gqa:G+align``, ``mqa+align``, ``rope:r`` or ``mla:d_c+rope:r``
-            (:mod:`headwidget.analysis.variants`).
+            (:mod:`headwidget.analysis.variants`), or a mixed spec of them that names each part's
+            layers (``"mla:64@0-9;mla:128@10-29"``; the layers it names none of stay as they are).
         stats: statistics of ``model``: ``+align`` needs its keys and values; ``rope:r`` and data-aware
             LRKV/MLA fits need ``inputs=True``. Without them LRKV/MLA are weight-space.
-        layers: the layers to convert (default: all).
+        layers: the layers to convert (default: all; not with a mixed spec, which names its own).
         allow_other_weights: use ``stats`` even when they were captured from other weights of the same
             architecture and config (a base model's statistics for its fine-tune); by default refused.
 
@@ -428,22 +456,34 @@ def apply(
         >>> lrkv = apply(gpt2, "lrkv:2", layers=[1])
         >>> lrkv.headwidget_variant.kv_elements, sorted(lrkv.headwidget_variant.factors[1])[:2]
         ({0: 64, 1: 32}, ['k_down', 'k_shared'])
+        >>> mixed = apply(gpt2, "lrkv:2@1;mqa@0")
+        >>> mixed.headwidget_variant.spec, mixed.headwidget_variant.kv_elements
+        ('mqa@0;lrkv:2@1', {0: 16, 1: 32})
 
     Raises:
-        ArgumentError: ``stats`` that are not a KVStats, ``layers`` that are not a list of layer indices.
-        MechanismSpecError: an unreadable spec. GroupCountError / RankRangeError: a G, r or d_c the
-        model does not allow (the message names the possible values). MissingStatisticsError: a fit
-        without the statistics it needs. StatsMismatchError: statistics of another model, or of
-        other weights (unless ``allow_other_weights``).
+        ArgumentError: ``stats`` that are not a KVStats, ``layers`` that are not a list of layer indices,
+            ``layers`` beside a mixed spec.
+        MechanismSpecError: an unreadable spec, a mixed spec naming a layer the model does not have.
+        GroupCountError / RankRangeError: a G, r or d_c the model does not allow (the message names
+        the possible values). MissingStatisticsError: a fit without the statistics it needs.
+        StatsMismatchError: statistics of another model, or of other weights (unless
+        ``allow_other_weights``).
         UnsupportedConversionError / UnsupportedAlignmentError: a variant the family cannot be built as,
         or a K/V quantizer (``kv:...``: it changes no weight; :func:`~headwidget.evaluation.evaluate`
         measures it).
     """
     adapter = adapter_for(model)
-    stats, layers = check_apply_arguments(adapter, stats, layers)
     parsed = parse_variant(spec)
+    refuse_layers_with_mixed([parsed], layers)
+    stats, layers = check_apply_arguments(adapter, stats, layers)
     _refuse_quantizer(parsed)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
-    chosen = resolve_layers(adapter, layers)
-    fits = fit_variant(model, parsed, stats, chosen)
+    if isinstance(parsed, VariantSpec):
+        fits = fit_variant(model, parsed, stats, resolve_layers(adapter, layers))
+        return build_variant(model, parsed.text, fits)
+    parsed.check_layers(adapter.layout().num_layers)
+    fits = {}
+    for part, part_layers in parsed.parts:
+        if part.mechanism != "model":
+            fits.update(fit_variant(model, part, stats, part_layers))
     return build_variant(model, parsed.text, fits)

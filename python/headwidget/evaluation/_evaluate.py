@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,24 +48,29 @@ import torch
 from torch import nn
 
 from headwidget.adapters import adapter_for
-from headwidget.analysis.variants import parse_variant
+from headwidget.analysis.variants import MixedSpec, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.checks import optional_whole_number
 from headwidget.evaluation._apply import (
-    applied_variant,
-    build_variant,
     check_stats,
-    compact_fits,
-    fit_variant,
     layer_kv_elements,
+    refuse_layers_with_mixed,
     resolve_layers,
     shared_copy,
 )
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._inputs import evaluation_batches, fingerprint, predicted_count
+from headwidget.evaluation._chosen import CHOSEN_ON
+from headwidget.evaluation._inputs import (
+    check_window,
+    chunk_batches,
+    evaluation_batches,
+    fingerprint,
+    parse_protocol,
+    predicted_count,
+)
 from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_budget
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
-from headwidget.evaluation._quantize import KVQuantizer, fit_quantizer
+from headwidget.evaluation._plan import VariantPlan, plan_variant
 from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals
@@ -140,6 +146,7 @@ def evaluate(
     max_length: int = 512,
     max_tokens: int | None = None,
     max_memory: int | None = None,
+    protocol: str = "documents",
     progress: bool = True,
 ) -> EvaluationReport:
     """Measure each variant of ``model`` on held-out ``texts`` (see the module docstring).
@@ -164,6 +171,11 @@ def evaluate(
         dtype: the dtype the model and the variants run in; KV bytes are counted in it too: a floating
             torch dtype, or its name (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``).
         max_tokens: use at most this many real tokens of ``texts``.
+        protocol: ``"documents"``: each text its own sequences, up to ``max_length`` tokens;
+            ``"chunks:W"``: the texts joined into one stream (strings by a blank line, token ids row
+            after row without padding) and cut into non-overlapping windows of W tokens, each scored
+            whole, a final partial window dropped (the WikiText-2 protocol of GPTQ, Palu, TransMLA and
+            SVD-LLM, with W = 2048 in their tables); ``max_length`` is then unused.
         max_memory: bytes the evaluation may allocate on the model's device (default: half its free
             memory); the estimate (:mod:`headwidget.evaluation._memory`) is checked before any work.
         progress: show a progress bar (in forwards).
@@ -184,41 +196,46 @@ def evaluate(
         NonFiniteLogitsError: a variant's outputs are not finite (the message names it and the layer).
     """
     adapter = adapter_for(model)
+    given_layers = layers
     variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress = (
         check_evaluate_arguments(adapter, variants, stats, layers, per_layer, dtype, batch_size, max_length,
                                  max_tokens, progress)
     )  # fmt: skip
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
+    window = parse_protocol(protocol)
+    if window is not None:
+        check_window(window, model_context(model))
+        max_length = window
     parsed = {p.text: p for p in (parse_variant(v) for v in variants)}
     specs = list(parsed)
     if not specs:
         raise ValueError("give at least one variant, e.g. ['model', 'mqa']")
+    refuse_layers_with_mixed(list(parsed.values()), given_layers)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
     chosen = resolve_layers(adapter, layers)
+    for p in parsed.values():
+        if isinstance(p, MixedSpec):
+            p.check_layers(adapter.layout().num_layers)
     need = EvaluationMemory.of(model, adapter, list(parsed.values()), chosen, per_layer=per_layer,
                                dtype=dtype, batch_size=batch_size, max_length=max_length)  # fmt: skip
     spare = check_evaluation_budget(need, max_memory)
-    quantizers: dict[str, KVQuantizer] = {
-        s: fit_quantizer(model, p, stats, chosen, allow_other_weights=allow_other_weights)
-        for s, p in parsed.items()
-        if p.quantizer
-    }
     runner = OutputRunner.for_model(model)
     lm = runner.kind == "causal-lm"
-    batches: list[Batch] = evaluation_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length,
-                                              max_tokens=max_tokens, min_tokens=2 if lm else 1)  # fmt: skip
+    batches = protocol_batches(model, texts, tokenizer, window, batch_size=batch_size, max_length=max_length,
+                               max_tokens=max_tokens, min_tokens=2 if lm else 1)  # fmt: skip
     check_token_ids(model, batches)
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
-    fits = {
-        s: compact_fits(fit_variant(model, s, stats, chosen), weight_dtype)
-        for s in specs
-        if s != "model" and s not in quantizers
-    }
+    plans = {
+        s: plan_variant(model, p, stats, chosen, weight_dtype=weight_dtype,
+                        allow_other_weights=allow_other_weights)
+        for s, p in parsed.items()
+        if s != "model"
+    }  # fmt: skip
     base_adapter = adapter_for(base)
-    converted = [s for s in specs if s != "model"]
-    sweep_forwards = len(batches) * (1 + len(converted) * len(chosen)) if per_layer else 0
-    tick = _Progress(len(batches) * (1 + len(converted)) + sweep_forwards, progress)
+    sweep_cells = sum(1 for plan in plans.values() for layer in chosen if plan.cell(layer) is not None)
+    sweep_forwards = len(batches) * (1 + sweep_cells) if per_layer else 0
+    tick = _Progress(len(batches) * (1 + len(plans)) + sweep_forwards, progress)
     try:
         reference_totals = _totals(runner.kind)
         cached: list[BatchOutput] | None = []
@@ -242,69 +259,96 @@ def evaluate(
                 measures[spec] = _summary(reference_totals)
                 kv_bytes[spec] = sum(layer_bytes)
                 continue
-            if spec in quantizers:
-                quantizer = quantizers[spec]
-                measures[spec] = _measure_quantizer(base, quantizer, batches, cached, runner, chosen, tick)
-                kv_bytes[spec] = quantizer.kv_bytes_per_token(dtype)
-                constant[spec] = quantizer.constant_bytes
-                continue
-            variant = build_variant(base, spec, fits[spec], share=True)
-            totals = _totals(runner.kind)
-            for b, batch in enumerate(batches):
-                ref = cached[b] if cached is not None else runner(base, batch)
-                out = runner(variant, batch)
-                if not out.finite():
-                    raise_non_finite(variant, batch, runner.device, spec, f"layers {chosen} converted")
-                _add(totals, ref, out)
-                tick(1)
-            measures[spec] = _summary(totals)
-            kv_bytes[spec] = applied_variant(variant).kv_bytes_per_token(dtype)
-            del variant
+            plan = plans[spec]
+            measures[spec] = _measure_plan(base, plan, batches, cached, runner, tick)
+            kv_bytes[spec] = plan.kv_bytes_per_token(dtype)
+            if plan.quantizers:
+                constant[spec] = plan.constant_bytes
             if not per_layer:
-                del fits[spec]  # built and measured: only the sweep would need them again
+                del plans[spec]  # measured: only the sweep would need its fits again
         sweep = None
         cached = None
         if per_layer:
-            sweep = layer_sweep(base, batches, fits, chosen, runner, tick=tick, quantizers=quantizers,
+            cells = {s: {layer: plan.cell(layer) for layer in chosen} for s, plan in plans.items()}
+            swept = layer_sweep(base, batches, cells, chosen, runner, tick=tick,
                                 record_budget=max(0, min(RECORD_BUDGET, spare)))  # fmt: skip
-            if "model" in specs:
-                sweep = {"model": [0.0] * len(chosen), **sweep}
-            sweep = {s: sweep[s] for s in specs}
+            sweep = {s: [0.0] * len(chosen) if s == "model" else swept[s] for s in specs}
     finally:
         tick.close()
     calibration = {} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)}
+    tokens_seen = fingerprint(batches)
+    leaked = [s for s in specs if tokens_seen in CHOSEN_ON.get(s, ())]
+    if leaked:
+        warnings.warn(
+            f"{', '.join(leaked)} was chosen by headwidget.allocate on these same tokens, so its numbers "
+            "here are not held-out; evaluate it on other text (the report's table marks it †)",
+            stacklevel=2,
+        )
     return EvaluationReport(
         model=str(getattr(model.config, "name_or_path", "") or type(model).__name__),
         kind=runner.kind, variants=specs, measures=measures, kv_bytes_per_token=kv_bytes,
         tokens=predicted_count(batches) if lm else sum(int(b.attention_mask.sum()) for b in batches),
         sequences=sum(int((b.attention_mask.sum(-1) > 0).sum()) for b in batches),
-        fingerprint=fingerprint(batches), dtype=str(dtype), layers=chosen, per_layer=sweep,
+        fingerprint=tokens_seen, dtype=str(dtype), layers=chosen, per_layer=sweep,
         per_layer_measure=None if sweep is None else ("delta_nll" if lm else "hidden_rel_error"),
         calibration=calibration, constant_bytes=constant, num_layers=num_layers,
-        converted_kv_bytes=sum(layer_bytes[i] for i in chosen),
+        converted_kv_bytes=sum(layer_bytes[i] for i in chosen), chosen_on_these_tokens=leaked,
+        protocol="documents" if window is None else f"chunks:{window}",
     )  # fmt: skip
 
 
-def _measure_quantizer(
+def protocol_batches(
+    model: nn.Module,
+    texts: Any,
+    tokenizer: Any,
+    window: int | None,
+    *,
+    batch_size: int,
+    max_length: int,
+    max_tokens: int | None,
+    min_tokens: int,
+) -> list[Batch]:
+    """The evaluation batches of a protocol: documents (``window`` None) or ``chunks:W`` windows."""
+    if window is None:
+        return evaluation_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length,
+                                  max_tokens=max_tokens, min_tokens=min_tokens)  # fmt: skip
+    return chunk_batches(texts, tokenizer, window, batch_size=batch_size, max_tokens=max_tokens,
+                         context=model_context(model))  # fmt: skip
+
+
+def model_context(model: nn.Module) -> int | None:
+    """The positions the model was made for (``config.max_position_embeddings``), None when unknown."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return context if isinstance(context, int) and not isinstance(context, bool) else None
+
+
+def _changed(plan: VariantPlan) -> str:
+    """What a plan changes, for a message: ``layers [0, 1] converted, K/V of layers [2] quantized``."""
+    parts = []
+    if plan.fits:
+        parts.append(f"layers {sorted(plan.fits)} converted")
+    quantized = sorted(layer for q in plan.quantizers for layer in q.layers)
+    if quantized:
+        parts.append(f"K/V of layers {quantized} quantized")
+    return ", ".join(parts) or "nothing changed"
+
+
+def _measure_plan(
     base: nn.Module,
-    quantizer: KVQuantizer,
+    plan: VariantPlan,
     batches: list[Batch],
     cached: list[BatchOutput] | None,
     runner: OutputRunner,
-    chosen: list[int],
     tick: _Progress,
 ) -> dict[str, float]:
-    """The measures of ``base`` run with ``quantizer``'s fake-quantized K/V, against the reference."""
-    variant = shared_copy(base)  # its own attention modules (ids), every parameter shared
+    """The measures of ``base`` run as ``plan``'s variant, against the reference."""
     totals = _totals(runner.kind)
-    with quantizer.active(variant):
+    with plan.running(base) as variant:
         for b, batch in enumerate(batches):
             ref = cached[b] if cached is not None else runner(base, batch)
             out = runner(variant, batch)
             if not out.finite():
-                raise_non_finite(
-                    variant, batch, runner.device, quantizer.spec, f"K/V of layers {chosen} quantized"
-                )
+                raise_non_finite(variant, batch, runner.device, plan.spec, _changed(plan))
             _add(totals, ref, out)
             tick(1)
     return _summary(totals)

@@ -18,19 +18,24 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 from typing import Any
 
 import torch
 from torch import nn
 
 from headwidget.capture.inputs import Batch, iter_batches
-from headwidget.errors import EvaluationInputError
+from headwidget.errors import ArgumentError, CaptureInputError, EvaluationInputError
 from headwidget.evaluation.measures import predicted_positions
 
 __all__ = [
+    "PROTOCOL_FORMS",
+    "check_window",
+    "chunk_batches",
     "evaluation_batches",
     "fingerprint",
     "forward_kwargs",
+    "parse_protocol",
     "position_ids_from_mask",
     "predicted_count",
 ]
@@ -95,6 +100,89 @@ def evaluation_batches(
             "give longer texts or raise max_tokens"
         )
     return batches
+
+
+#: What :func:`parse_protocol` reads.
+PROTOCOL_FORMS = "'documents' or 'chunks:W' (W a whole number of tokens, e.g. 'chunks:2048')"
+#: The text between documents when strings are joined into one stream (``chunks:W``).
+CHUNK_SEPARATOR = "\n\n"
+
+
+def parse_protocol(protocol: Any) -> int | None:
+    """The window of ``"chunks:W"`` (W), or None for ``"documents"``.
+
+    >>> parse_protocol("chunks:2048"), parse_protocol("documents")
+    (2048, None)
+    """
+    if isinstance(protocol, str):
+        text = protocol.strip().lower()
+        if text == "documents":
+            return None
+        m = re.fullmatch(r"chunks:([0-9]{1,9})", text)
+        if m and int(m.group(1)) >= 2:
+            return int(m.group(1))
+    raise ArgumentError(f"protocol must be {PROTOCOL_FORMS}, with W ≥ 2; got {protocol!r}")
+
+
+def _stream(texts: Any, tokenizer: Any) -> torch.Tensor:
+    """Every real token of ``texts`` as one stream: strings joined by :data:`CHUNK_SEPARATOR` and
+    tokenized once; token ids (and dict batches) row after row, padding left out."""
+    if isinstance(texts, str):
+        texts = [texts]
+    if isinstance(texts, (list, tuple)) and texts and all(isinstance(t, str) for t in texts):
+        if tokenizer is None:
+            raise CaptureInputError(
+                "strings need a tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)"
+            )
+        ids = tokenizer(CHUNK_SEPARATOR.join(texts), return_tensors="pt")["input_ids"]
+        return torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+    rows = [
+        ids[mask.bool()]
+        for batch in iter_batches(texts, tokenizer, batch_size=64, max_length=2**31 - 1)
+        for ids, mask in zip(batch.input_ids, batch.attention_mask, strict=True)
+    ]
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+
+
+def check_window(window: int, context: int | None) -> None:
+    """Refuse a ``chunks:W`` window longer than the model's context (``context`` positions; None: no
+    limit known)."""
+    if context is not None and window > context:
+        raise EvaluationInputError(
+            f"protocol chunks:{window} cuts windows of {window} tokens, longer than the model's context of "
+            f"{context} positions; use chunks:{context} or less"
+        )
+
+
+def chunk_batches(
+    texts: Any, tokenizer: Any, window: int, *, batch_size: int, max_tokens: int | None, context: int | None
+) -> list[Batch]:
+    """``texts`` as one token stream cut into non-overlapping windows of ``window`` tokens, each scored
+    whole, a final partial window dropped (the GPTQ-style WikiText-2 protocol).
+
+    >>> [b.input_ids.tolist() for b in chunk_batches(torch.arange(1, 8).reshape(1, 7), None, 3,
+    ...                                               batch_size=8, max_tokens=None, context=None)]
+    [[[1, 2, 3], [4, 5, 6]]]
+
+    Raises:
+        EvaluationInputError: a window longer than the model's context (``context``), or texts with
+            fewer than ``window`` tokens.
+    """
+    check_window(window, context)
+    stream = _stream(texts, tokenizer)
+    if max_tokens is not None:
+        stream = stream[: int(max_tokens)]
+    count = stream.numel() // window
+    if count == 0:
+        raise EvaluationInputError(
+            f"protocol chunks:{window}: the texts give {stream.numel()} tokens, not one whole window of "
+            f"{window}; give more text (or raise max_tokens) or use a shorter window"
+        )
+    windows = stream[: count * window].reshape(count, window)
+    return [
+        Batch(windows[i : i + batch_size].clone(), torch.ones_like(windows[i : i + batch_size]))
+        for i in range(0, count, batch_size)
+    ]
 
 
 def fingerprint(batches: list[Batch]) -> str:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
-from headwidget.analysis.variants import VariantSpec, parse_variant
+from headwidget.analysis.variants import Variant, parse_variant, uniform_parts
 from headwidget.capture.memory import ForwardShape, default_budget, format_bytes, forward_bytes
 from headwidget.errors import MemoryBudgetError
 from headwidget.evaluation.measures import CHUNK_BYTES, chunk_rows
@@ -97,7 +97,7 @@ class EvaluationMemory:
         cls,
         model: nn.Module,
         adapter: Adapter,
-        variants: Sequence[VariantSpec],
+        variants: Sequence[Variant],
         layers: Sequence[int],
         *,
         per_layer: bool,
@@ -111,7 +111,8 @@ class EvaluationMemory:
         attentions = [adapter.attention_at(layer) for layer in layers]
         attention = sum(_tensor_bytes(a, dtype) for a in attentions)
         blocks = sum(_tensor_bytes(_block_of(model, a), dtype) for a in attentions)
-        converted = [v for v in variants if v.text != "model" and not v.quantizer]
+        converted = [v for v in variants if any(p.mechanism != "model" and not p.quantizer
+                                                for p in uniform_parts(v))]  # fmt: skip
         fits = (len(converted) * attention + attention * 8 // b) if converted else 0
         lay = adapter.layout()
         tokens = batch_size * max_length
@@ -122,7 +123,7 @@ class EvaluationMemory:
         shape = ForwardShape.of(model, lay, adapter.mlp_width())
         shape = ForwardShape(**{**shape.__dict__, "dtype_bytes": b})
         forward = forward_bytes(shape, batch_size, max_length) + logits + measures
-        if any(v.quantizer for v in variants):
+        if any(p.quantizer for v in variants for p in uniform_parts(v)):
             forward += 4 * tokens * (lay.num_kv_heads * (lay.head_dim + lay.value_head_dim)) * max(b, 4)
         parts = {"copy": copy, "fits": fits, "variant": blocks if converted else 0, "forward": forward}
         if per_layer:

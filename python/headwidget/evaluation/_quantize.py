@@ -50,7 +50,7 @@ from headwidget.analysis.quantizers import (
     unflat_rows,
     work_dtype,
 )
-from headwidget.analysis.variants import VariantSpec, parse_variant
+from headwidget.analysis.variants import VariantSpec, parse_uniform
 from headwidget.capture.interface import transform_attention_kv
 from headwidget.checks import whole_number
 from headwidget.core.kinds import Kind
@@ -334,7 +334,7 @@ def fit_quantizer(
         ...
         headwidget.errors.MechanismSpecError: kv:cq3c8b groups c = 3 ... allowed c: 1, 2, 4, 8, 16, 32
     """
-    parsed = spec if isinstance(spec, VariantSpec) else parse_variant(spec)
+    parsed = spec if isinstance(spec, VariantSpec) else parse_uniform(spec, "fit_quantizer")
     iters = whole_number("iters", iters, minimum=0, maximum=MAX_ITERS, hint="Lloyd iterations")
     seed = whole_number("seed", seed, minimum=0, maximum=2**63 - 1, hint="the seed of the k-means++ start")
     if stats is not None and not isinstance(stats, KVStats):

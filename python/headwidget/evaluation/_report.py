@@ -76,6 +76,11 @@ class EvaluationReport:
     constant_bytes: dict[str, int] = field(default_factory=dict)
     num_layers: int = 0
     converted_kv_bytes: float = 0.0
+    #: Variants chosen by :func:`~headwidget.allocate` on these very tokens (their numbers are not
+    #: held-out: the table marks them).
+    chosen_on_these_tokens: list[str] = field(default_factory=list)
+    #: How the texts became sequences: ``"documents"`` or ``"chunks:W"`` (see ``evaluate``).
+    protocol: str = "documents"
 
     @property
     def converts_every_layer(self) -> bool:
@@ -184,7 +189,13 @@ class EvaluationReport:
             head.insert(2, "constant bytes")
             for v, r in zip(self.variants, body, strict=True):
                 r.insert(2, str(self.constant_bytes.get(v, 0)))
+        for v, r in zip(self.variants, body, strict=True):
+            if v in self.chosen_on_these_tokens:
+                r[0] += " †"
         lines = [_row(head), _row(["---"] * len(head)), *(_row(r) for r in body)]
+        if self.chosen_on_these_tokens:
+            lines += ["", "† chosen by allocate on these same tokens: not a held-out measure; evaluate it "
+                      "on other text"]  # fmt: skip
         if self.per_layer:
             name = "ΔNLL" if self.per_layer_measure == "delta_nll" else "hidden rel. error"
             lines += ["", f"{name} with only one layer converted:", ""]

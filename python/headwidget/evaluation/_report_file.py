@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import types
 import typing
@@ -355,6 +356,12 @@ class ReportCheck:
             if layer in seen:
                 self.fail("layers", f"lists layer {layer} twice")
             seen.add(layer)
+        protocol = f.get("protocol", "documents")
+        if protocol != "documents" and re.fullmatch(r"chunks:[1-9][0-9]{0,8}", protocol) is None:
+            self.fail("protocol", f"is {_key(protocol)}; it must be 'documents' or 'chunks:W'")
+        for i, v in enumerate(f.get("chosen_on_these_tokens", [])):
+            if v not in variants:
+                self.fail(f"chosen_on_these_tokens[{i}]", f"is {_key(v)}, which is not one of the variants")
         converted = f.get("converted_kv_bytes", 0.0)
         base = f["kv_bytes_per_token"].get("model")
         if not (math.isfinite(converted) and converted >= 0):

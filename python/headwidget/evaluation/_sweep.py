@@ -33,7 +33,7 @@ from headwidget.evaluation._apply import build_variant, shared_copy
 from headwidget.evaluation._layers import LayerBlocks, Replay
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
 from headwidget.evaluation._quantize import KVQuantizer
-from headwidget.evaluation.measures import chunk_rows, work_dtype
+from headwidget.evaluation.measures import PredictionTotals, chunk_rows, work_dtype
 
 __all__ = ["RECORD_BUDGET", "layer_sweep"]
 
@@ -77,23 +77,22 @@ class _Sums:
         self.b = 0.0
 
 
+#: What one variant does to one layer alone: a fitted conversion, a quantizer, or nothing.
+Cell = LayerFit | KVQuantizer | None
+
+
 @contextmanager
 def _cell(
-    base: nn.Module,
-    spec: str,
-    layer: int,
-    fits: Mapping[str, dict[int, LayerFit]],
-    quantizers: Mapping[str, KVQuantizer],
-    shared: nn.Module | None = None,
+    base: nn.Module, spec: str, layer: int, cell: LayerFit | KVQuantizer, shared: nn.Module | None = None
 ) -> Iterator[nn.Module]:
     """The model of one (variant, layer) cell: layer ``layer`` converted, or its K/V quantized inside
     (in ``shared``, a :func:`shared_copy` of ``base`` that the cells reuse, when given)."""
-    if spec in quantizers:
+    if isinstance(cell, KVQuantizer):
         variant = shared_copy(base) if shared is None else shared
-        with quantizers[spec].active(variant, [layer]):
+        with cell.active(variant, [layer]):
             yield variant
     else:
-        yield build_variant(base, spec, {layer: fits[spec][layer]}, share=True)
+        yield build_variant(base, spec, {layer: cell}, share=True)
 
 
 @contextmanager
@@ -114,23 +113,28 @@ def _replaying(blocks: LayerBlocks, variant: nn.Module, layer: int, slot: list[o
 def layer_sweep(
     base: nn.Module,
     batches: Sequence[Batch],
-    fits: dict[str, dict[int, LayerFit]],
+    cells: Mapping[str, Mapping[int, Cell]],
     layers: Sequence[int],
     runner: OutputRunner,
     *,
     tick: Callable[[int], None] = lambda n: None,
-    quantizers: Mapping[str, KVQuantizer] | None = None,
     record_budget: int = RECORD_BUDGET,
+    measure: str = "delta_nll",
 ) -> dict[str, list[float]]:
     """Per variant, one number per layer of ``layers`` (see the module docstring).
 
-    ``fits[spec][layer]`` are the fitted layers, ``quantizers[spec]`` the K/V quantizers (fitted for
-    ``layers``); ``tick(n)`` is called after every n forwards; at most ``record_budget`` bytes of recorded
-    hidden states are held at once (but always one batch's). The result has the specs of ``fits``, then
-    those of ``quantizers``.
+    ``cells[spec][layer]`` is what the variant does to that layer alone: a fitted conversion
+    (:class:`LayerFit`), a quantizer (:class:`KVQuantizer`, fitted for that layer), or None or missing
+    (a layer the variant leaves as it is: 0, with no forward run). ``tick(n)`` is called after every n
+    forwards; at most ``record_budget`` bytes of recorded hidden states are held at once (but always
+    one batch's). The result has the specs of ``cells``, in order. ``measure="kl"`` (language models)
+    gives each cell's mean KL(original ‖ variant) per predicted token instead of its ΔNLL.
     """
-    quantizers = dict(quantizers or {})
-    specs = [*fits, *(s for s in quantizers if s not in fits)]
+    if measure not in ("delta_nll", "kl") or (measure == "kl" and runner.kind != "causal-lm"):
+        raise ValueError(f"measure must be 'delta_nll' or, for a language model, 'kl'; got {measure!r}")
+    kl = {spec: {layer: PredictionTotals() for layer in layers} for spec in cells} if measure == "kl" else {}
+    specs = list(cells)
+    quantized = any(isinstance(c, KVQuantizer) for row in cells.values() for c in row.values())
     adapter = adapter_for(base)
     blocks = LayerBlocks.of(base, adapter)
     lay = adapter.layout()
@@ -150,12 +154,15 @@ def layer_sweep(
             if runner.kind == "causal-lm":
                 reference.a += _nll_sum(out)
             tick(1)
-        shared = shared_copy(base) if quantizers else None  # for every quantizer cell of the chunk
+        shared = shared_copy(base) if quantized else None  # for every quantizer cell of the chunk
         for spec in specs:
             for layer in layers:
+                what = cells[spec].get(layer)
+                if what is None:
+                    continue
                 slot: list[object] = [None]
                 with (
-                    _cell(base, spec, layer, fits, quantizers, shared) as variant,
+                    _cell(base, spec, layer, what, shared) as variant,
                     _replaying(blocks, variant, layer, slot),
                 ):
                     cell = sums[spec][layer]
@@ -164,11 +171,14 @@ def layer_sweep(
                             slot[0] = recorded[b][layer - 1]
                         out = runner(variant, batch)
                         if not out.finite():
-                            with _cell(base, spec, layer, fits, quantizers) as fresh:
+                            with _cell(base, spec, layer, what) as fresh:
                                 raise_non_finite(
                                     fresh, batch, runner.device, spec, f"only layer {layer} converted"
                                 )
-                        if runner.kind == "causal-lm":
+                        if kl:
+                            assert out.targets is not None
+                            kl[spec][layer].add_rows(originals[b].values, out.values, out.targets)
+                        elif runner.kind == "causal-lm":
                             cell.a += _nll_sum(out)
                         else:
                             ref = originals[b]
@@ -178,15 +188,27 @@ def layer_sweep(
                             cell.b += float((ref.values.to(F64)[real] ** 2).sum())
                         tick(1)
                     del variant
+    if kl:
+        return {
+            spec: [kl[spec][layer].kl if cells[spec].get(layer) is not None else 0.0 for layer in layers]
+            for spec in specs
+        }
     if runner.kind == "causal-lm":
         tokens = sum(int(o) for o in (_predicted(b) for b in batches))
         base_nll = reference.a / tokens
-        return {spec: [sums[spec][layer].a / tokens - base_nll for layer in layers] for spec in specs}
-    return {
-        spec: [(sums[spec][layer].a / sums[spec][layer].b) ** 0.5 if sums[spec][layer].b > 0 else float("nan")
-               for layer in layers]
-        for spec in specs
-    }  # fmt: skip
+
+        def delta(spec: str, layer: int) -> float:
+            return sums[spec][layer].a / tokens - base_nll if cells[spec].get(layer) is not None else 0.0
+
+        return {spec: [delta(spec, layer) for layer in layers] for spec in specs}
+
+    def error(spec: str, layer: int) -> float:
+        cell = sums[spec][layer]
+        if cells[spec].get(layer) is None:
+            return 0.0
+        return (cell.a / cell.b) ** 0.5 if cell.b > 0 else float("nan")
+
+    return {spec: [error(spec, layer) for layer in layers] for spec in specs}
 
 
 def _predicted(batch: Batch) -> int:

@@ -6,7 +6,8 @@ Drawn from an :class:`~headwidget.evaluation.EvaluationReport` (:func:`headwidge
    the report's dtype; log axis) against its damage (``measure``: ΔNLL against the original model,
    KL(original ‖ variant), or top-1 disagreement; for encoders the hidden-state relative error or
    1 − embedding cosine), with the Pareto frontier (the variants no other beats on both bytes and
-   damage). Hover shows the spec and every number. Mechanisms and quantizers (``kv:…``) are two series.
+   damage). Hover shows the spec and every number. Mechanisms, quantizers (``kv:…``) and mixed specs
+   (one spec per layer) are separate series.
 2. with a per-layer sweep (``per_layer=True``), the damage map: one row per variant, one column per
    layer, colour the ΔNLL (encoders: hidden-state relative error) with only that layer converted, on a
    diverging scale centred on 0 (a layer whose conversion helps is blue). A click on a cell selects
@@ -44,6 +45,7 @@ import numpy as np
 import traitlets as t
 from torch import nn
 
+from headwidget.analysis.variants import MixedSpec, parse_variant, variant_group
 from headwidget.checks import optional_whole_number
 from headwidget.core.charts import Chart, Series, pareto_front
 from headwidget.core.kv_bytes import kv_bytes_text
@@ -87,8 +89,10 @@ class UnknownDamageMeasureError(HeadwidgetError, ValueError):
     """A damage measure the report does not hold (``perplexity`` of an encoder, a misspelling)."""
 
 
-def _is_quantizer(spec: str) -> bool:
-    return spec.startswith("kv:")
+def _at(spec: str, layer: int) -> str:
+    """`` (kv:int4 here)`` for a mixed spec: what it does to ``layer``; ``""`` for a uniform spec."""
+    parsed = parse_variant(spec)
+    return f" ({parsed.spec_at(layer).text} here)" if isinstance(parsed, MixedSpec) else ""
 
 
 @register_view("consequences", order=40)
@@ -189,10 +193,8 @@ class ConsequenceView(View):
         r = self.report
         label, _ = DAMAGE_MEASURES[r.kind][measure]
         specs = list(r.variants)
-        groups = [
-            ("mechanisms", [v for v in specs if not _is_quantizer(v)]),
-            ("quantizers", [v for v in specs if _is_quantizer(v)]),
-        ]
+        groups = [(name, [v for v in specs if variant_group(v) == name])
+                  for name in ("mechanisms", "quantizers", "mixed")]  # fmt: skip
         series = [
             Series(name, [r.kv_bytes_per_token[v] for v in vs], [self.damage(v, measure) for v in vs],
                    [self._hover(v) for v in vs])
@@ -240,7 +242,7 @@ class ConsequenceView(View):
         notes = []
         if layer in r.layers:
             col = r.layers.index(layer)
-            values = ", ".join(f"{v} {matrix[i, col]:+.4f}" for i, v in enumerate(specs))
+            values = ", ".join(f"{v}{_at(v, layer)} {matrix[i, col]:+.4f}" for i, v in enumerate(specs))
             notes.append(f"layer {layer}: {values}")
         else:
             notes.append(f"layer {layer} was not swept")

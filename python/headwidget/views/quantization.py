@@ -45,6 +45,7 @@ import traitlets as t
 from torch import nn
 
 from headwidget.analysis.entropy import BINS_MAX, ChannelEntropy, channel_entropy, coupling_control
+from headwidget.analysis.variants import variant_group
 from headwidget.checks import flag, optional_whole_number, whole_number, whole_numbers
 from headwidget.core.charts import Chart, Series
 from headwidget.core.kinds import Kind
@@ -243,7 +244,7 @@ class QuantizationView(LayerView):
         return self._control(layer, kind)
 
     def _quantizers(self) -> list[str]:
-        return [v for v in (self.report.variants if self.report else []) if v.startswith("kv:")]
+        return [v for v in (self.report.variants if self.report else []) if variant_group(v) == "quantizers"]
 
     def _coupling(self, layer: int) -> Chart:
         series: list[Series] = []

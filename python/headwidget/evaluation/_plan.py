@@ -1,0 +1,156 @@
+"""What a variant does to each layer: the fitted conversions and the fitted quantizers, and their bytes.
+
+A uniform spec (``"mqa"``, ``"kv:int4"``) applies to every chosen layer; a mixed spec
+(``"mla:64@0-9;kv:int4@10-11"``, :class:`~headwidget.analysis.variants.MixedSpec`) names its own
+layers, one uniform spec each, and leaves the others as the model has them. Either becomes one
+:class:`VariantPlan`: per layer, a :class:`~headwidget.analysis.variant_fits.LayerFit` (a converted
+layer), a :class:`~headwidget.evaluation._quantize.KVQuantizer` (a layer whose K/V are fake-quantized)
+or nothing. Evaluation runs a plan (:meth:`VariantPlan.running`), the per-layer sweep takes one layer
+of it at a time (:meth:`VariantPlan.cell`), and its K/V bytes per token are the sum over layers of each
+layer's own (:meth:`VariantPlan.layer_bytes`).
+
+Example:
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from headwidget.analysis.variants import parse_variant
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64,
+    ...     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)).eval()
+    >>> plan = plan_variant(model, parse_variant("mqa@0;kv:int4@2"), None, [0, 1, 2])
+    >>> sorted(plan.fits), [q.layers for q in plan.quantizers]
+    ([0], [[2]])
+    >>> plan.layer_bytes(torch.bfloat16)  # mqa: 2·16 elements; model: 2·32 in bf16; int4: 2·(32/2 + 4)
+    [64, 128, 40]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from headwidget.adapters import adapter_for
+from headwidget.analysis.variant_fits import LayerFit
+from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec
+from headwidget.evaluation._apply import (
+    build_variant,
+    compact_fits,
+    fit_variant,
+    layer_kv_elements,
+    shared_copy,
+)
+from headwidget.evaluation._quantize import KVQuantizer, fit_quantizer
+from headwidget.stats import KVStats
+
+__all__ = ["VariantPlan", "part_layers", "plan_variant"]
+
+
+def part_layers(parsed: Variant, chosen: Sequence[int]) -> list[tuple[VariantSpec, list[int]]]:
+    """Each uniform spec of ``parsed`` with the layers it applies to: a uniform spec applies to
+    ``chosen``, a mixed spec's parts to their own layers (``model`` parts left out).
+
+    >>> from headwidget.analysis.variants import parse_variant
+    >>> [(p.text, ls) for p, ls in part_layers(parse_variant("model@0;mqa@1-2"), [0, 1, 2])]
+    [('mqa', [1, 2])]
+    """
+    if isinstance(parsed, VariantSpec):
+        return [] if parsed.mechanism == "model" else [(parsed, list(chosen))]
+    return [(part, list(layers)) for part, layers in parsed.parts if part.mechanism != "model"]
+
+
+@dataclass
+class VariantPlan:
+    """One variant, fitted: its converted layers' fits and its quantizers (see the module docstring).
+
+    ``layer_elements`` are the K/V elements per token of every layer of the model as it is (what an
+    untouched layer costs).
+    """
+
+    spec: str
+    fits: dict[int, LayerFit]
+    quantizers: list[KVQuantizer]
+    layer_elements: dict[int, int] = field(repr=False)
+
+    @property
+    def layers(self) -> list[int]:
+        """The layers the variant changes (converted or quantized), sorted."""
+        return sorted({*self.fits, *(layer for q in self.quantizers for layer in q.layers)})
+
+    def cell(self, layer: int) -> LayerFit | KVQuantizer | None:
+        """What the variant does to ``layer`` alone: its fit, its quantizer, or None (left as it is)."""
+        if layer in self.fits:
+            return self.fits[layer]
+        return next((q for q in self.quantizers if layer in q.layers), None)
+
+    def layer_bytes(self, dtype: torch.dtype) -> list[float]:
+        """K/V bytes per token of each layer: a quantized layer by its quantizer's formula, a converted one
+        by its mechanism's elements in ``dtype``, any other as the model holds it, in ``dtype``."""
+        size = torch.empty((), dtype=dtype).element_size()
+        out: list[float] = []
+        for layer, elements in sorted(self.layer_elements.items()):
+            cell = self.cell(layer)
+            if isinstance(cell, KVQuantizer):
+                out.append(cell.layer_bytes_per_token(layer))
+            else:
+                out.append(size * (cell.kv_elements if cell is not None else elements))
+        return out
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> float:
+        """The sum of :meth:`layer_bytes` (an int when whole)."""
+        total = math.fsum(self.layer_bytes(dtype))
+        return int(total) if float(total).is_integer() else total
+
+    @property
+    def constant_bytes(self) -> int:
+        """Bytes stored once, not per token: the CQ codebooks of the quantized layers."""
+        return sum(q.constant_bytes for q in self.quantizers)
+
+    @contextmanager
+    def running(self, base: nn.Module) -> Iterator[nn.Module]:
+        """Inside, a model that is ``base`` with this variant: the converted layers' blocks its own (every
+        other parameter shared with ``base``), the quantized layers' K/V fake-quantized."""
+        variant = build_variant(base, self.spec, self.fits, share=True) if self.fits else shared_copy(base)
+        with ExitStack() as stack:
+            for quantizer in self.quantizers:
+                stack.enter_context(quantizer.active(variant))
+            yield variant
+
+
+def plan_variant(
+    model: nn.Module,
+    parsed: Variant,
+    stats: KVStats | None,
+    chosen: Sequence[int],
+    *,
+    weight_dtype: torch.dtype | None = None,
+    allow_other_weights: bool = False,
+) -> VariantPlan:
+    """Fit every part of ``parsed`` on ``model`` (float64, from its weights; :func:`part_layers` says
+    which layers), the fits kept in ``weight_dtype`` (default: float64).
+
+    Raises:
+        MechanismSpecError: a mixed spec naming a layer the model does not have.
+        ArgumentError: a mixed spec with a ``chosen`` that is not every layer (a mixed spec names its
+            own layers).
+        Whatever :func:`~headwidget.evaluation._apply.fit_variant` and
+        :func:`~headwidget.evaluation.fit_quantizer` raise for a part.
+    """
+    adapter = adapter_for(model)
+    total = adapter.layout().num_layers
+    if isinstance(parsed, MixedSpec):
+        parsed.check_layers(total)
+    fits: dict[int, LayerFit] = {}
+    quantizers: list[KVQuantizer] = []
+    for part, layers in part_layers(parsed, chosen):
+        if part.quantizer:
+            quantizers.append(
+                fit_quantizer(model, part, stats, layers, allow_other_weights=allow_other_weights)
+            )
+        else:
+            fitted = fit_variant(model, part, stats, layers)
+            fits.update(fitted if weight_dtype is None else compact_fits(fitted, weight_dtype))
+    elements = {layer: layer_kv_elements(adapter, layer) for layer in range(total)}
+    return VariantPlan(parsed.text, fits, quantizers, elements)

@@ -1,0 +1,146 @@
+"""allocate(): the exact knapsack against brute force, and every number against evaluate (float64)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+
+from headwidget.analysis.allocation import choose_per_layer
+from headwidget.analysis.variants import parse_variant
+from headwidget.errors import ArgumentError, BudgetError, GroupCountError, MechanismSpecError
+from headwidget.evaluation import allocate, evaluate
+from tiny_models import ragged_batches, three_layer_llama
+
+F64 = torch.float64
+
+
+def brute_force(damage, cost, budget):
+    best = None
+    for choice in itertools.product(*(range(len(row)) for row in damage)):
+        spend = sum(cost[layer][c] for layer, c in enumerate(choice))
+        if spend > budget:
+            continue
+        total = math.fsum(damage[layer][c] for layer, c in enumerate(choice))
+        if best is None or total < best[0]:
+            best = (total, choice)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_knapsack_equals_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    layers, options = rng.randint(1, 5), rng.randint(1, 4)
+    steps = [1, 0.5, 0.125, 3]  # whole and fractional byte counts, as the quantizers give
+    cost = [[rng.randint(0, 12) * rng.choice(steps) for _ in range(options)] for _ in range(layers)]
+    damage = [[rng.random() for _ in range(options)] for _ in range(layers)]
+    low, high = sum(min(r) for r in cost), sum(max(r) for r in cost)
+    budget = rng.uniform(low, high + 1)
+    choice = choose_per_layer(damage, cost, budget)
+    total, _ = brute_force(damage, cost, budget)
+    assert sum(cost[layer][c] for layer, c in enumerate(choice)) <= budget
+    assert math.fsum(damage[layer][c] for layer, c in enumerate(choice)) == pytest.approx(total, abs=1e-12)
+    assert choose_per_layer(damage, cost, budget) == choice  # deterministic
+
+
+def test_a_budget_below_the_cheapest_choice_says_the_least() -> None:
+    with pytest.raises(BudgetError, match=r"below the cheapest choice, 3 "):
+        choose_per_layer([[0, 1], [0, 1]], [[4, 2], [3, 1]], 2.5)
+    with pytest.raises(BudgetError, match=r"finite"):
+        choose_per_layer([[math.nan]], [[1]], 2)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return three_layer_llama(seed=1)
+
+
+CANDIDATES = ["model", "mqa", "lrkv:4", "kv:int4", "kv:int2"]
+
+
+@pytest.fixture(scope="module")
+def allocation(llama):
+    return allocate(llama, ragged_batches(seed=7), budget=0.4, candidates=CANDIDATES, refine=1,
+                    dtype=F64, progress=False)  # fmt: skip
+
+
+def test_the_allocation_respects_the_budget_and_its_numbers_are_evaluate_s(llama, allocation) -> None:
+    calibration = ragged_batches(seed=7)
+    assert allocation.model_bytes == 3 * 2 * 2 * 16 * 8  # 3 layers, K and V, 2 KV heads × 16, float64
+    assert allocation.budget == pytest.approx(0.4 * allocation.model_bytes)
+    assert allocation.kv_bytes_per_token <= allocation.budget
+    assert parse_variant(allocation.spec).text == allocation.spec
+    first = allocation.rounds[0]
+    by_layer = [allocation.damage[c][layer] for layer, c in enumerate(_choice_of(allocation, first.spec))]
+    assert first.predicted == pytest.approx(math.fsum(by_layer), abs=1e-12)
+    with pytest.warns(UserWarning, match=r"chosen by headwidget.allocate on these same tokens"):
+        report = evaluate(llama, calibration, [first.spec], dtype=F64, progress=False)
+    assert report.kl[first.spec] == pytest.approx(first.measured, rel=1e-9, abs=1e-12)
+    assert report.kv_bytes_per_token[first.spec] == first.kv_bytes_per_token
+    assert report.chosen_on_these_tokens == [first.spec] and "† chosen by allocate" in report.table()
+    held_out = evaluate(llama, ragged_batches(seed=8), [allocation.spec], dtype=F64, progress=False)
+    assert held_out.chosen_on_these_tokens == []
+    assert min(r.measured for r in allocation.rounds) == pytest.approx(
+        evaluate(llama, calibration, [allocation.spec], dtype=F64, progress=False).kl[allocation.spec],
+        rel=1e-9, abs=1e-12,
+    )  # fmt: skip
+
+
+def _choice_of(allocation, spec):
+    parsed = parse_variant(spec)
+    return [getattr(parsed, "spec_at", lambda layer: parsed)(layer).text for layer in range(3)]
+
+
+def test_each_layer_damage_is_the_whole_model_kl_with_that_layer_alone(llama, allocation) -> None:
+    calibration = ragged_batches(seed=7)
+    for spec, layer in [("mqa", 0), ("kv:int2", 2), ("lrkv:4", 1)]:
+        alone = f"{spec}@{layer}"
+        report = evaluate(llama, calibration, [alone], dtype=F64, progress=False)
+        assert allocation.damage[spec][layer] == pytest.approx(report.kl[alone], rel=1e-9, abs=1e-13)
+    assert allocation.damage["model"] == [0.0, 0.0, 0.0]
+    layer_bytes = allocation.layer_bytes
+    assert layer_bytes["kv:int4"][0] == 2 * (32 * 4 / 8 + 4 * 32 / 32)
+    assert layer_bytes["mqa"][1] == 2 * 16 * 8
+
+
+def test_bad_allocations_are_refused_with_what_to_do(llama) -> None:
+    ids = ragged_batches(seed=7)
+    common = {"dtype": F64, "progress": False, "refine": 0}
+    with pytest.raises(BudgetError, match=r"below the cheapest choice"):
+        allocate(llama, ids, budget=10, candidates=["model", "kv:int2"], **common)
+    with pytest.raises(MechanismSpecError, match=r"cannot read variant spec 'banana'"):
+        allocate(llama, ids, budget=0.5, candidates=["model", "banana"], **common)
+    with pytest.raises(GroupCountError):
+        allocate(llama, ids, budget=0.5, candidates=["model", "gqa:3"], **common)
+    with pytest.raises(ArgumentError, match=r"mixed spec"):
+        allocate(llama, ids, budget=0.5, candidates=["model", "mqa@0"], **common)
+    for budget in ["0.5", math.nan, 0.0, 1.5, True, -3]:
+        with pytest.raises(ArgumentError, match=r"budget"):
+            allocate(llama, ids, budget=budget, candidates=["model", "mqa"], **common)
+    with pytest.raises(ArgumentError, match=r"objective"):
+        allocate(llama, ids, budget=0.5, candidates=["model", "mqa"], objective="ppl", **common)
+    with pytest.raises(ArgumentError, match=r"candidates"):
+        allocate(llama, ids, budget=0.5, candidates="mqa", **common)
+
+
+def test_the_allocation_is_deterministic(llama, allocation) -> None:
+    again = allocate(llama, ragged_batches(seed=7), budget=0.4, candidates=CANDIDATES, refine=1,
+                     dtype=F64, progress=False)  # fmt: skip
+    assert again.spec == allocation.spec and again.rounds == allocation.rounds
+
+
+def test_the_allocation_measures_no_worse_than_any_uniform_candidate_within_the_budget(llama) -> None:
+    calibration = ragged_batches(seed=7)
+    alloc = allocate(llama, calibration, budget=0.5, candidates=["model", "mqa", "kv:int4", "kv:int8"],
+                     refine=0, dtype=F64, progress=False)  # fmt: skip
+    best = min(r.measured for r in alloc.rounds)
+    chosen = next(r for r in alloc.rounds if r.spec == alloc.spec)
+    assert chosen.measured == best
+    for spec in ["mqa", "kv:int4", "kv:int8"]:
+        uniform = f"{spec}@0-2"
+        report = evaluate(llama, calibration, [uniform], dtype=F64, progress=False)
+        if report.kv_bytes_per_token[uniform] <= alloc.budget:
+            assert best <= report.kl[uniform] * (1 + 1e-9) + 1e-15
