@@ -124,7 +124,7 @@ def saved_stats(model_dirs, tmp_path_factory) -> dict[str, Path]:
 #: (case, options changed or added, exit code, a phrase of the message, whether the model may load)
 CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("unknown spec", ["--variants", "mqa,banana"], 2, "cannot read variant spec 'banana'", False),
-    ("no spec", ["--variants", " , "], 2, "give comma-separated variant specs", False),
+    ("no spec", ["--variants", " , "], 2, "give --variants (comma-separated variant specs", False),
     ("align on a spec that merges nothing", ["--variants", "lrkv:2+align"], 2, "goes with", False),
     ("out suffix", ["--out", "report.txt"], 2, "the extension must be .json or .md", False),
     ("out directory missing", ["--out", "no/such/report.json"], 2, "does not exist; create it", False),
