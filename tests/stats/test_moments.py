@@ -36,11 +36,12 @@ def test_correlation_of_large_mean_data_with_outliers_is_float64_accurate():
     ref = np.corrcoef(x.astype(np.float64).T)
     got = corr_from_comoment(stream(x).m2).numpy()
     assert np.abs(got - ref).max() <= 1e-6
-    # The naive float32 route (E[xx^T] - E[x]E[x]^T) is far off on the same data.
+    # The naive float32 route (E[xx^T] - E[x]E[x]^T) is far off on the same data (by how much depends on
+    # the float32 GEMM's accumulation order, which differs between instruction sets: 6e-3 to 3e-2 seen).
     xt = torch.from_numpy(x)
     mean = xt.mean(0)
     naive_cov = (xt.T @ xt) / len(x) - torch.outer(mean, mean)
-    assert np.abs(corr_from_comoment(naive_cov.double()).numpy() - ref).max() > 1e-2
+    assert np.abs(corr_from_comoment(naive_cov.double()).numpy() - ref).max() > 1e-3
 
 
 def test_mean_and_covariance_match_numpy():
