@@ -36,7 +36,9 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     return dirs
 
 
-def direct(path: Path, specs: list[str], *, inputs: bool, per_layer: bool) -> EvaluationReport:
+def direct(
+    path: Path, specs: list[str], *, inputs: bool, per_layer: bool, protocol: str = "documents"
+) -> EvaluationReport:
     """``headwidget.evaluate`` called as the command line calls it, on the model saved at ``path``."""
     from transformers import LlamaForCausalLM
 
@@ -46,7 +48,7 @@ def direct(path: Path, specs: list[str], *, inputs: bool, per_layer: bool) -> Ev
                                max_tokens=256, max_length=64, batch_size=4, progress=False)  # fmt: skip
     return evaluate(model, english_sample(split="evaluation"), specs, tokenizer=tok, stats=stats,
                     per_layer=per_layer, dtype=torch.float32, batch_size=4, max_length=64, max_tokens=128,
-                    progress=False)  # fmt: skip
+                    protocol=protocol, progress=False)  # fmt: skip
 
 
 def test_the_json_report_is_evaluate_called_directly(model_dirs, tmp_path, capfd):
@@ -88,6 +90,18 @@ def test_markdown_report_and_plain_merges_capture_nothing(model_dirs, tmp_path, 
     assert "| spec | KV bytes/token | NLL |" in stdout
 
 
+def test_the_protocol_option_is_evaluate_s_protocol(model_dirs, tmp_path, capfd):
+    out = tmp_path / "report.md"
+    argv = ["evaluate", "--model", str(model_dirs["llama_gqa"]), "--variants", "mqa", *TINY,
+            "--protocol", " Stride:32/16", "--out", str(out), "--no-progress"]  # fmt: skip
+    code, stdout, err = run(capfd, argv)
+    assert code == 0, err
+    expected = direct(model_dirs["llama_gqa"], ["model", "mqa"], inputs=False, per_layer=False,
+                      protocol="stride:32/16")  # fmt: skip
+    assert expected.protocol == "stride:32/16" and expected.table() in stdout
+    assert "- protocol: stride:32/16\n" in out.read_text(encoding="utf-8")
+
+
 def test_saved_statistics_are_used_instead_of_a_capture(model_dirs, tmp_path, capfd):
     from transformers import LlamaForCausalLM
 
@@ -127,6 +141,8 @@ CASES: list[tuple[str, list[str], int, str, bool]] = [
     ("no spec", ["--variants", " , "], 2, "give --variants (comma-separated variant specs", False),
     ("align on a spec that merges nothing", ["--variants", "lrkv:2+align"], 2, "goes with", False),
     ("out suffix", ["--out", "report.txt"], 2, "the extension must be .json or .md", False),
+    ("protocol", ["--protocol", "stride:8"], 2, "--protocol stride:8: protocol must be 'documents'", False),
+    ("protocol stride", ["--protocol", "stride:8/9"], 2, "needs W ≥ 2 and 1 ≤ S ≤ W", False),
     ("out directory missing", ["--out", "no/such/report.json"], 2, "does not exist; create it", False),
     ("out is a directory", ["--out", "folder.json"], 2, "folder.json: is a directory", False),
     ("evaluation tokens 0", ["--evaluation-tokens", "0"], 2, "whole number ≥ 1", False),

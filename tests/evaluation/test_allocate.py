@@ -144,3 +144,43 @@ def test_the_allocation_measures_no_worse_than_any_uniform_candidate_within_the_
         report = evaluate(llama, calibration, [uniform], dtype=F64, progress=False)
         if report.kv_bytes_per_token[uniform] <= alloc.budget:
             assert best <= report.kl[uniform] * (1 + 1e-9) + 1e-15
+
+
+def test_the_refine_sweep_equals_evaluate_of_every_swapped_spec(llama) -> None:
+    """swap_sweep replays the current allocation's hidden states up to the swapped layer: each swapped
+    spec's KL, NLL and top-1 equal evaluate's full forwards of that spec (float64)."""
+    from headwidget.evaluation._evaluate import protocol_batches
+    from headwidget.evaluation._inputs import parse_protocol
+    from headwidget.evaluation._outputs import OutputRunner
+    from headwidget.evaluation._plan import plan_variant
+    from headwidget.evaluation._sweep import swap_sweep
+
+    calibration = ragged_batches(seed=7)
+    batches = protocol_batches(llama, calibration, None, parse_protocol("documents"), batch_size=8,
+                               max_length=512, max_tokens=None, min_tokens=2)  # fmt: skip
+    runner = OutputRunner.for_model(llama)
+    references = [runner(llama, b) for b in batches]
+    layers = [0, 1, 2]
+
+    def plan(spec):
+        return plan_variant(llama, parse_variant(spec), None, layers)
+
+    current = "mqa@0;kv:int4@1;lrkv:4@2"
+    swapped = {
+        (0, "model"): "kv:int4@1;lrkv:4@2",
+        (0, "kv:int2"): "kv:int2@0;kv:int4@1;lrkv:4@2",
+        (1, "model"): "mqa@0;lrkv:4@2",
+        (1, "lrkv:4"): "mqa@0;lrkv:4@1-2",
+        (2, "kv:int2"): "mqa@0;kv:int4@1;kv:int2@2",
+        (2, "mqa"): "mqa@0;kv:int4@1;mqa@2",
+    }
+    swaps = {key: (key[0], plan(spec)) for key, spec in swapped.items()}
+    whole, totals = swap_sweep(llama, batches, references, plan(current), swaps, runner)
+    report = evaluate(llama, calibration, [current, *swapped.values()], dtype=F64, progress=False)
+    for spec, got in [(current, whole), *((swapped[k], t) for k, t in totals.items())]:
+        spec = parse_variant(spec).text
+        assert got.kl == pytest.approx(report.kl[spec], rel=1e-9, abs=1e-13), spec
+        assert got.nll == pytest.approx(report.measures[spec]["nll"], rel=1e-12), spec
+        assert got.top1 == report.measures[spec]["top1"], spec
+        assert got.tokens == report.tokens
+    assert len({round(t.kl, 9) for t in totals.values()}) == len(totals)  # six different numbers

@@ -162,13 +162,17 @@ def test_a_gpt2_mixed_spec_keeps_its_heads_as_copies() -> None:
 def test_the_consequence_view_draws_mixed_specs_as_their_own_series(llama, batches) -> None:
     from headwidget.views import ConsequenceView
 
-    spec = "mqa@0;kv:int4@2"
-    report = evaluate(llama, batches, ["model", "mqa", "kv:int4", spec], dtype=F64, per_layer=True,
+    spec, dearer = "mqa@0;kv:int4@2", "kv:int8@0"
+    report = evaluate(llama, batches, ["model", "mqa", dearer, "kv:int4", spec], dtype=F64, per_layer=True,
                       progress=False)  # fmt: skip
     view = ConsequenceView(report, layer=2)
     chart = view.grid.charts[0]
     mixed = next(s for s in chart.series if s.name == "mixed")
-    assert mixed.x == [report.kv_bytes_per_token[spec]]
+    assert report.kv_bytes_per_token[spec] < report.kv_bytes_per_token[dearer]
+    assert mixed.x == [report.kv_bytes_per_token[spec], report.kv_bytes_per_token[dearer]]  # by bytes
+    nll = report.measures
+    assert mixed.y == [nll[v]["nll"] - nll["model"]["nll"] for v in (spec, dearer)]
+    assert mixed.style == "points+line"
     assert [s.name for s in chart.series][:3] == ["mechanisms", "quantizers", "mixed"]
     note = view.grid.panels[0].note
     assert f"{spec} (kv:int4 here) {report.per_layer[spec][2]:+.4f}" in note
@@ -202,14 +206,83 @@ def test_the_chunks_protocol_equals_a_brute_force_loop_over_windows(llama, batch
     assert evaluate(llama, batches, ["model"], dtype=F64, progress=False).protocol == "documents"
 
 
+def test_the_stride_protocol_equals_the_perplexity_guide_loop(llama, batches, tmp_path) -> None:
+    """stride:W/S against the sliding-window loop of the transformers perplexity guide, summed per token
+    in float64: NLL, KL and top-1 of a variant, the per-layer ΔNLL, and the report file."""
+    from headwidget.evaluation import EvaluationReport
+
+    stream = torch.cat([b["input_ids"][i][b["attention_mask"][i].bool()]
+                        for b in batches for i in range(b["input_ids"].shape[0])])  # fmt: skip
+    window, stride = 9, 4
+    protocol = f"stride:{window}/{stride}"
+    report = evaluate(llama, batches, ["model", "mqa"], dtype=F64, protocol=protocol, batch_size=2,
+                      per_layer=True, progress=False)  # fmt: skip
+    mqa = apply(llama, "mqa")
+    nll = {"model": 0.0, "mqa": 0.0}
+    kl, agree, count, scored = 0.0, 0, 0, set()
+    prev_end = 0
+    with torch.no_grad():
+        for begin in range(0, stream.numel(), stride):
+            end = min(begin + window, stream.numel())
+            trg_len = end - prev_end  # the guide: only the last trg_len tokens of the window are targets
+            ids = stream[begin:end].reshape(1, -1)
+            first = max(ids.shape[1] - trg_len, 1)  # the window's first token has no prediction
+            logits = {
+                name: m(input_ids=ids).logits[0].to(F64) for name, m in (("model", llama), ("mqa", mqa))
+            }
+            rows = slice(first - 1, ids.shape[1] - 1)
+            for name, values in logits.items():
+                nll[name] += float(cross_entropy(values[rows], ids[0, first:], reduction="sum"))
+            ref, var = logits["model"][rows].log_softmax(-1), logits["mqa"][rows].log_softmax(-1)
+            kl += float((ref.exp() * (ref - var)).sum())
+            agree += int((ref.argmax(-1) == var.argmax(-1)).sum())
+            count += ids.shape[1] - first
+            scored |= set(range(begin + first, end))
+            prev_end = end
+            if end == stream.numel():
+                break
+    assert scored == set(range(1, stream.numel())) and count == stream.numel() - 1  # each token once
+    assert report.tokens == count
+    assert report.nll["model"] == pytest.approx(nll["model"] / count, rel=1e-10)
+    assert report.nll["mqa"] == pytest.approx(nll["mqa"] / count, rel=1e-10)
+    assert report.kl["mqa"] == pytest.approx(kl / count, rel=1e-9)
+    assert report.measures["mqa"]["top1"] == agree / count
+    alone = evaluate(llama, batches, ["model", "mqa@1"], dtype=F64, protocol=protocol, progress=False)
+    assert report.per_layer["mqa"][1] == pytest.approx(alone.nll["mqa@1"] - alone.nll["model"], rel=1e-9)
+    assert report.protocol == protocol
+    report.save(tmp_path / "r.json")
+    assert EvaluationReport.load(tmp_path / "r.json").protocol == protocol
+
+
 def test_bad_protocols_are_refused(llama, batches) -> None:
     from headwidget.errors import EvaluationInputError
 
-    for protocol in ["chunks:1", "chunk:8", "chunks:x", 8, "stride:8", "chunks:９"]:
-        with pytest.raises(ArgumentError, match=r"protocol must be 'documents' or 'chunks:W'"):
+    for protocol in [
+        "chunks:1",
+        "chunk:8",
+        "chunks:x",
+        8,
+        "stride:8",
+        "chunks:９",
+        "stride:8/",
+        "stride:-8/4",
+    ]:
+        with pytest.raises(
+            ArgumentError, match=r"protocol must be 'documents', 'chunks:W' .* or 'stride:W/S'"
+        ):
+            evaluate(llama, batches, ["model"], dtype=F64, protocol=protocol, progress=False)
+    for protocol in ["stride:8/0", "stride:8/9", "stride:1/1"]:
+        with pytest.raises(ArgumentError, match=r"needs W ≥ 2 and 1 ≤ S ≤ W"):
             evaluate(llama, batches, ["model"], dtype=F64, protocol=protocol, progress=False)
     context = llama.config.max_position_embeddings
     with pytest.raises(EvaluationInputError, match=rf"longer than the model's context of {context}"):
         evaluate(llama, batches, ["model"], dtype=F64, protocol=f"chunks:{context + 1}", progress=False)
+    from tiny_models import make_model
+
+    with pytest.raises(ArgumentError, match=r"scores next-token predictions, and BertModel makes none"):
+        evaluate(make_model("bert"), batches, ["model"], dtype=F64, protocol="stride:8/4", progress=False)
+    with pytest.raises(EvaluationInputError, match=rf"use stride:{context}/{context // 2} or less"):
+        evaluate(llama, batches, ["model"], dtype=F64, protocol=f"stride:{context + 1}/{context // 2}",
+                 progress=False)  # fmt: skip
     with pytest.raises(EvaluationInputError, match=r"give 50 tokens, not one whole window of 64"):
         evaluate(llama, batches, ["model"], dtype=F64, protocol="chunks:64", max_tokens=50, progress=False)

@@ -237,7 +237,7 @@ for _spec, _phrase in [
          errors.MechanismSpecError, _phrase)  # fmt: skip
 case("evaluate mixed spec with layers", lambda e: _evaluate(e, variants=["mqa@0"], layers=[0]),
      ArgumentError, r"layers=\[0\] was given with the mixed spec")  # fmt: skip
-for _protocol in ("chunks:1", "chunks:0.5", "stride:8/4", 2048, None, "chunks:99999999999"):
+for _protocol in ("chunks:1", "chunks:0.5", "stride:8/9", "stride:8", 2048, None, "chunks:99999999999"):
     case(f"evaluate protocol={_protocol}", lambda e, p=_protocol: _evaluate(e, protocol=p),
          ArgumentError, r"\bprotocol\b")  # fmt: skip
 

@@ -29,10 +29,13 @@ _RUN_END = re.compile(r"\s(?=\S)")  # a whitespace character that precedes a non
 
 @dataclass
 class Batch:
-    """Token ids (B, T) and a 0/1 attention mask (B, T), both CPU int64."""
+    """Token ids (B, T) and a 0/1 attention mask (B, T), both CPU int64; for evaluation, optionally
+    ``scored`` (B, T) 0/1: the tokens whose prediction is measured (None: every real token that follows
+    a real one; a sliding-window protocol scores only each window's new tokens)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+    scored: torch.Tensor | None = None
 
     def position_ids(self) -> torch.Tensor | None:
         """Positions of the real tokens counted from each row's first one, or None when they are 0, 1, 2...

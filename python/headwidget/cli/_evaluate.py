@@ -44,6 +44,7 @@ from headwidget.cli._variants import (
     samples_needed,
     variant_specs,
 )
+from headwidget.errors import ArgumentError
 from headwidget.texts import SAMPLE_SOURCE, english_sample
 
 __all__ = ["COMMAND"]
@@ -122,6 +123,13 @@ def add_parser(sub: Any) -> None:
         choices=DTYPES,
         help="dtype the model and the variants run in; KV bytes are counted in it (default: float32)",
     )
+    ev.add_argument(
+        "--protocol",
+        default="documents",
+        help="how the texts become scored sequences: documents (each text its own, up to --max-length), "
+        "chunks:W (one stream cut into windows of W tokens) or stride:W/S (windows of W every S tokens, "
+        "each scoring its new tokens) (default: documents)",
+    )
     ev.add_argument("--batch-size", type=count, default=8, help="texts per forward pass (default: 8)")
     ev.add_argument("--max-length", type=count, default=512, help="tokens per text (default: 512)")
     ev.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -134,12 +142,17 @@ def run(args: argparse.Namespace, load: Loader) -> int:
 
     from headwidget.capture import capture
     from headwidget.evaluation import evaluate
+    from headwidget.evaluation._inputs import parse_protocol
     from headwidget.stats import KVStats
 
     specs = variant_specs(args.variants, args.variant)
     if args.out.suffix.lower() not in REPORT_SUFFIXES:
         raise UsageError(f"--out {args.out}: the extension must be .json or .md (the report's format)")
     layers = int_list(args.layers, "--layers")
+    try:
+        protocol = parse_protocol(args.protocol).text
+    except ArgumentError as e:
+        raise UsageError(f"--protocol {args.protocol}: {e}") from None
     need = samples_needed(specs)
     if args.stats is None and need > args.calibration_tokens:
         raise UsageError(
@@ -182,7 +195,7 @@ def run(args: argparse.Namespace, load: Loader) -> int:
                       allow_other_weights=args.allow_other_weights, layers=layers,
                       per_layer=args.per_layer, dtype=getattr(torch, args.dtype),
                       batch_size=args.batch_size, max_length=args.max_length,
-                      max_tokens=args.evaluation_tokens, progress=progress)  # fmt: skip
+                      max_tokens=args.evaluation_tokens, protocol=protocol, progress=progress)  # fmt: skip
     write_report(report, args.out, evaluation=evaluation, calibration=calibration)
     print(
         f"{report.model}: {report.tokens} evaluation tokens in {report.sequences} sequences "

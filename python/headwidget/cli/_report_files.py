@@ -32,7 +32,8 @@ REPORT_SUFFIXES = (".json", ".md")
 
 def report_facts(report: EvaluationReport, *, evaluation: str, calibration: str) -> list[str]:
     """The facts a reader needs to compare two reports knowingly, one Markdown list item each:
-    model, dtype, the evaluation tokens (and their fingerprint), the calibration, the converted layers.
+    model, dtype, the evaluation tokens (their fingerprint, the protocol), the calibration, the converted
+    layers.
 
     Example:
         >>> from headwidget.evaluation import EvaluationReport
@@ -51,6 +52,7 @@ def report_facts(report: EvaluationReport, *, evaluation: str, calibration: str)
         "KV bytes/token are counted in it)",
         f"- evaluation: {report.tokens} {measured} in {report.sequences} sequences of {evaluation} "
         f"(fingerprint {report.fingerprint})",
+        f"- protocol: {report.protocol}",
         f"- calibration: {calibration}",
         f"- converted layers: {layers}",
     ]

@@ -15,9 +15,11 @@ Method:
    measures better becomes the allocation (a round of its own in ``rounds``), so on ``texts`` an
    allocation is never worse than the best uniform candidate it could have been.
 3. **Refine** (``refine`` rounds). With the current allocation applied to every other layer, every
-   layer's candidates are measured again, each as the whole model with that one layer swapped (full
-   forwards), against the original; their damages, less the current allocation's, are the new
-   per-layer costs; the knapsack is solved again and the new spec measured. The better measured spec
+   layer's candidates are measured again, each as the whole model with that one layer swapped, against
+   the original, in one sweep around the allocation
+   (:func:`~headwidget.evaluation._sweep.swap_sweep`: the allocation's hidden states entering the
+   swapped layer are replayed); their damages, less the current allocation's, are the new per-layer
+   costs; the knapsack is solved again and the new spec measured. The better measured spec
    is kept. ``rounds`` records each round's predicted and measured damage and its spec, so the
    non-additivity is visible.
 
@@ -48,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -62,11 +64,12 @@ from headwidget.errors import ArgumentError
 from headwidget.evaluation._apply import check_stats
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import CHOSEN_ON
-from headwidget.evaluation._evaluate import _working_copy, protocol_batches
-from headwidget.evaluation._inputs import fingerprint, parse_protocol
+from headwidget.evaluation._distributed import Ranks
+from headwidget.evaluation._evaluate import Progress, _working_copy, protocol_batches
+from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._plan import VariantPlan, plan_variant
-from headwidget.evaluation._sweep import layer_sweep
+from headwidget.evaluation._sweep import layer_sweep, swap_sweep
 from headwidget.evaluation.measures import PredictionTotals
 from headwidget.stats import KVStats
 
@@ -75,8 +78,7 @@ __all__ = ["DEFAULT_CANDIDATES", "Allocation", "AllocationRound", "allocate", "a
 #: The candidates of :func:`allocate` when none are given.
 DEFAULT_CANDIDATES = ("model", "gqa:1", "mqa+align", "lrkv:8", "mla:64", "mla:128", "kv:int4", "kv:int2")
 OBJECTIVES = ("kl", "nll")
-#: Which :class:`~headwidget.evaluation.measures.PredictionTotals` measure each objective reads.
-_MEASURE = {"kl": "kl", "nll": "nll"}
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -158,26 +160,63 @@ def _check_candidates(candidates: Any) -> list[str]:
 
 
 class _Scorer:
-    """Whole-model damage of a plan on fixed batches against the original's outputs."""
+    """Whole-model damage of plans on fixed batches against the original's outputs."""
 
-    def __init__(self, base: nn.Module, batches: list[Batch], runner: OutputRunner, objective: str):
+    def __init__(
+        self,
+        base: nn.Module,
+        batches: list[Batch],
+        runner: OutputRunner,
+        objective: str,
+        tick: Progress,
+        ranks: Ranks,
+    ):
         self.base, self.batches, self.runner, self.objective = base, batches, runner, objective
-        self.reference = [runner(base, b) for b in batches]
+        self.tick, self.ranks = tick, ranks
+        self.reference = []
+        for batch in batches:
+            self.reference.append(runner(base, batch))
+            tick(1)
+        model = PredictionTotals()
+        for ref in self.reference:
+            assert ref.targets is not None
+            model.add_rows(ref.values, ref.values, ref.targets)
+        ranks.merge([model])
+        self.model_nll = model.nll
+
+    def of(self, totals: PredictionTotals) -> float:
+        """The objective from a plan's totals: its mean KL, or its NLL less the original's."""
+        return totals.kl if self.objective == "kl" else totals.nll - self.model_nll
 
     def damage(self, plan: VariantPlan) -> float:
+        """One plan, full forwards."""
         totals = PredictionTotals()
+        self.tick.grow(len(self.batches))
         with plan.running(self.base) as variant:
             for ref, batch in zip(self.reference, self.batches, strict=True):
                 out = self.runner(variant, batch)
                 assert out.targets is not None
                 totals.add_rows(ref.values, out.values, out.targets)
-        if self.objective == "kl":
-            return totals.kl
-        model = PredictionTotals()
-        for ref in self.reference:
-            assert ref.targets is not None
-            model.add_rows(ref.values, ref.values, ref.targets)
-        return totals.nll - model.nll
+                self.tick(1)
+        self.ranks.merge([totals])
+        return self.of(totals)
+
+    def swapped(
+        self, current: VariantPlan, swaps: dict[K, tuple[int, VariantPlan]]
+    ) -> tuple[float, dict[K, float]]:
+        """``current`` and plans that differ from it from their layer on (:func:`swap_sweep`)."""
+        self.tick.grow(len(self.batches) * (1 + len(swaps)))
+        whole, totals = swap_sweep(
+            self.base,
+            self.batches,
+            self.reference,
+            current,
+            swaps,
+            self.runner,
+            tick=self.tick,
+            ranks=self.ranks,
+        )
+        return self.of(whole), {key: self.of(t) for key, t in totals.items()}
 
 
 def _compose(choice: Sequence[str], plans: dict[str, VariantPlan], elements: dict[int, int]) -> VariantPlan:
@@ -198,6 +237,84 @@ def _compose(choice: Sequence[str], plans: dict[str, VariantPlan], elements: dic
     return VariantPlan(text, fits, [q for q in quantizers if q.layers], elements)
 
 
+@dataclass
+class _Search:
+    """Steps 2 and 3 of the module docstring for one budget, from the sweep's per-layer ``damage``."""
+
+    specs: list[str]
+    plans: dict[str, VariantPlan]
+    elements: dict[int, int]
+    layer_bytes: dict[str, list[float]]
+    damage: dict[str, list[float]]
+    scorer: _Scorer
+    dtype: torch.dtype
+
+    def solve(self, costs: dict[str, list[float]], limit: float) -> tuple[list[str], float]:
+        """The knapsack's choice per layer and its predicted (summed) damage."""
+        layers = range(len(self.elements))
+        picked = choose_per_layer(
+            [[costs[s][layer] for s in self.specs] for layer in layers],
+            [[self.layer_bytes[s][layer] for s in self.specs] for layer in layers],
+            limit,
+        )
+        choice = [self.specs[i] for i in picked]
+        return choice, math.fsum(costs[c][layer] for layer, c in enumerate(choice))
+
+    def plan(self, choice: Sequence[str]) -> VariantPlan:
+        return _compose(choice, self.plans, self.elements)
+
+    def measured(
+        self, choice: Sequence[str], predicted: float, damage: float | None = None
+    ) -> AllocationRound:
+        plan = self.plan(choice)
+        damage = self.scorer.damage(plan) if damage is None else damage
+        return AllocationRound(plan.spec, predicted, damage, plan.kv_bytes_per_token(self.dtype))
+
+    def within(self, limit: float, refine: int) -> tuple[AllocationRound, list[str], list[AllocationRound]]:
+        """The best measured round within ``limit`` bytes, its choice, and every round."""
+        num_layers = len(self.elements)
+        choice, predicted = self.solve(self.damage, limit)
+        rounds = [self.measured(choice, predicted)]
+        best, best_choice = rounds[0], choice
+        for (
+            s
+        ) in self.specs:  # a uniform candidate within the budget that measures better is the start instead
+            uniform = [s] * num_layers
+            if uniform == choice or math.fsum(self.layer_bytes[s]) > limit:
+                continue
+            candidate = self.measured(uniform, math.fsum(self.damage[s]))
+            if candidate.measured < best.measured:
+                best, best_choice = candidate, uniform
+                rounds.append(candidate)
+        for _ in range(refine):
+            swaps = {
+                (layer, s): (layer, self.plan(_swap(best_choice, layer, s)))
+                for layer in range(num_layers)
+                for s in self.specs
+                if s != best_choice[layer]
+            }
+            current, swept = self.scorer.swapped(self.plan(best_choice), swaps)
+            costs: dict[str, list[float]] = {s: [0.0] * num_layers for s in self.specs}
+            for (layer, s), value in swept.items():
+                costs[s][layer] = value - current
+            choice, predicted = self.solve(costs, limit)
+            rounds.append(
+                self.measured(choice, current + predicted, current if choice == best_choice else None)
+            )
+            if rounds[-1].measured < best.measured:
+                best, best_choice = rounds[-1], choice
+            else:
+                break  # no better spec found: another round would solve the same costs
+        return best, best_choice, rounds
+
+
+def _swap(choice: Sequence[str], layer: int, spec: str) -> list[str]:
+    """``choice`` with ``layer``'s candidate replaced by ``spec``."""
+    out = list(choice)
+    out[layer] = spec
+    return out
+
+
 def allocate(model: nn.Module, texts: Any, *, budget: float | int, **options: Any) -> Allocation:
     """Choose a candidate per layer within ``budget`` K/V bytes per token (see the module docstring).
 
@@ -209,7 +326,7 @@ def allocate(model: nn.Module, texts: Any, *, budget: float | int, **options: An
             int: bytes per token.
         options: ``candidates``, ``tokenizer``, ``stats``, ``objective``, ``refine``,
             ``allow_other_weights``, ``dtype``, ``batch_size``, ``max_length``, ``max_tokens``,
-            ``protocol``, ``progress``: see :func:`allocate_frontier`.
+            ``protocol``, ``distributed``, ``progress``: see :func:`allocate_frontier`.
     """
     return allocate_frontier(model, texts, budgets=[budget], **options)[0]
 
@@ -230,6 +347,7 @@ def allocate_frontier(
     max_length: int = 512,
     max_tokens: int | None = None,
     protocol: str = "documents",
+    distributed: bool = False,
     progress: bool = True,
 ) -> list[Allocation]:
     """One :class:`Allocation` per budget, all from one sweep of the candidates (module docstring).
@@ -244,11 +362,13 @@ def allocate_frontier(
         stats: statistics of ``model`` for the candidates that need them (``+align``, data-aware
             LRKV/MLA, ``kv:cq``), as :func:`~headwidget.evaluation.evaluate` takes them.
         objective: ``"kl"`` (mean KL(model ‖ variant) per predicted token) or ``"nll"`` (ΔNLL).
-        refine: refine rounds after the first solve (each: a full-forward measure of every other
-            candidate at every layer, with the current allocation elsewhere).
+        refine: refine rounds after the first solve (each: a sweep of every other candidate at every
+            layer, with the current allocation elsewhere).
         dtype, batch_size, max_length, max_tokens, protocol: as for :func:`~headwidget.evaluation.evaluate`
             (choose with the protocol you will evaluate with).
-        progress: checked; allocate shows no bar yet.
+        distributed: share the sweeps and measures over the ranks of ``torch.distributed``, as
+            :func:`~headwidget.evaluation.evaluate` does; every rank returns the same allocations.
+        progress: show a progress bar (in forwards; each measure and refine round adds to its total).
 
     Raises:
         BudgetError: a budget below the cheapest candidate at every layer (the message gives the least).
@@ -266,6 +386,7 @@ def allocate_frontier(
         raise ArgumentError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     refine = whole_number("refine", refine, minimum=0, maximum=16, hint="refine rounds")
     progress = flag("progress", progress)
+    ranks = Ranks.of(distributed)
     _, stats, _, _, dtype, batch_size, max_length, max_tokens, _ = check_evaluate_arguments(
         adapter, specs, stats, None, False, dtype, batch_size, max_length, max_tokens, False
     )
@@ -277,11 +398,12 @@ def allocate_frontier(
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
     num_layers = adapter.layout().num_layers
     layers = list(range(num_layers))
-    window = parse_protocol(protocol)
-    batches = protocol_batches(model, texts, tokenizer, window, batch_size=batch_size,
-                               max_length=max_length if window is None else window, max_tokens=max_tokens,
-                               min_tokens=2)  # fmt: skip
+    reading = parse_protocol(protocol)
+    length = max_length if reading.window is None else reading.window
+    batches = protocol_batches(model, texts, tokenizer, reading, batch_size=batch_size, max_length=length,
+                               max_tokens=max_tokens, min_tokens=2)  # fmt: skip
     check_token_ids(model, batches)
+    every, batches = batches, ranks.shard(batches)
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     plans = {
@@ -297,63 +419,25 @@ def allocate_frontier(
     for limit in limits:  # every budget checked before any forward
         check_budget([[layer_bytes[s][layer] for s in specs] for layer in layers], limit)
     cells = {s: {layer: plan.cell(layer) for layer in layers} for s, plan in plans.items()}
-    swept = layer_sweep(
-        base, batches, cells, layers, runner, measure="kl" if objective == "kl" else "delta_nll"
-    )
-    damage = {s: [0.0] * num_layers if s == "model" else swept[s] for s in specs}
-    scorer = _Scorer(base, batches, runner, objective)
-    tokens_seen = fingerprint(batches)
+    tick = Progress(len(batches) * (2 + sum(c is not None for row in cells.values() for c in row.values())),
+                    progress, desc="allocate")  # fmt: skip
+    try:
+        swept = layer_sweep(base, batches, cells, layers, runner, tick=tick, ranks=ranks,
+                            measure="kl" if objective == "kl" else "delta_nll")  # fmt: skip
+        damage = {s: [0.0] * num_layers if s == "model" else swept[s] for s in specs}
+        scorer = _Scorer(base, batches, runner, objective, tick, ranks)
+        search = _Search(specs, plans, elements, layer_bytes, damage, scorer, dtype)
+        found = [search.within(limit, refine) for limit in limits]
+    finally:
+        tick.close()
+    tokens_seen = fingerprint(every)
+    tokens = predicted_count(every)
     out = []
-    for limit in limits:
-
-        def solve(costs: dict[str, list[float]], limit: float = limit) -> tuple[list[str], float]:
-            damages = [[costs[s][layer] for s in specs] for layer in layers]
-            picked = choose_per_layer(
-                damages, [[layer_bytes[s][layer] for s in specs] for layer in layers], limit
-            )
-            choice = [specs[i] for i in picked]
-            return choice, math.fsum(costs[c][layer] for layer, c in enumerate(choice))
-
-        choice, predicted = solve(damage)
-        plan = _compose(choice, plans, elements)
-        rounds = [AllocationRound(plan.spec, predicted, scorer.damage(plan), plan.kv_bytes_per_token(dtype))]
-        best, best_choice = rounds[0], choice
-        for s in specs:  # a uniform candidate within the budget that measures better is the start instead
-            uniform = [s] * num_layers
-            if uniform == choice or math.fsum(layer_bytes[s]) > limit:
-                continue
-            plan = _compose(uniform, plans, elements)
-            measured = scorer.damage(plan)
-            if measured < best.measured:
-                predicted = math.fsum(damage[s])
-                best = AllocationRound(plan.spec, predicted, measured, plan.kv_bytes_per_token(dtype))
-                best_choice = uniform
-                rounds.append(best)
-        for _ in range(refine):
-            current = best.measured
-            costs: dict[str, list[float]] = {s: [0.0] * num_layers for s in specs}
-            for layer in layers:
-                for s in specs:
-                    if s == best_choice[layer]:
-                        continue
-                    swapped = [*best_choice]
-                    swapped[layer] = s
-                    costs[s][layer] = scorer.damage(_compose(swapped, plans, elements)) - current
-            choice, predicted = solve(costs)
-            plan = _compose(choice, plans, elements)
-            measured = scorer.damage(plan) if choice != best_choice else current
-            rounds.append(
-                AllocationRound(plan.spec, current + predicted, measured, plan.kv_bytes_per_token(dtype))
-            )
-            if measured < best.measured:
-                best, best_choice = rounds[-1], choice
-            else:
-                break  # no better spec found: another round would solve the same costs
+    for limit, (best, best_choice, rounds) in zip(limits, found, strict=True):
         CHOSEN_ON.setdefault(best.spec, set()).add(tokens_seen)
         out.append(Allocation(
             spec=best.spec, choice=best_choice, kv_bytes_per_token=best.kv_bytes_per_token, budget=limit,
             model_bytes=model_bytes, objective=objective, candidates=specs, damage=damage,
-            layer_bytes=layer_bytes, rounds=rounds, fingerprint=tokens_seen,
-            tokens=sum(int(o.targets.numel()) for o in scorer.reference if o.targets is not None),
+            layer_bytes=layer_bytes, rounds=rounds, fingerprint=tokens_seen, tokens=tokens,
         ))  # fmt: skip
     return out

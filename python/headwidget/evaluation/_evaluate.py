@@ -51,6 +51,7 @@ from headwidget.adapters import adapter_for
 from headwidget.analysis.variants import MixedSpec, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.checks import optional_whole_number
+from headwidget.errors import ArgumentError
 from headwidget.evaluation._apply import (
     check_stats,
     layer_kv_elements,
@@ -60,13 +61,16 @@ from headwidget.evaluation._apply import (
 )
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import CHOSEN_ON
+from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import (
+    Protocol,
     check_window,
     chunk_batches,
     evaluation_batches,
     fingerprint,
     parse_protocol,
     predicted_count,
+    stride_batches,
 )
 from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_budget
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
@@ -95,17 +99,24 @@ def _working_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return copy.deepcopy(model).to(dtype).eval()
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
+class Progress:
+    """A progress bar in forwards (nothing when not ``enabled``); ``grow`` adds forwards to its total."""
+
+    def __init__(self, total: int, enabled: bool, desc: str = "evaluate") -> None:
         self.bar: Any = None
         if enabled:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, unit="fwd", desc="evaluate")
+            self.bar = tqdm(total=total, unit="fwd", desc=desc)
 
     def __call__(self, n: int) -> None:
         if self.bar is not None:
             self.bar.update(n)
+
+    def grow(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.total += n
+            self.bar.refresh()
 
     def close(self) -> None:
         if self.bar is not None:
@@ -147,6 +158,7 @@ def evaluate(
     max_tokens: int | None = None,
     max_memory: int | None = None,
     protocol: str = "documents",
+    distributed: bool = False,
     progress: bool = True,
 ) -> EvaluationReport:
     """Measure each variant of ``model`` on held-out ``texts`` (see the module docstring).
@@ -175,9 +187,17 @@ def evaluate(
             ``"chunks:W"``: the texts joined into one stream (strings by a blank line, token ids row
             after row without padding) and cut into non-overlapping windows of W tokens, each scored
             whole, a final partial window dropped (the WikiText-2 protocol of GPTQ, Palu, TransMLA and
-            SVD-LLM, with W = 2048 in their tables); ``max_length`` is then unused.
+            SVD-LLM, with W = 2048 in their tables); ``"stride:W/S"``: the same stream read by windows
+            of W tokens starting every S tokens, each scoring only the tokens no earlier window reached
+            (the sliding window of the transformers perplexity guide; every token but the first scored
+            once, causal LMs only); ``max_length`` is then unused.
         max_memory: bytes the evaluation may allocate on the model's device (default: half its free
             memory); the estimate (:mod:`headwidget.evaluation._memory`) is checked before any work.
+        distributed: share the work over the ranks of ``torch.distributed`` (under ``torchrun``, after
+            ``init_process_group``; every rank calls ``evaluate`` with the same arguments): each rank
+            measures its shard of the batches and the float64 totals are summed with ``all_reduce``
+            (:mod:`headwidget.evaluation._distributed`), so every rank returns the report of all the
+            texts.
         progress: show a progress bar (in forwards).
 
     Returns:
@@ -202,10 +222,11 @@ def evaluate(
                                  max_tokens, progress)
     )  # fmt: skip
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
-    window = parse_protocol(protocol)
-    if window is not None:
-        check_window(window, model_context(model))
-        max_length = window
+    ranks = Ranks.of(distributed)
+    reading = parse_protocol(protocol)
+    if reading.window is not None:
+        check_window(reading, model_context(model))
+        max_length = reading.window
     parsed = {p.text: p for p in (parse_variant(v) for v in variants)}
     specs = list(parsed)
     if not specs:
@@ -221,9 +242,15 @@ def evaluate(
     spare = check_evaluation_budget(need, max_memory)
     runner = OutputRunner.for_model(model)
     lm = runner.kind == "causal-lm"
-    batches = protocol_batches(model, texts, tokenizer, window, batch_size=batch_size, max_length=max_length,
+    if reading.kind == "stride" and not lm:
+        raise ArgumentError(
+            f"protocol {reading.text} scores next-token predictions, and {type(model).__name__} makes none; "
+            "evaluate an encoder with protocol='documents' or 'chunks:W'"
+        )
+    batches = protocol_batches(model, texts, tokenizer, reading, batch_size=batch_size, max_length=max_length,
                                max_tokens=max_tokens, min_tokens=2 if lm else 1)  # fmt: skip
     check_token_ids(model, batches)
+    every, batches = batches, ranks.shard(batches)
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     plans = {
@@ -235,7 +262,7 @@ def evaluate(
     base_adapter = adapter_for(base)
     sweep_cells = sum(1 for plan in plans.values() for layer in chosen if plan.cell(layer) is not None)
     sweep_forwards = len(batches) * (1 + sweep_cells) if per_layer else 0
-    tick = _Progress(len(batches) * (1 + len(plans)) + sweep_forwards, progress)
+    tick = Progress(len(batches) * (1 + len(plans)) + sweep_forwards, progress)
     try:
         reference_totals = _totals(runner.kind)
         cached: list[BatchOutput] | None = []
@@ -248,6 +275,7 @@ def evaluate(
             width += out.values.numel() * out.values.element_size()
             cached = None if cached is None or width > min(LOGITS_BUDGET, spare) else [*cached, out]
             tick(1)
+        ranks.merge([reference_totals])
         measures: dict[str, dict[str, float]] = {}
         size = torch.empty((), dtype=dtype).element_size()
         num_layers = base_adapter.layout().num_layers
@@ -260,7 +288,7 @@ def evaluate(
                 kv_bytes[spec] = sum(layer_bytes)
                 continue
             plan = plans[spec]
-            measures[spec] = _measure_plan(base, plan, batches, cached, runner, tick)
+            measures[spec] = _measure_plan(base, plan, batches, cached, runner, tick, ranks)
             kv_bytes[spec] = plan.kv_bytes_per_token(dtype)
             if plan.quantizers:
                 constant[spec] = plan.constant_bytes
@@ -270,13 +298,13 @@ def evaluate(
         cached = None
         if per_layer:
             cells = {s: {layer: plan.cell(layer) for layer in chosen} for s, plan in plans.items()}
-            swept = layer_sweep(base, batches, cells, chosen, runner, tick=tick,
+            swept = layer_sweep(base, batches, cells, chosen, runner, tick=tick, ranks=ranks,
                                 record_budget=max(0, min(RECORD_BUDGET, spare)))  # fmt: skip
             sweep = {s: [0.0] * len(chosen) if s == "model" else swept[s] for s in specs}
     finally:
         tick.close()
     calibration = {} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)}
-    tokens_seen = fingerprint(batches)
+    tokens_seen = fingerprint(every)
     leaked = [s for s in specs if tokens_seen in CHOSEN_ON.get(s, ())]
     if leaked:
         warnings.warn(
@@ -287,13 +315,13 @@ def evaluate(
     return EvaluationReport(
         model=str(getattr(model.config, "name_or_path", "") or type(model).__name__),
         kind=runner.kind, variants=specs, measures=measures, kv_bytes_per_token=kv_bytes,
-        tokens=predicted_count(batches) if lm else sum(int(b.attention_mask.sum()) for b in batches),
-        sequences=sum(int((b.attention_mask.sum(-1) > 0).sum()) for b in batches),
+        tokens=predicted_count(every) if lm else sum(int(b.attention_mask.sum()) for b in every),
+        sequences=sum(int((b.attention_mask.sum(-1) > 0).sum()) for b in every),
         fingerprint=tokens_seen, dtype=str(dtype), layers=chosen, per_layer=sweep,
         per_layer_measure=None if sweep is None else ("delta_nll" if lm else "hidden_rel_error"),
         calibration=calibration, constant_bytes=constant, num_layers=num_layers,
         converted_kv_bytes=sum(layer_bytes[i] for i in chosen), chosen_on_these_tokens=leaked,
-        protocol="documents" if window is None else f"chunks:{window}",
+        protocol=reading.text,
     )  # fmt: skip
 
 
@@ -301,19 +329,22 @@ def protocol_batches(
     model: nn.Module,
     texts: Any,
     tokenizer: Any,
-    window: int | None,
+    reading: Protocol,
     *,
     batch_size: int,
     max_length: int,
     max_tokens: int | None,
     min_tokens: int,
 ) -> list[Batch]:
-    """The evaluation batches of a protocol: documents (``window`` None) or ``chunks:W`` windows."""
-    if window is None:
+    """The evaluation batches of a protocol: documents, ``chunks:W`` or ``stride:W/S`` windows."""
+    if reading.window is None:
         return evaluation_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length,
                                   max_tokens=max_tokens, min_tokens=min_tokens)  # fmt: skip
-    return chunk_batches(texts, tokenizer, window, batch_size=batch_size, max_tokens=max_tokens,
-                         context=model_context(model))  # fmt: skip
+    if reading.stride is None:
+        return chunk_batches(texts, tokenizer, reading.window, batch_size=batch_size, max_tokens=max_tokens,
+                             context=model_context(model))  # fmt: skip
+    return stride_batches(texts, tokenizer, reading.window, reading.stride, batch_size=batch_size,
+                          max_tokens=max_tokens, context=model_context(model))  # fmt: skip
 
 
 def model_context(model: nn.Module) -> int | None:
@@ -339,9 +370,10 @@ def _measure_plan(
     batches: list[Batch],
     cached: list[BatchOutput] | None,
     runner: OutputRunner,
-    tick: _Progress,
+    tick: Progress,
+    ranks: Ranks,
 ) -> dict[str, float]:
-    """The measures of ``base`` run as ``plan``'s variant, against the reference."""
+    """The measures of ``base`` run as ``plan``'s variant, against the reference (summed over ``ranks``)."""
     totals = _totals(runner.kind)
     with plan.running(base) as variant:
         for b, batch in enumerate(batches):
@@ -351,4 +383,5 @@ def _measure_plan(
                 raise_non_finite(variant, batch, runner.device, plan.spec, _changed(plan))
             _add(totals, ref, out)
             tick(1)
+    ranks.merge([totals])
     return _summary(totals)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import re
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from headwidget.evaluation.measures import predicted_positions
 
 __all__ = [
     "PROTOCOL_FORMS",
+    "Protocol",
     "check_window",
     "chunk_batches",
     "evaluation_batches",
@@ -38,6 +40,7 @@ __all__ = [
     "parse_protocol",
     "position_ids_from_mask",
     "predicted_count",
+    "stride_batches",
 ]
 
 
@@ -69,8 +72,8 @@ def _budget(batches: list[Batch], max_tokens: int | None) -> list[Batch]:
 
 
 def predicted_count(batches: list[Batch]) -> int:
-    """How many tokens are predicted (a real token following a real token) over ``batches``."""
-    return sum(int(predicted_positions(b.attention_mask).sum()) for b in batches)
+    """How many tokens are predicted (a real, scored token following a real token) over ``batches``."""
+    return sum(int(predicted_positions(b.attention_mask, b.scored).sum()) for b in batches)
 
 
 def evaluation_batches(
@@ -103,24 +106,58 @@ def evaluation_batches(
 
 
 #: What :func:`parse_protocol` reads.
-PROTOCOL_FORMS = "'documents' or 'chunks:W' (W a whole number of tokens, e.g. 'chunks:2048')"
-#: The text between documents when strings are joined into one stream (``chunks:W``).
+PROTOCOL_FORMS = (
+    "'documents', 'chunks:W' (W a whole number of tokens, e.g. 'chunks:2048') or 'stride:W/S' (windows of W "
+    "tokens moved S at a time, e.g. 'stride:1024/512')"
+)
+#: The text between documents when strings are joined into one stream (``chunks:W``, ``stride:W/S``).
 CHUNK_SEPARATOR = "\n\n"
 
 
-def parse_protocol(protocol: Any) -> int | None:
-    """The window of ``"chunks:W"`` (W), or None for ``"documents"``.
+@dataclass(frozen=True)
+class Protocol:
+    """How the evaluation texts become scored sequences: ``documents`` (each text its own sequences, up
+    to ``max_length``), ``chunks:W`` (one stream cut into windows of W) or ``stride:W/S`` (windows of W
+    every S tokens, each scoring its new tokens)."""
 
-    >>> parse_protocol("chunks:2048"), parse_protocol("documents")
-    (2048, None)
+    kind: str
+    window: int | None = None
+    stride: int | None = None
+
+    @property
+    def text(self) -> str:
+        """The canonical form, as a report records it."""
+        if self.kind == "documents":
+            return "documents"
+        if self.kind == "chunks":
+            return f"chunks:{self.window}"
+        return f"stride:{self.window}/{self.stride}"
+
+
+def parse_protocol(protocol: Any) -> Protocol:
+    """The :class:`Protocol` a protocol string names.
+
+    >>> parse_protocol("chunks:2048").window, parse_protocol("documents").text
+    (2048, 'documents')
+    >>> parse_protocol(" Stride:1024/256 ")
+    Protocol(kind='stride', window=1024, stride=256)
     """
     if isinstance(protocol, str):
         text = protocol.strip().lower()
         if text == "documents":
-            return None
+            return Protocol("documents")
         m = re.fullmatch(r"chunks:([0-9]{1,9})", text)
         if m and int(m.group(1)) >= 2:
-            return int(m.group(1))
+            return Protocol("chunks", int(m.group(1)))
+        m = re.fullmatch(r"stride:([0-9]{1,9})/([0-9]{1,9})", text)
+        if m:
+            window, stride = int(m.group(1)), int(m.group(2))
+            if window >= 2 and 1 <= stride <= window:
+                return Protocol("stride", window, stride)
+            raise ArgumentError(
+                f"protocol {protocol!r}: a stride:W/S window needs W ≥ 2 and 1 ≤ S ≤ W (S tokens are new in "
+                f"each window of W), got W = {window}, S = {stride}"
+            )
     raise ArgumentError(f"protocol must be {PROTOCOL_FORMS}, with W ≥ 2; got {protocol!r}")
 
 
@@ -144,13 +181,15 @@ def _stream(texts: Any, tokenizer: Any) -> torch.Tensor:
     return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
 
 
-def check_window(window: int, context: int | None) -> None:
-    """Refuse a ``chunks:W`` window longer than the model's context (``context`` positions; None: no
-    limit known)."""
-    if context is not None and window > context:
+def check_window(protocol: Protocol, context: int | None) -> None:
+    """Refuse a ``chunks:W`` or ``stride:W/S`` window longer than the model's context (``context``
+    positions; None: no limit known)."""
+    window = protocol.window
+    if window is not None and context is not None and window > context:
+        shorter = replace(protocol, window=context, stride=min(protocol.stride or 0, context) or None).text
         raise EvaluationInputError(
-            f"protocol chunks:{window} cuts windows of {window} tokens, longer than the model's context of "
-            f"{context} positions; use chunks:{context} or less"
+            f"protocol {protocol.text} cuts windows of {window} tokens, longer than the model's context of "
+            f"{context} positions; use {shorter} or less"
         )
 
 
@@ -168,7 +207,7 @@ def chunk_batches(
         EvaluationInputError: a window longer than the model's context (``context``), or texts with
             fewer than ``window`` tokens.
     """
-    check_window(window, context)
+    check_window(Protocol("chunks", window), context)
     stream = _stream(texts, tokenizer)
     if max_tokens is not None:
         stream = stream[: int(max_tokens)]
@@ -183,6 +222,65 @@ def chunk_batches(
         Batch(windows[i : i + batch_size].clone(), torch.ones_like(windows[i : i + batch_size]))
         for i in range(0, count, batch_size)
     ]
+
+
+def stride_batches(
+    texts: Any,
+    tokenizer: Any,
+    window: int,
+    stride: int,
+    *,
+    batch_size: int,
+    max_tokens: int | None,
+    context: int | None,
+) -> list[Batch]:
+    """``texts`` as one token stream read by a sliding window (the perplexity guide of transformers):
+    windows of ``window`` tokens starting every ``stride`` tokens, the last one ending at the stream's
+    end; the first window scores all its tokens, each later one only the tokens no earlier window
+    reached (its last ``stride``, fewer at the end). So every token but the stream's first is scored
+    exactly once, from up to ``window − 1`` tokens of context. Rows are right-padded; ``scored`` marks
+    the scored tokens.
+
+    >>> batches = stride_batches(torch.arange(1, 8).reshape(1, 7), None, 4, 2, batch_size=8,
+    ...                          max_tokens=None, context=None)
+    >>> batches[0].input_ids.tolist(), batches[0].scored.tolist()
+    ([[1, 2, 3, 4], [3, 4, 5, 6], [5, 6, 7, 0]], [[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 1, 0]])
+
+    Raises:
+        EvaluationInputError: a window longer than the model's context (``context``), or texts with
+            fewer than two tokens.
+    """
+    check_window(Protocol("stride", window, stride), context)
+    stream = _stream(texts, tokenizer)
+    if max_tokens is not None:
+        stream = stream[: int(max_tokens)]
+    n = stream.numel()
+    if n < 2:
+        raise EvaluationInputError(
+            f"protocol stride:{window}/{stride}: the texts give {n} token(s); a measure needs at least 2 "
+            "(the first token is never predicted): give more text or raise max_tokens"
+        )
+    rows: list[tuple[torch.Tensor, int]] = []  # a window's ids and the index of its first scored token
+    reached = 0
+    for begin in range(0, n, stride):
+        end = min(begin + window, n)
+        rows.append((stream[begin:end], max(reached - begin, 1)))
+        reached = end
+        if end == n:
+            break
+    out = []
+    for i in range(0, len(rows), batch_size):
+        group = rows[i : i + batch_size]
+        width = max(ids.numel() for ids, _ in group)
+        ids = torch.zeros((len(group), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        scored = torch.zeros_like(ids)
+        for r, (row, first) in enumerate(group):
+            ids[r, : row.numel()] = row
+            mask[r, : row.numel()] = 1
+            scored[r, first : row.numel()] = 1
+        out.append(Batch(ids, mask, scored))
+    return out
 
 
 def fingerprint(batches: list[Batch]) -> str:

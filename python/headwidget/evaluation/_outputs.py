@@ -81,7 +81,7 @@ class OutputRunner:
     def __call__(self, model: nn.Module, batch: Batch) -> BatchOutput:
         out = model(**forward_kwargs(model, batch, self.device))
         if self.kind == "causal-lm":
-            keep = predicted_positions(batch.attention_mask).to(self.device)
+            keep = predicted_positions(batch.attention_mask, batch.scored).to(self.device)
             targets = batch.input_ids.to(self.device)[:, 1:][keep]
             return BatchOutput(out.logits[:, :-1][keep], targets)
         hidden = getattr(out, "last_hidden_state", None)

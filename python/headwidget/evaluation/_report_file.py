@@ -25,7 +25,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import stat
 import types
 import typing
@@ -36,7 +35,8 @@ from typing import Any, NoReturn
 import torch
 
 from headwidget.core.kinds import KINDS
-from headwidget.errors import ReportFileError
+from headwidget.errors import ArgumentError, ReportFileError
+from headwidget.evaluation._inputs import parse_protocol
 
 __all__ = [
     "ENCODER_MEASURES",
@@ -146,6 +146,14 @@ def _describe(value: object) -> str:
     if isinstance(value, list):
         return f"a list of {len(value)}"
     return "an object"
+
+
+def _is_protocol(value: object) -> bool:
+    """Whether ``value`` is a protocol in the canonical form a report records (``chunks:2048``...)."""
+    try:
+        return isinstance(value, str) and parse_protocol(value).text == value
+    except ArgumentError:
+        return False
 
 
 def _key(name: str) -> str:
@@ -357,8 +365,8 @@ class ReportCheck:
                 self.fail("layers", f"lists layer {layer} twice")
             seen.add(layer)
         protocol = f.get("protocol", "documents")
-        if protocol != "documents" and re.fullmatch(r"chunks:[1-9][0-9]{0,8}", protocol) is None:
-            self.fail("protocol", f"is {_key(protocol)}; it must be 'documents' or 'chunks:W'")
+        if not _is_protocol(protocol):
+            self.fail("protocol", f"is {_key(protocol)}; it must be 'documents', 'chunks:W' or 'stride:W/S'")
         for i, v in enumerate(f.get("chosen_on_these_tokens", [])):
             if v not in variants:
                 self.fail(f"chosen_on_these_tokens[{i}]", f"is {_key(v)}, which is not one of the variants")

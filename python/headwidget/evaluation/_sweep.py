@@ -16,12 +16,20 @@ runs, and the replayed layers ``0..ℓ − 1`` are the original's, as for a conv
 
 The measure per (variant, layer) is ``ΔNLL = nll(variant at ℓ) − nll(original)`` over the same
 predicted tokens (language models), or the last hidden state's relative error (encoders).
+
+:func:`swap_sweep` is the same idea around a variant instead of the original: every plan it measures
+equals a ``current`` plan (a mixed spec) on the layers before its own layer ``ℓ``, so the current plan's
+output of layer ``ℓ − 1`` is recorded once per batch and replayed, and each plan runs layers ``ℓ..L−1``
+only. It gives each plan's prediction totals against the original's outputs (given): KL(original ‖
+plan), NLL, top-1, as :func:`~headwidget.evaluation.allocate` refines on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -30,12 +38,15 @@ from headwidget.adapters import adapter_for
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.capture.inputs import Batch
 from headwidget.evaluation._apply import build_variant, shared_copy
+from headwidget.evaluation._distributed import ONE_PROCESS, Ranks
+from headwidget.evaluation._inputs import predicted_count
 from headwidget.evaluation._layers import LayerBlocks, Replay
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
+from headwidget.evaluation._plan import VariantPlan
 from headwidget.evaluation._quantize import KVQuantizer
 from headwidget.evaluation.measures import PredictionTotals, chunk_rows, work_dtype
 
-__all__ = ["RECORD_BUDGET", "layer_sweep"]
+__all__ = ["RECORD_BUDGET", "layer_sweep", "swap_sweep"]
 
 #: Bytes of recorded hidden states held at once (the batches are processed in chunks under it).
 RECORD_BUDGET = 2 * 2**30
@@ -69,12 +80,12 @@ def _chunks(batches: Sequence[Batch], per_token: int, budget: int) -> list[list[
     return chunks
 
 
+@dataclass
 class _Sums:
     """Float64 sums of one (variant, layer) cell: NLL, or squared error and reference norm."""
 
-    def __init__(self) -> None:
-        self.a = 0.0
-        self.b = 0.0
+    a: float = 0.0
+    b: float = 0.0
 
 
 #: What one variant does to one layer alone: a fitted conversion, a quantizer, or nothing.
@@ -120,6 +131,7 @@ def layer_sweep(
     tick: Callable[[int], None] = lambda n: None,
     record_budget: int = RECORD_BUDGET,
     measure: str = "delta_nll",
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, list[float]]:
     """Per variant, one number per layer of ``layers`` (see the module docstring).
 
@@ -128,7 +140,8 @@ def layer_sweep(
     (a layer the variant leaves as it is: 0, with no forward run). ``tick(n)`` is called after every n
     forwards; at most ``record_budget`` bytes of recorded hidden states are held at once (but always
     one batch's). The result has the specs of ``cells``, in order. ``measure="kl"`` (language models)
-    gives each cell's mean KL(original ‖ variant) per predicted token instead of its ΔNLL.
+    gives each cell's mean KL(original ‖ variant) per predicted token instead of its ΔNLL. The sums
+    are summed over ``ranks`` (each passed its own shard of the batches) before any number is taken.
     """
     if measure not in ("delta_nll", "kl") or (measure == "kl" and runner.kind != "causal-lm"):
         raise ValueError(f"measure must be 'delta_nll' or, for a language model, 'kl'; got {measure!r}")
@@ -188,13 +201,17 @@ def layer_sweep(
                             cell.b += float((ref.values.to(F64)[real] ** 2).sum())
                         tick(1)
                     del variant
+    counted = _Sums()
+    counted.a = predicted_count(list(batches))
+    ranks.merge([reference, counted, *(c for row in sums.values() for c in row.values()),
+                 *(t for row in kl.values() for t in row.values())])  # fmt: skip
     if kl:
         return {
             spec: [kl[spec][layer].kl if cells[spec].get(layer) is not None else 0.0 for layer in layers]
             for spec in specs
         }
     if runner.kind == "causal-lm":
-        tokens = sum(int(o) for o in (_predicted(b) for b in batches))
+        tokens = counted.a
         base_nll = reference.a / tokens
 
         def delta(spec: str, layer: int) -> float:
@@ -211,6 +228,83 @@ def layer_sweep(
     return {spec: [error(spec, layer) for layer in layers] for spec in specs}
 
 
-def _predicted(batch: Batch) -> int:
-    mask = batch.attention_mask.bool()
-    return int((mask[:, :-1] & mask[:, 1:]).sum())
+K = TypeVar("K", bound=Hashable)
+
+
+@contextmanager
+def _running_from(plan: VariantPlan, base: nn.Module, layer: int) -> Iterator[nn.Module]:
+    """``plan`` on ``base`` for layers ``layer..L−1`` only (the earlier ones are replayed, so their fits
+    and quantizers are left out: a quantizer checks that every layer it holds ran)."""
+    fits = {ell: fit for ell, fit in plan.fits.items() if ell >= layer}
+    variant = build_variant(base, plan.spec, fits, share=True) if fits else shared_copy(base)
+    with ExitStack() as stack:
+        for quantizer in plan.quantizers:
+            later = [ell for ell in quantizer.layers if ell >= layer]
+            if later:
+                stack.enter_context(quantizer.active(variant, later))
+        yield variant
+
+
+@torch.no_grad()
+def swap_sweep(
+    base: nn.Module,
+    batches: Sequence[Batch],
+    references: Sequence[BatchOutput],
+    current: VariantPlan,
+    swaps: Mapping[K, tuple[int, VariantPlan]],
+    runner: OutputRunner,
+    *,
+    tick: Callable[[int], None] = lambda n: None,
+    record_budget: int = RECORD_BUDGET,
+    ranks: Ranks = ONE_PROCESS,
+) -> tuple[PredictionTotals, dict[K, PredictionTotals]]:
+    """The prediction totals against the original (mean KL(original ‖ plan), NLL, top-1) of ``current``
+    and of every plan of ``swaps`` (see the module docstring).
+
+    ``references[b]`` is the original model's output on ``batches[b]``; ``swaps[key] = (layer, plan)``
+    is a plan equal to ``current`` on layers ``0..layer − 1`` (the caller's promise: those layers are
+    replayed from ``current``). Costs one forward of ``current`` per batch and ``(L − layer)/L`` of one
+    per swap and batch. The totals are summed over ``ranks`` (each passed its own shard).
+    """
+    if runner.kind != "causal-lm":
+        raise ValueError(f"swap_sweep measures next-token KL: it takes a causal LM, not {runner.kind}")
+    if len(references) != len(batches):
+        raise ValueError(f"{len(references)} reference outputs for {len(batches)} batches")
+    adapter = adapter_for(base)
+    blocks = LayerBlocks.of(base, adapter)
+    per_token = next(base.parameters()).element_size() * adapter.layout().hidden_size * len(blocks.index)
+    whole = PredictionTotals()
+    totals = {key: PredictionTotals() for key in swaps}
+    done = 0
+    for chunk in _chunks(batches, per_token, record_budget):
+        refs = references[done : done + len(chunk)]
+        done += len(chunk)
+        recorded: list[list[object]] = []
+        with current.running(base) as variant:
+            for batch, ref in zip(chunk, refs, strict=True):
+                sink: list[object] = []
+                with blocks.recording(variant, sink):
+                    out = runner(variant, batch)
+                if not out.finite():
+                    raise_non_finite(variant, batch, runner.device, current.spec, "the current allocation")
+                assert out.targets is not None
+                whole.add_rows(ref.values, out.values, out.targets)
+                recorded.append(sink)
+                tick(1)
+        for key, (layer, plan) in swaps.items():
+            slot: list[object] = [None]
+            with _running_from(plan, base, layer) as variant, _replaying(blocks, variant, layer, slot):
+                for b, (batch, ref) in enumerate(zip(chunk, refs, strict=True)):
+                    if layer > 0:
+                        slot[0] = recorded[b][layer - 1]
+                    out = runner(variant, batch)
+                    if not out.finite():
+                        with plan.running(base) as fresh:
+                            raise_non_finite(
+                                fresh, batch, runner.device, plan.spec, f"swapped at layer {layer}"
+                            )
+                    assert out.targets is not None
+                    totals[key].add_rows(ref.values, out.values, out.targets)
+                    tick(1)
+    ranks.merge([whole, *totals.values()])
+    return whole, totals

@@ -69,14 +69,18 @@ def chunk_rows(vocab: int) -> int:
     return max(1, CHUNK_BYTES // (4 * max(1, vocab)))
 
 
-def predicted_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T−1) booleans: position ``t`` predicts a real token ``t + 1`` from a real token ``t``.
+def predicted_positions(attention_mask: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T−1) booleans: position ``t`` predicts a real token ``t + 1`` from a real token ``t`` (and,
+    given ``scored`` (B, T), a token ``t + 1`` that is scored).
 
     >>> predicted_positions(torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]])).tolist()
     [[True, True, False], [False, True, True]]
+    >>> predicted_positions(torch.tensor([[1, 1, 1, 1]]), torch.tensor([[0, 0, 1, 1]])).tolist()
+    [[False, True, True]]
     """
     real = attention_mask.bool()
-    return real[:, :-1] & real[:, 1:]
+    keep = real[:, :-1] & real[:, 1:]
+    return keep if scored is None else keep & scored.bool().to(keep.device)[:, 1:]
 
 
 @dataclass

@@ -7,7 +7,8 @@ Drawn from an :class:`~headwidget.evaluation.EvaluationReport` (:func:`headwidge
    KL(original ‖ variant), or top-1 disagreement; for encoders the hidden-state relative error or
    1 − embedding cosine), with the Pareto frontier (the variants no other beats on both bytes and
    damage). Hover shows the spec and every number. Mechanisms, quantizers (``kv:…``) and mixed specs
-   (one spec per layer) are separate series.
+   (one spec per layer) are separate series; the mixed specs (:func:`headwidget.allocate_frontier`'s
+   allocations at several budgets) are joined by a line in order of bytes.
 2. with a per-layer sweep (``per_layer=True``), the damage map: one row per variant, one column per
    layer, colour the ΔNLL (encoders: hidden-state relative error) with only that layer converted, on a
    diverging scale centred on 0 (a layer whose conversion helps is blue). A click on a cell selects
@@ -195,9 +196,11 @@ class ConsequenceView(View):
         specs = list(r.variants)
         groups = [(name, [v for v in specs if variant_group(v) == name])
                   for name in ("mechanisms", "quantizers", "mixed")]  # fmt: skip
+        # mixed specs (allocations at several budgets) joined in order of bytes: their frontier
+        groups[2][1].sort(key=lambda v: (float(r.kv_bytes_per_token[v]), v))
         series = [
             Series(name, [r.kv_bytes_per_token[v] for v in vs], [self.damage(v, measure) for v in vs],
-                   [self._hover(v) for v in vs])
+                   [self._hover(v) for v in vs], style="points+line" if name == "mixed" else "points")
             for name, vs in groups
             if vs
         ]  # fmt: skip

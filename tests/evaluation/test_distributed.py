@@ -1,0 +1,85 @@
+"""evaluate and allocate under torch.distributed (gloo, two CPU processes) equal one process on all texts."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from headwidget.errors import ArgumentError
+from headwidget.evaluation import EvaluationReport, allocate, evaluate
+from tiny_models import ragged_batches, three_layer_llama
+
+F64 = torch.float64
+#: Three batches, so the two ranks' shards differ in size (batches 0 and 2, and batch 1).
+LENGTHS = ((13, 7, 10), (9, 12), (11, 5))
+VARIANTS = ["model", "mqa", "kv:int4", "mqa@0;kv:int4@2"]
+CANDIDATES = ["model", "mqa", "lrkv:4", "kv:int4", "kv:int2"]
+
+
+def _run(distributed: bool) -> tuple[EvaluationReport, dict]:
+    model = three_layer_llama(seed=1)
+    texts = ragged_batches(seed=7, lengths=LENGTHS)
+    report = evaluate(model, texts, VARIANTS, dtype=F64, per_layer=True, distributed=distributed,
+                      progress=False)  # fmt: skip
+    alloc = allocate(model, ragged_batches(seed=9, lengths=LENGTHS), budget=0.4, candidates=CANDIDATES,
+                     refine=1, dtype=F64, distributed=distributed, progress=False)  # fmt: skip
+    rounds = [[r.spec, r.predicted, r.measured, r.kv_bytes_per_token] for r in alloc.rounds]
+    return report, {"spec": alloc.spec, "rounds": rounds, "damage": alloc.damage, "tokens": alloc.tokens}
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        report, alloc = _run(distributed=True)
+        report.save(Path(out) / f"report{rank}.json")
+        (Path(out) / f"alloc{rank}.json").write_text(json.dumps(alloc), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_ranks_give_the_report_and_allocation_of_one_process(tmp_path: Path) -> None:
+    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    single, single_alloc = _run(distributed=False)
+    for rank in (0, 1):
+        report = EvaluationReport.load(tmp_path / f"report{rank}.json")
+        assert (report.tokens, report.sequences, report.fingerprint) == (
+            single.tokens, single.sequences, single.fingerprint
+        )  # fmt: skip
+        for spec in VARIANTS:
+            for name, value in single.measures[spec].items():
+                assert report.measures[spec][name] == pytest.approx(value, rel=1e-12, abs=1e-15), (spec, name)
+        assert single.per_layer is not None and report.per_layer is not None
+        for spec, row in single.per_layer.items():
+            assert report.per_layer[spec] == pytest.approx(row, rel=1e-10, abs=1e-14), spec
+        alloc = json.loads((tmp_path / f"alloc{rank}.json").read_text(encoding="utf-8"))
+        assert alloc["spec"] == single_alloc["spec"] and alloc["tokens"] == single_alloc["tokens"]
+        for got, want in zip(alloc["rounds"], single_alloc["rounds"], strict=True):
+            assert got[0] == want[0] and got[3] == want[3]
+            assert got[1:3] == pytest.approx(want[1:3], rel=1e-10, abs=1e-14)
+        for spec, row in single_alloc["damage"].items():
+            assert alloc["damage"][spec] == pytest.approx(row, rel=1e-10, abs=1e-14), spec
+
+
+def test_distributed_without_a_process_group_says_what_to_do() -> None:
+    model = three_layer_llama(seed=1)
+    texts = ragged_batches(seed=7)
+    with pytest.raises(ArgumentError, match=r"no process group is initialized: run under torchrun"):
+        evaluate(model, texts, ["model"], dtype=F64, distributed=True, progress=False)
+    with pytest.raises(ArgumentError, match=r"distributed must be True or False, got 'yes'"):
+        evaluate(model, texts, ["model"], dtype=F64, distributed="yes", progress=False)
+    with pytest.raises(ArgumentError, match=r"no process group is initialized"):
+        allocate(model, texts, budget=0.5, candidates=["model", "mqa"], dtype=F64, distributed=True,
+                 progress=False)  # fmt: skip
