@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 
 from headwidget.errors import ArgumentError
 from headwidget.evaluation import EvaluationReport, allocate, evaluate
+from ports import free_port
 from tiny_models import ragged_batches, three_layer_llama
 
 F64 = torch.float64
@@ -44,14 +44,8 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_two_ranks_give_the_report_and_allocation_of_one_process(tmp_path: Path) -> None:
-    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     single, single_alloc = _run(distributed=False)
     for rank in (0, 1):
         report = EvaluationReport.load(tmp_path / f"report{rank}.json")

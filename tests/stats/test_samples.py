@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from headwidget.errors import CaptureInputError, HeadwidgetError, LayerIndexErro
 from headwidget.moments import Moments
 from headwidget.stats import StatsMeta
 from headwidget.stats._samples import NoSamplesError
+from ports import free_port
 from tiny_models import VOCAB, make_model, rope_half
 
 PAD = VOCAB - 1  # a padding id no real token uses: padding rows are unlike every real row
@@ -349,12 +349,6 @@ def _reduce_worker(rank: int, world: int, port: int, paths: list[str], outs: lis
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_all_reduce_draws_the_merge_on_every_rank(llama: nn.Module, tmp_path: Path) -> None:
     parts = [
         headwidget.capture(llama, [batch], rope="both", samples=12, sample_seed=rank, progress=False)
@@ -362,7 +356,7 @@ def test_all_reduce_draws_the_merge_on_every_rank(llama: nn.Module, tmp_path: Pa
     ]
     paths = [str(p.save(tmp_path / f"rank{i}.safetensors")) for i, p in enumerate(parts)]
     outs = [str(tmp_path / f"reduced{i}.safetensors") for i in range(2)]
-    mp.start_processes(_reduce_worker, args=(2, _free_port(), paths, outs), nprocs=2, start_method="spawn")
+    mp.start_processes(_reduce_worker, args=(2, free_port(), paths, outs), nprocs=2, start_method="spawn")
     merged = parts[0] + parts[1]
     for out in outs:
         reduced = KVStats.load(out)

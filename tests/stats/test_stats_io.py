@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 
 import headwidget
 from headwidget import KVStats
+from ports import free_port
 from tiny_models import make_model, ragged_batches
 
 
@@ -102,12 +102,6 @@ def test_to_device_keeps_values(llama_stats):
     assert_stats_equal(stats, stats.to("cpu"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _reduce_worker(rank: int, world: int, port: int, paths: list[str], out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -127,6 +121,6 @@ def test_all_reduce_over_two_processes_equals_merge(llama_stats, tmp_path):
     ]
     paths = [str(p.save(tmp_path / f"rank{i}.safetensors")) for i, p in enumerate(parts)]
     out = str(tmp_path / "reduced.safetensors")
-    mp.start_processes(_reduce_worker, args=(2, _free_port(), paths, out), nprocs=2, start_method="spawn")
+    mp.start_processes(_reduce_worker, args=(2, free_port(), paths, out), nprocs=2, start_method="spawn")
     reduced, merged = KVStats.load(out), parts[0] + parts[1]
     assert_stats_equal(reduced, merged, rtol=1e-10)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import socket
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from headwidget.errors import ArgumentError
 from headwidget.evaluation import apply, evaluate, fit_quantizer
 from headwidget.evaluation._apply import fit_variant
 from headwidget.views import check_sources
+from ports import free_port
 from tiny_models import FACTORIES, VOCAB, make_model, ragged_batches
 
 #: What every refusal says: where the statistics come from, how to recapture, how to opt out.
@@ -298,12 +298,6 @@ def test_merge_refuses_statistics_of_different_weights(base, sibling, stats, tmp
     assert (mine + old).meta.weights_fingerprint is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _reduce_worker(rank: int, world: int, port: int, jobs: list[tuple[list[str], str]]) -> None:
     """Per job (one file per rank, an output prefix): this rank's all_reduce result or its refusal."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -328,7 +322,7 @@ def test_all_reduce_refuses_ranks_with_different_weights_on_every_rank(base, sib
         paths = [str(p.save(tmp_path / f"{name}{i}.safetensors")) for i, p in enumerate(parts)]
         jobs.append((paths, str(tmp_path / name)))
     # one process group runs both cases (a refusal leaves the group usable for the next one)
-    mp.start_processes(_reduce_worker, args=(2, _free_port(), jobs), nprocs=2, start_method="spawn")
+    mp.start_processes(_reduce_worker, args=(2, free_port(), jobs), nprocs=2, start_method="spawn")
     for name in ("own", "mixed"):
         texts = [(tmp_path / f"{name}.{rank}").read_text() for rank in (0, 1)]
         if name == "own":
