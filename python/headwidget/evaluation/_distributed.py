@@ -6,7 +6,9 @@ are of all the texts), measures batches ``rank, rank + world, ...`` and, before 
 from them, sums its running totals (:class:`~headwidget.evaluation.measures.PredictionTotals`,
 :class:`~headwidget.evaluation.measures.EncoderTotals`, the sweep's sums) with one
 ``all_reduce`` per call. Every rank then holds the numbers of all the batches: the report equals one
-process's on all the texts, up to the order of the float64 sums.
+process's on all the texts, up to the order of the float64 sums. A rank that raises (a variant whose
+outputs are not finite on its shard) leaves the others waiting in their next ``all_reduce``, as with
+any collective: the launcher (``torchrun``) ends the job when one rank fails.
 
 Example (one process: no group, so nothing is sharded or summed):
     >>> from headwidget.evaluation.measures import PredictionTotals
