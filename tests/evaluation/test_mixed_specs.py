@@ -162,20 +162,25 @@ def test_a_gpt2_mixed_spec_keeps_its_heads_as_copies() -> None:
 def test_the_consequence_view_draws_mixed_specs_as_their_own_series(llama, batches) -> None:
     from headwidget.views import ConsequenceView
 
-    spec, dearer = "mqa@0;kv:int4@2", "kv:int8@0"
-    report = evaluate(llama, batches, ["model", "mqa", dearer, "kv:int4", spec], dtype=F64, per_layer=True,
-                      progress=False)  # fmt: skip
+    spec, dearer, long = "mqa@0;kv:int4@2", "kv:int8@0", "kv:int2@0;kv:int4/g16@1;kv:int8@2"
+    report = evaluate(llama, batches, ["model", "mqa", dearer, "kv:int4", spec, long], dtype=F64,
+                      per_layer=True, progress=False)  # fmt: skip
     view = ConsequenceView(report, layer=2)
     chart = view.grid.charts[0]
     mixed = next(s for s in chart.series if s.name == "mixed")
-    assert report.kv_bytes_per_token[spec] < report.kv_bytes_per_token[dearer]
-    assert mixed.x == [report.kv_bytes_per_token[spec], report.kv_bytes_per_token[dearer]]  # by bytes
+    bytes_of = report.kv_bytes_per_token
+    assert bytes_of[long] < bytes_of[spec] < bytes_of[dearer]
+    assert mixed.x == [bytes_of[long], bytes_of[spec], bytes_of[dearer]]  # joined in order of bytes
     nll = report.measures
-    assert mixed.y == [nll[v]["nll"] - nll["model"]["nll"] for v in (spec, dearer)]
+    assert mixed.y == [nll[v]["nll"] - nll["model"]["nll"] for v in (long, spec, dearer)]
     assert mixed.style == "points+line"
     assert [s.name for s in chart.series][:3] == ["mechanisms", "quantizers", "mixed"]
-    note = view.grid.panels[0].note
-    assert f"{spec} (kv:int4 here) {report.per_layer[spec][2]:+.4f}" in note
+    panel = view.grid.panels[0]
+    short = f"mixed {bytes_of[long]:,g} B"  # a long mixed spec's row label: its bytes
+    assert panel.row_labels == ["mqa", dearer, "kv:int4", spec, short]
+    assert f"{spec} (kv:int4 here) {report.per_layer[spec][2]:+.4f}" in panel.note
+    assert f"{short} (kv:int8 here) {report.per_layer[long][2]:+.4f}" in panel.note
+    assert f"{short} = {long}" in panel.note  # the full spec, once
 
 
 # ------------------------------------------------------------------------------------------ protocols

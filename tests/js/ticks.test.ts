@@ -1,6 +1,13 @@
 import { describe, expect, it } from "vitest";
 import { approxMeasure, font } from "../../js/lib/text";
-import { axisTicks, indexTicks, labelTicks, niceStep, valueTicks } from "../../js/lib/ticks";
+import {
+  axisTicks,
+  indexTicks,
+  labelTicks,
+  MAX_LABEL_PX,
+  niceStep,
+  valueTicks,
+} from "../../js/lib/ticks";
 
 const f = font(10);
 const m = approxMeasure;
@@ -75,7 +82,11 @@ describe("labelTicks", () => {
   it("cuts long labels to the maximum width", () => {
     const t = labelTicks(["a_really_long_token_string_here"], 320, "row", m, f);
     expect(t[0].label.endsWith("…")).toBe(true);
-    expect(m(t[0].label, f)).toBeLessThanOrEqual(72);
+    expect(m(t[0].label, f)).toBeLessThanOrEqual(MAX_LABEL_PX.row);
+    // a variant spec or a mixed spec's short name stays whole
+    expect(
+      labelTicks(["kv:int2/g128", "mixed 11,424 B"], 320, "row", m, f).map((t) => t.label),
+    ).toEqual(["kv:int2/g128", "mixed 11,424 B"]);
   });
 
   it("is chosen by axisTicks when labels exist", () => {

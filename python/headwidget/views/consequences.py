@@ -58,7 +58,7 @@ from headwidget.views._base import View, ViewSourceError, WholeNumber, state
 from headwidget.views._controls import toggles
 from headwidget.views._registry import register_view
 
-__all__ = ["DAMAGE_MEASURES", "ConsequenceView", "UnknownDamageMeasureError"]
+__all__ = ["DAMAGE_MEASURES", "ConsequenceView", "UnknownDamageMeasureError", "short_names"]
 
 CV = TypeVar("CV", bound="ConsequenceView")
 
@@ -94,6 +94,28 @@ def _at(spec: str, layer: int) -> str:
     """`` (kv:int4 here)`` for a mixed spec: what it does to ``layer``; ``""`` for a uniform spec."""
     parsed = parse_variant(spec)
     return f" ({parsed.spec_at(layer).text} here)" if isinstance(parsed, MixedSpec) else ""
+
+
+#: The longest mixed spec that is its own row label in the damage map.
+LABEL_CHARS = 24
+
+
+def short_names(specs: Sequence[str], kv_bytes: dict[str, float]) -> dict[str, str]:
+    """A row label per spec: the spec itself, or for a mixed spec longer than :data:`LABEL_CHARS` (an
+    allocation: one part per run of layers) ``mixed 7,674 B``, by its K/V bytes per token (numbered
+    ``(1)``, ``(2)``... where such mixes share them).
+
+    >>> long = "kv:int4@0,2-5;kv:int8@1,6;model@7"
+    >>> short_names(["mqa", "mqa@0;kv:int4@1", long], {"mqa": 128, "mqa@0;kv:int4@1": 552, long: 3300})
+    {'mqa': 'mqa', 'mqa@0;kv:int4@1': 'mqa@0;kv:int4@1', 'kv:int4@0,2-5;kv:int8@1,6;model@7': 'mixed 3,300 B'}
+    """
+    mixed = [s for s in specs if len(s) > LABEL_CHARS and isinstance(parse_variant(s), MixedSpec)]
+    names = {s: s for s in specs}
+    for s in mixed:
+        same = [m for m in mixed if kv_bytes[m] == kv_bytes[s]]
+        number = f" ({same.index(s) + 1})" if len(same) > 1 else ""
+        names[s] = f"mixed {kv_bytes[s]:,g} B{number}"
+    return names
 
 
 @register_view("consequences", order=40)
@@ -242,23 +264,27 @@ class ConsequenceView(View):
         contiguous = r.layers == list(range(r.layers[0], r.layers[0] + len(r.layers)))
         finite = matrix[np.isfinite(matrix)]
         peak = float(np.abs(finite).max()) if finite.size else 1.0
+        names = short_names(specs, r.kv_bytes_per_token)
         notes = []
         if layer in r.layers:
             col = r.layers.index(layer)
-            values = ", ".join(f"{v}{_at(v, layer)} {matrix[i, col]:+.4f}" for i, v in enumerate(specs))
+            values = ", ".join(
+                f"{names[v]}{_at(v, layer)} {matrix[i, col]:+.4f}" for i, v in enumerate(specs)
+            )
             notes.append(f"layer {layer}: {values}")
         else:
             notes.append(f"layer {layer} was not swept")
         if finite.size:
             i, j = np.unravel_index(np.nanargmax(matrix), matrix.shape)
-            notes.append(f"most fragile: layer {r.layers[j]} under {specs[i]} ({matrix[i, j]:+.4f})")
+            notes.append(f"most fragile: layer {r.layers[j]} under {names[specs[i]]} ({matrix[i, j]:+.4f})")
         notes.append("a click selects the layer")
+        notes += [f"{names[v]} = {v}" for v in specs if names[v] != v]  # last: long, and cut first
         panel = Panel(
             "damage",
             title,
             matrix,
             subtitle=f"{r.model} · variants × layers",
-            row_labels=specs,
+            row_labels=[names[v] for v in specs],
             col_labels=None if contiguous else [str(layer) for layer in r.layers],
             col_offset=r.layers[0] if contiguous else 0,
             note=" · ".join(notes),
