@@ -72,7 +72,7 @@ def test_distributed_without_a_process_group_says_what_to_do() -> None:
     texts = ragged_batches(seed=7)
     with pytest.raises(ArgumentError, match=r"no process group is initialized: run under torchrun"):
         evaluate(model, texts, ["model"], dtype=F64, distributed=True, progress=False)
-    with pytest.raises(ArgumentError, match=r"distributed must be True or False, got 'yes'"):
+    with pytest.raises(ArgumentError, match=r"distributed must be True or False, got the string 'yes'"):
         evaluate(model, texts, ["model"], dtype=F64, distributed="yes", progress=False)
     with pytest.raises(ArgumentError, match=r"no process group is initialized"):
         allocate(model, texts, budget=0.5, candidates=["model", "mqa"], dtype=F64, distributed=True,

@@ -268,6 +268,8 @@ case("allocate candidates=[banana]", lambda e: _allocate(e, candidates=["model",
      errors.MechanismSpecError, r"banana")  # fmt: skip
 case("allocate objective=ppl", lambda e: _allocate(e, objective="ppl"), ArgumentError, r"\bobjective\b")
 flags("allocate", "progress", lambda e, v: _allocate(e, progress=v))
+flags("allocate", "distributed", lambda e, v: _allocate(e, distributed=v))
+flags("evaluate", "distributed", lambda e, v: _evaluate(e, distributed=v))
 
 for _where, _call in [
     ("apply", lambda e: headwidget.apply(e.model, None)),

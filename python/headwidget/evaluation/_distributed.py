@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from headwidget.checks import flag
 from headwidget.errors import ArgumentError
 
 __all__ = ["ONE_PROCESS", "Ranks"]
@@ -56,9 +57,7 @@ class Ranks:
         Raises:
             ArgumentError: ``distributed`` not a bool, or True without an initialized process group.
         """
-        if not isinstance(distributed, bool):
-            raise ArgumentError(f"distributed must be True or False, got {distributed!r}")
-        if not distributed:
+        if not flag("distributed", distributed):
             return cls()
         import torch.distributed as dist
 
