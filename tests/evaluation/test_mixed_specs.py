@@ -181,6 +181,8 @@ def test_the_consequence_view_draws_mixed_specs_as_their_own_series(llama, batch
     assert f"{spec} (kv:int4 here) {report.per_layer[spec][2]:+.4f}" in panel.note
     assert f"{short} (kv:int8 here) {report.per_layer[long][2]:+.4f}" in panel.note
     assert f"{short} = {long}" in panel.note  # the full spec, once
+    assert mixed.labels[0].split("\n")[:2] == [short, long]  # drawn beside its point; hover adds the spec
+    assert mixed.labels[1].split("\n")[0] == spec
 
 
 # ------------------------------------------------------------------------------------------ protocols

@@ -194,7 +194,9 @@ class ConsequenceView(View):
             return 1.0 - m["embedding_cosine"]
         return m[key]
 
-    def _hover(self, spec: str) -> str:
+    def _hover(self, spec: str, name: str) -> str:
+        """What a point's hover says (its first line, ``name``, is also drawn beside the point): a long
+        mixed spec's short name and then the spec itself."""
         r = self.report
         m = r.measures[spec]
         nbytes = r.kv_bytes_per_token[spec]
@@ -203,6 +205,8 @@ class ConsequenceView(View):
         lines = [spec, f"{kv_bytes_text(nbytes, r.num_layers, r.dtype)}{share}"]
         if spec != "model" and not r.converts_every_layer:
             lines[1] += f" · {r.scope()} converted"
+        if name != spec:
+            lines.insert(0, name)
         if r.kind == "causal-lm":
             delta = m["nll"] - r.measures["model"]["nll"] if "model" in r.measures else math.nan
             lines.append(f"ΔNLL {delta:+.4f} · perplexity {m['perplexity']:.2f}")
@@ -216,13 +220,15 @@ class ConsequenceView(View):
         r = self.report
         label, _ = DAMAGE_MEASURES[r.kind][measure]
         specs = list(r.variants)
+        names = short_names(specs, r.kv_bytes_per_token)  # a long mixed spec by its bytes
         groups = [(name, [v for v in specs if variant_group(v) == name])
                   for name in ("mechanisms", "quantizers", "mixed")]  # fmt: skip
         # mixed specs (allocations at several budgets) joined in order of bytes: their frontier
         groups[2][1].sort(key=lambda v: (float(r.kv_bytes_per_token[v]), v))
         series = [
             Series(name, [r.kv_bytes_per_token[v] for v in vs], [self.damage(v, measure) for v in vs],
-                   [self._hover(v) for v in vs], style="points+line" if name == "mixed" else "points")
+                   [self._hover(v, names[v]) for v in vs],
+                   style="points+line" if name == "mixed" else "points")
             for name, vs in groups
             if vs
         ]  # fmt: skip
@@ -232,7 +238,8 @@ class ConsequenceView(View):
         series.append(
             Series(
                 "Pareto frontier", [costs[i] for i in front], [damages[i] for i in front],
-                [f"on the frontier: {specs[i]}" for i in front], style="line", dashed=True, color="#5f5f5f",
+                [f"on the frontier: {names[specs[i]]}" for i in front], style="line", dashed=True,
+                color="#5f5f5f",
             )
         )  # fmt: skip
         return Chart(
@@ -247,7 +254,7 @@ class ConsequenceView(View):
             ),
             x_log=True,
             y_reference=0.0,
-            note="frontier: " + ", ".join(specs[i] for i in front),
+            note="frontier: " + ", ".join(names[specs[i]] for i in front),
         )
 
     def _damage_map(self, layer: int) -> tuple[Panel, float] | None:
