@@ -177,12 +177,14 @@ class _Scorer:
         for batch in batches:
             self.reference.append(runner(base, batch))
             tick(1)
-        model = PredictionTotals()
-        for ref in self.reference:
-            assert ref.targets is not None
-            model.add_rows(ref.values, ref.values, ref.targets)
-        ranks.merge([model])
-        self.model_nll = model.nll
+        self.model_nll = math.nan
+        if objective == "nll":  # the original's own NLL, what a variant's is measured against
+            model = PredictionTotals()
+            for ref in self.reference:
+                assert ref.targets is not None
+                model.add_rows(ref.values, ref.values, ref.targets)
+            ranks.merge([model])
+            self.model_nll = model.nll
 
     def of(self, totals: PredictionTotals) -> float:
         """The objective from a plan's totals: its mean KL, or its NLL less the original's."""

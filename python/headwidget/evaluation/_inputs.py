@@ -161,9 +161,15 @@ def parse_protocol(protocol: Any) -> Protocol:
     raise ArgumentError(f"protocol must be {PROTOCOL_FORMS}, with W ≥ 2; got {protocol!r}")
 
 
-def _stream(texts: Any, tokenizer: Any) -> torch.Tensor:
-    """Every real token of ``texts`` as one stream: strings joined by :data:`CHUNK_SEPARATOR` and
-    tokenized once; token ids (and dict batches) row after row, padding left out."""
+def _stream(texts: Any, tokenizer: Any, max_tokens: int | None) -> torch.Tensor:
+    """Every real token of ``texts`` as one stream, its first ``max_tokens`` (all for None): strings
+    joined by :data:`CHUNK_SEPARATOR` and tokenized once; token ids (and dict batches) row after row,
+    padding left out."""
+    stream = _whole_stream(texts, tokenizer)
+    return stream if max_tokens is None else stream[: int(max_tokens)]
+
+
+def _whole_stream(texts: Any, tokenizer: Any) -> torch.Tensor:
     if isinstance(texts, str):
         texts = [texts]
     if isinstance(texts, (list, tuple)) and texts and all(isinstance(t, str) for t in texts):
@@ -186,7 +192,8 @@ def check_window(protocol: Protocol, context: int | None) -> None:
     positions; None: no limit known)."""
     window = protocol.window
     if window is not None and context is not None and window > context:
-        shorter = replace(protocol, window=context, stride=min(protocol.stride or 0, context) or None).text
+        stride = None if protocol.stride is None else min(protocol.stride, context)
+        shorter = replace(protocol, window=context, stride=stride).text
         raise EvaluationInputError(
             f"protocol {protocol.text} cuts windows of {window} tokens, longer than the model's context of "
             f"{context} positions; use {shorter} or less"
@@ -208,9 +215,7 @@ def chunk_batches(
             fewer than ``window`` tokens.
     """
     check_window(Protocol("chunks", window), context)
-    stream = _stream(texts, tokenizer)
-    if max_tokens is not None:
-        stream = stream[: int(max_tokens)]
+    stream = _stream(texts, tokenizer, max_tokens)
     count = stream.numel() // window
     if count == 0:
         raise EvaluationInputError(
@@ -251,9 +256,7 @@ def stride_batches(
             fewer than two tokens.
     """
     check_window(Protocol("stride", window, stride), context)
-    stream = _stream(texts, tokenizer)
-    if max_tokens is not None:
-        stream = stream[: int(max_tokens)]
+    stream = _stream(texts, tokenizer, max_tokens)
     n = stream.numel()
     if n < 2:
         raise EvaluationInputError(
