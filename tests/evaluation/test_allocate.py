@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import warnings
 
 import pytest
 import torch
@@ -184,3 +185,21 @@ def test_the_refine_sweep_equals_evaluate_of_every_swapped_spec(llama) -> None:
         assert got.top1 == report.measures[spec]["top1"], spec
         assert got.tokens == report.tokens
     assert len({round(t.kl, 9) for t in totals.values()}) == len(totals)  # six different numbers
+
+
+def test_the_nll_objective_measures_delta_nll_as_evaluate_does(llama) -> None:
+    calibration = ragged_batches(seed=7)
+    alloc = allocate(llama, calibration, budget=0.4, candidates=CANDIDATES, objective="nll", refine=1,
+                     dtype=F64, progress=False)  # fmt: skip
+    assert alloc.objective == "nll" and alloc.kv_bytes_per_token <= alloc.budget
+    for r in alloc.rounds:
+        with warnings.catch_warnings():  # the chosen spec on its own tokens is flagged: that is the point
+            warnings.simplefilter("ignore", UserWarning)
+            report = evaluate(llama, calibration, ["model", r.spec], dtype=F64, progress=False)
+        delta = report.nll[r.spec] - report.nll["model"]
+        assert r.measured == pytest.approx(delta, rel=1e-9, abs=1e-13), r.spec
+    for spec, layer in [("mqa", 0), ("kv:int2", 2)]:
+        alone = f"{spec}@{layer}"
+        report = evaluate(llama, calibration, ["model", alone], dtype=F64, progress=False)
+        assert alloc.damage[spec][layer] == pytest.approx(report.nll[alone] - report.nll["model"], rel=1e-9,
+                                                          abs=1e-13)  # fmt: skip
