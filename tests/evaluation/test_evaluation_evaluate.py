@@ -170,7 +170,7 @@ def test_too_few_tokens(llama) -> None:
 
 
 def test_a_non_finite_variant_names_itself_and_the_layer(llama, batches, monkeypatch) -> None:
-    import headwidget.evaluation._plan as ev
+    import headwidget.evaluation._apply as ev
 
     real = ev.fit_variant
 

@@ -1,5 +1,6 @@
-"""A converted (or mixed) variant runs through lm-eval's ``HFLM(pretrained=variant)`` on a local task: the
-log-likelihoods lm-eval reports equal a float64 loop's on the same variant, and so does its accuracy."""
+"""A converted (or mixed, or K/V-quantized) variant runs through lm-eval's ``HFLM(pretrained=variant)`` on a
+local task: the log-likelihoods lm-eval reports equal a float64 loop's on the same variant, and so does its
+accuracy."""
 
 from __future__ import annotations
 
@@ -42,15 +43,19 @@ metric_list:
 
 
 def _loglikelihood(model: torch.nn.Module, tok, context: str, continuation: str) -> float:
-    """log p(continuation | context) in float64, the continuation's tokens after the context's."""
+    """log p(continuation | context) in float64, the continuation's tokens after the context's.
+
+    The input is what lm-eval feeds the model: the context and the continuation without its last token
+    (only a target). A causal model's logits do not depend on it; fake-quantized ``kv:int`` keys do, as
+    a key's token group takes its range from every token of the group in the forward."""
     ctx, cont = tok(context)["input_ids"], tok(continuation)["input_ids"]
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ctx + cont])).logits[0].to(torch.float64)
+        logits = model(input_ids=torch.tensor([(ctx + cont)[:-1]])).logits[0].to(torch.float64)
     logp = logits.log_softmax(-1)
     return math.fsum(float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont))
 
 
-@pytest.mark.parametrize("spec", ["mqa", "mqa@0;lrkv:2@1"])
+@pytest.mark.parametrize("spec", ["mqa", "mqa@0;lrkv:2@1", "mqa@0;kv:int2/g4@1"])
 def test_a_variant_runs_through_lm_eval_with_the_loglikelihoods_of_a_loop(spec, tmp_path, monkeypatch):
     for name, value in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
                         "HF_DATASETS_CACHE": str(tmp_path / "cache")}.items():  # fmt: skip
@@ -81,3 +86,8 @@ def test_a_variant_runs_through_lm_eval_with_the_loglikelihoods_of_a_loop(spec, 
     assert out["results"]["headwidget_tiny"]["acc,none"] == hits / len(DOCS)
     # the variant is the converted model: its layer 0 has one KV head (mqa), unlike the original's two
     assert variant.model.layers[0].self_attn.k_proj.out_features == 8
+    if "kv:" in spec:  # and lm-eval ran it quantized: the conversion alone scores otherwise
+        plain = apply(make_model("llama_gqa", dtype=torch.float64), spec.split(";")[0])
+        got = [float(r[0]) for s in samples for r in s["filtered_resps"]]
+        unquantized = [_loglikelihood(plain, tok, d["question"], " " + c) for d in DOCS for c in d["choices"]]
+        assert max(abs(a - b) for a, b in zip(got, unquantized, strict=True)) > 1e-6

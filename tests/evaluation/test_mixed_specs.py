@@ -10,7 +10,7 @@ from torch.nn.functional import cross_entropy, kl_div, log_softmax
 from headwidget.analysis.variants import MixedSpec, VariantSpec, parse_variant
 from headwidget.cli._errors import UsageError
 from headwidget.cli._variants import check_variants, variant_specs
-from headwidget.errors import ArgumentError, MechanismSpecError, UnsupportedConversionError
+from headwidget.errors import ArgumentError, MechanismSpecError
 from headwidget.evaluation import apply, evaluate, fit_quantizer
 from tiny_models import make_model, ragged_batches, three_layer_llama
 
@@ -85,8 +85,8 @@ def test_layers_outside_the_model_and_layers_beside_a_mixed_spec_are_refused(lla
         evaluate(llama, batches, ["mqa", "mqa@0"], layers=[0], dtype=F64, progress=False)
     with pytest.raises(ArgumentError, match=r"names its own layers"):
         apply(llama, "mqa@0", layers=[0])
-    with pytest.raises(UnsupportedConversionError, match=r"kv:int4@1 quantize the K/V"):
-        apply(llama, "mqa@0;kv:int4@1")
+    with pytest.raises(MechanismSpecError, match=r"layer 3 is not in the model"):
+        apply(llama, "mqa@0;kv:int4@3")
     with pytest.raises(MechanismSpecError, match=r"fit_quantizer takes one spec for every layer"):
         fit_quantizer(llama, "kv:int4@0")
 

@@ -450,8 +450,10 @@ def test_model_dependent_refusals() -> None:
                  progress=False)  # fmt: skip
     with pytest.raises(UnsupportedConversionError, match="latent"):
         fit_quantizer(make_model("deepseek_v2", torch.float32), "kv:int4")
-    with pytest.raises(UnsupportedConversionError, match="evaluate"):
-        apply(gqa, "kv:int4")
+    with pytest.raises(UnsupportedConversionError, match="AttentionInterface"):
+        apply(make_model("falcon_new", torch.float32), "kv:int4")
+    with pytest.raises(UnsupportedConversionError, match="latent"):
+        apply(make_model("deepseek_v2", torch.float32), "kv:int4@1")
     for err in (MechanismSpecError, MissingStatisticsError, UnsupportedConversionError):
         assert issubclass(err, HeadwidgetError)
 

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     calibration_texts = english_sample(split="calibration")
     if stats is None and needs_statistics(specs):
         from headwidget.adapters import adapter_for
-        from headwidget.evaluation._apply import resolve_layers
+        from headwidget.evaluation._model_facts import resolve_layers
 
         first = resolve_layers(adapter_for(model), layers)[0]
         check_variants(model, tokenizer, specs, first, calibration_texts)

@@ -61,12 +61,12 @@ from headwidget.analysis.variants import MixedSpec, layer_ranges, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.checks import flag, whole_number
 from headwidget.errors import ArgumentError
-from headwidget.evaluation._apply import check_stats
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import CHOSEN_ON
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._evaluate import Progress, _working_copy, protocol_batches
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
+from headwidget.evaluation._model_facts import check_stats
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._plan import VariantPlan, plan_variant
 from headwidget.evaluation._sweep import layer_sweep, swap_sweep

@@ -18,10 +18,16 @@ original weights) and written into a copy by the model's adapter:
   Mistral and Qwen2 only (:mod:`headwidget.adapters._partial_rope`); no checkpoint can hold the mask,
   so its ``save_pretrained`` refuses.
 - DeepSeek (already MLA) supports only ``model``.
+- **K/V quantizers** (``kv:int{b}``, ``kv:cq{c}c{b}b``, alone or as parts of a mixed spec) change no
+  weight: the copy's ``forward`` runs every quantizer's layers fake-quantized, as
+  :meth:`~headwidget.evaluation.KVQuantizer.active` does for evaluate, so the copy is the quantized
+  model wherever it runs (lm-eval's ``HFLM(pretrained=variant)`` too). A ``kv:int`` forward of
+  several rows needs its ``attention_mask`` (its key groups must leave padding out); lm-eval, which
+  passes none, runs it with ``batch_size=1``.
 
 **Saving.** A variant's ``save_pretrained`` (and ``push_to_hub``, which saves through it) first asks
 :func:`save_blocker` whether the family's own ``from_pretrained`` would give the same model back; where
-it would not (partial RoPE; Llama layers with different KV-head counts), it raises
+it would not (K/V quantizers; partial RoPE; Llama layers with different KV-head counts), it raises
 :class:`~headwidget.errors.VariantSaveError` before writing anything. Every other variant saves as an
 ordinary checkpoint of its weights (LRKV/MLA as their dense reconstructed K/V weights, the factors not
 included) that reloads with the same logits. ``torch.save(variant.state_dict())`` cannot be checked:
@@ -42,6 +48,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,18 +58,22 @@ from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.adapters._partial_rope import partial_rope_mask
-from headwidget.analysis.conversions import _check_stats_source
 from headwidget.analysis.variant_fits import LayerFit, fit_layer
 from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, parse_uniform, parse_variant
-from headwidget.checks import layer_indices
 from headwidget.errors import (
     ArgumentError,
-    StatsMismatchError,
     UnsupportedAlignmentError,
     UnsupportedConversionError,
     VariantSaveError,
 )
 from headwidget.evaluation._arguments import check_apply_arguments
+from headwidget.evaluation._model_facts import check_stats, layer_kv_elements, resolve_layers
+from headwidget.evaluation._quantize import (
+    KVQuantizer,
+    fit_quantizer,
+    install_quantizers,
+    installed_quantizers,
+)
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -70,12 +81,9 @@ __all__ = [
     "applied_variant",
     "apply",
     "build_variant",
-    "check_stats",
     "compact_fits",
     "fit_variant",
-    "layer_kv_elements",
     "refuse_layers_with_mixed",
-    "resolve_layers",
     "save_blocker",
     "shared_copy",
 ]
@@ -85,24 +93,40 @@ __all__ = [
 class AppliedVariant:
     """What :func:`apply` did, kept on the returned model as ``headwidget_variant``.
 
-    ``kv_elements`` holds the cached K/V elements per token of every layer (converted or not);
+    ``layers`` are the layers it changed (converted or quantized); ``kv_elements`` the cached K/V
+    elements per token of every layer as the model holds them (a quantized layer keeps its own);
     ``fits`` the per-layer fits of the converted layers (their ``factors``, merged ``groups``,
-    ``rope_keep`` and ``kept_planes``; the written weights are in the model, not kept here).
+    ``rope_keep`` and ``kept_planes``; the written weights are in the model, not kept here);
+    ``quantizers`` the fitted ``kv:`` quantizers that run in every forward of the model.
     """
 
     spec: str
     layers: list[int]
     kv_elements: dict[int, int]
     fits: dict[int, LayerFit] = field(repr=False, default_factory=dict)
+    quantizers: list[KVQuantizer] = field(repr=False, default_factory=list)
 
     @property
     def factors(self) -> dict[int, dict[str, torch.Tensor]]:
         """The mechanism's factors per converted layer (LRKV, MLA; empty dicts otherwise)."""
         return {layer: fit.factors for layer, fit in self.fits.items()}
 
-    def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> int:
-        """K/V cache bytes per token of the whole model (all layers, K and V) in ``dtype``."""
-        return sum(self.kv_elements.values()) * torch.empty((), dtype=dtype).element_size()
+    def layer_bytes(self, dtype: torch.dtype = torch.bfloat16) -> list[float]:
+        """K/V cache bytes per token of each layer: a quantized layer by its quantizer's formula, any
+        other by its elements in ``dtype`` (as :meth:`VariantPlan.layer_bytes
+        <headwidget.evaluation._plan.VariantPlan.layer_bytes>` counts them for evaluate)."""
+        size = torch.empty((), dtype=dtype).element_size()
+        by_quantizer = {layer: q for q in self.quantizers for layer in q.layers}
+        return [
+            by_quantizer[layer].layer_bytes_per_token(layer) if layer in by_quantizer else size * elements
+            for layer, elements in sorted(self.kv_elements.items())
+        ]
+
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> float:
+        """K/V cache bytes per token of the whole model (all layers, K and V): the sum of
+        :meth:`layer_bytes` (an int when whole)."""
+        total = math.fsum(self.layer_bytes(dtype))
+        return int(total) if float(total).is_integer() else total
 
 
 def applied_variant(model: nn.Module) -> AppliedVariant:
@@ -111,44 +135,6 @@ def applied_variant(model: nn.Module) -> AppliedVariant:
     if not isinstance(info, AppliedVariant):
         raise TypeError(f"{type(model).__name__} was not built by headwidget.apply")
     return info
-
-
-def resolve_layers(adapter: Adapter, layers: Iterable[int] | None) -> list[int]:
-    """Sorted, distinct, non-negative layer indices (default: every layer).
-
-    Raises:
-        ArgumentError: ``layers`` is not a non-empty list of integers
-            (:func:`headwidget.checks.layer_indices`).
-        LayerIndexError: an index outside the model.
-    """
-    total = adapter.layout().num_layers
-    if layers is None:
-        return list(range(total))
-    return layer_indices("layers", layers, total)
-
-
-def check_stats(
-    model: nn.Module, adapter: Adapter, stats: KVStats | None, *, allow_other_weights: bool = False
-) -> None:
-    """Refuse statistics captured from another model.
-
-    ``model`` is the model as the caller gave it (before any cast to another dtype), whose weight
-    fingerprint (:mod:`headwidget.adapters.fingerprint`) must be the one the statistics recorded unless
-    ``allow_other_weights``. Statistics without a fingerprint (files of older versions) are accepted
-    with a warning.
-
-    Raises:
-        StatsMismatchError: the model class, its config or its attention layout differ, or the
-            statistics come from other weights (a base model's statistics for its fine-tune).
-    """
-    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
-    if stats is None:
-        return
-    if stats.meta.layout != adapter.layout():
-        raise StatsMismatchError(
-            "these statistics were captured from a model with another attention layout; capture them "
-            "from this model"
-        )
 
 
 def _check_buildable(adapter: Adapter, spec: VariantSpec) -> None:
@@ -167,22 +153,12 @@ def _check_buildable(adapter: Adapter, spec: VariantSpec) -> None:
             raise UnsupportedConversionError(f"{spec.text}: {reason}")
 
 
-def _refuse_quantizer(spec: Variant) -> None:
-    if isinstance(spec, MixedSpec):
-        if spec.quantized:
-            parts = ", ".join(f"{q}@{','.join(map(str, ls))}" for q, ls in spec.quantized.items())
-            raise UnsupportedConversionError(
-                f"{spec.text}: its part(s) {parts} quantize the K/V the attention uses while the model runs; "
-                "they change no weight, so apply cannot build them into a model: measure the whole mixed "
-                f"spec with headwidget.evaluate(model, texts, [{spec.text!r}], ...)"
-            )
-        return
+def _refuse_quantizer(spec: VariantSpec) -> None:
     if spec.quantizer:
         raise UnsupportedConversionError(
-            f"{spec.text} quantizes the K/V the attention uses while the model runs; it changes no weight, "
-            "so there is no converted model to build: measure it with headwidget.evaluate(model, texts, "
-            f"[{spec.text!r}], ...), or run the model inside "
-            f"headwidget.evaluation.fit_quantizer(model, {spec.text!r}, stats).active(model)"
+            f"{spec.text} quantizes the K/V the attention uses while the model runs; it fits no weight: "
+            f"fit it with headwidget.evaluation.fit_quantizer(model, {spec.text!r}, stats), or build the "
+            f"quantized model with headwidget.apply(model, {spec.text!r}, stats)"
         )
 
 
@@ -217,14 +193,6 @@ def fit_variant(
         out[layer] = fit_layer(adapter.head_weights(layer), layer, parsed, stats, rope_planes=planes,
                                kv_target=kv_target)  # fmt: skip
     return out
-
-
-def layer_kv_elements(adapter: Adapter, layer: int) -> int:
-    """Cached K/V elements per token of ``layer`` as the model holds it now (latent + rotary key for MLA)."""
-    lay = adapter.layout()
-    if lay.mechanism == "mla" and lay.latent_dim:
-        return int(lay.latent_dim) + lay.rope.rotary_dim
-    return adapter.kv_heads_of(adapter.attention_at(layer)) * (lay.head_dim + lay.value_head_dim)
 
 
 def _block_prefix(name: str) -> str:
@@ -286,9 +254,11 @@ def build_variant(
     spec: str,
     fits: dict[int, LayerFit],
     *,
+    quantizers: Sequence[KVQuantizer] = (),
     share: bool = False,
 ) -> nn.Module:
-    """A copy of ``model`` with the fitted layers written in (see the module docstring).
+    """A copy of ``model`` with the fitted layers written in (see the module docstring), whose every
+    forward runs ``quantizers`` (:class:`~headwidget.evaluation._quantize.QuantizedForward`).
 
     ``share=True`` copies only the converted layers' blocks and shares every other parameter with
     ``model`` (for evaluation; never hand such a copy out).
@@ -313,7 +283,11 @@ def build_variant(
         for layer in range(adapter.layout().num_layers)
     }
     kept = {layer: replace(fit, weights=None) for layer, fit in fits.items()}  # written: not kept twice
-    out.headwidget_variant = AppliedVariant(parse_variant(spec).text, layers, kv_elements, kept)  # type: ignore[assignment]
+    changed = sorted({*layers, *(layer for q in quantizers for layer in q.layers)})
+    out.headwidget_variant = AppliedVariant(  # type: ignore[assignment]
+        parse_variant(spec).text, changed, kv_elements, kept, list(quantizers)
+    )
+    install_quantizers(out, quantizers)
     for method in _SAVING:
         if callable(getattr(type(out), method, None)):
             setattr(out, method, _CheckedSave(out, method))
@@ -347,7 +321,14 @@ def save_blocker(model: nn.Module) -> str | None:
 
 
 def _save_problem(model: nn.Module) -> tuple[str, str] | None:
-    """``(what, why)`` for :func:`save_blocker`: ``what`` is ``"rope"`` or ``"kv_heads"``."""
+    """``(what, why)`` for :func:`save_blocker`: ``what`` is ``"kv"``, ``"rope"`` or ``"kv_heads"``."""
+    quantizers = installed_quantizers(model)
+    if quantizers:
+        parts = "; ".join(f"{q.spec} on {_layer_list(q.layers)}" for q in quantizers)
+        return "kv", (
+            f"it fake-quantizes its K/V while it runs ({parts}), which no checkpoint holds: the model "
+            "loaded from it would run unquantized and give other logits"
+        )
     adapter = adapter_for(model)
     attention = adapter.attention_modules()
     config = type(adapter.config).__name__
@@ -378,15 +359,20 @@ def _save_refusal(model: nn.Module, method: str, what: str, reason: str) -> Vari
     if not isinstance(info, AppliedVariant):
         return VariantSaveError(f"{type(model).__name__}.{method}: {reason}. Nothing was written.")
     spec, layers = info.spec, info.layers
-    chosen = "" if layers == list(range(len(info.kv_elements))) else f", layers={layers}"
-    if what == "rope":
+    every = layers == list(range(len(info.kv_elements)))
+    chosen = "" if every or isinstance(parse_variant(spec), MixedSpec) else f", layers={layers}"
+    if what == "kv":
+        other = "the same spec without its kv: parts saves as an ordinary checkpoint"
+    elif what == "rope":
         other = "variants without rope:r (mqa, gqa:G, lrkv:r, mla:d_c) save as ordinary checkpoints"
-    else:
+    elif chosen:
         other = (
             f"converting every layer (headwidget.apply(model, {spec!r}, stats=stats)) gives one that saves"
         )
+    else:
+        other = "a spec that gives every layer the same number of KV heads gives one that saves"
     return VariantSaveError(
-        f"the {spec!r} variant (converted {_layer_list(layers)}) cannot be saved with {method}: {reason}. "
+        f"the {spec!r} variant (changed {_layer_list(layers)}) cannot be saved with {method}: {reason}. "
         "Nothing was written. Keep the spec and the statistics (stats.save(path)) instead, and rebuild the "
         f"variant from the original model: headwidget.apply(model, {spec!r}, stats=stats{chosen}); "
         f"{other}."
@@ -436,18 +422,22 @@ def apply(
     Args:
         model: a supported transformers model.
         spec: a variant spec: ``model``, ``mha``, ``gqa:G``, ``mqa``, ``lrkv:r``, ``mla:d_c``,
-            ``gqa:G+align``, ``mqa+align``, ``rope:r`` or ``mla:d_c+rope:r``
-            (:mod:`headwidget.analysis.variants`), or a mixed spec of them that names each part's
-            layers (``"mla:64@0-9;mla:128@10-29"``; the layers it names none of stay as they are).
+            ``gqa:G+align``, ``mqa+align``, ``rope:r``, ``mla:d_c+rope:r``, or a K/V quantizer
+            ``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b`` (:mod:`headwidget.analysis.variants`),
+            or a mixed spec of them that names each part's layers (``"mla:64@0-9;kv:int4@10-29"``;
+            the layers it names none of stay as they are).
         stats: statistics of ``model``: ``+align`` needs its keys and values; ``rope:r`` and data-aware
-            LRKV/MLA fits need ``inputs=True``. Without them LRKV/MLA are weight-space.
+            LRKV/MLA fits need ``inputs=True``; ``kv:cq`` needs samples (``rope='post', samples=R``).
+            Without them LRKV/MLA are weight-space.
         layers: the layers to convert (default: all; not with a mixed spec, which names its own).
         allow_other_weights: use ``stats`` even when they were captured from other weights of the same
             architecture and config (a base model's statistics for its fine-tune); by default refused.
 
     Returns:
         The converted model, in eval mode like ``model``, with ``headwidget_variant``
-        (:class:`AppliedVariant`: spec, layers, KV elements per layer, factors).
+        (:class:`AppliedVariant`: spec, layers, KV elements per layer, factors, quantizers). Its
+        ``kv:`` layers fake-quantize their K/V in every forward of it
+        (:class:`~headwidget.evaluation._quantize.QuantizedForward`), in whatever thread runs it.
 
     Example:
         >>> import torch, headwidget
@@ -459,6 +449,9 @@ def apply(
         >>> mixed = apply(gpt2, "lrkv:2@1;mqa@0")
         >>> mixed.headwidget_variant.spec, mixed.headwidget_variant.kv_elements
         ('mqa@0;lrkv:2@1', {0: 16, 1: 32})
+        >>> int4 = apply(gpt2, "mqa@0;kv:int4@1")  # layer 1: 2·(32·4/8 + 4·32/32) bytes
+        >>> int4.headwidget_variant.layer_bytes(torch.bfloat16), int4.headwidget_variant.layers
+        ([32, 40], [0, 1])
 
     Raises:
         ArgumentError: ``stats`` that are not a KVStats, ``layers`` that are not a list of layer indices,
@@ -468,22 +461,59 @@ def apply(
         the possible values). MissingStatisticsError: a fit without the statistics it needs.
         StatsMismatchError: statistics of another model, or of other weights (unless
         ``allow_other_weights``).
-        UnsupportedConversionError / UnsupportedAlignmentError: a variant the family cannot be built as,
-        or a K/V quantizer (``kv:...``: it changes no weight; :func:`~headwidget.evaluation.evaluate`
-        measures it).
+        UnsupportedConversionError / UnsupportedAlignmentError: a variant the family cannot be built as
+        (a ``kv:`` part on a family whose attention does not go through ``AttentionInterface``, or on
+        an MLA model).
     """
     adapter = adapter_for(model)
     parsed = parse_variant(spec)
     refuse_layers_with_mixed([parsed], layers)
     stats, layers = check_apply_arguments(adapter, stats, layers)
-    _refuse_quantizer(parsed)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
+    fits, quantizers = fit_parts(model, parsed, stats, resolve_layers(adapter, layers),
+                                 allow_other_weights=allow_other_weights)  # fmt: skip
+    return build_variant(model, parsed.text, fits, quantizers=quantizers)
+
+
+def part_layers(parsed: Variant, chosen: Sequence[int]) -> list[tuple[VariantSpec, list[int]]]:
+    """Each uniform spec of ``parsed`` with the layers it applies to: a uniform spec applies to
+    ``chosen``, a mixed spec's parts to their own layers (``model`` parts left out).
+
+    >>> [(p.text, ls) for p, ls in part_layers(parse_variant("model@0;mqa@1-2"), [0, 1, 2])]
+    [('mqa', [1, 2])]
+    """
     if isinstance(parsed, VariantSpec):
-        fits = fit_variant(model, parsed, stats, resolve_layers(adapter, layers))
-        return build_variant(model, parsed.text, fits)
-    parsed.check_layers(adapter.layout().num_layers)
-    fits = {}
-    for part, part_layers in parsed.parts:
-        if part.mechanism != "model":
-            fits.update(fit_variant(model, part, stats, part_layers))
-    return build_variant(model, parsed.text, fits)
+        return [] if parsed.mechanism == "model" else [(parsed, list(chosen))]
+    return [(part, list(layers)) for part, layers in parsed.parts if part.mechanism != "model"]
+
+
+def fit_parts(
+    model: nn.Module,
+    parsed: Variant,
+    stats: KVStats | None,
+    chosen: Sequence[int],
+    *,
+    weight_dtype: torch.dtype | None = None,
+    allow_other_weights: bool = False,
+) -> tuple[dict[int, LayerFit], list[KVQuantizer]]:
+    """Fit every part of ``parsed`` on ``model`` (float64, from its weights; :func:`part_layers` says
+    which layers): the converted layers' fits, kept in ``weight_dtype`` (default: float64), and one
+    quantizer per ``kv:`` part.
+
+    Raises:
+        MechanismSpecError: a mixed spec naming a layer the model does not have.
+        Whatever :func:`fit_variant` and :func:`~headwidget.evaluation.fit_quantizer` raise for a part.
+    """
+    if isinstance(parsed, MixedSpec):
+        parsed.check_layers(adapter_for(model).layout().num_layers)
+    fits: dict[int, LayerFit] = {}
+    quantizers: list[KVQuantizer] = []
+    for part, layers in part_layers(parsed, chosen):
+        if part.quantizer:
+            quantizers.append(
+                fit_quantizer(model, part, stats, layers, allow_other_weights=allow_other_weights)
+            )
+        else:
+            fitted = fit_variant(model, part, stats, layers)
+            fits.update(fitted if weight_dtype is None else compact_fits(fitted, weight_dtype))
+    return fits, quantizers

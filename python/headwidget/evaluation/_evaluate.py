@@ -52,13 +52,7 @@ from headwidget.analysis.variants import MixedSpec, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.checks import optional_whole_number
 from headwidget.errors import ArgumentError
-from headwidget.evaluation._apply import (
-    check_stats,
-    layer_kv_elements,
-    refuse_layers_with_mixed,
-    resolve_layers,
-    shared_copy,
-)
+from headwidget.evaluation._apply import refuse_layers_with_mixed, shared_copy
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import CHOSEN_ON
 from headwidget.evaluation._distributed import Ranks
@@ -73,6 +67,7 @@ from headwidget.evaluation._inputs import (
     stride_batches,
 )
 from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_budget
+from headwidget.evaluation._model_facts import check_stats, layer_kv_elements, resolve_layers
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
 from headwidget.evaluation._plan import VariantPlan, plan_variant
 from headwidget.evaluation._report import EvaluationReport

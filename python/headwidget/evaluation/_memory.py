@@ -181,8 +181,8 @@ def estimate_evaluation(
     >>> large > 16 * 512 * 50257 * 4 > small  # the logits of one forward alone
     True
     """
-    from headwidget.evaluation._apply import resolve_layers
     from headwidget.evaluation._arguments import check_evaluate_arguments
+    from headwidget.evaluation._model_facts import resolve_layers
 
     adapter = adapter_for(model)
     variants, _, layers, per_layer, dtype, batch_size, max_length, _, _ = check_evaluate_arguments(

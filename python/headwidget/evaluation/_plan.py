@@ -34,31 +34,13 @@ from torch import nn
 
 from headwidget.adapters import adapter_for
 from headwidget.analysis.variant_fits import LayerFit
-from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec
-from headwidget.evaluation._apply import (
-    build_variant,
-    compact_fits,
-    fit_variant,
-    layer_kv_elements,
-    shared_copy,
-)
-from headwidget.evaluation._quantize import KVQuantizer, fit_quantizer
+from headwidget.analysis.variants import Variant
+from headwidget.evaluation._apply import build_variant, fit_parts, shared_copy
+from headwidget.evaluation._model_facts import layer_kv_elements
+from headwidget.evaluation._quantize import KVQuantizer
 from headwidget.stats import KVStats
 
-__all__ = ["VariantPlan", "part_layers", "plan_variant"]
-
-
-def part_layers(parsed: Variant, chosen: Sequence[int]) -> list[tuple[VariantSpec, list[int]]]:
-    """Each uniform spec of ``parsed`` with the layers it applies to: a uniform spec applies to
-    ``chosen``, a mixed spec's parts to their own layers (``model`` parts left out).
-
-    >>> from headwidget.analysis.variants import parse_variant
-    >>> [(p.text, ls) for p, ls in part_layers(parse_variant("model@0;mqa@1-2"), [0, 1, 2])]
-    [('mqa', [1, 2])]
-    """
-    if isinstance(parsed, VariantSpec):
-        return [] if parsed.mechanism == "model" else [(parsed, list(chosen))]
-    return [(part, list(layers)) for part, layers in parsed.parts if part.mechanism != "model"]
+__all__ = ["VariantPlan", "plan_variant"]
 
 
 @dataclass
@@ -128,29 +110,15 @@ def plan_variant(
     weight_dtype: torch.dtype | None = None,
     allow_other_weights: bool = False,
 ) -> VariantPlan:
-    """Fit every part of ``parsed`` on ``model`` (float64, from its weights; :func:`part_layers` says
-    which layers), the fits kept in ``weight_dtype`` (default: float64).
+    """Fit every part of ``parsed`` on ``model`` (float64, from its weights;
+    :func:`~headwidget.evaluation._apply.fit_parts`), the fits kept in ``weight_dtype`` (default:
+    float64).
 
     Raises:
-        MechanismSpecError: a mixed spec naming a layer the model does not have.
-        ArgumentError: a mixed spec with a ``chosen`` that is not every layer (a mixed spec names its
-            own layers).
-        Whatever :func:`~headwidget.evaluation._apply.fit_variant` and
-        :func:`~headwidget.evaluation.fit_quantizer` raise for a part.
+        Whatever :func:`~headwidget.evaluation._apply.fit_parts` raises.
     """
+    fits, quantizers = fit_parts(model, parsed, stats, chosen, weight_dtype=weight_dtype,
+                                 allow_other_weights=allow_other_weights)  # fmt: skip
     adapter = adapter_for(model)
-    total = adapter.layout().num_layers
-    if isinstance(parsed, MixedSpec):
-        parsed.check_layers(total)
-    fits: dict[int, LayerFit] = {}
-    quantizers: list[KVQuantizer] = []
-    for part, layers in part_layers(parsed, chosen):
-        if part.quantizer:
-            quantizers.append(
-                fit_quantizer(model, part, stats, layers, allow_other_weights=allow_other_weights)
-            )
-        else:
-            fitted = fit_variant(model, part, stats, layers)
-            fits.update(fitted if weight_dtype is None else compact_fits(fitted, weight_dtype))
-    elements = {layer: layer_kv_elements(adapter, layer) for layer in range(total)}
+    elements = {layer: layer_kv_elements(adapter, layer) for layer in range(adapter.layout().num_layers)}
     return VariantPlan(parsed.text, fits, quantizers, elements)

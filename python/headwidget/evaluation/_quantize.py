@@ -31,7 +31,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -62,10 +62,17 @@ from headwidget.errors import (
     StatsMismatchError,
     UnsupportedConversionError,
 )
-from headwidget.evaluation._apply import check_stats, layer_kv_elements, resolve_layers
+from headwidget.evaluation._model_facts import check_stats, layer_kv_elements, resolve_layers
 from headwidget.stats import KVStats
 
-__all__ = ["KVQuantizer", "fit_quantizer", "quantizer_blocker"]
+__all__ = [
+    "KVQuantizer",
+    "QuantizedForward",
+    "fit_quantizer",
+    "install_quantizers",
+    "installed_quantizers",
+    "quantizer_blocker",
+]
 
 
 # ---------------------------------------------------------------------------------------------- quantizer
@@ -180,54 +187,126 @@ class KVQuantizer:
         quantized layer whose attention did not go through the wrapped function makes the forward raise
         :class:`~headwidget.errors.UnsupportedConversionError`. Nothing is left installed on exit.
         """
-        adapter = adapter_for(model)
-        reason = quantizer_blocker(adapter)
-        if reason is not None:
-            raise UnsupportedConversionError(f"{self.spec}: {reason}")
-        chosen = list(self.layers if layers is None else layers)
-        outside = [layer for layer in chosen if layer not in self.layers]
-        if outside:
-            raise ValueError(f"{self.spec} was fitted for layers {self.layers}, not {outside}")
-        modules = adapter.attention_modules()
-        layer_of = {id(modules[layer]): layer for layer in chosen}
-        state = _ForwardState(inspect.signature(model.forward))
-
-        def transform(
-            layer: int, key: torch.Tensor, value: torch.Tensor
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            state.seen.add(layer)
-            return self.quantize(layer, key, value, state.real_for(key, self.spec))
+        run = _QuantizedRun(self, model, layers)
+        state = run.new_state()
 
         def before(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             state.start(args, kwargs)
 
         def after(_module: nn.Module, _args: Any, _kwargs: Any, _output: Any) -> None:
-            missing = [layer for layer in chosen if layer not in state.seen]
-            if missing:
-                raise UnsupportedConversionError(
-                    f"{self.spec}: the attention of layer(s) {missing} of {type(model).__name__} did not go "
-                    "through transformers.AttentionInterface, so their K/V could not be quantized; keep the "
-                    "model's attn_implementation an AttentionInterface one (sdpa or eager) and run it "
-                    "without output_attentions"
-                )
+            run.check_all_seen(state)
 
         handles = [
             model.register_forward_pre_hook(before, with_kwargs=True),
             model.register_forward_hook(after, with_kwargs=True),
         ]
         try:
-            with transform_attention_kv(model, layer_of, transform):
+            with run.transforming(state):
                 yield
         finally:
             for handle in handles:
                 handle.remove()
 
 
+class _QuantizedRun:
+    """One quantizer's layers on one model, checked, ready to quantize forwards of it in this thread."""
+
+    def __init__(self, quantizer: KVQuantizer, model: nn.Module, layers: Sequence[int] | None) -> None:
+        adapter = adapter_for(model)
+        reason = quantizer_blocker(adapter)
+        if reason is not None:
+            raise UnsupportedConversionError(f"{quantizer.spec}: {reason}")
+        chosen = list(quantizer.layers if layers is None else layers)
+        outside = [layer for layer in chosen if layer not in quantizer.layers]
+        if outside:
+            raise ValueError(f"{quantizer.spec} was fitted for layers {quantizer.layers}, not {outside}")
+        modules = adapter.attention_modules()
+        self.quantizer = quantizer
+        self.model = model
+        self.chosen = chosen
+        self.layer_of = {id(modules[layer]): layer for layer in chosen}
+        self.signature = inspect.signature(model.forward)
+
+    def new_state(self) -> _ForwardState:
+        return _ForwardState(self.signature, self.quantizer.method)
+
+    def transforming(self, state: _ForwardState) -> AbstractContextManager[None]:
+        """Inside, this thread's attention calls of the chosen layers get ``state``'s quantized K/V."""
+        quantizer = self.quantizer
+
+        def transform(
+            layer: int, key: torch.Tensor, value: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            state.seen.add(layer)
+            return quantizer.quantize(layer, key, value, state.real_for(key, quantizer.spec))
+
+        return transform_attention_kv(self.model, self.layer_of, transform)
+
+    def check_all_seen(self, state: _ForwardState) -> None:
+        missing = [layer for layer in self.chosen if layer not in state.seen]
+        if missing:
+            raise UnsupportedConversionError(
+                f"{self.quantizer.spec}: the attention of layer(s) {missing} of {type(self.model).__name__} "
+                "did not go through transformers.AttentionInterface, so their K/V could not be quantized; "
+                "keep the model's attn_implementation an AttentionInterface one (sdpa or eager) and run it "
+                "without output_attentions"
+            )
+
+
+class QuantizedForward:
+    """The ``forward`` of a model built by :func:`~headwidget.evaluation.apply` with ``kv:`` parts: every
+    call runs the class's forward with each quantizer's layers fake-quantized, as
+    :meth:`KVQuantizer.active` does, in the thread that makes the call (so the model quantizes wherever
+    it runs, two threads running it at once each quantize their own forward, and the original model, or
+    any other, runs untouched meanwhile). Nothing stays installed between calls.
+
+    Kept in the instance's ``__dict__`` (the class is untouched); it holds the model it belongs to, so
+    ``copy.deepcopy`` and pickling give a copy whose quantizers act on the copy's attention.
+    """
+
+    def __init__(self, model: nn.Module, quantizers: Sequence[KVQuantizer]) -> None:
+        self.model = model
+        self.quantizers = list(quantizers)
+
+    @property
+    def __wrapped__(self) -> object:  # inspect.signature / help() show the transformers method
+        return type(self.model).forward.__get__(self.model)
+
+    def __repr__(self) -> str:
+        specs = ", ".join(f"{q.spec} on layers {q.layers}" for q in self.quantizers)
+        return f"<forward of {type(self.model).__name__} with fake-quantized K/V: {specs}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        runs = [_QuantizedRun(q, self.model, None) for q in self.quantizers]
+        states = [run.new_state() for run in runs]
+        with ExitStack() as stack:
+            for run, state in zip(runs, states, strict=True):
+                state.start(args, kwargs)
+                stack.enter_context(run.transforming(state))
+            output = type(self.model).forward(self.model, *args, **kwargs)
+        for run, state in zip(runs, states, strict=True):
+            run.check_all_seen(state)
+        return output
+
+
+def installed_quantizers(model: nn.Module) -> list[KVQuantizer]:
+    """The quantizers whose K/V quantization runs in every forward of ``model`` (none: ``[]``)."""
+    forward = model.__dict__.get("forward")
+    return list(forward.quantizers) if isinstance(forward, QuantizedForward) else []
+
+
+def install_quantizers(model: nn.Module, quantizers: Sequence[KVQuantizer]) -> None:
+    """Make every forward of ``model`` (a copy it owns, never a user's model) quantize its K/V."""
+    if quantizers:
+        model.forward = QuantizedForward(model, quantizers)
+
+
 class _ForwardState:
     """What the current forward of a quantized model said about its tokens, and which layers it quantized."""
 
-    def __init__(self, signature: inspect.Signature) -> None:
+    def __init__(self, signature: inspect.Signature, method: str) -> None:
         self.signature = signature
+        self.method = method
         self.mask: torch.Tensor | None = None
         self.seen: set[int] = set()
 
@@ -242,9 +321,16 @@ class _ForwardState:
         self.mask = mask if isinstance(mask, torch.Tensor) else None
 
     def real_for(self, key: torch.Tensor, spec: str) -> torch.Tensor | None:
-        if self.mask is None:
-            return None
         b, _, t, _ = key.shape
+        if self.mask is None:
+            if b > 1 and self.method == "kv:int":
+                raise UnsupportedConversionError(
+                    f"{spec}: a forward of {b} rows came without an attention_mask, so the keys' token "
+                    "groups cannot tell padding from text (a padded row would quantize its real keys "
+                    "with its padding's range). Pass the attention_mask (all ones when no row is padded), "
+                    "or run one row at a time (lm-eval: batch_size=1)"
+                )
+            return None
         if self.mask.ndim != 2 or tuple(self.mask.shape) != (b, t):
             raise UnsupportedConversionError(
                 f"{spec}: fake-quantized keys need the forward's (batch, tokens) attention_mask to match the "
