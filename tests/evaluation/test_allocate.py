@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 import warnings
 
 import pytest
@@ -77,7 +78,7 @@ def test_the_allocation_respects_the_budget_and_its_numbers_are_evaluate_s(llama
     first = allocation.rounds[0]
     by_layer = [allocation.damage[c][layer] for layer, c in enumerate(_choice_of(allocation, first.spec))]
     assert first.predicted == pytest.approx(math.fsum(by_layer), abs=1e-12)
-    with pytest.warns(UserWarning, match=r"chosen by headwidget.allocate on these same tokens"):
+    with pytest.warns(UserWarning, match=r"\(on 100% of them\) was chosen by headwidget.allocate on these"):
         report = evaluate(llama, calibration, [first.spec], dtype=F64, progress=False)
     assert report.kl[first.spec] == pytest.approx(first.measured, rel=1e-9, abs=1e-12)
     assert report.kv_bytes_per_token[first.spec] == first.kv_bytes_per_token
@@ -93,6 +94,32 @@ def test_the_allocation_respects_the_budget_and_its_numbers_are_evaluate_s(llama
 def _choice_of(allocation, spec):
     parsed = parse_variant(spec)
     return [getattr(parsed, "spec_at", lambda layer: parsed)(layer).text for layer in range(3)]
+
+
+def test_the_leak_flag_follows_the_tokens_through_protocols_and_mixtures(llama) -> None:
+    gen = torch.Generator().manual_seed(11)
+    chosen_on = torch.randint(1, 96, (4, 60), generator=gen)
+    other = torch.randint(1, 96, (4, 60), generator=gen)
+    alloc = allocate(llama, chosen_on, budget=0.6, candidates=["model", "mqa", "kv:int4"], refine=0,
+                     dtype=F64, progress=False)  # fmt: skip
+
+    def share_flagged(texts, **options):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = evaluate(llama, texts, [alloc.spec], dtype=F64, progress=False, **options)
+        said = [str(w.message) for w in caught if "chosen by headwidget.allocate" in str(w.message)]
+        return report.chosen_on_these_tokens == [alloc.spec], said
+
+    # the same rows cut into windows of 40 (one stream, the last partial window dropped): flagged
+    flagged, said = share_flagged(chosen_on, protocol="chunks:40")
+    assert flagged and len(said) == 1 and re.search(r"\(on (9\d|100)% of them\)", said[0]), said
+    # half of them beside as much other text, rows reordered: flagged, on about half
+    flagged, said = share_flagged(torch.cat([other[:2], chosen_on[2:], other[2:]])[[3, 0, 1, 2, 4, 5]])
+    share = int(re.search(r"on (\d+)% of them", said[0]).group(1))
+    assert flagged and 25 <= share <= 45, said  # 2 of 6 rows
+    # other text only: not flagged
+    flagged, said = share_flagged(other)
+    assert not flagged and said == []
 
 
 def test_each_layer_damage_is_the_whole_model_kl_with_that_layer_alone(llama, allocation) -> None:

@@ -24,8 +24,9 @@ Method:
    non-additivity is visible.
 
 Choosing never sees the evaluation text: :attr:`Allocation.fingerprint` is the fingerprint of the
-tokens it chose on, and :func:`~headwidget.evaluation.evaluate` flags an allocated spec measured on the
-same tokens.
+tokens it chose on, and :func:`~headwidget.evaluation.evaluate` flags an allocated spec measured on
+those tokens, whatever protocol cut them and whatever other text is beside them (a sketch of their
+n-grams: :mod:`headwidget.evaluation._chosen`).
 
 Example:
     >>> import torch
@@ -62,7 +63,7 @@ from headwidget.capture.inputs import Batch
 from headwidget.checks import flag, whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._chosen import CHOSEN_ON
+from headwidget.evaluation._chosen import remember, token_sketch
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._evaluate import Progress, _working_copy, protocol_batches
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
@@ -433,10 +434,11 @@ def allocate_frontier(
     finally:
         tick.close()
     tokens_seen = fingerprint(every)
+    sketch = token_sketch(every)
     tokens = predicted_count(every)
     out = []
     for limit, (best, best_choice, rounds) in zip(limits, found, strict=True):
-        CHOSEN_ON.setdefault(best.spec, set()).add(tokens_seen)
+        remember(best.spec, tokens_seen, sketch)
         out.append(Allocation(
             spec=best.spec, choice=best_choice, kv_bytes_per_token=best.kv_bytes_per_token, budget=limit,
             model_bytes=model_bytes, objective=objective, candidates=specs, damage=damage,

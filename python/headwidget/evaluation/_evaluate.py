@@ -54,7 +54,7 @@ from headwidget.checks import optional_whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._apply import refuse_layers_with_mixed, shared_copy
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._chosen import CHOSEN_ON
+from headwidget.evaluation._chosen import FLAG_SHARE, chosen_share, token_sketch
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import (
     Protocol,
@@ -300,11 +300,14 @@ def evaluate(
         tick.close()
     calibration = {} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)}
     tokens_seen = fingerprint(every)
-    leaked = [s for s in specs if tokens_seen in CHOSEN_ON.get(s, ())]
+    sketch = token_sketch(every)
+    shares = {s: chosen_share(s, tokens_seen, sketch) for s in specs}
+    leaked = [s for s in specs if shares[s] >= FLAG_SHARE]
     if leaked:
+        said = ", ".join(f"{s} (on {shares[s]:.0%} of them)" for s in leaked)
         warnings.warn(
-            f"{', '.join(leaked)} was chosen by headwidget.allocate on these same tokens, so its numbers "
-            "here are not held-out; evaluate it on other text (the report's table marks it †)",
+            f"{said} was chosen by headwidget.allocate on these tokens, so its numbers here are not "
+            "held-out; evaluate it on other text (the report's table marks it †)",
             stacklevel=2,
         )
     return EvaluationReport(

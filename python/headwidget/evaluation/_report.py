@@ -76,8 +76,8 @@ class EvaluationReport:
     constant_bytes: dict[str, int] = field(default_factory=dict)
     num_layers: int = 0
     converted_kv_bytes: float = 0.0
-    #: Variants chosen by :func:`~headwidget.allocate` on these very tokens (their numbers are not
-    #: held-out: the table marks them).
+    #: Variants chosen by :func:`~headwidget.allocate` on (at least 1 % of) these tokens (their numbers
+    #: are not held-out: the table marks them).
     chosen_on_these_tokens: list[str] = field(default_factory=list)
     #: How the texts became sequences: ``"documents"`` or ``"chunks:W"`` (see ``evaluate``).
     protocol: str = "documents"
@@ -194,8 +194,8 @@ class EvaluationReport:
                 r[0] += " †"
         lines = [_row(head), _row(["---"] * len(head)), *(_row(r) for r in body)]
         if self.chosen_on_these_tokens:
-            lines += ["", "† chosen by allocate on these same tokens: not a held-out measure; evaluate it "
-                      "on other text"]  # fmt: skip
+            lines += ["", "† chosen by allocate on (some of) these tokens: not a held-out measure; evaluate "
+                      "it on other text"]  # fmt: skip
         if self.per_layer:
             name = "ΔNLL" if self.per_layer_measure == "delta_nll" else "hidden rel. error"
             lines += ["", f"{name} with only one layer converted:", ""]
