@@ -1,48 +1,82 @@
-"""The README's Python examples run as written (with fewer tokens, to stay quick)."""
+"""The README's Python examples run as written (with fewer tokens, to stay quick), block by block.
+
+Each block runs in the namespace the blocks before it leave (as a reader running them in one session
+would); the shared blocks run once per module (per worker), each test runs its own."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
+pytestmark = pytest.mark.slow
 
-@pytest.mark.slow
-def test_readme_python_examples_run(tmp_path, monkeypatch):
+
+def _blocks() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)\n```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 4
-    quickstart, analyses, costs, allocation, jupyter = blocks[:5]
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    exec(quickstart.replace("max_tokens=8192", "max_tokens=256"), namespace)
-    exec(analyses, namespace)
+    assert len(blocks) >= 5
+    return blocks[:5]
+
+
+def _costs_block() -> str:
+    """The costs block on fewer tokens and two variants (the six-variant sweep is the notebook's)."""
+    costs = _blocks()[2].replace("max_tokens=16384", "max_tokens=512")
+    costs = costs.replace("per_layer=True", "per_layer=True, layers=[0, 1]")
+    costs = costs.replace("stats=calibration)", "stats=calibration, layers=[0])")
+    return re.sub(r"variants = \[.*\]", 'variants = ["model", "mqa"]', costs)
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> dict[str, Any]:
+    namespace: dict[str, Any] = {}
+    with pytest.MonkeyPatch.context() as patch:  # the block saves its statistics where it runs
+        patch.chdir(tmp_path_factory.mktemp("readme"))
+        exec(_blocks()[0].replace("max_tokens=8192", "max_tokens=256"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def costs(quickstart) -> dict[str, Any]:
+    namespace = dict(quickstart)
+    exec(_costs_block(), namespace)
+    return namespace
+
+
+def test_the_quickstart_and_the_analyses_run(quickstart) -> None:
+    namespace = dict(quickstart)
+    assert namespace["stats"].tokens == 256
+    exec(_blocks()[1], namespace)
     assert namespace["groups"] == [[0, 1, 2]]
     assert namespace["S"].shape == (9, 9)
-    # fewer tokens and two variants (the per-layer sweep of six variants over 30 layers is the notebook's)
-    costs = costs.replace("max_tokens=16384", "max_tokens=512").replace(
-        "per_layer=True", "per_layer=True, layers=[0, 1]"
-    )
-    costs = costs.replace("stats=calibration)", "stats=calibration, layers=[0])")
-    exec(re.sub(r"variants = \[.*\]", 'variants = ["model", "mqa"]', costs), namespace)
-    report = namespace["report"]
+
+
+def test_the_costs_example_runs(costs) -> None:
+    report = costs["report"]
     assert report.variants == ["model", "mqa"] and len(report.per_layer["mqa"]) == 2
-    assert namespace["variant"].model.layers[0].self_attn.k_proj.out_features == 64  # one KV head
-    assert {p.id for p in namespace["headwidget"].ConsequenceView(report).grid.panels} == {"damage"}
-    # an allocation over three candidates on a few tokens (the full run is the allocation notebook's)
-    allocation = re.sub(r"candidates=\[.*?\]", 'candidates=["model", "mqa+align", "kv:int4"]', allocation)
+    assert costs["variant"].model.layers[0].self_attn.k_proj.out_features == 64  # one KV head
+    assert {p.id for p in costs["headwidget"].ConsequenceView(report).grid.panels} == {"damage"}
+
+
+def test_the_allocation_example_runs(costs) -> None:
+    # three candidates on a few tokens (the full run is the allocation notebook's)
+    allocation = re.sub(r"candidates=\[.*?\]", 'candidates=["model", "mqa+align", "kv:int4"]', _blocks()[3])
     allocation = allocation.replace("max_tokens=4096", "max_tokens=64").replace("refine=1", "refine=0")
     allocation = allocation.replace("max_tokens=16384", "max_tokens=128")
+    namespace = dict(costs)
     exec(allocation, namespace)
     alloc = namespace["alloc"]
     assert alloc.kv_bytes_per_token <= alloc.model_bytes / 3 and alloc.spec in namespace["report"].variants
-    jupyter = jupyter.replace("headwidget.explore()", "headwidget.explore(stats)")
-    exec(
-        jupyter.replace(
-            "texts, tokenizer=tokenizer, max_tokens=8192", "[english_sample()[0]], tokenizer=tokenizer"
-        ),
-        namespace,
+
+
+def test_the_jupyter_example_runs(quickstart) -> None:
+    namespace = dict(quickstart)
+    jupyter = _blocks()[4].replace("headwidget.explore()", "headwidget.explore(stats)")
+    jupyter = jupyter.replace(
+        "texts, tokenizer=tokenizer, max_tokens=8192", "[english_sample()[0]], tokenizer=tokenizer"
     )
+    exec(jupyter, namespace)
     assert namespace["dash"].channels.layer == 0
