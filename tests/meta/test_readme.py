@@ -63,7 +63,7 @@ def test_the_costs_example_runs(costs) -> None:
 
 def test_the_allocation_example_runs(costs) -> None:
     # three candidates on a few tokens (the full run is the allocation notebook's)
-    allocation = re.sub(r"candidates=\[.*?\]", 'candidates=["model", "mqa+align", "kv:int4"]', _blocks()[3])
+    allocation = re.sub(r"candidates=\[.*?\]", 'candidates=["model", "mqa", "kv:int4"]', _blocks()[3])
     allocation = allocation.replace("max_tokens=4096", "max_tokens=64").replace("refine=1", "refine=0")
     allocation = allocation.replace("max_tokens=16384", "max_tokens=128")
     namespace = dict(costs)

@@ -12,6 +12,8 @@ Example:
     >>> batches = evaluation_batches(torch.arange(1, 21).reshape(2, 10), max_tokens=13)
     >>> [int(b.attention_mask.sum()) for b in batches], predicted_count(batches)
     ([13], 11)
+    >>> evaluation_batches(torch.arange(1, 21).reshape(2, 10), max_tokens=6)[0].input_ids.tolist()
+    [[1, 2, 3, 4, 5, 6]]
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _budget(batches: list[Batch], max_tokens: int | None) -> list[Batch]:
+    """The first ``max_tokens`` real tokens of ``batches``, in row order; the rows and the trailing
+    columns left with no real token are cut away (padding need not be computed: a 512-token row scored
+    on its first 64 tokens would cost eight times what it measures)."""
     if max_tokens is None:
         return batches
     out, left = [], int(max_tokens)
@@ -67,7 +72,9 @@ def _budget(batches: list[Batch], max_tokens: int | None) -> list[Batch]:
                 n = left
             left -= n
         keep = mask.sum(-1) > 0
-        out.append(Batch(batch.input_ids[keep], mask[keep]))
+        ids, mask = batch.input_ids[keep], mask[keep]
+        width = int(mask.any(0).nonzero()[-1]) + 1 if bool(keep.any()) else 0
+        out.append(Batch(ids[:, :width], mask[:, :width]))
     return out
 
 
