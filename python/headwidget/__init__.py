@@ -51,6 +51,8 @@ from headwidget.errors import (
     RopeCaptureError,
     StatsFileError,
     StatsMismatchError,
+    TimelineFileError,
+    TrackingError,
     UnknownAggregationError,
     UnknownAlignmentMethodError,
     UnknownCircuitError,
@@ -84,6 +86,7 @@ from headwidget.notebook import (
     explore,
 )
 from headwidget.stats import KVStats, NoSamplesError, StatsMeta
+from headwidget.tracking import Timeline, Tracker
 from headwidget.widget import HeadWidget, LayerTrends
 
 
@@ -142,6 +145,10 @@ __all__ = [
     "StatsFileError",
     "StatsMeta",
     "StatsMismatchError",
+    "Timeline",
+    "TimelineFileError",
+    "Tracker",
+    "TrackingError",
     "UnknownAggregationError",
     "UnknownAlignmentMethodError",
     "UnknownCircuitError",

@@ -156,3 +156,13 @@ class VariantSaveError(HeadwidgetError, TypeError):
     """A variant built by ``apply`` that a transformers checkpoint cannot hold (partial RoPE, layers
     with different KV-head counts): ``save_pretrained`` / ``push_to_hub`` refuse before writing
     anything, and the message says what to keep instead."""
+
+
+class TimelineFileError(HeadwidgetError, OSError):
+    """A timeline folder (``Tracker(path=...)``, ``Timeline.load``) whose index is missing, corrupt or not
+    written by headwidget, or that holds another model's snapshots."""
+
+
+class TrackingError(HeadwidgetError, ValueError):
+    """A tracking request that cannot be met: a probe set with no tokens, a step that is not in the
+    timeline, a snapshot of a step already taken."""

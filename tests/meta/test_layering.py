@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("moments", "adapters", "embedded", "texts"),  # tensors / model families / model files / sample text
     ("stats",),  # KVStats: moments per layer and kind, files
     ("capture", "analysis", "report"),  # hooks that fill stats / pure maths on stats and weights
-    ("evaluation",),  # what conversions and quantizers do to the model's predictions
+    ("evaluation", "tracking"),  # what conversions and quantizers do to predictions / stats over training
     ("views",),  # a user's state → panels; the view registry
     ("widget", "export"),  # anywidget transport / files (PNG, SVG, PDF, HTML)
     ("notebook",),  # the displayable views (widget + export) and explore()

@@ -1,0 +1,189 @@
+"""``Tracker``: snapshots of a model's K/V statistics while it trains, from a ``transformers`` Trainer
+callback or a hand-written loop.
+
+A snapshot at step s is exactly ``capture(model, probe, ...)`` of the model as it is at s, over the
+probe set the tracker tokenised once. It does not perturb training: capture draws its token split and
+samples from generators of its own (never the global random state), turns dropout off in its own forwards
+only, runs without gradients and leaves every flag, grad mode and gradient as it found them, so a seeded
+run has the same losses with the tracker as without it.
+
+Under ``torch.distributed`` every rank captures its share of the probe batches and the statistics are
+summed over the ranks (:meth:`KVStats.all_reduce <headwidget.stats.KVStats.all_reduce>`); only rank 0
+writes the folder.
+
+Example:
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4))
+    >>> tracker = Tracker(torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0)), every=2)
+    >>> for step in range(5):
+    ...     if step % tracker.every == 0:
+    ...         _ = tracker.snapshot(model, step)
+    >>> tracker.timeline.steps
+    [0, 2, 4]
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from transformers import TrainerCallback
+
+from headwidget.capture import adapter_for, capture
+from headwidget.capture.inputs import iter_batches
+from headwidget.checks import optional_whole_number, whole_number
+from headwidget.errors import ArgumentError, TrackingError
+from headwidget.stats import KVStats
+from headwidget.tracking._store import TimelineStore
+from headwidget.tracking._timeline import Timeline
+
+__all__ = ["Tracker"]
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class Tracker(TrainerCallback):
+    """K/V statistics of a training model every ``every`` steps (see the module docstring).
+
+    Args:
+        probe_texts: the probe set, in any form :func:`~headwidget.capture` takes (strings need
+            ``tokenizer``); tokenised once, here.
+        every: snapshot every this many global steps (``on_step_end``), besides step 0
+            (``on_train_begin``) and the last step (``on_train_end``).
+        layers, rope, max_tokens, cross_layer, batch_size, max_length: as for
+            :func:`~headwidget.capture`, for every snapshot; ``rope="auto"`` (the default) is
+            ``"both"`` (the keys before and after RoPE) for a model with rotary embeddings, else ``"pre"``.
+        path: a timeline folder to write each snapshot into as it is taken
+            (:mod:`headwidget.tracking._store`); without it, snapshots stay in memory.
+
+    Raises:
+        ArgumentError: an argument of the wrong type or out of range.
+        TrackingError: a probe set without a real token.
+        TimelineFileError: a ``path`` that is a file, or a folder that is not a timeline.
+
+    Example:
+        >>> import torch
+        >>> tracker = Tracker(torch.ones(1, 8, dtype=torch.long), every=50)
+        >>> tracker.every, tracker.timeline.steps
+        (50, [])
+    """
+
+    def __init__(
+        self,
+        probe_texts: Any,
+        *,
+        tokenizer: Any = None,
+        every: int = 50,
+        layers: list[int] | None = None,
+        rope: str = "auto",
+        max_tokens: int | None = 2048,
+        cross_layer: list[int] | bool | None = None,
+        batch_size: int = 8,
+        max_length: int = 512,
+        path: str | Path | None = None,
+    ) -> None:
+        self.every = whole_number("every", every, minimum=1, hint="steps between snapshots")
+        max_tokens = optional_whole_number(
+            "max_tokens", max_tokens, minimum=1, hint="probe tokens per snapshot"
+        )
+        batch_size = whole_number("batch_size", batch_size, minimum=1, hint="probe texts per forward")
+        max_length = whole_number("max_length", max_length, minimum=1, hint="tokens per probe text")
+        if rope not in ("auto", "pre", "post", "both"):
+            raise ArgumentError(f"rope must be 'auto', 'pre', 'post' or 'both', not {rope!r}")
+        if path is not None and not isinstance(path, (str, Path)):
+            raise ArgumentError(
+                f"path must be a folder's path (str or Path) or None, got {type(path).__name__}"
+            )
+        self._batches = [
+            {"input_ids": b.input_ids, "attention_mask": b.attention_mask}
+            for b in iter_batches(probe_texts, tokenizer, batch_size=batch_size, max_length=max_length)
+        ]
+        if not any(bool(b["attention_mask"].any()) for b in self._batches):
+            raise TrackingError("the probe set has no real token: give the tracker texts (or ids) to capture")
+        self._options: dict[str, Any] = {"layers": layers, "rope": rope, "max_tokens": max_tokens,
+                                         "cross_layer": cross_layer, "batch_size": batch_size,
+                                         "max_length": max_length, "progress": False}  # fmt: skip
+        self._snapshots: dict[int, KVStats | Path] = {}
+        self._logs: dict[int, dict[str, float]] = {}
+        self._store: TimelineStore | None = None
+        if path is not None and _rank_and_world()[0] == 0:
+            self._store = TimelineStore(path)
+            held = self._store.index["snapshots"]
+            self._snapshots = {e["step"]: self._store.path / e["file"] for e in held}
+            self._logs = {int(s): v for s, v in self._store.index["logs"].items()}
+
+    @property
+    def timeline(self) -> Timeline:
+        """The snapshots so far (a folder's are read when asked for)."""
+        return Timeline(self._snapshots, self._logs, None if self._store is None else self._store.path)
+
+    def snapshot(self, model: nn.Module, step: int) -> KVStats:
+        """Capture ``model`` as it is now as the snapshot of ``step`` (and write it, with a path).
+
+        Raises:
+            ArgumentError: ``step`` not a whole number from 0.
+            TrackingError: ``step`` is not after every step already taken.
+        """
+        step = whole_number("step", step, minimum=0, hint="the training step of this snapshot")
+        if self._snapshots and step <= max(self._snapshots):
+            raise TrackingError(
+                f"step {step} is not after the last snapshot's step {max(self._snapshots)}; snapshots are "
+                "taken in step order"
+            )
+        rank, world = _rank_and_world()
+        batches = self._batches
+        if world > 1:
+            if len(batches) < world:
+                raise TrackingError(
+                    f"the probe set makes {len(batches)} batch(es) for {world} ranks; every rank needs one: "
+                    "give more probe texts or a smaller batch_size"
+                )
+            batches = batches[rank::world]
+        options = dict(self._options)
+        if options["rope"] == "auto":
+            options["rope"] = "both" if adapter_for(model).layout().rope.uses_rope else "pre"
+        stats = capture(model, batches, **options)
+        if world > 1:
+            stats.all_reduce()
+        if self._store is not None:
+            self._store.add(step, stats)
+        self._snapshots[step] = stats
+        return stats
+
+    def _due(self, step: int) -> bool:
+        return not self._snapshots or step > max(self._snapshots)
+
+    # ------------------------------------------------------------------------ TrainerCallback
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
+                       **kwargs: Any) -> None:  # fmt: skip
+        if model is not None and self._due(state.global_step):
+            self.snapshot(model, state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
+                    **kwargs: Any) -> None:  # fmt: skip
+        if model is not None and state.global_step % self.every == 0 and self._due(state.global_step):
+            self.snapshot(model, state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
+                     **kwargs: Any) -> None:  # fmt: skip
+        if model is not None and self._due(state.global_step):
+            self.snapshot(model, state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:  # fmt: skip
+        numbers = {k: float(v) for k, v in (logs or {}).items()
+                   if type(v) in (int, float) and math.isfinite(v)}  # fmt: skip
+        if not numbers:
+            return
+        self._logs.setdefault(state.global_step, {}).update(numbers)
+        if self._store is not None:
+            self._store.set_logs(self._logs)

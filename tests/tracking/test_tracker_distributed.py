@@ -1,0 +1,54 @@
+"""``Tracker`` under torch.distributed (gloo, two CPU processes): each rank captures its share of the probe
+batches, the snapshot is their sum, equal to one process's capture of all of them, and only rank 0 writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from headwidget import Timeline, Tracker
+from ports import free_port
+from tiny_models import VOCAB
+
+#: three probe batches of 2 rows: rank 0 captures batches 0 and 2, rank 1 batch 1
+PROBE = torch.randint(1, VOCAB, (6, 16), generator=torch.Generator().manual_seed(3))
+
+
+def _model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        tracker = Tracker(PROBE, batch_size=2, every=1, path=Path(out) / "run.track", rope="pre")
+        tracker.snapshot(_model(), 0)
+        assert tracker.timeline.path is None if rank else tracker.timeline.path is not None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_snapshot_what_one_process_captures(tmp_path: Path) -> None:
+    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    merged = Timeline.load(tmp_path / "run.track")[0]
+    single = Tracker(PROBE, batch_size=2, every=1, rope="pre").snapshot(_model(), 0)
+    assert merged.tokens == single.tokens == PROBE.numel()
+    for layer in single.layers:
+        for kind in single.kinds:
+            a, b = merged.moments(layer, kind), single.moments(layer, kind)
+            # the same float32 rows, summed in another order (each capture orders a batch's rows by its
+            # own token split): float32 rounding apart, the same sums
+            scale = float(b.m2.diagonal().max())
+            torch.testing.assert_close(a.mean, b.mean, rtol=1e-6, atol=1e-6 * scale**0.5)
+            torch.testing.assert_close(a.m2, b.m2, rtol=1e-5, atol=1e-5 * scale)
+            torch.testing.assert_close(a.token_gram(), b.token_gram(), rtol=1e-5, atol=1e-5 * b.count)
+    files = sorted(p.name for p in (tmp_path / "run.track").iterdir())
+    assert files == ["step-000000000.safetensors", "timeline.json"]  # rank 0's writes, nothing else
