@@ -362,7 +362,10 @@ def _save_refusal(model: nn.Module, method: str, what: str, reason: str) -> Vari
     every = layers == list(range(len(info.kv_elements)))
     chosen = "" if every or isinstance(parse_variant(spec), MixedSpec) else f", layers={layers}"
     if what == "kv":
-        other = "the same spec without its kv: parts saves as an ordinary checkpoint"
+        other = (
+            "to keep the converted weights, save the spec without its kv: parts and apply the kv: parts to "
+            "the loaded model"
+        )
     elif what == "rope":
         other = "variants without rope:r (mqa, gqa:G, lrkv:r, mla:d_c) save as ordinary checkpoints"
     elif chosen:

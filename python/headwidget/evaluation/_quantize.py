@@ -261,12 +261,14 @@ class QuantizedForward:
     any other, runs untouched meanwhile). Nothing stays installed between calls.
 
     Kept in the instance's ``__dict__`` (the class is untouched); it holds the model it belongs to, so
-    ``copy.deepcopy`` and pickling give a copy whose quantizers act on the copy's attention.
+    ``copy.deepcopy`` and pickling give a copy whose quantizers act on the copy's attention. A forward
+    the instance already had of its own (accelerate's device hooks) is the one it calls.
     """
 
     def __init__(self, model: nn.Module, quantizers: Sequence[KVQuantizer]) -> None:
         self.model = model
         self.quantizers = list(quantizers)
+        self.inner = model.__dict__.get("forward")
 
     @property
     def __wrapped__(self) -> object:  # inspect.signature / help() show the transformers method
@@ -283,7 +285,10 @@ class QuantizedForward:
             for run, state in zip(runs, states, strict=True):
                 state.start(args, kwargs)
                 stack.enter_context(run.transforming(state))
-            output = type(self.model).forward(self.model, *args, **kwargs)
+            if self.inner is not None:
+                output = self.inner(*args, **kwargs)
+            else:
+                output = type(self.model).forward(self.model, *args, **kwargs)
         for run, state in zip(runs, states, strict=True):
             run.check_all_seen(state)
         return output
