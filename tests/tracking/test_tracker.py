@@ -126,6 +126,8 @@ def test_a_folder_loads_lazily(tmp_path) -> None:
     assert loaded.steps == [0, 1, 2] and loaded[2].tokens == PROBE.numel()
     with pytest.raises(StatsFileError):
         loaded[1]
+    with pytest.raises(StatsFileError):  # the tracker's own timeline reads its folder too, holds nothing
+        tracker.timeline[1]
 
 
 def test_from_checkpoints_equals_a_capture_of_each(tmp_path) -> None:

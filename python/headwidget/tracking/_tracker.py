@@ -37,7 +37,7 @@ from headwidget.capture.inputs import iter_batches
 from headwidget.checks import optional_whole_number, whole_number
 from headwidget.errors import ArgumentError, TrackingError
 from headwidget.stats import KVStats
-from headwidget.tracking._store import TimelineStore
+from headwidget.tracking._store import TimelineStore, snapshot_name
 from headwidget.tracking._timeline import Timeline
 
 __all__ = ["Tracker"]
@@ -63,7 +63,8 @@ class Tracker(TrainerCallback):
             :func:`~headwidget.capture`, for every snapshot; ``rope="auto"`` (the default) is
             ``"both"`` (the keys before and after RoPE) for a model with rotary embeddings, else ``"pre"``.
         path: a timeline folder to write each snapshot into as it is taken
-            (:mod:`headwidget.tracking._store`); without it, snapshots stay in memory.
+            (:mod:`headwidget.tracking._store`) and read back from it when asked for (on other ranks
+            than 0, the timeline names rank 0's files); without it, snapshots stay in memory.
 
     Raises:
         ArgumentError: an argument of the wrong type or out of range.
@@ -115,6 +116,7 @@ class Tracker(TrainerCallback):
         self._snapshots: dict[int, KVStats | Path] = {}
         self._logs: dict[int, dict[str, float]] = {}
         self._store: TimelineStore | None = None
+        self._path = None if path is None else Path(path)
         if path is not None and _rank_and_world()[0] == 0:
             self._store = TimelineStore(path)
             held = self._store.index["snapshots"]
@@ -154,9 +156,12 @@ class Tracker(TrainerCallback):
         stats = capture(model, batches, **options)
         if world > 1:
             stats.all_reduce()
-        if self._store is not None:
-            self._store.add(step, stats)
-        self._snapshots[step] = stats
+        if self._store is not None:  # written: the timeline reads it back when asked, never holds them all
+            self._snapshots[step] = self._store.add(step, stats)
+        elif self._path is not None:  # another rank: rank 0 writes the file
+            self._snapshots[step] = self._path / snapshot_name(step)
+        else:
+            self._snapshots[step] = stats
         return stats
 
     def _due(self, step: int) -> bool:
