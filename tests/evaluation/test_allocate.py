@@ -120,6 +120,10 @@ def test_the_leak_flag_follows_the_tokens_through_protocols_and_mixtures(llama) 
     # other text only: not flagged
     flagged, said = share_flagged(other)
     assert not flagged and said == []
+    # other text whose every row starts with one chosen-on row as a template: not the same text
+    templated = torch.cat([chosen_on[1:2].expand(4, 60), other], dim=1)
+    flagged, said = share_flagged(templated)
+    assert not flagged and said == []
 
 
 def test_each_layer_damage_is_the_whole_model_kl_with_that_layer_alone(llama, allocation) -> None:

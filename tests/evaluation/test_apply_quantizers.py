@@ -178,13 +178,25 @@ def test_generate_runs_the_quantized_model(llama) -> None:
 def test_saving_a_quantized_variant_is_refused_and_writes_nothing(llama, tmp_path) -> None:
     variant = apply(llama, "lrkv:4@0;kv:int4@1-2")
     assert "fake-quantizes its K/V while it runs (kv:int4 on layers 1, 2)" in save_blocker(variant)
-    refused = r"no checkpoint holds.*without its kv: parts and apply"
+    refused = r"no checkpoint holds.*without its kv: parts, then apply the kv: parts"
     with pytest.raises(VariantSaveError, match=refused) as err:
         variant.save_pretrained(tmp_path / "out")
     assert "apply(model, 'lrkv:4@0;kv:int4@1-2', stats=stats)" in str(err.value)  # no layers= beside it
     assert not (tmp_path / "out").exists()
     apply(llama, "lrkv:4@0").save_pretrained(tmp_path / "plain")  # its conversion alone saves
     assert (tmp_path / "plain" / "config.json").exists()
+
+
+def test_a_wrapped_forward_still_refuses_to_save_and_a_quantized_model_is_not_applied_again(llama, tmp_path):
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    variant = apply(llama, "kv:int4")
+    add_hook_to_module(variant, ModelHook())  # accelerate wraps the forward that quantizes
+    with pytest.raises(VariantSaveError, match=r"no checkpoint holds.*holds no converted weight"):
+        variant.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UnsupportedConversionError, match=r"already fake-quantizes its K/V \(kv:int4\)"):
+        apply(variant, "mqa")
 
 
 def test_codebooks_without_samples_are_refused(llama) -> None:

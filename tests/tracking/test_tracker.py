@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -170,6 +171,16 @@ def test_bad_input_is_refused_with_what_to_do(tmp_path) -> None:
         Tracker(PROBE, every=1, path=tmp_path / "a.track").snapshot(wider, 5)
     with pytest.raises(ArgumentError, match="steps must increase"):
         Timeline.from_checkpoints([model, model], [2, 1], PROBE)
+
+
+def test_a_run_that_starts_before_the_last_snapshot_is_told(tmp_path) -> None:
+    tracker = Tracker(PROBE, every=1)
+    model = tiny_llama(dropout=0.0).eval()
+    tracker.snapshot(model, 4)
+    state = SimpleNamespace(global_step=0)
+    with pytest.warns(UserWarning, match=r"snapshots up to step 4 and training starts at step 0"):
+        tracker.on_train_begin(None, state, None, model=model)
+    assert tracker.timeline.steps == [4]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """``Tracker`` under torch.distributed (gloo, two CPU processes): each rank captures its share of the probe
-batches, the snapshot is their sum, equal to one process's capture of all of them, and only rank 0 writes."""
+batches, the snapshot is their sum, equal to one process's capture of all of them, only rank 0 writes, and
+every rank continues an existing folder at the same step."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from headwidget import Timeline, Tracker
 from ports import free_port
 from tiny_models import VOCAB
 
-#: three probe batches of 2 rows: rank 0 captures batches 0 and 2, rank 1 batch 1
+#: three probe batches of 2 rows of 16: the first 64 tokens (MAX_TOKENS) are batches 0 and 1, one a rank
 PROBE = torch.randint(1, VOCAB, (6, 16), generator=torch.Generator().manual_seed(3))
+MAX_TOKENS = 64
 
 
 def _model() -> LlamaForCausalLM:
@@ -25,22 +27,29 @@ def _model() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
+def _tracker(path: Path | None = None) -> Tracker:
+    return Tracker(PROBE, batch_size=2, every=1, path=path, rope="pre", max_tokens=MAX_TOKENS)
+
+
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        tracker = Tracker(PROBE, batch_size=2, every=1, path=Path(out) / "run.track", rope="pre")
-        tracker.snapshot(_model(), 0)
-        assert tracker.timeline.path is None if rank else tracker.timeline.path is not None
+        tracker = _tracker(Path(out) / "run.track")
+        assert tracker.timeline.steps == [0], (rank, tracker.timeline.steps)  # the folder's, on every rank
+        tracker.snapshot(_model(), 1)
+        assert tracker.timeline.steps == [0, 1]
     finally:
         dist.destroy_process_group()
 
 
 def test_two_ranks_snapshot_what_one_process_captures(tmp_path: Path) -> None:
+    _tracker(tmp_path / "run.track").snapshot(_model(), 0)  # an earlier run's folder
     mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    merged = Timeline.load(tmp_path / "run.track")[0]
-    single = Tracker(PROBE, batch_size=2, every=1, rope="pre").snapshot(_model(), 0)
-    assert merged.tokens == single.tokens == PROBE.numel()
+    timeline = Timeline.load(tmp_path / "run.track")
+    assert timeline.steps == [0, 1]
+    merged, single = timeline[1], _tracker().snapshot(_model(), 1)
+    assert merged.tokens == single.tokens == MAX_TOKENS  # the token budget is the probe's, not a rank's
     for layer in single.layers:
         for kind in single.kinds:
             a, b = merged.moments(layer, kind), single.moments(layer, kind)
@@ -51,4 +60,4 @@ def test_two_ranks_snapshot_what_one_process_captures(tmp_path: Path) -> None:
             torch.testing.assert_close(a.m2, b.m2, rtol=1e-5, atol=1e-5 * scale)
             torch.testing.assert_close(a.token_gram(), b.token_gram(), rtol=1e-5, atol=1e-5 * b.count)
     files = sorted(p.name for p in (tmp_path / "run.track").iterdir())
-    assert files == ["step-000000000.safetensors", "timeline.json"]  # rank 0's writes, nothing else
+    assert files == ["step-000000000.safetensors", "step-000000001.safetensors", "timeline.json"]

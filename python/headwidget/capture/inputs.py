@@ -16,7 +16,7 @@ import torch
 
 from headwidget.errors import CaptureInputError
 
-__all__ = ["Batch", "iter_batches", "tokenize_truncated"]
+__all__ = ["Batch", "first_tokens", "iter_batches", "tokenize_truncated"]
 
 #: Tokens a tokenised prefix must hold beyond the kept ones, so the kept tokens are far from the cut.
 PREFIX_MARGIN = 32
@@ -230,6 +230,37 @@ def _from_mappings(batches: Iterable[Any], batch_size: int, max_length: int) -> 
         mask = mask[:, :max_length].long().cpu()
         for start in range(0, ids.shape[0], batch_size):
             yield Batch(ids[start : start + batch_size], mask[start : start + batch_size])
+
+
+def first_tokens(batches: list[Batch], max_tokens: int | None) -> list[Batch]:
+    """The first ``max_tokens`` real tokens of ``batches``, in row order; the rows and the trailing
+    columns left with no real token are cut away (padding need not be computed: a 512-token row scored
+    on its first 64 tokens would cost eight times what it measures).
+
+    >>> ids = torch.arange(1, 21).reshape(2, 10)
+    >>> [b.input_ids.tolist() for b in first_tokens([Batch(ids, torch.ones_like(ids))], 6)]
+    [[[1, 2, 3, 4, 5, 6]]]
+    """
+    if max_tokens is None:
+        return batches
+    out, left = [], int(max_tokens)
+    for batch in batches:
+        if left <= 0:
+            break
+        mask = batch.attention_mask.clone()
+        real = mask.sum(-1)
+        for row in range(mask.shape[0]):
+            n = int(real[row])
+            if n > left:  # keep this row's first `left` real tokens, drop the rest
+                idx = torch.nonzero(mask[row]).flatten()
+                mask[row, idx[left:]] = 0
+                n = left
+            left -= n
+        keep = mask.sum(-1) > 0
+        ids, mask = batch.input_ids[keep], mask[keep]
+        width = int(mask.any(0).nonzero()[-1]) + 1 if bool(keep.any()) else 0
+        out.append(Batch(ids[:, :width], mask[:, :width]))
+    return out
 
 
 def iter_batches(

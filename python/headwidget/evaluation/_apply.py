@@ -23,7 +23,11 @@ original weights) and written into a copy by the model's adapter:
   :meth:`~headwidget.evaluation.KVQuantizer.active` does for evaluate, so the copy is the quantized
   model wherever it runs (lm-eval's ``HFLM(pretrained=variant)`` too). A ``kv:int`` forward of
   several rows needs its ``attention_mask`` (its key groups must leave padding out); lm-eval, which
-  passes none, runs it with ``batch_size=1``.
+  passes none, runs it with ``batch_size=1``. With a KV cache (``generate``), the cache holds the
+  unquantized K/V and each step quantizes all of them again, so cached generation can differ from a
+  forward of the whole text (``use_cache=False``). The quantizing forward belongs to the copy
+  ``apply`` returned: ``nn.DataParallel`` replicas of it are not supported. Applying a spec to a model
+  that already quantizes is refused (it would quantize twice): apply one mixed spec to the original.
 
 **Saving.** A variant's ``save_pretrained`` (and ``push_to_hub``, which saves through it) first asks
 :func:`save_blocker` whether the family's own ``from_pretrained`` would give the same model back; where
@@ -159,6 +163,18 @@ def _refuse_quantizer(spec: VariantSpec) -> None:
             f"{spec.text} quantizes the K/V the attention uses while the model runs; it fits no weight: "
             f"fit it with headwidget.evaluation.fit_quantizer(model, {spec.text!r}, stats), or build the "
             f"quantized model with headwidget.apply(model, {spec.text!r}, stats)"
+        )
+
+
+def _refuse_quantized_model(model: nn.Module) -> None:
+    info = getattr(model, "headwidget_variant", None)
+    quantizers = installed_quantizers(model) or (info.quantizers if isinstance(info, AppliedVariant) else [])
+    if quantizers:
+        held = info.spec if isinstance(info, AppliedVariant) else ", ".join(q.spec for q in quantizers)
+        raise UnsupportedConversionError(
+            f"this model already fake-quantizes its K/V ({held}): a variant of it would quantize twice and "
+            "count its bytes once. Apply one mixed spec with every part to the original model instead "
+            "(e.g. 'mqa@0-9;kv:int4@10-29')"
         )
 
 
@@ -322,7 +338,9 @@ def save_blocker(model: nn.Module) -> str | None:
 
 def _save_problem(model: nn.Module) -> tuple[str, str] | None:
     """``(what, why)`` for :func:`save_blocker`: ``what`` is ``"kv"``, ``"rope"`` or ``"kv_heads"``."""
-    quantizers = installed_quantizers(model)
+    info = getattr(model, "headwidget_variant", None)
+    # what apply recorded counts too: accelerate and others may wrap the forward that quantizes
+    quantizers = installed_quantizers(model) or (info.quantizers if isinstance(info, AppliedVariant) else [])
     if quantizers:
         parts = "; ".join(f"{q.spec} on {_layer_list(q.layers)}" for q in quantizers)
         return "kv", (
@@ -361,10 +379,12 @@ def _save_refusal(model: nn.Module, method: str, what: str, reason: str) -> Vari
     spec, layers = info.spec, info.layers
     every = layers == list(range(len(info.kv_elements)))
     chosen = "" if every or isinstance(parse_variant(spec), MixedSpec) else f", layers={layers}"
-    if what == "kv":
+    if what == "kv" and not info.fits:
+        other = "it holds no converted weight, so the original model and the spec are all it takes"
+    elif what == "kv":
         other = (
-            "to keep the converted weights, save the spec without its kv: parts and apply the kv: parts to "
-            "the loaded model"
+            "to keep the converted weights, save the spec without its kv: parts, then apply the kv: parts to "
+            "the loaded model (kv:cq with statistics of the original: allow_other_weights=True)"
         )
     elif what == "rope":
         other = "variants without rope:r (mqa, gqa:G, lrkv:r, mla:d_c) save as ordinary checkpoints"
@@ -470,6 +490,7 @@ def apply(
     """
     adapter = adapter_for(model)
     parsed = parse_variant(spec)
+    _refuse_quantized_model(model)
     refuse_layers_with_mixed([parsed], layers)
     stats, layers = check_apply_arguments(adapter, stats, layers)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)

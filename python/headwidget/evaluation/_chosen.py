@@ -4,11 +4,12 @@
 What is kept of the chosen-on tokens is a sketch: the hashes of one in :data:`KEEP_ONE_IN` of the
 :data:`NGRAM`-grams of real tokens of every sequence (the hash decides which, so the same n-gram is kept
 or left wherever it appears). An evaluation whose sketch shares at least :data:`FLAG_SHARE` of its
-hashes with one the spec was chosen on is flagged, whatever the protocol cut the text into (documents,
-chunks or strides), in whatever order and with whatever else beside it: the same tokens in other windows
-share every n-gram but those that cross a window's edge. Different natural text shares almost none.
-Sequences shorter than an n-gram leave no hash; their exact fingerprint
-(:func:`~headwidget.evaluation._inputs.fingerprint`) is kept too.
+hashes, and at least :data:`MIN_SHARED` of them, with one the spec was chosen on is flagged, whatever
+the protocol cut the text into (documents, chunks or strides), in whatever order and with whatever else
+beside it: the same tokens in other windows share every n-gram but those that cross a window's edge.
+Different natural text shares almost none, and an n-gram found in several sequences (a template) counts
+for neither side. Sequences shorter than an n-gram leave no hash; their exact
+fingerprint (:func:`~headwidget.evaluation._inputs.fingerprint`) is kept too.
 
 Example:
     >>> import torch
@@ -30,15 +31,18 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from headwidget.capture.inputs import Batch
 
-__all__ = ["CHOSEN_ON", "FLAG_SHARE", "KEEP_ONE_IN", "NGRAM", "Chosen", "chosen_share", "remember",
-           "shared_share", "token_sketch"]  # fmt: skip
+__all__ = ["CHOSEN_ON", "FLAG_SHARE", "KEEP_ONE_IN", "MIN_SHARED", "NGRAM", "Chosen", "chosen_share",
+           "remember", "shared_share", "token_sketch"]  # fmt: skip
 
 #: Tokens per hashed n-gram.
 NGRAM = 8
 #: One n-gram hash in this many is kept (those whose hash is a multiple of it).
 KEEP_ONE_IN = 8
-#: The share of an evaluation's kept hashes found in a chosen-on sketch from which it is flagged.
+#: The share of an evaluation's kept hashes found in a chosen-on sketch from which it is flagged ...
 FLAG_SHARE = 0.01
+#: ... and the fewest shared hashes that can flag it (a short shared run, a few n-grams, is not the
+#: same text).
+MIN_SHARED = 2
 
 # fixed odd 64-bit multipliers, one per n-gram position, and a final mixing constant (splitmix64's)
 _WEIGHTS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
@@ -72,19 +76,26 @@ def _row_hashes(row: np.ndarray) -> np.ndarray:
 
 
 def token_sketch(batches: Iterable[Batch]) -> frozenset[int]:
-    """The kept n-gram hashes of the real tokens of every sequence of ``batches`` (padding left out)."""
+    """The kept n-gram hashes of the real tokens of every sequence of ``batches`` (padding left out),
+    without those found in more than one sequence: a prompt template or boilerplate shared by
+    sequences is not text anyone chose on."""
     kept: list[np.ndarray] = []
     for batch in batches:
         for ids, mask in zip(batch.input_ids, batch.attention_mask, strict=True):
-            kept.append(_row_hashes(ids[mask.bool()].to("cpu").numpy()))
-    return frozenset(np.concatenate(kept).tolist()) if kept else frozenset()
+            kept.append(np.unique(_row_hashes(ids[mask.bool()].to("cpu").numpy())))
+    if not kept:
+        return frozenset()
+    hashes, rows = np.unique(np.concatenate(kept), return_counts=True)
+    return frozenset(hashes[rows == 1].tolist())
 
 
 def shared_share(sketch: frozenset[int], chosen_on: Sequence[frozenset[int]]) -> float:
-    """The largest share of ``sketch``'s hashes found in one of ``chosen_on`` (0 for an empty sketch)."""
+    """The largest share of ``sketch``'s hashes found in one of ``chosen_on``, counting only sketches
+    that share at least :data:`MIN_SHARED` hashes with it (0 for none, or an empty sketch)."""
     if not sketch:
         return 0.0
-    return max((len(sketch & other) / len(sketch) for other in chosen_on), default=0.0)
+    shared = [len(sketch & other) for other in chosen_on]
+    return max((n / len(sketch) for n in shared if n >= MIN_SHARED), default=0.0)
 
 
 def remember(spec: str, fingerprint: str, sketch: frozenset[int]) -> None:

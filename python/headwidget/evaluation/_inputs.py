@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwidget.capture.inputs import Batch, iter_batches
+from headwidget.capture.inputs import Batch, first_tokens, iter_batches
 from headwidget.errors import ArgumentError, CaptureInputError, EvaluationInputError
 from headwidget.evaluation.measures import predicted_positions
 
@@ -52,32 +52,6 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _budget(batches: list[Batch], max_tokens: int | None) -> list[Batch]:
-    """The first ``max_tokens`` real tokens of ``batches``, in row order; the rows and the trailing
-    columns left with no real token are cut away (padding need not be computed: a 512-token row scored
-    on its first 64 tokens would cost eight times what it measures)."""
-    if max_tokens is None:
-        return batches
-    out, left = [], int(max_tokens)
-    for batch in batches:
-        if left <= 0:
-            break
-        mask = batch.attention_mask.clone()
-        real = mask.sum(-1)
-        for row in range(mask.shape[0]):
-            n = int(real[row])
-            if n > left:  # keep this row's first `left` real tokens, drop the rest
-                idx = torch.nonzero(mask[row]).flatten()
-                mask[row, idx[left:]] = 0
-                n = left
-            left -= n
-        keep = mask.sum(-1) > 0
-        ids, mask = batch.input_ids[keep], mask[keep]
-        width = int(mask.any(0).nonzero()[-1]) + 1 if bool(keep.any()) else 0
-        out.append(Batch(ids[:, :width], mask[:, :width]))
-    return out
-
-
 def predicted_count(batches: list[Batch]) -> int:
     """How many tokens are predicted (a real, scored token following a real token) over ``batches``."""
     return sum(int(predicted_positions(b.attention_mask, b.scored).sum()) for b in batches)
@@ -99,7 +73,7 @@ def evaluation_batches(
         EvaluationInputError: no sequence has ``min_tokens`` real tokens (two for a language model,
             whose first token is never predicted).
     """
-    batches = [b for b in _budget(list(iter_batches(texts, tokenizer, batch_size=batch_size,
+    batches = [b for b in first_tokens(list(iter_batches(texts, tokenizer, batch_size=batch_size,
                                                      max_length=max_length)), max_tokens)
                if int(b.attention_mask.sum())]  # fmt: skip
     longest = max((int(b.attention_mask.sum(-1).max()) for b in batches), default=0)

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -66,9 +67,11 @@ class Timeline:
         return step in self._snapshots
 
     def __getitem__(self, step: int) -> KVStats:
-        if isinstance(step, bool) or not isinstance(step, int) or step not in self._snapshots:
+        whole = isinstance(step, numbers.Integral) and not isinstance(step, bool)
+        if not whole or int(step) not in self._snapshots:
             near = ", ".join(map(str, self.steps[:8])) + (" ..." if len(self) > 8 else "")
             raise TrackingError(f"step {step!r} is not in this timeline; its steps are {near or 'none'}")
+        step = int(step)
         held = self._snapshots[step]
         if isinstance(held, KVStats):
             return held

@@ -26,26 +26,26 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
 from transformers import TrainerCallback
 
 from headwidget.capture import adapter_for, capture
-from headwidget.capture.inputs import iter_batches
+from headwidget.capture.inputs import first_tokens, iter_batches
 from headwidget.checks import optional_whole_number, whole_number
 from headwidget.errors import ArgumentError, TrackingError
 from headwidget.stats import KVStats
-from headwidget.tracking._store import TimelineStore, snapshot_name
+from headwidget.tracking._store import INDEX, TimelineStore, read_index, snapshot_name
 from headwidget.tracking._timeline import Timeline
 
 __all__ = ["Tracker"]
 
 
 def _rank_and_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -104,29 +104,37 @@ class Tracker(TrainerCallback):
             raise ArgumentError(
                 f"path must be a folder's path (str or Path) or None, got {type(path).__name__}"
             )
-        self._batches = [
-            {"input_ids": b.input_ids, "attention_mask": b.attention_mask}
-            for b in iter_batches(probe_texts, tokenizer, batch_size=batch_size, max_length=max_length)
-        ]
+        # cut to max_tokens once, here, so every rank's share of the probe is a share of the same tokens
+        probe = first_tokens(list(iter_batches(probe_texts, tokenizer, batch_size=batch_size,
+                                               max_length=max_length)), max_tokens)  # fmt: skip
+        self._batches = [{"input_ids": b.input_ids, "attention_mask": b.attention_mask} for b in probe]
         if not any(bool(b["attention_mask"].any()) for b in self._batches):
             raise TrackingError("the probe set has no real token: give the tracker texts (or ids) to capture")
-        self._options: dict[str, Any] = {"layers": layers, "rope": rope, "max_tokens": max_tokens,
+        self._options: dict[str, Any] = {"layers": layers, "rope": rope, "max_tokens": None,
                                          "cross_layer": cross_layer, "batch_size": batch_size,
                                          "max_length": max_length, "progress": False}  # fmt: skip
         self._snapshots: dict[int, KVStats | Path] = {}
         self._logs: dict[int, dict[str, float]] = {}
         self._store: TimelineStore | None = None
+        self._timeline: Timeline | None = None
         self._path = None if path is None else Path(path)
-        if path is not None and _rank_and_world()[0] == 0:
-            self._store = TimelineStore(path)
-            held = self._store.index["snapshots"]
-            self._snapshots = {e["step"]: self._store.path / e["file"] for e in held}
-            self._logs = {int(s): v for s, v in self._store.index["logs"].items()}
+        if self._path is not None:
+            if _rank_and_world()[0] == 0:
+                self._store = TimelineStore(self._path)
+                index = self._store.index
+            else:  # the same steps on every rank, so every rank decides alike when a snapshot is due
+                empty: dict[str, Any] = {"snapshots": [], "logs": {}}
+                index = read_index(self._path) if (self._path / INDEX).exists() else empty
+            self._snapshots = {e["step"]: self._path / e["file"] for e in index["snapshots"]}
+            self._logs = {int(s): v for s, v in index["logs"].items()}
 
     @property
     def timeline(self) -> Timeline:
-        """The snapshots so far (a folder's are read when asked for)."""
-        return Timeline(self._snapshots, self._logs, None if self._store is None else self._store.path)
+        """The snapshots so far (a folder's are read when asked for, the last few kept)."""
+        if self._timeline is None:
+            where = None if self._store is None else self._store.path
+            self._timeline = Timeline(self._snapshots, self._logs, where)
+        return self._timeline
 
     def snapshot(self, model: nn.Module, step: int) -> KVStats:
         """Capture ``model`` as it is now as the snapshot of ``step`` (and write it, with a path).
@@ -158,10 +166,13 @@ class Tracker(TrainerCallback):
             stats.all_reduce()
         if self._store is not None:  # written: the timeline reads it back when asked, never holds them all
             self._snapshots[step] = self._store.add(step, stats)
-        elif self._path is not None:  # another rank: rank 0 writes the file
-            self._snapshots[step] = self._path / snapshot_name(step)
-        else:
+        if world > 1 and self._path is not None:  # no rank names a file before rank 0 has written it
+            dist.barrier()
+        if self._path is None:
             self._snapshots[step] = stats
+        elif self._store is None:  # another rank: rank 0 wrote the file
+            self._snapshots[step] = self._path / snapshot_name(step)
+        self._timeline = None
         return stats
 
     def _due(self, step: int) -> bool:
@@ -170,6 +181,14 @@ class Tracker(TrainerCallback):
     # ------------------------------------------------------------------------ TrainerCallback
     def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
                        **kwargs: Any) -> None:  # fmt: skip
+        if self._snapshots and state.global_step < max(self._snapshots):
+            last = max(self._snapshots)
+            warnings.warn(
+                f"this tracker already holds snapshots up to step {last} and training starts at step "
+                f"{state.global_step}: it takes no snapshot before step {last}; give a new run a new "
+                "Tracker (and path)",
+                stacklevel=2,
+            )
         if model is not None and self._due(state.global_step):
             self.snapshot(model, state.global_step)
 
@@ -190,5 +209,6 @@ class Tracker(TrainerCallback):
         if not numbers:
             return
         self._logs.setdefault(state.global_step, {}).update(numbers)
+        self._timeline = None
         if self._store is not None:
             self._store.set_logs(self._logs)
