@@ -17,9 +17,10 @@ pytestmark = pytest.mark.slow
 
 
 def _blocks() -> list[str]:
+    """quickstart, analyses, costs, allocation, training, jupyter."""
     blocks = re.findall(r"```python\n(.*?)\n```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 5
-    return blocks[:5]
+    assert len(blocks) >= 6
+    return blocks[:6]
 
 
 def _costs_block() -> str:
@@ -72,9 +73,22 @@ def test_the_allocation_example_runs(costs) -> None:
     assert alloc.kv_bytes_per_token <= alloc.model_bytes / 3 and alloc.spec in namespace["report"].variants
 
 
+def test_the_training_example_runs(quickstart, tmp_path, monkeypatch) -> None:
+    # 8 steps, a snapshot every 4, on 256 probe tokens (the block's 500 steps take minutes)
+    training = _blocks()[4].replace("max_steps=500", "max_steps=8").replace("every=50", "every=4")
+    training = training.replace("max_tokens=2048", "max_tokens=256").replace("logs[50]", "logs[4]")
+    training = training.replace("timeline[50]", "timeline[4]").replace("logging_steps=10", "logging_steps=1")
+    monkeypatch.chdir(tmp_path)
+    namespace = dict(quickstart)
+    exec(training, namespace)
+    timeline = namespace["timeline"]
+    assert timeline.steps == [0, 4, 8] and timeline[8].tokens == 256
+    assert "loss" in timeline.logs[4] and len(timeline.summary()) == 3 * 4  # 3 steps × 4 layers
+
+
 def test_the_jupyter_example_runs(quickstart) -> None:
     namespace = dict(quickstart)
-    jupyter = _blocks()[4].replace("headwidget.explore()", "headwidget.explore(stats)")
+    jupyter = _blocks()[5].replace("headwidget.explore()", "headwidget.explore(stats)")
     jupyter = jupyter.replace(
         "texts, tokenizer=tokenizer, max_tokens=8192", "[english_sample()[0]], tokenizer=tokenizer"
     )
