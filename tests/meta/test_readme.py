@@ -74,16 +74,16 @@ def test_the_allocation_example_runs(costs) -> None:
 
 
 def test_the_training_example_runs(quickstart, tmp_path, monkeypatch) -> None:
-    # 8 steps, a snapshot every 4, on 256 probe tokens (the block's 500 steps take minutes)
-    training = _blocks()[4].replace("max_steps=500", "max_steps=8").replace("every=50", "every=4")
-    training = training.replace("max_tokens=2048", "max_tokens=256").replace("logs[50]", "logs[4]")
-    training = training.replace("timeline[50]", "timeline[4]").replace("logging_steps=10", "logging_steps=1")
+    # 4 steps, a snapshot every 2, on 128 probe tokens (the block's 500 steps take minutes)
+    training = _blocks()[4].replace("max_steps=500", "max_steps=4").replace("every=50", "every=2")
+    training = training.replace("max_tokens=2048", "max_tokens=128").replace("logs[50]", "logs[2]")
+    training = training.replace("timeline[50]", "timeline[2]").replace("logging_steps=10", "logging_steps=1")
     monkeypatch.chdir(tmp_path)
     namespace = dict(quickstart)
     exec(training, namespace)
     timeline = namespace["timeline"]
-    assert timeline.steps == [0, 4, 8] and timeline[8].tokens == 256
-    assert "loss" in timeline.logs[4] and len(timeline.summary()) == 3 * 4  # 3 steps × 4 layers
+    assert timeline.steps == [0, 2, 4] and timeline[4].tokens == 128
+    assert "loss" in timeline.logs[2] and len(timeline.summary()) == 3 * 4  # 3 steps × 4 layers
 
 
 def test_the_jupyter_example_runs(quickstart) -> None:
