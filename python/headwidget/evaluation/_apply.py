@@ -166,9 +166,16 @@ def _refuse_quantizer(spec: VariantSpec) -> None:
         )
 
 
+def _quantizers_of(model: nn.Module) -> list[KVQuantizer]:
+    """The quantizers ``model`` runs: those installed on its forward, or those ``apply`` recorded (a
+    forward wrapped since, by accelerate for one, hides the installed ones)."""
+    info = getattr(model, "headwidget_variant", None)
+    return installed_quantizers(model) or (list(info.quantizers) if isinstance(info, AppliedVariant) else [])
+
+
 def _refuse_quantized_model(model: nn.Module) -> None:
     info = getattr(model, "headwidget_variant", None)
-    quantizers = installed_quantizers(model) or (info.quantizers if isinstance(info, AppliedVariant) else [])
+    quantizers = _quantizers_of(model)
     if quantizers:
         held = info.spec if isinstance(info, AppliedVariant) else ", ".join(q.spec for q in quantizers)
         raise UnsupportedConversionError(
@@ -338,9 +345,7 @@ def save_blocker(model: nn.Module) -> str | None:
 
 def _save_problem(model: nn.Module) -> tuple[str, str] | None:
     """``(what, why)`` for :func:`save_blocker`: ``what`` is ``"kv"``, ``"rope"`` or ``"kv_heads"``."""
-    info = getattr(model, "headwidget_variant", None)
-    # what apply recorded counts too: accelerate and others may wrap the forward that quantizes
-    quantizers = installed_quantizers(model) or (info.quantizers if isinstance(info, AppliedVariant) else [])
+    quantizers = _quantizers_of(model)
     if quantizers:
         parts = "; ".join(f"{q.spec} on {_layer_list(q.layers)}" for q in quantizers)
         return "kv", (

@@ -31,7 +31,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from headwidget.capture.inputs import Batch
 
-__all__ = ["CHOSEN_ON", "FLAG_SHARE", "KEEP_ONE_IN", "MIN_SHARED", "NGRAM", "Chosen", "chosen_share",
+__all__ = ["CHOSEN_ON", "FLAG_SHARE", "KEEP_ONE_IN", "MIN_SHARED", "NGRAM", "Chosen", "chosen_shares",
            "remember", "shared_share", "token_sketch"]  # fmt: skip
 
 #: Tokens per hashed n-gram.
@@ -103,10 +103,12 @@ def remember(spec: str, fingerprint: str, sketch: frozenset[int]) -> None:
     CHOSEN_ON.setdefault(spec, []).append(Chosen(fingerprint, sketch))
 
 
-def chosen_share(spec: str, fingerprint: str, sketch: frozenset[int]) -> float:
-    """How much of an evaluation's tokens ``spec`` was chosen on: 1 for the very same sequences (exact
-    fingerprint), else :func:`shared_share` of the sketches (0: not chosen here, or on other text)."""
-    chosen = CHOSEN_ON.get(spec, [])
-    if any(c.fingerprint == fingerprint for c in chosen):
-        return 1.0
-    return shared_share(sketch, [c.sketch for c in chosen])
+def chosen_shares(specs: Sequence[str], fingerprint: str, batches: Sequence[Batch]) -> dict[str, float]:
+    """How much of an evaluation's tokens each spec was chosen on, for the specs chosen at all: 1 for
+    the very same sequences (exact fingerprint), else :func:`shared_share` of the sketches (the
+    evaluation's sketch is made only when some spec was chosen in this process)."""
+    chosen = {s: CHOSEN_ON[s] for s in specs if s in CHOSEN_ON}
+    sketch = token_sketch(batches) if chosen else frozenset()
+    exact = {s for s, on in chosen.items() if any(c.fingerprint == fingerprint for c in on)}
+    return {s: 1.0 if s in exact else shared_share(sketch, [c.sketch for c in on])
+            for s, on in chosen.items()}  # fmt: skip

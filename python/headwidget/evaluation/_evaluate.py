@@ -54,7 +54,7 @@ from headwidget.checks import optional_whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._apply import refuse_layers_with_mixed, shared_copy
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._chosen import FLAG_SHARE, chosen_share, token_sketch
+from headwidget.evaluation._chosen import FLAG_SHARE, chosen_shares
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import (
     Protocol,
@@ -300,9 +300,8 @@ def evaluate(
         tick.close()
     calibration = {} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)}
     tokens_seen = fingerprint(every)
-    sketch = token_sketch(every)
-    shares = {s: chosen_share(s, tokens_seen, sketch) for s in specs}
-    leaked = [s for s in specs if shares[s] >= FLAG_SHARE]
+    shares = chosen_shares(specs, tokens_seen, every)
+    leaked = [s for s in specs if shares.get(s, 0.0) >= FLAG_SHARE]
     if leaked:
         said = ", ".join(f"{s} (on {shares[s]:.0%} of them)" for s in leaked)
         warnings.warn(

@@ -269,6 +269,7 @@ class QuantizedForward:
         self.model = model
         self.quantizers = list(quantizers)
         self.inner = model.__dict__.get("forward")
+        self._runs: tuple[int, list[_QuantizedRun]] | None = None
 
     @property
     def __wrapped__(self) -> object:  # inspect.signature / help() show the transformers method
@@ -278,8 +279,15 @@ class QuantizedForward:
         specs = ", ".join(f"{q.spec} on layers {q.layers}" for q in self.quantizers)
         return f"<forward of {type(self.model).__name__} with fake-quantized K/V: {specs}>"
 
+    def _prepared(self) -> list[_QuantizedRun]:
+        """Each quantizer's run on this model, prepared once (a deep copy, whose model is another,
+        prepares its own: the runs name attention modules by identity)."""
+        if self._runs is None or self._runs[0] != id(self.model):
+            self._runs = (id(self.model), [_QuantizedRun(q, self.model, None) for q in self.quantizers])
+        return self._runs[1]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        runs = [_QuantizedRun(q, self.model, None) for q in self.quantizers]
+        runs = self._prepared()
         states = [run.new_state() for run in runs]
         with ExitStack() as stack:
             for run, state in zip(runs, states, strict=True):
