@@ -137,6 +137,7 @@ def test_the_quantized_variant_and_the_original_run_side_by_side_in_threads(llam
 
 def test_a_copy_quantizes_its_own_attention(llama, batches) -> None:
     variant = apply(llama, "mqa@1;kv:int3@0")
+    logits_of(variant, batches)  # its quantizers prepared for it: the copy must prepare its own
     twin = copy.deepcopy(variant)
     assert twin.forward.model is twin
     for g, w in zip(logits_of(twin, batches), logits_of(variant, batches), strict=True):
