@@ -3,7 +3,8 @@
  * one entry per control, naming the trait it sets and the traits it reads.
  * Pure: parsing, the traits to listen to, and the texts beside sliders.
  *
- * - slider: `trait` in 0 .. `count` - 1, with the `text` trait beside it;
+ * - slider: `trait` in 0 .. `count` - 1, with the `text` trait beside it; with `play`, a
+ *   play/pause button that moves it one position at a time to the last (see `playNext`);
  * - window: a window [`trait`, `trait` + `width`) inside 0 .. `total`; with a `step` trait
  *   holding more than 1 (e.g. a head's channels), start and width snap to its multiples;
  * - toggles / select: one entry of the `options` list; checklist: a sub-list; each option shown
@@ -33,6 +34,8 @@ export interface ControlSpec {
   step: string;
   /** What an option is shown as: option → text. */
   labels: Record<string, string>;
+  /** A slider with a play/pause button: true, else absent (every other type: absent). */
+  play?: true;
 }
 
 const REFERENCES = ["count", "text", "width", "total", "options", "step"] as const;
@@ -80,6 +83,7 @@ export function parseControls(value: unknown): ControlSpec[] {
       step: text(e.step),
       labels: stringMap(e.labels),
     };
+    if (type === "slider" && e.play === true) spec.play = true;
     if (REQUIRED[type].every((k) => spec[k] !== "")) specs.push(spec);
   }
   return specs;
@@ -135,4 +139,21 @@ export function snapWindow(
   s = Math.min(Math.max(s, 0), last);
   if (s % k !== 0) s = Math.floor(s / k) * k; // the end of a total that is not a multiple
   return { start: s, width: w };
+}
+
+/**
+ * The position play moves a slider of `count` positions to from `value`: the next one, or null at
+ * the last (play stops there).  Pressing play at the last position starts again from the first
+ * (`playStart`).
+ *
+ *     playNext(3, 5) -> 4;  playNext(4, 5) -> null
+ */
+export function playNext(value: number, count: number): number | null {
+  const v = Number.isFinite(value) ? Math.max(0, Math.floor(value)) : 0;
+  return v + 1 < count ? v + 1 : null;
+}
+
+/** Where play starts from `value`: there, or at the first position when `value` is the last. */
+export function playStart(value: number, count: number): number {
+  return playNext(value, count) === null ? 0 : value;
 }

@@ -15,6 +15,8 @@ import {
   controlTraits,
   longestWindowText,
   parseControls,
+  playNext,
+  playStart,
   snapStep,
   snapWindow,
   windowText,
@@ -31,9 +33,15 @@ export interface BoundControl {
   destroy(): void;
 }
 
+/** How long play shows each position of a slider before it moves to the next, in ms. */
+export const PLAY_INTERVAL_MS = 800;
+
 export class SliderControl implements BoundControl {
   readonly slider: Slider;
+  /** The play/pause button of a slider that plays (`play` in its description); null otherwise. */
+  readonly playButton: HTMLButtonElement | null = null;
   private readonly noun: string;
+  private timer: ReturnType<typeof setInterval> | null = null;
 
   constructor(
     doc: Document,
@@ -48,6 +56,56 @@ export class SliderControl implements BoundControl {
       (v) => commit(model, { [spec.trait]: v }),
       (v) => this.slider.setOutput(`${this.noun} ${v}…`),
     );
+    if (spec.play) {
+      this.playButton = h(doc, "button", {
+        className: "hw-play",
+        attrs: { type: "button", "data-play": spec.trait },
+      });
+      this.playButton.addEventListener("click", () => (this.playing ? this.pause() : this.play()));
+      this.slider.el.append(this.playButton); // after the range input: the label still names it
+      this.showPlaying();
+    }
+  }
+
+  /** Whether play is moving the slider now. */
+  get playing(): boolean {
+    return this.timer !== null;
+  }
+
+  /** Move the slider one position every PLAY_INTERVAL_MS until the last (from the first when it
+   * is at the last already). */
+  play(): void {
+    if (this.playing) return;
+    const count = getNumber(this.model, this.spec.count);
+    const value = getNumber(this.model, this.spec.trait);
+    if (count < 2) return;
+    const start = playStart(value, count);
+    if (start !== value) commit(this.model, { [this.spec.trait]: start });
+    this.timer = setInterval(() => this.tick(), PLAY_INTERVAL_MS);
+    this.showPlaying();
+  }
+
+  pause(): void {
+    if (this.timer !== null) clearInterval(this.timer);
+    this.timer = null;
+    this.showPlaying();
+  }
+
+  private tick(): void {
+    const count = getNumber(this.model, this.spec.count);
+    const next = playNext(getNumber(this.model, this.spec.trait), count);
+    if (next !== null) commit(this.model, { [this.spec.trait]: next });
+    if (next === null || playNext(next, count) === null) this.pause(); // the last: nothing more
+  }
+
+  private showPlaying(): void {
+    const b = this.playButton;
+    if (b === null) return;
+    const label = `${this.playing ? "Pause" : "Play"} ${this.noun}`;
+    b.textContent = this.playing ? "❚❚" : "▶";
+    b.setAttribute("aria-label", label);
+    b.setAttribute("aria-pressed", String(this.playing));
+    b.title = label;
   }
 
   get el(): HTMLElement {
@@ -63,9 +121,12 @@ export class SliderControl implements BoundControl {
     const d = "8".repeat(String(count).length);
     this.slider.reserve(`${this.noun} ${d} of ${d}`);
     this.slider.setOutput(text || `${this.noun} ${value} of ${count}`);
+    if (this.playButton !== null) this.playButton.disabled = count < 2;
+    if (count < 2) this.pause();
   }
 
   destroy(): void {
+    this.pause();
     this.slider.destroy();
   }
 }

@@ -34,6 +34,7 @@ export const CSS = `
 .hw-root button:focus-visible, .hw-root select:focus-visible, .hw-root input:focus-visible,
 .hw-panels:focus-visible { outline: 2px solid #1a73e8; outline-offset: 1px; }
 .hw-export { font: inherit; padding: 2px 10px; cursor: pointer; flex: none; white-space: nowrap; }
+.hw-play { font: inherit; min-width: 2.4em; padding: 1px 6px; cursor: pointer; }
 .hw-error { border: 1px solid #c62828; background: #fdecea; color: #7f1d1d; padding: 6px 10px;
   margin: 0 0 6px; white-space: pre-wrap; border-radius: 3px; }
 .hw-heading { font-weight: 600; font-size: 13px; margin: 0 0 4px; overflow-wrap: anywhere; }

@@ -83,6 +83,7 @@ from headwidget.notebook import (
     ConsequenceView,
     MechanismView,
     QuantizationView,
+    TimelineView,
     explore,
 )
 from headwidget.stats import KVStats, NoSamplesError, StatsMeta
@@ -147,6 +148,7 @@ __all__ = [
     "StatsMismatchError",
     "Timeline",
     "TimelineFileError",
+    "TimelineView",
     "Tracker",
     "TrackingError",
     "UnknownAggregationError",

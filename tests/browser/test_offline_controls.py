@@ -73,6 +73,13 @@ def make_view(name: str, tiny, report):
         return headwidget.ConsequenceView(report)
     if name == "quantization":
         return headwidget.QuantizationView(stats, report=report, bins=4)
+    if name == "timeline":  # two snapshots (the model, and another seed's) and a logged loss
+        later = make_model("llama_gqa", dtype=torch.float32, seed=1)
+        snapshots = {0: stats, 10: headwidget.capture(later, ragged_batches(), rope="both", progress=False)}
+        timeline = headwidget.Timeline(
+            snapshots, logs={0: {"loss": 4.5}, 5: {"loss": 4.1}, 10: {"loss": 3.8}}
+        )
+        return headwidget.TimelineView(timeline, layer=0, prefetch=False)
     raise AssertionError(f"no test view for {name!r}: add one here")
 
 
@@ -164,5 +171,23 @@ def test_every_control_of_the_view_works_on_its_saved_page(name, tiny, report, b
         assert view.current_state() == saved  # saving and the page's moves left the view alone
         if any(c.type == "entry" for c in type(view).view_controls()):
             assert "needs Python" in page.js(f"{MODEL}.get('status')")
+    finally:
+        page.close()
+
+
+def test_the_play_button_moves_a_saved_timeline_through_its_steps(tiny, report, browser, bundle, tmp_path):
+    view = make_view("timeline", tiny, report)
+    page = Page(browser, save(view, tmp_path / "timeline.html"))
+    try:
+        fields = [c.trait for c in type(view).view_controls()]
+        button = page.page.locator("button[data-play=step]")
+        assert button.get_attribute("aria-label") == "Play step"
+        button.click()
+        wait_for(page, "step", 1)  # the next snapshot, from the page's own frames
+        assert check(page, view, fields)["step"] == 1
+        page.page.wait_for_function(
+            "() => document.querySelector('button[data-play=step]').ariaPressed === 'false'"
+        )
+        assert page.errors == []
     finally:
         page.close()

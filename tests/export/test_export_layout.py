@@ -33,6 +33,10 @@ def views(smollm2):
         max_tokens=64, per_layer=True, progress=False,
     )  # fmt: skip
     mechanisms = ["model", "mqa", "lrkv:16", "mla:128"]
+    timeline = headwidget.Timeline.from_checkpoints(  # two snapshots of one model: the layout is the point
+        [model, model], [0, 1000], english_sample(), tokenizer=tok, max_tokens=256, max_length=128,
+        layers=LAYERS,
+    )  # fmt: skip
     return {
         "channels": headwidget.ChannelView(stats, layer=0, pinned=[1], channel_width=32),
         "alignment": headwidget.AlignmentView(stats, layer=1),
@@ -40,10 +44,21 @@ def views(smollm2):
         "quantization": headwidget.QuantizationView(stats, layer=0),
         "quantization+report": headwidget.QuantizationView(stats, layer=0, report=report),
         "consequences": headwidget.ConsequenceView(report),
+        "timeline": headwidget.TimelineView(timeline, layer=1),
+        "timeline+heads": headwidget.TimelineView({"run A": timeline, "run B": timeline}, show="heads"),
     }
 
 
-CASES = ["channels", "alignment", "mechanisms", "quantization", "quantization+report", "consequences"]
+CASES = [
+    "channels",
+    "alignment",
+    "mechanisms",
+    "quantization",
+    "quantization+report",
+    "consequences",
+    "timeline",
+    "timeline+heads",
+]
 
 
 def test_every_registered_view_is_among_the_cases():

@@ -47,11 +47,12 @@ def test_the_pair_really_is_foreign(models):
     assert models["gpt2_stats"].meta.model_class != models["llama_stats"].meta.model_class
 
 
+# Views built from statistics as a plain capture leaves them (not a report or a timeline; no token samples)
+FROM_STATS = [n for n in view_names() if not (view_class(n).needs_report or view_class(n).needs_timeline)]
+
+
 @pytest.mark.parametrize("face", ["view", "widget"])
-# Views built from statistics as a plain capture leaves them (not a report; no token samples needed)
-@pytest.mark.parametrize(
-    "name", [n for n in view_names() if not view_class(n).needs_report and n != "quantization"]
-)
+@pytest.mark.parametrize("name", [n for n in FROM_STATS if n != "quantization"])
 def test_every_registered_view_refuses_another_models_statistics(models, refusal, name, face):
     cls = view_class(name) if face == "view" else notebook.widget_class(name)
     with pytest.raises(StatsMismatchError) as info:

@@ -10,7 +10,10 @@ of the controls' values (each slider position, each option of a toggle or a sele
 checklist's options), taken in order of how far they are from the saved state (how many options
 differ; the slider's positions are all distance 0): the page holds them until ``max_states`` or
 ``max_bytes`` is reached, so what is left out first is the combinations with most controls changed,
-and the page says so. A channel window is not a state of its own: the page holds the whole matrices
+and the page says so. A view with a slider that plays (a timeline's steps) holds every position of
+that one first: its other sliders' positions count as changes, one per position away from the saved
+one, so what a page too small for them all leaves out first is the layers furthest from the saved one.
+A channel window is not a state of its own: the page holds the whole matrices
 (up to :data:`MAX_WINDOW_CHANNELS` channels) and crops them to the window, as the kernel would. A text
 entry (a spec to add) needs Python. A state the view cannot show (a layer not captured, say) keeps the
 view's error message, which the page shows when a control reaches it.
@@ -158,15 +161,18 @@ class Axis:
     control: Control
     values: list[Any]
     saved: Any
+    #: A slider that moves for free (every slider, unless another one plays).
+    free: bool = True
 
     @property
     def trait(self) -> str:
         return self.control.trait
 
     def distance(self, value: Any) -> int:
-        """How far ``value`` is from the saved one: options changed (a slider moves for free)."""
+        """How far ``value`` is from the saved one: options changed (a free slider moves for free;
+        another one counts the positions it moved)."""
         if self.control.type == "slider":
-            return 0
+            return 0 if self.free else abs(int(value) - int(self.saved))
         if self.control.type == "checklist":
             return len(set(value) ^ set(self.saved))
         return int(value != self.saved)
@@ -332,10 +338,12 @@ def _view_frames(
     if not frames.frames:
         raise ExportError(f"none of the states could be shown: {sorted(set(frames.errors.values()))}")
     if held < frames.reachable:
+        played = next((a.control.label for a in axes if a.control.play), None)
+        first = f"every position of “{played}” is held first; " if played else ""
         notes.append(
             f"this page holds {held} of the {frames.reachable} states its controls reach (at most "
-            f"{max_states} states and {max_bytes / 2**20:.0f} MiB): left out first are those with most "
-            "options changed from the saved one; save with a larger max_states to hold more"
+            f"{max_states} states and {max_bytes / 2**20:.0f} MiB): {first}left out first are those with "
+            "most options changed from the saved one; save with a larger max_states to hold more"
         )
     window_spec = window_control(view)
     if window_spec is not None and window is None:
@@ -398,6 +406,9 @@ def _axes(view: View, saved: Any, layers: Sequence[int] | None) -> tuple[list[Ax
                 axes.append(Axis(control, subsets, value))
     if layers is not None and not any(a.trait == "layer" and a.control.type == "slider" for a in axes):
         raise ExportError(f"{type(view).__name__} here has no layer slider; layers= does not apply")
+    if any(a.control.play for a in axes):  # the played slider is the one whose every position is held
+        for axis in axes:
+            axis.free = axis.control.type != "slider" or axis.control.play
     return axes, notes
 
 

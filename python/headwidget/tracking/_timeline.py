@@ -12,12 +12,17 @@ Example:
     >>> timeline = Timeline.from_checkpoints([model, model], [0, 10], probe)
     >>> timeline.steps, timeline[10].tokens, sorted(timeline.summary()[0])
     ([0, 10], 32, ['key_abs_corr', 'key_head_cos', 'layer', 'step', 'value_abs_corr', 'value_head_cos'])
+    >>> series = timeline.layer_series(1)  # the trend lines of one layer: a value per step
+    >>> list(series) == list(SUMMARY_METRICS), len(series["key_abs_corr"])
+    (True, 2)
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,10 +36,19 @@ from headwidget.errors import ArgumentError, TrackingError
 from headwidget.stats import KVStats
 from headwidget.tracking._store import read_index
 
-__all__ = ["KEEP_LOADED", "Timeline"]
+__all__ = ["KEEP_LOADED", "SUMMARY_METRICS", "Timeline"]
 
 #: Snapshots of a timeline folder kept in memory at once (the most recently asked for).
 KEEP_LOADED = 8
+#: The numbers of a :meth:`Timeline.summary` row, each with what a trend line calls it: mean
+#: |off-diagonal channel correlation| and mean off-diagonal head similarity (per-token cosine, before
+#: alignment) of the keys (pre-RoPE) and the values.
+SUMMARY_METRICS: dict[str, str] = {
+    "key_abs_corr": "K mean |ρ|",
+    "value_abs_corr": "V mean |ρ|",
+    "key_head_cos": "K head cosine",
+    "value_head_cos": "V head cosine",
+}
 
 
 class Timeline:
@@ -51,6 +65,8 @@ class Timeline:
         self._loaded: OrderedDict[int, KVStats] = OrderedDict()
         self.logs: dict[int, dict[str, float]] = dict(sorted((logs or {}).items()))
         self.path = path
+        self._summary: list[dict[str, Any]] | None = None
+        self._lock = threading.Lock()
 
     @property
     def steps(self) -> list[int]:
@@ -75,19 +91,51 @@ class Timeline:
         held = self._snapshots[step]
         if isinstance(held, KVStats):
             return held
-        stats = self._loaded.get(step)
-        if stats is None:
-            stats = KVStats.load(held)
-            self._loaded[step] = stats
-            while len(self._loaded) > KEEP_LOADED:
-                self._loaded.popitem(last=False)
-        self._loaded.move_to_end(step)
-        return stats
+        with self._lock:  # a view computes the next step on a background thread meanwhile
+            stats = self._loaded.get(step)
+            if stats is None:
+                stats = KVStats.load(held)
+                self._loaded[step] = stats
+                while len(self._loaded) > KEEP_LOADED:
+                    self._loaded.popitem(last=False)
+            self._loaded.move_to_end(step)
+            return stats
 
     def summary(self) -> list[dict[str, Any]]:
         """Per step and captured layer: mean |channel correlation| of K and V and mean head similarity
-        (the rows of :meth:`KVStats.summary <headwidget.stats.KVStats.summary>` with their step)."""
-        return [{"step": step, **row} for step in self.steps for row in self[step].summary()]
+        (the rows of :meth:`KVStats.summary <headwidget.stats.KVStats.summary>` with their step).
+
+        Computed once per timeline (its snapshots do not change): trend lines read it again for free.
+        """
+        if self._summary is None:
+            self._summary = [{"step": step, **row} for step in self.steps for row in self[step].summary()]
+        return [dict(row) for row in self._summary]
+
+    def layer_series(self, layer: int) -> dict[str, list[float]]:
+        """The trend lines of ``layer``: for each of :data:`SUMMARY_METRICS`, its value at every step
+        (in step order), from :meth:`summary`; NaN at a step whose snapshot lacks the layer or the kind.
+
+        Raises:
+            ArgumentError: ``layer`` not a whole number from 0.
+        """
+        layer = whole_number("layer", layer, minimum=0, hint="a layer of the model")
+        rows = {row["step"]: row for row in self.summary() if row["layer"] == layer}
+        return {
+            metric: [float(rows.get(step, {}).get(metric, math.nan)) for step in self.steps]
+            for metric in SUMMARY_METRICS
+        }
+
+    def log_series(self, name: str = "loss") -> tuple[list[int], list[float]]:
+        """The steps at which the trainer logged ``name`` (``"loss"``, ``"learning_rate"``…) and the
+        values, in step order; two empty lists when it never did.
+
+        Raises:
+            ArgumentError: ``name`` not a string.
+        """
+        if not isinstance(name, str):
+            raise ArgumentError(f"name must be the name of a logged number (a string), got {name!r}")
+        logged = [(step, values[name]) for step, values in self.logs.items() if name in values]
+        return [step for step, _ in logged], [value for _, value in logged]
 
     def __repr__(self) -> str:
         where = f", {self.path}" if self.path is not None else ""

@@ -33,6 +33,7 @@ from headwidget.views.channels import ChannelView, ChannelWindowError
 from headwidget.views.consequences import ConsequenceView
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
 from headwidget.views.quantization import QuantizationView
+from headwidget.views.timeline import StepIndexError, TimelineStepsError, TimelineView
 
 __all__ = [
     "STATE_ERRORS",
@@ -45,6 +46,9 @@ __all__ = [
     "LayerView",
     "MechanismView",
     "QuantizationView",
+    "StepIndexError",
+    "TimelineStepsError",
+    "TimelineView",
     "UnknownViewError",
     "View",
     "ViewSourceError",

@@ -193,6 +193,9 @@ class View(t.HasTraits):
     #: and whether it takes one when there is one.
     needs_report: ClassVar[bool] = False
     wants_report: ClassVar[bool] = False
+    #: Whether :meth:`create` is built from a training run's snapshots (``timeline=``, a
+    #: :class:`~headwidget.Timeline`) rather than from one capture.
+    needs_timeline: ClassVar[bool] = False
 
     #: The class :meth:`state_class` made (per class: a subclass with more state makes its own).
     _state_class: ClassVar[type[ViewState] | None] = None

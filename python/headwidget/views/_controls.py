@@ -5,7 +5,9 @@ front end (``js/ui/controls.ts``) builds the bar from these descriptions, in dec
 knows nothing about any particular view. A control names the traits it reads besides its own:
 
 - ``slider``: an integer in ``0 .. count - 1`` (``count`` names the trait holding the number of
-  positions; hidden below 1), with the text of the ``text`` trait beside it;
+  positions; hidden below 1), with the text of the ``text`` trait beside it; with ``play``, a
+  play/pause button beside it steps through the positions in turn (training steps, say), and a saved
+  page holds every position of that slider before any other (:mod:`headwidget.export._source`);
 - ``window``: a window ``[trait, trait + width)`` inside ``0 .. total`` (two sliders: start and width,
   each with a field for exact values; hidden when ``total`` is 0); with ``step`` naming a trait that
   holds more than 1 (a head's channels, say), start and width snap to its multiples;
@@ -26,6 +28,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
+
+from headwidget.checks import flag
 
 __all__ = [
     "CONTROL_TYPES",
@@ -51,7 +55,7 @@ class Control:
 
     ``trait`` is the state trait it sets; :meth:`bind` fills it in when the view lists its controls.
     ``labels``: ``(option, text)`` pairs, the words an option is shown as (options not listed show as
-    themselves).
+    themselves). ``play``: a slider with a play/pause button (only a slider has one).
     """
 
     type: ControlType
@@ -64,10 +68,15 @@ class Control:
     step: str = ""
     trait: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    play: bool = False
 
     def __post_init__(self) -> None:
         if self.type not in CONTROL_TYPES:
             raise ValueError(f"unknown control type {self.type!r}; the types are {', '.join(CONTROL_TYPES)}")
+        if self.play is not True and self.play is not False:
+            raise ValueError(f"play must be True or False, got {self.play!r}")
+        if self.play and self.type != "slider":
+            raise ValueError(f"only a slider has a play button, not a {self.type}")
 
     def bind(self, trait: str) -> Control:
         """This control, setting ``trait``."""
@@ -83,8 +92,8 @@ class Control:
         return [name for name in (self.trait, *(getattr(self, f) for f in REFERENCES)) if name]
 
     def to_json(self) -> dict[str, Any]:
-        """The description the front end reads: ``trait``, ``type``, ``label``, the references set and
-        the option ``labels`` (an object) when there are any.
+        """The description the front end reads: ``trait``, ``type``, ``label``, the references set,
+        the option ``labels`` (an object) when there are any and ``play`` when it is on.
 
         Example:
             >>> control = toggles("Kind", options="kinds", labels={"key_post": "post-RoPE"}).bind("kind")
@@ -95,12 +104,21 @@ class Control:
         data.update({f: getattr(self, f) for f in REFERENCES if getattr(self, f)})
         if self.labels:
             data["labels"] = dict(self.labels)
+        if self.play:
+            data["play"] = True
         return data
 
 
-def slider(label: str, *, count: str, text: str = "") -> Control:
-    """An integer slider over ``0 .. count - 1`` with the ``text`` trait as its read-out."""
-    return Control("slider", label, count=count, text=text)
+def slider(label: str, *, count: str, text: str = "", play: bool = False) -> Control:
+    """An integer slider over ``0 .. count - 1`` with the ``text`` trait as its read-out; ``play``: with
+    a play/pause button that moves it one position at a time up to the last (pressed at the last, it
+    starts again from the first).
+
+    Example:
+        >>> slider("Step", count="num_steps", text="step_label", play=True).bind("step").to_json()["play"]
+        True
+    """
+    return Control("slider", label, count=count, text=text, play=flag("play", play))
 
 
 def window(label: str, *, width: str, total: str, step: str = "") -> Control:

@@ -12,8 +12,9 @@ Example:
     >>> try:
     ...     view_class("attention")
     ... except UnknownViewError as err:
-    ...     print(err)
-    unknown view 'attention'; the views are channels, alignment, mechanisms, consequences, quantization
+    ...     print(err)  # doctest: +NORMALIZE_WHITESPACE
+    unknown view 'attention'; the views are channels, alignment, mechanisms, consequences, quantization,
+    timeline
 """
 
 from __future__ import annotations
