@@ -21,6 +21,8 @@ SMALL_RUN = {
     # allocation: two candidates beside the model, no refine round (the full run is the saved outputs)
     "HEADWIDGET_NOTEBOOK_CANDIDATES": "model,mla:64,kv:int4",
     "HEADWIDGET_NOTEBOOK_REFINE": "0",
+    # allocation: float32 (bfloat16 is emulated, about 5× slower, on CPUs without bfloat16 instructions)
+    "HEADWIDGET_NOTEBOOK_DTYPE": "float32",
 }
 
 
