@@ -17,10 +17,10 @@ pytestmark = pytest.mark.slow
 
 
 def _blocks() -> list[str]:
-    """quickstart, analyses, costs, allocation, training, jupyter."""
+    """quickstart, analyses, costs, allocation, training, timeline view, jupyter."""
     blocks = re.findall(r"```python\n(.*?)\n```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 6
-    return blocks[:6]
+    assert len(blocks) >= 7
+    return blocks[:7]
 
 
 def _costs_block() -> str:
@@ -84,11 +84,16 @@ def test_the_training_example_runs(quickstart, tmp_path, monkeypatch) -> None:
     timeline = namespace["timeline"]
     assert timeline.steps == [0, 2, 4] and timeline[4].tokens == 128
     assert "loss" in timeline.logs[2] and len(timeline.summary()) == 3 * 4  # 3 steps × 4 layers
+    # the timeline view block, with the run itself as the second timeline
+    exec(_blocks()[5].replace("gqa_timeline", "timeline"), namespace)
+    view = namespace["view"]
+    assert view.step == 2 and view.grid.panels[0].title == "Keys · step 4"
+    assert len(namespace["both"].grid.panels) == 4 and namespace["dash"].timeline is not None
 
 
 def test_the_jupyter_example_runs(quickstart) -> None:
     namespace = dict(quickstart)
-    jupyter = _blocks()[5].replace("headwidget.explore()", "headwidget.explore(stats)")
+    jupyter = _blocks()[6].replace("headwidget.explore()", "headwidget.explore(stats)")
     jupyter = jupyter.replace(
         "texts, tokenizer=tokenizer, max_tokens=8192", "[english_sample()[0]], tokenizer=tokenizer"
     )
