@@ -97,7 +97,7 @@ def section_names(stdout: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # SmolLM2's capture, evaluation, sweep, quantizers and figures: minutes on 2 cores
 def test_demo_on_smollm2_writes_statistics_figures_and_the_evaluation(tmp_path):
-    result = run_demo_command(tmp_path, "smollm2-135m", "--evaluation-tokens", "128", "--sweep-tokens", "32")
+    result = run_demo_command(tmp_path, "smollm2-135m", "--evaluation-tokens", "64", "--sweep-tokens", "16")
     assert "llama/gqa, 30 layers, H=9 G=3 d_h=64" in result.stdout
     for name in ("channel_correlation", "head_alignment"):
         assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
@@ -125,7 +125,7 @@ def test_demo_on_smollm2_writes_statistics_figures_and_the_evaluation(tmp_path):
     assert sweep.variants == ["model", "mqa", "mla:128"] and sweep.layers == list(range(30))
     assert sweep.kl["model"] == 0.0 and sweep.top1["model"] == 1.0
     assert sweep.per_layer is not None and len(sweep.per_layer["mqa"]) == 30
-    assert 0 < sweep.tokens <= 32 and sweep.calibration["tokens"] == 300
+    assert 0 < sweep.tokens <= 16 and sweep.calibration["tokens"] == 300
     for name in ("tradeoff", "damage_map", "quantization"):  # trade-off chart, damage map, quantizers
         assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
         assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
@@ -141,7 +141,7 @@ def test_demo_on_smollm2_writes_statistics_figures_and_the_evaluation(tmp_path):
     assert "| kv:int4 | 5.00 | 7200 | 0 |" in report  # 2·(192·4/8 + 4·192/32) per layer, 30 layers
     assert "| kv:cq4c8b | 2.00 | 2880 | " in report and "| kv:cq8c8b | 1.00 | 1440 | " in report
     assert quant.constant_bytes["kv:cq4c8b"] == 30 * 2 * 48 * 256 * 4 * 2  # fp16 codebooks, K and V
-    # the time of every section; 300 sampled rows and 128 tokens are below the default run's reduction
+    # the time of every section; 300 sampled rows and 64 tokens are below the default run's reduction
     smol_sections = [
         "load and capture",
         "6 variants",

@@ -14,21 +14,27 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "example_notebooks").g
 #: layer). Three of SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first
 #: layer, a middle one, the last) at a tenth of the fits.
 SMALL_RUN = {
-    "HEADWIDGET_NOTEBOOK_TOKENS": "256",
-    "HEADWIDGET_NOTEBOOK_CALIBRATION_TOKENS": "512",
-    "HEADWIDGET_NOTEBOOK_SWEEP_TOKENS": "64",
+    "HEADWIDGET_NOTEBOOK_TOKENS": "128",
+    "HEADWIDGET_NOTEBOOK_CALIBRATION_TOKENS": "256",
+    "HEADWIDGET_NOTEBOOK_SWEEP_TOKENS": "32",
+    # the reference-figure notebooks and the quickstart: their captures' token counts
+    "HEADWIDGET_NOTEBOOK_CAPTURE_TOKENS": "512",
     "HEADWIDGET_NOTEBOOK_LAYERS": "0,14,29",
     # allocation: two candidates beside the model, no refine round (the full run is the saved outputs)
     "HEADWIDGET_NOTEBOOK_CANDIDATES": "model,mla:64,kv:int4",
     "HEADWIDGET_NOTEBOOK_REFINE": "0",
     # allocation: float32 (bfloat16 is emulated, about 5× slower, on CPUs without bfloat16 instructions)
     "HEADWIDGET_NOTEBOOK_DTYPE": "float32",
+    # training: 20 steps with a snapshot every 10 (the saved outputs are 2,000 steps, every 100)
+    "HEADWIDGET_NOTEBOOK_TRAIN_STEPS": "20",
+    "HEADWIDGET_NOTEBOOK_TRACK_EVERY": "10",
 }
 
 
 def test_there_is_a_quickstart_and_one_notebook_per_reference_figure():
     names = {p.stem for p in NOTEBOOKS}
     assert {"quickstart", "channel_correlation", "head_alignment", "mechanisms", "consequences"} <= names
+    assert {"quantization", "allocation", "training"} <= names  # the costs, the allocator, training runs
 
 
 @pytest.mark.slow
