@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+import headwidget
 from headwidget import Timeline
 from headwidget.errors import ArgumentError
-from headwidget.tracking._timeline import SUMMARY_METRICS
+from headwidget.moments import effective_rank
+from headwidget.tracking._timeline import SUMMARY_METRICS, SUMMARY_RANKS
 from tiny_models import VOCAB, make_model
 
 PROBE = torch.randint(1, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
@@ -61,3 +64,43 @@ def test_a_bad_layer_is_refused(timeline, bad):
 def test_a_bad_log_name_is_refused(timeline):
     with pytest.raises(ArgumentError, match=r"^name must be the name of a logged number"):
         timeline.log_series(3)
+
+
+def entropy_rank_of_rows(rows: object) -> float:
+    """Roy & Vetterli's effective rank of the sample covariance of token rows, by hand in float64."""
+    eigen = np.clip(np.linalg.eigvalsh(np.cov(np.asarray(rows, dtype=np.float64).T)), 0.0, None)
+    p = eigen[eigen > 0] / eigen.sum()
+    return float(np.exp(-sum(x * math.log(x) for x in p)))
+
+
+def test_effective_ranks_equal_the_spectrum_of_every_token_row():
+    """Every probe token kept as a sample, so the raw K/V rows are there to compare with."""
+    model = make_model("llama_gqa", dtype=torch.float32, seed=4)
+    stats = headwidget.capture(model, PROBE, samples=PROBE.numel(), progress=False)
+    timeline = Timeline({0: stats})
+    for row in timeline.summary():
+        for kind in ("key", "value"):
+            rows = stats.samples(row["layer"], kind)
+            assert rows.shape[0] == PROBE.numel()
+            assert row[f"{kind}_eff_rank"] == pytest.approx(entropy_rank_of_rows(rows), rel=1e-6)
+    assert set(SUMMARY_RANKS) <= set(timeline.summary()[0])
+
+
+def test_effective_rank_closed_forms():
+    assert effective_rank(np.eye(5)) == pytest.approx(5.0, rel=1e-12)
+    assert effective_rank(np.diag([2.0, 0.0, 0.0])) == pytest.approx(1.0, rel=1e-12)
+    two = np.diag([3.0, 1.0])  # p = (3/4, 1/4)
+    assert effective_rank(two) == pytest.approx(math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25))))
+    assert math.isnan(effective_rank(np.zeros((3, 3))))
+    assert math.isnan(effective_rank(np.full((2, 2), np.nan)))
+
+
+def test_aligned_similarity_is_what_the_alignment_view_shows(timeline):
+    """The summary's aligned head similarity: the off-diagonal mean of AlignmentView's "after" panels."""
+    for row in timeline.summary():
+        view = headwidget.views.AlignmentView(timeline[row["step"]], layer=row["layer"])
+        panels = {p.id: p.matrix for p in view.grid.panels}
+        for kind in ("key", "value"):
+            after = np.asarray(panels[f"{kind}-after"], dtype=np.float64)
+            off = after[~np.eye(len(after), dtype=bool)]
+            assert row[f"{kind}_aligned_sim"] == pytest.approx(float(off.mean()), abs=1e-6)

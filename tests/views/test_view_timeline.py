@@ -212,7 +212,8 @@ def test_a_click_on_a_trend_point_shows_its_step(gqa):
     assert view.step == 2
     view._clicked({"chart": "loss", "series": 0, "point": 4})  # logged at step 4: nearest snapshot 3
     assert view.step == 1
-    view._clicked({"chart": "trends", "series": 4, "point": 0})  # the marker: nothing
+    marker = len(SUMMARY_METRICS)  # the last series of the trend chart
+    view._clicked({"chart": "trends", "series": marker, "point": 0})  # the marker: nothing
     view._clicked({"chart": "nowhere", "series": 0, "point": 0})
     assert view.step == 1
 
@@ -235,10 +236,11 @@ def test_two_timelines_side_by_side_share_the_step_slider(gqa, mha):
         np.testing.assert_allclose(panel.matrix, reference_corr(timeline[6], 1, kind), atol=1e-9)
     trends = grid.charts[0]
     names = [s.name for s in trends.series]
-    assert names[:4] == [f"GQA · {w}" for w in SUMMARY_METRICS.values()]
-    assert names[4:8] == [f"MHA · {w}" for w in SUMMARY_METRICS.values()] and names[8] == "step 6"
-    assert [s.dashed for s in trends.series[:8]] == [False] * 4 + [True] * 4
-    assert trends.series[4].y == mha.layer_series(1)["key_abs_corr"]
+    m = len(SUMMARY_METRICS)
+    assert names[:m] == [f"GQA · {w}" for w in SUMMARY_METRICS.values()]
+    assert names[m : 2 * m] == [f"MHA · {w}" for w in SUMMARY_METRICS.values()] and names[2 * m] == "step 6"
+    assert [s.dashed for s in trends.series[: 2 * m]] == [False] * m + [True] * m
+    assert trends.series[m].y == mha.layer_series(1)["key_abs_corr"]
     heads = grid_at(view, matrices="heads")
     assert heads.columns == 4 and [p.id for p in heads.panels][:4] == [
         "GQA:key-before", "GQA:key-after", "MHA:key-before", "MHA:key-after",

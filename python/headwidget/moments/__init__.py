@@ -8,6 +8,7 @@ similarities. Nothing here knows about models, statistics files or analyses.
 from headwidget.moments.correlation import (
     channel_corr_from_moments,
     corr_from_comoment,
+    effective_rank,
     off_diagonal_mean,
     resolve_channels,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "Moments",
     "channel_corr_from_moments",
     "corr_from_comoment",
+    "effective_rank",
     "head_blocks",
     "head_similarity_from_moments",
     "normalise_heads",

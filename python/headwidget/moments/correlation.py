@@ -29,6 +29,7 @@ __all__ = [
     "ChannelSelectionError",
     "channel_corr_from_moments",
     "corr_from_comoment",
+    "effective_rank",
     "off_diagonal_mean",
     "resolve_channels",
 ]
@@ -52,6 +53,28 @@ def off_diagonal_mean(matrix: Any, *, absolute: bool = False) -> float:
     off = values[~np.eye(len(values), dtype=bool)]
     off = np.abs(off) if absolute else off
     return float(np.nanmean(off)) if np.isfinite(off).any() else float("nan")
+
+
+def effective_rank(m2: Any) -> float:
+    """The entropy effective rank (Roy & Vetterli, 2007) of a co-moment or covariance: ``exp(H(p))``
+    with ``p`` its eigenvalues (negative rounding clipped to 0) divided by their sum; 1 for vectors on
+    a line, C for C channels of equal, uncorrelated variance; NaN when every eigenvalue is 0 or one is
+    not finite. Computed in float64.
+
+    Example:
+        >>> import numpy as np
+        >>> effective_rank(np.diag([1.0, 1.0, 1.0, 1.0])), effective_rank(np.diag([1.0, 0.0, 0.0]))
+        (4.0, 1.0)
+    """
+    values = np.asarray(m2.detach().cpu() if isinstance(m2, torch.Tensor) else m2, dtype=np.float64)
+    if not np.isfinite(values).all():
+        return float("nan")
+    eigen = np.clip(np.linalg.eigvalsh((values + values.T) / 2), 0.0, None)
+    total = eigen.sum()
+    if total <= 0:
+        return float("nan")
+    p = eigen[eigen > 0] / total
+    return float(np.exp(-(p * np.log(p)).sum()))
 
 
 class ChannelSelectionError(ArgumentError, IndexError):

@@ -10,8 +10,8 @@ Example:
     >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4)).eval()
     >>> probe = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
     >>> timeline = Timeline.from_checkpoints([model, model], [0, 10], probe)
-    >>> timeline.steps, timeline[10].tokens, sorted(timeline.summary()[0])
-    ([0, 10], 32, ['key_abs_corr', 'key_head_cos', 'layer', 'step', 'value_abs_corr', 'value_head_cos'])
+    >>> timeline.steps, timeline[10].tokens, sorted(timeline.summary()[0])[:5]
+    ([0, 10], 32, ['key_abs_corr', 'key_aligned_sim', 'key_eff_rank', 'key_head_cos', 'layer'])
     >>> series = timeline.layer_series(1)  # the trend lines of one layer: a value per step
     >>> list(series) == list(SUMMARY_METRICS), len(series["key_abs_corr"])
     (True, 2)
@@ -30,25 +30,35 @@ from typing import Any
 
 from torch import nn
 
+from headwidget.analysis.alignment import align
 from headwidget.capture import capture
 from headwidget.checks import whole_number
 from headwidget.errors import ArgumentError, TrackingError
+from headwidget.moments import effective_rank, off_diagonal_mean
 from headwidget.stats import KVStats
 from headwidget.tracking._store import read_index
 
-__all__ = ["KEEP_LOADED", "SUMMARY_METRICS", "Timeline"]
+__all__ = ["KEEP_LOADED", "SUMMARY_METRICS", "SUMMARY_RANKS", "Timeline"]
 
 #: Snapshots of a timeline folder kept in memory at once (the most recently asked for).
 KEEP_LOADED = 8
 #: The numbers of a :meth:`Timeline.summary` row, each with what a trend line calls it: mean
-#: |off-diagonal channel correlation| and mean off-diagonal head similarity (per-token cosine, before
-#: alignment) of the keys (pre-RoPE) and the values.
+#: |off-diagonal channel correlation|, mean off-diagonal head similarity (per-token cosine) before
+#: alignment, and after it (each pair of KV heads aligned as :class:`~headwidget.AlignmentView` does by
+#: default: RoPE plane rotations or orthogonal Procrustes for keys, orthogonal for values; held-out
+#: scores where its rule picks them), of the keys (pre-RoPE) and the values. All lie in −1..1, so one
+#: chart draws them; the rows also hold the K and V effective ranks (1..C, see :data:`SUMMARY_RANKS`).
 SUMMARY_METRICS: dict[str, str] = {
     "key_abs_corr": "K mean |ρ|",
     "value_abs_corr": "V mean |ρ|",
     "key_head_cos": "K head cosine",
     "value_head_cos": "V head cosine",
+    "key_aligned_sim": "K aligned heads",
+    "value_aligned_sim": "V aligned heads",
 }
+#: The entropy effective rank of the K and of the V covariance over all of a layer's KV channels
+#: (:func:`~headwidget.moments.effective_rank`): how many directions K/V use, the room low-rank KV has.
+SUMMARY_RANKS: dict[str, str] = {"key_eff_rank": "K effective rank", "value_eff_rank": "V effective rank"}
 
 
 class Timeline:
@@ -103,12 +113,19 @@ class Timeline:
 
     def summary(self) -> list[dict[str, Any]]:
         """Per step and captured layer: mean |channel correlation| of K and V and mean head similarity
-        (the rows of :meth:`KVStats.summary <headwidget.stats.KVStats.summary>` with their step).
+        before alignment (the rows of :meth:`KVStats.summary <headwidget.stats.KVStats.summary>` with
+        their step), mean head similarity after alignment and the effective ranks of K and V (see
+        :data:`SUMMARY_METRICS` and :data:`SUMMARY_RANKS`; NaN where a layer has one KV head).
 
         Computed once per timeline (its snapshots do not change): trend lines read it again for free.
         """
         if self._summary is None:
-            self._summary = [{"step": step, **row} for step in self.steps for row in self[step].summary()]
+            rows = []
+            for step in self.steps:
+                stats = self[step]
+                for row in stats.summary():
+                    rows.append({"step": step, **row, **_aligned_and_ranks(stats, row["layer"])})
+            self._summary = rows
         return [dict(row) for row in self._summary]
 
     def layer_series(self, layer: int) -> dict[str, list[float]]:
@@ -204,3 +221,19 @@ def _load_checkpoint(folder: str | Path) -> nn.Module:
         return AutoModelForCausalLM.from_pretrained(folder).eval()
     except (ValueError, KeyError):  # an encoder: no causal-LM head class for its config
         return AutoModel.from_pretrained(folder).eval()
+
+
+def _aligned_and_ranks(stats: KVStats, layer: int) -> dict[str, float]:
+    """The summary numbers of one snapshot's layer beyond :meth:`KVStats.summary`: mean aligned head
+    similarity and effective rank of the keys and of the values."""
+    out: dict[str, float] = {}
+    for kind in ("key", "value"):
+        if kind not in stats.kinds:
+            continue
+        nan = stats.meta.layout.num_kv_heads < 2  # one KV head: no pair to align
+        method = "orthogonal" if kind == "value" else None  # keys: as AlignmentView's "auto"
+        out[f"{kind}_aligned_sim"] = (
+            math.nan if nan else off_diagonal_mean(align(stats, [layer], kind=kind, method=method).shown)
+        )
+        out[f"{kind}_eff_rank"] = effective_rank(stats.moments(layer, kind).m2)
+    return out

@@ -11,7 +11,8 @@ the snapshots, the layer slider through the layers.
 
 Above the panels, the trend chart of the selected layer: per step, the numbers of
 :meth:`Timeline.summary <headwidget.Timeline.summary>` (mean |channel correlation| of K and V, mean head
-cosine of K and V; :meth:`Timeline.layer_series <headwidget.Timeline.layer_series>`), with the step
+similarity of K and V before and after alignment; :meth:`Timeline.layer_series
+<headwidget.Timeline.layer_series>`), with the step
 shown marked; when the trainer logged a loss, a second chart draws it over the same steps. A click on
 a point of a chart moves the step slider to that step.
 
@@ -75,7 +76,7 @@ SHOW_LABELS = {"channels": "channel correlation", "heads": "head similarity"}
 #: The colour of each trend line (the same metric has the same colour in every timeline).
 METRIC_COLORS = {
     "key_abs_corr": "#1f77b4", "value_abs_corr": "#ff7f0e", "key_head_cos": "#2ca02c",
-    "value_head_cos": "#d62728",
+    "value_head_cos": "#d62728", "key_aligned_sim": "#9467bd", "value_aligned_sim": "#8c564b",
 }  # fmt: skip
 #: The marker of the step shown, in every chart.
 MARKER_COLOR = "#5f5f5f"
@@ -456,7 +457,7 @@ class TimelineView(View):
         charts = [
             Chart(
                 "trends", f"Layer {state.layer} over training", "training step", "mean over pairs",
-                lines, subtitle="mean |channel correlation|, mean head cosine before alignment; per snapshot",
+                lines, subtitle="mean |channel correlation|; mean head similarity before and after alignment",
                 note="a click on a point shows its step",
             )
         ]  # fmt: skip
