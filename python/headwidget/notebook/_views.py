@@ -23,8 +23,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 from headwidget import views
 from headwidget.notebook._widget import ViewWidget
 
@@ -82,12 +80,3 @@ class TimelineView(ViewWidget, views.TimelineView):
 
     See :class:`headwidget.views.TimelineView` for the arguments.
     """
-
-    def _clicked(self, event: dict[str, Any]) -> None:
-        """A click on a chart's point moves the step slider there; a click on a cell does what the
-        view does with one."""
-        chart, series, point = event.get("chart"), event.get("series"), event.get("point")
-        if isinstance(chart, str) and isinstance(series, int) and isinstance(point, int):
-            self.select_point(chart, series, point)
-        else:
-            super()._clicked(event)

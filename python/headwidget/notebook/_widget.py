@@ -58,10 +58,14 @@ class ViewWidget(View, HeadWidget):
         self.on_click(self._clicked)
 
     def _clicked(self, event: dict[str, Any]) -> None:
-        """A click in the browser: a cell goes to the view's :meth:`~headwidget.views.View.select_cell`."""
+        """A click in the browser: a cell goes to the view's :meth:`~headwidget.views.View.select_cell`,
+        a chart's point to its :meth:`~headwidget.views.View.select_point`."""
         panel, row, col = event.get("panel"), event.get("row"), event.get("col")
         if isinstance(panel, str) and isinstance(row, int) and isinstance(col, int):
             self.select_cell(panel, row, col)
+        chart, series, point = event.get("chart"), event.get("series"), event.get("point")
+        if isinstance(chart, str) and isinstance(series, int) and isinstance(point, int):
+            self.select_point(chart, series, point)
 
     @t.default("view")
     def _view_default(self) -> str:

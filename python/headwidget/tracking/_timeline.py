@@ -230,10 +230,10 @@ def _aligned_and_ranks(stats: KVStats, layer: int) -> dict[str, float]:
     for kind in ("key", "value"):
         if kind not in stats.kinds:
             continue
-        nan = stats.meta.layout.num_kv_heads < 2  # one KV head: no pair to align
+        one_head = stats.meta.layout.num_kv_heads < 2  # no pair of heads to align
         method = "orthogonal" if kind == "value" else None  # keys: as AlignmentView's "auto"
         out[f"{kind}_aligned_sim"] = (
-            math.nan if nan else off_diagonal_mean(align(stats, [layer], kind=kind, method=method).shown)
+            math.nan if one_head else off_diagonal_mean(align(stats, [layer], kind=kind, method=method).shown)
         )
         out[f"{kind}_eff_rank"] = effective_rank(stats.moments(layer, kind).m2)
     return out

@@ -421,6 +421,10 @@ class View(t.HasTraits):
     def select_cell(self, panel: str, row: int, col: int) -> None:
         """What a click on cell (``row``, ``col``) of panel ``panel`` does (default: nothing)."""
 
+    def select_point(self, chart: str, series: int, point: int) -> None:
+        """What a click on point ``point`` of series ``series`` of chart ``chart`` does (default:
+        nothing)."""
+
     def close(self) -> None:
         """Release what the view holds (background work; a widget's connection to the browser)."""
         prefetcher = getattr(self, "_prefetcher", None)  # absent when __init__ failed before it
