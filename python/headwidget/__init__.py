@@ -41,11 +41,13 @@ from headwidget.errors import (
     DegenerateHeadsError,
     GroupCountError,
     HeadwidgetError,
+    HealingInputError,
     HeldOutSplitError,
     LayerIndexError,
     MechanismSpecError,
     MemoryBudgetError,
     NonFiniteActivationError,
+    NonFiniteLossError,
     RankRangeError,
     RopeAlignmentError,
     RopeCaptureError,
@@ -76,6 +78,7 @@ from headwidget.evaluation import (
     fit_codebooks,
     fit_quantizer,
 )
+from headwidget.healing import HealingRun, heal
 from headwidget.moments import Moments
 from headwidget.notebook import (
     AlignmentView,
@@ -127,6 +130,8 @@ __all__ = [
     "HeadWeights",
     "HeadWidget",
     "HeadwidgetError",
+    "HealingInputError",
+    "HealingRun",
     "HeldOutSplitError",
     "KVQuantizer",
     "KVStats",
@@ -138,6 +143,7 @@ __all__ = [
     "Moments",
     "NoSamplesError",
     "NonFiniteActivationError",
+    "NonFiniteLossError",
     "QuantizationView",
     "RankRangeError",
     "RopeAlignmentError",
@@ -180,6 +186,7 @@ __all__ = [
     "group_heads",
     "head_diversity",
     "head_weights",
+    "heal",
     "load_ipython_extension",
     "mechanism_sweep",
     "operator_similarity",

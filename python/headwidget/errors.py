@@ -166,3 +166,18 @@ class TimelineFileError(HeadwidgetError, OSError):
 class TrackingError(HeadwidgetError, ValueError):
     """A tracking request that cannot be met: a probe set with no tokens, a step that is not in the
     timeline, a snapshot of a step already taken."""
+
+
+class HealingInputError(HeadwidgetError, ValueError):
+    """A healing request that cannot be met: a ``variant`` that is not a converted copy of ``model``, a
+    quantized variant (nothing to train), overlapping healing and evaluation texts, a token budget
+    below one batch, ``method="lm"`` on a model without a language-model head."""
+
+
+class NonFiniteLossError(NonFiniteActivationError):
+    """Healing met a loss (or gradient) that is not finite; the message names the step. ``run`` holds the
+    run up to the last good step, its ``model`` with the last good weights."""
+
+    def __init__(self, message: str, run: object = None) -> None:
+        super().__init__(message)
+        self.run = run

@@ -183,8 +183,12 @@ def _number_problem(value: object) -> str | None:
     return f"must be a number, not {_describe(value)}"
 
 
+def _bool_problem(value: object) -> str | None:
+    return None if type(value) is bool else f"must be true or false, not {_describe(value)}"
+
+
 #: The checks of the scalar annotations (the JSON parser gives exactly these types).
-_SCALARS = {str: _string_problem, int: _integer_problem, float: _number_problem}
+_SCALARS = {str: _string_problem, int: _integer_problem, float: _number_problem, bool: _bool_problem}
 
 
 def _what(mode: int) -> str:
@@ -222,6 +226,13 @@ class ReportCheck:
         ...
         headwidget.errors.ReportFileError: report.json is corrupt: variants[1] must be a string, not ...
     """
+
+    #: The format tag and version this check reads, and what such a file is called in a message.
+    format = FORMAT
+    version = VERSION
+    noun = "evaluation report"
+    how_to_save = "save one with report.save(path)"
+    repair = _REPAIR
 
     def __init__(self, report_class: type, source: str, where: str, repair: str) -> None:
         self.fields = {f.name: f for f in dataclasses.fields(report_class)}
@@ -282,23 +293,23 @@ class ReportCheck:
     # ------------------------------------------------------------------ the whole report
     def report(self, data: object) -> dict[str, Any]:
         """The dataclass's keyword arguments from the file's top-level JSON value."""
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") != self.format:
             got = (
                 f"its format is {_describe(data.get('format'))}"
                 if isinstance(data, dict)
                 else f"it holds {_describe(data)}, not an object"
             )
             raise ReportFileError(
-                f"{self.source} is not a headwidget evaluation report ({got}; a report's format is "
-                f"{FORMAT!r}); save one with report.save(path)"
+                f"{self.source} is not a headwidget {self.noun} ({got}; its format is "
+                f"{self.format!r}); {self.how_to_save}"
             )
         if "version" not in data:
             self.fail("version", "is missing")
         self.value(data["version"], int, "version")
-        if data["version"] != VERSION:
+        if data["version"] != self.version:
             raise ReportFileError(
-                f"{self.source}: version is {data['version']}, but this headwidget reads evaluation report "
-                f"version {VERSION} only; read it with the headwidget that wrote it, or upgrade "
+                f"{self.source}: version is {data['version']}, but this headwidget reads {self.noun} "
+                f"version {self.version} only; read it with the headwidget that wrote it, or upgrade "
                 "headwidget (pip install -U headwidget)"
             )
         self.entries(data, "the report", ["format", "version", *self.fields], "fields", "known:")
@@ -470,12 +481,14 @@ def _parse(text: str, fail: Callable[[str], NoReturn]) -> object:
     try:
         return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_parse_int)
     except RecursionError:
-        fail("its JSON is nested too deeply to be an evaluation report")
+        fail("its JSON is nested too deeply to be a headwidget report")
     except ValueError as err:
         fail(f"it is not valid JSON ({err})")
 
 
-def report_text(report_class: type, fields: dict[str, Any], path: Path) -> str:
+def report_text(
+    report_class: type, fields: dict[str, Any], path: Path, check: type[ReportCheck] = ReportCheck
+) -> str:
     """The JSON text of a report (``fields`` as :meth:`EvaluationReport.to_json` gives them), checked
     as :func:`read_report` checks a file, so that what is saved always loads.
 
@@ -493,12 +506,11 @@ def report_text(report_class: type, fields: dict[str, Any], path: Path) -> str:
     except RecursionError:
         fail("a field refers to itself")
     repair = "nothing was written; fix the report's fields or evaluate again"
-    check = ReportCheck(report_class, str(path), where, repair)
-    check.report(_parse(text, fail))
+    check(report_class, str(path), where, repair).report(_parse(text, fail))
     return text
 
 
-def read_report(report_class: type, path: Path) -> dict[str, Any]:
+def read_report(report_class: type, path: Path, check: type[ReportCheck] = ReportCheck) -> dict[str, Any]:
     """The keyword arguments of the report in the file at ``path``, every field checked.
 
     Raises :class:`ReportFileError` naming ``path`` (and the field) for a missing, unreadable, non-regular
@@ -506,21 +518,21 @@ def read_report(report_class: type, path: Path) -> dict[str, Any]:
     """
 
     def fail(problem: str) -> NoReturn:
-        raise ReportFileError(f"{path} is not a readable evaluation report: {problem}")
+        raise ReportFileError(f"{path} is not a readable {check.noun}: {problem}")
 
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO never blocks
     try:
         fd = os.open(path, flags)
     except FileNotFoundError as err:
-        raise ReportFileError(f"no evaluation report at {path} ({err.strerror})") from err
+        raise ReportFileError(f"no {check.noun} at {path} ({err.strerror})") from err
     except ValueError as err:  # a NUL byte in the path
-        raise ReportFileError(f"cannot read an evaluation report from {path!r}: {err}") from err
+        raise ReportFileError(f"cannot read a {check.noun} from {path!r}: {err}") from err
     except OSError as err:
-        raise ReportFileError(f"cannot read an evaluation report from {path}: {err.strerror or err}") from err
+        raise ReportFileError(f"cannot read a {check.noun} from {path}: {err.strerror or err}") from err
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            fail(f"it is {_what(info.st_mode)}, not a file; reports are written by EvaluationReport.save()")
+            fail(f"it is {_what(info.st_mode)}, not a file; {check.how_to_save}")
         if info.st_size > MAX_REPORT_BYTES:
             fail(f"it holds {info.st_size} bytes, more than the {MAX_REPORT_BYTES} any report needs")
         with os.fdopen(os.dup(fd), "rb") as fh:
@@ -528,7 +540,7 @@ def read_report(report_class: type, path: Path) -> dict[str, Any]:
     except ReportFileError:
         raise
     except OSError as err:
-        raise ReportFileError(f"cannot read an evaluation report from {path}: {err.strerror or err}") from err
+        raise ReportFileError(f"cannot read a {check.noun} from {path}: {err.strerror or err}") from err
     finally:
         os.close(fd)
     if len(raw) > MAX_REPORT_BYTES:
@@ -538,4 +550,4 @@ def read_report(report_class: type, path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         fail(f"it is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})")
     data = _parse(text, fail)
-    return ReportCheck(report_class, str(path), f"{path} is corrupt or incomplete", _REPAIR).report(data)
+    return check(report_class, str(path), f"{path} is corrupt or incomplete", check.repair).report(data)

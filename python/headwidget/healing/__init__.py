@@ -1,0 +1,21 @@
+"""Healing: what a converted model recovers with a little training, per layer.
+
+- :func:`heal`: distil (or fine-tune) a :func:`headwidget.apply` variant of a model on calibration text,
+  training only its mechanism's own parameters (:mod:`headwidget.healing._trainable`), and measure its
+  recovery on held-out text: a :class:`HealingRun` with the curve (tokens seen against NLL, KL, top-1,
+  ΔNLL) and each converted layer's attention-output error.
+"""
+
+from headwidget.healing._heal import DEFAULT_LR, HealingArguments, heal, learning_rate
+from headwidget.healing._run import HealingRun
+from headwidget.healing._trainable import TrainableParts, parse_trainable
+
+__all__ = [
+    "DEFAULT_LR",
+    "HealingArguments",
+    "HealingRun",
+    "TrainableParts",
+    "heal",
+    "learning_rate",
+    "parse_trainable",
+]

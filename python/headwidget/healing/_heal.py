@@ -1,0 +1,644 @@
+"""``heal(variant, model, texts)``: train a converted model a little and measure how much it recovers.
+
+The run, in order:
+
+1. **Checks** before any work: ``variant`` must be a copy of ``model`` built by :func:`headwidget.apply`
+   (every parameter outside its converted layers equal to ``model``'s), with a conversion to train (a
+   K/V quantizer fits no weight: refused); the healing and evaluation texts must share no run of
+   :data:`~headwidget.healing._data.OVERLAP_TOKENS` tokens.
+2. **The untrained point**: the variant as given against the original on the evaluation text (the numbers
+   :func:`headwidget.evaluate` gives for the variant's spec on the same tokens and dtype).
+3. **Training**: a copy of the variant, its mechanism's own parameters trained
+   (:mod:`headwidget.healing._trainable`) with AdamW (β = (0.9, 0.95), no weight decay), a linear warmup
+   over the first 10 % of the steps then cosine decay, gradients clipped to norm 1.0. The loss
+   (:mod:`headwidget.healing._loss`) is the KL of the original's next-token distribution to the
+   variant's (``method="kd"``, the original run without gradients) or the next-token cross-entropy
+   (``"lm"``). Both models run in eval mode (no dropout), so a seed fixes the run: two runs on CPU give
+   bit-identical weights.
+4. **Evaluation points** every ``eval_every`` healing tokens and at the end: the curve row and, with
+   ``per_layer``, each converted layer's teacher-forced attention-output error.
+5. The trained weights are written back (factors multiplied in float64) and the healed copy is returned
+   on ``run.model``: the variant's class and structure (its KV-head count, its factors' ranks, its
+   partial-RoPE mask), ``variant`` and ``model`` untouched.
+
+An interrupt (Ctrl-C, the Jupyter stop button) ends the run at the next step boundary and returns it
+(``run.stopped_early``), with the model as of the last completed step; a second interrupt stops at once,
+still with the weights of the last completed step. A loss or gradient that is not finite raises
+:class:`~headwidget.errors.NonFiniteLossError` naming the step, the run up to the step before on the
+error (``err.run``).
+
+Under ``torchrun`` (``distributed=True``), the variant's copy is wrapped in ``DistributedDataParallel``:
+each rank trains on its share of each global batch (``batch_size`` rows split evenly), DDP averages the
+gradients, and every rank evaluates its shard of the evaluation batches, the sums all-reduced, so every
+rank returns the same run.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from headwidget.adapters import adapter_for
+from headwidget.capture.inputs import Batch
+from headwidget.checks import flag, real_number, whole_number
+from headwidget.errors import ArgumentError, HealingInputError, NonFiniteLossError
+from headwidget.evaluation._apply import AppliedVariant
+from headwidget.evaluation._arguments import checked_dtype
+from headwidget.evaluation._distributed import Ranks
+from headwidget.evaluation._evaluate import _add, _summary, _totals, _working_copy
+from headwidget.evaluation._inputs import _stream, evaluation_batches, fingerprint, forward_kwargs
+from headwidget.evaluation._outputs import BatchOutput, OutputRunner
+from headwidget.healing._data import (
+    OVERLAP_TOKENS,
+    TrainingWindows,
+    held_out_paragraphs,
+    overlap_runs,
+    stream_fingerprint,
+)
+from headwidget.healing._layers import AttentionErrors
+from headwidget.healing._loss import LOSS_NAMES, hidden_mse, kd_loss, lm_loss
+from headwidget.healing._run import HealingRun
+from headwidget.healing._trainable import TrainableParts, parse_trainable
+
+__all__ = ["DEFAULT_LR", "heal", "learning_rate"]
+
+#: The peak learning rate ``lr=None`` picks for each ``trainable`` (``lora:r`` as ``"lora"``).
+DEFAULT_LR = {"kv": 1e-3, "attention": 3e-4, "all": 1e-4, "lora": 1e-3}
+WARMUP_SHARE = 0.1
+CLIP_NORM = 1.0
+BETAS = (0.9, 0.95)
+
+
+def learning_rate(peak: float, step: int, steps: int) -> float:
+    """The learning rate of ``step`` (0-based) of ``steps``: linear warmup over the first 10 % (at least
+    one step), then cosine decay that ends above zero.
+
+    >>> [round(learning_rate(1.0, s, 10), 3) for s in range(10)]
+    [1.0, 0.976, 0.905, 0.794, 0.655, 0.5, 0.345, 0.206, 0.095, 0.024]
+    """
+    warmup = max(1, round(WARMUP_SHARE * steps))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup + 1) / (steps - warmup + 1)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _applied(variant: nn.Module, model: nn.Module) -> AppliedVariant:
+    """The :class:`AppliedVariant` of ``variant``, which must be a converted copy of ``model``."""
+    for name, value in (("variant", variant), ("model", model)):
+        if not isinstance(value, nn.Module):
+            raise ArgumentError(
+                f"{name} must be a transformers model (an nn.Module), got {type(value).__name__}"
+            )
+    info = getattr(variant, "headwidget_variant", None)
+    if variant is model or not isinstance(info, AppliedVariant):
+        raise HealingInputError(
+            "variant is not a converted copy of model: build it with headwidget.apply(model, spec, stats) "
+            "and pass that copy as variant, the original as model"
+        )
+    if info.quantizers:
+        raise HealingInputError(
+            f"the {info.spec!r} variant fake-quantizes its K/V "
+            f"({', '.join(q.spec for q in info.quantizers)}): "
+            "a quantizer fits no weight, so healing has nothing to train. Heal the spec without its kv: "
+            "parts, then apply the kv: parts to the healed model"
+        )
+    if not info.fits:
+        raise HealingInputError(
+            f"the {info.spec!r} variant converts no layer: there is nothing to heal; apply a conversion "
+            "(mqa, gqa:G, lrkv:r, mla:d_c, rope:r...)"
+        )
+    if type(variant) is not type(model):
+        raise HealingInputError(
+            f"variant is a {type(variant).__name__} but model a {type(model).__name__}: variant must be "
+            "headwidget.apply(model, ...) of this model"
+        )
+    adapter = adapter_for(variant)
+    names = {id(m): n for n, m in variant.named_modules()}
+    converted = tuple(names[id(adapter.attention_at(layer))] + "." for layer in info.fits)
+    theirs = dict(model.named_parameters())
+    for name, p in variant.named_parameters():
+        if name.startswith(converted):
+            continue
+        other = theirs.get(name)
+        if other is None or other.shape != p.shape or other.dtype != p.dtype or not torch.equal(other, p):
+            raise HealingInputError(
+                f"variant's {name} differs from model's, outside the layers {sorted(info.fits)} it converts: "
+                "variant is not a converted copy of this model (built from another model, or trained "
+                "since). Build it with headwidget.apply(model, spec, stats)"
+            )
+    return info
+
+
+def _checked_callbacks(callbacks: Any) -> list[Any]:
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
+        raise ArgumentError(
+            "callbacks must be a list of TrainerCallback-like objects (e.g. [tracker]), got "
+            f"{type(callbacks).__name__}"
+        )
+    out = list(callbacks)
+    for c in out:
+        if not any(callable(getattr(c, m, None)) for m in ("on_step_end", "on_train_begin", "on_log")):
+            raise ArgumentError(
+                f"callbacks: {type(c).__name__} has none of on_train_begin, on_step_end, on_log: pass "
+                "objects with the transformers TrainerCallback methods"
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- interrupts
+class _Interrupts:
+    """SIGINT during healing: the first asks for a stop at the next step boundary; a second raises
+    KeyboardInterrupt at once, except inside an optimizer update (then at its end). Installed only in the
+    main thread (other threads never receive SIGINT)."""
+
+    def __init__(self) -> None:
+        self.requested = 0
+        self.updating = False
+        self.deferred = False
+
+    def handler(self, _signum: int, _frame: Any) -> None:
+        self.requested += 1
+        if self.requested > 1:
+            if self.updating:
+                self.deferred = True
+            else:
+                raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self.handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def update(self) -> Iterator[None]:
+        self.updating = True
+        try:
+            yield
+        finally:
+            self.updating = False
+
+
+# ---------------------------------------------------------------------------------------------- the run
+@dataclass
+class _Evaluation:
+    """The evaluation batches, the original's cached outputs on them, and how to measure the variant."""
+
+    batches: list[Batch]
+    reference: list[BatchOutput]
+    runner: OutputRunner
+    ranks: Ranks
+    layers: list[int]
+    per_layer: bool
+    autocast: Any
+    reference_nll: float = math.nan
+    fingerprint: str = ""
+    tokens: int = 0
+    rows: list[dict[str, float]] = field(default_factory=list)
+    layer_rows: list[list[float]] = field(default_factory=list)
+
+    def trim(self) -> None:
+        """Drop a point an interrupt left half measured (its curve row without its per-layer row)."""
+        if self.per_layer and len(self.rows) > len(self.layer_rows):
+            del self.rows[len(self.layer_rows) :]
+
+    def point(self, teacher: nn.Module, student: nn.Module, tokens: int, step: int) -> None:
+        totals = _totals(self.runner.kind)
+        with torch.no_grad(), self.autocast():
+            for batch, ref in zip(self.batches, self.reference, strict=True):
+                _add(totals, ref, self.runner(student, batch))
+        self.ranks.merge([totals])
+        measures = _summary(totals)
+        if self.runner.kind == "causal-lm":
+            row = {"nll": measures["nll"], "kl": measures["kl"], "top1": measures["top1"],
+                   "delta_nll": measures["nll"] - self.reference_nll}  # fmt: skip
+        else:
+            row = {k: measures[k] for k in ("hidden_rel_error", "embedding_cosine")}
+        self.rows.append({"tokens": tokens, "step": step, **row})
+        if self.per_layer:
+            errors = AttentionErrors(self.layers)
+            with self.autocast():
+                errors.measure(teacher, student, self.batches)
+            if self.ranks.world > 1:
+                errors.merge(_all_reduce(errors.flat()))
+            self.layer_rows.append(errors.values())
+
+
+def _all_reduce(values: list[float]) -> list[float]:
+    import torch.distributed as dist
+
+    device = (
+        torch.device("cpu")
+        if dist.get_backend() == "gloo"
+        else torch.device("cuda", torch.cuda.current_device())
+    )
+    packed = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(packed)
+    return [float(v) for v in packed.cpu().tolist()]
+
+
+def _model_name(model: nn.Module) -> str:
+    return str(getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__)
+
+
+def heal(
+    variant: nn.Module,
+    model: nn.Module,
+    texts: Any = None,
+    *,
+    tokenizer: Any = None,
+    tokens: int = 65536,
+    method: str = "kd",
+    trainable: str = "kv",
+    lr: float | None = None,
+    batch_size: int = 8,
+    max_length: int = 512,
+    eval_texts: Any = None,
+    eval_every: int = 8192,
+    eval_tokens: int = 4096,
+    per_layer: bool = True,
+    seed: int = 0,
+    dtype: torch.dtype | str | None = None,
+    distributed: bool = False,
+    progress: bool = True,
+    callbacks: Sequence[Any] = (),
+) -> HealingRun:
+    """Heal ``variant`` (a :func:`headwidget.apply` copy of ``model``) on ``texts`` and measure its
+    recovery on ``eval_texts`` (see the module docstring).
+
+    Args:
+        variant: the converted model to heal (not changed: a copy is trained).
+        model: the original model (the teacher for ``method="kd"``; never changed, never trained).
+        texts: healing text, in any form :func:`headwidget.capture` reads (default: the calibration split
+            of :func:`headwidget.english_sample`).
+        tokenizer: the tokenizer for strings.
+        tokens: healing tokens to train on (the run takes whole steps of ``batch_size × max_length``).
+        method: ``"kd"`` (distil from ``model``) or ``"lm"`` (next-token loss on ``texts``).
+        trainable: ``"kv"``, ``"attention"``, ``"all"`` or ``"lora:r"``
+            (:mod:`headwidget.healing._trainable`).
+        lr: the peak learning rate (default :data:`DEFAULT_LR` of ``trainable``).
+        batch_size, max_length: windows per step and tokens per window (also the evaluation batches).
+        eval_texts: held-out text for the curve (default: the evaluation split of ``english_sample``).
+        eval_every: healing tokens between evaluation points.
+        eval_tokens: real evaluation tokens used at each point.
+        per_layer: also measure each converted layer's teacher-forced attention-output error.
+        seed: fixes the window order and LoRA's initialization.
+        dtype: None: float32 on CPU, bfloat16 autocast on CUDA (weights and optimizer in float32 either
+            way); or a dtype to autocast to (float32: none).
+        distributed: train with DistributedDataParallel over the initialized ``torch.distributed`` group.
+        progress: show a progress bar over the steps.
+        callbacks: objects with transformers ``TrainerCallback`` methods (``on_train_begin``,
+            ``on_step_end``, ``on_log``, ``on_train_end``), called with ``model=`` the variant being
+            trained; one that sets ``control.should_training_stop`` ends the run after that step.
+
+    Returns:
+        :class:`~headwidget.healing.HealingRun`, the healed copy on ``run.model``.
+
+    Raises:
+        HealingInputError: ``variant`` is not a converted copy of ``model``; a quantized variant; a
+            variant that converts nothing; ``method="lm"`` (or any ``"kd"`` of logits) on a model without
+            an LM head; ``tokens`` below one batch; healing and evaluation texts that overlap.
+        ArgumentError: an argument of the wrong type or outside its range (an unknown ``method`` or
+            ``trainable`` names the accepted ones).
+        NonFiniteLossError: a loss or gradient that is not finite (the message names the step).
+
+    Example:
+        >>> import torch, headwidget
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+        >>> g = torch.Generator().manual_seed(0)
+        >>> train = torch.randint(0, 64, (1, 4096), generator=g)
+        >>> held = torch.randint(0, 64, (8, 32), generator=g)
+        >>> run = heal(headwidget.apply(model, "mqa"), model, train, tokens=2048, batch_size=4,
+        ...            max_length=64, eval_texts=held, eval_every=1024, progress=False)
+        >>> [row["tokens"] for row in run.curve], run.model.config.num_key_value_heads
+        ([0, 1024, 2048], 1)
+        >>> run.curve[-1]["kl"] < run.curve[0]["kl"]
+        True
+    """
+    info = _applied(variant, model)
+    tokens = whole_number("tokens", tokens, minimum=1, hint="healing tokens")
+    batch_size = whole_number("batch_size", batch_size, minimum=1, maximum=1 << 20, hint="windows a step")
+    max_length = whole_number("max_length", max_length, minimum=2, maximum=1 << 24, hint="tokens a window")
+    eval_every = whole_number("eval_every", eval_every, minimum=1, hint="healing tokens between evaluations")
+    eval_tokens = whole_number("eval_tokens", eval_tokens, minimum=2, hint="evaluation tokens")
+    seed = whole_number("seed", seed, minimum=0, maximum=2**63 - 1)
+    per_layer = flag("per_layer", per_layer)
+    progress = flag("progress", progress)
+    if method not in ("kd", "lm"):
+        raise ArgumentError(
+            f"method={method!r} is not one of 'kd' (distil the original's next-token distributions; an "
+            "encoder: its last hidden states) or 'lm' (next-token cross-entropy on the texts)"
+        )
+    mode, rank = parse_trainable(trainable)
+    trainable = mode if rank is None else f"lora:{rank}"
+    peak = (
+        DEFAULT_LR[mode]
+        if lr is None
+        else real_number("lr", lr, above=0.0, maximum=10.0, hint="peak learning rate")
+    )
+    callbacks = _checked_callbacks(callbacks)
+    ranks = Ranks.of(distributed)
+    if batch_size % ranks.world:
+        raise ArgumentError(
+            f"batch_size={batch_size} does not split evenly over {ranks.world} ranks: give a multiple of "
+            f"{ranks.world} (each rank trains on batch_size / world windows a step)"
+        )
+    runner = OutputRunner.for_model(model)
+    loss_name = LOSS_NAMES.get((method, runner.kind))
+    if loss_name is None:
+        raise HealingInputError(
+            f"method='lm' needs next-token predictions, and {type(model).__name__} has no language-model "
+            "head; heal an encoder with method='kd' (the MSE of its last hidden states)"
+        )
+    device = runner.device
+    if dtype is None:
+        cast = torch.bfloat16 if device.type == "cuda" else None
+    else:
+        cast = checked_dtype(dtype)
+        cast = None if cast == torch.float32 else cast
+
+    def autocast() -> Any:
+        return nullcontext() if cast is None else torch.autocast(device.type, dtype=cast)
+
+    # ------------------------------------------------------------------ texts
+    from headwidget.texts import english_sample
+
+    if eval_texts is None:
+        eval_texts = english_sample(split="evaluation")
+    shortest = 2 if runner.kind == "causal-lm" else 1
+    every_batch = evaluation_batches(eval_texts, tokenizer, batch_size=batch_size, max_length=max_length,
+                                     max_tokens=eval_tokens, min_tokens=shortest)  # fmt: skip
+    if texts is None:
+        texts = held_out_paragraphs(english_sample(split="calibration"), tokenizer, every_batch)
+    stream = _stream(texts, tokenizer, None)
+    plan = TrainingWindows.of(stream, max_length=max_length, batch_size=batch_size, tokens=tokens, seed=seed)
+    shared = overlap_runs(plan.windows.reshape(-1), every_batch)
+    if shared:
+        raise HealingInputError(
+            f"the healing and evaluation texts overlap: {shared} run(s) of {OVERLAP_TOKENS} tokens of the "
+            "evaluation text also occur in the healing text, so the curve would not be held out. Heal on "
+            "other text (english_sample(split='calibration') for healing, split='evaluation' for the curve)"
+        )
+
+    # ------------------------------------------------------------------ models
+    variant_dtype = next(variant.parameters()).dtype
+    train_dtype = variant_dtype if variant_dtype in (torch.float32, torch.float64) else torch.float32
+    teacher = _working_copy(model, train_dtype if cast is None else next(model.parameters()).dtype)
+    student = copy.deepcopy(variant).eval()
+    if variant_dtype != train_dtype:
+        student = student.to(train_dtype)
+    layers = sorted(info.fits)
+    evaluation = _Evaluation(ranks.shard(every_batch), [], runner, ranks, layers, per_layer, autocast)
+    with torch.no_grad(), autocast():
+        evaluation.reference = [runner(teacher, b) for b in evaluation.batches]
+    reference_totals = _totals(runner.kind)
+    for out in evaluation.reference:
+        _add(reference_totals, out, out)
+    ranks.merge([reference_totals])
+    evaluation.reference_nll = _summary(reference_totals).get("nll", math.nan)
+    evaluation.point(teacher, student, 0, 0)
+
+    training = _Training(
+        student=student, teacher=teacher, parts=TrainableParts.install(student, trainable, seed=seed),
+        plan=plan, evaluation=evaluation, ranks=ranks, device=device, autocast=autocast, loss_name=loss_name,
+        peak=peak, eval_every=eval_every, callbacks=callbacks,
+    )  # fmt: skip
+
+    def finished(stopped: bool) -> HealingRun:
+        healed = training.finish()
+        if variant_dtype != train_dtype:
+            healed = healed.to(variant_dtype)
+        return HealingRun(
+            model_name=_model_name(model), spec=info.spec, kind=runner.kind, method=method, loss=loss_name,
+            trainable=trainable, lr=peak, batch_size=batch_size, max_length=plan.max_length, tokens=tokens,
+            seed=seed, dtype=str(cast or train_dtype), steps=len(training.losses), tokens_seen=training.seen,
+            reference_nll=evaluation.reference_nll,
+            kv_bytes_per_token=float(info.kv_bytes_per_token(variant_dtype)), layers=layers,
+            curve=list(evaluation.rows), per_layer=list(evaluation.layer_rows) if per_layer else None,
+            losses=list(training.losses), healing_fingerprint=stream_fingerprint(plan.windows.reshape(-1)),
+            evaluation_fingerprint=fingerprint(every_batch),
+            evaluation_tokens=sum(int(b.attention_mask.sum()) for b in every_batch),
+            stopped_early=stopped, model=healed,
+        )  # fmt: skip
+
+    try:
+        stopped = training.run(progress)
+    except _NonFinite as err:
+        raise NonFiniteLossError(str(err), finished(True)) from None
+    return finished(stopped)
+
+
+class _NonFinite(Exception):
+    """A loss or gradient norm that is not finite (turned into NonFiniteLossError with the run so far)."""
+
+
+def _hidden(output: Any) -> torch.Tensor:
+    hidden = getattr(output, "last_hidden_state", None)
+    return output[0] if hidden is None else hidden
+
+
+def _global_mean(value: float, ranks: Ranks) -> float:
+    """The mean of ``value`` over the ranks (every rank's loss is a mean over as many tokens)."""
+    return value if ranks.world == 1 else sum(_all_reduce([value])) / ranks.world
+
+
+def _call(callback: Any, name: str, *args: Any, **kwargs: Any) -> None:
+    method = getattr(callback, name, None)
+    if callable(method):
+        method(*args, **kwargs)
+
+
+@dataclass
+class HealingArguments:
+    """What the ``args`` of a callback holds during healing (a small stand-in for ``TrainingArguments``)."""
+
+    learning_rate: float
+    per_device_train_batch_size: int
+    max_steps: int
+    output_dir: str | None = None
+    logging_steps: int = 1
+
+
+def _callback_state(callbacks: list[Any], peak: float, batch_size: int, steps: int) -> tuple[Any, Any, Any]:
+    """``(state, control, args)`` for the callbacks: transformers' own TrainerState and TrainerControl."""
+    if not callbacks:
+        return _Step(), None, None
+    from transformers.trainer_callback import TrainerControl, TrainerState
+
+    return TrainerState(max_steps=steps), TrainerControl(), HealingArguments(peak, batch_size, steps)
+
+
+@dataclass
+class _Step:
+    global_step: int = 0
+
+
+class _Bar:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar: Any = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="step", desc="heal")
+
+    def __call__(self, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}")
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@dataclass
+class _Training:
+    """The training loop of one healing run (see the module docstring)."""
+
+    student: nn.Module
+    teacher: nn.Module
+    parts: TrainableParts
+    plan: TrainingWindows
+    evaluation: _Evaluation
+    ranks: Ranks
+    device: torch.device
+    autocast: Any
+    loss_name: str
+    peak: float
+    eval_every: int
+    callbacks: list[Any]
+    losses: list[float] = field(default_factory=list)
+    seen: int = 0
+
+    def __post_init__(self) -> None:
+        self.params = list(self.parts.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.peak, betas=BETAS, weight_decay=0.0)
+        self.trained: nn.Module = self.student
+        if self.ranks.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.trained = DistributedDataParallel(self.student)
+        self.state, self.control, self.arguments = _callback_state(
+            self.callbacks, self.peak, self.plan.batch_size, self.plan.steps
+        )
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """This rank's loss on ``batch`` (the teacher run without gradients)."""
+        with self.autocast():
+            if self.loss_name != "lm":
+                with torch.no_grad():
+                    target = self.teacher(**forward_kwargs(self.teacher, batch, self.device))
+            out = self.trained(**forward_kwargs(self.student, batch, self.device))
+            if self.loss_name == "kd":
+                return kd_loss(target.logits, out.logits, batch.attention_mask)
+            if self.loss_name == "lm":
+                return lm_loss(out.logits, batch.input_ids, batch.attention_mask)
+            return hidden_mse(_hidden(target), _hidden(out), batch.attention_mask)
+
+    def step(self, step: int) -> float:
+        """One optimizer step; the global mean loss. Raises _NonFinite before changing any weight."""
+        loss = self.loss(self.plan.batch(step, self.ranks.rank, self.ranks.world))
+        value = _global_mean(float(loss.detach()), self.ranks)
+        if not math.isfinite(value):
+            raise _NonFinite(
+                f"the healing loss is {value} at step {step + 1} of {self.plan.steps}: training stopped "
+                "there, and the run up to the step before is on this error (err.run, its model with the "
+                "last good weights). Lower lr, or heal in float32 (dtype=torch.float32)"
+            )
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM))
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise _NonFinite(
+                f"the gradient norm is {norm} at step {step + 1} of {self.plan.steps} (loss {value:.4g}): "
+                "training stopped there, and the run up to the step before is on this error (err.run). "
+                "Lower lr, or heal in float32 (dtype=torch.float32)"
+            )
+        return value
+
+    def update(self, step: int) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.peak, step, self.plan.steps)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def run(self, progress: bool) -> bool:
+        """Train every step (or until interrupted); whether it stopped early."""
+        for c in self.callbacks:
+            _call(c, "on_train_begin", self.arguments, self.state, self.control, model=self.student)
+        interrupts = _Interrupts()
+        bar = _Bar(self.plan.steps, progress)
+        stopped = False
+        try:
+            with interrupts.installed():
+                for step in range(self.plan.steps):
+                    try:
+                        value = self.step(step)
+                    except KeyboardInterrupt:
+                        self.optimizer.zero_grad(set_to_none=True)
+                        stopped = True
+                        break
+                    with interrupts.update():
+                        self.update(step)
+                    self.losses.append(value)
+                    self.seen += self.plan.tokens_per_step
+                    bar(value)
+                    try:
+                        stopped = self.after_step(step, value) or bool(interrupts.requested)
+                        stopped = stopped or interrupts.deferred
+                        if stopped or step + 1 == self.plan.steps or self.due():
+                            self.evaluation.point(self.teacher, self.student, self.seen, step + 1)
+                    except KeyboardInterrupt:
+                        self.evaluation.trim()
+                        stopped = True
+                    if stopped:
+                        break
+        finally:
+            bar.close()
+        if stopped and self.evaluation.rows[-1]["step"] != len(self.losses):
+            self.evaluation.point(self.teacher, self.student, self.seen, len(self.losses))
+        return stopped
+
+    def due(self) -> bool:
+        """Whether the last step crossed a multiple of ``eval_every`` healing tokens."""
+        return self.seen // self.eval_every > (self.seen - self.plan.tokens_per_step) // self.eval_every
+
+    def after_step(self, step: int, value: float) -> bool:
+        """The callbacks of a finished step; whether one asked to stop."""
+        self.state.global_step = step + 1
+        if not self.callbacks:
+            return False
+        logs = {"loss": value, "learning_rate": learning_rate(self.peak, step, self.plan.steps)}
+        for c in self.callbacks:
+            _call(c, "on_log", self.arguments, self.state, self.control, logs=logs)
+            _call(c, "on_step_end", self.arguments, self.state, self.control, model=self.student)
+        return bool(self.control.should_training_stop)
+
+    def finish(self) -> nn.Module:
+        """Write the trained weights back and call ``on_train_end``; the healed model."""
+        if self.parts.installed:
+            self.parts.write_back()
+            self.student.headwidget_variant = self.parts.healed_variant()  # type: ignore[assignment]
+            for c in self.callbacks:
+                _call(c, "on_train_end", self.arguments, self.state, self.control, model=self.student)
+        return self.student
