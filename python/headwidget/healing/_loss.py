@@ -23,10 +23,12 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.nn import functional
 
-from headwidget.evaluation.measures import predicted_positions, work_dtype
+from headwidget.evaluation.measures import chunk_rows, predicted_positions, work_dtype
 
 __all__ = ["LOSS_NAMES", "hidden_mse", "kd_loss", "lm_loss"]
 
@@ -38,12 +40,49 @@ def _rows(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return logits[:, :-1][keep].to(work_dtype(logits))
 
 
+class _DistillationKL(torch.autograd.Function):
+    """``Σ_rows w_row · KL(softmax(t_row) ‖ softmax(s_row))`` over (N, V) logits, in chunks of rows.
+
+    The gradient with respect to the student's logits is ``w_row · (softmax(s_row) − softmax(t_row))``,
+    computed in the forward pass chunk by chunk (no graph through log-softmax, no full-size temporaries).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, student: torch.Tensor, teacher: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        work = work_dtype(student)
+        grad = torch.empty(student.shape, dtype=work, device=student.device)
+        total = torch.zeros((), dtype=torch.float64, device=student.device)
+        step = chunk_rows(int(student.shape[-1]))
+        for start in range(0, int(student.shape[0]), step):
+            rows = slice(start, start + step)
+            w = weights[rows].to(work)[:, None]
+            lt = torch.log_softmax(teacher[rows].to(work), dim=-1)
+            pt = lt.exp()
+            ls = torch.log_softmax(student[rows].to(work), dim=-1)
+            total += (pt * (lt - ls) * w).sum(dtype=torch.float64)
+            grad[rows] = ls.exp_().sub_(pt).mul_(w)
+        ctx.save_for_backward(grad)
+        ctx.dtype = student.dtype
+        return total.to(work)
+
+    @staticmethod
+    def backward(ctx: Any, upstream: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (grad,) = ctx.saved_tensors
+        return (grad * upstream).to(ctx.dtype), None, None
+
+
 def kd_loss(teacher: torch.Tensor, student: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean ``KL(softmax(teacher) ‖ softmax(student))`` over the predicted positions (B, T, V logits)."""
+    """Mean ``KL(softmax(teacher) ‖ softmax(student))`` over the predicted positions (B, T, V logits).
+
+    The rows are read where they are (every position, the ones that predict nothing weighted 0), so
+    packed windows cost no copy of the logits.
+    """
     keep = predicted_positions(attention_mask.to(student.device))
-    t = torch.log_softmax(_rows(teacher.detach(), keep), dim=-1)
-    s = torch.log_softmax(_rows(student, keep), dim=-1)
-    return functional.kl_div(s, t, log_target=True, reduction="sum") / max(1, int(keep.sum()))
+    weights = torch.zeros(student.shape[:2], dtype=torch.float64, device=student.device)
+    weights[:, :-1] = keep.to(torch.float64) / max(1, int(keep.sum()))
+    vocab = int(student.shape[-1])
+    rows = student.reshape(-1, vocab)
+    return _DistillationKL.apply(rows, teacher.detach().reshape(-1, vocab), weights.reshape(-1))
 
 
 def lm_loss(student: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

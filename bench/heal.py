@@ -1,0 +1,122 @@
+"""What healing costs, measured side by side in one run on SmolLM2 (ratios; absolute times are noise).
+
+(a) ``heal(method="kd", trainable="kv")`` of the ``mqa`` variant: training tokens per second, from its
+    first step to its last (callbacks time the steps; the evaluation points are left out), ÷ those of a
+    plain PyTorch loop over the same windows: AdamW on the same parameters (every layer's k_proj and
+    v_proj) with the next-token loss, no teacher. Interleaved, the median of ``--repeats``. Target ≥ 0.7
+    (KD adds one teacher forward).
+(b) the median step time and the peak resident memory of ``trainable="kv"`` against ``"all"``, each in a
+    fresh process (peak RSS is per process). Targets: time ≤ 0.8×, less memory.
+
+Run: ``.venv/bin/python bench/heal.py`` (``--quick`` for a short smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+import headwidget
+from headwidget.embedded import load_smollm2
+from headwidget.healing._data import TrainingWindows
+from headwidget.texts import english_sample
+
+
+class _Clock:
+    """A healing callback that notes when training starts and when each step ends."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.marks = [time.perf_counter()]
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.marks.append(time.perf_counter())
+
+    def steps(self) -> list[float]:
+        return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+
+def _heal(model: Any, tokenizer: Any, trainable: str, batch: int, length: int, steps: int) -> _Clock:
+    clock = _Clock()
+    headwidget.heal(headwidget.apply(model, "mqa"), model, tokenizer=tokenizer, trainable=trainable,
+                    tokens=steps * batch * length, batch_size=batch, max_length=length,
+                    eval_every=10**9, eval_tokens=64, per_layer=False, progress=False,
+                    callbacks=[clock])  # fmt: skip
+    return clock
+
+
+def _plain(model: Any, tokenizer: Any, batch: int, length: int, steps: int) -> float:
+    """Seconds for ``steps`` plain AdamW steps (next-token loss) on every k_proj/v_proj of the variant."""
+    variant = headwidget.apply(model, "mqa")
+    for name, p in variant.named_parameters():
+        p.requires_grad_(".k_proj." in name or ".v_proj." in name)
+    opt = torch.optim.AdamW([p for p in variant.parameters() if p.requires_grad], lr=1e-3)
+    stream = torch.as_tensor(tokenizer("\n\n".join(english_sample(split="calibration")))["input_ids"])
+    plan = TrainingWindows.of(
+        stream, max_length=length, batch_size=batch, tokens=steps * batch * length, seed=0
+    )
+    start = time.perf_counter()
+    for step in range(steps):
+        ids = plan.batch(step).input_ids
+        loss = variant(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in variant.parameters() if p.requires_grad], 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def _one(trainable: str, batch: int, length: int, steps: int) -> None:
+    """(b) in this process: print the median step time and the peak RSS as JSON."""
+    model, tokenizer = load_smollm2(dtype=torch.float32)
+    clock = _heal(model, tokenizer, trainable, batch, length, steps)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"step": statistics.median(clock.steps()), "peak": peak}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small batches, one repeat")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    batch, length = (2, 128) if args.quick else (8, 512)
+    repeats = 1 if args.quick else args.repeats
+    if args.one:
+        _one(args.one, batch, length, args.steps)
+        return
+    model, tokenizer = load_smollm2(dtype=torch.float32)
+    tokens = args.steps * batch * length
+    healed, plain = [], []
+    for _ in range(repeats):
+        healed.append(tokens / sum(_heal(model, tokenizer, "kv", batch, length, args.steps).steps()))
+        plain.append(tokens / _plain(model, tokenizer, batch, length, args.steps))
+    h, p = statistics.median(healed), statistics.median(plain)
+    print(f"(a) mqa, {args.steps} steps of {batch}×{length} tokens, {torch.get_num_threads()} threads")
+    print(f"    heal(kd, kv) {h:9.1f} tokens/s   plain AdamW loop {p:9.1f} tokens/s   ratio {h / p:.3f}"
+          "   (target ≥ 0.7)")  # fmt: skip
+    out = {}
+    for trainable in ("kv", "all"):
+        done = subprocess.run([sys.executable, __file__, "--one", trainable, "--steps", str(args.steps),
+                               *(["--quick"] if args.quick else [])],
+                              check=True, capture_output=True, text=True)  # fmt: skip
+        out[trainable] = json.loads(done.stdout.strip().splitlines()[-1])
+    kv, every = out["kv"], out["all"]
+    print(f"(b) step: kv {kv['step']:.2f} s, all {every['step']:.2f} s, kv ÷ all {kv['step'] / every['step']:.3f}"
+          f" (target ≤ 0.8);  peak RSS: kv {kv['peak'] / 2**20:.0f} MiB, all {every['peak'] / 2**20:.0f} MiB,"
+          f" kv ÷ all {kv['peak'] / every['peak']:.3f} (target < 1)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
