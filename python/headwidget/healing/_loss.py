@@ -48,7 +48,9 @@ class _DistillationKL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, student: torch.Tensor, teacher: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, student: torch.Tensor, teacher: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         work = work_dtype(student)
         grad = torch.empty(student.shape, dtype=work, device=student.device)
         total = torch.zeros((), dtype=torch.float64, device=student.device)
