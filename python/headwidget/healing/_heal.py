@@ -396,8 +396,9 @@ def heal(
     if shared:
         raise HealingInputError(
             f"the healing and evaluation texts overlap: {shared} run(s) of {OVERLAP_TOKENS} tokens of the "
-            "evaluation text (or shorter evaluation sequences, whole) also occur in the healing text, so the curve would not be held out. Heal on "
-            "other text (english_sample(split='calibration') for healing, split='evaluation' for the curve)"
+            "evaluation text (or shorter evaluation sequences, whole) also occur in the healing text, so "
+            "the curve would not be held out. Heal on other text (english_sample(split='calibration') for "
+            "healing, split='evaluation' for the curve)"
         )
 
     # ------------------------------------------------------------------ models

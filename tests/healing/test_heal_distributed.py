@@ -1,0 +1,59 @@
+"""heal(distributed=True) under DistributedDataParallel (gloo, two CPU processes) trains the same weights as
+one process on the same global batches, and every rank returns the run of all the evaluation text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import headwidget
+from healing_cases import llama, small_heal
+from ports import free_port
+
+SPEC = "mla:8"
+
+
+def _heal(distributed: bool) -> headwidget.HealingRun:
+    model = llama()
+    return small_heal(headwidget.apply(model, SPEC), model, distributed=distributed)
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        run = _heal(distributed=True)
+        run.save(Path(out) / f"run{rank}.json")
+        torch.save(run.model.state_dict(), Path(out) / f"weights{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_two_ranks_heal_the_weights_of_one_process(tmp_path: Path) -> None:
+    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    single = _heal(distributed=False)
+    weights = single.model.state_dict()
+    for rank in (0, 1):
+        run = headwidget.HealingRun.load(tmp_path / f"run{rank}.json")
+        assert (run.steps, run.tokens_seen, run.evaluation_fingerprint) == (
+            single.steps,
+            single.tokens_seen,
+            single.evaluation_fingerprint,
+        )
+        assert run.losses == pytest.approx(single.losses, rel=1e-9)
+        for got, want in zip(run.curve, single.curve, strict=True):
+            assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
+        assert run.per_layer is not None and single.per_layer is not None
+        for got_row, want_row in zip(run.per_layer, single.per_layer, strict=True):
+            assert got_row == pytest.approx(want_row, rel=1e-6)
+        theirs = torch.load(tmp_path / f"weights{rank}.pt")
+        changed = 0
+        for name, value in weights.items():
+            assert torch.allclose(theirs[name], value, rtol=0, atol=1e-6), name
+            changed += not torch.equal(value, llama().state_dict()[name])
+        assert changed == 6  # k_proj and v_proj of the three layers
