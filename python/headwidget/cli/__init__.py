@@ -1,4 +1,4 @@
-"""The ``headwidget`` command line: ``demo``, ``capture``, ``figure`` and ``evaluate``.
+"""The ``headwidget`` command line: ``demo``, ``capture``, ``figure``, ``evaluate`` and ``heal``.
 
 Exit codes: 0 success; 1 a headwidget error (bad statistics file, unsupported model, a model directory
 that cannot be loaded, memory budget, a variant the model cannot take...); 2 a usage error (unknown
@@ -9,18 +9,18 @@ checked before any work, so a capture is never thrown away for want of a place t
 One module per job: ``_parser`` (the argument parser), ``_models`` (``--model`` and ``--device``),
 ``_files`` (text files in, output paths checked), ``_options`` (option types), ``_errors`` (the error
 types and their one-line form), and one module per command (``_demo``, ``_capture``, ``_figure``,
-``_evaluate``), each a :class:`~headwidget.cli._command.Command`.
+``_evaluate``, ``_heal``), each a :class:`~headwidget.cli._command.Command`.
 
 Example:
     >>> list(COMMANDS)
-    ['demo', 'capture', 'figure', 'evaluate']
+    ['demo', 'capture', 'figure', 'evaluate', 'heal']
 """
 
 from __future__ import annotations
 
 import sys
 
-from headwidget.cli import _capture, _demo, _evaluate, _figure
+from headwidget.cli import _capture, _demo, _evaluate, _figure, _heal
 from headwidget.cli._errors import ModelLoadError as ModelLoadError
 from headwidget.cli._errors import UsageError, one_line
 from headwidget.cli._files import check_output_dir as check_output_dir
@@ -36,7 +36,9 @@ from headwidget.errors import HeadwidgetError
 __all__ = ["main"]
 
 #: The subcommands, in the order ``headwidget --help`` lists them.
-COMMANDS = {c.name: c for c in (_demo.COMMAND, _capture.COMMAND, _figure.COMMAND, _evaluate.COMMAND)}
+COMMANDS = {
+    c.name: c for c in (_demo.COMMAND, _capture.COMMAND, _figure.COMMAND, _evaluate.COMMAND, _heal.COMMAND)
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,7 @@ __all__ = [
     "REPORT_SUFFIXES",
     "VERSION",
     "ReportCheck",
+    "read_json",
     "read_report",
     "report_text",
 ]
@@ -510,11 +511,11 @@ def report_text(
     return text
 
 
-def read_report(report_class: type, path: Path, check: type[ReportCheck] = ReportCheck) -> dict[str, Any]:
-    """The keyword arguments of the report in the file at ``path``, every field checked.
+def read_json(path: Path, check: type[ReportCheck] = ReportCheck) -> object:
+    """The JSON value in the report file at ``path`` (as :func:`read_report` reads it, fields unchecked).
 
-    Raises :class:`ReportFileError` naming ``path`` (and the field) for a missing, unreadable, non-regular
-    (directory, FIFO...), oversized, non-UTF-8 or non-JSON file and for every field that cannot be true.
+    Raises :class:`ReportFileError` naming ``path`` for a missing, unreadable, non-regular (directory,
+    FIFO...), oversized, non-UTF-8 or non-JSON file.
     """
 
     def fail(problem: str) -> NoReturn:
@@ -549,5 +550,14 @@ def read_report(report_class: type, path: Path, check: type[ReportCheck] = Repor
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         fail(f"it is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})")
-    data = _parse(text, fail)
+    return _parse(text, fail)
+
+
+def read_report(report_class: type, path: Path, check: type[ReportCheck] = ReportCheck) -> dict[str, Any]:
+    """The keyword arguments of the report in the file at ``path``, every field checked.
+
+    Raises :class:`ReportFileError` naming ``path`` (and the field) for a missing, unreadable, non-regular
+    (directory, FIFO...), oversized, non-UTF-8 or non-JSON file and for every field that cannot be true.
+    """
+    data = read_json(path, check)
     return check(report_class, str(path), f"{path} is corrupt or incomplete", check.repair).report(data)

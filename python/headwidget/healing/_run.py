@@ -20,11 +20,16 @@ Example:
     (0.5, 0.6)
     >>> HealingRun.load(run.save(pathlib.Path(tempfile.mkdtemp()) / "heal.json")) == run
     True
+    >>> print(summary_table({"mqa": run}).splitlines()[2])
+    | mqa | 64 | +0.5000 | +0.2000 | 50.0% |
+    >>> load_runs(save_runs({"mqa": run}, pathlib.Path(tempfile.mkdtemp()) / "runs.json")) == {"mqa": run}
+    True
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +38,16 @@ from typing import Any
 from torch import nn
 
 from headwidget.errors import ReportFileError
-from headwidget.evaluation._report_file import MEASURE_RANGES, ReportCheck, read_report, report_text
+from headwidget.evaluation._report_file import (
+    MEASURE_RANGES,
+    ReportCheck,
+    read_json,
+    read_report,
+    report_text,
+)
 from headwidget.files import NotRegularFileError, atomic_write
 
-__all__ = ["CURVE_MEASURES", "HealingRun"]
+__all__ = ["CURVE_MEASURES", "HealingRun", "load_runs", "save_runs", "summary_table"]
 
 #: The measures of a curve row, by kind of model (besides ``tokens`` and ``step``).
 CURVE_MEASURES = {
@@ -216,3 +227,95 @@ class RunCheck(ReportCheck):
                 for j, value in enumerate(row):
                     if not (math.isnan(value) or (math.isfinite(value) and value >= 0)):
                         self.fail(f"per_layer[{i}][{j}]", f"is {value!r}; it must be a finite number ≥ 0")
+
+
+#: The format of a file of several runs (``headwidget heal --variants a,b``), one per variant.
+RUNS_FORMAT = "headwidget-healing-runs"
+
+
+def summary_table(runs: dict[str, HealingRun]) -> str:
+    """One markdown row per run: KV bytes, ΔNLL (an encoder: the hidden-state error) untrained and at each
+    evaluation point of the first run, and the share of the untrained KL the last point closed (the
+    module docstring has an example)."""
+    first = next(iter(runs.values()))
+    name = "delta_nll" if first.kind == "causal-lm" else "hidden_rel_error"
+    points = [int(row["tokens"]) for row in first.curve]
+    label = "ΔNLL" if first.kind == "causal-lm" else "hidden error"
+    head = [
+        "variant",
+        "KV bytes/token",
+        *(f"{label} at {t:,} tokens" for t in points),
+        f"{first.measure()} closed",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for spec, run in runs.items():
+        cells = [f"{run.at(t)[name]:+.4f}" for t in points]
+        lines.append(
+            "| " + " | ".join([spec, f"{run.kv_bytes_per_token:g}", *cells, f"{run.closed():.1%}"]) + " |"
+        )
+    return "\n".join(lines)
+
+
+def save_runs(runs: dict[str, HealingRun], path: str | Path) -> Path:
+    """Write several runs (variant → run) to one file: JSON that :func:`load_runs` reads (each run as
+    :meth:`HealingRun.save` writes it), or markdown (the :func:`summary_table`, then each run's table).
+
+    Raises:
+        ReportFileError: another suffix, a run that cannot be saved, a failed write (nothing changed).
+    """
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in RUN_SUFFIXES or not runs:
+        raise ReportFileError(
+            f"cannot save the healing runs to {target.name!r}: give at least one run, and a path ending in "
+            f"{' or '.join(RUN_SUFFIXES)}"
+        )
+    if suffix == ".md":
+        parts = [summary_table(runs)]
+        parts += [f"## {spec}\n\n{run.table()}" for spec, run in runs.items()]
+        text = "\n\n".join(parts) + "\n"
+    else:
+        each = {}
+        for spec, run in runs.items():
+            content = {f.name: getattr(run, f.name) for f in _saved_fields()}
+            fields = {"format": RunCheck.format, "version": RunCheck.version, **content}
+            each[spec] = json.loads(report_text(HealingRun, fields, target, RunCheck))
+        text = json.dumps({"format": RUNS_FORMAT, "version": 1, "runs": each}, indent=1, allow_nan=True)
+    try:
+        with atomic_write(target, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as err:
+        raise ReportFileError(
+            f"cannot save the healing runs to {target}: {getattr(err, 'strerror', None) or err}; the file "
+            "there before, if any, is unchanged"
+        ) from err
+    return target
+
+
+def load_runs(path: str | Path) -> dict[str, HealingRun]:
+    """Read :func:`save_runs`' JSON (variant → run, every run's fields checked); a file of one run
+    (:meth:`HealingRun.save`) gives ``{spec: run}``.
+
+    Raises:
+        ReportFileError: a missing, unreadable or damaged file (the message names the run and field).
+    """
+    source = Path(path)
+    data = read_json(source, RunCheck)
+    where = f"{source} is corrupt or incomplete"
+    if isinstance(data, dict) and data.get("format") == RunCheck.format:
+        run = HealingRun(**RunCheck(HealingRun, str(source), where, RunCheck.repair).report(data))
+        return {run.spec: run}
+    if not isinstance(data, dict) or data.get("format") != RUNS_FORMAT or data.get("version") != 1:
+        raise ReportFileError(
+            f"{source} is not a file of headwidget healing runs (its format must be {RUNS_FORMAT!r} "
+            f"version 1, or {RunCheck.format!r}); write one with headwidget.healing.save_runs or "
+            "`headwidget heal`"
+        )
+    runs = data.get("runs")
+    if not isinstance(runs, dict) or not runs or set(data) != {"format", "version", "runs"}:
+        raise ReportFileError(f"{where}: runs must be a non-empty object of variant → run, and nothing else")
+    out = {}
+    for spec, entry in runs.items():
+        check = RunCheck(HealingRun, str(source), f"{where}: runs[{json.dumps(spec)}]", RunCheck.repair)
+        out[spec] = HealingRun(**check.report(entry))
+    return out
