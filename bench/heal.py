@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small batches, one repeat")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=("a", "b"), help="run one part")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batch, length = (2, 128) if args.quick else (8, 512)
@@ -96,21 +97,32 @@ def main() -> None:
     if args.one:
         _one(args.one, batch, length, args.steps)
         return
+    if args.only != "b":
+        _part_a(args.steps, batch, length, repeats)
+    if args.only != "a":
+        _part_b(args.steps, args.quick)
+
+
+def _part_a(steps: int, batch: int, length: int, repeats: int) -> None:
     model, tokenizer = load_smollm2(dtype=torch.float32)
-    tokens = args.steps * batch * length
+    tokens = steps * batch * length
     healed, plain = [], []
     for _ in range(repeats):
-        healed.append(tokens / sum(_heal(model, tokenizer, "kv", batch, length, args.steps).steps()))
-        plain.append(tokens / _plain(model, tokenizer, batch, length, args.steps))
+        healed.append(tokens / sum(_heal(model, tokenizer, "kv", batch, length, steps).steps()))
+        plain.append(tokens / _plain(model, tokenizer, batch, length, steps))
     h, p = statistics.median(healed), statistics.median(plain)
-    print(f"(a) mqa, {args.steps} steps of {batch}×{length} tokens, {torch.get_num_threads()} threads")
+    print(f"(a) mqa, {steps} steps of {batch}×{length} tokens, {torch.get_num_threads()} threads")
     print(f"    heal(kd, kv) {h:9.1f} tokens/s   plain AdamW loop {p:9.1f} tokens/s   ratio {h / p:.3f}"
           "   (target ≥ 0.7)")  # fmt: skip
+
+
+def _part_b(steps: int, quick: bool) -> None:
     out = {}
     for trainable in ("kv", "all"):
-        done = subprocess.run([sys.executable, __file__, "--one", trainable, "--steps", str(args.steps),
-                               *(["--quick"] if args.quick else [])],
-                              check=True, capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run([sys.executable, __file__, "--one", trainable, "--steps", str(steps),
+                               *(["--quick"] if quick else [])], capture_output=True, text=True)  # fmt: skip
+        if done.returncode:
+            raise SystemExit(f"(b) {trainable} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         out[trainable] = json.loads(done.stdout.strip().splitlines()[-1])
     kv, every = out["kv"], out["all"]
     step_ratio, peak_ratio = kv["step"] / every["step"], kv["peak"] / every["peak"]
