@@ -1,7 +1,7 @@
 """What users meet in a notebook: each registered view as a widget, and ``explore``.
 
 - :class:`ChannelView`, :class:`AlignmentView`, :class:`MechanismView`, :class:`ConsequenceView`,
-  :class:`QuantizationView`, :class:`TimelineView`: the views of
+  :class:`QuantizationView`, :class:`TimelineView`, :class:`HealingView`: the views of
   :mod:`headwidget.views` that are also :class:`~headwidget.widget.HeadWidget` s, with ``save(path)``;
 - :func:`widget_class` / :func:`displayable`: the same for any registered view, by name or class;
 - :func:`explore` / :class:`Dashboard`: one tab per registered view under the per-layer trends.
@@ -12,6 +12,7 @@ from headwidget.notebook._views import (
     AlignmentView,
     ChannelView,
     ConsequenceView,
+    HealingView,
     MechanismView,
     QuantizationView,
     TimelineView,
@@ -23,6 +24,7 @@ __all__ = [
     "ChannelView",
     "ConsequenceView",
     "Dashboard",
+    "HealingView",
     "MechanismView",
     "QuantizationView",
     "TimelineView",

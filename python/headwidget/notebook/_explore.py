@@ -23,6 +23,7 @@ from headwidget.notebook._views import (
     AlignmentView,
     ChannelView,
     ConsequenceView,
+    HealingView,
     MechanismView,
     QuantizationView,
     TimelineView,
@@ -31,6 +32,7 @@ from headwidget.notebook._widget import ViewWidget, widget_class
 from headwidget.stats import KVStats
 from headwidget.tracking import Timeline
 from headwidget.views import check_sources, view_names
+from headwidget.views.healing import checked_runs
 from headwidget.views.timeline import checked_timelines
 from headwidget.widget import LayerTrends
 
@@ -59,13 +61,18 @@ class Dashboard(ipywidgets.VBox):
         options: Mapping[str, Mapping[str, Any]] | None = None,
         report: EvaluationReport | None = None,
         timeline: Timeline | Mapping[str, Timeline] | None = None,
+        healing: Any = None,
     ) -> None:
         """``model`` must be the model ``stats`` were captured from (else
         :class:`~headwidget.errors.StatsMismatchError`, before any tab is built); ``timeline`` must
-        hold snapshots (else :class:`~headwidget.views.ViewSourceError`, before any tab is built)."""
+        hold snapshots (else :class:`~headwidget.views.ViewSourceError`, before any tab is built);
+        ``healing``: :func:`headwidget.heal` results (one run, a list, or names → runs) for the healing
+        tab."""
         check_sources(stats, model, "dashboard")
         if timeline is not None:
             checked_timelines(timeline)
+        if healing is not None:
+            checked_runs(healing)
         self.stats = stats
         self.model = model
         self.views: dict[str, ViewWidget] = {}
@@ -73,6 +80,12 @@ class Dashboard(ipywidgets.VBox):
         first_layer = stats.layers[0]
         for name in view_names():
             cls = widget_class(name)
+            if cls.needs_healing:  # built from healing runs, not from the stats
+                if healing is not None:
+                    self.views[name] = cls.create(
+                        layers=[first_layer], healing=healing, **options.get(name, {})
+                    )
+                continue
             if cls.needs_timeline:  # built from the timeline, not from the stats
                 if timeline is not None:
                     self.views[name] = cls.create(
@@ -207,6 +220,12 @@ class Dashboard(ipywidgets.VBox):
         view: TimelineView | None = self._view("timeline", TimelineView)
         return view
 
+    @property
+    def healing(self) -> HealingView | None:
+        """The healing tab (None: no healing runs were given)."""
+        view: HealingView | None = self._view("healing", HealingView)
+        return view
+
 
 def explore(
     model_or_stats: nn.Module | KVStats | Timeline | None = None,
@@ -215,6 +234,7 @@ def explore(
     *,
     mechanisms_trend: bool = False,
     report: EvaluationReport | None = None,
+    healing: Any = None,
     **capture_options: Any,
 ) -> Dashboard:
     """Capture (if needed) and show every registered view in tabs.
@@ -227,7 +247,8 @@ def explore(
       statistics are, and the timeline tab (every snapshot, a step slider and the trends over steps).
 
     ``report`` (from :func:`headwidget.evaluate`) adds the consequences tab: KV bytes against damage
-    per variant, and the per-layer damage map.
+    per variant, and the per-layer damage map. ``healing`` (:func:`headwidget.heal` results: one run, a
+    list, or names → runs) adds the healing tab: recovery curves and the per-layer recovery map.
 
     ``mechanisms_trend=True`` adds, per layer, the heads' effective rank under each mechanism of the
     mechanism tab to the trend chart (a conversion per layer and mechanism: about 15 s for SmolLM2 on
@@ -248,12 +269,14 @@ def explore(
         raise ArgumentError(
             f"report must be an EvaluationReport (headwidget.evaluate), got {type(report).__name__}"
         )
+    if healing is not None:
+        checked_runs(healing)  # before any capture
     if isinstance(model_or_stats, KVStats):
-        return Dashboard(model_or_stats, report=report)
+        return Dashboard(model_or_stats, report=report, healing=healing)
     if isinstance(model_or_stats, Timeline):
         timeline = model_or_stats
         checked_timelines(timeline)  # a timeline without snapshots: said before anything is read
-        return Dashboard(timeline[timeline.steps[-1]], report=report, timeline=timeline)
+        return Dashboard(timeline[timeline.steps[-1]], report=report, timeline=timeline, healing=healing)
     model = model_or_stats
     if model is None:
         from headwidget.embedded import load_smollm2
@@ -267,4 +290,4 @@ def explore(
         raise ArgumentError("explore(model) needs texts to capture: explore(model, texts, tokenizer=...)")
     capture_options.setdefault("inputs", True)
     stats = capture(model, texts, tokenizer=tokenizer, **capture_options)
-    return Dashboard(stats, model, mechanisms_trend=mechanisms_trend, report=report)
+    return Dashboard(stats, model, mechanisms_trend=mechanisms_trend, report=report, healing=healing)

@@ -1,5 +1,5 @@
 """The displayable built-in views: ``ChannelView``, ``AlignmentView``, ``MechanismView``,
-``ConsequenceView``, ``QuantizationView`` and ``TimelineView``.
+``ConsequenceView``, ``QuantizationView``, ``TimelineView`` and ``HealingView``.
 
 Each is its view of :mod:`headwidget.views` (same arguments, traits and panels) and a
 :class:`~headwidget.widget.HeadWidget`: displayed in a notebook it draws the panels, its controls
@@ -30,6 +30,7 @@ __all__ = [
     "AlignmentView",
     "ChannelView",
     "ConsequenceView",
+    "HealingView",
     "MechanismView",
     "QuantizationView",
     "TimelineView",
@@ -79,4 +80,12 @@ class TimelineView(ViewWidget, views.TimelineView):
     chart shows its step.
 
     See :class:`headwidget.views.TimelineView` for the arguments.
+    """
+
+
+class HealingView(ViewWidget, views.HealingView):
+    """Recovery curves of healed variants and the per-layer recovery map of one run, as a widget (a click
+    on a row of the map selects its layer).
+
+    See :class:`headwidget.views.HealingView` for the arguments.
     """

@@ -31,6 +31,7 @@ from headwidget.views._registry import UnknownViewError, register_view, view_cla
 from headwidget.views.alignment import AlignmentView
 from headwidget.views.channels import ChannelView, ChannelWindowError
 from headwidget.views.consequences import ConsequenceView
+from headwidget.views.healing import HealingView
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
 from headwidget.views.quantization import QuantizationView
 from headwidget.views.timeline import StepIndexError, TimelineStepsError, TimelineView
@@ -43,6 +44,7 @@ __all__ = [
     "ConsequenceView",
     "Control",
     "ControlType",
+    "HealingView",
     "LayerView",
     "MechanismView",
     "QuantizationView",

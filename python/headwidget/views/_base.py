@@ -196,6 +196,8 @@ class View(t.HasTraits):
     #: Whether :meth:`create` is built from a training run's snapshots (``timeline=``, a
     #: :class:`~headwidget.Timeline`) rather than from one capture.
     needs_timeline: ClassVar[bool] = False
+    #: Whether :meth:`create` is built from healing runs (``healing=``, :func:`headwidget.heal` results).
+    needs_healing: ClassVar[bool] = False
 
     #: The class :meth:`state_class` made (per class: a subclass with more state makes its own).
     _state_class: ClassVar[type[ViewState] | None] = None
