@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("stats",),  # KVStats: moments per layer and kind, files
     ("capture", "analysis", "report"),  # hooks that fill stats / pure maths on stats and weights
     ("evaluation", "tracking"),  # what conversions and quantizers do to predictions / stats over training
+    ("healing",),  # what a converted model recovers with a little training (uses evaluation)
     ("views",),  # a user's state → panels; the view registry
     ("widget", "export"),  # anywidget transport / files (PNG, SVG, PDF, HTML)
     ("notebook",),  # the displayable views (widget + export) and explore()

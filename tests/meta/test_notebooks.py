@@ -28,13 +28,20 @@ SMALL_RUN = {
     # training: 20 steps with a snapshot every 10 (the saved outputs are 2,000 steps, every 100)
     "HEADWIDGET_NOTEBOOK_TRAIN_STEPS": "20",
     "HEADWIDGET_NOTEBOOK_TRACK_EVERY": "10",
+    # healing: one step of 4×256 tokens a variant, one point after it on 256 held-out tokens (the saved
+    # outputs are 65,536 tokens in steps of 8×512, a point every 16,384 on 4,096)
+    "HEADWIDGET_NOTEBOOK_HEAL_TOKENS": "1024",
+    "HEADWIDGET_NOTEBOOK_HEAL_EVERY": "1024",
+    "HEADWIDGET_NOTEBOOK_HEAL_EVAL_TOKENS": "256",
+    "HEADWIDGET_NOTEBOOK_HEAL_BATCH": "4",
+    "HEADWIDGET_NOTEBOOK_HEAL_LENGTH": "256",
 }
 
 
 def test_there_is_a_quickstart_and_one_notebook_per_reference_figure():
     names = {p.stem for p in NOTEBOOKS}
     assert {"quickstart", "channel_correlation", "head_alignment", "mechanisms", "consequences"} <= names
-    assert {"quantization", "allocation", "training"} <= names  # the costs, the allocator, training runs
+    assert {"quantization", "allocation", "training", "healing"} <= names  # costs, allocator, training runs
 
 
 @pytest.mark.slow

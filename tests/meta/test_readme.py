@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 def _blocks() -> list[str]:
     """quickstart, analyses, costs, allocation, training, timeline view, jupyter."""
     blocks = re.findall(r"```python\n(.*?)\n```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 7
-    return blocks[:7]
+    assert len(blocks) >= 8
+    return blocks[:8]
 
 
 def _costs_block() -> str:
@@ -91,9 +91,24 @@ def test_the_training_example_runs(quickstart, tmp_path, monkeypatch) -> None:
     assert len(namespace["both"].grid.panels) == 4 and namespace["dash"].timeline is not None
 
 
+def test_the_healing_example_runs(quickstart, tmp_path, monkeypatch) -> None:
+    # one step of 4×256 tokens, a point after it on 256 held-out tokens (the block's 65,536 take minutes)
+    healing = _blocks()[6].replace(
+        "tokens=65536", "tokens=1024, batch_size=4, max_length=256, eval_tokens=256"
+    )
+    healing = healing.replace("eval_every=16384", "eval_every=1024")
+    monkeypatch.chdir(tmp_path)
+    namespace = dict(quickstart)
+    exec(healing, namespace)
+    run = namespace["run"]
+    assert [r["tokens"] for r in run.curve] == [0, 1024] and run.model.config.num_key_value_heads == 1
+    assert namespace["headwidget"].HealingRun.load(tmp_path / "heal.json") == run
+    assert namespace["view"].grid.charts[0].id == "recovery"
+
+
 def test_the_jupyter_example_runs(quickstart) -> None:
     namespace = dict(quickstart)
-    jupyter = _blocks()[6].replace("headwidget.explore()", "headwidget.explore(stats)")
+    jupyter = _blocks()[7].replace("headwidget.explore()", "headwidget.explore(stats)")
     jupyter = jupyter.replace(
         "texts, tokenizer=tokenizer, max_tokens=8192", "[english_sample()[0]], tokenizer=tokenizer"
     )

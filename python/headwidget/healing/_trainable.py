@@ -299,6 +299,7 @@ def _mechanism_sources(
     return _LayerSources(mechanism, sources)
 
 
+@torch.no_grad()
 def _check_factors(
     mechanism: _LayerMechanism, made: dict[str, torch.Tensor], w: HeadWeights, layer: int
 ) -> None:

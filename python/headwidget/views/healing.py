@@ -174,6 +174,11 @@ class HealingView(View):
             state.setdefault("layer", layers[0])
         return cls(healing, **state)
 
+    @classmethod
+    def shows(cls, stats: KVStats | None) -> bool:
+        """Never from one capture's statistics alone: the view needs healing runs."""
+        return False
+
     @property
     def caption(self) -> str:
         first = next(iter(self.runs.values()))
