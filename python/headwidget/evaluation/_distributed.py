@@ -73,24 +73,29 @@ class Ranks:
         """This rank's items: ``rank, rank + world, ...``."""
         return list(items[self.rank :: self.world])
 
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """``values`` summed element by element over the ranks, in float64 (as they are for one process)."""
+        if self.world == 1:
+            return [float(v) for v in values]
+        import torch.distributed as dist
+
+        device = (
+            torch.device("cpu")
+            if dist.get_backend() == "gloo"
+            else torch.device("cuda", torch.cuda.current_device())
+        )
+        packed = torch.tensor(list(values), dtype=torch.float64, device=device)
+        dist.all_reduce(packed)
+        return [float(v) for v in packed.cpu().tolist()]
+
     def merge(self, totals: Sequence[object]) -> None:
         """Sum the numeric fields of ``totals`` (dataclasses) over the ranks, in place (every rank must pass
         objects of the same kinds in the same order). Integers stay integers (exact in float64 below
         2**53)."""
         if self.world == 1 or not totals:
             return
-        import torch.distributed as dist
-
         layout = [(obj, _fields(obj)) for obj in totals]
-        values = [float(getattr(obj, n)) for obj, names in layout for n in names]
-        device = (
-            torch.device("cpu")
-            if dist.get_backend() == "gloo"
-            else torch.device("cuda", torch.cuda.current_device())
-        )
-        packed = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(packed)
-        summed = iter(packed.cpu().tolist())
+        summed = iter(self.sum([float(getattr(obj, n)) for obj, names in layout for n in names]))
         for obj, names in layout:
             for n in names:
                 value = next(summed)

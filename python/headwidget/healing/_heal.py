@@ -242,21 +242,8 @@ class _Evaluation:
             with self.autocast():
                 errors.measure(teacher, student, self.batches)
             if self.ranks.world > 1:
-                errors.merge(_all_reduce(errors.flat()))
+                errors.merge(self.ranks.sum(errors.flat()))
             self.layer_rows.append(errors.values())
-
-
-def _all_reduce(values: list[float]) -> list[float]:
-    import torch.distributed as dist
-
-    device = (
-        torch.device("cpu")
-        if dist.get_backend() == "gloo"
-        else torch.device("cuda", torch.cuda.current_device())
-    )
-    packed = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(packed)
-    return [float(v) for v in packed.cpu().tolist()]
 
 
 def _model_name(model: nn.Module) -> str:
@@ -464,7 +451,7 @@ def _hidden(output: Any) -> torch.Tensor:
 
 def _global_mean(value: float, ranks: Ranks) -> float:
     """The mean of ``value`` over the ranks (every rank's loss is a mean over as many tokens)."""
-    return value if ranks.world == 1 else sum(_all_reduce([value])) / ranks.world
+    return ranks.sum([value])[0] / ranks.world
 
 
 def _call(callback: Any, name: str, *args: Any, **kwargs: Any) -> None:
