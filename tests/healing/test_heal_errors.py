@@ -98,6 +98,12 @@ def test_overlapping_healing_and_evaluation_text(pair: tuple) -> None:
         small_heal(variant, model, texts=texts, eval_texts=short, max_length=64)
 
 
+def test_the_default_texts_need_a_tokenizer(pair: tuple) -> None:
+    model, variant = pair
+    with pytest.raises(ArgumentError, match=r"which are strings: pass tokenizer="):
+        headwidget.heal(variant, model, stream(1), progress=False)
+
+
 def test_lm_healing_of_an_encoder() -> None:
     bert = family("bert")
     with pytest.raises(

@@ -374,6 +374,11 @@ def heal(
     # ------------------------------------------------------------------ texts
     from headwidget.texts import english_sample
 
+    if (texts is None or eval_texts is None) and tokenizer is None:
+        raise ArgumentError(
+            "texts=None and eval_texts=None mean the English sample's calibration and evaluation splits, "
+            "which are strings: pass tokenizer=..., or give both texts and eval_texts as token ids"
+        )
     if eval_texts is None:
         eval_texts = english_sample(split="evaluation")
     shortest = 2 if runner.kind == "causal-lm" else 1
