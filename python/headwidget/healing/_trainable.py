@@ -64,9 +64,6 @@ __all__ = ["TRAINABLE_FORMS", "Source", "TrainableParts", "parse_trainable"]
 
 F64 = torch.float64
 TRAINABLE_FORMS = "'kv', 'attention', 'all' or 'lora:r' (r a whole number ≥ 1, e.g. 'lora:8')"
-#: How closely a converted layer's factors must reproduce the weights the variant holds (relative to
-#: the largest weight): a layer whose weights were changed after ``apply`` is refused.
-FACTOR_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def parse_trainable(trainable: object) -> tuple[str, int | None]:
@@ -185,11 +182,9 @@ class _LowRankDelta(nn.Module):
         super().__init__()
         out, n = rows.shape
         self.transposed = transposed
-        self.a = nn.Parameter(
-            (torch.randn(rank, n, generator=generator, dtype=F64) / math.sqrt(n)).to(rows.dtype)
-        )
+        a = torch.randn(rank, n, generator=generator, dtype=F64) / math.sqrt(n)
+        self.a = nn.Parameter(a.to(rows.device, rows.dtype))
         self.b = nn.Parameter(torch.zeros(out, rank, dtype=rows.dtype, device=rows.device))
-        self.a.data = self.a.data.to(rows.device)
 
     def forward(self, original: torch.Tensor) -> torch.Tensor:
         delta = self.b @ self.a
@@ -215,23 +210,23 @@ class _LayerSources(nn.Module):
         return self.mechanism.slots(self.sources, dtype)
 
 
-def _unique_heads(w: HeadWeights) -> torch.Tensor:
-    """(S,) for each KV slot of ``w``, the first slot holding the same K, V and biases (copies of one
-    merged head share it)."""
-    first: list[int] = []
+def _unique_heads(w: HeadWeights) -> tuple[list[int], torch.Tensor]:
+    """The KV slots of ``w`` that hold distinct heads, and (S,) which of them each slot copies (the
+    copies of one merged head hold the same K, V and biases, bit for bit)."""
+    unique: list[int] = []
+    slot_of: list[int] = []
     for s in range(w.num_kv_heads):
-        same = next(
-            (
-                t
-                for t in sorted(set(first))
-                if torch.equal(w.k[s], w.k[t]) and torch.equal(w.v[s], w.v[t])
-                and (w.k_bias is None or torch.equal(w.k_bias[s], w.k_bias[t]))
-                and (w.v_bias is None or torch.equal(w.v_bias[s], w.v_bias[t]))
-            ),
-            s,
-        )  # fmt: skip
-        first.append(same)
-    return torch.tensor(first)
+        same = [
+            i
+            for i, t in enumerate(unique)
+            if torch.equal(w.k[s], w.k[t]) and torch.equal(w.v[s], w.v[t])
+            and (w.k_bias is None or torch.equal(w.k_bias[s], w.k_bias[t]))
+            and (w.v_bias is None or torch.equal(w.v_bias[s], w.v_bias[t]))
+        ]  # fmt: skip
+        if not same:
+            unique.append(s)
+        slot_of.append(same[0] if same else len(unique) - 1)
+    return unique, torch.tensor(slot_of)
 
 
 def _per_slot(t: torch.Tensor, heads: int, slots: int) -> torch.Tensor:
@@ -271,9 +266,7 @@ def _mechanism_sources(
         slot_of = torch.arange(slots)
     else:
         kind = "heads"
-        slot_of = _unique_heads(w)
-        unique = sorted(set(slot_of.tolist()))
-        slot_of = torch.tensor([unique.index(int(s)) for s in slot_of])
+        unique, slot_of = _unique_heads(w)
         made = {"k": w.k[unique], "v": w.v[unique]}
         for name in ("k_bias", "v_bias"):
             bias = getattr(w, name)
