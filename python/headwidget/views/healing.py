@@ -212,8 +212,9 @@ class HealingView(View):
         ticks = sorted(
             {edge, *(row["tokens"] for r in self.runs.values() for row in r.curve if row["tokens"] > 0)}
         )
-        closed = ", ".join(
-            f"{n} {r.closed(measure if measure != 'top1' else None):.0%}" for n, r in self.runs.items()
+        closed = ", ".join(  # of what is drawn: 1 − last / untrained
+            f"{line.name} {1 - line.y[-1] / line.y[0]:.0%}" if line.y[0] else f"{line.name} n/a"
+            for line in series
         )
         return Chart(
             "recovery",
@@ -228,7 +229,7 @@ class HealingView(View):
             x_log=True,
             y_reference=0.0,
             x_ticks=ticks,
-            note=f"share of the untrained {first.measure()} closed at the end: {closed}",
+            note=f"share of the untrained {label} closed at the end: {closed}",
         )
 
     def _layer_map(self, name: str, layer: int) -> tuple[Panel, float] | None:
