@@ -80,6 +80,13 @@ def make_view(name: str, tiny, report):
             snapshots, logs={0: {"loss": 4.5}, 5: {"loss": 4.1}, 10: {"loss": 3.8}}
         )
         return headwidget.TimelineView(timeline, layer=0, prefetch=False)
+    if name == "healing":  # two short healing runs of a tiny Llama
+        from healing_cases import llama, small_heal
+
+        original = llama()
+        return headwidget.HealingView(
+            {s: small_heal(headwidget.apply(original, s), original, tokens=128) for s in ("mqa", "mla:8")}
+        )
     raise AssertionError(f"no test view for {name!r}: add one here")
 
 

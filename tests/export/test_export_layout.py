@@ -46,7 +46,24 @@ def views(smollm2):
         "consequences": headwidget.ConsequenceView(report),
         "timeline": headwidget.TimelineView(timeline, layer=1),
         "timeline+heads": headwidget.TimelineView({"run A": timeline, "run B": timeline}, show="heads"),
+        "healing": headwidget.HealingView({"mqa": _run("mqa", 6.7), "mqa+align": _run("mqa+align", 3.2)}),
     }
+
+
+def _run(spec: str, untrained: float) -> headwidget.HealingRun:
+    """A healing run of SmolLM2's 30 layers, its numbers made up (the layout is the point)."""
+    points = [0, 16384, 32768, 65536]
+    damage = [untrained / (1 + i) for i in range(len(points))]
+    curve = [{"tokens": t, "step": t // 4096, "nll": 3.3 + d, "kl": d, "top1": 0.2 + 0.1 * i, "delta_nll": d}
+             for i, (t, d) in enumerate(zip(points, damage, strict=True))]  # fmt: skip
+    per_layer = [[0.9 / (1 + i) + 0.01 * layer for layer in range(30)] for i in range(len(points))]
+    return headwidget.HealingRun(
+        model_name="SmolLM2-135M-Instruct", spec=spec, kind="causal-lm", method="kd", loss="kd",
+        trainable="kv", lr=1e-3, batch_size=8, max_length=512, tokens=65536, seed=0, dtype="torch.float32",
+        steps=16, tokens_seen=65536, reference_nll=3.3, kv_bytes_per_token=15360.0, layers=list(range(30)),
+        curve=curve, per_layer=per_layer, losses=[1.0] * 16, healing_fingerprint="ab",
+        evaluation_fingerprint="cd", evaluation_tokens=4096,
+    )  # fmt: skip
 
 
 CASES = [
@@ -58,6 +75,7 @@ CASES = [
     "consequences",
     "timeline",
     "timeline+heads",
+    "healing",
 ]
 
 

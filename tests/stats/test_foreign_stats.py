@@ -47,8 +47,13 @@ def test_the_pair_really_is_foreign(models):
     assert models["gpt2_stats"].meta.model_class != models["llama_stats"].meta.model_class
 
 
-# Views built from statistics as a plain capture leaves them (not a report or a timeline; no token samples)
-FROM_STATS = [n for n in view_names() if not (view_class(n).needs_report or view_class(n).needs_timeline)]
+# Views built from statistics as a plain capture leaves them (not a report, a timeline or healing runs; no
+# token samples)
+FROM_STATS = [
+    n
+    for n in view_names()
+    if not (view_class(n).needs_report or view_class(n).needs_timeline or view_class(n).needs_healing)
+]
 
 
 @pytest.mark.parametrize("face", ["view", "widget"])

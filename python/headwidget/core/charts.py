@@ -88,6 +88,9 @@ class Chart:
     #: Where the x-axis ticks go (empty: chosen from the range), e.g. the group sizes 1, 2, 4, 8.
     x_ticks: list[float] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Whether a saved figure writes each point's name beside it (False: curves whose legend names them;
+    #: the page's hover names every point either way).
+    label_points: bool = True
 
 
 def _finite_or_none(values: list[float]) -> list[float | None]:

@@ -125,7 +125,7 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
                 )  # fmt: skip
         else:
             ax.scatter(xs, ys, s=22, color=color, edgecolors="white", linewidths=0.6, label=name, zorder=3)
-        if s.style != "line" and labelled <= MAX_LABELLED:
+        if s.style != "line" and chart.label_points and labelled <= MAX_LABELLED:
             for k in keep:
                 text = printable(s.labels[k].split("\n", 1)[0])
                 ax.annotate(

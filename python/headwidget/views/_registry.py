@@ -13,8 +13,8 @@ Example:
     ...     view_class("attention")
     ... except UnknownViewError as err:
     ...     print(err)  # doctest: +NORMALIZE_WHITESPACE
-    unknown view 'attention'; the views are channels, alignment, mechanisms, consequences, quantization,
-    timeline
+    unknown view 'attention'; the views are channels, alignment, mechanisms, consequences, healing,
+    quantization, timeline
 """
 
 from __future__ import annotations

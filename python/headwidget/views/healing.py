@@ -219,7 +219,7 @@ class HealingView(View):
         return Chart(
             "recovery",
             "Recovery while healing",
-            "healing tokens seen (log; the leftmost point is the untrained variant)",
+            "healing tokens (log; leftmost point: untrained)",
             axis,
             series,
             subtitle=(
@@ -229,6 +229,7 @@ class HealingView(View):
             x_log=True,
             y_reference=0.0,
             x_ticks=ticks,
+            label_points=False,  # the legend names the runs; hover names each point
             note=f"share of the untrained {label} closed at the end: {closed}",
         )
 
