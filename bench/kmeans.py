@@ -10,7 +10,9 @@ matrix-vector products). Both must give the same centroids and objective to the 
 their total times is printed, with the share of (group, iteration) steps the fixed-point skipping
 saves. With ``--stats`` (what ``headwidget demo`` saves) the rows are the real ones; without, random
 rows with correlated channels (the skipping saves less on them: their groups settle at more similar
-iterations). ``--threads 1`` makes the ratio steadier on a busy machine.
+iterations). ``--threads 1`` makes the ratio steadier on a busy machine. Last, every set's codebooks
+one call each against one ``fit_codebooks_many`` call over all sets (as ``fit_quantizer`` fits every
+layer's K and V), interleaved.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 import torch
 
 from headwidget.analysis import quantizers as _quantize
-from headwidget.analysis.quantizers import _sq_dist, fit_codebooks, nearest_centroids
+from headwidget.analysis.quantizers import _sq_dist, fit_codebooks, fit_codebooks_many, nearest_centroids
 
 
 def plain_seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -140,6 +142,29 @@ def main() -> None:
     ratio = total["fit_codebooks"] / total["plain"]
     print(f"\nplain {total['plain']:.1f} s, fit_codebooks {total['fit_codebooks']:.1f} s: ratio {ratio:.2f} "
           f"({skipped / (computed + skipped):.0%} of the group steps skipped)")  # fmt: skip
+    together(rows_to_fit(args))
+
+
+def together(sets: list[tuple[str, torch.Tensor]]) -> None:
+    """Every set's codebooks one call each against one ``fit_codebooks_many`` call (what fit_quantizer
+    does with all layers' K and V), interleaved; the same codebooks to the bit."""
+    rows = [r for _, r in sets]
+    times = {"one by one": 0.0, "together": 0.0}
+    for c in (4, 8):
+        for side in ("one by one", "together") if c == 4 else ("together", "one by one"):
+            started = time.perf_counter()
+            if side == "together":
+                many = fit_codebooks_many(rows, c, 8)
+            else:
+                single = [fit_codebooks(r, c, 8) for r in rows]
+            times[side] += time.perf_counter() - started
+        same = all(torch.equal(a.centroids, b.centroids) and a.objective == b.objective
+                   for a, b in zip(many, single, strict=True))  # fmt: skip
+        if not same:
+            raise SystemExit("fit_codebooks_many differs from fit_codebooks one by one")
+    alone, joint = times["one by one"], times["together"]
+    print(f"{len(rows)} sets, c=4 and c=8: one by one {alone:.1f} s, together {joint:.1f} s: "
+          f"ratio {joint / alone:.2f} (identical)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from headwidget.analysis import quantizers as _quantize
-from headwidget.analysis.quantizers import _sq_dist, fit_codebooks, nearest_centroids
+from headwidget.analysis.quantizers import _sq_dist, fit_codebooks, fit_codebooks_many, nearest_centroids
+from headwidget.errors import ArgumentError, MissingStatisticsError
 
 F64 = torch.float64
 
@@ -141,3 +142,41 @@ def test_fixed_point_groups_end_with_the_reference_codebooks(monkeypatch, data, 
     assert len(computed) == len(history)
     if data == "mixture":  # the groups settle at different iterations: later ones compute fewer
         assert computed[0] == groups and min(computed) < groups
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_fits_made_together_are_the_reference_fits_made_one_by_one(monkeypatch, dtype) -> None:
+    # what fit_quantizer does with every layer's K and V: one k-means loop over all their groups. The
+    # sets stop after different numbers of iterations (and one re-seeds empty clusters), and one has
+    # another shape, so it is fitted in a loop of its own.
+    sets = [
+        mixture(500, 4, 2, seed=1, dtype=dtype),
+        with_duplicates(500, 4, 2, distinct=13, seed=2, dtype=dtype),
+        mixture(500, 4, 2, seed=3, dtype=dtype) * 10,
+        mixture(300, 2, 2, seed=4, dtype=dtype),
+        mixture(500, 4, 2, seed=5, dtype=dtype),
+    ]
+    want = [reference_lloyd(s, 2, 4, iters=30, seed=7) for s in sets]
+    assert len({len(history) for _, history in want}) > 1  # the fits really stop at different steps
+    loops: list[int] = []
+
+    def counting(x: torch.Tensor, centroids: torch.Tensor, **kw: bool) -> torch.Tensor:
+        loops.append(x.shape[0])
+        return nearest_centroids(x, centroids, **kw)
+
+    monkeypatch.setattr(_quantize, "nearest_centroids", counting)
+    got = fit_codebooks_many(sets, 2, 4, iters=30, seed=7)
+    for books, (centroids, history) in zip(got, want, strict=True):
+        assert torch.equal(books.centroids, centroids)
+        assert list(books.objective) == history
+    assert loops[0] == 4 * 4  # the first step computes the four (500, 8)-sets' 16 groups at once
+    assert len(loops) < sum(len(history) for _, history in want)
+
+
+def test_fits_made_together_refuse_what_one_fit_refuses() -> None:
+    good = mixture(300, 2, 2, seed=1, dtype=torch.float32)
+    with pytest.raises(ArgumentError, match="floating"):
+        fit_codebooks_many([good, [[1.0, 2.0]]], 2, 3)  # type: ignore[list-item]
+    with pytest.raises(MissingStatisticsError, match="needs at least 8"):
+        fit_codebooks_many([good, good[:5]], 2, 3)
+    assert fit_codebooks_many([], 2, 3) == []

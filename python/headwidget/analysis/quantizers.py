@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +58,7 @@ __all__ = [
     "Codebooks",
     "check_enough_samples",
     "fit_codebooks",
+    "fit_codebooks_many",
     "flat_rows",
     "nearest_centroids",
     "quantize_int_keys",
@@ -263,9 +265,15 @@ def _sq_dist(x: torch.Tensor, centroids: torch.Tensor, assign: torch.Tensor) -> 
     return ((x - picked) ** 2).sum(-1)
 
 
-def _seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
-    """k-means++ centroids (G, k, c) from the rows of ``x`` (G, N, c) (≤ SEED_SAMPLES rows per group)."""
+def _seed(x: torch.Tensor, k: int, gen: torch.Generator, copies: int = 1) -> torch.Tensor:
+    """k-means++ centroids (G, k, c) from the rows of ``x`` (G, N, c) (≤ SEED_SAMPLES rows per group).
+
+    With ``copies``, ``x`` stacks that many fits of G / copies groups each, and every fit gets the
+    numbers one fit alone draws from ``gen`` (the same rows, the same first centroids, the same
+    uniforms): their centroids are those of one call each.
+    """
     g, n, c = x.shape
+    one = g // copies
     m = min(n, max(SEED_SAMPLES, 16 * k))
     if m < n:
         pick = torch.randperm(n, generator=gen, device=x.device)[:m]
@@ -275,7 +283,7 @@ def _seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
     xt = x.transpose(1, 2).contiguous()  # (G, c, m): x·μ as a row times a matrix (faster than x times μ)
     centroids = torch.empty(g, k, c, dtype=x.dtype, device=x.device)
     best = torch.full_like(norms, math.inf)  # ≥ 0 from the first step on (each distance is clamped)
-    chosen = torch.randint(0, m, (g,), generator=gen, device=x.device)
+    chosen = torch.randint(0, m, (one,), generator=gen, device=x.device).repeat(copies)
     for j in range(k):
         if j:  # draw the next centroid with probability ∝ squared distance to the nearest one so far
             weights = best.cumsum(1)
@@ -284,7 +292,7 @@ def _seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
             if x.device.type != "cpu" or bool(dead.any()):  # (no host sync per step on a device)
                 weights = torch.where(dead, torch.arange(1, m + 1, device=x.device, dtype=x.dtype), weights)
                 total = torch.where(dead, torch.full_like(total, m), total)
-            u = torch.rand(g, 1, generator=gen, device=x.device, dtype=x.dtype) * total
+            u = torch.rand(one, 1, generator=gen, device=x.device, dtype=x.dtype).repeat(copies, 1) * total
             chosen = torch.searchsorted(weights, u, right=True).squeeze(1).clamp_(max=m - 1)
         new = x[rows, chosen]  # (G, c)
         centroids[:, j] = new
@@ -374,10 +382,44 @@ def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, see
         >>> tuple(books.centroids.shape), books.objective[-1] <= books.objective[0]
         ((2, 8, 4), True)
     """
+    return fit_codebooks_many([samples], c, b, iters=iters, seed=seed)[0]
+
+
+def fit_codebooks_many(
+    samples: Sequence[torch.Tensor], c: int, b: int, *, iters: int = 25, seed: int = 0
+) -> list[Codebooks]:
+    """:func:`fit_codebooks` of each of ``samples``, fitted together: the same codebooks and objectives
+    as one call each (the same seed draws the same numbers for every one), in one k-means loop over all
+    their groups (what a layer's K and V of every layer cost in Python overhead once, not once each).
+    Samples of the same shape, dtype and device are stacked; others are fitted in their own loop.
+
+    Example:
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> a, b = torch.randn(256, 8, generator=gen), torch.randn(256, 8, generator=gen)
+        >>> together = fit_codebooks_many([a, b], c=4, b=3)
+        >>> alone = [fit_codebooks(s, c=4, b=3) for s in (a, b)]
+        >>> all(torch.equal(t.centroids, o.centroids) and t.objective == o.objective
+        ...     for t, o in zip(together, alone))
+        True
+    """
     c = whole_number("c", c, minimum=1, hint="channels per codeword")
     b = whole_number("b", b, minimum=CQ_BITS[0], maximum=CQ_BITS[1], hint="bits per codeword: 2**b centroids")
     iters = whole_number("iters", iters, minimum=0, maximum=MAX_ITERS, hint="Lloyd iterations")
     seed = whole_number("seed", seed, minimum=0, maximum=2**63 - 1, hint="the seed of the k-means++ start")
+    grouped = [_grouped_rows(s, c, b) for s in samples]
+    out: list[Codebooks | None] = [None] * len(grouped)
+    stacks: dict[tuple[object, ...], list[int]] = {}
+    for i, x in enumerate(grouped):
+        stacks.setdefault((tuple(x.shape), x.dtype, x.device), []).append(i)
+    for members in stacks.values():
+        fitted = _kmeans(torch.stack([grouped[i] for i in members]), 2**b, iters, seed)
+        for i, books in zip(members, fitted, strict=True):
+            out[i] = books
+    return [books for books in out if books is not None]
+
+
+def _grouped_rows(samples: torch.Tensor, c: int, b: int) -> torch.Tensor:
+    """``samples`` (n, C) checked, as (G, n, c) groups of ``c`` contiguous channels in the work dtype."""
     if not isinstance(samples, torch.Tensor) or not samples.is_floating_point():
         got = type(samples).__name__ + (f" of {samples.dtype}" if isinstance(samples, torch.Tensor) else "")
         raise ArgumentError(
@@ -393,29 +435,47 @@ def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, see
             f"kv:cq{c}c{b}b groups c = {c} contiguous channels, which must divide the C = {channels} "
             f"channels; allowed c: {', '.join(map(str, divisors))}"
         )
-    k = 2**b
-    groups = channels // c
-    x = samples.to(work_dtype(samples)).reshape(n, groups, c).transpose(0, 1).contiguous()  # (G, n, c)
+    return samples.to(work_dtype(samples)).reshape(n, channels // c, c).transpose(0, 1).contiguous()
+
+
+def _kmeans(stacked: torch.Tensor, k: int, iters: int, seed: int) -> list[Codebooks]:
+    """k-means of every group of ``stacked`` (L, G, n, c): L fits of G groups, each as one fit alone."""
+    fits, groups, n, c = stacked.shape
+    x = stacked.reshape(fits * groups, n, c)
     gen = torch.Generator(device=x.device).manual_seed(int(seed))
-    centroids = _seed(x, k, gen)
-    history: list[float] = []
-    assign = torch.empty(groups, n, dtype=torch.long, device=x.device)
-    dist = torch.empty(groups, n, dtype=x.dtype, device=x.device)
+    centroids = _seed(x, k, gen, copies=fits)
+    histories: list[list[float]] = [[] for _ in range(fits)]
+    running = list(range(fits))  # the fits still iterating (a fit alone would not have stopped yet)
+    assign = torch.empty(fits * groups, n, dtype=torch.long, device=x.device)
+    dist = torch.empty(fits * groups, n, dtype=x.dtype, device=x.device)
     # Only the groups whose centroids can still move are computed: ``live`` (their data ``xs`` and
     # centroids ``books``); ``settled`` marks centroids that are the means of their group's current
-    # assignment, none re-seeded.
-    live = torch.arange(groups, device=x.device)
-    settled = torch.zeros(groups, dtype=torch.bool, device=x.device)
+    # assignment, none re-seeded. A fit stops (its groups leave ``live``) when no assignment of it
+    # changed, as it would alone.
+    live = torch.arange(fits * groups, device=x.device)
+    settled = torch.zeros(fits * groups, dtype=torch.bool, device=x.device)
     xs, books = x, centroids
     for step in range(iters + 1):
         found = nearest_centroids(xs, books)
         near = _sq_dist(xs, books, found)
         same = None if step == 0 else (found == assign[live]).all(1)
         assign[live], dist[live] = found, near
-        history.append(float(dist.sum(dtype=torch.float64)) / (n * groups))
-        if step == iters or (same is not None and bool(same.all())):
+        for f in running:
+            histories[f].append(
+                float(dist[f * groups : (f + 1) * groups].sum(dtype=torch.float64)) / (n * groups)
+            )
+        if step == iters:
             break
-        if same is not None:  # unchanged and settled: a fixed point, Lloyd keeps these centroids for ever
+        if same is not None:
+            changed = set((live[~same] // groups).tolist())
+            stopped = [f for f in running if f not in changed]
+            if stopped:
+                running = [f for f in running if f in changed]
+                if not running:
+                    break
+                keep = torch.isin(live // groups, torch.tensor(stopped, device=x.device), invert=True)
+                live, xs, found, near, same = live[keep], xs[keep], found[keep], near[keep], same[keep]
+            # unchanged and settled: a fixed point, Lloyd keeps these centroids for ever
             moving = ~(same & settled[live])
             live, xs, found, near = live[moving], xs[moving], found[moving], near[moving]
         count = len(live)
@@ -433,7 +493,8 @@ def fit_codebooks(samples: torch.Tensor, c: int, b: int, *, iters: int = 25, see
             means = torch.where(empty[..., None], reseeded, means)
         settled[live] = ~empty.any(1)
         centroids[live] = books = means
-    return Codebooks(centroids, tuple(history))
+    shaped = centroids.reshape(fits, groups, k, c)
+    return [Codebooks(shaped[f].clone(), tuple(histories[f])) for f in range(fits)]
 
 
 def check_enough_samples(n: int, b: int, spec: str, where: str = "") -> None:

@@ -43,7 +43,7 @@ from headwidget.analysis.quantizers import (
     MAX_ITERS,
     Codebooks,
     check_enough_samples,
-    fit_codebooks,
+    fit_codebooks_many,
     flat_rows,
     quantize_int_keys,
     quantize_int_values,
@@ -463,16 +463,15 @@ def fit_quantizer(
                     f"channels; allowed c: {', '.join(map(str, divisors))}"
                 )
         key_kind = "key_post" if adapter.layout().rope.uses_rope else "key"
+        slots, rows = [], []
         for layer in chosen:  # every layer's samples checked before any fit
             for kind, source in (("key", key_kind), ("value", "value")):
-                rows = _samples(stats, layer, source, parsed.text, channels[kind])
-                check_enough_samples(rows.shape[0], parsed.bits, parsed.text, f" (layer {layer}, {source})")
-        for layer in chosen:
-            out.codebooks[layer] = {
-                kind: fit_codebooks(
-                    _samples(stats, layer, source, parsed.text, channels[kind]), c, parsed.bits,
-                    iters=iters, seed=seed,
-                )
-                for kind, source in (("key", key_kind), ("value", "value"))
-            }  # fmt: skip
+                rows.append(_samples(stats, layer, source, parsed.text, channels[kind]))
+                where = f" (layer {layer}, {source})"
+                check_enough_samples(rows[-1].shape[0], parsed.bits, parsed.text, where)
+                slots.append((layer, kind))
+        # every layer's K and V in one k-means loop: the codebooks of one fit each, far fewer steps
+        books = fit_codebooks_many(rows, c, parsed.bits, iters=iters, seed=seed)
+        for (layer, kind), fitted in zip(slots, books, strict=True):
+            out.codebooks.setdefault(layer, {})[kind] = fitted
     return out
