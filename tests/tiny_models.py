@@ -88,8 +88,9 @@ HEADS: dict[str, tuple[str, int, int]] = {
 }  # fmt: skip
 
 #: The models that use RoPE and pass their keys through ``transformers.AttentionInterface`` (so their
-#: post-RoPE keys can be captured).
-ROPE_FAMILIES = ("llama_gqa", "llama_mha", "llama_mqa", "gpt_neox", "deepseek_v2", "deepseek_v3")
+#: post-RoPE keys can be captured; Falcon from the transformers release whose attention calls it).
+ROPE_FAMILIES = ("llama_gqa", "llama_mha", "llama_mqa", "gpt_neox", "falcon_new", "falcon_mqa", "falcon_mha",
+                 "deepseek_v2", "deepseek_v3")  # fmt: skip
 
 
 def make_model(name: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> nn.Module:
@@ -210,7 +211,8 @@ def reference_kv(name: str, model: nn.Module, attn: nn.Module, x: torch.Tensor) 
         else:
             wh = w.reshape(h, 3, hd, D)
             wk, wv = wh[:, 1], wh[:, 2]
-        return {"key": torch.einsum("td,ged->tge", x, wk), "value": torch.einsum("td,ged->tge", x, wv)}
+        k, v = torch.einsum("td,ged->tge", x, wk), torch.einsum("td,ged->tge", x, wv)
+        return {"key": k, "value": v, "key_post": rope_half(k, pos, hd, theta)}
     if name.startswith("bigcode"):
         h, hd = c.n_head, D // c.n_head
         y = _linear(x, attn.c_attn)

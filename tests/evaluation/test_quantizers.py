@@ -445,20 +445,85 @@ def test_model_dependent_refusals() -> None:
     pre = headwidget.capture(gqa, torch.tensor([[1, 2, 3, 4]]), progress=False)
     with pytest.raises(MissingStatisticsError, match="rope='post' and samples=R"):
         evaluate(gqa, torch.tensor([[1, 2, 3]]), ["kv:cq4c8b"], stats=pre, progress=False)
-    with pytest.raises(UnsupportedConversionError, match="AttentionInterface"):
-        evaluate(make_model("falcon_new", torch.float32), torch.tensor([[1, 2, 3]]), ["kv:int4"],
-                 progress=False)  # fmt: skip
     with pytest.raises(UnsupportedConversionError, match="latent"):
         fit_quantizer(make_model("deepseek_v2", torch.float32), "kv:int4")
-    with pytest.raises(UnsupportedConversionError, match="AttentionInterface"):
-        apply(make_model("falcon_new", torch.float32), "kv:int4")
     with pytest.raises(UnsupportedConversionError, match="latent"):
         apply(make_model("deepseek_v2", torch.float32), "kv:int4@1")
     for err in (MechanismSpecError, MissingStatisticsError, UnsupportedConversionError):
         assert issubclass(err, HeadwidgetError)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gpt_neox", "bigcode_mqa", "bert"])
+def test_an_attention_that_computes_its_own_attention_is_refused(monkeypatch) -> None:
+    # what FalconAttention was before its transformers release called AttentionInterface: a forward
+    # that never looks up ALL_ATTENTION_FUNCTIONS, so no quantizer could reach the K/V it uses
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    computes_itself = FalconAttention.forward
+
+    def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return computes_itself(self, *args, **kwargs)
+
+    monkeypatch.setattr(FalconAttention, "forward", forward)
+    model = make_model("falcon_new", torch.float32)
+    assert not headwidget.adapter_for(model).routes_through_interface
+    before = state(model)
+    with pytest.raises(UnsupportedConversionError, match="AttentionInterface"):
+        evaluate(model, torch.tensor([[1, 2, 3]]), ["kv:int4"], progress=False)
+    with pytest.raises(UnsupportedConversionError, match="AttentionInterface"):
+        apply(model, "kv:int4")
+    with pytest.raises(headwidget.RopeCaptureError, match="AttentionInterface"):
+        headwidget.capture(model, torch.tensor([[1, 2, 3]]), rope="both", progress=False)
+    assert all(torch.equal(before[n], t) for n, t in state(model).items())
+
+
+@pytest.mark.parametrize("name", ["falcon_new", "falcon_mqa", "falcon_mha"])
+def test_falcon_attention_gets_the_kivi_of_its_post_rope_keys_and_values(monkeypatch, name: str) -> None:
+    # Falcon's three fused layouts: what the attention function receives in the quantized layer is
+    # quantize_int_keys / quantize_int_values (tested against numpy loops above) of K and V computed by
+    # hand from the layer's input (the projection rows, RoPE in float64), over the real tokens only
+    from tiny_models import reference_kv
+
+    model = make_model(name, torch.float64)
+    batch = ragged_batches(seed=2)[0]
+    impl = model.config._attn_implementation
+    original = AttentionInterface._global_mapping[impl]
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def recording(module, query, key, value, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen[module.layer_idx] = (key.detach().clone(), value.detach().clone())
+        return original(module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, impl, recording)
+    attention = headwidget.adapter_for(model).attention_modules()[1]
+    inputs: list[torch.Tensor] = []
+    handle = attention.register_forward_pre_hook(
+        lambda m, args, kwargs: inputs.append(kwargs.get("hidden_states", args[0] if args else None)),
+        with_kwargs=True,
+    )
+    try:
+        with fit_quantizer(model, "kv:int2/g4", layers=[1]).active(model), torch.no_grad():
+            model(**batch, use_cache=False)
+    finally:
+        handle.remove()
+    key, value = seen[1]
+    real = batch["attention_mask"].bool()
+    b, t = real.shape
+    hand = [reference_kv(name, model, attention, inputs[0][i, : int(real[i].sum())]) for i in range(b)]
+    heads, d = hand[0]["key"].shape[1:]
+    k_post = torch.zeros(b, heads, t, d, dtype=torch.float64)
+    v = torch.zeros_like(k_post)
+    for i, ref in enumerate(hand):
+        n = ref["key_post"].shape[0]
+        k_post[i, :, :n], v[i, :, :n] = ref["key_post"].transpose(0, 1), ref["value"].transpose(0, 1)
+    want_k, want_v = quantize_int_keys(k_post, 2, 4, real), quantize_int_values(v, 2, 4)
+    tokens = real[:, None, :].expand(b, heads, t)  # padding slots are left as the model gave them
+    np.testing.assert_allclose(key[tokens].numpy(), want_k[tokens].numpy(), atol=1e-9)
+    np.testing.assert_allclose(value[tokens].numpy(), want_v[tokens].numpy(), atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "name", ["gpt2", "gpt_neox", "falcon_new", "falcon_mqa", "falcon_mha", "bigcode_mqa", "bert"]
+)
 def test_other_families_run_with_quantized_kv(name: str) -> None:
     model = make_model(name, torch.float32)
     report = evaluate(model, ragged_batches(seed=2), ["model", "kv:int16", "kv:int2"], dtype=torch.float32,

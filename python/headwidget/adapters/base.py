@@ -38,7 +38,7 @@ from headwidget.errors import (
     UnsupportedModelError,
 )
 
-__all__ = ["Adapter", "Tap", "config_get"]
+__all__ = ["Adapter", "Tap", "calls_attention_interface", "config_get"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,21 @@ class Tap:
     module: nn.Module
     slot: str
     on_input: bool = False
+
+
+def calls_attention_interface(attention: type[nn.Module]) -> bool:
+    """Whether ``attention``'s forward looks its attention function up in transformers'
+    ``ALL_ATTENTION_FUNCTIONS`` (``transformers.AttentionInterface``), where headwidget reaches the
+    post-RoPE keys and the K/V the attention uses. Read from the forward's code, so it follows the
+    installed transformers: a family that computes attention itself in one release and calls the
+    interface in the next is refused, then served.
+
+    >>> from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+    >>> calls_attention_interface(LlamaAttention), calls_attention_interface(LlamaRotaryEmbedding)
+    (True, False)
+    """
+    code = getattr(attention.forward, "__code__", None)
+    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
 
 
 def config_get(config: Any, *names: str, default: Any = None) -> Any:
@@ -71,8 +86,10 @@ class Adapter:
 
     family: ClassVar[str] = ""
     model_types: ClassVar[tuple[str, ...]] = ()
-    #: Whether the attention receives its keys through ``transformers.AttentionInterface``.
-    routes_through_interface: ClassVar[bool] = True
+    #: Whether the attention receives its keys through ``transformers.AttentionInterface`` (a family
+    #: whose answer depends on the transformers version sets it per model from
+    #: :func:`calls_attention_interface`).
+    routes_through_interface: bool = True
     #: Name of the attribute an attention module must have (used to find them).
     marker: ClassVar[str] = ""
     #: Whether each position attends only to earlier ones (a decoder); False for encoders, whose

@@ -4,17 +4,21 @@
 - multi-query: ``[Q | k | v]``, one shared K/V head (the same layout with one group);
 - otherwise: per head ``[q | k | v]`` (MHA).
 
-Falcon does not route its attention through ``transformers.AttentionInterface``, so post-RoPE keys are
-not captured for it. Rotations fold exactly under RoPE and under ALiBi alike (ALiBi adds a bias to the
-scores that does not depend on q or k).
+Falcon's attention calls ``transformers.AttentionInterface`` in recent transformers releases (5.25
+does) and computed attention itself in earlier 5.x ones: whether post-RoPE keys can be captured and
+K/V quantizers run is read from the installed ``FalconAttention`` (:func:`calls_attention_interface`).
+Rotations fold exactly under RoPE and under ALiBi alike (ALiBi adds a bias to the scores that does not
+depend on q or k).
 """
 
 from __future__ import annotations
 
 from functools import cached_property
 
+from torch import nn
+
 from headwidget.adapters._heads import FusedLayout
-from headwidget.adapters.base import config_get
+from headwidget.adapters.base import calls_attention_interface, config_get
 from headwidget.adapters.fused import FusedQKVAdapter
 from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 
@@ -26,7 +30,11 @@ class FalconAdapter(FusedQKVAdapter):
     marker = "query_key_value"
     qkv_module = "query_key_value"
     out_module = "dense"
-    routes_through_interface = False
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        attentions = self.attention_modules()
+        self.routes_through_interface = bool(attentions) and calls_attention_interface(type(attentions[0]))
 
     def _kv_heads(self) -> int:
         c = self.config

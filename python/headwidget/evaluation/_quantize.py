@@ -6,8 +6,9 @@ runs inside :meth:`KVQuantizer.active`, the function ``transformers.AttentionInt
 every call of a quantized layer the post-RoPE ``key_states`` and the ``value_states`` — (B, G, T, d),
 what a KV cache would hold — are quantized and dequantized, and the original attention function is
 called with them. Queries, weights, RoPE and every other layer are untouched; each forward's
-``attention_mask`` says which tokens are real. A family whose attention does not go through that
-interface (Falcon), or whose cache is a latent (MLA: DeepSeek), is refused. The schemes themselves
+``attention_mask`` says which tokens are real. An attention that does not go through that interface
+(Falcon before the transformers release that routes it there), or whose cache is a latent (MLA:
+DeepSeek), is refused. The schemes themselves
 (what ``kv:int`` and ``kv:cq`` do to a tensor, and the bytes they cost) are pure maths, in
 :mod:`headwidget.analysis.quantizers`.
 
@@ -87,9 +88,9 @@ def quantizer_blocker(adapter: Adapter) -> str | None:
     if not adapter.routes_through_interface:
         return (
             f"{name} ({adapter.family}) does not pass its keys and values through "
-            "transformers.AttentionInterface, where headwidget fake-quantizes the K/V the attention uses; "
-            "K/V quantizers are available for Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, GPT-BigCode and BERT "
-            "models: evaluate one of those, or only the mechanism conversions for this model"
+            "transformers.AttentionInterface in this transformers release, where headwidget fake-quantizes "
+            "the K/V the attention uses: evaluate only the mechanism conversions for this model, or install "
+            "a transformers release whose attention for it calls the interface (Falcon's does from 5.25)"
         )
     if adapter.layout().mechanism == "mla":
         return (
