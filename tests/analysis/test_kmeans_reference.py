@@ -144,8 +144,8 @@ def test_fixed_point_groups_end_with_the_reference_codebooks(monkeypatch, data, 
         assert computed[0] == groups and min(computed) < groups
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_fits_made_together_are_the_reference_fits_made_one_by_one(monkeypatch, dtype) -> None:
+@pytest.mark.parametrize(("dtype", "stack"), [(torch.float32, None), (F64, None), (torch.float32, 2)])
+def test_fits_made_together_are_the_reference_fits_made_one_by_one(monkeypatch, dtype, stack) -> None:
     # what fit_quantizer does with every layer's K and V: one k-means loop over all their groups. The
     # sets stop after different numbers of iterations (and one re-seeds empty clusters), and one has
     # another shape, so it is fitted in a loop of its own.
@@ -165,11 +165,14 @@ def test_fits_made_together_are_the_reference_fits_made_one_by_one(monkeypatch, 
         return nearest_centroids(x, centroids, **kw)
 
     monkeypatch.setattr(_quantize, "nearest_centroids", counting)
+    if stack:  # a memory budget of two (500, 8)-sets a loop: the four take two loops
+        monkeypatch.setattr(_quantize, "STACK_ELEMENTS", stack * 500 * 8)
     got = fit_codebooks_many(sets, 2, 4, iters=30, seed=7)
     for books, (centroids, history) in zip(got, want, strict=True):
         assert torch.equal(books.centroids, centroids)
         assert list(books.objective) == history
-    assert loops[0] == 4 * 4  # the first step computes the four (500, 8)-sets' 16 groups at once
+    # the first step computes the (500, 8)-sets' groups at once: all four, or two under the budget
+    assert loops[0] == (stack or 4) * 4
     assert len(loops) < sum(len(history) for _, history in want)
 
 

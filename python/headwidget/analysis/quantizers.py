@@ -55,6 +55,7 @@ __all__ = [
     "DEVICE_CHUNK_ELEMENTS",
     "MAX_ITERS",
     "SEED_SAMPLES",
+    "STACK_ELEMENTS",
     "Codebooks",
     "check_enough_samples",
     "fit_codebooks",
@@ -74,6 +75,9 @@ CHUNK_ELEMENTS = 2**18
 DEVICE_CHUNK_ELEMENTS = 2**26
 #: k-means++ seeding looks at most this many samples per group (``max(it, 16·2**b)``); Lloyd uses all.
 SEED_SAMPLES = 8192
+#: :func:`fit_codebooks_many` stacks fits into one k-means loop up to this many sample elements (128 MiB
+#: of float32 samples; the loop's assignments and distances take 3× that).
+STACK_ELEMENTS = 2**25
 #: The most Lloyd iterations ``iters`` may ask for (the fit stops early when no assignment changes).
 MAX_ITERS = 10_000
 
@@ -391,7 +395,9 @@ def fit_codebooks_many(
     """:func:`fit_codebooks` of each of ``samples``, fitted together: the same codebooks and objectives
     as one call each (the same seed draws the same numbers for every one), in one k-means loop over all
     their groups (what a layer's K and V of every layer cost in Python overhead once, not once each).
-    Samples of the same shape, dtype and device are stacked; others are fitted in their own loop.
+    Samples of the same shape, dtype and device are stacked, up to :data:`STACK_ELEMENTS` sample
+    elements a loop (a large model's layers take several loops, so memory stays that of a few fits);
+    others are fitted in loops of their own.
 
     Example:
         >>> gen = torch.Generator().manual_seed(0)
@@ -408,13 +414,16 @@ def fit_codebooks_many(
     seed = whole_number("seed", seed, minimum=0, maximum=2**63 - 1, hint="the seed of the k-means++ start")
     grouped = [_grouped_rows(s, c, b) for s in samples]
     out: list[Codebooks | None] = [None] * len(grouped)
-    stacks: dict[tuple[object, ...], list[int]] = {}
+    kinds: dict[tuple[object, ...], list[int]] = {}
     for i, x in enumerate(grouped):
-        stacks.setdefault((tuple(x.shape), x.dtype, x.device), []).append(i)
-    for members in stacks.values():
-        fitted = _kmeans(torch.stack([grouped[i] for i in members]), 2**b, iters, seed)
-        for i, books in zip(members, fitted, strict=True):
-            out[i] = books
+        kinds.setdefault((tuple(x.shape), x.dtype, x.device), []).append(i)
+    for members in kinds.values():
+        per_stack = max(1, STACK_ELEMENTS // grouped[members[0]].numel())
+        for first in range(0, len(members), per_stack):
+            stack = members[first : first + per_stack]
+            fitted = _kmeans(torch.stack([grouped[i] for i in stack]), 2**b, iters, seed)
+            for i, books in zip(stack, fitted, strict=True):
+                out[i] = books
     return [books for books in out if books is not None]
 
 
