@@ -14,6 +14,7 @@ number of KV heads where the family allows it (:attr:`Adapter.resizable_kv_heads
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -55,13 +56,15 @@ def calls_attention_interface(attention: type[nn.Module]) -> bool:
     ``ALL_ATTENTION_FUNCTIONS`` (``transformers.AttentionInterface``), where headwidget reaches the
     post-RoPE keys and the K/V the attention uses. Read from the forward's code, so it follows the
     installed transformers: a family that computes attention itself in one release and calls the
-    interface in the next is refused, then served.
+    interface in the next is refused, then served. A forward that reaches the interface only through
+    a helper reads as False (refused: the safe side).
 
     >>> from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
     >>> calls_attention_interface(LlamaAttention), calls_attention_interface(LlamaRotaryEmbedding)
     (True, False)
     """
-    code = getattr(attention.forward, "__code__", None)
+    forward = inspect.unwrap(attention.forward)  # past transformers' decorators (functools.wraps)
+    code = getattr(forward, "__code__", None)
     return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
 
 
