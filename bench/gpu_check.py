@@ -154,24 +154,6 @@ def analyses(device: torch.device, small: bool) -> None:
     )
 
 
-class _Clock:
-    """A healing callback that notes when training starts and when each step ends."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.marks = device, []  # type: ignore[var-annotated]
-
-    def on_train_begin(self, *_: object, **__: object) -> None:
-        _sync(self.device)
-        self.marks = [time.perf_counter()]
-
-    def on_step_end(self, *_: object, **__: object) -> None:
-        _sync(self.device)
-        self.marks.append(time.perf_counter())
-
-    def seconds(self) -> float:
-        return self.marks[-1] - self.marks[0]
-
-
 def _peak(device: torch.device, fn: Callable[[], object]) -> int:
     if device.type != "cuda":
         fn()
@@ -182,51 +164,33 @@ def _peak(device: torch.device, fn: Callable[[], object]) -> int:
 
 
 def healing(model: nn.Module, tokenizer: object, device: torch.device, small: bool) -> None:
-    from headwidget.healing._data import TrainingWindows
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from headwidget.texts import english_sample
+    from heal import _Clock, _plain
 
     batch, length, steps = (2, 64, 2) if small else (8, 512, 4)
     tokens = batch * length * steps
-    cast = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cast = torch.bfloat16 if device.type == "cuda" else None
     clock = _Clock(device)
     runs = []
 
     def healed() -> None:
         variant = headwidget.apply(model, "mqa")
         runs.append(headwidget.heal(variant, model, tokenizer=tokenizer, tokens=tokens, batch_size=batch,
-                                    max_length=length, eval_every=tokens, eval_tokens=4 * length, dtype=cast,
-                                    progress=False, callbacks=[clock]))  # fmt: skip
+                                    max_length=length, eval_every=tokens, eval_tokens=4 * length,
+                                    dtype=cast or torch.float32, progress=False,
+                                    callbacks=[clock]))  # fmt: skip
 
     heal_peak = _peak(device, healed)
-    heal_rate = tokens / clock.seconds()
+    heal_rate = tokens / sum(clock.steps())
     run = runs[0]
-
-    variant = headwidget.apply(model, "mqa")
-    for name, p in variant.named_parameters():
-        p.requires_grad_(".k_proj." in name or ".v_proj." in name)
-    trained = [p for p in variant.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.0)
-    stream = torch.as_tensor(tokenizer("\n\n".join(english_sample(split="calibration")))["input_ids"])  # type: ignore[operator]
-    plan = TrainingWindows.of(stream, max_length=length, batch_size=batch, tokens=tokens, seed=0)
     seconds = []
-
-    def plain() -> None:
-        _sync(device)
-        start = time.perf_counter()
-        for step in range(steps):
-            ids = plan.batch(step).input_ids.to(device)
-            with torch.autocast(device.type, dtype=cast, enabled=device.type == "cuda"):
-                loss = variant(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trained, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        _sync(device)
-        seconds.append(time.perf_counter() - start)
-
-    plain_peak = _peak(device, plain)
+    plain_peak = _peak(device, lambda: seconds.append(_plain(model, tokenizer, batch, length, steps, cast)))
     plain_rate = tokens / seconds[0]
-    how = "bfloat16 autocast" if device.type == "cuda" else "float32"
+    how = "bfloat16 autocast" if cast is not None else "float32"
     print(f"\nheal on {device}: mqa, {steps} steps of {batch}×{length} tokens, {how}")
     print(f"  heal(kd, kv) {heal_rate:9.1f} tokens/s   plain AdamW loop {plain_rate:9.1f} tokens/s   "
           f"ratio {heal_rate / plain_rate:.3f} (target ≥ 0.7)")  # fmt: skip

@@ -31,16 +31,23 @@ from headwidget.texts import english_sample
 
 
 class _Clock:
-    """A healing callback that notes when training starts and when each step ends."""
+    """A healing callback that notes when training starts and when each step ends (waiting for the
+    device first, so a GPU's queued work counts in the step it belongs to)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device
         self.marks: list[float] = []
 
+    def _now(self) -> float:
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.marks = [time.perf_counter()]
+        self.marks = [self._now()]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.marks.append(time.perf_counter())
+        self.marks.append(self._now())
 
     def steps(self) -> list[float]:
         return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
@@ -55,8 +62,11 @@ def _heal(model: Any, tokenizer: Any, trainable: str, batch: int, length: int, s
     return clock
 
 
-def _plain(model: Any, tokenizer: Any, batch: int, length: int, steps: int) -> float:
-    """Seconds for ``steps`` plain AdamW steps (next-token loss) on every k_proj/v_proj of the variant."""
+def _plain(
+    model: Any, tokenizer: Any, batch: int, length: int, steps: int, cast: torch.dtype | None = None
+) -> float:
+    """Seconds for ``steps`` plain AdamW steps (next-token loss) on every k_proj/v_proj of the variant,
+    on the model's device (under ``cast`` autocast when given)."""
     variant = headwidget.apply(model, "mqa")
     for name, p in variant.named_parameters():
         p.requires_grad_(".k_proj." in name or ".v_proj." in name)
@@ -65,15 +75,19 @@ def _plain(model: Any, tokenizer: Any, batch: int, length: int, steps: int) -> f
     plan = TrainingWindows.of(
         stream, max_length=length, batch_size=batch, tokens=steps * batch * length, seed=0
     )
-    start = time.perf_counter()
+    device = next(variant.parameters()).device
+    clock = _Clock(device)
+    clock.on_train_begin(None, None, None)
     for step in range(steps):
-        ids = plan.batch(step).input_ids
-        loss = variant(input_ids=ids, labels=ids, use_cache=False).loss
+        ids = plan.batch(step).input_ids.to(device)
+        with torch.autocast(device.type, dtype=cast or torch.float32, enabled=cast is not None):
+            loss = variant(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in variant.parameters() if p.requires_grad], 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
+        clock.on_step_end(None, None, None)
+    return sum(clock.steps())
 
 
 def _one(trainable: str, batch: int, length: int, steps: int) -> None:

@@ -90,7 +90,7 @@ def quantizer_blocker(adapter: Adapter) -> str | None:
             f"{name} ({adapter.family}) does not pass its keys and values through "
             "transformers.AttentionInterface in this transformers release, where headwidget fake-quantizes "
             "the K/V the attention uses: evaluate only the mechanism conversions for this model, or install "
-            "a transformers release whose attention for it calls the interface (Falcon's does from 5.25)"
+            "a transformers release whose attention for it calls the interface (Falcon's does in 5.25)"
         )
     if adapter.layout().mechanism == "mla":
         return (
