@@ -517,7 +517,9 @@ def test_falcon_attention_gets_the_kivi_of_its_post_rope_keys_and_values(monkeyp
         k_post[i, :, :n], v[i, :, :n] = ref["key_post"].transpose(0, 1), ref["value"].transpose(0, 1)
     want_k, want_v = quantize_int_keys(k_post, 2, 4, real), quantize_int_values(v, 2, 4)
     tokens = real[:, None, :].expand(b, heads, t)  # padding slots are left as the model gave them
-    np.testing.assert_allclose(key[tokens].numpy(), want_k[tokens].numpy(), atol=1e-9)
+    # transformers builds its RoPE cos/sin tables in float32 even in a float64 model, so the keys carry
+    # float32 rounding the float64 reference does not (as in the capture tests); values are float64
+    np.testing.assert_allclose(key[tokens].numpy(), want_k[tokens].numpy(), atol=1e-6)
     np.testing.assert_allclose(value[tokens].numpy(), want_v[tokens].numpy(), atol=1e-9)
 
 
