@@ -113,7 +113,7 @@ def operator_similarity(
     heads = gram.shape[0]
     scale = float(torch.diagonal(gram).abs().max())
     if centre:
-        j = torch.eye(heads, dtype=F64) - 1.0 / heads
+        j = torch.eye(heads, dtype=F64, device=gram.device) - 1.0 / heads
         gram = j @ gram @ j
     diag = torch.diagonal(gram).clone()
     bad = (diag <= 1e-10 * scale).nonzero().flatten().tolist()
