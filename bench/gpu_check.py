@@ -88,6 +88,22 @@ def compare(name: str, model: nn.Module, ids: torch.Tensor, device: torch.device
         )
 
 
+def profile_capture(model: nn.Module, ids: torch.Tensor, device: torch.device) -> None:
+    """Where one capture's time goes on the device: the top operators by their own host time, and
+    the number of kernels launched (a small model's capture on a GPU is bound by launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        headwidget.capture(model, ids, batch_size=ids.shape[0], max_length=ids.shape[1], progress=False)
+        _sync(device)
+    events = prof.key_averages()
+    print(
+        f"\n  one capture, profiled: {sum(e.count for e in events if e.key.startswith('aten::'))} aten calls"
+    )
+    print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40))
+
+
 def accuracy(model: nn.Module, ids: torch.Tensor) -> None:
     layer = len(model.model.layers) - 1  # type: ignore[union-attr,arg-type]
     stats = headwidget.capture(model, ids, layers=[layer], progress=False)
@@ -184,14 +200,23 @@ def healing(model: nn.Module, tokenizer: object, device: torch.device, small: bo
                                     dtype=cast or torch.float32, progress=False,
                                     callbacks=[clock]))  # fmt: skip
 
+    healed()  # warm-up: the first steps on a device pay for its kernels' set-up (cuBLAS, autocast)
+    runs.clear()
     heal_peak = _peak(device, healed)
-    heal_rate = tokens / sum(clock.steps())
+    heal_steps = clock.steps()
     run = runs[0]
-    seconds = []
-    plain_peak = _peak(device, lambda: seconds.append(_plain(model, tokenizer, batch, length, steps, cast)))
-    plain_rate = tokens / seconds[0]
+    plain_steps: list[float] = []
+    _plain(model, tokenizer, batch, length, steps, cast)  # warm-up
+    plain_peak = _peak(
+        device, lambda: plain_steps.extend(_plain(model, tokenizer, batch, length, steps, cast))
+    )
+    # tokens/s of a step past the first, median (the first step of each also warms its optimizer state)
+    heal_rate = batch * length / statistics.median(heal_steps[1:] or heal_steps)
+    plain_rate = batch * length / statistics.median(plain_steps[1:] or plain_steps)
     how = "bfloat16 autocast" if cast is not None else "float32"
-    print(f"\nheal on {device}: mqa, {steps} steps of {batch}×{length} tokens, {how}")
+    print(f"\nheal on {device}: mqa, {steps} steps of {batch}×{length} tokens, {how}, after a warm-up run")
+    print("  step seconds: heal " + " ".join(f"{t:.3f}" for t in heal_steps)
+          + "; plain " + " ".join(f"{t:.3f}" for t in plain_steps))  # fmt: skip
     print(f"  heal(kd, kv) {heal_rate:9.1f} tokens/s   plain AdamW loop {plain_rate:9.1f} tokens/s   "
           f"ratio {heal_rate / plain_rate:.3f} (target ≥ 0.7)")  # fmt: skip
     if device.type == "cuda":
@@ -222,6 +247,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke run on CPU)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--smollm2-shape",
+        metavar="DIR",
+        help="a folder with SmolLM2's config.json and tokenizer: use a random-init model of that shape "
+        "instead of the trained one (for a machine the 94 MiB GGUF file cannot reach)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -249,11 +280,22 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
-    from headwidget.embedded import load_smollm2
+    if args.smollm2_shape:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    smol, tokenizer = load_smollm2(device=str(device))
+        torch.manual_seed(0)
+        tokenizer = AutoTokenizer.from_pretrained(args.smollm2_shape)
+        with device:
+            smol = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.smollm2_shape))
+        smol.eval()
+        print("\nSmolLM2-135M: its config and tokenizer, random-init weights (--smollm2-shape)")
+    else:
+        from headwidget.embedded import load_smollm2
+
+        smol, tokenizer = load_smollm2(device=str(device))
     ids = torch.randint(0, smol.config.vocab_size, (2, 64) if args.small else (8, 256), device=device)
     compare("SmolLM2-135M", smol, ids, device, args.repeats)
+    profile_capture(smol, ids, device)
     accuracy(smol, ids)
     healing(smol, tokenizer, device, args.small)
     del smol

@@ -64,8 +64,8 @@ def _heal(model: Any, tokenizer: Any, trainable: str, batch: int, length: int, s
 
 def _plain(
     model: Any, tokenizer: Any, batch: int, length: int, steps: int, cast: torch.dtype | None = None
-) -> float:
-    """Seconds for ``steps`` plain AdamW steps (next-token loss) on every k_proj/v_proj of the variant,
+) -> list[float]:
+    """Seconds of each of ``steps`` plain AdamW steps (next-token loss) on every k_proj/v_proj of the variant,
     on the model's device (under ``cast`` autocast when given)."""
     variant = headwidget.apply(model, "mqa")
     for name, p in variant.named_parameters():
@@ -87,7 +87,7 @@ def _plain(
         opt.step()
         opt.zero_grad(set_to_none=True)
         clock.on_step_end(None, None, None)
-    return sum(clock.steps())
+    return clock.steps()
 
 
 def _one(trainable: str, batch: int, length: int, steps: int) -> None:
@@ -123,7 +123,7 @@ def _part_a(steps: int, batch: int, length: int, repeats: int) -> None:
     healed, plain = [], []
     for _ in range(repeats):
         healed.append(tokens / sum(_heal(model, tokenizer, "kv", batch, length, steps).steps()))
-        plain.append(tokens / _plain(model, tokenizer, batch, length, steps))
+        plain.append(tokens / sum(_plain(model, tokenizer, batch, length, steps)))
     h, p = statistics.median(healed), statistics.median(plain)
     print(f"(a) mqa, {steps} steps of {batch}×{length} tokens, {torch.get_num_threads()} threads")
     print(f"    heal(kd, kv) {h:9.1f} tokens/s   plain AdamW loop {p:9.1f} tokens/s   ratio {h / p:.3f}"
