@@ -54,30 +54,42 @@ def _normalise_heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torc
     return scaled.reshape(n, c), norms
 
 
-def _gram(x: torch.Tensor) -> torch.Tensor:
-    """``xᵀx`` for x (n, C); for wide x, as two products that together do 3/4 of the work.
+def _add_gram(acc: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Add ``xᵀx`` (formed in x's dtype) to ``acc`` (C×C, float64) in place; return its diagonal.
 
-    The upper block row ``x[:, :h]ᵀ x`` and the lower-right block ``x[:, h:]ᵀ x[:, h:]`` are
-    formed; the lower-left block is the transpose of the upper-right one.
+    For wide x only the upper block row ``x[:, :h]ᵀ x`` and the lower-right block ``x[:, h:]ᵀ x[:, h:]``
+    are formed (3/4 of the work); the lower-left block is the transpose of the upper-right one. Each
+    block is added straight into the float64 accumulator, so no C×C temporary is converted.
 
     >>> x = torch.arange(12.0).reshape(3, 4)
-    >>> bool(torch.equal(_gram(x), x.T @ x))
-    True
+    >>> acc = torch.zeros(4, 4, dtype=torch.float64)
+    >>> diag = _add_gram(acc, x)
+    >>> bool(torch.equal(acc, (x.T @ x).double())), diag.tolist()
+    (True, [80.0, 107.0, 140.0, 179.0])
     """
     c = int(x.shape[1])
     if c < _SYMMETRIC_FROM:
-        return x.T @ x
+        gram = x.T @ x
+        acc.add_(gram)
+        return torch.diagonal(gram)
     h = c // 2
-    out = torch.empty(c, c, dtype=x.dtype, device=x.device)
     top = x[:, :h].T @ x
-    out[:h] = top
-    out[h:, :h] = top[:, h:].T
-    out[h:, h:] = x[:, h:].T @ x[:, h:]
-    return out
+    bottom = x[:, h:].T @ x[:, h:]
+    acc[:h].add_(top)
+    acc[h:, :h].add_(top[:, h:].T)
+    acc[h:, h:].add_(bottom)
+    return torch.cat([torch.diagonal(top), torch.diagonal(bottom)])
 
 
-#: From this many channels on, :func:`_gram` forms only the upper block row and the last block.
+#: From this many channels on, :func:`_add_gram` forms only the upper block row and the last block.
 _SYMMETRIC_FROM = 128
+
+
+def _safe_diagonal(dtype: torch.dtype) -> float:
+    """A Gram of this dtype whose diagonal stays below this bound has no overflow anywhere: every
+    partial sum of ``Σ x_i x_j`` is bounded by ``max(Σ x_i², Σ x_j²)`` (Cauchy–Schwarz), and the bound is
+    half the dtype's largest value, which leaves room for rounding."""
+    return torch.finfo(dtype).max / 2
 
 
 @dataclass
@@ -133,9 +145,10 @@ class Moments:
 
         With ``checks`` (a list), a (2,) bool tensor on that device is appended to it: whether this
         batch's mean is finite, and whether what it adds to the co-moment and to the normalised Grams
-        (its co-moment and its per-head norms) is finite. The second flag catches values so large
-        that their float32 squares overflow (a co-moment of inf, or heads divided by an infinite
-        norm down to 0). Reading a flag waits for the device, so callers collect the flags of many
+        is finite: the diagonal of its centred Gram stays below half the dtype's largest value (then
+        no entry can overflow) and its per-head norms are finite. The second flag catches values so
+        large that their float32 squares overflow (a co-moment of inf, or heads divided by an
+        infinite norm down to 0). Reading a flag waits for the device, so callers collect the flags of many
         updates and read them together.
 
         >>> m, checks = Moments.empty(2, head_dim=2), []
@@ -147,37 +160,52 @@ class Moments:
         n = int(x.shape[0])
         if n == 0:
             return
-        batch_sum = x.sum(0, dtype=F64)
-        batch_mean = batch_sum / n
+        batch_mean = x.sum(0, dtype=F64) / n
         shift = batch_mean.to(x.dtype)
         centred = x - shift
-        # Σ(x−μ)(x−μ)^T = Σ(x−μf)(x−μf)^T − n·δδ^T with δ = μ − μf (the float rounding of the shift).
-        delta_round = batch_mean - shift.to(F64)
-        batch_m2 = _gram(centred).to(F64)
-        batch_m2.addr_(delta_round, delta_round, alpha=-n)
-        second = torch.isfinite(batch_m2).all() if checks is not None else None
-        self._merge_parts(n, batch_mean, batch_m2)
+        # Σ(x−μ)(x−μ)^T = Σ(x−s)(x−s)^T − n·δδ^T with δ = μ − s (s: μ rounded to x's dtype); merged
+        # (Chan et al.) straight into m2
+        delta = batch_mean - shift.to(F64)
+        diag = self._merge_parts(n, batch_mean, centred, delta)
+        second = diag.max() < _safe_diagonal(x.dtype) if checks is not None else None
         if self.norm_gram is not None and self.head_dim is not None:
             normed, norms = _normalise_heads(x, self.head_dim)
             if second is not None:
                 second = second & torch.isfinite(norms).all()
             part_a, part_b = normed[:split_a], normed[split_a:]
             if split_a:
-                self.norm_gram[0].add_(_gram(part_a))
+                _add_gram(self.norm_gram[0], part_a)
             if n - split_a:
-                self.norm_gram[1].add_(_gram(part_b))
+                _add_gram(self.norm_gram[1], part_b)
             self.split_count = (self.split_count[0] + split_a, self.split_count[1] + n - split_a)
         if checks is not None and second is not None:
             checks.append(torch.stack([torch.isfinite(batch_mean).all(), second]))
 
-    def _merge_parts(self, n: int, mean: torch.Tensor, m2: torch.Tensor) -> None:
+    def _merge_parts(
+        self, n: int, mean: torch.Tensor, centred: torch.Tensor, delta: torch.Tensor
+    ) -> torch.Tensor:
+        """Merge a batch of ``n`` rows: its mean, its rows centred on ``mean − delta``; the diagonal
+        of their Gram (for the overflow check)."""
         total = self.count + n
-        delta = mean - self.mean
+        between = mean - self.mean
         weight = self.count * n / total
-        self.mean.add_(delta, alpha=n / total)
+        self.mean.add_(between, alpha=n / total)
+        diag = _add_gram(self.m2, centred)
+        self.m2.addr_(delta, delta, alpha=-n)
+        if weight:
+            self.m2.addr_(between, between, alpha=weight)
+        self.count = total
+        return diag
+
+    def _merge_comoment(self, n: int, mean: torch.Tensor, m2: torch.Tensor) -> None:
+        """Merge moments of ``n`` rows given as their mean and centred co-moment."""
+        total = self.count + n
+        between = mean - self.mean
+        weight = self.count * n / total
+        self.mean.add_(between, alpha=n / total)
         self.m2.add_(m2)
         if weight:
-            self.m2.addr_(delta, delta, alpha=weight)
+            self.m2.addr_(between, between, alpha=weight)
         self.count = total
 
     # ------------------------------------------------------------------ combination
@@ -190,7 +218,7 @@ class Moments:
             )
         out = self.clone()
         if other.count:
-            out._merge_parts(other.count, other.mean.to(out.mean.device), other.m2.to(out.m2.device))
+            out._merge_comoment(other.count, other.mean.to(out.mean.device), other.m2.to(out.m2.device))
         if out.norm_gram is not None and other.norm_gram is not None:
             out.norm_gram.add_(other.norm_gram.to(out.norm_gram.device))
             out.split_count = (
