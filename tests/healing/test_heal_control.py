@@ -44,6 +44,8 @@ def _k_weights(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def test_an_interrupt_stops_at_the_step_boundary_with_that_steps_weights() -> None:
     model = llama()
+    # what was installed before (Python's own handler, or SIG_IGN in a shell's background job)
+    before = signal.getsignal(signal.SIGINT)
     keeper = _Keeper(2, lambda control: signal.raise_signal(signal.SIGINT))
     run = small_heal(headwidget.apply(model, "mqa"), model, tokens=512, callbacks=[keeper])
     assert run.stopped_early and run.steps == 2 and run.tokens_seen == 128
@@ -51,7 +53,7 @@ def test_an_interrupt_stops_at_the_step_boundary_with_that_steps_weights() -> No
     assert run.losses == keeper.logged
     for got, kept in zip(_k_weights(run.model), keeper.kept[2], strict=True):
         assert torch.equal(got, kept)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
 
 
 def test_a_keyboard_interrupt_inside_a_callback_and_a_callback_asking_to_stop() -> None:
