@@ -36,6 +36,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -113,13 +115,26 @@ class Conversion:
     k_weight: torch.Tensor
     v_weight: torch.Tensor
     kv_elements: int
-    reconstruction_error: dict[str, float]
     weighting: str
     #: The mechanism's own factors, per query head: LRKV ``k_shared`` (d_h, d), ``k_up`` (H, d_h, r),
     #: ``k_down`` (H, r, d) with ``k_weight[h] = k_shared + k_up[h] @ k_down[h]`` (``v_…`` alike); MLA
     #: ``down`` (d_c, d), ``k_up`` (H, d_h, d_c), ``v_up`` (H, d_v, d_c) with ``k_weight[h] =
     #: k_up[h] @ down``. Empty for the other specs.
     factors: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: ``E[x xᵀ]^{1/2}`` of the layer's input for a data-aware fit (None: weight-space), which weights
+    #: the reconstruction error.
+    input_sqrt: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def reconstruction_error(self) -> dict[str, float]:
+        """The relative error of the converted K and V weights of the query heads, ``‖(W − Ŵ) Σ^{1/2}‖_F
+        / ‖W Σ^{1/2}‖_F`` with Σ the input's second moment (data-aware) or ``Σ = I`` (weight-space).
+        Computed on first use: applying and evaluating a variant never needs it."""
+        kv_of = self.source.kv_of
+        return {
+            "key": _error(self.source.k[kv_of], self.k_weight, self.input_sqrt),
+            "value": _error(self.source.v[kv_of], self.v_weight, self.input_sqrt),
+        }
 
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> int:
         """Bytes of K/V cache per token for this layer in ``dtype``.
@@ -405,11 +420,10 @@ def convert(
     else:
         k_hat, v_hat = k.clone(), v.clone()
         elements = w.kv_elements() if name == "model" else heads * (d_h + d_v)
-    errors = {"key": _error(k, k_hat, sqrt), "value": _error(v, v_hat, sqrt)}
     mechanism = w.mechanism if name == "model" else name
     canonical = name if arg is None else f"{name}:{arg}"
     weighting = "weight-space" if sqrt is None else "data-aware"
-    return Conversion(canonical, mechanism, w, k_hat, v_hat, elements, errors, weighting, factors)
+    return Conversion(canonical, mechanism, w, k_hat, v_hat, elements, weighting, factors, sqrt)
 
 
 def mechanism_sweep(
