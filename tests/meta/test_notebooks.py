@@ -10,8 +10,8 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "example_notebooks").glob("*.ipynb"))
 #: Token counts, and the layers captured and converted or quantized, of the notebooks that read them from
-#: the environment (consequences, quantization, allocation; their defaults are the full run's: every
-#: layer). Three of SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first
+#: the environment (consequences, quantization, allocation, healing; their defaults are the full run's:
+#: every layer). Three of SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first
 #: layer, a middle one, the last) at a tenth of the fits.
 SMALL_RUN = {
     "HEADWIDGET_NOTEBOOK_TOKENS": "128",
