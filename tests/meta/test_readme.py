@@ -65,8 +65,8 @@ def test_the_costs_example_runs(costs) -> None:
 def test_the_allocation_example_runs(costs) -> None:
     # three candidates on a few tokens (the full run is the allocation notebook's)
     allocation = re.sub(r"candidates=\[.*?\]", 'candidates=["model", "mqa", "kv:int4"]', _blocks()[3])
-    allocation = allocation.replace("max_tokens=4096", "max_tokens=64").replace("refine=1", "refine=0")
-    allocation = allocation.replace("max_tokens=16384", "max_tokens=128")
+    allocation = allocation.replace("max_tokens=4096", "max_tokens=32").replace("refine=1", "refine=0")
+    allocation = allocation.replace("max_tokens=16384", "max_tokens=64")
     namespace = dict(costs)
     exec(allocation, namespace)
     alloc = namespace["alloc"]
@@ -92,16 +92,14 @@ def test_the_training_example_runs(quickstart, tmp_path, monkeypatch) -> None:
 
 
 def test_the_healing_example_runs(quickstart, tmp_path, monkeypatch) -> None:
-    # one step of 4×256 tokens, a point after it on 256 held-out tokens (the block's 65,536 take minutes)
-    healing = _blocks()[6].replace(
-        "tokens=65536", "tokens=1024, batch_size=4, max_length=256, eval_tokens=256"
-    )
-    healing = healing.replace("eval_every=16384", "eval_every=1024")
+    # one step of 2×64 tokens, a point after it on 64 held-out tokens (the block's 65,536 take minutes)
+    healing = _blocks()[6].replace("tokens=65536", "tokens=128, batch_size=2, max_length=64, eval_tokens=64")
+    healing = healing.replace("eval_every=16384", "eval_every=128")
     monkeypatch.chdir(tmp_path)
     namespace = dict(quickstart)
     exec(healing, namespace)
     run = namespace["run"]
-    assert [r["tokens"] for r in run.curve] == [0, 1024] and run.model.config.num_key_value_heads == 1
+    assert [r["tokens"] for r in run.curve] == [0, 128] and run.model.config.num_key_value_heads == 1
     assert namespace["headwidget"].HealingRun.load(tmp_path / "heal.json") == run
     assert namespace["view"].grid.charts[0].id == "recovery"
 
