@@ -37,7 +37,6 @@ Example:
 from __future__ import annotations
 
 import functools
-
 import warnings
 import weakref
 from collections.abc import Sequence
