@@ -184,26 +184,25 @@ class Moments:
     def _merge_parts(
         self, n: int, mean: torch.Tensor, centred: torch.Tensor, delta: torch.Tensor
     ) -> torch.Tensor:
-        """Merge a batch of ``n`` rows: its mean, its rows centred on ``mean − delta``; the diagonal
-        of their Gram (for the overflow check)."""
-        total = self.count + n
-        between = mean - self.mean
-        weight = self.count * n / total
-        self.mean.add_(between, alpha=n / total)
+        """Merge a batch of ``n`` rows given as its mean and its rows centred on ``mean − delta``;
+        return the diagonal of their Gram (for the overflow check)."""
         diag = _add_gram(self.m2, centred)
         self.m2.addr_(delta, delta, alpha=-n)
-        if weight:
-            self.m2.addr_(between, between, alpha=weight)
-        self.count = total
+        self._merge_mean(n, mean)
         return diag
 
     def _merge_comoment(self, n: int, mean: torch.Tensor, m2: torch.Tensor) -> None:
         """Merge moments of ``n`` rows given as their mean and centred co-moment."""
+        self.m2.add_(m2)
+        self._merge_mean(n, mean)
+
+    def _merge_mean(self, n: int, mean: torch.Tensor) -> None:
+        """Fold in the mean of ``n`` more rows: the running mean, the count, and the between-means term
+        of the co-moment (Chan et al.), once the rows' own centred co-moment is in ``m2``."""
         total = self.count + n
         between = mean - self.mean
         weight = self.count * n / total
         self.mean.add_(between, alpha=n / total)
-        self.m2.add_(m2)
         if weight:
             self.m2.addr_(between, between, alpha=weight)
         self.count = total
