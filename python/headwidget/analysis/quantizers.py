@@ -469,10 +469,9 @@ def _kmeans(stacked: torch.Tensor, k: int, iters: int, seed: int) -> list[Codebo
         near = _sq_dist(xs, books, found)
         same = None if step == 0 else (found == assign[live]).all(1)
         assign[live], dist[live] = found, near
+        totals = dist.reshape(fits, groups * n).sum(1, dtype=torch.float64).tolist()  # one read, all fits
         for f in running:
-            histories[f].append(
-                float(dist[f * groups : (f + 1) * groups].sum(dtype=torch.float64)) / (n * groups)
-            )
+            histories[f].append(totals[f] / (n * groups))
         if step == iters:
             break
         if same is not None:
