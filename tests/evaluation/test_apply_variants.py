@@ -249,7 +249,7 @@ def test_bad_specs_and_statistics(llama_gqa, gqa_stats) -> None:
         apply(make_model("falcon_new"), "gqa:3")
 
 
-def test_a_shared_variant_copies_only_the_converted_block_and_the_containers_above_it() -> None:
+def test_a_shared_variant_copies_only_the_converted_attention_and_the_containers_above_it() -> None:
     from headwidget.evaluation._apply import build_variant, fit_variant
 
     model = make_model("llama_gqa")
@@ -259,12 +259,39 @@ def test_a_shared_variant_copies_only_the_converted_block_and_the_containers_abo
     assert variant is not model and variant.model is not model.model and layers is not original
     assert variant.config is not model.config  # a converted copy may change its config
     assert layers[0] is original[0] and variant.lm_head is model.lm_head  # shared, not copied
-    assert layers[1] is not original[1]
+    assert layers[1] is not original[1] and layers[1].self_attn is not original[1].self_attn
+    assert layers[1].mlp is original[1].mlp and layers[1].input_layernorm is original[1].input_layernorm
     head_dim = model.config.hidden_size // model.config.num_attention_heads
     assert layers[1].self_attn.k_proj.out_features == head_dim  # one KV head
     assert original[1].self_attn.k_proj.out_features == HEADS["llama_gqa"][2] * head_dim
-    assert torch.equal(layers[1].mlp.gate_proj.weight, original[1].mlp.gate_proj.weight)  # a copy
     layers[0] = torch.nn.Identity()  # what the sweep does to the copy's container
     assert isinstance(original[0], type(layers[1]))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("name", [n for n in FACTORIES if not n.startswith("deepseek")])
+def test_a_shared_variant_leaves_the_model_alone_and_equals_a_full_copy(name: str) -> None:
+    """Every family: the shared copy owns what the conversion writes (BERT's output projection lies
+    beside its attention module, not in it), shares the MLPs, and computes what a deep copy computes."""
+    from headwidget.adapters import adapter_for
+    from headwidget.evaluation._apply import build_variant, fit_variant
+    from headwidget.evaluation._model_facts import converted_modules
+
+    model = make_model(name)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fits = fit_variant(model, "lrkv:2", None, [1])  # changes the K/V weights of layer 1
+    fits[1].weights.o.mul_(0.5)  # and its output projection, to see where it is written
+    shared = build_variant(model, "lrkv:2", fits, share=True)
+    full = build_variant(model, "lrkv:2", fits)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "the model changed"
+    torch.testing.assert_close(logits(shared), logits(full), atol=0, rtol=0)
+    assert not torch.equal(logits(shared), logits(model))
+    own = {id(p) for p in model.parameters()}
+    copied = sum(p.numel() for p in shared.parameters() if id(p) not in own)
+    written = {id(p): p for name in converted_modules(model, adapter_for(model), [1])
+               for p in model.get_submodule(name).parameters()}  # fmt: skip
+    assert copied == sum(p.numel() for p in written.values())
+    block = next(b for b in model.modules() if isinstance(b, torch.nn.ModuleList))[1]
+    assert copied < sum(p.numel() for p in block.parameters())  # the block's MLP is shared

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -71,7 +70,12 @@ from headwidget.errors import (
     VariantSaveError,
 )
 from headwidget.evaluation._arguments import check_apply_arguments
-from headwidget.evaluation._model_facts import check_stats, layer_kv_elements, resolve_layers
+from headwidget.evaluation._model_facts import (
+    check_stats,
+    converted_modules,
+    layer_kv_elements,
+    resolve_layers,
+)
 from headwidget.evaluation._quantize import (
     KVQuantizer,
     fit_quantizer,
@@ -218,30 +222,25 @@ def fit_variant(
     return out
 
 
-def _block_prefix(name: str) -> str:
-    """``model.layers.3.self_attn`` → ``model.layers.3`` (the layer's block in its ModuleList)."""
-    m = re.match(r"(.*\.\d+)(\.|$)", name)
-    return m.group(1) if m else name
-
-
 def _copy(model: nn.Module, adapter: Adapter, layers: Sequence[int], share: bool) -> nn.Module:
     """A deep copy of ``model``; with ``share``, one that shares every parameter and buffer outside the
-    blocks of ``layers``, and every module outside them and the containers that lead to them (so a
-    copy with one layer converted copies one block, not the whole model's module tree)."""
+    modules a conversion of ``layers`` writes into
+    (:func:`~headwidget.evaluation._model_facts.converted_modules`), and every module
+    outside them and the containers that lead to them (so a copy with one layer converted copies that
+    layer's attention, not the whole model's weights or module tree)."""
     if not share:
         return copy.deepcopy(model)
-    names = {id(m): n for n, m in model.named_modules()}
-    blocks = [_block_prefix(names[id(adapter.attention_at(layer))]) for layer in layers]
+    converted = converted_modules(model, adapter, layers)
     own = {
         id(t)
-        for b in blocks
-        for t in (*model.get_submodule(b).parameters(), *model.get_submodule(b).buffers())
+        for name in converted
+        for t in (*model.get_submodule(name).parameters(), *model.get_submodule(name).buffers())
     }
     memo: dict[int, object] = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in own}
-    if blocks:
-        copied = {id(m) for b in blocks for m in model.get_submodule(b).modules()}
-        for b in blocks:  # the containers on the way to a block: ``model``, ``model.layers``, ...
-            parts = b.split(".")
+    if converted:
+        copied = {id(m) for name in converted for m in model.get_submodule(name).modules()}
+        for name in converted:  # the containers on the way: ``model``, ``model.layers``, ``model.layers.3``
+            parts = name.split(".")
             copied |= {id(model.get_submodule(".".join(parts[:k]))) for k in range(len(parts))}
         memo.update({id(m): m for m in model.modules() if id(m) not in copied})
     return copy.deepcopy(model, memo)
@@ -283,8 +282,9 @@ def build_variant(
     """A copy of ``model`` with the fitted layers written in (see the module docstring), whose every
     forward runs ``quantizers`` (:class:`~headwidget.evaluation._quantize.QuantizedForward`).
 
-    ``share=True`` copies only the converted layers' blocks and shares every other parameter with
-    ``model`` (for evaluation; never hand such a copy out).
+    ``share=True`` copies only the converted layers' attention modules (and the modules holding their
+    head projections) and shares every other parameter with ``model`` (for evaluation; never hand such
+    a copy out).
     """
     adapter = adapter_for(model)
     layers = sorted(fits)

@@ -7,7 +7,8 @@ An upper bound for batches of ``batch_size × max_length`` tokens, as the sum of
   while it is cast;
 - ``fits``: the fitted attention weights every converted variant keeps (in ``dtype``) for all its
   layers, plus the float64 fit of one variant while it is made;
-- ``variant``: one converted copy at a time, whose converted layers' blocks are its own;
+- ``variant``: one converted copy at a time, whose converted layers' attention modules (and the modules
+  holding their head projections) are its own;
 - ``forward``: one forward pass (:func:`~headwidget.capture.memory.forward_bytes`: one layer's
   activations) plus its full ``(B, T, vocab)`` logits, the predicted rows picked out of them for the
   original and the variant, and the measures' float32/float64 work on at most
@@ -43,6 +44,7 @@ from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.variants import Variant, parse_variant, uniform_parts
 from headwidget.capture.memory import ForwardShape, default_budget, format_bytes, forward_bytes
 from headwidget.errors import MemoryBudgetError
+from headwidget.evaluation._model_facts import converted_modules
 from headwidget.evaluation.measures import CHUNK_BYTES, chunk_rows
 
 __all__ = ["MEASURE_WORK_BYTES", "EvaluationMemory", "check_evaluation_budget", "estimate_evaluation"]
@@ -64,12 +66,16 @@ def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _block_of(model: nn.Module, attention: nn.Module) -> nn.Module:
-    """The layer block (the ModuleList entry) that holds ``attention``."""
-    names = {id(m): n for n, m in model.named_modules()}
-    parts = names[id(attention)].split(".")
-    cut = max((i for i, p in enumerate(parts) if p.isdigit()), default=len(parts) - 1)
-    return model.get_submodule(".".join(parts[: cut + 1]))
+def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], dtype: torch.dtype) -> int:
+    """Bytes in ``dtype`` of the parameters and buffers a variant converting ``layers`` holds as its own
+    (:func:`~headwidget.evaluation._model_facts.converted_modules`), each tensor once."""
+    tensors = {
+        id(t): t
+        for name in converted_modules(model, adapter, layers)
+        for t in (*model.get_submodule(name).parameters(), *model.get_submodule(name).buffers())
+    }
+    return sum(t.numel() * (_size(dtype) if t.is_floating_point() else t.element_size())
+               for t in tensors.values())  # fmt: skip
 
 
 def _vocab(model: nn.Module) -> int:
@@ -110,7 +116,6 @@ class EvaluationMemory:
         copy = 0 if own == dtype else _tensor_bytes(model) + _tensor_bytes(model, dtype)
         attentions = [adapter.attention_at(layer) for layer in layers]
         attention = sum(_tensor_bytes(a, dtype) for a in attentions)
-        blocks = sum(_tensor_bytes(_block_of(model, a), dtype) for a in attentions)
         converted = [v for v in variants if any(p.mechanism != "model" and not p.quantizer
                                                 for p in uniform_parts(v))]  # fmt: skip
         fits = (len(converted) * attention + attention * 8 // b) if converted else 0
@@ -125,7 +130,8 @@ class EvaluationMemory:
         forward = forward_bytes(shape, batch_size, max_length) + logits + measures
         if any(p.quantizer for v in variants for p in uniform_parts(v)):
             forward += 4 * tokens * (lay.num_kv_heads * (lay.head_dim + lay.value_head_dim)) * max(b, 4)
-        parts = {"copy": copy, "fits": fits, "variant": blocks if converted else 0, "forward": forward}
+        variant = _converted_bytes(model, adapter, layers, dtype) if converted else 0
+        parts = {"copy": copy, "fits": fits, "variant": variant, "forward": forward}
         if per_layer:
             parts["sweep"] = tokens * lay.hidden_size * lay.num_layers * b
         device = next(model.parameters()).device

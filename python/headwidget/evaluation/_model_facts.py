@@ -1,5 +1,5 @@
 """What fitting asks of a model before anything is fitted: its layers, the source of its statistics,
-and the K/V elements each layer caches as it is now.
+the K/V elements each layer caches as it is now, and the modules a conversion writes into.
 
 Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -7,6 +7,8 @@ Example:
     >>> adapter = adapter_for(GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)))
     >>> resolve_layers(adapter, None), layer_kv_elements(adapter, 0)  # 4 heads × (8 + 8)
     ([0, 1], 64)
+    >>> converted_modules(adapter.model, adapter, [1])  # GPT-2 keeps every projection in its attention
+    ['transformer.h.1.attn', 'transformer.h.1.attn.c_attn', 'transformer.h.1.attn.c_proj']
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from torch import nn
 from headwidget.adapters import Adapter
 from headwidget.analysis.conversions import _check_stats_source
 from headwidget.checks import layer_indices
-from headwidget.errors import StatsMismatchError
+from headwidget.errors import StatsMismatchError, UnsupportedModelError
 from headwidget.stats import KVStats
 
-__all__ = ["check_stats", "layer_kv_elements", "resolve_layers"]
+__all__ = ["check_stats", "converted_modules", "layer_kv_elements", "resolve_layers"]
 
 
 def resolve_layers(adapter: Adapter, layers: Iterable[int] | None) -> list[int]:
@@ -68,3 +70,21 @@ def layer_kv_elements(adapter: Adapter, layer: int) -> int:
     if lay.mechanism == "mla" and lay.latent_dim:
         return int(lay.latent_dim) + lay.rope.rotary_dim
     return adapter.kv_heads_of(adapter.attention_at(layer)) * (lay.head_dim + lay.value_head_dim)
+
+
+def converted_modules(model: nn.Module, adapter: Adapter, layers: Iterable[int]) -> list[str]:
+    """The names of the modules a conversion of ``layers`` writes into, each once: every layer's
+    attention and the modules that hold its head projections (BERT keeps its output projection beside
+    its attention, not in it). MLPs and norms are never among them."""
+    names = {id(m): n for n, m in model.named_modules()}
+    out: list[str] = []
+    for layer in layers:
+        attention = adapter.attention_at(layer)
+        try:
+            projections = adapter.head_projections(attention).modules()
+        except UnsupportedModelError:  # a family that does not say where its heads are (MLA)
+            projections = ()
+        for module in (attention, *projections):
+            if names[id(module)] not in out:
+                out.append(names[id(module)])
+    return out
