@@ -19,7 +19,7 @@ from torch import nn
 from headwidget.adapters._heads import HeadProjections, HeadSlices, head_index
 from headwidget.adapters._partial_rope import PARTIAL_ROPE_MODEL_TYPES, install_partial_rope
 from headwidget.adapters.base import Adapter, Tap, config_get
-from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
+from headwidget.core.layout import AttentionLayout, Pairing, RopeLayout, mechanism_of
 from headwidget.core.weights import HeadWeights
 from headwidget.errors import UnsupportedConversionError
 
@@ -42,7 +42,7 @@ class LlamaAdapter(Adapter):
         rope = getattr(c, "rope_parameters", None) or {}
         factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
         rotary = int(head_dim * factor)
-        pairing = "interleaved" if c.model_type in self.interleaved_rope else "half"
+        pairing: Pairing = "interleaved" if c.model_type in self.interleaved_rope else "half"
         return AttentionLayout(
             family=self.family,
             mechanism=mechanism_of(heads, kv),

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from headwidget.core.kinds import Kind
+from headwidget.core.stored import stored
 
-__all__ = ["AttentionLayout", "RopeLayout"]
+__all__ = ["AttentionLayout", "Mechanism", "Pairing", "RopeLayout"]
+
+#: How a model's query heads share KV heads (``"mla"``: a compressed latent, DeepSeek).
+Mechanism = Literal["mha", "gqa", "mqa", "mla"]
+#: How a head's rotated dims pair into rotary planes (``"none"``: no RoPE).
+Pairing = Literal["half", "interleaved", "none"]
 
 
 @dataclass(frozen=True)
@@ -26,10 +32,10 @@ class RopeLayout:
     [(2, 3), (4, 5)]
     """
 
-    pairing: str = "none"
-    rotary_dim: int = 0
-    offset: int = 0
-    post_pairing: str | None = None
+    pairing: Pairing = "none"
+    rotary_dim: int = stored(default=0, minimum=0)
+    offset: int = stored(default=0, minimum=0)
+    post_pairing: Pairing | None = None
 
     @property
     def uses_rope(self) -> bool:
@@ -59,15 +65,15 @@ class AttentionLayout:
     """
 
     family: str
-    mechanism: str  # "mha" | "gqa" | "mqa" | "mla"
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    value_head_dim: int
-    hidden_size: int
+    mechanism: Mechanism
+    num_layers: int = stored(minimum=1)
+    num_heads: int = stored(minimum=1)
+    num_kv_heads: int = stored(minimum=1)
+    head_dim: int = stored(minimum=1)
+    value_head_dim: int = stored(minimum=1)
+    hidden_size: int = stored(minimum=1)
     rope: RopeLayout = field(default_factory=RopeLayout)
-    latent_dim: int | None = None
+    latent_dim: int | None = stored(default=None, minimum=1)
 
     def head_dim_of(self, kind: Kind) -> int | None:
         """Channels per head of a statistics kind (None: the kind is not split into heads)."""
@@ -93,15 +99,8 @@ class AttentionLayout:
         """The layout as plain JSON data (what statistics files store)."""
         return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AttentionLayout:
-        """The layout :meth:`to_json` wrote."""
-        data = dict(data)
-        data["rope"] = RopeLayout(**data.get("rope", {}))
-        return cls(**data)
 
-
-def mechanism_of(num_heads: int, num_kv_heads: int) -> str:
+def mechanism_of(num_heads: int, num_kv_heads: int) -> Mechanism:
     """``"mha"``, ``"mqa"`` or ``"gqa"`` from the head counts."""
     if num_kv_heads == num_heads:
         return "mha"

@@ -6,23 +6,26 @@ and :meth:`KVStats.load <headwidget.stats.KVStats.load>` call; see those for exa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import MISSING
 from pathlib import Path
-from typing import Any, NoReturn
+from types import UnionType
+from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
 
 import torch
 
-from headwidget.core.kinds import KINDS, Kind, check_kind
-from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
+from headwidget.core.kinds import Kind
+from headwidget.core.layout import AttentionLayout, mechanism_of
+from headwidget.core.stored import bounds, expects
 from headwidget.errors import StatsFileError
 from headwidget.files import NotRegularFileError, atomic_output
 from headwidget.moments import Moments
 from headwidget.stats._meta import FORMAT, FORMAT_VERSION, StatsMeta
 from headwidget.stats._plane_norms import PlaneNorms
-from headwidget.stats._samples import SEED_LIMIT
 
 __all__ = ["read_stats", "write_stats"]
 
@@ -110,10 +113,8 @@ _TINY = 1e-30
 #: The middle part of the names of a layer's plane-norm tensors, ``layer{L}.plane_norms.{part}``.
 _PLANE_NORMS = "plane_norms"
 _PLANE_PARTS = ("count", "query", "key")
-_MECHANISMS = ("mha", "gqa", "mqa", "mla")
 #: A weight fingerprint as :func:`~headwidget.adapters.fingerprint.weight_fingerprint` writes it.
 _FINGERPRINT = re.compile(r"[0-9a-f]{16}")
-_PAIRINGS = ("half", "interleaved", "none")
 _REPAIR = (
     "the file was damaged or edited after KVStats.save() wrote it; capture the statistics again or "
     "restore the file from a copy"
@@ -164,6 +165,27 @@ def _describe(value: object) -> str:
     if isinstance(value, list):
         return f"a list of {len(value)}"
     return "an object"
+
+
+def _shallow_match(value: object, kind: Any) -> bool:
+    """Whether a JSON value has the outer shape of type ``kind`` (a list for ``list[...]``, a string for a
+    ``Literal``, a mapping of strings to strings for ``dict[str, str]``...), its items unchecked but for
+    a mapping's."""
+    origin = get_origin(kind)
+    if origin is list:
+        return isinstance(value, list)
+    if origin is dict:
+        value_type = get_args(kind)[1]
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and _shallow_match(v, value_type) for k, v in value.items()
+        )
+    if origin is Literal or kind is str:
+        return isinstance(value, str)
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, dict)
 
 
 def _parts(head_dim: int | None) -> tuple[str, ...]:
@@ -273,146 +295,115 @@ class _FileCheck:
         return self.meta(data)
 
     def meta(self, data: object) -> StatsMeta:
-        obj = self.obj(
-            data,
-            "meta",
-            ("model_name", "model_class", "layout", "layers", "kinds", "tokens"),
-            (
-                "dtype",
-                "skip_first_token",
-                "cross_layers",
-                "config_fingerprint",
-                "weights_fingerprint",
-                "versions",
-                "sample_size",
-                "sample_seed",
-            ),
-        )
-        layout = self.layout(obj["layout"])
-        layers = self.layer_list(obj["layers"], "meta.layers", layout.num_layers, min_len=1)
-        kinds = self.kinds(obj["kinds"], layout)
-        cross = obj.get("cross_layers")
+        meta = StatsMeta(**self.fields(data, StatsMeta, "meta"))
+        self.layout(meta.layout)
+        layout = meta.layout
+        self.layer_list(meta.layers, "meta.layers", layout.num_layers, min_len=1)
+        self.kinds(meta.kinds, layout)
+        cross = meta.cross_layers
         if cross is not None:
-            cross = self.layer_list(cross, "meta.cross_layers", layout.num_layers, min_len=2)
-            outside = [layer for layer in cross if layer not in layers]
+            self.layer_list(cross, "meta.cross_layers", layout.num_layers, min_len=2)
+            outside = [layer for layer in cross if layer not in meta.layers]
             if outside:
-                self.fail("meta.cross_layers", f"names layers {outside} that are not in meta.layers {layers}")
-        dtype = self.string(obj.get("dtype", "float32"), "meta.dtype")
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            self.fail("meta.dtype", f"is {dtype!r}, which is not a torch dtype such as 'float32'")
-        versions = obj.get("versions", {})
-        if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
+                self.fail(
+                    "meta.cross_layers", f"names layers {outside} that are not in meta.layers {meta.layers}"
+                )
+        if not isinstance(getattr(torch, meta.dtype, None), torch.dtype):
+            self.fail("meta.dtype", f"is {meta.dtype!r}, which is not a torch dtype such as 'float32'")
+        fingerprint = meta.weights_fingerprint
+        if fingerprint is not None and _FINGERPRINT.fullmatch(fingerprint) is None:
             self.fail(
-                "meta.versions", f"must map package names to version strings, not {_describe(versions)}"
+                "meta.weights_fingerprint",
+                f"is {fingerprint!r}, which is not 16 lowercase hexadecimal digits",
             )
-        return StatsMeta(
-            model_name=self.string(obj["model_name"], "meta.model_name"),
-            model_class=self.string(obj["model_class"], "meta.model_class"),
-            layout=layout,
-            layers=layers,
-            kinds=kinds,
-            tokens=self.integer(obj["tokens"], "meta.tokens", 0),
-            dtype=dtype,
-            skip_first_token=self.boolean(obj.get("skip_first_token", False), "meta.skip_first_token"),
-            cross_layers=cross,
-            config_fingerprint=self.string(obj.get("config_fingerprint", ""), "meta.config_fingerprint"),
-            weights_fingerprint=self.weights_fingerprint(obj.get("weights_fingerprint")),
-            versions=dict(versions),
-            sample_size=self.integer(obj.get("sample_size", 0), "meta.sample_size", 0),
-            sample_seed=self.integer(obj.get("sample_seed", 0), "meta.sample_seed", 0, SEED_LIMIT - 1),
-        )
+        return meta
 
-    def weights_fingerprint(self, value: object) -> str | None:
-        """16 lowercase hexadecimal digits, or None: unknown (null, or absent in files of older versions)."""
-        field = "meta.weights_fingerprint"
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            self.fail(field, f"must be a string of 16 hexadecimal digits or null, not {_describe(value)}")
-        if _FINGERPRINT.fullmatch(value) is None:
-            self.fail(field, f"is {value!r}, which is not 16 lowercase hexadecimal digits")
-        return value
+    # ------------------------------------------------------------------ dataclasses from their types
+    def fields(self, value: object, cls: type, path: str) -> dict[str, Any]:
+        """The fields of dataclass ``cls`` in the JSON object ``value``, each checked against its annotated
+        type and its :func:`~headwidget.core.stored.stored` bounds (a field left out takes the class's
+        default; a field the class lacks is refused)."""
+        hints = get_type_hints(cls)
+        known = dataclasses.fields(cls)
+        required = [f.name for f in known if f.default is MISSING and f.default_factory is MISSING]
+        obj = self.obj(value, path, required, [f.name for f in known if f.name not in required])
+        return {
+            f.name: self.typed(obj[f.name], hints[f.name], f"{path}.{f.name}", f)
+            for f in known
+            if f.name in obj
+        }
 
-    def kinds(self, value: object, layout: AttentionLayout) -> list[Kind]:
-        if not isinstance(value, list) or not value:
-            self.fail("meta.kinds", f"must be a non-empty list of kinds, not {_describe(value)}")
-        kinds = [check_kind(self.string(k, f"meta.kinds[{i}]", KINDS)) for i, k in enumerate(value)]
+    def typed(self, value: object, kind: Any, path: str, spec: dataclasses.Field[Any] | None = None) -> Any:
+        """``value`` as type ``kind`` (see :mod:`headwidget.core.stored` for the types a field may have)."""
+        said = None if spec is None else expects(spec)
+        origin, args = get_origin(kind), get_args(kind)
+        if origin in (Union, UnionType):  # X | None
+            if value is None:
+                return None
+            inner = next(a for a in args if a is not type(None))
+            if said is not None and not _shallow_match(value, inner):
+                self.fail(path, f"{said}, not {_describe(value)}")
+            return self.typed(value, inner, path, spec)
+        if said is not None and not _shallow_match(value, kind):
+            self.fail(path, f"{said}, not {_describe(value)}")
+        if origin is Literal:
+            return self.string(value, path, args)
+        if origin is list:
+            if not isinstance(value, list):
+                self.fail(path, f"must be a list, not {_describe(value)}")
+            return [self.typed(item, args[0], f"{path}[{i}]") for i, item in enumerate(value)]
+        if origin is dict:
+            if not isinstance(value, dict):
+                self.fail(path, f"must be an object, not {_describe(value)}")
+            return {key: self.typed(item, args[1], f"{path}[{key!r}]") for key, item in value.items()}
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            return kind(**self.fields(value, kind, path))
+        if kind is bool:
+            return self.boolean(value, path)
+        if kind is int:
+            low, high = (None, None) if spec is None else bounds(spec)
+            return self.integer(value, path, low, high)
+        if kind is str:
+            return self.string(value, path)
+        raise TypeError(f"{path}: a stored field cannot have the type {kind!r}")
+
+    def kinds(self, kinds: list[Kind], layout: AttentionLayout) -> None:
+        if not kinds:
+            self.fail("meta.kinds", "must be a non-empty list of kinds, not a list of 0")
         for i, kind in enumerate(kinds):
             if kind in kinds[:i]:
                 self.fail("meta.kinds", f"lists {kind!r} twice")
         if "latent" in kinds and layout.latent_dim is None:
             self.fail("meta.kinds", "lists 'latent' but meta.layout.latent_dim is null")
-        return kinds
 
-    def layout(self, value: object) -> AttentionLayout:
+    def layout(self, layout: AttentionLayout) -> None:
+        """What the layout's types cannot say: its head counts, mechanism and RoPE against each other."""
         f = "meta.layout"
-        obj = self.obj(
-            value,
-            f,
-            (
-                "family",
-                "mechanism",
-                "num_layers",
-                "num_heads",
-                "num_kv_heads",
-                "head_dim",
-                "value_head_dim",
-                "hidden_size",
-            ),
-            ("rope", "latent_dim"),
-        )
-        family = self.string(obj["family"], f"{f}.family")
-        mechanism = self.string(obj["mechanism"], f"{f}.mechanism", _MECHANISMS)
-        num_layers = self.integer(obj["num_layers"], f"{f}.num_layers", 1)
-        heads = self.integer(obj["num_heads"], f"{f}.num_heads", 1)
-        kv = self.integer(obj["num_kv_heads"], f"{f}.num_kv_heads", 1, heads)
+        heads, kv, mechanism = layout.num_heads, layout.num_kv_heads, layout.mechanism
+        self.integer(kv, f"{f}.num_kv_heads", 1, heads)
         if heads % kv:
             self.fail(f"{f}.num_kv_heads", f"is {kv}, which does not divide num_heads ({heads})")
-        head_dim = self.integer(obj["head_dim"], f"{f}.head_dim", 1)
-        value_head_dim = self.integer(obj["value_head_dim"], f"{f}.value_head_dim", 1)
-        hidden = self.integer(obj["hidden_size"], f"{f}.hidden_size", 1)
-        latent = obj.get("latent_dim")
-        if latent is not None:
-            latent = self.integer(latent, f"{f}.latent_dim", 1)
-        if (mechanism == "mla") != (latent is not None):
+        if (mechanism == "mla") != (layout.latent_dim is not None):
             self.fail(
                 f"{f}.latent_dim",
-                f"is {_describe(latent)}, but only an 'mla' model (here {mechanism!r}) has a latent",
+                f"is {_describe(layout.latent_dim)}, but only an 'mla' model (here {mechanism!r}) has a "
+                "latent",
             )
         if mechanism != "mla" and mechanism != mechanism_of(heads, kv):
             self.fail(
                 f"{f}.mechanism",
                 f"is {mechanism!r}, but {heads} heads over {kv} KV heads make it {mechanism_of(heads, kv)!r}",
             )
-        return AttentionLayout(
-            family=family,
-            mechanism=mechanism,
-            num_layers=num_layers,
-            num_heads=heads,
-            num_kv_heads=kv,
-            head_dim=head_dim,
-            value_head_dim=value_head_dim,
-            hidden_size=hidden,
-            rope=self.rope(obj.get("rope", {}), head_dim),
-            latent_dim=latent,
-        )
-
-    def rope(self, value: object, head_dim: int) -> RopeLayout:
-        f = "meta.layout.rope"
-        obj = self.obj(value, f, (), ("pairing", "rotary_dim", "offset", "post_pairing"))
-        pairing = self.string(obj.get("pairing", "none"), f"{f}.pairing", _PAIRINGS)
-        rotary = self.integer(obj.get("rotary_dim", 0), f"{f}.rotary_dim", 0, head_dim)
+        rope, head_dim = layout.rope, layout.head_dim
+        rotary = self.integer(rope.rotary_dim, f"{f}.rope.rotary_dim", 0, head_dim)
         # the rotated dims offset .. offset + rotary_dim lie inside a head
-        offset = self.integer(obj.get("offset", 0), f"{f}.offset", 0, head_dim - rotary)
-        post = obj.get("post_pairing")
-        if post is not None:
-            post = self.string(post, f"{f}.post_pairing", _PAIRINGS)
-        if pairing == "none" and (rotary, offset, post) != (0, 0, None):
+        offset = self.integer(rope.offset, f"{f}.rope.offset", 0, head_dim - rotary)
+        if rope.pairing == "none" and (rotary, offset, rope.post_pairing) != (0, 0, None):
             self.fail(
-                f"{f}.pairing",
-                f"is 'none' (no RoPE), but rotary_dim={rotary}, offset={offset}, post_pairing={post!r}",
+                f"{f}.rope.pairing",
+                f"is 'none' (no RoPE), but rotary_dim={rotary}, offset={offset}, "
+                f"post_pairing={rope.post_pairing!r}",
             )
-        return RopeLayout(pairing=pairing, rotary_dim=rotary, offset=offset, post_pairing=post)
 
     # ------------------------------------------------------------------ the tensors
     def moments(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from headwidget.core.kinds import Kind
 from headwidget.core.layout import AttentionLayout
+from headwidget.core.stored import stored
+from headwidget.stats._samples import SEED_LIMIT
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "StatsMeta", "config_fingerprint", "config_matches"]
 
@@ -22,30 +24,34 @@ class StatsMeta:
 
     >>> from headwidget.core import AttentionLayout
     >>> meta = StatsMeta("demo", "Demo", AttentionLayout("demo", "gqa", 2, 4, 2, 8, 8, 32), [0, 1], ["key"])
-    >>> meta.num_kv_heads, meta.head_dim, StatsMeta.from_json(meta.to_json()) == meta
-    (2, 8, True)
+    >>> meta.num_kv_heads, meta.head_dim, meta.to_json()["layout"]["num_kv_heads"]
+    (2, 8, 2)
     """
 
     model_name: str
     model_class: str
     layout: AttentionLayout
-    layers: list[int]
-    kinds: list[Kind]
-    tokens: int = 0
+    layers: list[int] = stored(expects="must be a list of layer indices")
+    kinds: list[Kind] = stored(expects="must be a non-empty list of kinds")
+    tokens: int = stored(default=0, minimum=0)
     dtype: str = "float32"
     skip_first_token: bool = False
-    cross_layers: list[int] | None = None
+    cross_layers: list[int] | None = stored(default=None, expects="must be a list of layer indices")
     config_fingerprint: str = ""
     #: 16 hexadecimal digits identifying the captured layers' weights
     #: (:func:`~headwidget.adapters.fingerprint.weight_fingerprint`), so that statistics of a base model
     #: are not taken for its fine-tune's; None: unknown (a file saved before headwidget recorded it,
     #: weights it could not read, or a merge with such statistics).
-    weights_fingerprint: str | None = None
-    versions: dict[str, str] = field(default_factory=dict)
+    weights_fingerprint: str | None = stored(
+        default=None, expects="must be a string of 16 hexadecimal digits or null"
+    )
+    versions: dict[str, str] = stored(
+        default_factory=dict, expects="must map package names to version strings"
+    )
     #: The reservoir size ``R`` of ``capture(..., samples=R)`` (0: no token samples were kept).
-    sample_size: int = 0
+    sample_size: int = stored(default=0, minimum=0)
     #: The seed the token samples were drawn with (after a merge, the seed derived for the merge).
-    sample_seed: int = 0
+    sample_seed: int = stored(default=0, minimum=0, maximum=SEED_LIMIT - 1)
 
     # Convenience views of the layout -------------------------------------------------
     @property
@@ -72,12 +78,6 @@ class StatsMeta:
         data = asdict(self)
         data["layout"] = self.layout.to_json()
         return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StatsMeta:
-        data = dict(data)
-        data["layout"] = AttentionLayout.from_json(data["layout"])
-        return cls(**data)
 
 
 #: Config fields that say how a model was stored or loaded, not what it computes: ``save_pretrained``
