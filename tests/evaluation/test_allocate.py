@@ -181,6 +181,7 @@ def test_the_allocation_measures_no_worse_than_any_uniform_candidate_within_the_
 def test_the_refine_sweep_equals_evaluate_of_every_swapped_spec(llama) -> None:
     """swap_sweep replays the current allocation's hidden states up to the swapped layer: each swapped
     spec's KL, NLL and top-1 equal evaluate's full forwards of that spec (float64)."""
+    from headwidget.adapters import adapter_for
     from headwidget.evaluation._evaluate import protocol_batches
     from headwidget.evaluation._inputs import parse_protocol
     from headwidget.evaluation._outputs import OutputRunner
@@ -195,7 +196,7 @@ def test_the_refine_sweep_equals_evaluate_of_every_swapped_spec(llama) -> None:
     layers = [0, 1, 2]
 
     def plan(spec):
-        return plan_variant(llama, parse_variant(spec), None, layers)
+        return plan_variant(adapter_for(llama), parse_variant(spec), None, layers)
 
     current = "mqa@0;kv:int4@1;lrkv:4@2"
     swapped = {

@@ -19,8 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_utils import AttentionInterface
 
 import headwidget
+from headwidget.adapters import attention_calls
 from headwidget.analysis.quantizers import fit_codebooks, quantize_int_keys, quantize_int_values
-from headwidget.capture import interface
 from headwidget.errors import (
     HeadwidgetError,
     MechanismSpecError,
@@ -380,7 +380,7 @@ def test_weights_and_the_attention_registry_are_left_as_they_were(monkeypatch) -
     evaluate(model, ragged_batches(seed=5), ["model", "kv:int4"], per_layer=True, dtype=torch.float32,
              progress=False)  # fmt: skip
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert AttentionInterface._global_mapping == mapping and not interface._INSTALLED
+    assert AttentionInterface._global_mapping == mapping and not attention_calls._INSTALLED
 
     calls = []
 
@@ -394,10 +394,10 @@ def test_weights_and_the_attention_registry_are_left_as_they_were(monkeypatch) -
     with pytest.raises(RuntimeError, match="boom"):
         evaluate(model, ragged_batches(seed=5), ["kv:int4"], dtype=torch.float32, progress=False)
     assert calls == [0, 1]
-    assert AttentionInterface._global_mapping == mapping and not interface._INSTALLED
+    assert AttentionInterface._global_mapping == mapping and not attention_calls._INSTALLED
     with pytest.raises(RuntimeError, match="boom"), fit_quantizer(model, "kv:int4").active(model):
         model(torch.tensor([[1, 2, 3]]))
-    assert AttentionInterface._global_mapping == mapping and not interface._INSTALLED
+    assert AttentionInterface._global_mapping == mapping and not attention_calls._INSTALLED
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 

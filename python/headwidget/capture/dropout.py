@@ -8,7 +8,7 @@ the thread that enters it: there every dropout function returns its input unchan
 supported families dropout is the only thing a module's ``training`` flag changes in a forward pass
 without gradients (gradient checkpointing only acts when gradients are enabled). Attention
 implementations outside ``torch`` (flash attention) receive their dropout through
-``transformers.AttentionInterface``, where :mod:`headwidget.capture.interface` sets it to 0.
+``transformers.AttentionInterface``, where :mod:`headwidget.adapters.attention_calls` sets it to 0.
 """
 
 from __future__ import annotations

@@ -29,11 +29,11 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, Tap, adapter_for
+from headwidget.adapters.attention_calls import watch_attention_keys
 from headwidget.adapters.fingerprint import weight_fingerprint
 from headwidget.capture.arguments import check_capture_arguments, check_estimate_arguments
 from headwidget.capture.dropout import NoDropout, any_training
 from headwidget.capture.inputs import Batch, iter_batches
-from headwidget.capture.interface import watch_attention_keys
 from headwidget.capture.plan import CapturePlan, module_device
 from headwidget.capture.tokens import ReservoirStep, TokenReservoir, TokenSelection, select_tokens
 from headwidget.core.kinds import Kind

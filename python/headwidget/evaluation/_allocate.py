@@ -410,11 +410,10 @@ def allocate_frontier(
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     plans = {
-        s: plan_variant(model, parse_variant(s), stats, layers, weight_dtype=weight_dtype,
-                        allow_other_weights=allow_other_weights)
+        s: plan_variant(adapter, parse_variant(s), stats, layers, weight_dtype=weight_dtype)
         for s in specs if s != "model"
     }  # fmt: skip
-    model_plan = plan_variant(model, parse_variant("model"), None, layers)
+    model_plan = plan_variant(adapter, parse_variant("model"), None, layers)
     elements = model_plan.layer_elements
     layer_bytes = {s: (plans[s] if s != "model" else model_plan).layer_bytes(dtype) for s in specs}
     model_bytes = math.fsum(model_plan.layer_bytes(dtype))

@@ -78,9 +78,9 @@ from headwidget.evaluation._model_facts import (
 )
 from headwidget.evaluation._quantize import (
     KVQuantizer,
-    fit_quantizer,
     install_quantizers,
     installed_quantizers,
+    quantizer_for,
 )
 from headwidget.stats import KVStats
 
@@ -209,8 +209,14 @@ def fit_variant(
     model: nn.Module, spec: str | VariantSpec, stats: KVStats | None, layers: Sequence[int]
 ) -> dict[int, LayerFit]:
     """The per-layer fits of ``spec`` for ``layers`` of ``model`` (nothing is built)."""
-    adapter = adapter_for(model)
     parsed = spec if isinstance(spec, VariantSpec) else parse_uniform(spec, "fit_variant")
+    return fits_for(adapter_for(model), parsed, stats, layers)
+
+
+def fits_for(
+    adapter: Adapter, parsed: VariantSpec, stats: KVStats | None, layers: Sequence[int]
+) -> dict[int, LayerFit]:
+    """:func:`fit_variant` of ``adapter.model`` for a parsed uniform spec."""
     _refuse_quantizer(parsed)
     _check_buildable(adapter, parsed)
     planes = adapter.layout().rope.planes()
@@ -499,8 +505,7 @@ def apply(
     refuse_layers_with_mixed([parsed], layers)
     stats, layers = check_apply_arguments(adapter, stats, layers)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
-    fits, quantizers = fit_parts(model, parsed, stats, resolve_layers(adapter, layers),
-                                 allow_other_weights=allow_other_weights)  # fmt: skip
+    fits, quantizers = fit_parts(adapter, parsed, stats, resolve_layers(adapter, layers))
     return build_variant(model, parsed.text, fits, quantizers=quantizers)
 
 
@@ -517,32 +522,30 @@ def part_layers(parsed: Variant, chosen: Sequence[int]) -> list[tuple[VariantSpe
 
 
 def fit_parts(
-    model: nn.Module,
+    adapter: Adapter,
     parsed: Variant,
     stats: KVStats | None,
     chosen: Sequence[int],
     *,
     weight_dtype: torch.dtype | None = None,
-    allow_other_weights: bool = False,
 ) -> tuple[dict[int, LayerFit], list[KVQuantizer]]:
-    """Fit every part of ``parsed`` on ``model`` (float64, from its weights; :func:`part_layers` says
-    which layers): the converted layers' fits, kept in ``weight_dtype`` (default: float64), and one
-    quantizer per ``kv:`` part.
+    """Fit every part of ``parsed`` on ``adapter.model`` (float64, from its weights; :func:`part_layers`
+    says which layers): the converted layers' fits, kept in ``weight_dtype`` (default: float64), and one
+    quantizer per ``kv:`` part. ``stats`` are checked against the model by the caller
+    (:func:`~headwidget.evaluation._model_facts.check_stats`), once.
 
     Raises:
         MechanismSpecError: a mixed spec naming a layer the model does not have.
         Whatever :func:`fit_variant` and :func:`~headwidget.evaluation.fit_quantizer` raise for a part.
     """
     if isinstance(parsed, MixedSpec):
-        parsed.check_layers(adapter_for(model).layout().num_layers)
+        parsed.check_layers(adapter.layout().num_layers)
     fits: dict[int, LayerFit] = {}
     quantizers: list[KVQuantizer] = []
     for part, layers in part_layers(parsed, chosen):
         if part.quantizer:
-            quantizers.append(
-                fit_quantizer(model, part, stats, layers, allow_other_weights=allow_other_weights)
-            )
+            quantizers.append(quantizer_for(adapter, part, stats, layers))
         else:
-            fitted = fit_variant(model, part, stats, layers)
+            fitted = fits_for(adapter, part, stats, layers)
             fits.update(fitted if weight_dtype is None else compact_fits(fitted, weight_dtype))
     return fits, quantizers

@@ -249,11 +249,10 @@ def evaluate(
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     plans = {
-        s: plan_variant(model, p, stats, chosen, weight_dtype=weight_dtype,
-                        allow_other_weights=allow_other_weights)
+        s: plan_variant(adapter, p, stats, chosen, weight_dtype=weight_dtype)
         for s, p in parsed.items()
         if s != "model"
-    }  # fmt: skip
+    }
     base_adapter = adapter_for(base)
     sweep_cells = sum(1 for plan in plans.values() for layer in chosen if plan.cell(layer) is not None)
     sweep_forwards = len(batches) * (1 + sweep_cells) if per_layer else 0

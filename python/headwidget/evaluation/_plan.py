@@ -15,7 +15,8 @@ Example:
     >>> from headwidget.analysis.variants import parse_variant
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64,
     ...     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)).eval()
-    >>> plan = plan_variant(model, parse_variant("mqa@0;kv:int4@2"), None, [0, 1, 2])
+    >>> from headwidget.adapters import adapter_for
+    >>> plan = plan_variant(adapter_for(model), parse_variant("mqa@0;kv:int4@2"), None, [0, 1, 2])
     >>> sorted(plan.fits), [q.layers for q in plan.quantizers]
     ([0], [[2]])
     >>> plan.layer_bytes(torch.bfloat16)  # mqa: 2·16 elements; model: 2·32 in bf16; int4: 2·(32/2 + 4)
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from headwidget.adapters import adapter_for
+from headwidget.adapters import Adapter
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.analysis.variants import Variant
 from headwidget.evaluation._apply import build_variant, fit_parts, shared_copy
@@ -102,23 +103,20 @@ class VariantPlan:
 
 
 def plan_variant(
-    model: nn.Module,
+    adapter: Adapter,
     parsed: Variant,
     stats: KVStats | None,
     chosen: Sequence[int],
     *,
     weight_dtype: torch.dtype | None = None,
-    allow_other_weights: bool = False,
 ) -> VariantPlan:
-    """Fit every part of ``parsed`` on ``model`` (float64, from its weights;
+    """Fit every part of ``parsed`` on ``adapter.model`` (float64, from its weights;
     :func:`~headwidget.evaluation._apply.fit_parts`), the fits kept in ``weight_dtype`` (default:
-    float64).
+    float64). ``stats`` are checked against the model by the caller, once.
 
     Raises:
         Whatever :func:`~headwidget.evaluation._apply.fit_parts` raises.
     """
-    fits, quantizers = fit_parts(model, parsed, stats, chosen, weight_dtype=weight_dtype,
-                                 allow_other_weights=allow_other_weights)  # fmt: skip
-    adapter = adapter_for(model)
+    fits, quantizers = fit_parts(adapter, parsed, stats, chosen, weight_dtype=weight_dtype)
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(adapter.layout().num_layers)}
     return VariantPlan(parsed.text, fits, quantizers, elements)

@@ -2,11 +2,12 @@
 
 ``kv:int{b}`` (KIVI-style) and ``kv:cq{c}c{b}b`` (coupled quantization) change no weight. While a model
 runs inside :meth:`KVQuantizer.active`, the function ``transformers.AttentionInterface`` returns for its
-``attn_implementation`` is wrapped (:func:`headwidget.capture.interface.transform_attention_kv`): at
-every call of a quantized layer the post-RoPE ``key_states`` and the ``value_states`` — (B, G, T, d),
-what a KV cache would hold — are quantized and dequantized, and the original attention function is
-called with them. Queries, weights, RoPE and every other layer are untouched; each forward's
-``attention_mask`` says which tokens are real. An attention that does not go through that interface
+``attn_implementation`` is wrapped
+(:func:`headwidget.adapters.attention_calls.transform_attention_kv`): at every call of a quantized
+layer the post-RoPE ``key_states`` and the ``value_states`` — (B, G, T, d), what a KV cache would
+hold — are quantized and dequantized, and the original attention function is called with them.
+Queries, weights, RoPE and every other layer are untouched; each forward's ``attention_mask`` says
+which tokens are real. An attention that does not go through that interface
 (Falcon before the transformers release that routes it there), or whose cache is a latent (MLA:
 DeepSeek), is refused. The schemes themselves
 (what ``kv:int`` and ``kv:cq`` do to a tensor, and the bytes they cost) are pure maths, in
@@ -40,6 +41,7 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
+from headwidget.adapters.attention_calls import transform_attention_kv
 from headwidget.analysis.quantizers import (
     MAX_ITERS,
     Codebooks,
@@ -52,7 +54,6 @@ from headwidget.analysis.quantizers import (
     work_dtype,
 )
 from headwidget.analysis.variants import VariantSpec, parse_uniform
-from headwidget.capture.interface import transform_attention_kv
 from headwidget.checks import whole_number
 from headwidget.core.kinds import Kind
 from headwidget.errors import (
@@ -73,6 +74,7 @@ __all__ = [
     "install_quantizers",
     "installed_quantizers",
     "quantizer_blocker",
+    "quantizer_for",
 ]
 
 
@@ -396,6 +398,12 @@ def _samples(stats: KVStats | None, layer: int, kind: str, spec: str, channels: 
     return rows
 
 
+def _refuse_blocked(adapter: Adapter, parsed: VariantSpec) -> None:
+    reason = quantizer_blocker(adapter)
+    if reason is not None:
+        raise UnsupportedConversionError(f"{parsed.text}: {reason}")
+
+
 def fit_quantizer(
     model: nn.Module,
     spec: str | VariantSpec,
@@ -445,15 +453,30 @@ def fit_quantizer(
     if not parsed.quantizer or parsed.bits is None or parsed.group is None:
         raise MechanismSpecError(f"{parsed.text!r} is not a K/V quantizer (kv:int{{b}}, kv:cq{{c}}c{{b}}b)")
     adapter = adapter_for(model)
-    reason = quantizer_blocker(adapter)
-    if reason is not None:
-        raise UnsupportedConversionError(f"{parsed.text}: {reason}")
+    _refuse_blocked(adapter, parsed)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
-    chosen = resolve_layers(adapter, layers)
+    return quantizer_for(adapter, parsed, stats, resolve_layers(adapter, layers), iters=iters, seed=seed)
+
+
+def quantizer_for(
+    adapter: Adapter,
+    parsed: VariantSpec,
+    stats: KVStats | None,
+    chosen: Sequence[int],
+    *,
+    iters: int = 25,
+    seed: int = 0,
+) -> KVQuantizer:
+    """:func:`fit_quantizer` of ``adapter.model`` with its arguments already checked: ``parsed`` a
+    quantizer spec, ``chosen`` resolved layers, ``stats`` checked against the model by the caller
+    (:func:`~headwidget.evaluation._model_facts.check_stats`)."""
+    assert parsed.bits is not None and parsed.group is not None
+    _refuse_blocked(adapter, parsed)
     channels = _kind_channels(adapter)
     total = adapter.layout().num_layers
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(total)}
-    out = KVQuantizer(parsed.text, parsed.mechanism, parsed.bits, parsed.group, chosen, channels, elements)
+    layers = list(chosen)
+    out = KVQuantizer(parsed.text, parsed.mechanism, parsed.bits, parsed.group, layers, channels, elements)
     if parsed.mechanism == "kv:cq":
         c = parsed.group
         for size in channels.values():

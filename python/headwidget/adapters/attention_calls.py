@@ -1,8 +1,10 @@
-"""Reach the K/V the attention uses by wrapping the function ``transformers.AttentionInterface`` returns.
+"""Reach the K/V the attention uses by wrapping the function ``transformers.AttentionInterface`` returns
+(the attention calls of every family whose attention goes through it).
 
-Two uses share one wrapper: :func:`watch_attention_keys` hands post-RoPE keys to a capture, and
-:func:`transform_attention_kv` replaces the ``key_states`` / ``value_states`` a watched module passes to
-its attention function (evaluation's fake quantizers) before the original function is called.
+Capture and evaluation share this one wrapper: :func:`watch_attention_keys` hands post-RoPE keys to a
+capture, and :func:`transform_attention_kv` replaces the ``key_states`` / ``value_states`` a watched
+module passes to its attention function (evaluation's fake quantizers) before the original function is
+called.
 
 While at least one watcher is active, the registered function for an ``attn_implementation`` is
 replaced by a wrapper. For a call made in a thread that has an active watcher, during that watcher's
