@@ -140,7 +140,8 @@ def test_python_change_redraws_the_canvas(lab, colour_of):
     assert len(panels["key-0"]) == 12  # channels 4..15
     assert_pixels_show(lab, colour_of, panels)
     # The window's first cell is channel 4 against itself, its neighbour channel 4 against 5.
-    corr = json.loads(lab.run("print(json.dumps(dash.stats.channel_corr(0, 'key')[4:6, 4:6].tolist()))"))
+    window = "dash.stats.channel_corr(0, 'key')[4:6, 4:6].tolist()"
+    corr = json.loads(lab.run(f"import json; print(json.dumps({window}))"))
     assert panels["key-0"][0][:2] == pytest.approx(corr[0], nan_ok=True)
     shifted = digest(lab)
     lab.run("dash.channels.channel_start = 0")
@@ -177,7 +178,7 @@ def test_clicking_a_layer_in_the_trend_chart_selects_it(lab):
 def test_trend_points_name_series_layer_and_value_on_hover(lab):
     """Hovering a point of the trend chart shows a tooltip: the layer, and the series with its value."""
     lab.page.wait_for_function("() => document.querySelectorAll('.bqplot .dot').length >= 2", timeout=30_000)
-    first = json.loads(lab.run("print(json.dumps(list(dash.trends.series.items())[0]))"))
+    first = json.loads(lab.run("import json; print(json.dumps(list(dash.trends.series.items())[0]))"))
     name, values = first
     dot = lab.page.locator(".bqplot .dot").nth(1)  # the first series' point at layer 1
     dot.scroll_into_view_if_needed()

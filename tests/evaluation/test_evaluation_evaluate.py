@@ -172,16 +172,16 @@ def test_too_few_tokens(llama) -> None:
 def test_a_non_finite_variant_names_itself_and_the_layer(llama, batches, monkeypatch) -> None:
     import headwidget.evaluation._apply as ev
 
-    real = ev.fit_variant
+    real = ev.fits_for
 
-    def poisoned(model, spec, stats, layers):
-        fits = real(model, spec, stats, layers)
+    def poisoned(adapter, spec, stats, layers):
+        fits = real(adapter, spec, stats, layers)
         w = fits[1].weights
         assert w is not None
         w.o[0, 0, 0] = float("inf")
         return fits
 
-    monkeypatch.setattr(ev, "fit_variant", poisoned)
+    monkeypatch.setattr(ev, "fits_for", poisoned)
     with pytest.raises(NonFiniteLogitsError, match=r"variant 'mqa' .* output of layer 1"):
         evaluate(llama, batches, ["model", "mqa"], dtype=F64, progress=False)
 
