@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import cache
+from functools import cache, lru_cache
 from typing import Literal
 
+import matplotlib
 from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.font_manager import FontProperties
@@ -57,12 +58,43 @@ FontStyle = Literal["normal", "italic", "oblique"]
 def text_width(text: str, size: float, *, weight: str = "normal", style: FontStyle = "normal") -> float:
     """Width in inches of one line of ``text`` at ``size`` points.
 
+    Widths are remembered per text, size and font settings (the rcParams that choose and shape the
+    font): a figure's locators and layout passes measure the same tick labels many times.
+
     Example:
         >>> 0.2 < text_width("Keys · layer 0", 9.0) < 1.5
         True
     """
     if not text:
         return 0.0
+    return _width(text, float(size), weight, style, _font_settings())
+
+
+#: The rcParams that decide which font a text is drawn in, and how its glyphs are spaced.
+_FONT_PARAMS = (
+    "font.family",
+    "font.sans-serif",
+    "font.serif",
+    "font.monospace",
+    "font.cursive",
+    "font.fantasy",
+    "font.stretch",
+    "font.variant",
+    "text.hinting",
+    "text.hinting_factor",
+    "text.kerning_factor",
+)
+
+
+def _font_settings() -> tuple[object, ...]:
+    """The current values of :data:`_FONT_PARAMS`, hashable."""
+    values = (matplotlib.rcParams[name] for name in _FONT_PARAMS)
+    return tuple(tuple(v) if isinstance(v, list) else v for v in values)
+
+
+@lru_cache(maxsize=8192)
+def _width(text: str, size: float, weight: str, style: str, settings: tuple[object, ...]) -> float:
+    """:func:`text_width` measured (``settings``: the :func:`_font_settings` it is measured under)."""
     prop = FontProperties(size=size, weight=weight, style=style)
     width, _, _ = _renderer().get_text_width_height_descent(text, prop, ismath=False)
     return float(width) / 72.0
