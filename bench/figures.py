@@ -1,10 +1,10 @@
 """What a publication figure costs: the demo's figures saved as PNG and PDF, with text widths remembered
-(``export._labels.text_width`` as it is) and measured anew on every call (its cache cleared before each
-measurement), side by side in one run.
+(``export._labels.text_width`` as it is) and measured anew on every call, side by side in one run.
 
 Each figure is laid out once and written to both files (``save_all``); the widths feed the panels' tick
 locators, which matplotlib calls on every layout pass. Statistics: the English sample, ``--tokens`` tokens
-of SmolLM2-135M, as the demo captures them (both RoPE sides, the alignment layers across layers). The files of both ways are compared byte for byte (PNG) and must be equal.
+of SmolLM2-135M, captured as the demo captures them (both RoPE sides, the alignment layers across
+layers). The PNG files of both ways are compared byte for byte.
 
 Run: ``.venv/bin/python bench/figures.py`` (``--tokens N``, ``--repeats N``).
 """
@@ -27,25 +27,20 @@ from headwidget.texts import english_sample
 from headwidget.views import view_class
 
 
-def seconds(save: Callable[[], None], cleared: bool, repeats: int) -> float:
+def seconds(save: Callable[[], None], anew: bool, repeats: int) -> float:
+    """Median seconds of ``save()``; with ``anew``, every text width is measured (nothing remembered)."""
+    remembered = labels._width
     times = []
     for _ in range(repeats):
-        labels._width.cache_clear()
-        if cleared:  # every width measured anew: a cache that is cleared on each call
-            original = labels._width
-
-            def measure_anew(*key: object) -> float:
-                original.cache_clear()
-                return original(*key)  # type: ignore[arg-type]
-
-            labels._width = measure_anew  # type: ignore[assignment]
+        remembered.cache_clear()
+        if anew:
+            labels._width = remembered.__wrapped__  # type: ignore[assignment]
         try:
             start = time.perf_counter()
             save()
             times.append(time.perf_counter() - start)
         finally:
-            if cleared:
-                labels._width = original
+            labels._width = remembered
     return statistics.median(times)
 
 
@@ -55,8 +50,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     model, tokenizer = load_smollm2()
-    stats = capture(model, english_sample(), tokenizer=tokenizer, rope="both",
-                    cross_layer=ALIGNMENT_LAYERS, max_tokens=args.tokens, max_length=256, progress=False)  # fmt: skip
+    stats = capture(
+        model, english_sample(), tokenizer=tokenizer, rope="both", cross_layer=ALIGNMENT_LAYERS,
+        max_tokens=args.tokens, max_length=256, progress=False,
+    )  # fmt: skip
     figures = {
         "channel_correlation": view_class("channels").create(
             stats, layers=CHANNEL_LAYERS, interactive=False, channel_width=32
@@ -64,13 +61,13 @@ def main() -> None:
         "head_alignment": view_class("alignment").create(stats, layers=ALIGNMENT_LAYERS, interactive=False),
     }
     folder = Path(tempfile.mkdtemp())
-    print(f"SmolLM2-135M, statistics over {stats.tokens} tokens; PNG and PDF at 150 dpi, median of {args.repeats}")
+    print(f"SmolLM2-135M, {stats.tokens} tokens of statistics; PNG, PDF at 150 dpi, median of {args.repeats}")
     print(f"{'figure':<20} {'widths measured anew':>21} {'widths remembered':>18}   ratio")
     for name, view in figures.items():
         runs = {}
-        for cleared in (True, False):
-            paths = [folder / f"{name}-{cleared}.png", folder / f"{name}-{cleared}.pdf"]
-            runs[cleared] = seconds(lambda paths=paths, view=view: save_all(view, paths, dpi=150), cleared,
+        for anew in (True, False):
+            paths = [folder / f"{name}-{anew}.png", folder / f"{name}-{anew}.pdf"]
+            runs[anew] = seconds(lambda paths=paths, view=view: save_all(view, paths, dpi=150), anew,
                                     args.repeats)  # fmt: skip
         same = (folder / f"{name}-True.png").read_bytes() == (folder / f"{name}-False.png").read_bytes()
         print(f"{name:<20} {runs[True]:>19.2f} s {runs[False]:>16.2f} s   {runs[True] / runs[False]:.2f}×"

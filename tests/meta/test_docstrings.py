@@ -5,6 +5,10 @@ The rest of the docstring rules (public methods and modules documented) are ruff
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +46,19 @@ def test_public_function_or_class_shows_an_example(name: str) -> None:
         f"headwidget.{name} ({module.__name__ if module else '?'}) has no runnable example: add a "
         "'>>>' example to its docstring"
     )
+
+
+def test_doctests_leave_no_files_in_the_system_temporary_folder(tmp_path) -> None:
+    """The examples that write files (``tempfile.mkdtemp()``) write them under pytest's own folders,
+    which it cleans up (the root ``conftest.py``): the system's temporary folder stays as it was."""
+    system_tmp = tmp_path / "system"
+    system_tmp.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    writers = [root / "python/headwidget/files.py", root / "python/headwidget/cli/_files.py"]
+    env = {**os.environ, "TMPDIR": str(system_tmp)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            f"--basetemp={tmp_path / 'pytest'}", *map(str, writers)]  # fmt: skip
+    result = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert " passed" in result.stdout
+    assert sorted(p.name for p in system_tmp.iterdir()) == []
