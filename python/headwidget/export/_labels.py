@@ -14,13 +14,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import cache, lru_cache
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import matplotlib
 from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import Formatter, Locator
+
+if TYPE_CHECKING:  # the rcParams keys as a type, for the checker only (not every matplotlib >= 3.8 has it)
+    from matplotlib.typing import RcKeyType
 
 __all__ = [
     "PanelAxisFormatter",
@@ -71,7 +74,7 @@ def text_width(text: str, size: float, *, weight: str = "normal", style: FontSty
 
 
 #: The rcParams that decide which font a text is drawn in, and how its glyphs are spaced.
-_FONT_PARAMS = (
+_FONT_PARAMS: tuple[RcKeyType, ...] = (
     "font.family",
     "font.sans-serif",
     "font.serif",
@@ -93,7 +96,7 @@ def _font_settings() -> tuple[object, ...]:
 
 
 @lru_cache(maxsize=8192)
-def _width(text: str, size: float, weight: str, style: str, settings: tuple[object, ...]) -> float:
+def _width(text: str, size: float, weight: str, style: FontStyle, settings: tuple[object, ...]) -> float:
     """:func:`text_width` measured (``settings``: the :func:`_font_settings` it is measured under)."""
     prop = FontProperties(size=size, weight=weight, style=style)
     width, _, _ = _renderer().get_text_width_height_descent(text, prop, ismath=False)
