@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import headwidget.export._labels as labels
 from headwidget.capture import capture
@@ -60,15 +61,19 @@ def main() -> None:
         ),
         "head_alignment": view_class("alignment").create(stats, layers=ALIGNMENT_LAYERS, interactive=False),
     }
-    folder = Path(tempfile.mkdtemp())
     print(f"SmolLM2-135M, {stats.tokens} tokens of statistics; PNG, PDF at 150 dpi, median of {args.repeats}")
+    with tempfile.TemporaryDirectory() as name:
+        compare(figures, Path(name), args.repeats)
+
+
+def compare(figures: dict[str, Any], folder: Path, repeats: int) -> None:
+    """Print each figure's seconds both ways, their ratio, and whether the PNG files are equal."""
     print(f"{'figure':<20} {'widths measured anew':>21} {'widths remembered':>18}   ratio")
     for name, view in figures.items():
         runs = {}
         for anew in (True, False):
             paths = [folder / f"{name}-{anew}.png", folder / f"{name}-{anew}.pdf"]
-            runs[anew] = seconds(lambda paths=paths, view=view: save_all(view, paths, dpi=150), anew,
-                                    args.repeats)  # fmt: skip
+            runs[anew] = seconds(lambda paths=paths, view=view: save_all(view, paths, dpi=150), anew, repeats)
         same = (folder / f"{name}-True.png").read_bytes() == (folder / f"{name}-False.png").read_bytes()
         print(f"{name:<20} {runs[True]:>19.2f} s {runs[False]:>16.2f} s   {runs[True] / runs[False]:.2f}×"
               f"{'' if same else '   (PNG files differ!)'}")  # fmt: skip

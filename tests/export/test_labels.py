@@ -44,5 +44,5 @@ def test_other_font_settings_are_measured_anew():
         assert narrow == measured("iiii", 10.0) and narrow == wide  # a monospaced font
     assert narrow > sans  # "i" is narrow in the sans-serif font: the cached width was not reused
     assert text_width("iiii", 10.0) == sans == measured("iiii", 10.0)
-    with matplotlib.rc_context({"text.kerning_factor": 6}):
+    with matplotlib.rc_context({"text.hinting_factor": 1}):
         assert text_width("AVAV", 10.0) == measured("AVAV", 10.0)

@@ -50,6 +50,7 @@ def test_there_is_a_quickstart_and_one_notebook_per_reference_figure():
 def test_notebook_executes(path, tmp_path, monkeypatch):
     for name, value in SMALL_RUN.items():  # the kernel is a subprocess: it inherits this environment
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # what a notebook saves to tempfile.mkdtemp() is cleaned up
     book = nbformat.read(path, as_version=4)
     NotebookClient(
         book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}

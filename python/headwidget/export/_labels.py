@@ -85,13 +85,12 @@ _FONT_PARAMS: tuple[RcKeyType, ...] = (
     "font.variant",
     "text.hinting",
     "text.hinting_factor",
-    "text.kerning_factor",
 )
 
 
 def _font_settings() -> tuple[object, ...]:
     """The current values of :data:`_FONT_PARAMS`, hashable."""
-    values = (matplotlib.rcParams[name] for name in _FONT_PARAMS)
+    values = (matplotlib.rcParams.get(name) for name in _FONT_PARAMS)  # None once a version drops one
     return tuple(tuple(v) if isinstance(v, list) else v for v in values)
 
 
