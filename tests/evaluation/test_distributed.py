@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from headwidget.errors import ArgumentError
 from headwidget.evaluation import EvaluationReport, allocate, evaluate
-from ports import free_port
+from ports import free_port, run_ranks
 from tiny_models import ragged_batches, three_layer_llama
 
 F64 = torch.float64
@@ -45,7 +44,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_two_ranks_give_the_report_and_allocation_of_one_process(tmp_path: Path) -> None:
-    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    run_ranks(_worker, (2, free_port(), str(tmp_path)))
     single, single_alloc = _run(distributed=False)
     for rank in (0, 1):
         report = EvaluationReport.load(tmp_path / f"report{rank}.json")

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import headwidget
 from healing_cases import llama, small_heal
-from ports import free_port
+from ports import free_port, run_ranks
 
 SPEC = "mla:8"
 
@@ -35,7 +34,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_two_ranks_heal_the_weights_of_one_process(tmp_path: Path) -> None:
-    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    run_ranks(_worker, (2, free_port(), str(tmp_path)))
     single = _heal(distributed=False)
     weights = single.model.state_dict()
     for rank in (0, 1):

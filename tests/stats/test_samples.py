@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import headwidget
@@ -29,7 +28,7 @@ from headwidget.errors import CaptureInputError, HeadwidgetError, LayerIndexErro
 from headwidget.moments import Moments
 from headwidget.stats import StatsMeta
 from headwidget.stats._samples import NoSamplesError
-from ports import free_port
+from ports import free_port, run_ranks
 from tiny_models import VOCAB, make_model, rope_half
 
 PAD = VOCAB - 1  # a padding id no real token uses: padding rows are unlike every real row
@@ -356,7 +355,7 @@ def test_all_reduce_draws_the_merge_on_every_rank(llama: nn.Module, tmp_path: Pa
     ]
     paths = [str(p.save(tmp_path / f"rank{i}.safetensors")) for i, p in enumerate(parts)]
     outs = [str(tmp_path / f"reduced{i}.safetensors") for i in range(2)]
-    mp.start_processes(_reduce_worker, args=(2, free_port(), paths, outs), nprocs=2, start_method="spawn")
+    run_ranks(_reduce_worker, (2, free_port(), paths, outs))
     merged = parts[0] + parts[1]
     for out in outs:
         reduced = KVStats.load(out)

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import headwidget
 from headwidget import KVStats
-from ports import free_port
+from ports import free_port, run_ranks
 from tiny_models import make_model, ragged_batches
 
 
@@ -121,6 +120,6 @@ def test_all_reduce_over_two_processes_equals_merge(llama_stats, tmp_path):
     ]
     paths = [str(p.save(tmp_path / f"rank{i}.safetensors")) for i, p in enumerate(parts)]
     out = str(tmp_path / "reduced.safetensors")
-    mp.start_processes(_reduce_worker, args=(2, free_port(), paths, out), nprocs=2, start_method="spawn")
+    run_ranks(_reduce_worker, (2, free_port(), paths, out))
     reduced, merged = KVStats.load(out), parts[0] + parts[1]
     assert_stats_equal(reduced, merged, rtol=1e-10)

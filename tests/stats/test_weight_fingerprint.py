@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from transformers import PreTrainedTokenizerFast
 
@@ -31,7 +30,7 @@ from headwidget.errors import ArgumentError
 from headwidget.evaluation import apply, evaluate, fit_quantizer
 from headwidget.evaluation._apply import fit_variant
 from headwidget.views import check_sources
-from ports import free_port
+from ports import free_port, run_ranks
 from tiny_models import FACTORIES, VOCAB, make_model, ragged_batches
 
 #: What every refusal says: where the statistics come from, how to recapture, how to opt out.
@@ -322,7 +321,7 @@ def test_all_reduce_refuses_ranks_with_different_weights_on_every_rank(base, sib
         paths = [str(p.save(tmp_path / f"{name}{i}.safetensors")) for i, p in enumerate(parts)]
         jobs.append((paths, str(tmp_path / name)))
     # one process group runs both cases (a refusal leaves the group usable for the next one)
-    mp.start_processes(_reduce_worker, args=(2, free_port(), jobs), nprocs=2, start_method="spawn")
+    run_ranks(_reduce_worker, (2, free_port(), jobs))
     for name in ("own", "mixed"):
         texts = [(tmp_path / f"{name}.{rank}").read_text() for rank in (0, 1)]
         if name == "own":

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from headwidget import Timeline, Tracker
-from ports import free_port
+from ports import free_port, run_ranks
 from tiny_models import VOCAB
 
 #: three probe batches of 2 rows of 16: the first 64 tokens (MAX_TOKENS) are batches 0 and 1, one a rank
@@ -45,7 +44,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 def test_two_ranks_snapshot_what_one_process_captures(tmp_path: Path) -> None:
     _tracker(tmp_path / "run.track").snapshot(_model(), 0)  # an earlier run's folder
-    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    run_ranks(_worker, (2, free_port(), str(tmp_path)))
     timeline = Timeline.load(tmp_path / "run.track")
     assert timeline.steps == [0, 1]
     merged, single = timeline[1], _tracker().snapshot(_model(), 1)
