@@ -9,10 +9,11 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-#: What the fork server imports once; each rank is forked from it instead of importing them anew, as a
-#: spawned process does (the six distributed test modules: 94.6 s with spawn, 59.6 s forked, with two
-#: pytest workers on a 2-core machine). The server has run no torch op, so no thread pool is forked.
-PRELOAD = ["torch", "transformers", "headwidget", "headwidget.evaluation", "headwidget.healing"]
+#: What the fork server imports once (headwidget imports torch, transformers and its evaluation and
+#: healing); each rank is forked from it instead of importing them anew, as a spawned process does (the
+#: six distributed test modules: 94.6 s with spawn, 59.6 s forked, with two pytest workers on a 2-core
+#: machine). The server has run no torch op, so no thread pool is forked.
+PRELOAD = ["headwidget"]
 
 
 def free_port() -> int:
