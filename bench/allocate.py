@@ -66,28 +66,50 @@ def main() -> None:
     model, tok = load_smollm2(dtype=dtype)
     print(f"SmolLM2 loaded ({time.perf_counter() - t:.1f} s)")
     t = time.perf_counter()
-    stats = capture(model, english_sample(split="calibration"), tokenizer=tok, inputs=True, rope="both",
-                    progress=False, max_tokens=args.calibration_tokens,
-                    max_length=args.max_length)  # fmt: skip
+    stats = capture(
+        model,
+        english_sample(split="calibration"),
+        tokenizer=tok,
+        inputs=True,
+        rope="both",
+        progress=False,
+        max_tokens=args.calibration_tokens,
+        max_length=args.max_length,
+    )
     print(f"statistics: {stats.tokens} calibration tokens ({time.perf_counter() - t:.1f} s, not counted)")
     candidates = [s.strip() for s in args.candidates.split(",") if s.strip()]
     texts = english_sample(split="evaluation")
     timers = [Timed("plan_variant"), Timed("layer_sweep"), Timed("swap_sweep")]
     try:
         t = time.perf_counter()
-        alloc = allocate(model, texts, tokenizer=tok, stats=stats, budget=args.budget, candidates=candidates,
-                         refine=args.refine, dtype=dtype, max_length=args.max_length, max_tokens=args.tokens,
-                         progress=False)  # fmt: skip
+        alloc = allocate(
+            model,
+            texts,
+            tokenizer=tok,
+            stats=stats,
+            budget=args.budget,
+            candidates=candidates,
+            refine=args.refine,
+            dtype=dtype,
+            max_length=args.max_length,
+            max_tokens=args.tokens,
+            progress=False,
+        )
         whole = time.perf_counter() - t
     finally:
         for timer in timers:
             timer.restore()
     needed = sum(timer.seconds for timer in timers)
-    print(f"chose on {alloc.tokens} predicted tokens; {len(candidates)} candidates × "
-          f"{len(alloc.choice)} layers; {len(alloc.rounds)} rounds\n")  # fmt: skip
+    print(
+        f"chose on {alloc.tokens} predicted tokens; {len(candidates)} candidates × "
+        f"{len(alloc.choice)} layers; {len(alloc.rounds)} rounds\n"
+    )
     print(f"{'part':<44}{'calls':>6}{'seconds':>9}")
-    labels = {"plan_variant": "fits (plan_variant)", "layer_sweep": "per-layer sweep (layer_sweep)",
-              "swap_sweep": "refine sweeps (swap_sweep)"}  # fmt: skip
+    labels = {
+        "plan_variant": "fits (plan_variant)",
+        "layer_sweep": "per-layer sweep (layer_sweep)",
+        "swap_sweep": "refine sweeps (swap_sweep)",
+    }
     for timer in timers:
         print(f"{labels[timer.name]:<44}{timer.calls:>6}{timer.seconds:>9.1f}")
     print(f"{'fits + sweeps':<50}{needed:>9.1f}")

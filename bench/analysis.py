@@ -57,8 +57,9 @@ def synthetic_stats(heads: int, head_dim: int, tokens: int) -> KVStats:
     half = tokens // 2
     gram = torch.stack([xn[:half].T @ xn[:half], xn[half:].T @ xn[half:]])
     m = Moments(tokens, x.mean(0), torch.zeros(c, c, dtype=F64), head_dim, gram, (half, tokens - half))
-    layout = AttentionLayout("llama", "mha", 1, heads, heads, head_dim, head_dim, c,
-                             RopeLayout("half", rotary_dim=head_dim))  # fmt: skip
+    layout = AttentionLayout(
+        "llama", "mha", 1, heads, heads, head_dim, head_dim, c, RopeLayout("half", rotary_dim=head_dim)
+    )
     meta = StatsMeta("llama-7b-shaped", "Synthetic", layout, [0], ["key", "value"], tokens=tokens)
     return KVStats(meta, {(0, "key"): m, (0, "value"): m})
 
@@ -123,8 +124,10 @@ def print_ceiling(kernels: dict[str, float], loop: dict[bool, float]) -> None:
     listed = ", ".join(f"{name} {sec * 1e3:.2f} ms" for name, sec in kernels.items())
     print(f"exact float64 kernels per 128×128 block, 1 thread: {listed}")
     before, held_out = loop[False] / (best / cores), loop[True] / (held / cores)
-    print(f"so with {cores} cores the orthogonal scores can be at most {before:.1f}× (before+after) "
-          f"and {held_out:.1f}× (held-out) faster than the loop")  # fmt: skip
+    print(
+        f"so with {cores} cores the orthogonal scores can be at most {before:.1f}× (before+after) "
+        f"and {held_out:.1f}× (held-out) faster than the loop"
+    )
 
 
 def bench_alignment(heads: int, loop_pairs: int, repeat: int) -> None:
@@ -171,15 +174,19 @@ def bench_alignment(heads: int, loop_pairs: int, repeat: int) -> None:
             if method == "orthogonal":
                 fastest_loop[held] = best_loop
             label = "before+after+held-out" if held else "before+after"
-            for side, per in (("batched align()", batched),
-                              ("per-pair loop, torch defaults", loop_default),
-                              ("per-pair loop, 1 LAPACK thread", loop_single)):  # fmt: skip
+            for side, per in (
+                ("batched align()", batched),
+                ("per-pair loop, torch defaults", loop_default),
+                ("per-pair loop, 1 LAPACK thread", loop_single),
+            ):
                 target = ""
                 if side.startswith("batched"):
                     met = "met" if best_loop / per >= TARGETS[method] else "MISSED"
                     target = f"≥{TARGETS[method]:.0f}× {met}"
-                print(f"{method:<11}{label:<22}{side:<32}{per * 1e3:>9.4f}{per * full_pairs:>11.1f}"
-                      f"{best_loop / per:>9.1f}×  {target}")  # fmt: skip
+                print(
+                    f"{method:<11}{label:<22}{side:<32}{per * 1e3:>9.4f}{per * full_pairs:>11.1f}"
+                    f"{best_loop / per:>9.1f}×  {target}"
+                )
     print("speed-up: the faster per-pair loop's time / this row's; loops agree with align() to 1e-9;")
     print(f"each side timed {repeat}× interleaved with the others, best kept")
     print_ceiling(exact_kernels(stats, pairs[:loop_pairs], repeat), fastest_loop)
@@ -188,8 +195,12 @@ def bench_alignment(heads: int, loop_pairs: int, repeat: int) -> None:
 def bench_operator(dense_heads: int) -> None:
     heads, m, d = 32, 128, 4096
     gen = torch.Generator().manual_seed(1)
-    w = HeadWeights(*(torch.randn(*s, generator=gen, dtype=F64) for s in
-                      ((heads, m, d), (heads, m, d), (heads, m, d), (heads, d, m))))  # fmt: skip
+    w = HeadWeights(
+        *(
+            torch.randn(*s, generator=gen, dtype=F64)
+            for s in ((heads, m, d), (heads, m, d), (heads, m, d), (heads, d, m))
+        )
+    )
     print(f"\n[2] operator similarity, one 7B-shaped layer (d {d}, H {heads}, d_h {m}), QK circuit")
     trick = timed(lambda: operator_similarity(w, 0, "qk"))
     forms: list[torch.Tensor] = []
@@ -207,10 +218,13 @@ def bench_operator(dense_heads: int) -> None:
     naive = pairs * (2 * per_form + per_dot)
     print(f"{'side':<56}{'seconds':>10}{'speed-up':>10}")
     print(f"{'Frobenius trick (two blocked Gram products, float64)':<56}{trick:>10.2f}{1.0:>9.1f}×")
-    print(f"{'dense: each M_h formed once and kept (4.3 GB), then dots':<56}{cached:>10.2f}"
-          f"{cached / trick:>9.1f}×")  # fmt: skip
-    print(f"{'dense: M_i, M_j formed for every pair (no 4.3 GB cache)':<56}{naive:>10.2f}"
-          f"{naive / trick:>9.1f}×")  # fmt: skip
+    print(
+        f"{'dense: each M_h formed once and kept (4.3 GB), then dots':<56}{cached:>10.2f}"
+        f"{cached / trick:>9.1f}×"
+    )
+    print(
+        f"{'dense: M_i, M_j formed for every pair (no 4.3 GB cache)':<56}{naive:>10.2f}{naive / trick:>9.1f}×"
+    )
     print(
         f"dense side measured on {dense_heads} heads ({per_form * 1e3:.0f} ms per form, "
         f"{per_dot * 1e3:.1f} ms per dot) and extrapolated; max relative difference {err:.1e}"

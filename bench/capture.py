@@ -114,8 +114,10 @@ def bench_overhead(repeats: int, batch: int, length: int) -> None:
         capture_session._Recorder.fold_layer = original  # type: ignore[method-assign]
     base = statistics.median(times["plain forward to last attention"])
     full = statistics.median(times["plain forward (full, logits)"])
-    print(f"\n(a) SmolLM2-135M, {batch}×{length} tokens, CPU ({torch.get_num_threads()} threads), "
-          f"median of {repeats} interleaved runs")  # fmt: skip
+    print(
+        f"\n(a) SmolLM2-135M, {batch}×{length} tokens, CPU ({torch.get_num_threads()} threads), "
+        f"median of {repeats} interleaved runs"
+    )
     # each round's own ratio to that round's forward, so a slow spell of the machine cancels out
     header = f"{'median s':>9s} {'÷ to-last-attn':>15s} {'(per round, IQR)':>22s} {'÷ full fwd':>11s}"
     print(f"{'route':36s} {header}")
@@ -125,8 +127,10 @@ def bench_overhead(repeats: int, batch: int, length: int) -> None:
         q = statistics.quantiles(rounds, n=4) if len(rounds) > 1 else [rounds[0]] * 3
         spread = f"{q[1]:.3f} ({q[0]:.3f}–{q[2]:.3f})"
         print(f"{name:36s} {m:9.3f} {m / base:15.3f} {spread:>22s} {m / full:11.3f}")
-    print(f"time inside the folds (K,V): {statistics.median(hook_share):.3f} s = "
-          f"{statistics.median(hook_share) / base:.1%} of the forward to the last attention")  # fmt: skip
+    print(
+        f"time inside the folds (K,V): {statistics.median(hook_share):.3f} s = "
+        f"{statistics.median(hook_share) / base:.1%} of the forward to the last attention"
+    )
 
 
 def _activations(tokens: int, channels: int, seed: int = 0) -> np.ndarray:
@@ -226,10 +230,14 @@ def bench_accuracy(tokens: int, channels: int, batch: int) -> None:
     xt = torch.from_numpy(x)
     mean = xt.mean(0)
     naive = corr_from_comoment(((xt.T @ xt) / tokens - torch.outer(mean, mean)).double()).numpy()
-    print(f"\n(c) max |corr − float64 corrcoef| on {tokens}×{channels} float32 activations "
-          "(|mean| up to 300, 0.1% 50σ outliers)")  # fmt: skip
-    print(f"{'streaming: centred float32 Gram per batch, Chan merge in float64':66s} "
-          f"{np.abs(streaming - ref).max():.2e}")  # fmt: skip
+    print(
+        f"\n(c) max |corr − float64 corrcoef| on {tokens}×{channels} float32 activations "
+        "(|mean| up to 300, 0.1% 50σ outliers)"
+    )
+    print(
+        f"{'streaming: centred float32 Gram per batch, Chan merge in float64':66s} "
+        f"{np.abs(streaming - ref).max():.2e}"
+    )
     print(f"{'naive: uncentred float32 sums, E[xx^T] − E[x]E[x]^T':66s} {np.abs(naive - ref).max():.2e}")
 
 

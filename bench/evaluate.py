@@ -70,31 +70,58 @@ def main() -> None:
     print(f"SmolLM2 loaded ({time.perf_counter() - t:.1f} s)")
     t = time.perf_counter()
     calibration = english_sample(split="calibration")
-    stats = capture(model, calibration, tokenizer=tok, inputs=True, rope="both", progress=False,
-                    max_tokens=args.calibration_tokens, max_length=args.max_length)  # fmt: skip
+    stats = capture(
+        model,
+        calibration,
+        tokenizer=tok,
+        inputs=True,
+        rope="both",
+        progress=False,
+        max_tokens=args.calibration_tokens,
+        max_length=args.max_length,
+    )
     print(f"statistics: {stats.tokens} calibration tokens ({time.perf_counter() - t:.1f} s)")
     specs = [s.strip() for s in args.variants.split(",") if s.strip()]
     if args.table:
         t = time.perf_counter()
-        report = evaluate(model, english_sample(split="evaluation"), specs, tokenizer=tok, stats=stats,
-                          per_layer=args.per_layer, dtype=dtype, batch_size=args.batch_size,
-                          max_length=args.max_length, max_tokens=args.tokens, progress=False)  # fmt: skip
+        report = evaluate(
+            model,
+            english_sample(split="evaluation"),
+            specs,
+            tokenizer=tok,
+            stats=stats,
+            per_layer=args.per_layer,
+            dtype=dtype,
+            batch_size=args.batch_size,
+            max_length=args.max_length,
+            max_tokens=args.tokens,
+            progress=False,
+        )
         took = time.perf_counter() - t
-        print(f"evaluated in {took:.0f} s: {report.tokens} predicted tokens in {report.sequences} sequences, "
-              f"fingerprint {report.fingerprint}, KV bytes in {args.dtype}\n")  # fmt: skip
+        print(
+            f"evaluated in {took:.0f} s: {report.tokens} predicted tokens in {report.sequences} sequences, "
+            f"fingerprint {report.fingerprint}, KV bytes in {args.dtype}\n"
+        )
         print(report.table())
         if args.out:
             report.save(args.out)
         return
-    batches = evaluation_batches(english_sample(split="evaluation"), tok, batch_size=args.batch_size,
-                                 max_length=args.max_length, max_tokens=args.tokens)  # fmt: skip
+    batches = evaluation_batches(
+        english_sample(split="evaluation"),
+        tok,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_tokens=args.tokens,
+    )
     tokens = predicted_count(batches)
     layers = list(range(model.config.num_hidden_layers))
     t = time.perf_counter()
     fits = {s: fit_variant(model, s, stats, layers) for s in specs}
     fit_time = time.perf_counter() - t
-    print(f"{len(batches)} batches, {tokens} predicted tokens; {len(specs)} variants × {len(layers)} layers; "
-          f"fits {fit_time:.1f} s (shared by both sides, not counted)")  # fmt: skip
+    print(
+        f"{len(batches)} batches, {tokens} predicted tokens; {len(specs)} variants × {len(layers)} layers; "
+        f"fits {fit_time:.1f} s (shared by both sides, not counted)"
+    )
 
     runner = OutputRunner.for_model(model)
     t = time.perf_counter()
@@ -120,8 +147,10 @@ def main() -> None:
     print(f"{'sweep (recorded layer outputs, layers ℓ..L−1 per cell)':<58}{sweep_time:>9.1f}")
     naive_label = f"naive (apply one layer + full forwards; timed on {len(timed_layers)} layers)"
     print(f"{naive_label:<58}{naive_time:>9.1f}")
-    print(f"sweep ÷ naive = {ratio:.3f} (target ≤ {TARGET}: {'met' if ratio <= TARGET else 'MISSED'}); "
-          f"ΔNLL of both sides agree to {worst:.1e}")  # fmt: skip
+    print(
+        f"sweep ÷ naive = {ratio:.3f} (target ≤ {TARGET}: {'met' if ratio <= TARGET else 'MISSED'}); "
+        f"ΔNLL of both sides agree to {worst:.1e}"
+    )
     for spec in specs:
         worst_layer = max(layers, key=lambda layer, s=spec: swept[s][layer])
         print(f"  {spec}: most fragile layer {worst_layer} (ΔNLL {swept[spec][worst_layer]:+.4f})")

@@ -37,9 +37,15 @@ def main() -> None:
     args = parser.parse_args()
     model, tokenizer = load_smollm2()
     stats = capture(
-        model, english_sample(), tokenizer=tokenizer, rope="both", inputs=True, max_tokens=args.tokens,
-        max_length=256, progress=False,
-    )  # fmt: skip
+        model,
+        english_sample(),
+        tokenizer=tokenizer,
+        rope="both",
+        inputs=True,
+        max_tokens=args.tokens,
+        max_length=256,
+        progress=False,
+    )
     layers = stats.meta.layout.num_layers
     views = {
         "channels": lambda: ChannelView(stats, prefetch=False),

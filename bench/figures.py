@@ -52,9 +52,15 @@ def main() -> None:
     args = parser.parse_args()
     model, tokenizer = load_smollm2()
     stats = capture(
-        model, english_sample(), tokenizer=tokenizer, rope="both", cross_layer=ALIGNMENT_LAYERS,
-        max_tokens=args.tokens, max_length=256, progress=False,
-    )  # fmt: skip
+        model,
+        english_sample(),
+        tokenizer=tokenizer,
+        rope="both",
+        cross_layer=ALIGNMENT_LAYERS,
+        max_tokens=args.tokens,
+        max_length=256,
+        progress=False,
+    )
     figures = {
         "channel_correlation": view_class("channels").create(
             stats, layers=CHANNEL_LAYERS, interactive=False, channel_width=32
@@ -75,8 +81,10 @@ def compare(figures: dict[str, Any], folder: Path, repeats: int) -> None:
             paths = [folder / f"{name}-{anew}.png", folder / f"{name}-{anew}.pdf"]
             runs[anew] = seconds(lambda paths=paths, view=view: save_all(view, paths, dpi=150), anew, repeats)
         same = (folder / f"{name}-True.png").read_bytes() == (folder / f"{name}-False.png").read_bytes()
-        print(f"{name:<20} {runs[True]:>19.2f} s {runs[False]:>16.2f} s   {runs[True] / runs[False]:.2f}×"
-              f"{'' if same else '   (PNG files differ!)'}")  # fmt: skip
+        print(
+            f"{name:<20} {runs[True]:>19.2f} s {runs[False]:>16.2f} s   {runs[True] / runs[False]:.2f}×"
+            f"{'' if same else '   (PNG files differ!)'}"
+        )
 
 
 if __name__ == "__main__":

@@ -195,10 +195,21 @@ def healing(model: nn.Module, tokenizer: object, device: torch.device, small: bo
 
     def healed() -> None:
         variant = headwidget.apply(model, "mqa")
-        runs.append(headwidget.heal(variant, model, tokenizer=tokenizer, tokens=tokens, batch_size=batch,
-                                    max_length=length, eval_every=tokens, eval_tokens=4 * length,
-                                    dtype=cast or torch.float32, progress=False,
-                                    callbacks=[clock]))  # fmt: skip
+        runs.append(
+            headwidget.heal(
+                variant,
+                model,
+                tokenizer=tokenizer,
+                tokens=tokens,
+                batch_size=batch,
+                max_length=length,
+                eval_every=tokens,
+                eval_tokens=4 * length,
+                dtype=cast or torch.float32,
+                progress=False,
+                callbacks=[clock],
+            )
+        )
 
     healed()  # warm-up: the first steps on a device pay for its kernels' set-up (cuBLAS, autocast)
     runs.clear()
@@ -215,24 +226,50 @@ def healing(model: nn.Module, tokenizer: object, device: torch.device, small: bo
     plain_rate = batch * length / statistics.median(plain_steps[1:] or plain_steps)
     how = "bfloat16 autocast" if cast is not None else "float32"
     print(f"\nheal on {device}: mqa, {steps} steps of {batch}×{length} tokens, {how}, after a warm-up run")
-    print("  step seconds: heal " + " ".join(f"{t:.3f}" for t in heal_steps)
-          + "; plain " + " ".join(f"{t:.3f}" for t in plain_steps))  # fmt: skip
-    print(f"  heal(kd, kv) {heal_rate:9.1f} tokens/s   plain AdamW loop {plain_rate:9.1f} tokens/s   "
-          f"ratio {heal_rate / plain_rate:.3f} (target ≥ 0.7)")  # fmt: skip
+    print(
+        "  step seconds: heal "
+        + " ".join(f"{t:.3f}" for t in heal_steps)
+        + "; plain "
+        + " ".join(f"{t:.3f}" for t in plain_steps)
+    )
+    print(
+        f"  heal(kd, kv) {heal_rate:9.1f} tokens/s   plain AdamW loop {plain_rate:9.1f} tokens/s   "
+        f"ratio {heal_rate / plain_rate:.3f} (target ≥ 0.7)"
+    )
     if device.type == "cuda":
         gib = 2**30
         print(f"  peak device memory: heal {heal_peak / gib:.2f} GiB, plain loop {plain_peak / gib:.2f} GiB")
     first, last = run.curve[0]["kl"], run.curve[-1]["kl"]
-    print(f"  held-out KL: untrained {first:.4f} → {last:.4f} after {run.tokens_seen} tokens "
-          f"({'fell' if last < first else 'did NOT fall'})")  # fmt: skip
+    print(
+        f"  held-out KL: untrained {first:.4f} → {last:.4f} after {run.tokens_seen} tokens "
+        f"({'fell' if last < first else 'did NOT fall'})"
+    )
 
-    exact = headwidget.heal(headwidget.apply(model, "mqa"), model, tokenizer=tokenizer, tokens=batch * length,
-                            batch_size=batch, max_length=length, eval_every=10**9, eval_tokens=4 * length,
-                            per_layer=False, dtype=torch.float32, progress=False)  # fmt: skip
+    exact = headwidget.heal(
+        headwidget.apply(model, "mqa"),
+        model,
+        tokenizer=tokenizer,
+        tokens=batch * length,
+        batch_size=batch,
+        max_length=length,
+        eval_every=10**9,
+        eval_tokens=4 * length,
+        per_layer=False,
+        dtype=torch.float32,
+        progress=False,
+    )
     held_out = english_sample(split="evaluation")
-    report = headwidget.evaluate(model, held_out, ["model", "mqa"], tokenizer=tokenizer, dtype=torch.float32,
-                                 batch_size=batch, max_length=length,
-                                 max_tokens=exact.evaluation_tokens, progress=False)  # fmt: skip
+    report = headwidget.evaluate(
+        model,
+        held_out,
+        ["model", "mqa"],
+        tokenizer=tokenizer,
+        dtype=torch.float32,
+        batch_size=batch,
+        max_length=length,
+        max_tokens=exact.evaluation_tokens,
+        progress=False,
+    )
     gaps = {m: abs(exact.curve[0][m] - report.measures["mqa"][m]) for m in ("nll", "kl", "top1")}
     same = exact.evaluation_fingerprint == report.fingerprint
     print(

@@ -55,10 +55,20 @@ class _Clock:
 
 def _heal(model: Any, tokenizer: Any, trainable: str, batch: int, length: int, steps: int) -> _Clock:
     clock = _Clock()
-    headwidget.heal(headwidget.apply(model, "mqa"), model, tokenizer=tokenizer, trainable=trainable,
-                    tokens=steps * batch * length, batch_size=batch, max_length=length,
-                    eval_every=10**9, eval_tokens=64, per_layer=False, progress=False,
-                    callbacks=[clock])  # fmt: skip
+    headwidget.heal(
+        headwidget.apply(model, "mqa"),
+        model,
+        tokenizer=tokenizer,
+        trainable=trainable,
+        tokens=steps * batch * length,
+        batch_size=batch,
+        max_length=length,
+        eval_every=10**9,
+        eval_tokens=64,
+        per_layer=False,
+        progress=False,
+        callbacks=[clock],
+    )
     return clock
 
 
@@ -126,24 +136,41 @@ def _part_a(steps: int, batch: int, length: int, repeats: int) -> None:
         plain.append(tokens / sum(_plain(model, tokenizer, batch, length, steps)))
     h, p = statistics.median(healed), statistics.median(plain)
     print(f"(a) mqa, {steps} steps of {batch}×{length} tokens, {torch.get_num_threads()} threads")
-    print(f"    heal(kd, kv) {h:9.1f} tokens/s   plain AdamW loop {p:9.1f} tokens/s   ratio {h / p:.3f}"
-          "   (target ≥ 0.7)")  # fmt: skip
+    print(
+        f"    heal(kd, kv) {h:9.1f} tokens/s   plain AdamW loop {p:9.1f} tokens/s   ratio {h / p:.3f}"
+        "   (target ≥ 0.7)"
+    )
 
 
 def _part_b(steps: int, quick: bool) -> None:
     out = {}
     for trainable in ("kv", "all"):
-        done = subprocess.run([sys.executable, __file__, "--one", trainable, "--steps", str(steps),
-                               *(["--quick"] if quick else [])], capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                trainable,
+                "--steps",
+                str(steps),
+                *(["--quick"] if quick else []),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode:
             raise SystemExit(f"(b) {trainable} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         out[trainable] = json.loads(done.stdout.strip().splitlines()[-1])
     kv, every = out["kv"], out["all"]
     step_ratio, peak_ratio = kv["step"] / every["step"], kv["peak"] / every["peak"]
-    print(f"(b) step: kv {kv['step']:.2f} s, all {every['step']:.2f} s, "
-          f"kv ÷ all {step_ratio:.3f} (target ≤ 0.8)")  # fmt: skip
-    print(f"    peak RSS: kv {kv['peak'] / 2**20:.0f} MiB, all {every['peak'] / 2**20:.0f} MiB, "
-          f"kv ÷ all {peak_ratio:.3f} (target < 1)")  # fmt: skip
+    print(
+        f"(b) step: kv {kv['step']:.2f} s, all {every['step']:.2f} s, "
+        f"kv ÷ all {step_ratio:.3f} (target ≤ 0.8)"
+    )
+    print(
+        f"    peak RSS: kv {kv['peak'] / 2**20:.0f} MiB, all {every['peak'] / 2**20:.0f} MiB, "
+        f"kv ÷ all {peak_ratio:.3f} (target < 1)"
+    )
 
 
 if __name__ == "__main__":

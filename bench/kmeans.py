@@ -88,8 +88,11 @@ def rows_to_fit(args: argparse.Namespace) -> list[tuple[str, torch.Tensor]]:
 
         stats = KVStats.load(args.stats)
         layers = [int(x) for x in args.layers.split(",")]
-        return [(f"layer {layer} {kind}", stats.samples(layer, kind)) for layer in layers
-                for kind in ("key_post", "value")]  # fmt: skip
+        return [
+            (f"layer {layer} {kind}", stats.samples(layer, kind))
+            for layer in layers
+            for kind in ("key_post", "value")
+        ]
     gen = torch.Generator().manual_seed(0)
     out = []
     for i in range(args.synthetic):
@@ -135,13 +138,18 @@ def main() -> None:
             (want, history, steps), (got, objective, done) = results["plain"], results["fit_codebooks"]
             same = torch.equal(want, got) and history == objective
             computed, skipped = computed + done, skipped + steps - done
-            print(f"{name:22s} c={c}: {len(history) - 1:2d} iterations, {1 - done / steps:4.0%} of the group "
-                  f"steps skipped, {'identical' if same else 'DIFFERENT'}", flush=True)  # fmt: skip
+            print(
+                f"{name:22s} c={c}: {len(history) - 1:2d} iterations, {1 - done / steps:4.0%} of the group "
+                f"steps skipped, {'identical' if same else 'DIFFERENT'}",
+                flush=True,
+            )
             if not same:
                 raise SystemExit("fit_codebooks differs from the plain loop")
     ratio = total["fit_codebooks"] / total["plain"]
-    print(f"\nplain {total['plain']:.1f} s, fit_codebooks {total['fit_codebooks']:.1f} s: ratio {ratio:.2f} "
-          f"({skipped / (computed + skipped):.0%} of the group steps skipped)")  # fmt: skip
+    print(
+        f"\nplain {total['plain']:.1f} s, fit_codebooks {total['fit_codebooks']:.1f} s: ratio {ratio:.2f} "
+        f"({skipped / (computed + skipped):.0%} of the group steps skipped)"
+    )
     together(rows_to_fit(args))
 
 
@@ -158,13 +166,17 @@ def together(sets: list[tuple[str, torch.Tensor]]) -> None:
             else:
                 single = [fit_codebooks(r, c, 8) for r in rows]
             times[side] += time.perf_counter() - started
-        same = all(torch.equal(a.centroids, b.centroids) and a.objective == b.objective
-                   for a, b in zip(many, single, strict=True))  # fmt: skip
+        same = all(
+            torch.equal(a.centroids, b.centroids) and a.objective == b.objective
+            for a, b in zip(many, single, strict=True)
+        )
         if not same:
             raise SystemExit("fit_codebooks_many differs from fit_codebooks one by one")
     alone, joint = times["one by one"], times["together"]
-    print(f"{len(rows)} sets, c=4 and c=8: one by one {alone:.1f} s, together {joint:.1f} s: "
-          f"ratio {joint / alone:.2f} (identical)")  # fmt: skip
+    print(
+        f"{len(rows)} sets, c=4 and c=8: one by one {alone:.1f} s, together {joint:.1f} s: "
+        f"ratio {joint / alone:.2f} (identical)"
+    )
 
 
 if __name__ == "__main__":

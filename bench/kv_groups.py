@@ -29,8 +29,10 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=96, help="tokens per text (default 96)")
     args = parser.parse_args()
     model, tokenizer = load_smollm2()
-    rows = [tokenizer(t, return_tensors="pt")["input_ids"][:, : args.length]
-            for t in english_sample(split="evaluation")[: args.texts]]  # fmt: skip
+    rows = [
+        tokenizer(t, return_tensors="pt")["input_ids"][:, : args.length]
+        for t in english_sample(split="evaluation")[: args.texts]
+    ]
     print(f"SmolLM2-135M, {sum(r.shape[1] - 1 for r in rows)} predicted held-out tokens, float32")
     print(f"{'variant':10s} {'NLL, one forward':>17s} {'NLL, own prefix':>16s} {'difference':>11s}")
     for spec in ["model", "kv:int8", "kv:int4", "kv:int2"]:

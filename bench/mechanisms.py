@@ -41,9 +41,14 @@ def main() -> None:
     args = parser.parse_args()
     model, tokenizer = load_minilm()
     stats = capture(
-        model, english_sample(), tokenizer=tokenizer, inputs=True, max_tokens=args.tokens, max_length=256,
+        model,
+        english_sample(),
+        tokenizer=tokenizer,
+        inputs=True,
+        max_tokens=args.tokens,
+        max_length=256,
         progress=False,
-    )  # fmt: skip
+    )
     rows: list[tuple[str, float]] = []
 
     def run(name: str, action: Callable[[], object]) -> None:

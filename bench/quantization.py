@@ -51,10 +51,12 @@ def fit_bench(args: argparse.Namespace) -> None:
     took = time.perf_counter() - t
     lloyd = len(books.objective) - 1
     groups = args.fit_channels // 8
-    print(f"(a) CQ-8c8b fit: {args.fit_channels} channels ({groups} groups × 256 centroids × 8), "
-          f"{args.fit_samples} samples (random, correlated channels), {args.device}: {took:.1f} s "
-          f"for seeding + {lloyd} Lloyd iterations ({took / max(1, lloyd):.2f} s per iteration); "
-          f"MSE per group {books.objective[0]:.4f} → {books.objective[-1]:.4f}")  # fmt: skip
+    print(
+        f"(a) CQ-8c8b fit: {args.fit_channels} channels ({groups} groups × 256 centroids × 8), "
+        f"{args.fit_samples} samples (random, correlated channels), {args.device}: {took:.1f} s "
+        f"for seeding + {lloyd} Lloyd iterations ({took / max(1, lloyd):.2f} s per iteration); "
+        f"MSE per group {books.objective[0]:.4f} → {books.objective[-1]:.4f}"
+    )
 
 
 @torch.no_grad()
@@ -63,20 +65,34 @@ def forward_bench(args: argparse.Namespace) -> None:
     model, tok = load_smollm2(dtype=torch.float32)
     print(f"SmolLM2 loaded ({time.perf_counter() - t:.1f} s)")
     t = time.perf_counter()
-    stats = capture(model, english_sample(split="calibration"), tokenizer=tok, rope="post",
-                    samples=args.samples, max_tokens=args.calibration_tokens, max_length=args.max_length,
-                    progress=False)  # fmt: skip
+    stats = capture(
+        model,
+        english_sample(split="calibration"),
+        tokenizer=tok,
+        rope="post",
+        samples=args.samples,
+        max_tokens=args.calibration_tokens,
+        max_length=args.max_length,
+        progress=False,
+    )
     took = time.perf_counter() - t
     print(f"calibration: {stats.tokens} tokens, {args.samples} samples kept ({took:.1f} s)")
     quantizers = {}
     for spec in ("kv:int4", "kv:cq4c8b"):
         t = time.perf_counter()
         quantizers[spec] = fit_quantizer(model, spec, stats)
-        print(f"{spec}: fitted in {time.perf_counter() - t:.1f} s "
-              f"({quantizers[spec].kv_bytes_per_token(torch.bfloat16)} B/token, "
-              f"{quantizers[spec].constant_bytes} constant bytes)")  # fmt: skip
-    batches = evaluation_batches(english_sample(split="evaluation"), tok, batch_size=args.batch_size,
-                                 max_length=args.max_length, max_tokens=args.tokens)  # fmt: skip
+        print(
+            f"{spec}: fitted in {time.perf_counter() - t:.1f} s "
+            f"({quantizers[spec].kv_bytes_per_token(torch.bfloat16)} B/token, "
+            f"{quantizers[spec].constant_bytes} constant bytes)"
+        )
+    batches = evaluation_batches(
+        english_sample(split="evaluation"),
+        tok,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_tokens=args.tokens,
+    )
     real = sum(int(b.attention_mask.sum()) for b in batches)
     device = next(model.parameters()).device
     inputs = [forward_kwargs(model, b, device) for b in batches]

@@ -54,9 +54,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BROWSER_TESTS = ROOT / "tests" / "browser"
 CHROMIUM = Path(os.environ.get("HEADWIDGET_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 #: Traits the harness page's fake model takes besides ``panels`` and those the view's controls read.
 STATE_TRAITS = ("vmin", "vmax", "colormap", "colorbar_label", "columns", "view", "controls")
 
@@ -77,9 +82,15 @@ def synthetic_stats(
     gen = torch.Generator().manual_seed(seed)
     heads, tokens = channels // head_dim, 100_000
     layout = AttentionLayout(
-        family="llama", mechanism="mha", num_layers=layers, num_heads=heads, num_kv_heads=heads,
-        head_dim=head_dim, value_head_dim=head_dim, hidden_size=channels,
-    )  # fmt: skip
+        family="llama",
+        mechanism="mha",
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=head_dim,
+        value_head_dim=head_dim,
+        hidden_size=channels,
+    )
     meta = StatsMeta("synthetic", "Synthetic", layout, list(range(layers)), ["key", "value"], tokens=tokens)
     moments = {}
     for layer in range(layers):
@@ -365,9 +376,14 @@ def bench_lab(browser: Any, channels: int, layers: int, revisits: int, fit: bool
         }
 
     return {
-        "first": summary(first), "revisit": summary(again), "n_first": len(first), "n_again": len(again),
-        "pixels": pixels, "sent": sent, "panels": npanels,
-    }  # fmt: skip
+        "first": summary(first),
+        "revisit": summary(again),
+        "n_first": len(first),
+        "n_again": len(again),
+        "pixels": pixels,
+        "sent": sent,
+        "panels": npanels,
+    }
 
 
 # ---------------------------------------------------------------------------------------- anchors

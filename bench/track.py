@@ -25,8 +25,14 @@ from headwidget.texts import english_sample
 
 def _model(vocab: int) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                         num_attention_heads=8, num_key_value_heads=4)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -63,8 +69,10 @@ def main() -> None:
         without.append(run(None))
         with_t.append(run(Tracker(probe, tokenizer=tokenizer, every=args.every, max_tokens=2048)))
     a, b = statistics.median(with_t), statistics.median(without)
-    print(f"(a) Llama 6×256 from scratch, {steps} steps of 8×128 tokens, snapshot every {args.every}, "
-          f"median of {repeats}")  # fmt: skip
+    print(
+        f"(a) Llama 6×256 from scratch, {steps} steps of 8×128 tokens, snapshot every {args.every}, "
+        f"median of {repeats}"
+    )
     print(f"    with tracker {a:.2f} s, without {b:.2f} s: ratio {a / b:.3f} (target ≤ 1.02)")
 
     model = _model(tokenizer.vocab_size).eval()
@@ -89,8 +97,10 @@ def main() -> None:
     f = statistics.median(times["forward"])
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     print(f"(b) one snapshot over {tokens} probe tokens ÷ a plain forward of them (median of 5):")
-    print(f"    rope='pre' {statistics.median(times['pre']) / f:.3f}, rope='auto' (both) "
-          f"{statistics.median(times['auto']) / f:.3f} (target ≤ 1.2)")  # fmt: skip
+    print(
+        f"    rope='pre' {statistics.median(times['pre']) / f:.3f}, rope='auto' (both) "
+        f"{statistics.median(times['auto']) / f:.3f} (target ≤ 1.2)"
+    )
 
 
 if __name__ == "__main__":

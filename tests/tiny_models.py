@@ -37,60 +37,135 @@ D = 48
 
 def _deepseek_kwargs() -> dict:
     return dict(  # noqa: C408
-        vocab_size=VOCAB, hidden_size=D, intermediate_size=64, moe_intermediate_size=16,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
-        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6, n_routed_experts=4,
-        num_experts_per_tok=2, first_k_dense_replace=2,  # dense MLPs: MoE kernels have no float64
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=D,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=6,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        first_k_dense_replace=2,  # dense MLPs: MoE kernels have no float64
+    )
 
 
 FACTORIES: dict[str, Callable[[], nn.Module]] = {
-    "llama_gqa": lambda: LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=D, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, attention_bias=True)),
-    "llama_mha": lambda: LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=D, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4)),
-    "llama_mqa": lambda: LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=D, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1)),
-    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(
-        vocab_size=VOCAB, n_embd=D, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)),
-    "gpt_neox": lambda: GPTNeoXForCausalLM(GPTNeoXConfig(
-        vocab_size=VOCAB, hidden_size=D, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, rotary_pct=0.5)),
-    "falcon_new": lambda: FalconForCausalLM(FalconConfig(
-        vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, num_attention_heads=6,
-        num_kv_heads=2, new_decoder_architecture=True)),
-    "falcon_mqa": lambda: FalconForCausalLM(FalconConfig(
-        vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, num_attention_heads=4, multi_query=True)),
-    "falcon_mha": lambda: FalconForCausalLM(FalconConfig(
-        vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, num_attention_heads=4, multi_query=False)),
-    "bigcode_mqa": lambda: GPTBigCodeForCausalLM(GPTBigCodeConfig(
-        vocab_size=VOCAB, n_embd=D, n_layer=2, n_head=4, multi_query=True)),
-    "bigcode_mha": lambda: GPTBigCodeForCausalLM(GPTBigCodeConfig(
-        vocab_size=VOCAB, n_embd=D, n_layer=2, n_head=4, multi_query=False)),
-    "bert": lambda: BertModel(BertConfig(
-        vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64)),
+    "llama_gqa": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=D,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            attention_bias=True,
+        )
+    ),
+    "llama_mha": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=D,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        )
+    ),
+    "llama_mqa": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=D,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+        )
+    ),
+    "gpt2": lambda: GPT2LMHeadModel(
+        GPT2Config(vocab_size=VOCAB, n_embd=D, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
+    ),
+    "gpt_neox": lambda: GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=D,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rotary_pct=0.5,
+        )
+    ),
+    "falcon_new": lambda: FalconForCausalLM(
+        FalconConfig(
+            vocab_size=VOCAB,
+            hidden_size=D,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_kv_heads=2,
+            new_decoder_architecture=True,
+        )
+    ),
+    "falcon_mqa": lambda: FalconForCausalLM(
+        FalconConfig(
+            vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, num_attention_heads=4, multi_query=True
+        )
+    ),
+    "falcon_mha": lambda: FalconForCausalLM(
+        FalconConfig(
+            vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, num_attention_heads=4, multi_query=False
+        )
+    ),
+    "bigcode_mqa": lambda: GPTBigCodeForCausalLM(
+        GPTBigCodeConfig(vocab_size=VOCAB, n_embd=D, n_layer=2, n_head=4, multi_query=True)
+    ),
+    "bigcode_mha": lambda: GPTBigCodeForCausalLM(
+        GPTBigCodeConfig(vocab_size=VOCAB, n_embd=D, n_layer=2, n_head=4, multi_query=False)
+    ),
+    "bert": lambda: BertModel(
+        BertConfig(
+            vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+        )
+    ),
     "deepseek_v2": lambda: DeepseekV2ForCausalLM(DeepseekV2Config(q_lora_rank=None, **_deepseek_kwargs())),
-    "deepseek_v3": lambda: DeepseekV3ForCausalLM(DeepseekV3Config(
-        q_lora_rank=12, n_group=2, topk_group=1, **_deepseek_kwargs())),
-}  # fmt: skip
+    "deepseek_v3": lambda: DeepseekV3ForCausalLM(
+        DeepseekV3Config(q_lora_rank=12, n_group=2, topk_group=1, **_deepseek_kwargs())
+    ),
+}
 
 #: What each tiny model's attention is, from its config by hand: (mechanism, query heads, KV heads).
 HEADS: dict[str, tuple[str, int, int]] = {
-    "llama_gqa": ("gqa", 6, 2), "llama_mha": ("mha", 4, 4), "llama_mqa": ("mqa", 4, 1),
-    "gpt2": ("mha", 4, 4), "gpt_neox": ("mha", 4, 4), "falcon_new": ("gqa", 6, 2),
-    "falcon_mqa": ("mqa", 4, 1), "falcon_mha": ("mha", 4, 4), "bigcode_mqa": ("mqa", 4, 1),
-    "bigcode_mha": ("mha", 4, 4), "bert": ("mha", 4, 4), "deepseek_v2": ("mla", 4, 4),
+    "llama_gqa": ("gqa", 6, 2),
+    "llama_mha": ("mha", 4, 4),
+    "llama_mqa": ("mqa", 4, 1),
+    "gpt2": ("mha", 4, 4),
+    "gpt_neox": ("mha", 4, 4),
+    "falcon_new": ("gqa", 6, 2),
+    "falcon_mqa": ("mqa", 4, 1),
+    "falcon_mha": ("mha", 4, 4),
+    "bigcode_mqa": ("mqa", 4, 1),
+    "bigcode_mha": ("mha", 4, 4),
+    "bert": ("mha", 4, 4),
+    "deepseek_v2": ("mla", 4, 4),
     "deepseek_v3": ("mla", 4, 4),
-}  # fmt: skip
+}
 
 #: The models that use RoPE and pass their keys through ``transformers.AttentionInterface`` (so their
 #: post-RoPE keys can be captured; Falcon from the transformers release whose attention calls it).
-ROPE_FAMILIES = ("llama_gqa", "llama_mha", "llama_mqa", "gpt_neox", "falcon_new", "falcon_mqa", "falcon_mha",
-                 "deepseek_v2", "deepseek_v3")  # fmt: skip
+ROPE_FAMILIES = (
+    "llama_gqa",
+    "llama_mha",
+    "llama_mqa",
+    "gpt_neox",
+    "falcon_new",
+    "falcon_mqa",
+    "falcon_mha",
+    "deepseek_v2",
+    "deepseek_v3",
+)
 
 
 def make_model(name: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> nn.Module:
@@ -110,9 +185,10 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
         return type(m).__name__.endswith("Attention")
 
     return [
-        m for m in model.modules()
+        m
+        for m in model.modules()
         if named_attention(m) and not any(named_attention(c) for c in list(m.modules())[1:])
-    ]  # fmt: skip
+    ]
 
 
 def record_attention_inputs(model: nn.Module, batches: list[dict]) -> list[list[torch.Tensor]]:
@@ -288,6 +364,12 @@ def three_layer_llama(seed: int) -> nn.Module:
     """A float64 Llama of three layers (4 query heads over 2 KV heads of 16 dims): a first, a middle and
     a last layer, for mixed specs and allocations."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return LlamaForCausalLM(config).to(torch.float64).eval()

@@ -31,8 +31,15 @@ F64 = torch.float64
 
 def tiny_llama(kv_heads: int, bias: bool = False) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=kv_heads, attention_bias=bias)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        attention_bias=bias,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -84,20 +91,34 @@ def test_rotations_act_on_the_captured_keys() -> None:
         torch.testing.assert_close(old[:, h] @ q, new[:, h], atol=1e-4, rtol=0)
         torch.testing.assert_close(q[:8, :8], q[8:, 8:], atol=1e-4, rtol=0)  # 2×2 plane rotations
         torch.testing.assert_close(q[:8, 8:], -q[8:, :8], atol=1e-4, rtol=0)
-    torch.testing.assert_close(aligned.model.layers[1].self_attn.k_proj.weight,
-                               model.model.layers[1].self_attn.k_proj.weight)  # fmt: skip
+    torch.testing.assert_close(
+        aligned.model.layers[1].self_attn.k_proj.weight, model.model.layers[1].self_attn.k_proj.weight
+    )
 
 
 def test_refuses_models_it_cannot_rotate_exactly() -> None:
     ids = torch.randint(0, 64, (2, 16))
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=4, head_dim=8)  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=8,
+    )
     qwen = Qwen3ForCausalLM(cfg).eval()
     with pytest.raises(UnsupportedAlignmentError, match="k_norm") as err:
         align_model(qwen, headwidget.capture(qwen, ids, progress=False), [[0, 1], [2, 3]])
     assert "align()" in str(err.value)
-    olmo_cfg = OlmoConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=4, clip_qkv=2.0)  # fmt: skip
+    olmo_cfg = OlmoConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        clip_qkv=2.0,
+    )
     olmo = OlmoForCausalLM(olmo_cfg).eval()
     with pytest.raises(UnsupportedAlignmentError, match=r"clip_qkv=2\.0"):
         align_model(olmo, headwidget.capture(olmo, ids, progress=False), [[0, 1], [2, 3]])
@@ -105,8 +126,9 @@ def test_refuses_models_it_cannot_rotate_exactly() -> None:
     stats = headwidget.capture(llama, ids, progress=False)
     with pytest.raises(GroupCountError, match="disjoint"):
         align_model(llama, stats, [[0, 1], [1, 2]])
-    packed = torch.nn.Parameter(torch.zeros_like(llama.model.layers[1].self_attn.k_proj.weight,
-                                                 dtype=torch.int8), requires_grad=False)  # fmt: skip
+    packed = torch.nn.Parameter(
+        torch.zeros_like(llama.model.layers[1].self_attn.k_proj.weight, dtype=torch.int8), requires_grad=False
+    )
     llama.model.layers[1].self_attn.k_proj.weight = packed  # what a quantised checkpoint looks like
     with pytest.raises(UnsupportedAlignmentError, match=r"torch\.int8.*quantised"):
         align_model(llama, stats, [[0, 1]])
@@ -143,8 +165,10 @@ def test_every_family_keeps_its_outputs_and_rotates_what_it_says(name: str) -> N
     shared = list(adapter.shared_key_dims())
     for layer in stats.layers:
         w0, w1 = head_weights(model, layer), head_weights(aligned, layer)
-        for kind, d, w_before, w_after in (("key", lay.head_dim, w0.k, w1.k),
-                                           ("value", lay.value_head_dim, w0.v, w1.v)):  # fmt: skip
+        for kind, d, w_before, w_after in (
+            ("key", lay.head_dim, w0.k, w1.k),
+            ("value", lay.value_head_dim, w0.v, w1.v),
+        ):
             r = key_rotation_from_weights(w_before, w_after)
             eye = torch.eye(d, dtype=F64)
             torch.testing.assert_close(r.transpose(-2, -1) @ r, eye.expand_as(r), atol=1e-9, rtol=0)
@@ -154,8 +178,12 @@ def test_every_family_keeps_its_outputs_and_rotates_what_it_says(name: str) -> N
                     if p not in shared:
                         torch.testing.assert_close(r[:, p, p], r[:, q, q], atol=1e-9, rtol=0)
                         torch.testing.assert_close(r[:, p, q], -r[:, q, p], atol=1e-9, rtol=0)
-                torch.testing.assert_close(r[:, shared][:, :, shared], eye[shared][:, shared].expand(
-                    r.shape[0], -1, -1), atol=1e-9, rtol=0)  # fmt: skip
+                torch.testing.assert_close(
+                    r[:, shared][:, :, shared],
+                    eye[shared][:, shared].expand(r.shape[0], -1, -1),
+                    atol=1e-9,
+                    rtol=0,
+                )
             # The model's own K/V (captured, not read from weights) turned by the same rotations.
             g0 = stats.moments(layer, kind).gram().double().reshape(-1, d, lay.num_kv_heads, d)
             g1 = after.moments(layer, kind).gram().double().reshape(-1, d, lay.num_kv_heads, d)

@@ -26,10 +26,16 @@ def synthetic_stats(x: torch.Tensor, head_dim: int, rope: RopeLayout, split_a: i
     """One-layer KVStats whose keys and values are the rows of ``x`` (N, C); rows [:split_a] are split 0."""
     n, c = x.shape
     layout = AttentionLayout(
-        family="llama", mechanism="mha", num_layers=1, num_heads=c // head_dim,
-        num_kv_heads=c // head_dim, head_dim=head_dim, value_head_dim=head_dim, hidden_size=c,
+        family="llama",
+        mechanism="mha",
+        num_layers=1,
+        num_heads=c // head_dim,
+        num_kv_heads=c // head_dim,
+        head_dim=head_dim,
+        value_head_dim=head_dim,
+        hidden_size=c,
         rope=rope,
-    )  # fmt: skip
+    )
     moments = {}
     for kind in ("key", "value"):
         m = Moments.empty(c, head_dim=head_dim)
@@ -49,8 +55,14 @@ def unit_heads(x: np.ndarray, head_dim: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def llama_run() -> dict:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = LlamaForCausalLM(cfg).eval().double()
     ids = torch.randint(0, 64, (2, 48))
     acts: dict[str, list[torch.Tensor]] = {"key": [], "value": []}
@@ -74,8 +86,9 @@ def test_orthogonal_after_equals_explicit_per_pair_svd(llama_run: dict, kind: st
     res = align(llama_run["stats"], [0, 1], kind, method="orthogonal", heldout=False)
     p = x.shape[0]
     before = np.array([[np.mean(np.sum(x[i] * x[j], -1)) for j in range(p)] for i in range(p)])
-    after = np.array([[np.linalg.svd(x[i].T @ x[j], compute_uv=False).sum() / n for j in range(p)]
-                      for i in range(p)])  # fmt: skip
+    after = np.array(
+        [[np.linalg.svd(x[i].T @ x[j], compute_uv=False).sum() / n for j in range(p)] for i in range(p)]
+    )
     np.testing.assert_allclose(res.before, before, atol=1e-10)
     np.testing.assert_allclose(res.after, after, atol=1e-10)
     assert res.labels == ["L0·H0", "L0·H1", "L1·H0", "L1·H1"]
@@ -98,8 +111,10 @@ def test_rope_after_equals_dense_angle_search(llama_run: dict) -> None:
     assert res.method == "rope"
     for i in range(p):
         for j in range(p):
-            want = sum(plane_grid_max(x[i][:, m], x[i][:, m + 8], x[j][:, m], x[j][:, m + 8])
-                       for m in range(8)) / n  # fmt: skip
+            want = (
+                sum(plane_grid_max(x[i][:, m], x[i][:, m + 8], x[j][:, m], x[j][:, m + 8]) for m in range(8))
+                / n
+            )
             assert res.after[i, j] == pytest.approx(want, abs=1e-7)
             q = res.rotation(i, j).numpy()
             assert np.mean(np.sum((x[i] @ q) * x[j], -1)) == pytest.approx(res.after[i, j], abs=1e-12)
@@ -113,8 +128,11 @@ def test_rope_rotations_are_proper_and_commute_with_rope(llama_run: dict) -> Non
     rope = torch.zeros(16, 16, dtype=F64)
     m = torch.arange(8)
     rope[m, m], rope[m + 8, m + 8], rope[m, m + 8], rope[m + 8, m] = (
-        torch.cos(theta), torch.cos(theta), torch.sin(theta), -torch.sin(theta),
-    )  # fmt: skip
+        torch.cos(theta),
+        torch.cos(theta),
+        torch.sin(theta),
+        -torch.sin(theta),
+    )
     for i in range(4):
         assert torch.equal(rot[i, i], eye)
         for j in range(4):

@@ -18,8 +18,14 @@ F64 = torch.float64
 @pytest.fixture(scope="module", params=[4, 2], ids=["mha", "gqa"])
 def run(request: pytest.FixtureRequest) -> dict:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=request.param)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=request.param,
+    )
     model = LlamaForCausalLM(cfg).eval().double()
     ids = torch.randint(0, 64, (4, 48), generator=torch.Generator().manual_seed(1))
     xs: list[torch.Tensor] = []
@@ -105,8 +111,14 @@ def test_data_aware_fit_reaches_the_eckart_young_optimum(run: dict) -> None:
 
 def test_kv_bytes_by_hand(run: dict) -> None:
     h, d_h, g = 4, 16, run["kv"]
-    want = {"mha": 2 * h * d_h, "gqa:2": 2 * 2 * d_h, "mqa": 2 * d_h, "lrkv:4": 2 * (d_h + h * 4),
-            "mla:24": 24, "model": 2 * g * d_h}  # fmt: skip
+    want = {
+        "mha": 2 * h * d_h,
+        "gqa:2": 2 * 2 * d_h,
+        "mqa": 2 * d_h,
+        "lrkv:4": 2 * (d_h + h * 4),
+        "mla:24": 24,
+        "model": 2 * g * d_h,
+    }
     for spec, elements in want.items():
         c = convert(run["model"], 0, spec)
         assert c.kv_bytes_per_token() == 2 * elements
@@ -118,10 +130,20 @@ def test_real_mla_model_reads_as_it_is() -> None:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     cfg = DeepseekV3Config(
-        vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16,
-        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=1,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        first_k_dense_replace=1,
+    )
     c = convert(DeepseekV3ForCausalLM(cfg), 0, "model")
     assert (c.mechanism, c.kv_bytes_per_token()) == ("mla", 2 * (16 + 8))
     assert tuple(c.k_weight.shape) == (4, 16, 64)
@@ -148,8 +170,14 @@ def test_statistics_of_another_model_are_refused_and_negative_layers_use_the_sta
     from headwidget.errors import StatsMismatchError
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     other_config = LlamaConfig(**{**config.to_dict(), "intermediate_size": 48})
     model, other = LlamaForCausalLM(config).eval(), LlamaForCausalLM(other_config).eval()
     ids = torch.randint(0, 64, (2, 24))

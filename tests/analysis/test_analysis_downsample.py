@@ -26,8 +26,10 @@ def brute(m: np.ndarray, size: int, how: str) -> tuple[np.ndarray, int]:
 
 
 @pytest.mark.parametrize("how", ["mean", "maxabs"])
-@pytest.mark.parametrize(("shape", "size"), [((37, 53), 8), ((64, 64), 64), ((100, 7), 9), ((50, 50), 7),
-                                             ((5, 5), 1), ((33, 33), 32)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("shape", "size"),
+    [((37, 53), 8), ((64, 64), 64), ((100, 7), 9), ((50, 50), 7), ((5, 5), 1), ((33, 33), 32)],
+)
 def test_matches_brute_force(how: str, shape: tuple[int, int], size: int) -> None:
     rng = np.random.default_rng(sum(shape) + size)
     m = rng.uniform(-1, 1, shape).round(2)  # rounding creates magnitude ties
@@ -70,9 +72,19 @@ def test_bad_arguments() -> None:
 
 @pytest.mark.parametrize(
     ("shape", "size"),
-    [((64, 64), 16), ((48, 96), 12), ((30, 45), 8), ((37, 53), 8), ((53, 37), 8), ((40, 53), 8),
-     ((53, 40), 8), ((100, 7), 9), ((7, 100), 30), ((4096, 9), 820)],
-)  # fmt: skip
+    [
+        ((64, 64), 16),
+        ((48, 96), 12),
+        ((30, 45), 8),
+        ((37, 53), 8),
+        ((53, 37), 8),
+        ((40, 53), 8),
+        ((53, 40), 8),
+        ((100, 7), 9),
+        ((7, 100), 30),
+        ((4096, 9), 820),
+    ],
+)
 def test_blocks_without_nan_match_brute_force(shape: tuple[int, int], size: int) -> None:
     """No NaN: the summed block-mean path, with whole blocks and with partial last rows and/or columns."""
     m = np.random.default_rng(7).uniform(-1, 1, shape)
@@ -90,9 +102,15 @@ def tokens_stats(x: np.ndarray):
 
     n, c = x.shape
     layout = AttentionLayout(
-        family="llama", mechanism="mha", num_layers=1, num_heads=c // 8, num_kv_heads=c // 8,
-        head_dim=8, value_head_dim=8, hidden_size=c,
-    )  # fmt: skip
+        family="llama",
+        mechanism="mha",
+        num_layers=1,
+        num_heads=c // 8,
+        num_kv_heads=c // 8,
+        head_dim=8,
+        value_head_dim=8,
+        hidden_size=c,
+    )
     moments = {}
     for kind in ("key", "value"):
         m = Moments.empty(c)

@@ -30,8 +30,14 @@ def dense_similarity(q: np.ndarray, k: np.ndarray, centre: bool = True) -> np.nd
 
 def llama(kv: int) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-                      num_attention_heads=8, num_key_value_heads=kv)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=8,
+        num_key_value_heads=kv,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -42,11 +48,15 @@ def test_matches_dense_forms(kv: int, centre: bool) -> None:
     w = head_weights(model, 0)
     q, k = w.q.numpy(), w.k[w.kv_of].numpy()
     o, v = w.o.numpy(), w.v[w.kv_of].numpy()
-    np.testing.assert_allclose(operator_similarity(model, 0, "qk", centre=centre),
-                               dense_similarity(q, k, centre), atol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        operator_similarity(model, 0, "qk", centre=centre), dense_similarity(q, k, centre), atol=1e-12
+    )
     # OV form W_O^h W_V^h = (W_O^hᵀ)ᵀ W_V^h
-    np.testing.assert_allclose(operator_similarity(model, 0, "ov", centre=centre),
-                               dense_similarity(o.transpose(0, 2, 1), v, centre), atol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        operator_similarity(model, 0, "ov", centre=centre),
+        dense_similarity(o.transpose(0, 2, 1), v, centre),
+        atol=1e-12,
+    )
 
 
 def test_conversions_and_fused_models() -> None:
@@ -56,8 +66,9 @@ def test_conversions_and_fused_models() -> None:
     np.testing.assert_allclose(operator_similarity(c, 0, "qk"), want, atol=1e-12)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
     w = head_weights(gpt2, 0)
-    np.testing.assert_allclose(operator_similarity(gpt2, 0, "qk"), dense_similarity(w.q.numpy(), w.k.numpy()),
-                               atol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        operator_similarity(gpt2, 0, "qk"), dense_similarity(w.q.numpy(), w.k.numpy()), atol=1e-12
+    )
     mqa = operator_similarity(convert(model, 0, "mqa"), 0, "ov")
     assert mqa.shape == (8, 8)
 
@@ -76,8 +87,9 @@ def test_invariant_to_remixing_inside_a_head() -> None:
     )
     assert not torch.allclose(mixed.k, w.k)
     for circuit in ("qk", "ov"):
-        np.testing.assert_allclose(operator_similarity(mixed, 0, circuit), operator_similarity(w, 0, circuit),
-                                   atol=1e-10)  # fmt: skip
+        np.testing.assert_allclose(
+            operator_similarity(mixed, 0, circuit), operator_similarity(w, 0, circuit), atol=1e-10
+        )
 
 
 def random_heads(heads: int, d: int, m: int, seed: int) -> HeadWeights:

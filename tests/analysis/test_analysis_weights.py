@@ -49,41 +49,94 @@ def linearise_attention_norms(model: Any) -> Any:
 
 def deepseek(q_lora: int | None, bias: bool = False) -> Any:
     cfg = DeepseekV3Config(
-        vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_lora, kv_lora_rank=16,
-        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=1,
-        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, attention_bias=bias,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=q_lora,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        attention_bias=bias,
+    )
     return DeepseekV3ForCausalLM(cfg)
 
 
 BUILDERS: dict[str, Callable[[], Any]] = {
-    "llama-gqa": lambda: LlamaForCausalLM(LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, attention_bias=True)),
-    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(
-        vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64)),
-    "neox": lambda: GPTNeoXForCausalLM(GPTNeoXConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        rotary_pct=0.5)),
-    "falcon-new": lambda: FalconForCausalLM(FalconConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_kv_heads=2,
-        new_decoder_architecture=True, bias=True)),
-    "falcon-mqa": lambda: FalconForCausalLM(FalconConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, multi_query=True)),
-    "falcon-mha": lambda: FalconForCausalLM(FalconConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, multi_query=False,
-        bias=True)),
-    "bigcode-mqa": lambda: GPTBigCodeForCausalLM(GPTBigCodeConfig(
-        vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64, multi_query=True)),
-    "bigcode-mha": lambda: GPTBigCodeForCausalLM(GPTBigCodeConfig(
-        vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64, multi_query=False)),
-    "bert": lambda: BertModel(BertConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)),
+    "llama-gqa": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attention_bias=True,
+        )
+    ),
+    "gpt2": lambda: GPT2LMHeadModel(
+        GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64)
+    ),
+    "neox": lambda: GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            rotary_pct=0.5,
+        )
+    ),
+    "falcon-new": lambda: FalconForCausalLM(
+        FalconConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            new_decoder_architecture=True,
+            bias=True,
+        )
+    ),
+    "falcon-mqa": lambda: FalconForCausalLM(
+        FalconConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, multi_query=True
+        )
+    ),
+    "falcon-mha": lambda: FalconForCausalLM(
+        FalconConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            multi_query=False,
+            bias=True,
+        )
+    ),
+    "bigcode-mqa": lambda: GPTBigCodeForCausalLM(
+        GPTBigCodeConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64, multi_query=True)
+    ),
+    "bigcode-mha": lambda: GPTBigCodeForCausalLM(
+        GPTBigCodeConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=64, multi_query=False)
+    ),
+    "bert": lambda: BertModel(
+        BertConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+        )
+    ),
     "deepseek-qlora": lambda: deepseek(32),
     "deepseek-qproj": lambda: deepseek(None),
     "deepseek-bias": lambda: deepseek(32, bias=True),
-}  # fmt: skip
+}
 
 CASES: dict[str, Callable[[], Any]] = {
     **BUILDERS,

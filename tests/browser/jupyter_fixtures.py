@@ -118,9 +118,16 @@ def running_jupyterlab(
         PYTHONUNBUFFERED="1",
     )
     cmd = [
-        python, "-m", app, "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-        f"--ServerApp.token={token}", f"--ServerApp.root_dir={root_dir}",
-    ]  # fmt: skip
+        python,
+        "-m",
+        app,
+        "--allow-root",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--ServerApp.token={token}",
+        f"--ServerApp.root_dir={root_dir}",
+    ]
     # No news feed and no update check: nothing in the session may need more than 127.0.0.1.
     (work_dir / "config").mkdir(parents=True, exist_ok=True)
     (work_dir / "config" / "jupyter_server_config.json").write_text(json.dumps(LAB_CONFIG))

@@ -23,9 +23,14 @@ def report():
     stats = headwidget.capture(model, torch.randint(0, 96, (4, 24)), inputs=True, progress=False)
     held_out = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(3))
     return evaluate(
-        model, held_out, ["model", "mqa", "lrkv:4"], stats=stats, per_layer=True, dtype=torch.float32,
+        model,
+        held_out,
+        ["model", "mqa", "lrkv:4"],
+        stats=stats,
+        per_layer=True,
+        dtype=torch.float32,
         progress=False,
-    )  # fmt: skip
+    )
 
 
 def test_hovering_a_point_names_the_variant_and_its_numbers(browser, report, tmp_path):

@@ -106,9 +106,21 @@ def running_marimo(app: Path, work_dir: Path) -> Iterator[MarimoApp]:
         PYTHONUNBUFFERED="1",
     )
     cmd = [
-        sys.executable, "-m", "marimo", "run", str(app), "--headless", "--host", "127.0.0.1",
-        "--port", str(port), "--token", "--token-password", token, "--no-sandbox",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "marimo",
+        "run",
+        str(app),
+        "--headless",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--token",
+        "--token-password",
+        token,
+        "--no-sandbox",
+    ]
     base = f"http://127.0.0.1:{port}"
     server = MarimoApp(f"{base}/?access_token={token}", work_dir / "marimo.log")
     with server.log.open("wb") as log:

@@ -54,9 +54,14 @@ def report(tiny):
     model, stats = tiny
     held_out = torch.randint(0, 96, (3, 20), generator=torch.Generator().manual_seed(5))
     return evaluate(
-        model, held_out, ["model", "mqa", "kv:int4"], stats=stats, per_layer=True, dtype=torch.float32,
+        model,
+        held_out,
+        ["model", "mqa", "kv:int4"],
+        stats=stats,
+        per_layer=True,
+        dtype=torch.float32,
         progress=False,
-    )  # fmt: skip
+    )
 
 
 def make_view(name: str, tiny, report):
@@ -97,8 +102,16 @@ def expected(view, values: dict) -> dict:
     panels = []
     for p in grid.panels:
         wire = encode_panel(p, vmin=grid.vmin, vmax=grid.vmax)
-        panels.append([p.id, p.title, p.subtitle, wire["rows"], wire["cols"],
-                       base64.b64encode(wire["data"]).decode("ascii")])  # fmt: skip
+        panels.append(
+            [
+                p.id,
+                p.title,
+                p.subtitle,
+                wire["rows"],
+                wire["cols"],
+                base64.b64encode(wire["data"]).decode("ascii"),
+            ]
+        )
     charts = json.loads(json.dumps([encode_chart(c) for c in grid.charts]))
     return {"panels": panels, "charts": charts}
 

@@ -117,12 +117,14 @@ def test_a_small_panel_prints_its_numbers_in_its_cells(harness_dpr):
     h = harness_dpr
     small = np.array([[0.02, 0.5, 1.0], [0.3, np.nan, 0.7], [0.9, 0.1, 0.6]], dtype=np.float32)
     big = np.full((20, 20), 0.5, dtype=np.float32)
-    h.mount({"panels": [f32_panel("s", small), f32_panel("b", big)], "vmin": 0, "vmax": 1,
-             "colormap": "magma"})  # fmt: skip
+    h.mount(
+        {"panels": [f32_panel("s", small), f32_panel("b", big)], "vmin": 0, "vmax": 1, "colormap": "magma"}
+    )
     h.page.wait_for_function("() => document.querySelectorAll('.hw-overlay[data-cell-labels]').length === 2")
     assert h.js("() => [...document.querySelectorAll('.hw-overlay')].map((c) => c.dataset.cellLabels)") == [
-        "8", "0",
-    ]  # fmt: skip
+        "8",
+        "0",
+    ]
     count, brightest, _ = h.js(CELL_INK, ["s", 0, 0, 3, 3])
     assert count > 10 and brightest > 230  # white text on the near-black cell
     count, _, darkest = h.js(CELL_INK, ["s", 0, 2, 3, 3])

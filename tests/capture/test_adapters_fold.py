@@ -169,8 +169,12 @@ def test_fold_into_a_conv1d_writes_through_to_the_parameter():
     torch.manual_seed(0)
     qkv, out = Conv1D(3 * 4, 4).double(), Conv1D(4, 4).double()
     fused = FusedLayout.blocks(2, 2, 2)
-    p = HeadProjections(HeadSlices(qkv, fused.q), HeadSlices(qkv, fused.k), HeadSlices(qkv, fused.v),
-                        HeadSlices(out, head_index(2, 2)))  # fmt: skip
+    p = HeadProjections(
+        HeadSlices(qkv, fused.q),
+        HeadSlices(qkv, fused.k),
+        HeadSlices(qkv, fused.v),
+        HeadSlices(out, head_index(2, 2)),
+    )
     x = torch.randn(5, 4, dtype=F64)
     before = qkv(x)
     r = random_orthogonal(2, 2, torch.Generator().manual_seed(1))

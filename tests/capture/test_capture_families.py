@@ -132,9 +132,15 @@ def test_float32_model_matches_float64_reference():
 
 
 #: The first projection of each family's MLP in a layer block (transformers' module names).
-MLP_UP = {"llama": "mlp.up_proj", "gpt2": "mlp.c_fc", "gpt_neox": "mlp.dense_h_to_4h",
-          "falcon": "mlp.dense_h_to_4h", "bigcode": "mlp.c_fc", "bert": "intermediate.dense",
-          "deepseek": "mlp.up_proj"}  # fmt: skip
+MLP_UP = {
+    "llama": "mlp.up_proj",
+    "gpt2": "mlp.c_fc",
+    "gpt_neox": "mlp.dense_h_to_4h",
+    "falcon": "mlp.dense_h_to_4h",
+    "bigcode": "mlp.c_fc",
+    "bert": "intermediate.dense",
+    "deepseek": "mlp.up_proj",
+}
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))

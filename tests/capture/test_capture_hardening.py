@@ -171,10 +171,12 @@ def embedding_calls(model) -> tuple[list[tuple[int, ...]], object]:
 
 @pytest.mark.parametrize(
     ("bad_id", "message"),
-    [(VOCAB, rf"largest token id is {VOCAB}, but LlamaForCausalLM's vocabulary has {VOCAB} ids"),
-     (VOCAB + 1000, rf"largest token id is {VOCAB + 1000}.*{VOCAB} ids \(0\.\.{VOCAB - 1}\)"),
-     (-100, r"smallest token id is -100, but token ids cannot be negative")],
-)  # fmt: skip
+    [
+        (VOCAB, rf"largest token id is {VOCAB}, but LlamaForCausalLM's vocabulary has {VOCAB} ids"),
+        (VOCAB + 1000, rf"largest token id is {VOCAB + 1000}.*{VOCAB} ids \(0\.\.{VOCAB - 1}\)"),
+        (-100, r"smallest token id is -100, but token ids cannot be negative"),
+    ],
+)
 def test_out_of_vocabulary_ids_are_refused_before_any_forward(llama, bad_id, message):
     ids = torch.randint(1, VOCAB, (3, 8))
     ids[1, 5] = bad_id
@@ -310,8 +312,9 @@ def test_long_text_keeps_the_tokens_whole_text_tokenization_keeps(which, request
                 for max_length in (2, 3, 7, 64, 511, 512, 600):
                     whole = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
                     assert inputs.tokenize_truncated(tokenizer, text, max_length) == whole, (
-                        truncation_side, max_length
-                    )  # fmt: skip
+                        truncation_side,
+                        max_length,
+                    )
     finally:
         tokenizer.truncation_side = side
     # through iter_batches, long and short texts mixed in one batch
@@ -388,7 +391,9 @@ def test_estimate_covers_the_measured_peak(name, dtype, batch_size, max_length, 
             model, batches, batch_size=batch_size, max_length=max_length, progress=False, **options
         )
     )
-    print(f"\n{name} {dtype} {batch_size}×{max_length} {options}: estimate {need / 2**20:.2f} MiB, "
-          f"measured peak {peak / 2**20:.2f} MiB ({peak / need:.2f} of the estimate)")  # fmt: skip
+    print(
+        f"\n{name} {dtype} {batch_size}×{max_length} {options}: estimate {need / 2**20:.2f} MiB, "
+        f"measured peak {peak / 2**20:.2f} MiB ({peak / need:.2f} of the estimate)"
+    )
     assert peak <= need
     assert need < 10 * peak  # an upper bound, but not a useless one

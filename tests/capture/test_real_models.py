@@ -33,8 +33,13 @@ def test_smollm2_gqa_statistics_match_reference(smollm2, english_texts):
     model, tokenizer = smollm2
     lay = headwidget.adapter_for(model).layout()
     assert (lay.family, lay.mechanism, lay.num_layers, lay.num_heads, lay.num_kv_heads, lay.head_dim) == (
-        "llama", "gqa", 30, 9, 3, 64,
-    )  # fmt: skip
+        "llama",
+        "gqa",
+        30,
+        9,
+        3,
+        64,
+    )
     batches = _batches(tokenizer, english_texts[:6])
     stats = headwidget.capture(model, batches, layers=[0, 29], rope="both", progress=False)
     ref = reference_activations("llama_gqa", model, batches, layers=[0, 29])
@@ -53,8 +58,9 @@ def test_smollm2_gqa_statistics_match_reference(smollm2, english_texts):
 
 def test_capture_from_strings_with_tokenizer(smollm2, english_texts):
     model, tokenizer = smollm2
-    stats = headwidget.capture(model, english_texts[:4], tokenizer=tokenizer, layers=[3], max_length=32,
-                               progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model, english_texts[:4], tokenizer=tokenizer, layers=[3], max_length=32, progress=False
+    )
     expected = sum(min(len(tokenizer(t)["input_ids"]), 32) for t in english_texts[:4])
     assert stats.tokens == expected
 

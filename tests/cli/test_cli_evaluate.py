@@ -44,17 +44,46 @@ def direct(
 
     model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
-    stats = headwidget.capture(model, english_sample(split="calibration"), tokenizer=tok, inputs=inputs,
-                               max_tokens=256, max_length=64, batch_size=4, progress=False)  # fmt: skip
-    return evaluate(model, english_sample(split="evaluation"), specs, tokenizer=tok, stats=stats,
-                    per_layer=per_layer, dtype=torch.float32, batch_size=4, max_length=64, max_tokens=128,
-                    protocol=protocol, progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model,
+        english_sample(split="calibration"),
+        tokenizer=tok,
+        inputs=inputs,
+        max_tokens=256,
+        max_length=64,
+        batch_size=4,
+        progress=False,
+    )
+    return evaluate(
+        model,
+        english_sample(split="evaluation"),
+        specs,
+        tokenizer=tok,
+        stats=stats,
+        per_layer=per_layer,
+        dtype=torch.float32,
+        batch_size=4,
+        max_length=64,
+        max_tokens=128,
+        protocol=protocol,
+        progress=False,
+    )
 
 
 def test_the_json_report_is_evaluate_called_directly(model_dirs, tmp_path, capfd):
     out = tmp_path / "report.json"
-    argv = ["evaluate", "--model", str(model_dirs["llama_gqa"]), "--variants", VARIANTS, "--per-layer",
-            *TINY, "--out", str(out), "--no-progress"]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--model",
+        str(model_dirs["llama_gqa"]),
+        "--variants",
+        VARIANTS,
+        "--per-layer",
+        *TINY,
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     code, stdout, err = run(capfd, argv)
     assert code == 0, err
     report = EvaluationReport.load(out)
@@ -74,8 +103,19 @@ def test_markdown_report_and_plain_merges_capture_nothing(model_dirs, tmp_path, 
 
     monkeypatch.setattr(CAPTURE, "capture", no_capture)
     out = tmp_path / "report.md"
-    argv = ["evaluate", "--model", str(model_dirs["llama_gqa"]), "--variants", "mqa,gqa:2", "--per-layer",
-            *TINY, "--dtype", "bfloat16", "--out", str(out)]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--model",
+        str(model_dirs["llama_gqa"]),
+        "--variants",
+        "mqa,gqa:2",
+        "--per-layer",
+        *TINY,
+        "--dtype",
+        "bfloat16",
+        "--out",
+        str(out),
+    ]
     code, stdout, err = run(capfd, argv)
     assert code == 0, err
     assert err == "", "progress bars only on a terminal"
@@ -92,12 +132,24 @@ def test_markdown_report_and_plain_merges_capture_nothing(model_dirs, tmp_path, 
 
 def test_the_protocol_option_is_evaluate_s_protocol(model_dirs, tmp_path, capfd):
     out = tmp_path / "report.md"
-    argv = ["evaluate", "--model", str(model_dirs["llama_gqa"]), "--variants", "mqa", *TINY,
-            "--protocol", " Stride:32/16", "--out", str(out), "--no-progress"]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--model",
+        str(model_dirs["llama_gqa"]),
+        "--variants",
+        "mqa",
+        *TINY,
+        "--protocol",
+        " Stride:32/16",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     code, stdout, err = run(capfd, argv)
     assert code == 0, err
-    expected = direct(model_dirs["llama_gqa"], ["model", "mqa"], inputs=False, per_layer=False,
-                      protocol="stride:32/16")  # fmt: skip
+    expected = direct(
+        model_dirs["llama_gqa"], ["model", "mqa"], inputs=False, per_layer=False, protocol="stride:32/16"
+    )
     assert expected.protocol == "stride:32/16" and expected.table() in stdout
     assert "- protocol: stride:32/16\n" in out.read_text(encoding="utf-8")
 
@@ -108,12 +160,31 @@ def test_saved_statistics_are_used_instead_of_a_capture(model_dirs, tmp_path, ca
     path = model_dirs["llama_gqa"]
     model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
-    stats = headwidget.capture(model, english_sample(split="calibration"), tokenizer=tok, inputs=True,
-                               max_tokens=256, max_length=64, batch_size=4, progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model,
+        english_sample(split="calibration"),
+        tokenizer=tok,
+        inputs=True,
+        max_tokens=256,
+        max_length=64,
+        batch_size=4,
+        progress=False,
+    )
     saved = stats.save(tmp_path / "stats.safetensors")
     out = tmp_path / "report.json"
-    argv = ["evaluate", "--model", str(path), "--variants", "lrkv:2", "--stats", str(saved), *TINY,
-            "--out", str(out), "--no-progress"]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--model",
+        str(path),
+        "--variants",
+        "lrkv:2",
+        "--stats",
+        str(saved),
+        *TINY,
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     code, stdout, err = run(capfd, argv)
     assert code == 0, err
     expected = direct(path, ["model", "lrkv:2"], inputs=True, per_layer=False)
@@ -211,19 +282,54 @@ def test_user_errors(
 def test_smollm2_report_equals_evaluate_called_directly(smollm2, tmp_path, capfd):
     """The real model, three of its 30 layers converted (the fits of every layer take minutes on 2 cores)."""
     out = tmp_path / "smollm2.json"
-    argv = ["evaluate", "--model", "smollm2-135m", "--variants", "mqa,mqa+align,mla:128", "--no-progress",
-            "--layers", "0,14,29", "--calibration-tokens", "512", "--evaluation-tokens", "256",
-            "--max-length", "128", "--batch-size", "4", "--out", str(out)]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--model",
+        "smollm2-135m",
+        "--variants",
+        "mqa,mqa+align,mla:128",
+        "--no-progress",
+        "--layers",
+        "0,14,29",
+        "--calibration-tokens",
+        "512",
+        "--evaluation-tokens",
+        "256",
+        "--max-length",
+        "128",
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+    ]
     code, stdout, err = run(capfd, argv)
     assert code == 0, err
     report = EvaluationReport.load(out)
     model, tok = smollm2
-    stats = headwidget.capture(model, english_sample(split="calibration"), tokenizer=tok, inputs=True,
-                               layers=[0, 14, 29], max_tokens=512, max_length=128, batch_size=4,
-                               progress=False)  # fmt: skip
-    expected = evaluate(model, english_sample(split="evaluation"), ["model", "mqa", "mqa+align", "mla:128"],
-                        tokenizer=tok, stats=stats, layers=[0, 14, 29], dtype=torch.float32, batch_size=4,
-                        max_length=128, max_tokens=256, progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model,
+        english_sample(split="calibration"),
+        tokenizer=tok,
+        inputs=True,
+        layers=[0, 14, 29],
+        max_tokens=512,
+        max_length=128,
+        batch_size=4,
+        progress=False,
+    )
+    expected = evaluate(
+        model,
+        english_sample(split="evaluation"),
+        ["model", "mqa", "mqa+align", "mla:128"],
+        tokenizer=tok,
+        stats=stats,
+        layers=[0, 14, 29],
+        dtype=torch.float32,
+        batch_size=4,
+        max_length=128,
+        max_tokens=256,
+        progress=False,
+    )
     assert report.variants == expected.variants and report.layers == [0, 14, 29]
     assert (report.tokens, report.fingerprint) == (expected.tokens, expected.fingerprint)
     merged = 4 * (27 * 384 + 3 * 128)  # float32: 27 layers of 3 KV heads × (64 + 64), 3 of 128 elements

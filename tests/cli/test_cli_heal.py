@@ -18,8 +18,23 @@ from tiny_models import make_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-SMALL = ["--tokens", "512", "--batch-size", "4", "--max-length", "64", "--eval-tokens", "128",
-         "--eval-every", "256", "--calibration-tokens", "256", "--lr", "0.001", "--no-progress"]  # fmt: skip
+SMALL = [
+    "--tokens",
+    "512",
+    "--batch-size",
+    "4",
+    "--max-length",
+    "64",
+    "--eval-tokens",
+    "128",
+    "--eval-every",
+    "256",
+    "--calibration-tokens",
+    "256",
+    "--lr",
+    "0.001",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,19 +47,37 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_json_runs_are_heal_called_directly(model_dir: Path, tmp_path: Path, capfd) -> None:
     out = tmp_path / "heal.json"
-    code, stdout, err = run(capfd, ["heal", "--model", str(model_dir), "--variants", "mqa,mla:16", *SMALL,
-                                    "--out", str(out)])  # fmt: skip
+    code, stdout, err = run(
+        capfd, ["heal", "--model", str(model_dir), "--variants", "mqa,mla:16", *SMALL, "--out", str(out)]
+    )
     assert code == 0, err
     runs = load_runs(out)
     assert list(runs) == ["mqa", "mla:16"]
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    stats = headwidget.capture(model, english_sample(split="calibration"), tokenizer=tok, inputs=True,
-                               max_tokens=256, max_length=64, batch_size=4, progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model,
+        english_sample(split="calibration"),
+        tokenizer=tok,
+        inputs=True,
+        max_tokens=256,
+        max_length=64,
+        batch_size=4,
+        progress=False,
+    )
     for spec, got in runs.items():
-        want = headwidget.heal(headwidget.apply(model, spec, stats), model, tokenizer=tok, tokens=512,
-                               batch_size=4, max_length=64, eval_tokens=128, eval_every=256, lr=1e-3,
-                               progress=False)  # fmt: skip
+        want = headwidget.heal(
+            headwidget.apply(model, spec, stats),
+            model,
+            tokenizer=tok,
+            tokens=512,
+            batch_size=4,
+            max_length=64,
+            eval_tokens=128,
+            eval_every=256,
+            lr=1e-3,
+            progress=False,
+        )
         assert got == want, spec
     assert [r["tokens"] for r in runs["mqa"].curve] == [0, 256, 512]
     assert "| variant | KV bytes/token | ΔNLL at 0 tokens |" in stdout and f"saved {out}" in stdout
@@ -52,8 +85,20 @@ def test_the_json_runs_are_heal_called_directly(model_dir: Path, tmp_path: Path,
 
 def test_markdown_output(model_dir: Path, tmp_path: Path, capfd) -> None:
     out = tmp_path / "heal.md"
-    code, _, err = run(capfd, ["heal", "--model", str(model_dir), "--variants", "gqa:1", *SMALL,
-                               "--no-per-layer", "--out", str(out)])  # fmt: skip
+    code, _, err = run(
+        capfd,
+        [
+            "heal",
+            "--model",
+            str(model_dir),
+            "--variants",
+            "gqa:1",
+            *SMALL,
+            "--no-per-layer",
+            "--out",
+            str(out),
+        ],
+    )
     assert code == 0, err
     text = out.read_text(encoding="utf-8")
     assert text.startswith("| variant | KV bytes/token |") and "## gqa:1" in text

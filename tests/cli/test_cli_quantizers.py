@@ -24,9 +24,20 @@ def model_dir(tmp_path_factory):
 def test_quantizers_and_conversions_in_one_report(capfd, model_dir, tmp_path):
     out = tmp_path / "q.json"
     code, stdout, stderr = run(
-        capfd, ["evaluate", "--model", str(model_dir), "--variants", "kv:int4,kv:cq2c4b,mqa+align",
-                *TINY, "--dtype", "float32", "--out", str(out)],
-    )  # fmt: skip
+        capfd,
+        [
+            "evaluate",
+            "--model",
+            str(model_dir),
+            "--variants",
+            "kv:int4,kv:cq2c4b,mqa+align",
+            *TINY,
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+        ],
+    )
     assert code == 0, stderr
     report = EvaluationReport.load(out)
     assert report.variants == ["model", "kv:int4", "kv:cq2c4b", "mqa+align"]
@@ -42,9 +53,18 @@ def test_quantizers_and_conversions_in_one_report(capfd, model_dir, tmp_path):
 
 def test_an_impossible_quantizer_fails_before_the_calibration_capture(capfd, model_dir, tmp_path):
     code, _, stderr = run(
-        capfd, ["evaluate", "--model", str(model_dir), "--variants", "kv:cq3c8b,mqa", *TINY,
-                "--out", str(tmp_path / "x.json")],
-    )  # fmt: skip
+        capfd,
+        [
+            "evaluate",
+            "--model",
+            str(model_dir),
+            "--variants",
+            "kv:cq3c8b,mqa",
+            *TINY,
+            "--out",
+            str(tmp_path / "x.json"),
+        ],
+    )
     assert code == 1
     assert (
         stderr.startswith("headwidget evaluate: --variants: kv:cq3c8b")

@@ -24,8 +24,9 @@ QUANTIZERS = ["kv:int2", "kv:cq4c3b", "kv:cq8c4b"]
 def setup():
     model = make_model("llama_gqa", dtype=torch.float32)  # C = 2 KV heads × 8 = 16 channels per kind
     gen = torch.Generator().manual_seed(5)
-    stats = headwidget.capture(model, torch.randint(1, 96, (4, 30), generator=gen), rope="both", samples=60,
-                               progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model, torch.randint(1, 96, (4, 30), generator=gen), rope="both", samples=60, progress=False
+    )
     return model, stats, torch.randint(1, 96, (8, 12), generator=gen)
 
 

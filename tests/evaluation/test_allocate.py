@@ -65,8 +65,9 @@ CANDIDATES = ["model", "mqa", "lrkv:4", "kv:int4", "kv:int2"]
 
 @pytest.fixture(scope="module")
 def allocation(llama):
-    return allocate(llama, ragged_batches(seed=7), budget=0.4, candidates=CANDIDATES, refine=1,
-                    dtype=F64, progress=False)  # fmt: skip
+    return allocate(
+        llama, ragged_batches(seed=7), budget=0.4, candidates=CANDIDATES, refine=1, dtype=F64, progress=False
+    )
 
 
 def test_the_allocation_respects_the_budget_and_its_numbers_are_evaluate_s(llama, allocation) -> None:
@@ -87,8 +88,9 @@ def test_the_allocation_respects_the_budget_and_its_numbers_are_evaluate_s(llama
     assert held_out.chosen_on_these_tokens == []
     assert min(r.measured for r in allocation.rounds) == pytest.approx(
         evaluate(llama, calibration, [allocation.spec], dtype=F64, progress=False).kl[allocation.spec],
-        rel=1e-9, abs=1e-12,
-    )  # fmt: skip
+        rel=1e-9,
+        abs=1e-12,
+    )
 
 
 def _choice_of(allocation, spec):
@@ -100,8 +102,15 @@ def test_the_leak_flag_follows_the_tokens_through_protocols_and_mixtures(llama) 
     gen = torch.Generator().manual_seed(11)
     chosen_on = torch.randint(1, 96, (4, 60), generator=gen)
     other = torch.randint(1, 96, (4, 60), generator=gen)
-    alloc = allocate(llama, chosen_on, budget=0.6, candidates=["model", "mqa", "kv:int4"], refine=0,
-                     dtype=F64, progress=False)  # fmt: skip
+    alloc = allocate(
+        llama,
+        chosen_on,
+        budget=0.6,
+        candidates=["model", "mqa", "kv:int4"],
+        refine=0,
+        dtype=F64,
+        progress=False,
+    )
 
     def share_flagged(texts, **options):
         with warnings.catch_warnings(record=True) as caught:
@@ -159,15 +168,23 @@ def test_bad_allocations_are_refused_with_what_to_do(llama) -> None:
 
 
 def test_the_allocation_is_deterministic(llama, allocation) -> None:
-    again = allocate(llama, ragged_batches(seed=7), budget=0.4, candidates=CANDIDATES, refine=1,
-                     dtype=F64, progress=False)  # fmt: skip
+    again = allocate(
+        llama, ragged_batches(seed=7), budget=0.4, candidates=CANDIDATES, refine=1, dtype=F64, progress=False
+    )
     assert again.spec == allocation.spec and again.rounds == allocation.rounds
 
 
 def test_the_allocation_measures_no_worse_than_any_uniform_candidate_within_the_budget(llama) -> None:
     calibration = ragged_batches(seed=7)
-    alloc = allocate(llama, calibration, budget=0.5, candidates=["model", "mqa", "kv:int4", "kv:int8"],
-                     refine=0, dtype=F64, progress=False)  # fmt: skip
+    alloc = allocate(
+        llama,
+        calibration,
+        budget=0.5,
+        candidates=["model", "mqa", "kv:int4", "kv:int8"],
+        refine=0,
+        dtype=F64,
+        progress=False,
+    )
     best = min(r.measured for r in alloc.rounds)
     chosen = next(r for r in alloc.rounds if r.spec == alloc.spec)
     assert chosen.measured == best
@@ -189,8 +206,16 @@ def test_the_refine_sweep_equals_evaluate_of_every_swapped_spec(llama) -> None:
     from headwidget.evaluation._sweep import swap_sweep
 
     calibration = ragged_batches(seed=7)
-    batches = protocol_batches(llama, calibration, None, parse_protocol("documents"), batch_size=8,
-                               max_length=512, max_tokens=None, min_tokens=2)  # fmt: skip
+    batches = protocol_batches(
+        llama,
+        calibration,
+        None,
+        parse_protocol("documents"),
+        batch_size=8,
+        max_length=512,
+        max_tokens=None,
+        min_tokens=2,
+    )
     runner = OutputRunner.for_model(llama)
     references = [runner(llama, b) for b in batches]
     layers = [0, 1, 2]
@@ -221,8 +246,16 @@ def test_the_refine_sweep_equals_evaluate_of_every_swapped_spec(llama) -> None:
 
 def test_the_nll_objective_measures_delta_nll_as_evaluate_does(llama) -> None:
     calibration = ragged_batches(seed=7)
-    alloc = allocate(llama, calibration, budget=0.4, candidates=CANDIDATES, objective="nll", refine=1,
-                     dtype=F64, progress=False)  # fmt: skip
+    alloc = allocate(
+        llama,
+        calibration,
+        budget=0.4,
+        candidates=CANDIDATES,
+        objective="nll",
+        refine=1,
+        dtype=F64,
+        progress=False,
+    )
     assert alloc.objective == "nll" and alloc.kv_bytes_per_token <= alloc.budget
     for r in alloc.rounds:
         with warnings.catch_warnings():  # the chosen spec on its own tokens is flagged: that is the point
@@ -233,5 +266,6 @@ def test_the_nll_objective_measures_delta_nll_as_evaluate_does(llama) -> None:
     for spec, layer in [("mqa", 0), ("kv:int2", 2)]:
         alone = f"{spec}@{layer}"
         report = evaluate(llama, calibration, ["model", alone], dtype=F64, progress=False)
-        assert alloc.damage[spec][layer] == pytest.approx(report.nll[alone] - report.nll["model"], rel=1e-9,
-                                                          abs=1e-13)  # fmt: skip
+        assert alloc.damage[spec][layer] == pytest.approx(
+            report.nll[alone] - report.nll["model"], rel=1e-9, abs=1e-13
+        )

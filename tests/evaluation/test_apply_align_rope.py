@@ -27,10 +27,18 @@ def logits(model: torch.nn.Module, ids: torch.Tensor = IDS) -> torch.Tensor:
 
 def tiny(model_type: str) -> torch.nn.Module:
     config = AutoConfig.for_model(
-        model_type, vocab_size=96, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, head_dim=8, pad_token_id=0, bos_token_id=0,
+        model_type,
+        vocab_size=96,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=8,
+        pad_token_id=0,
+        bos_token_id=0,
         eos_token_id=0,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).to(F64).eval()
 
@@ -89,8 +97,13 @@ def test_align_then_merge_is_the_mean_of_aligned_heads_and_differs_from_the_plai
     plain = apply(model, spec)
     for layer in range(2):
         fit = merged.headwidget_variant.fits[layer]
-        aligned = aligned_heads(head_weights(model, layer), stats, layer, fit.groups,
-                                headwidget.adapter_for(model).layout().rope.planes())  # fmt: skip
+        aligned = aligned_heads(
+            head_weights(model, layer),
+            stats,
+            layer,
+            fit.groups,
+            headwidget.adapter_for(model).layout().rope.planes(),
+        )
         got = head_weights(merged, layer)
         per = aligned.num_kv_heads // (1 if spec == "mqa" else 2)
         means = aligned.k.reshape(-1, per, *aligned.k.shape[1:]).mean(1)
@@ -115,8 +128,11 @@ def _plane_scores_by_brute_force(model, batches, layer: int) -> np.ndarray:
     """MHA2MLA's 2-norm scores: the token mean over real tokens of every query/key plane norm, from the
     projections applied by hand, key head's times the sum over its query heads."""
     xs = record_attention_inputs(model, batches)[layer]
-    rows = [x[i, : int(b["attention_mask"][i].sum())] for x, b in zip(xs, batches, strict=True)
-            for i in range(x.shape[0])]  # fmt: skip
+    rows = [
+        x[i, : int(b["attention_mask"][i].sum())]
+        for x, b in zip(xs, batches, strict=True)
+        for i in range(x.shape[0])
+    ]
     x = torch.cat(rows).double()
     attn = model.model.layers[layer].self_attn
     q = (x @ attn.q_proj.weight.detach().T + attn.q_proj.bias.detach()).reshape(len(x), 6, 8)
@@ -188,7 +204,11 @@ def test_mla_with_decoupled_rope() -> None:
     w, got = head_weights(model, 0), head_weights(out, 0)
     keep = fit.rope_keep
     assert torch.equal(got.k[keep], w.k[keep])  # the rotary rows stay outside the latent
-    torch.testing.assert_close(fit.factors["k_up"] @ fit.factors["down"] * (~keep)[..., None],
-                               got.k * (~keep)[..., None], atol=1e-12, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        fit.factors["k_up"] @ fit.factors["down"] * (~keep)[..., None],
+        got.k * (~keep)[..., None],
+        atol=1e-12,
+        rtol=0,
+    )
     full = apply(model, "mla:24+rope:2", stats=stats)  # d_c = all 8 + 16 rows: the latent is exact
     torch.testing.assert_close(logits(full), logits(rope), atol=1e-10, rtol=0)

@@ -32,8 +32,14 @@ def batches():
 
 @pytest.fixture(scope="module")
 def calibration(llama):
-    return headwidget.capture(llama, ragged_batches(seed=5, lengths=((40, 33, 38), (35, 40))),
-                              rope="post", samples=150, inputs=True, progress=False)  # fmt: skip
+    return headwidget.capture(
+        llama,
+        ragged_batches(seed=5, lengths=((40, 33, 38), (35, 40))),
+        rope="post",
+        samples=150,
+        inputs=True,
+        progress=False,
+    )
 
 
 def logits_of(model, batches, quantizers=()):
@@ -121,8 +127,10 @@ def test_the_quantized_variant_and_the_original_run_side_by_side_in_threads(llam
         except BaseException as err:  # reported below
             errors.append(err)
 
-    threads = [threading.Thread(target=run, args=("variant", variant)),
-               threading.Thread(target=run, args=("model", llama))]  # fmt: skip
+    threads = [
+        threading.Thread(target=run, args=("variant", variant)),
+        threading.Thread(target=run, args=("model", llama)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -171,8 +179,9 @@ def test_generate_runs_the_quantized_model(llama) -> None:
     ids = torch.tensor([[5, 9, 3, 12, 7, 1, 8]])
     with torch.no_grad():
         first = variant(input_ids=ids).logits[0, -1].argmax()
-        out = variant.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
-                               pad_token_id=0)  # fmt: skip
+        out = variant.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, pad_token_id=0
+        )
     assert int(out[0, ids.shape[1]]) == int(first)
 
 

@@ -127,8 +127,9 @@ def test_mla_weight_space_equals_hand_built(llama_mha) -> None:
     out = apply(llama_mha, "mla:20")
     k, v = {}, {}
     for layer, block in enumerate(llama_mha.model.layers):
-        stacked = np.concatenate([block.self_attn.k_proj.weight.detach().numpy(),
-                                  block.self_attn.v_proj.weight.detach().numpy()])  # fmt: skip
+        stacked = np.concatenate(
+            [block.self_attn.k_proj.weight.detach().numpy(), block.self_attn.v_proj.weight.detach().numpy()]
+        )
         approx = torch.from_numpy(np_low_rank(stacked, 20))
         k[layer], v[layer] = approx[:48].reshape(4, 12, 48), approx[48:].reshape(4, 12, 48)
     torch.testing.assert_close(logits(out), logits(hand_llama(llama_mha, 4, k, v)), atol=1e-11, rtol=0)
@@ -290,8 +291,11 @@ def test_a_shared_variant_leaves_the_model_alone_and_equals_a_full_copy(name: st
     assert not torch.equal(logits(shared), logits(model))
     own = {id(p) for p in model.parameters()}
     copied = sum(p.numel() for p in shared.parameters() if id(p) not in own)
-    written = {id(p): p for name in converted_modules(model, adapter_for(model), [1])
-               for p in model.get_submodule(name).parameters()}  # fmt: skip
+    written = {
+        id(p): p
+        for name in converted_modules(model, adapter_for(model), [1])
+        for p in model.get_submodule(name).parameters()
+    }
     assert copied == sum(p.numel() for p in written.values())
     block = next(b for b in model.modules() if isinstance(b, torch.nn.ModuleList))[1]
     assert copied < sum(p.numel() for p in block.parameters())  # the block's MLP is shared

@@ -24,10 +24,19 @@ CANDIDATES = ["model", "mqa", "lrkv:4", "kv:int4", "kv:int2"]
 def _run(distributed: bool) -> tuple[EvaluationReport, dict]:
     model = three_layer_llama(seed=1)
     texts = ragged_batches(seed=7, lengths=LENGTHS)
-    report = evaluate(model, texts, VARIANTS, dtype=F64, per_layer=True, distributed=distributed,
-                      progress=False)  # fmt: skip
-    alloc = allocate(model, ragged_batches(seed=9, lengths=LENGTHS), budget=0.4, candidates=CANDIDATES,
-                     refine=1, dtype=F64, distributed=distributed, progress=False)  # fmt: skip
+    report = evaluate(
+        model, texts, VARIANTS, dtype=F64, per_layer=True, distributed=distributed, progress=False
+    )
+    alloc = allocate(
+        model,
+        ragged_batches(seed=9, lengths=LENGTHS),
+        budget=0.4,
+        candidates=CANDIDATES,
+        refine=1,
+        dtype=F64,
+        distributed=distributed,
+        progress=False,
+    )
     rounds = [[r.spec, r.predicted, r.measured, r.kv_bytes_per_token] for r in alloc.rounds]
     return report, {"spec": alloc.spec, "rounds": rounds, "damage": alloc.damage, "tokens": alloc.tokens}
 
@@ -49,8 +58,10 @@ def test_two_ranks_give_the_report_and_allocation_of_one_process(tmp_path: Path)
     for rank in (0, 1):
         report = EvaluationReport.load(tmp_path / f"report{rank}.json")
         assert (report.tokens, report.sequences, report.fingerprint) == (
-            single.tokens, single.sequences, single.fingerprint
-        )  # fmt: skip
+            single.tokens,
+            single.sequences,
+            single.fingerprint,
+        )
         for spec in VARIANTS:
             for name, value in single.measures[spec].items():
                 assert report.measures[spec][name] == pytest.approx(value, rel=1e-12, abs=1e-15), (spec, name)
@@ -74,5 +85,6 @@ def test_distributed_without_a_process_group_says_what_to_do() -> None:
     with pytest.raises(ArgumentError, match=r"distributed must be True or False, got the string 'yes'"):
         evaluate(model, texts, ["model"], dtype=F64, distributed="yes", progress=False)
     with pytest.raises(ArgumentError, match=r"no process group is initialized"):
-        allocate(model, texts, budget=0.5, candidates=["model", "mqa"], dtype=F64, distributed=True,
-                 progress=False)  # fmt: skip
+        allocate(
+            model, texts, budget=0.5, candidates=["model", "mqa"], dtype=F64, distributed=True, progress=False
+        )

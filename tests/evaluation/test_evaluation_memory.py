@@ -31,13 +31,25 @@ def test_estimate_covers_the_measured_peak(name, model_dtype, dtype, variants, p
     model = make_model(name, dtype=model_dtype)
     batch_size, max_length = 4, 64
     ids = texts(batch_size, max_length)
-    need = headwidget.estimate_evaluation(model, variants, per_layer=per_layer, dtype=dtype,
-                                          batch_size=batch_size, max_length=max_length)  # fmt: skip
-    peak = allocated_peak(lambda: evaluate(model, ids, variants, per_layer=per_layer, dtype=dtype,
-                                           batch_size=batch_size, max_length=max_length,
-                                           progress=False))  # fmt: skip
-    print(f"\n{name} {model_dtype}→{dtype} {variants}: estimate {need / 2**20:.2f} MiB, measured peak "
-          f"{peak / 2**20:.2f} MiB ({peak / need:.2f} of the estimate)")  # fmt: skip
+    need = headwidget.estimate_evaluation(
+        model, variants, per_layer=per_layer, dtype=dtype, batch_size=batch_size, max_length=max_length
+    )
+    peak = allocated_peak(
+        lambda: evaluate(
+            model,
+            ids,
+            variants,
+            per_layer=per_layer,
+            dtype=dtype,
+            batch_size=batch_size,
+            max_length=max_length,
+            progress=False,
+        )
+    )
+    print(
+        f"\n{name} {model_dtype}→{dtype} {variants}: estimate {need / 2**20:.2f} MiB, measured peak "
+        f"{peak / 2**20:.2f} MiB ({peak / need:.2f} of the estimate)"
+    )
     assert peak <= need
     assert need < 10 * peak  # an upper bound, but not a useless one
 
@@ -49,11 +61,20 @@ def test_the_logits_of_a_large_vocabulary_are_counted() -> None:
     model = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_embd=32, n_layer=2, n_head=4)).eval()
     batch_size, max_length = 8, 64
     ids = torch.randint(1, 8192, (2 * batch_size, max_length), generator=torch.Generator().manual_seed(1))
-    need = headwidget.estimate_evaluation(model, ["model", "mqa"], dtype=torch.float32, batch_size=batch_size,
-                                          max_length=max_length)  # fmt: skip
-    peak = allocated_peak(lambda: evaluate(model, ids, ["model", "mqa"], dtype=torch.float32,
-                                           batch_size=batch_size, max_length=max_length,
-                                           progress=False))  # fmt: skip
+    need = headwidget.estimate_evaluation(
+        model, ["model", "mqa"], dtype=torch.float32, batch_size=batch_size, max_length=max_length
+    )
+    peak = allocated_peak(
+        lambda: evaluate(
+            model,
+            ids,
+            ["model", "mqa"],
+            dtype=torch.float32,
+            batch_size=batch_size,
+            max_length=max_length,
+            progress=False,
+        )
+    )
     assert batch_size * max_length * 8192 * 4 < peak <= need < 10 * peak
 
 
@@ -63,11 +84,27 @@ def test_a_budget_too_small_is_refused_before_any_forward() -> None:
     handle = model.register_forward_pre_hook(lambda *_: forwards.append(1))  # copies carry it too
     try:
         with pytest.raises(MemoryBudgetError, match=r"batch_size or max_length.*raise max_memory"):
-            evaluate(model, texts(4, 64), ["model", "mqa"], dtype=torch.float32, batch_size=4, max_length=64,
-                     max_memory=1024, progress=False)  # fmt: skip
+            evaluate(
+                model,
+                texts(4, 64),
+                ["model", "mqa"],
+                dtype=torch.float32,
+                batch_size=4,
+                max_length=64,
+                max_memory=1024,
+                progress=False,
+            )
         assert forwards == []
-        report = evaluate(model, texts(4, 64), ["model", "mqa"], dtype=torch.float32, batch_size=4,
-                          max_length=64, max_memory=2**30, progress=False)  # fmt: skip
+        report = evaluate(
+            model,
+            texts(4, 64),
+            ["model", "mqa"],
+            dtype=torch.float32,
+            batch_size=4,
+            max_length=64,
+            max_memory=2**30,
+            progress=False,
+        )
         assert forwards and report.tokens == 12 * 63
     finally:
         handle.remove()
@@ -80,8 +117,9 @@ def test_the_default_budget_is_half_the_free_memory(monkeypatch) -> None:
     need = headwidget.estimate_evaluation(model, ["model"], dtype=torch.float32, batch_size=2, max_length=32)
     monkeypatch.setattr(memory, "default_budget", lambda device: need - 1)
     with pytest.raises(MemoryBudgetError, match="half the free memory"):
-        evaluate(model, texts(2, 32), ["model"], dtype=torch.float32, batch_size=2, max_length=32,
-                 progress=False)  # fmt: skip
+        evaluate(
+            model, texts(2, 32), ["model"], dtype=torch.float32, batch_size=2, max_length=32, progress=False
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -19,8 +19,16 @@ VARIANTS = ["model", "mqa", "mqa+align", "lrkv:16", "mla:128", "mla:96+rope:8"]
 @pytest.fixture(scope="module")
 def calibrated(smollm2):
     model, tok = smollm2
-    stats = headwidget.capture(model, english_sample(split="calibration"), tokenizer=tok, inputs=True,
-                               rope="both", max_tokens=2048, max_length=256, progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model,
+        english_sample(split="calibration"),
+        tokenizer=tok,
+        inputs=True,
+        rope="both",
+        max_tokens=2048,
+        max_length=256,
+        progress=False,
+    )
     return model, tok, stats
 
 
@@ -49,8 +57,18 @@ def test_evaluation_table(calibrated) -> None:
     model, tok, stats = calibrated
     before = {k: v.clone() for k, v in model.state_dict().items()}
     texts = english_sample(split="evaluation")
-    report = evaluate(model, texts, VARIANTS, tokenizer=tok, stats=stats, dtype=torch.float32,
-                      batch_size=4, max_length=128, max_tokens=256, progress=False)  # fmt: skip
+    report = evaluate(
+        model,
+        texts,
+        VARIANTS,
+        tokenizer=tok,
+        stats=stats,
+        dtype=torch.float32,
+        batch_size=4,
+        max_length=128,
+        max_tokens=256,
+        progress=False,
+    )
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert report.tokens >= 250 and report.variants == VARIANTS
     # model NLL by hand on the same first 256 tokens
@@ -67,8 +85,14 @@ def test_evaluation_table(calibrated) -> None:
                 break
     assert report.nll["model"] == pytest.approx(total / count, rel=1e-4)
     assert 1.0 < report.perplexity["model"] < 100.0
-    per_layer_elements = {"model": 3 * 128, "mqa": 128, "mqa+align": 128, "lrkv:16": 128 + 2 * 9 * 16,
-                          "mla:128": 128, "mla:96+rope:8": 96 + 3 * 16}  # fmt: skip
+    per_layer_elements = {
+        "model": 3 * 128,
+        "mqa": 128,
+        "mqa+align": 128,
+        "lrkv:16": 128 + 2 * 9 * 16,
+        "mla:128": 128,
+        "mla:96+rope:8": 96 + 3 * 16,
+    }
     assert report.kv_bytes_per_token == {v: 30 * 4 * e for v, e in per_layer_elements.items()}
     for spec in VARIANTS[1:]:
         assert report.kl[spec] > 0 and 0.0 < report.top1[spec] < 1.0

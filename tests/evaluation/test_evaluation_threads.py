@@ -25,8 +25,9 @@ def ids(seed: int, rows: int = 4, length: int = 16) -> torch.Tensor:
 
 
 def run(model: torch.nn.Module, texts: torch.Tensor) -> headwidget.EvaluationReport:
-    return headwidget.evaluate(model, texts, VARIANTS, per_layer=True, dtype=torch.float32, batch_size=2,
-                               progress=False)  # fmt: skip
+    return headwidget.evaluate(
+        model, texts, VARIANTS, per_layer=True, dtype=torch.float32, batch_size=2, progress=False
+    )
 
 
 def same(a: headwidget.EvaluationReport, b: headwidget.EvaluationReport) -> None:
@@ -85,8 +86,9 @@ def test_two_concurrent_evaluations_of_one_model_each_equal_the_sequential_resul
     first, second = ids(2), ids(3)
     alone_first, alone_second = run(model, first), run(model, second)
     results: list[headwidget.EvaluationReport] = []
-    report, overlapped = while_other_thread(lambda: run(model, first),
-                                            lambda: results.append(run(model, second)))  # fmt: skip
+    report, overlapped = while_other_thread(
+        lambda: run(model, first), lambda: results.append(run(model, second))
+    )
     assert overlapped > 0
     same(report, alone_first)  # type: ignore[arg-type]
     for r in results:

@@ -57,8 +57,11 @@ def _loglikelihood(model: torch.nn.Module, tok, context: str, continuation: str)
 
 @pytest.mark.parametrize("spec", ["mqa", "mqa@0;lrkv:2@1", "mqa@0;kv:int2/g4@1"])
 def test_a_variant_runs_through_lm_eval_with_the_loglikelihoods_of_a_loop(spec, tmp_path, monkeypatch):
-    for name, value in {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-                        "HF_DATASETS_CACHE": str(tmp_path / "cache")}.items():  # fmt: skip
+    for name, value in {
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(tmp_path / "cache"),
+    }.items():
         monkeypatch.setenv(name, value)
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -72,8 +75,9 @@ def test_a_variant_runs_through_lm_eval_with_the_loglikelihoods_of_a_loop(spec, 
     variant = apply(make_model("llama_gqa", dtype=torch.float64), spec)
     lm = HFLM(pretrained=variant, tokenizer=tok, batch_size=1, device="cpu")
     tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)  # not lm-eval's own thousands
-    out = simple_evaluate(model=lm, tasks=["headwidget_tiny"], task_manager=tasks, log_samples=True,
-                          bootstrap_iters=0)  # fmt: skip
+    out = simple_evaluate(
+        model=lm, tasks=["headwidget_tiny"], task_manager=tasks, log_samples=True, bootstrap_iters=0
+    )
     assert out is not None
     samples = sorted(out["samples"]["headwidget_tiny"], key=lambda s: s["doc_id"])
     assert len(samples) == len(DOCS)

@@ -163,8 +163,14 @@ def test_the_consequence_view_draws_mixed_specs_as_their_own_series(llama, batch
     from headwidget.views import ConsequenceView
 
     spec, dearer, long = "mqa@0;kv:int4@2", "kv:int8@0", "kv:int2@0;kv:int4/g16@1;kv:int8@2"
-    report = evaluate(llama, batches, ["model", "mqa", dearer, "kv:int4", spec, long], dtype=F64,
-                      per_layer=True, progress=False)  # fmt: skip
+    report = evaluate(
+        llama,
+        batches,
+        ["model", "mqa", dearer, "kv:int4", spec, long],
+        dtype=F64,
+        per_layer=True,
+        progress=False,
+    )
     view = ConsequenceView(report, layer=2)
     chart = view.grid.charts[0]
     mixed = next(s for s in chart.series if s.name == "mixed")
@@ -189,11 +195,17 @@ def test_the_consequence_view_draws_mixed_specs_as_their_own_series(llama, batch
 def test_the_chunks_protocol_equals_a_brute_force_loop_over_windows(llama, batches, tmp_path) -> None:
     from headwidget.evaluation import EvaluationReport
 
-    stream = torch.cat([b["input_ids"][i][b["attention_mask"][i].bool()]
-                        for b in batches for i in range(b["input_ids"].shape[0])])  # fmt: skip
+    stream = torch.cat(
+        [
+            b["input_ids"][i][b["attention_mask"][i].bool()]
+            for b in batches
+            for i in range(b["input_ids"].shape[0])
+        ]
+    )
     window = 7
-    report = evaluate(llama, batches, ["model", "mqa"], dtype=F64, protocol="chunks:7", batch_size=3,
-                      progress=False)  # fmt: skip
+    report = evaluate(
+        llama, batches, ["model", "mqa"], dtype=F64, protocol="chunks:7", batch_size=3, progress=False
+    )
     mqa = apply(llama, "mqa")
     total = {"model": 0.0, "mqa": 0.0}
     count = 0
@@ -218,12 +230,25 @@ def test_the_stride_protocol_equals_the_perplexity_guide_loop(llama, batches, tm
     in float64: NLL, KL and top-1 of a variant, the per-layer ΔNLL, and the report file."""
     from headwidget.evaluation import EvaluationReport
 
-    stream = torch.cat([b["input_ids"][i][b["attention_mask"][i].bool()]
-                        for b in batches for i in range(b["input_ids"].shape[0])])  # fmt: skip
+    stream = torch.cat(
+        [
+            b["input_ids"][i][b["attention_mask"][i].bool()]
+            for b in batches
+            for i in range(b["input_ids"].shape[0])
+        ]
+    )
     window, stride = 9, 4
     protocol = f"stride:{window}/{stride}"
-    report = evaluate(llama, batches, ["model", "mqa"], dtype=F64, protocol=protocol, batch_size=2,
-                      per_layer=True, progress=False)  # fmt: skip
+    report = evaluate(
+        llama,
+        batches,
+        ["model", "mqa"],
+        dtype=F64,
+        protocol=protocol,
+        batch_size=2,
+        per_layer=True,
+        progress=False,
+    )
     mqa = apply(llama, "mqa")
     nll = {"model": 0.0, "mqa": 0.0}
     kl, agree, count, scored = 0.0, 0, 0, set()
@@ -289,7 +314,13 @@ def test_bad_protocols_are_refused(llama, batches) -> None:
     with pytest.raises(ArgumentError, match=r"scores next-token predictions, and BertModel makes none"):
         evaluate(make_model("bert"), batches, ["model"], dtype=F64, protocol="stride:8/4", progress=False)
     with pytest.raises(EvaluationInputError, match=rf"use stride:{context}/{context // 2} or less"):
-        evaluate(llama, batches, ["model"], dtype=F64, protocol=f"stride:{context + 1}/{context // 2}",
-                 progress=False)  # fmt: skip
+        evaluate(
+            llama,
+            batches,
+            ["model"],
+            dtype=F64,
+            protocol=f"stride:{context + 1}/{context // 2}",
+            progress=False,
+        )
     with pytest.raises(EvaluationInputError, match=r"give 50 tokens, not one whole window of 64"):
         evaluate(llama, batches, ["model"], dtype=F64, protocol="chunks:64", max_tokens=50, progress=False)

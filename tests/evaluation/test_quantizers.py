@@ -194,8 +194,9 @@ def test_cq_quantizer_picks_the_nearest_fp16_centroid_by_brute_force(bits: int) 
         kind: fit_codebooks(correlated(600, g * d, seed=i, dtype=torch.float32), c, bits, iters=5)
         for i, kind in enumerate(("key", "value"))
     }
-    q = KVQuantizer(f"kv:cq4c{bits}b", "kv:cq", bits, c, [0], {"key": g * d, "value": g * d}, {0: 2 * g * d},
-                    {0: books})  # fmt: skip
+    q = KVQuantizer(
+        f"kv:cq4c{bits}b", "kv:cq", bits, c, [0], {"key": g * d, "value": g * d}, {0: 2 * g * d}, {0: books}
+    )
     gen = torch.Generator().manual_seed(1)
     key, value = torch.randn(2, g, 40, d, generator=gen), torch.randn(2, g, 40, d, generator=gen)
     got = q.quantize(0, key, value)
@@ -220,8 +221,14 @@ def test_cq_quantizer_picks_the_nearest_fp16_centroid_by_brute_force(bits: int) 
 def llama64() -> LlamaForCausalLM:
     """A real tiny config with C = 4 KV heads × 16 = 64 channels per kind and 2 layers."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     return LlamaForCausalLM(config).float().eval()
 
 
@@ -243,8 +250,16 @@ def test_bytes_equal_the_formulas_by_hand() -> None:
     # kv:cq{c}c{b}b: 2·(C/c)·b/8 per token and layer; codebooks 2**b·c fp16 per group, kind and layer
     spec, c, bits = "kv:cq4c8b", 4, 8
     books = fit_codebooks(torch.randn(300, c_kv), c, bits, iters=1)
-    q = KVQuantizer(spec, "kv:cq", bits, c, [0, 1], {"key": c_kv, "value": c_kv}, {0: 128, 1: 128},
-                    {layer: {"key": books, "value": books} for layer in (0, 1)})  # fmt: skip
+    q = KVQuantizer(
+        spec,
+        "kv:cq",
+        bits,
+        c,
+        [0, 1],
+        {"key": c_kv, "value": c_kv},
+        {0: 128, 1: 128},
+        {layer: {"key": books, "value": books} for layer in (0, 1)},
+    )
     assert q.layer_bytes_per_token(0) == 2 * (c_kv / c) * bits / 8 == 32
     assert q.kv_bytes_per_token() == layers * 32
     assert q.constant_bytes == layers * 2 * (c_kv // c) * 2**bits * c * 2
@@ -284,15 +299,23 @@ def test_reports_without_constant_bytes_still_load_and_show_the_column_when_set(
 def peaky_llama() -> LlamaForCausalLM:
     """Larger initial weights than the default, so the next-token distributions are far from uniform."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.2,
+    )
     return LlamaForCausalLM(config).float().eval()
 
 
 def test_int16_is_within_a_thousandth_of_a_nat_of_the_model() -> None:
     for model in (make_model("llama_gqa", torch.float32), peaky_llama()):
-        report = evaluate(model, ragged_batches(seed=5), ["model", "kv:int16"], dtype=torch.float32,
-                          progress=False)  # fmt: skip
+        report = evaluate(
+            model, ragged_batches(seed=5), ["model", "kv:int16"], dtype=torch.float32, progress=False
+        )
         assert abs(report.nll["kv:int16"] - report.nll["model"]) < 1e-3
         assert abs(report.kl["kv:int16"]) < 1e-3
 
@@ -310,8 +333,12 @@ def hand_nll(model: torch.nn.Module, batches: list[dict]) -> float:
     with torch.no_grad():
         for b in batches:
             pos = (b["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-            out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=pos,
-                        use_cache=False).logits  # fmt: skip
+            out = model(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                position_ids=pos,
+                use_cache=False,
+            ).logits
             m = b["attention_mask"].bool()
             keep = m[:, :-1] & m[:, 1:]
             rows.append(out[:, :-1][keep])
@@ -377,8 +404,14 @@ def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_weights_and_the_attention_registry_are_left_as_they_were(monkeypatch) -> None:
     model = peaky_llama()
     before, mapping = state(model), dict(AttentionInterface._global_mapping)
-    evaluate(model, ragged_batches(seed=5), ["model", "kv:int4"], per_layer=True, dtype=torch.float32,
-             progress=False)  # fmt: skip
+    evaluate(
+        model,
+        ragged_batches(seed=5),
+        ["model", "kv:int4"],
+        per_layer=True,
+        dtype=torch.float32,
+        progress=False,
+    )
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert AttentionInterface._global_mapping == mapping and not attention_calls._INSTALLED
 
@@ -423,8 +456,9 @@ def test_weights_and_the_attention_registry_are_left_as_they_were(monkeypatch) -
 )
 def test_ill_formed_specs_name_what_is_allowed(spec: str, allowed: str) -> None:
     with pytest.raises(MechanismSpecError, match=allowed.replace("{", r"\{").replace("}", r"\}")):
-        headwidget.evaluation.evaluate(make_model("llama_gqa", torch.float32), torch.tensor([[1, 2, 3]]),
-                                       [spec], progress=False)  # fmt: skip
+        headwidget.evaluation.evaluate(
+            make_model("llama_gqa", torch.float32), torch.tensor([[1, 2, 3]]), [spec], progress=False
+        )
 
 
 def test_spec_canonical_forms() -> None:
@@ -528,8 +562,9 @@ def test_falcon_attention_gets_the_kivi_of_its_post_rope_keys_and_values(monkeyp
 )
 def test_other_families_run_with_quantized_kv(name: str) -> None:
     model = make_model(name, torch.float32)
-    report = evaluate(model, ragged_batches(seed=2), ["model", "kv:int16", "kv:int2"], dtype=torch.float32,
-                      progress=False)  # fmt: skip
+    report = evaluate(
+        model, ragged_batches(seed=2), ["model", "kv:int16", "kv:int2"], dtype=torch.float32, progress=False
+    )
     if report.kind == "causal-lm":
         assert abs(report.nll["kv:int16"] - report.nll["model"]) < 1e-3
         assert report.kl["kv:int2"] > report.kl["kv:int16"]
@@ -552,8 +587,9 @@ def test_cq_end_to_end_fits_on_the_calibration_samples() -> None:
             own = fit_codebooks(rows, 4, 8)
             assert torch.equal(quantizer.codebooks[layer][kind].centroids, own.centroids)
     specs = ["model", "kv:int16", "kv:cq4c8b", "kv:cq8c8b", "kv:cq1c8b"]
-    report = evaluate(model, evaluation, specs, stats=stats, dtype=torch.float32, per_layer=True,
-                      progress=False)  # fmt: skip
+    report = evaluate(
+        model, evaluation, specs, stats=stats, dtype=torch.float32, per_layer=True, progress=False
+    )
     assert report.kv_bytes_per_token["kv:cq4c8b"] == 2 * 2 * (32 / 4) * 8 / 8
     assert report.kv_bytes_per_token["kv:cq8c8b"] == 2 * 2 * (32 / 8) * 8 / 8
     assert report.constant_bytes["kv:cq4c8b"] == 2 * 2 * (32 // 4) * 256 * 4 * 2
@@ -567,8 +603,17 @@ def test_smollm2_int16_is_the_model_and_int2_is_not(smollm2) -> None:
     model, tok = smollm2
     before = {k: v.clone() for k, v in model.state_dict().items()}
     texts = english_sample(split="evaluation")
-    report = evaluate(model, texts, ["model", "kv:int16", "kv:int2"], tokenizer=tok, dtype=torch.float32,
-                      batch_size=2, max_length=128, max_tokens=256, progress=False)  # fmt: skip
+    report = evaluate(
+        model,
+        texts,
+        ["model", "kv:int16", "kv:int2"],
+        tokenizer=tok,
+        dtype=torch.float32,
+        batch_size=2,
+        max_length=128,
+        max_tokens=256,
+        progress=False,
+    )
     assert report.tokens >= 250
     assert abs(report.nll["kv:int16"] - report.nll["model"]) < 1e-3 and report.kl["kv:int16"] < 1e-3
     assert report.kl["kv:int2"] > 10 * report.kl["kv:int16"]

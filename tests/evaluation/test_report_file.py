@@ -40,32 +40,49 @@ def lm_report(per_layer: bool = True, constant: bool = True) -> EvaluationReport
     kl = {"model": 0.0, "mqa": 0.4, "kv:cq4c8b": 0.0625}
     top1 = {"model": 1.0, "mqa": 0.75, "kv:cq4c8b": 0.9}
     return EvaluationReport(
-        model="tiny-llama", kind="causal-lm", variants=variants,
-        measures={v: {"nll": nll[v], "perplexity": math.exp(nll[v]), "kl": kl[v], "top1": top1[v]}
-                  for v in variants},
-        kv_bytes_per_token={"model": 512, "mqa": 128, "kv:cq4c8b": 68.5}, tokens=100, sequences=4,
-        fingerprint="0123456789abcdef", dtype="torch.float32", layers=[0, 1],
+        model="tiny-llama",
+        kind="causal-lm",
+        variants=variants,
+        measures={
+            v: {"nll": nll[v], "perplexity": math.exp(nll[v]), "kl": kl[v], "top1": top1[v]} for v in variants
+        },
+        kv_bytes_per_token={"model": 512, "mqa": 128, "kv:cq4c8b": 68.5},
+        tokens=100,
+        sequences=4,
+        fingerprint="0123456789abcdef",
+        dtype="torch.float32",
+        layers=[0, 1],
         per_layer={"model": [0.0, 0.0], "mqa": [0.25, -0.0625], "kv:cq4c8b": [0.05, 0.07]}
-        if per_layer else None,
+        if per_layer
+        else None,
         per_layer_measure="delta_nll" if per_layer else None,
         calibration={"tokens": 4096, "kinds": ["key_post", "value"]} if constant else {},
         constant_bytes={"kv:cq4c8b": 8192} if constant else {},
-        num_layers=4 if per_layer else 0, converted_kv_bytes=256.0 if per_layer else 0.0,
-    )  # fmt: skip
+        num_layers=4 if per_layer else 0,
+        converted_kv_bytes=256.0 if per_layer else 0.0,
+    )
 
 
 def encoder_report(per_layer: bool = True, constant: bool = False) -> EvaluationReport:
     return EvaluationReport(
-        model="tiny-bert", kind="encoder", variants=["model", "gqa:2", "kv:int4"],
-        measures={"model": {"hidden_rel_error": 0.0, "embedding_cosine": 1.0},
-                  "gqa:2": {"hidden_rel_error": 0.3125, "embedding_cosine": 0.9375},
-                  "kv:int4": {"hidden_rel_error": NAN, "embedding_cosine": NAN}},  # undefined: legal
-        kv_bytes_per_token={"model": 256, "gqa:2": 128, "kv:int4": 80}, tokens=31, sequences=5,
-        fingerprint="fedcba9876543210", dtype="torch.bfloat16", layers=[1] if per_layer else [],
+        model="tiny-bert",
+        kind="encoder",
+        variants=["model", "gqa:2", "kv:int4"],
+        measures={
+            "model": {"hidden_rel_error": 0.0, "embedding_cosine": 1.0},
+            "gqa:2": {"hidden_rel_error": 0.3125, "embedding_cosine": 0.9375},
+            "kv:int4": {"hidden_rel_error": NAN, "embedding_cosine": NAN},
+        },  # undefined: legal
+        kv_bytes_per_token={"model": 256, "gqa:2": 128, "kv:int4": 80},
+        tokens=31,
+        sequences=5,
+        fingerprint="fedcba9876543210",
+        dtype="torch.bfloat16",
+        layers=[1] if per_layer else [],
         per_layer={"model": [0.0], "gqa:2": [0.125], "kv:int4": [NAN]} if per_layer else None,
         per_layer_measure="hidden_rel_error" if per_layer else None,
         constant_bytes={"kv:int4": 0} if constant else {},
-    )  # fmt: skip
+    )
 
 
 BUILDERS = {
@@ -281,8 +298,17 @@ def test_every_field_removed(name: str, tmp_path: Path) -> None:
     report = BUILDERS[name]()
     tree = json.loads(json.dumps(report.to_json(), allow_nan=True))
     path = tmp_path / "r.json"
-    optional = {"layers", "per_layer", "per_layer_measure", "calibration", "constant_bytes", "num_layers",
-                "converted_kv_bytes", "chosen_on_these_tokens", "protocol"}  # fmt: skip
+    optional = {
+        "layers",
+        "per_layer",
+        "per_layer_measure",
+        "calibration",
+        "constant_bytes",
+        "num_layers",
+        "converted_kv_bytes",
+        "chosen_on_these_tokens",
+        "protocol",
+    }
     for key in tree:
         write_tree(path, {k: v for k, v in tree.items() if k != key})
         if key == "format":
@@ -445,9 +471,38 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- seeded random damage
-VALUES: list[Any] = [None, True, False, 0, 1, -1, 2, 100, 2**63, 0.5, -0.0, 1e308, NAN, INF, -INF, "",
-                     "model", "mqa", "causal-lm", "encoder", "delta_nll", "torch.float32", "x" * 300, [],
-                     [0], [0, 1], [1.5], ["model"], {}, {"nll": 1.0}]  # fmt: skip
+VALUES: list[Any] = [
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    2,
+    100,
+    2**63,
+    0.5,
+    -0.0,
+    1e308,
+    NAN,
+    INF,
+    -INF,
+    "",
+    "model",
+    "mqa",
+    "causal-lm",
+    "encoder",
+    "delta_nll",
+    "torch.float32",
+    "x" * 300,
+    [],
+    [0],
+    [0, 1],
+    [1.5],
+    ["model"],
+    {},
+    {"nll": 1.0},
+]
 
 
 def locations(node: Any, here: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -616,13 +671,15 @@ def test_save_refuses_a_report_that_load_would_refuse(tmp_path: Path) -> None:
     path = lm_report().save(tmp_path / "r.json")
     before = snapshot(tmp_path)
     cases = [
-        ({"measures": {**lm_report().measures, "mqa": {**lm_report().measures["mqa"], "nll": NAN}}},
-         'measures["mqa"]["nll"]'),
+        (
+            {"measures": {**lm_report().measures, "mqa": {**lm_report().measures["mqa"], "nll": NAN}}},
+            'measures["mqa"]["nll"]',
+        ),
         ({"tokens": 2.5}, "tokens"),
         ({"variants": ["model", "mqa"]}, 'measures["kv:cq4c8b"]'),
         ({"kind": "seq2seq"}, "kind"),
         ({"per_layer": {"model": [0.0], "mqa": [0.1], "kv:cq4c8b": [0.2]}}, 'per_layer["model"]'),
-    ]  # fmt: skip
+    ]
     for change, named in cases:
         for suffix in (".json", ".md"):
             broken = EvaluationReport(**{**lm_report().__dict__, **change})

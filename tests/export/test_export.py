@@ -48,10 +48,15 @@ def known_grid(columns: int = 2, count: int = 3, colormap_name: str = "diverging
     vmin = -1.0 if colormap_name == "diverging" else 0.0
     low, between = (-1.0, -0.9) if vmin < 0 else (0.0, 0.05)
     panels = [
-        Panel(f"p{k}", f"Keys · layer {k}", known_matrix(low, 0.25 * (k + 1), between),
-              subtitle=f"channels 0–{N - 1}", note="mean of 4×4 blocks" if k == 0 else "")
+        Panel(
+            f"p{k}",
+            f"Keys · layer {k}",
+            known_matrix(low, 0.25 * (k + 1), between),
+            subtitle=f"channels 0–{N - 1}",
+            note="mean of 4×4 blocks" if k == 0 else "",
+        )
         for k in range(count)
-    ]  # fmt: skip
+    ]
     return PanelGrid(panels, vmin, 1.0, colormap_name, "Pearson correlation", columns=columns)
 
 
@@ -132,8 +137,17 @@ def test_dpi_and_size_set_the_pixel_size(tmp_path):
 
 def test_head_boundaries_are_drawn_where_a_head_starts(tmp_path):
     # 12 channels from 2, 2 per cell, heads of 4: heads start at channels 4, 8, 12 → cells 1, 3, 5
-    panel = Panel("k", "Keys", np.zeros((6, 6)), row_offset=2, col_offset=2, row_step=2, col_step=2,
-                  row_group=4, col_group=4)  # fmt: skip
+    panel = Panel(
+        "k",
+        "Keys",
+        np.zeros((6, 6)),
+        row_offset=2,
+        col_offset=2,
+        row_step=2,
+        col_step=2,
+        row_group=4,
+        col_group=4,
+    )
     fig = figure(PanelGrid([panel], -1.0, 1.0, "diverging", "r"), dpi=100)
     ax = next(a for a in fig.axes if a.get_label() == "headwidget-panel-0")
     edges = sorted(
@@ -344,8 +358,10 @@ def test_every_state_of_a_checklist_and_a_select_is_on_the_page(tiny):
     view = MechanismView(model, layer=0, mechanisms=["lrkv:2", "mqa"], stats=stats, prefetch=False)
     data = page_data(view)
     assert [(a["trait"], a["type"]) for a in data["axes"]] == [
-        ("layer", "slider"), ("circuit", "select"), ("mechanisms", "checklist")
-    ]  # fmt: skip
+        ("layer", "slider"),
+        ("circuit", "select"),
+        ("mechanisms", "checklist"),
+    ]
     assert data["axes"][2]["options"] == ["lrkv:2", "mqa"]
     assert "“Add mechanism” needs Python" in data["state"]["status"]
     subsets = [["lrkv:2", "mqa"], ["lrkv:2"], ["mqa"], []]

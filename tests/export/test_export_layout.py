@@ -24,19 +24,39 @@ LAYERS = [0, 1, 2]
 def views(smollm2):
     model, tok = smollm2
     stats = headwidget.capture(
-        model, english_sample(), tokenizer=tok, max_tokens=512, max_length=128, rope="both",
-        samples=256, inputs=True, layers=LAYERS, progress=False,
-    )  # fmt: skip
+        model,
+        english_sample(),
+        tokenizer=tok,
+        max_tokens=512,
+        max_length=128,
+        rope="both",
+        samples=256,
+        inputs=True,
+        layers=LAYERS,
+        progress=False,
+    )
     variants = ["model", "kv:int4", "kv:int2", "mqa"]
     report = headwidget.evaluate(
-        model, english_sample(split="evaluation"), variants, tokenizer=tok, stats=stats, layers=LAYERS,
-        max_tokens=64, per_layer=True, progress=False,
-    )  # fmt: skip
+        model,
+        english_sample(split="evaluation"),
+        variants,
+        tokenizer=tok,
+        stats=stats,
+        layers=LAYERS,
+        max_tokens=64,
+        per_layer=True,
+        progress=False,
+    )
     mechanisms = ["model", "mqa", "lrkv:16", "mla:128"]
     timeline = headwidget.Timeline.from_checkpoints(  # two snapshots of one model: the layout is the point
-        [model, model], [0, 1000], english_sample(), tokenizer=tok, max_tokens=256, max_length=128,
+        [model, model],
+        [0, 1000],
+        english_sample(),
+        tokenizer=tok,
+        max_tokens=256,
+        max_length=128,
         layers=LAYERS,
-    )  # fmt: skip
+    )
     return {
         "channels": headwidget.ChannelView(stats, layer=0, pinned=[1], channel_width=32),
         "alignment": headwidget.AlignmentView(stats, layer=1),
@@ -54,16 +74,36 @@ def _run(spec: str, untrained: float) -> headwidget.HealingRun:
     """A healing run of SmolLM2's 30 layers, its numbers made up (the layout is the point)."""
     points = [0, 16384, 32768, 65536]
     damage = [untrained / (1 + i) for i in range(len(points))]
-    curve = [{"tokens": t, "step": t // 4096, "nll": 3.3 + d, "kl": d, "top1": 0.2 + 0.1 * i, "delta_nll": d}
-             for i, (t, d) in enumerate(zip(points, damage, strict=True))]  # fmt: skip
+    curve = [
+        {"tokens": t, "step": t // 4096, "nll": 3.3 + d, "kl": d, "top1": 0.2 + 0.1 * i, "delta_nll": d}
+        for i, (t, d) in enumerate(zip(points, damage, strict=True))
+    ]
     per_layer = [[0.9 / (1 + i) + 0.01 * layer for layer in range(30)] for i in range(len(points))]
     return headwidget.HealingRun(
-        model_name="SmolLM2-135M-Instruct", spec=spec, kind="causal-lm", method="kd", loss="kd",
-        trainable="kv", lr=1e-3, batch_size=8, max_length=512, tokens=65536, seed=0, dtype="torch.float32",
-        steps=16, tokens_seen=65536, reference_nll=3.3, kv_bytes_per_token=15360.0, layers=list(range(30)),
-        curve=curve, per_layer=per_layer, losses=[1.0] * 16, healing_fingerprint="ab",
-        evaluation_fingerprint="cd", evaluation_tokens=4096,
-    )  # fmt: skip
+        model_name="SmolLM2-135M-Instruct",
+        spec=spec,
+        kind="causal-lm",
+        method="kd",
+        loss="kd",
+        trainable="kv",
+        lr=1e-3,
+        batch_size=8,
+        max_length=512,
+        tokens=65536,
+        seed=0,
+        dtype="torch.float32",
+        steps=16,
+        tokens_seen=65536,
+        reference_nll=3.3,
+        kv_bytes_per_token=15360.0,
+        layers=list(range(30)),
+        curve=curve,
+        per_layer=per_layer,
+        losses=[1.0] * 16,
+        healing_fingerprint="ab",
+        evaluation_fingerprint="cd",
+        evaluation_tokens=4096,
+    )
 
 
 CASES = [

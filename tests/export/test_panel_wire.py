@@ -18,8 +18,11 @@ def test_head_fields_travel_with_the_panel():
     assert (plain["row_group"], plain["col_group"], plain["axis_prefix"]) == (0, 0, "")
     named = encode_panel(Panel("d", "t", np.eye(2), row_axis="variant", col_axis="layer"), vmin=-1, vmax=1)
     assert (named["row_axis"], named["col_axis"], plain["row_axis"], plain["col_axis"]) == (
-        "variant", "layer", "", "",
-    )  # fmt: skip
+        "variant",
+        "layer",
+        "",
+        "",
+    )
     with pytest.raises(ValueError, match="row_group and col_group"):
         encode_panel(Panel("p", "t", np.eye(2), col_group=-1), vmin=-1, vmax=1)
 

@@ -37,8 +37,10 @@ def run_front_end(panels: list[dict], tmp_path: Path) -> dict:
     bundle = tmp_path / "driver.mjs"
     subprocess.run(
         [str(ESBUILD), str(DRIVER), "--bundle", "--format=esm", "--platform=node", f"--outfile={bundle}"],
-        check=True, capture_output=True, cwd=ROOT,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     sent = [{**p, "data": base64.b64encode(p["data"]).decode("ascii")} for p in panels]
     out = subprocess.run(
         [node, str(bundle)], input=json.dumps(sent), capture_output=True, text=True, check=True
@@ -67,11 +69,22 @@ def test_a_panel_encoded_by_the_kernel_decodes_to_the_same_cells(tmp_path):
     inside[1, 2] = np.nan
     outside = rng.normal(scale=100.0, size=(2, 2))  # beyond it: float32
     panels = [
-        Panel("k", "Keys · layer 0", inside, subtitle="channels 0–4", row_labels=["a", "b", "c"],
-              row_offset=4, col_step=2, row_group=2, axis_prefix="K", row_axis="head", note="n",
-              window_subtitle="channels {first}–{last}"),
+        Panel(
+            "k",
+            "Keys · layer 0",
+            inside,
+            subtitle="channels 0–4",
+            row_labels=["a", "b", "c"],
+            row_offset=4,
+            col_step=2,
+            row_group=2,
+            axis_prefix="K",
+            row_axis="head",
+            note="n",
+            window_subtitle="channels {first}–{last}",
+        ),
         Panel("v", "Values", outside, col_labels=["x", "y"], col_axis="layer"),
-    ]  # fmt: skip
+    ]
     encoded = [encode_panel(p, vmin=-1.0, vmax=1.0) for p in panels]
     front = run_front_end(encoded, tmp_path)
     assert front["problems"] == []

@@ -23,8 +23,16 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_the_untrained_point_is_what_evaluate_gives_for_the_spec() -> None:
     model = llama()
     run = small_heal(headwidget.apply(model, "mqa"), model)
-    report = headwidget.evaluate(model, held_out(), ["model", "mqa"], dtype=F64, batch_size=4, max_length=16,
-                                 max_tokens=120, progress=False)  # fmt: skip
+    report = headwidget.evaluate(
+        model,
+        held_out(),
+        ["model", "mqa"],
+        dtype=F64,
+        batch_size=4,
+        max_length=16,
+        max_tokens=120,
+        progress=False,
+    )
     first = run.curve[0]
     assert (first["tokens"], first["step"]) == (0, 0)
     for name in ("nll", "kl", "top1"):
@@ -213,8 +221,9 @@ def test_lm_healing_and_an_encoder_healed_on_its_hidden_states() -> None:
     bert = family("bert")
     enc = small_heal(headwidget.apply(bert, "mqa"), bert, per_layer=True)
     assert enc.kind == "encoder" and enc.loss == "hidden_mse"
-    report = headwidget.evaluate(bert, held_out(), ["mqa"], dtype=F64, batch_size=4, max_length=16,
-                                 max_tokens=120, progress=False)  # fmt: skip
+    report = headwidget.evaluate(
+        bert, held_out(), ["mqa"], dtype=F64, batch_size=4, max_length=16, max_tokens=120, progress=False
+    )
     assert enc.curve[0]["hidden_rel_error"] == pytest.approx(
         report.measures["mqa"]["hidden_rel_error"], rel=1e-12
     )

@@ -160,10 +160,18 @@ layer_lists("capture", "layers", lambda e, v: _capture(e, layers=v))
 layer_lists("capture", "cross_layer", lambda e, v: _capture(e, cross_layer=v), skip=("empty",))
 layer_lists("estimate", "layers", lambda e, v: headwidget.estimate(e.model, v))
 for _label, _value in [("string", "10"), ("float", 2.5), ("bool", True), ("negative", -1)]:
-    case(f"capture samples={_label}", lambda e, v=_value: _capture(e, samples=v), errors.CaptureInputError,
-         r"\bsamples\b")  # fmt: skip
-case("capture sample_seed=-3", lambda e: _capture(e, samples=4, sample_seed=-3), errors.CaptureInputError,
-     r"\bsample_seed\b")  # fmt: skip
+    case(
+        f"capture samples={_label}",
+        lambda e, v=_value: _capture(e, samples=v),
+        errors.CaptureInputError,
+        r"\bsamples\b",
+    )
+case(
+    "capture sample_seed=-3",
+    lambda e: _capture(e, samples=4, sample_seed=-3),
+    errors.CaptureInputError,
+    r"\bsample_seed\b",
+)
 
 
 # evaluate and apply ----------------------------------------------------------------------------------
@@ -181,8 +189,12 @@ for _name in ("per_layer", "progress"):
 layer_lists("evaluate", "layers", lambda e, v: _evaluate(e, layers=v))
 layer_lists("apply", "layers", lambda e, v: headwidget.apply(e.model, "mqa", layers=v))
 layer_lists("fit_quantizer", "layers", lambda e, v: headwidget.fit_quantizer(e.model, "kv:int4", layers=v))
-case("evaluate variants='mqa'", lambda e: _evaluate(e, variants="mqa"), ArgumentError,
-     r"variants must be a list .*pass a list: \['mqa'\]")  # fmt: skip
+case(
+    "evaluate variants='mqa'",
+    lambda e: _evaluate(e, variants="mqa"),
+    ArgumentError,
+    r"variants must be a list .*pass a list: \['mqa'\]",
+)
 case("evaluate variants=None", lambda e: _evaluate(e, variants=None), ArgumentError, r"\bvariants\b")
 case("evaluate variants=[1]", lambda e: _evaluate(e, variants=[1]), ArgumentError, r"\bvariants\b")
 case("evaluate variants=[]", lambda e: _evaluate(e, variants=[]), ArgumentError, r"variants is empty")
@@ -198,10 +210,18 @@ for _where, _call in [
     ("align_model", lambda e: headwidget.align_model(e.model, {}, [[0, 1]])),
 ]:
     case(f"{_where} stats={{}}", _call, ArgumentError, r"stats must be a KVStats")
-case("evaluate ids outside the vocabulary", lambda e: _evaluate(e, texts=e.ids + VOCAB),
-     errors.CaptureInputError, r"vocabulary has 96 ids")  # fmt: skip
-case("evaluate negative ids", lambda e: _evaluate(e, texts=e.ids - VOCAB), errors.CaptureInputError,
-     r"token ids cannot be negative")  # fmt: skip
+case(
+    "evaluate ids outside the vocabulary",
+    lambda e: _evaluate(e, texts=e.ids + VOCAB),
+    errors.CaptureInputError,
+    r"vocabulary has 96 ids",
+)
+case(
+    "evaluate negative ids",
+    lambda e: _evaluate(e, texts=e.ids - VOCAB),
+    errors.CaptureInputError,
+    r"token ids cannot be negative",
+)
 
 # specs -------------------------------------------------------------------------------------------------
 BAD_SPECS: list[tuple[str, str]] = [
@@ -216,13 +236,25 @@ BAD_SPECS: list[tuple[str, str]] = [
     ("mla:96+rope:99999999999999999999", r"rotary pairs kept by \+rope:r takes"),
 ]
 for _spec, _phrase in BAD_SPECS:
-    case(f"apply spec={_spec[:30]}", lambda e, s=_spec: headwidget.apply(e.model, s),
-         errors.MechanismSpecError, _phrase)  # fmt: skip
-    case(f"evaluate variants=[{_spec[:30]}]", lambda e, s=_spec: _evaluate(e, variants=[s]),
-         errors.MechanismSpecError, _phrase)  # fmt: skip
+    case(
+        f"apply spec={_spec[:30]}",
+        lambda e, s=_spec: headwidget.apply(e.model, s),
+        errors.MechanismSpecError,
+        _phrase,
+    )
+    case(
+        f"evaluate variants=[{_spec[:30]}]",
+        lambda e, s=_spec: _evaluate(e, variants=[s]),
+        errors.MechanismSpecError,
+        _phrase,
+    )
 for _spec in ("gqa:２", "lrkv:99999999999999999999", "mla:" + "1" * 5000):
-    case(f"convert spec={_spec[:20]}", lambda e, s=_spec: headwidget.convert(e.model, 0, s),
-         errors.MechanismSpecError, r"mechanism spec|takes")  # fmt: skip
+    case(
+        f"convert spec={_spec[:20]}",
+        lambda e, s=_spec: headwidget.convert(e.model, 0, s),
+        errors.MechanismSpecError,
+        r"mechanism spec|takes",
+    )
 # mixed specs and protocols
 for _spec, _phrase in [
     ("mqa@0-1;mla:8@1", r"layer 1 is named twice"),
@@ -231,41 +263,87 @@ for _spec, _phrase in [
     ("mqa;mla:8@1", r"is not spec@layers"),
     ("mqa@1x", r"cannot read the layers '1x'"),
 ]:
-    case(f"apply mixed spec={_spec}", lambda e, s=_spec: headwidget.apply(e.model, s),
-         errors.MechanismSpecError, _phrase)  # fmt: skip
-    case(f"evaluate mixed variants=[{_spec}]", lambda e, s=_spec: _evaluate(e, variants=[s]),
-         errors.MechanismSpecError, _phrase)  # fmt: skip
-case("evaluate mixed spec with layers", lambda e: _evaluate(e, variants=["mqa@0"], layers=[0]),
-     ArgumentError, r"layers=\[0\] was given with the mixed spec")  # fmt: skip
+    case(
+        f"apply mixed spec={_spec}",
+        lambda e, s=_spec: headwidget.apply(e.model, s),
+        errors.MechanismSpecError,
+        _phrase,
+    )
+    case(
+        f"evaluate mixed variants=[{_spec}]",
+        lambda e, s=_spec: _evaluate(e, variants=[s]),
+        errors.MechanismSpecError,
+        _phrase,
+    )
+case(
+    "evaluate mixed spec with layers",
+    lambda e: _evaluate(e, variants=["mqa@0"], layers=[0]),
+    ArgumentError,
+    r"layers=\[0\] was given with the mixed spec",
+)
 for _protocol in ("chunks:1", "chunks:0.5", "stride:8/9", "stride:8", 2048, None, "chunks:99999999999"):
-    case(f"evaluate protocol={_protocol}", lambda e, p=_protocol: _evaluate(e, protocol=p),
-         ArgumentError, r"\bprotocol\b")  # fmt: skip
+    case(
+        f"evaluate protocol={_protocol}",
+        lambda e, p=_protocol: _evaluate(e, protocol=p),
+        ArgumentError,
+        r"\bprotocol\b",
+    )
 
 
 # allocate
 def _allocate(e: Env, **kw: Any) -> Any:
-    options = {"dtype": torch.float32, "progress": False, "budget": 0.5, "candidates": ["model", "mqa"],
-               "refine": 0, **kw}  # fmt: skip
+    options = {
+        "dtype": torch.float32,
+        "progress": False,
+        "budget": 0.5,
+        "candidates": ["model", "mqa"],
+        "refine": 0,
+        **kw,
+    }
     return headwidget.allocate(e.model, options.pop("texts", e.ids), **options)
 
 
-for _label, _budget in [("string", "0.5"), ("nan", math.nan), ("inf", math.inf), ("zero", 0.0),
-                        ("over one", 1.5), ("bool", True), ("negative", -3), ("None", None)]:  # fmt: skip
+for _label, _budget in [
+    ("string", "0.5"),
+    ("nan", math.nan),
+    ("inf", math.inf),
+    ("zero", 0.0),
+    ("over one", 1.5),
+    ("bool", True),
+    ("negative", -3),
+    ("None", None),
+]:
     case(
         f"allocate budget={_label}", lambda e, b=_budget: _allocate(e, budget=b), ArgumentError, r"\bbudget\b"
     )
-case("allocate budget=below the cheapest", lambda e: _allocate(e, budget=1), errors.BudgetError,
-     r"below the cheapest choice")  # fmt: skip
+case(
+    "allocate budget=below the cheapest",
+    lambda e: _allocate(e, budget=1),
+    errors.BudgetError,
+    r"below the cheapest choice",
+)
 counts("allocate", "refine", lambda e, v: _allocate(e, refine=v), negative=True)
 for _name in ("batch_size", "max_length"):
     counts("allocate", _name, lambda e, v, n=_name: _allocate(e, **{n: v}))
 for _label, _candidates in [("string", "mqa"), ("empty", []), ("None", None)]:
-    case(f"allocate candidates={_label}", lambda e, c=_candidates: _allocate(e, candidates=c), ArgumentError,
-         r"\bcandidates\b")  # fmt: skip
-case("allocate candidates=[mixed]", lambda e: _allocate(e, candidates=["model", "mqa@0"]), ArgumentError,
-     r"mixed spec")  # fmt: skip
-case("allocate candidates=[banana]", lambda e: _allocate(e, candidates=["model", "banana"]),
-     errors.MechanismSpecError, r"banana")  # fmt: skip
+    case(
+        f"allocate candidates={_label}",
+        lambda e, c=_candidates: _allocate(e, candidates=c),
+        ArgumentError,
+        r"\bcandidates\b",
+    )
+case(
+    "allocate candidates=[mixed]",
+    lambda e: _allocate(e, candidates=["model", "mqa@0"]),
+    ArgumentError,
+    r"mixed spec",
+)
+case(
+    "allocate candidates=[banana]",
+    lambda e: _allocate(e, candidates=["model", "banana"]),
+    errors.MechanismSpecError,
+    r"banana",
+)
 case("allocate objective=ppl", lambda e: _allocate(e, objective="ppl"), ArgumentError, r"\bobjective\b")
 flags("allocate", "progress", lambda e, v: _allocate(e, progress=v))
 flags("allocate", "distributed", lambda e, v: _allocate(e, distributed=v))
@@ -277,9 +355,12 @@ for _where, _call in [
     ("fit_quantizer", lambda e: headwidget.fit_quantizer(e.model, ["kv:int4"])),
 ]:
     case(f"{_where} spec not a string", _call, errors.MechanismSpecError, r"spec must be a string")
-case("fit_quantizer kv:int4/g99999999999999999999",
-     lambda e: headwidget.fit_quantizer(e.model, "kv:int4/g99999999999999999999"), errors.MechanismSpecError,
-     r"1 ≤ n ≤ 1048576")  # fmt: skip
+case(
+    "fit_quantizer kv:int4/g99999999999999999999",
+    lambda e: headwidget.fit_quantizer(e.model, "kv:int4/g99999999999999999999"),
+    errors.MechanismSpecError,
+    r"1 ≤ n ≤ 1048576",
+)
 counts("fit_quantizer", "iters", lambda e, v: headwidget.fit_quantizer(e.model, "kv:int4", iters=v))
 counts("fit_quantizer", "seed", lambda e, v: headwidget.fit_quantizer(e.model, "kv:int4", seed=v), seed=True)
 
@@ -290,13 +371,24 @@ def _samples() -> torch.Tensor:
 
 
 for _name in ("c", "b"):
-    counts("fit_codebooks", _name,
-           lambda e, v, n=_name: headwidget.fit_codebooks(_samples(), **{"c": 2, "b": 2, n: v}))  # fmt: skip
+    counts(
+        "fit_codebooks",
+        _name,
+        lambda e, v, n=_name: headwidget.fit_codebooks(_samples(), **{"c": 2, "b": 2, n: v}),
+    )
 for _name in ("iters", "seed"):
-    counts("fit_codebooks", _name, lambda e, v, n=_name: headwidget.fit_codebooks(_samples(), 2, 2, **{n: v}),
-           seed=_name == "seed")  # fmt: skip
-case("fit_codebooks samples=list", lambda e: headwidget.fit_codebooks([[1.0, 2.0]], 1, 1), ArgumentError,
-     r"samples must be a floating")  # fmt: skip
+    counts(
+        "fit_codebooks",
+        _name,
+        lambda e, v, n=_name: headwidget.fit_codebooks(_samples(), 2, 2, **{n: v}),
+        seed=_name == "seed",
+    )
+case(
+    "fit_codebooks samples=list",
+    lambda e: headwidget.fit_codebooks([[1.0, 2.0]], 1, 1),
+    ArgumentError,
+    r"samples must be a floating",
+)
 
 #: One layer index: a float, bool, string or None is refused; a huge one is outside the model.
 NOT_LAYERS: list[tuple[str, Any, type[Exception]]] = [
@@ -325,13 +417,21 @@ for _where, _call in [
         _error = errors.LayerIndexError if stats_method else _error
         _names = r"out of range" if _label == "huge" else r"\blayers?\b"
         case(f"{_where} layer={_label}", lambda e, v=_value, c=_call: c(e, v), _error, _names)
-case("mechanism_sweep specs='mqa'", lambda e: headwidget.mechanism_sweep(e.model, 0, "mqa"), ArgumentError,
-     r"specs must be a list .*\['mqa'\]")  # fmt: skip
+case(
+    "mechanism_sweep specs='mqa'",
+    lambda e: headwidget.mechanism_sweep(e.model, 0, "mqa"),
+    ArgumentError,
+    r"specs must be a list .*\['mqa'\]",
+)
 flags("operator_similarity", "centre", lambda e, v: headwidget.operator_similarity(e.model, 0, centre=v))
 flags("head_diversity", "centre", lambda e, v: headwidget.head_diversity(np.eye(3), centre=v))
 case("head_diversity matrix='x'", lambda e: headwidget.head_diversity("x"), ArgumentError, r"\bmatrix\b")
-case("head_diversity matrix=nan", lambda e: headwidget.head_diversity(np.full((2, 2), np.nan)), ArgumentError,
-     r"matrix has NaN")  # fmt: skip
+case(
+    "head_diversity matrix=nan",
+    lambda e: headwidget.head_diversity(np.full((2, 2), np.nan)),
+    ArgumentError,
+    r"matrix has NaN",
+)
 counts("downsample", "size", lambda e, v: headwidget.downsample(np.eye(4), v))
 case("downsample matrix='x'", lambda e: headwidget.downsample("x", 2), ArgumentError, r"\bmatrix\b")
 counts("group_heads", "num_groups", lambda e, v: headwidget.group_heads(np.eye(4), v))
@@ -349,8 +449,12 @@ for _label, _groups in [
     ("a float layer", {0.5: [[0, 1]]}),
     ("None", None),
 ]:
-    case(f"align_model groups={_label}", lambda e, g=_groups: headwidget.align_model(e.model, e.stats, g),
-         ArgumentError, r"\bgroups|\blayer\b")  # fmt: skip
+    case(
+        f"align_model groups={_label}",
+        lambda e, g=_groups: headwidget.align_model(e.model, e.stats, g),
+        ArgumentError,
+        r"\bgroups|\blayer\b",
+    )
 
 
 def _align_model_layers(e: Env, layers: Any) -> Any:
@@ -360,12 +464,19 @@ def _align_model_layers(e: Env, layers: Any) -> Any:
 layer_lists("align_model", "layers", _align_model_layers, skip=("empty",))
 
 # channel_entropy: its own error, an ArgumentError
-counts("channel_entropy", "bins", lambda e, v: headwidget.channel_entropy(e.stats, 0, bins=v),
-       error=ChannelEntropyError)  # fmt: skip
+counts(
+    "channel_entropy",
+    "bins",
+    lambda e, v: headwidget.channel_entropy(e.stats, 0, bins=v),
+    error=ChannelEntropyError,
+)
 for _label, _sizes in [("None", None), ("a string", "12"), ("a float", (2.0,)), ("huge", (2**62,))]:
-    case(f"channel_entropy group_sizes={_label}",
-         lambda e, s=_sizes: headwidget.channel_entropy(e.stats, 0, group_sizes=s), ChannelEntropyError,
-         r"group_sizes|group size")  # fmt: skip
+    case(
+        f"channel_entropy group_sizes={_label}",
+        lambda e, s=_sizes: headwidget.channel_entropy(e.stats, 0, group_sizes=s),
+        ChannelEntropyError,
+        r"group_sizes|group size",
+    )
 flags("channel_entropy", "miller_madow", lambda e, v: headwidget.channel_entropy(e.stats, 0, miller_madow=v))
 
 # KVStats channel windows
@@ -380,11 +491,18 @@ for _label, _channels in [
     ("a float tensor", torch.tensor([0.0, 1.0])),
 ]:
     for _method in ("channel_corr", "covariance"):
-        case(f"KVStats.{_method} channels={_label}",
-             lambda e, c=_channels, m=_method: getattr(e.stats, m)(0, "key", c), ChannelSelectionError,
-             r"channel")  # fmt: skip
-case("KVStats.head_similarity layers=None", lambda e: e.stats.head_similarity(None), errors.LayerIndexError,
-     r"\blayers\b")  # fmt: skip
+        case(
+            f"KVStats.{_method} channels={_label}",
+            lambda e, c=_channels, m=_method: getattr(e.stats, m)(0, "key", c),
+            ChannelSelectionError,
+            r"channel",
+        )
+case(
+    "KVStats.head_similarity layers=None",
+    lambda e: e.stats.head_similarity(None),
+    errors.LayerIndexError,
+    r"\blayers\b",
+)
 
 
 # views ------------------------------------------------------------------------------------------------
@@ -399,24 +517,54 @@ counts("ChannelView", "layer", lambda e, v: _channels(e, layer=v), none=False, n
 case("ChannelView pinned=[0.5]", lambda e: _channels(e, pinned=[0.5]), ArgumentError, r"\bpinned\b")
 case("ChannelView pinned='1'", lambda e: _channels(e, pinned="1"), ArgumentError, r"\bpinned\b")
 flags("ChannelView", "prefetch", lambda e, v: headwidget.ChannelView(e.stats, prefetch=v))
-counts("AlignmentView", "layer", lambda e, v: headwidget.AlignmentView(e.stats, layer=v), none=False,
-       negative=False)  # fmt: skip
-case("AlignmentView layers='01'", lambda e: headwidget.AlignmentView(e.stats, layers="01"), ArgumentError,
-     r"\blayers\b")  # fmt: skip
+counts(
+    "AlignmentView",
+    "layer",
+    lambda e, v: headwidget.AlignmentView(e.stats, layer=v),
+    none=False,
+    negative=False,
+)
+case(
+    "AlignmentView layers='01'",
+    lambda e: headwidget.AlignmentView(e.stats, layers="01"),
+    ArgumentError,
+    r"\blayers\b",
+)
 flags("AlignmentView", "heldout", lambda e, v: headwidget.AlignmentView(e.stats, heldout=v), none=False)
-counts("MechanismView", "layer", lambda e, v: headwidget.MechanismView(e.model, layer=v, prefetch=False),
-       negative=False)  # fmt: skip
-case("MechanismView mechanisms='mqa'",
-     lambda e: headwidget.MechanismView(e.model, mechanisms="mqa", prefetch=False), ArgumentError,
-     r"mechanisms must be a list .*\['mqa'\]")  # fmt: skip
+counts(
+    "MechanismView",
+    "layer",
+    lambda e, v: headwidget.MechanismView(e.model, layer=v, prefetch=False),
+    negative=False,
+)
+case(
+    "MechanismView mechanisms='mqa'",
+    lambda e: headwidget.MechanismView(e.model, mechanisms="mqa", prefetch=False),
+    ArgumentError,
+    r"mechanisms must be a list .*\['mqa'\]",
+)
 flags("MechanismView", "prefetch", lambda e, v: headwidget.MechanismView(e.model, prefetch=v))
-counts("ConsequenceView", "layer", lambda e, v: headwidget.ConsequenceView(e.report, layer=v), none=False,
-       negative=False)  # fmt: skip
+counts(
+    "ConsequenceView",
+    "layer",
+    lambda e, v: headwidget.ConsequenceView(e.report, layer=v),
+    none=False,
+    negative=False,
+)
 counts("QuantizationView", "bins", lambda e, v: headwidget.QuantizationView(e.stats, bins=v))
-counts("QuantizationView", "layer", lambda e, v: headwidget.QuantizationView(e.stats, layer=v), none=False,
-       negative=False)  # fmt: skip
-case("QuantizationView group_sizes=None", lambda e: headwidget.QuantizationView(e.stats, group_sizes=None),
-     ArgumentError, r"\bgroup_sizes\b")  # fmt: skip
+counts(
+    "QuantizationView",
+    "layer",
+    lambda e, v: headwidget.QuantizationView(e.stats, layer=v),
+    none=False,
+    negative=False,
+)
+case(
+    "QuantizationView group_sizes=None",
+    lambda e: headwidget.QuantizationView(e.stats, group_sizes=None),
+    ArgumentError,
+    r"\bgroup_sizes\b",
+)
 flags("QuantizationView", "miller_madow", lambda e, v: headwidget.QuantizationView(e.stats, miller_madow=v))
 flags("explore", "mechanisms_trend", lambda e, v: headwidget.explore(e.stats, mechanisms_trend=v))
 case("explore report={}", lambda e: headwidget.explore(e.stats, report={}), ArgumentError, r"\breport\b")
@@ -434,15 +582,24 @@ def _save(e: Env, tmp: str = "fig.png", **kw: Any) -> Any:
 
 # the type is checked by save/save_all (ArgumentError), the value by the figure (ExportError: > 0, finite,
 # and a figure of at most so many pixels, naming the dpi that would fit)
-for _label, _dpi, _error in [("string", "200", ArgumentError), ("bool", True, ArgumentError),
-                             ("None", None, ArgumentError), ("nan", math.nan, ExportError),
-                             ("inf", math.inf, ExportError), ("0", 0, ExportError),
-                             ("huge", 10**30, ExportError)]:  # fmt: skip
+for _label, _dpi, _error in [
+    ("string", "200", ArgumentError),
+    ("bool", True, ArgumentError),
+    ("None", None, ArgumentError),
+    ("nan", math.nan, ExportError),
+    ("inf", math.inf, ExportError),
+    ("0", 0, ExportError),
+    ("huge", 10**30, ExportError),
+]:
     case(f"export.save dpi={_label}", lambda e, d=_dpi: _save(e, dpi=d), _error, r"\bdpi\b")
     case(f"export.save_all dpi={_label}", lambda e, d=_dpi: _save_all(e, dpi=d), _error, r"\bdpi\b")
-for _label, _size, _error in [("one number", 3, ArgumentError), ("a string", "3x2", ArgumentError),
-                              ("strings", ("3", "2"), ArgumentError), ("zero", (0, 2), ExportError),
-                              ("too many pixels", (1000, 2), ExportError)]:  # fmt: skip
+for _label, _size, _error in [
+    ("one number", 3, ArgumentError),
+    ("a string", "3x2", ArgumentError),
+    ("strings", ("3", "2"), ArgumentError),
+    ("zero", (0, 2), ExportError),
+    ("too many pixels", (1000, 2), ExportError),
+]:
     case(f"export.save size={_label}", lambda e, s=_size: _save(e, size=s), _error, r"\bsize\b|pixels")
 
 
@@ -472,8 +629,21 @@ def test_the_cases_cover_every_class_and_count() -> None:
     """Every class of bad input is here (the count goes into the report of the tracker issue)."""
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
-    for label in ("half", "whole float", "bool", "string", "nan", "inf", "huge", "huger", "negative", "None",
-                  "string yes", "bare string", "list of a float"):  # fmt: skip
+    for label in (
+        "half",
+        "whole float",
+        "bool",
+        "string",
+        "nan",
+        "inf",
+        "huge",
+        "huger",
+        "negative",
+        "None",
+        "string yes",
+        "bare string",
+        "list of a float",
+    ):
         assert any(i.endswith(f"={label}") for i in ids), label
     assert len(CASES) > 400
 
@@ -562,9 +732,12 @@ def test_coupled_quantization_refuses_fewer_samples_than_centroids(env: Env) -> 
     assert env.stats.samples(0, "value").shape[0] == 64
     fit = headwidget.fit_quantizer(env.model, "kv:cq2c6b", env.stats)  # 64 centroids, 64 samples: enough
     assert set(fit.codebooks) == {0, 1}
-    with pytest.raises(errors.MissingStatisticsError, match=r"kv:cq2c7b \(layer 0, key_post\): fitting "
-                       r"2\*\*7 = 128 centroids needs at least 128 calibration samples, got 64; capture "
-                       r"with samples=128 or more"):  # fmt: skip
+    with pytest.raises(
+        errors.MissingStatisticsError,
+        match=r"kv:cq2c7b \(layer 0, key_post\): fitting "
+        r"2\*\*7 = 128 centroids needs at least 128 calibration samples, got 64; capture "
+        r"with samples=128 or more",
+    ):
         headwidget.fit_quantizer(env.model, "kv:cq2c7b", env.stats)
     with pytest.raises(
         errors.MissingStatisticsError, match=r"needs at least 256 calibration samples, got 64"

@@ -56,8 +56,16 @@ def test_doctests_leave_no_files_in_the_system_temporary_folder(tmp_path) -> Non
     root = Path(__file__).resolve().parents[2]
     writers = [root / "python/headwidget/files.py", root / "python/headwidget/cli/_files.py"]
     env = {**os.environ, "TMPDIR": str(system_tmp)}
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            f"--basetemp={tmp_path / 'pytest'}", *map(str, writers)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--basetemp={tmp_path / 'pytest'}",
+        *map(str, writers),
+    ]
     result = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout[-2000:]
     assert " passed" in result.stdout

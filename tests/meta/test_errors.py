@@ -103,8 +103,9 @@ def test_merging_stats_of_different_models(stats):
     other = headwidget.capture(make_model("gpt2"), ragged_batches(), progress=False)
     with pytest.raises(headwidget.StatsMismatchError, match="model_class"):
         stats.merge(other)
-    different_layers = headwidget.capture(make_model("llama_gqa", dtype=torch.float32), ragged_batches(),
-                                          layers=[0], progress=False)  # fmt: skip
+    different_layers = headwidget.capture(
+        make_model("llama_gqa", dtype=torch.float32), ragged_batches(), layers=[0], progress=False
+    )
     with pytest.raises(headwidget.StatsMismatchError, match="layers"):
         stats + different_layers
 
@@ -149,11 +150,25 @@ def test_foreign_or_corrupt_safetensors(stats, tmp_path):
 def test_request_over_max_memory(model):
     need = headwidget.estimate(model, cross_layer=True, batch_size=2, max_length=16)
     with pytest.raises(headwidget.MemoryBudgetError, match=r"max_memory.*layers=\[\.\.\.\]"):
-        headwidget.capture(model, ragged_batches(), cross_layer=True, batch_size=2, max_length=16,
-                           max_memory=need // 2, progress=False)  # fmt: skip
+        headwidget.capture(
+            model,
+            ragged_batches(),
+            cross_layer=True,
+            batch_size=2,
+            max_length=16,
+            max_memory=need // 2,
+            progress=False,
+        )
     assert no_hooks(model)
-    headwidget.capture(model, ragged_batches(), cross_layer=True, batch_size=2, max_length=16,
-                       max_memory=need, progress=False)  # fmt: skip
+    headwidget.capture(
+        model,
+        ragged_batches(),
+        cross_layer=True,
+        batch_size=2,
+        max_length=16,
+        max_memory=need,
+        progress=False,
+    )
 
 
 def test_estimate_grows_with_options(model):

@@ -136,21 +136,36 @@ def page(g: PanelGrid) -> str:
 
 def report() -> EvaluationReport:
     return EvaluationReport(
-        model="tiny", kind="causal-lm", variants=["model", "mqa"],
-        measures={"model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0},
-                  "mqa": {"nll": 2.5, "perplexity": 12.18, "kl": 0.4, "top1": 0.8}},
-        kv_bytes_per_token={"model": 512, "mqa": 128}, tokens=100, sequences=4,
-        fingerprint="0123456789abcdef", dtype="torch.float32", layers=[0, 1],
-        per_layer={"model": [0.0, 0.0], "mqa": [0.25, 0.125]}, per_layer_measure="delta_nll",
-    )  # fmt: skip
+        model="tiny",
+        kind="causal-lm",
+        variants=["model", "mqa"],
+        measures={
+            "model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0},
+            "mqa": {"nll": 2.5, "perplexity": 12.18, "kl": 0.4, "top1": 0.8},
+        },
+        kv_bytes_per_token={"model": 512, "mqa": 128},
+        tokens=100,
+        sequences=4,
+        fingerprint="0123456789abcdef",
+        dtype="torch.float32",
+        layers=[0, 1],
+        per_layer={"model": [0.0, 0.0], "mqa": [0.25, 0.125]},
+        per_layer_measure="delta_nll",
+    )
 
 
 def small_report() -> EvaluationReport:
     return EvaluationReport(
-        model="tiny", kind="causal-lm", variants=["model"],
+        model="tiny",
+        kind="causal-lm",
+        variants=["model"],
         measures={"model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0}},
-        kv_bytes_per_token={"model": 512}, tokens=100, sequences=4, fingerprint="0", dtype="torch.float32",
-    )  # fmt: skip
+        kv_bytes_per_token={"model": 512},
+        tokens=100,
+        sequences=4,
+        fingerprint="0",
+        dtype="torch.float32",
+    )
 
 
 WRITES = {
@@ -161,7 +176,7 @@ WRITES = {
     "save_tabbed_html": (".html", lambda p, g: save_tabbed_html(p, [("one", page(g))], "tabs")),
     "cli report .json": (".json", lambda p, r: write_report(r, p, evaluation="text", calibration="none")),
     "cli report .md": (".md", lambda p, r: write_report(r, p, evaluation="text", calibration="none")),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("writer", list(WRITES))

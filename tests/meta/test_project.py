@@ -68,3 +68,21 @@ def test_the_type_checker_and_linter_target_the_oldest_python_the_package_admits
     assert sys.version_info[:2] >= (3, minor)
     if sys.version_info[:2] != (3, minor):
         pytest.skip(f"the oldest admitted Python, 3.{minor}, is tested where it is the interpreter")
+
+
+def test_the_formatter_is_configured_not_switched_off_line_by_line():
+    """``ruff format`` lays out every line of the project's Python (``.ci/test`` checks it): no line
+    keeps a hand layout with a formatter comment that skips it or switches the formatter off."""
+    marker = re.compile(r"#\s*fmt:\s*(skip|off)\b")
+    sources = [
+        ROOT / "conftest.py",
+        *(p for d in ("python", "tests", "bench") for p in (ROOT / d).rglob("*.py")),
+    ]
+    switched_off = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if marker.search(line)
+    ]
+    assert len(sources) > 100
+    assert switched_off == []

@@ -136,7 +136,11 @@ def test_off_diagonal_mean_against_a_loop():
     m = rng.normal(size=(5, 5))
     m[1, 3] = np.nan
     for absolute in (False, True):
-        kept = [abs(m[i, j]) if absolute else m[i, j] for i in range(5) for j in range(5)
-                if i != j and not np.isnan(m[i, j])]  # fmt: skip
+        kept = [
+            abs(m[i, j]) if absolute else m[i, j]
+            for i in range(5)
+            for j in range(5)
+            if i != j and not np.isnan(m[i, j])
+        ]
         assert off_diagonal_mean(m, absolute=absolute) == pytest.approx(sum(kept) / len(kept), abs=1e-15)
     assert np.isnan(off_diagonal_mean(np.eye(1))) and np.isnan(off_diagonal_mean(np.full((3, 3), np.nan)))

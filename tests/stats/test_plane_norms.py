@@ -31,10 +31,18 @@ LENGTHS = ((13, 7, 10), (9, 12, 3))
 def qk_norm_model(model_type: str) -> nn.Module:
     """A tiny Qwen3 (per-head q_norm/k_norm) or OLMo2 (q_norm/k_norm over all heads), GQA 6 over 2."""
     config = AutoConfig.for_model(
-        model_type, vocab_size=VOCAB, hidden_size=D, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, head_dim=8, pad_token_id=0, bos_token_id=0,
+        model_type,
+        vocab_size=VOCAB,
+        hidden_size=D,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=8,
+        pad_token_id=0,
+        bos_token_id=0,
         eos_token_id=0,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(F64).eval()
     gen = torch.Generator().manual_seed(1)
@@ -135,8 +143,9 @@ def brute_force_sums(
     """Per layer: (Σ_t ‖q_{h,m}‖ (H, P), Σ_t ‖k_{g,m}‖ (G, P), tokens), token by token."""
     planes = PLANES[name]
     out: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
-    inputs = record_attention_inputs(model, [{"input_ids": r[None], "attention_mask": torch.ones(1, len(r))}
-                                             for r in rows])  # fmt: skip
+    inputs = record_attention_inputs(
+        model, [{"input_ids": r[None], "attention_mask": torch.ones(1, len(r))} for r in rows]
+    )
     for layer, per_row in enumerate(inputs):
         q_sum = k_sum = None
         tokens = 0
@@ -176,8 +185,13 @@ def case(request: pytest.FixtureRequest) -> dict:
     model = model_of(name)
     rows = rows_of(ragged_batches(seed=5, lengths=LENGTHS))
     stats = headwidget.capture(model, left_padded(rows, per_batch=4), inputs=True, progress=False)
-    return {"name": name, "model": model, "rows": rows, "stats": stats,
-            "reference": brute_force_sums(name, model, rows, skip_first=False)}  # fmt: skip
+    return {
+        "name": name,
+        "model": model,
+        "rows": rows,
+        "stats": stats,
+        "reference": brute_force_sums(name, model, rows, skip_first=False),
+    }
 
 
 def rtol_of(name: str) -> float:
@@ -200,8 +214,9 @@ def test_sums_equal_a_token_loop(case: dict) -> None:
 def test_skip_first_token_leaves_each_rows_first_token_out(name: str) -> None:
     model = model_of(name)
     rows = rows_of(ragged_batches(seed=5, lengths=LENGTHS))
-    stats = headwidget.capture(model, left_padded(rows, per_batch=4), inputs=True, skip_first_token=True,
-                               progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model, left_padded(rows, per_batch=4), inputs=True, skip_first_token=True, progress=False
+    )
     for layer, (q_sum, k_sum, tokens) in brute_force_sums(name, model, rows, skip_first=True).items():
         norms = stats.plane_norms(layer)
         assert norms.count == tokens == sum(len(r) - 1 for r in rows)
@@ -230,9 +245,13 @@ def test_a_steady_pair_outranks_a_noisy_pair_of_larger_rms() -> None:
     model = make_model("llama_gqa")
     attn = model.model.layers[0].self_attn
     batches = ragged_batches(seed=3)
-    x = torch.cat([x[i, : int(b["attention_mask"][i].sum())] for x, b in
-                   zip(record_attention_inputs(model, batches)[0], batches, strict=True)
-                   for i in range(x.shape[0])])  # fmt: skip
+    x = torch.cat(
+        [
+            x[i, : int(b["attention_mask"][i].sum())]
+            for x, b in zip(record_attention_inputs(model, batches)[0], batches, strict=True)
+            for i in range(x.shape[0])
+        ]
+    )
     with torch.no_grad():
         q_w, q_b = attn.q_proj.weight.view(6, 8, D), attn.q_proj.bias.view(6, 8)
         q_w[:, [1, 5]], q_b[:, [1, 5]] = q_w[:, [0, 4]], q_b[:, [0, 4]]

@@ -460,19 +460,28 @@ BAD_SAMPLES = [
     ("wrong width", _tensor(S, lambda t: t[:, :8].contiguous()), r"but is float32 of shape \(20, 8\)"),
     ("one dimension", _tensor(S, lambda t: t[:, 0].contiguous()), r"but is float32 of shape \(20,\)"),
     ("NaN", _tensor(S, _with_nan), rf"tensor {S} holds NaN or infinite values \(at \(3, 2\)\)"),
-    ("more rows than sample_size", _tensor(S, lambda t: torch.cat([t, t[:1]])),
-     rf"tensor {S} holds 21 rows, more than meta\.sample_size \(20\)"),
-    ("fewer rows", _tensor(S, lambda t: t[:10].contiguous()),
-     r"holds 10 rows, but a sample of up to meta\.sample_size=20 rows of meta\.tokens=51 tokens holds 20"),
-    ("more rows than tokens", _more_rows_than_tokens,
-     r"holds 52 rows, more than the 51 tokens captured \(meta\.tokens\)"),
+    (
+        "more rows than sample_size",
+        _tensor(S, lambda t: torch.cat([t, t[:1]])),
+        rf"tensor {S} holds 21 rows, more than meta\.sample_size \(20\)",
+    ),
+    (
+        "fewer rows",
+        _tensor(S, lambda t: t[:10].contiguous()),
+        r"holds 10 rows, but a sample of up to meta\.sample_size=20 rows of meta\.tokens=51 tokens holds 20",
+    ),
+    (
+        "more rows than tokens",
+        _more_rows_than_tokens,
+        r"holds 52 rows, more than the 51 tokens captured \(meta\.tokens\)",
+    ),
     ("far from every token", _tensor(S, _far), r"row 4 has 1000 on channel 1, .* the co-moment allows"),
     ("missing", _drop(S), rf"tensor {S} is missing"),
     ("samples without sample_size", _no_sample_size, r"holds token samples, but meta\.sample_size is 0"),
     ("negative sample_size", _meta(sample_size=-1), r"meta\.sample_size is -1, outside the allowed >= 0"),
     ("string sample_seed", _meta(sample_seed="7"), r"meta\.sample_seed must be an integer, not the string"),
     ("sample_seed too large", _meta(sample_seed=2**63), r"meta\.sample_seed is \d+, outside the allowed"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("edit", "message"), [c[1:] for c in BAD_SAMPLES], ids=[c[0] for c in BAD_SAMPLES])

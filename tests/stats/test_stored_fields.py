@@ -43,8 +43,15 @@ def read(value: object) -> Record:
 def test_every_field_is_read_with_its_type_and_the_defaults_fill_the_rest() -> None:
     got = read({"name": "a", "count": 3, "layers": [0, 2], "limit": None, "inner": {"width": 8}})
     assert got == Record("a", 3, False, [0, 2], None, {}, Inner("none", 8))
-    full = {"name": "b", "count": 1, "flag": True, "layers": [], "limit": 2, "versions": {"torch": "2"},
-            "inner": {"pairing": "half", "width": 0}}  # fmt: skip
+    full = {
+        "name": "b",
+        "count": 1,
+        "flag": True,
+        "layers": [],
+        "limit": 2,
+        "versions": {"torch": "2"},
+        "inner": {"pairing": "half", "width": 0},
+    }
     assert dataclasses.asdict(read(full)) == full
 
 
@@ -83,9 +90,19 @@ def test_a_value_of_the_wrong_type_or_out_of_bounds_names_its_field(value: objec
 
 def test_the_metadata_classes_are_read_from_their_own_fields() -> None:
     """Every field of the stored classes has a type the reader knows, and a saved meta reads back whole."""
-    meta = StatsMeta("m", "M", AttentionLayout("llama", "gqa", 2, 4, 2, 8, 8, 32, RopeLayout("half", 8)),
-                     [0, 1], ["key", "value"], tokens=5, cross_layers=[0, 1], weights_fingerprint="0" * 16,
-                     versions={"torch": "2.13"}, sample_size=4, sample_seed=7)  # fmt: skip
+    meta = StatsMeta(
+        "m",
+        "M",
+        AttentionLayout("llama", "gqa", 2, 4, 2, 8, 8, 32, RopeLayout("half", 8)),
+        [0, 1],
+        ["key", "value"],
+        tokens=5,
+        cross_layers=[0, 1],
+        weights_fingerprint="0" * 16,
+        versions={"torch": "2.13"},
+        sample_size=4,
+        sample_seed=7,
+    )
     assert _FileCheck(Path("x.safetensors")).meta(meta.to_json()) == meta
     names = {f.name for f in dataclasses.fields(StatsMeta)}
     assert set(meta.to_json()) == names  # what is written is what is read: one list, the class's

@@ -85,8 +85,11 @@ def test_the_fingerprint_is_the_hash_of_the_rows_the_adapter_names(base, stats):
     digest = hashlib.sha256()
     for layer in stats.layers:
         attention = base.model.layers[layer].self_attn
-        for name, module, width in (("q", attention.q_proj, 8), ("k", attention.k_proj, 8),
-                                    ("v", attention.v_proj, 8)):  # fmt: skip
+        for name, module, width in (
+            ("q", attention.q_proj, 8),
+            ("k", attention.k_proj, 8),
+            ("v", attention.v_proj, 8),
+        ):
             heads = module.weight.shape[0] // width
             rows = [0, (heads - 1) * width]  # the first row of the first and of the last head
             for part, t in (("weight", module.weight[rows]), ("bias", module.bias[rows])):
@@ -95,8 +98,13 @@ def test_the_fingerprint_is_the_hash_of_the_rows_the_adapter_names(base, stats):
                 digest.update(f"{layer}.{name}.{part}{tuple(x.shape)}".encode())
                 digest.update(x.view(torch.int16).numpy().astype("<i2").tobytes())
         assert sorted(adapter.fingerprint_rows(layer)) == [
-            "k.bias", "k.weight", "q.bias", "q.weight", "v.bias", "v.weight",
-        ]  # fmt: skip
+            "k.bias",
+            "k.weight",
+            "q.bias",
+            "q.weight",
+            "v.bias",
+            "v.weight",
+        ]
     assert stats.meta.weights_fingerprint == digest.hexdigest()[:16]
 
 
@@ -145,8 +153,15 @@ def test_evaluate_refuses_the_siblings_weights_and_accepts_them_when_asked(base,
     for spec in ("mqa+align", "lrkv:2", "kv:cq2c2b"):
         with pytest.raises(StatsMismatchError, match=REFUSAL):
             evaluate(sibling, IDS, [spec], stats=stats, progress=False)
-    report = evaluate(sibling, IDS, ["mqa+align", "lrkv:2", "kv:cq2c2b"], stats=stats,
-                      allow_other_weights=True, dtype=torch.float32, progress=False)  # fmt: skip
+    report = evaluate(
+        sibling,
+        IDS,
+        ["mqa+align", "lrkv:2", "kv:cq2c2b"],
+        stats=stats,
+        allow_other_weights=True,
+        dtype=torch.float32,
+        progress=False,
+    )
     assert report.variants == ["mqa+align", "lrkv:2", "kv:cq2c2b"]
     with pytest.raises(ArgumentError, match="allow_other_weights must be True or False"):
         evaluate(sibling, IDS, ["mqa"], stats=stats, allow_other_weights="yes", progress=False)
@@ -202,8 +217,11 @@ def test_align_model_convert_and_sweep_refuse_the_siblings_weights(base, sibling
 
 # ---------------------------------------------------------------------- accepted: the same weights
 def test_the_same_weights_in_another_dtype_or_a_copy_are_accepted(base, stats):
-    for same in (copy.deepcopy(base), copy.deepcopy(base).to(torch.bfloat16),
-                 copy.deepcopy(base).to(torch.float64)):  # fmt: skip
+    for same in (
+        copy.deepcopy(base),
+        copy.deepcopy(base).to(torch.bfloat16),
+        copy.deepcopy(base).to(torch.float64),
+    ):
         check_sources(stats, same)
         headwidget.align_model(same, stats, [[0, 1]])
         fit_quantizer(same, "kv:cq2c2b", stats)
@@ -225,8 +243,10 @@ def test_bfloat16_weights_loaded_as_float16_are_the_same_weights():
         model.model.layers[0].self_attn.k_proj.weight[0, 3] = 2.0**-14 * 1.0078125  # the next bfloat16
     stats = headwidget.capture(model, ragged_batches(), progress=False)
     half = copy.deepcopy(model).half()
-    assert not torch.equal(half.model.layers[0].self_attn.k_proj.weight[0, :2].float(),
-                           model.model.layers[0].self_attn.k_proj.weight[0, :2])  # fmt: skip
+    assert not torch.equal(
+        half.model.layers[0].self_attn.k_proj.weight[0, :2].float(),
+        model.model.layers[0].self_attn.k_proj.weight[0, :2],
+    )
     check_sources(stats, half)
 
 
@@ -350,8 +370,22 @@ def test_command_line_evaluate_refuses_statistics_of_other_weights(base, sibling
     saved = headwidget.capture(loaded, ragged_batches(), progress=False).save(tmp_path / "base.safetensors")
     folder = tmp_path / "sibling"
     out = tmp_path / "report.json"
-    argv = ["evaluate", "--model", str(folder), "--variants", "mqa+align", "--stats", str(saved), "--out",
-            str(out), "--evaluation-tokens", "64", "--max-length", "32", "--no-progress"]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--model",
+        str(folder),
+        "--variants",
+        "mqa+align",
+        "--stats",
+        str(saved),
+        "--out",
+        str(out),
+        "--evaluation-tokens",
+        "64",
+        "--max-length",
+        "32",
+        "--no-progress",
+    ]
     capsys.readouterr()
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
@@ -365,8 +399,13 @@ def test_command_line_evaluate_refuses_statistics_of_other_weights(base, sibling
 @pytest.mark.slow
 def test_smollm2_in_bfloat16_is_the_same_weights_and_a_changed_row_is_not(smollm2):
     model, tokenizer = smollm2
-    stats = headwidget.capture(model, "The quick brown fox jumps over the lazy dog.", tokenizer=tokenizer,
-                               layers=[0, 29], progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        model,
+        "The quick brown fox jumps over the lazy dog.",
+        tokenizer=tokenizer,
+        layers=[0, 29],
+        progress=False,
+    )
     half = copy.deepcopy(model).to(torch.bfloat16)
     check_sources(stats, half)
     with torch.no_grad():

@@ -22,8 +22,15 @@ KINDS = ("key", "value", "key_post")
 
 def tiny_llama(seed: int = 0, dropout: float = 0.2) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, attention_dropout=dropout)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_dropout=dropout,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -79,9 +86,17 @@ def test_the_trainer_callback_snapshots_at_0_every_and_the_end(tmp_path) -> None
     model = tiny_llama(dropout=0.0)
     data = [{"input_ids": row, "labels": row} for row in ids(5, rows=10)]
     tracker = Tracker(PROBE, every=2, path=tmp_path / "run.track")
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=5, per_device_train_batch_size=2,
-                             logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-                             disable_tqdm=True, seed=0)  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=5,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
     Trainer(model=model, args=args, train_dataset=data, callbacks=[tracker]).train()
     assert tracker.timeline.steps == [0, 2, 4, 5]
     same_stats(tracker.timeline[5], headwidget.capture(model, PROBE, rope="both", progress=False))

@@ -27,9 +27,14 @@ def tiny_report() -> tuple[torch.nn.Module, EvaluationReport]:
     held_out = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(2))
     stats = headwidget.capture(model, calib, inputs=True, progress=False)
     report = evaluate(
-        model, held_out, ["model", "mqa", "mqa+align", "lrkv:4"], stats=stats, per_layer=True,
-        dtype=torch.float32, progress=False,
-    )  # fmt: skip
+        model,
+        held_out,
+        ["model", "mqa", "mqa+align", "lrkv:4"],
+        stats=stats,
+        per_layer=True,
+        dtype=torch.float32,
+        progress=False,
+    )
     return model, report
 
 
@@ -42,10 +47,16 @@ def made_up_report(**extra) -> EvaluationReport:
         "kv:int4": {"nll": 2.05, "perplexity": math.exp(2.05), "kl": 0.04, "top1": 0.97},
     }
     fields = {
-        "model": "tiny", "kind": "causal-lm", "variants": list(measures), "measures": measures,
+        "model": "tiny",
+        "kind": "causal-lm",
+        "variants": list(measures),
+        "measures": measures,
         "kv_bytes_per_token": {"model": 1024, "mqa": 256, "gqa:2": 512, "lrkv:8": 640, "kv:int4": 320},
-        "tokens": 1234, "sequences": 5, "fingerprint": "fedcba9876543210", "dtype": "torch.bfloat16",
-    }  # fmt: skip
+        "tokens": 1234,
+        "sequences": 5,
+        "fingerprint": "fedcba9876543210",
+        "dtype": "torch.bfloat16",
+    }
     fields.update(extra)
     return EvaluationReport(**fields)
 
@@ -109,8 +120,12 @@ def test_tradeoff_points_are_the_reports_bytes_and_damage():
     assert chart.note == "frontier: " + ", ".join(all_specs[i] for i in want)
     assert "lrkv:8" not in chart.note  # beaten by gqa:2 on both counts
     hover = mech.labels[1].split("\n")
-    assert hover == ["mqa", "KV 256 B/token over all layers (bf16) · 25.0% of the model's",
-                     "ΔNLL +0.6000 · perplexity 13.46", "KL 0.5000 · top-1 agreement 0.700"]  # fmt: skip
+    assert hover == [
+        "mqa",
+        "KV 256 B/token over all layers (bf16) · 25.0% of the model's",
+        "ΔNLL +0.6000 · perplexity 13.46",
+        "KL 0.5000 · top-1 agreement 0.700",
+    ]
     assert "1,234 held-out tokens in 5 sequences" in chart.subtitle and "bfloat16" in chart.x_label
     # no per-layer sweep: the chart alone
     assert view.grid.panels == []
@@ -135,10 +150,16 @@ def test_encoder_reports_draw_their_own_measures():
         "mqa": {"hidden_rel_error": 0.4, "embedding_cosine": 0.9},
     }
     report = EvaluationReport(
-        model="bert", kind="encoder", variants=["model", "mqa"], measures=measures,
-        kv_bytes_per_token={"model": 100, "mqa": 25}, tokens=10, sequences=1, fingerprint="0" * 16,
+        model="bert",
+        kind="encoder",
+        variants=["model", "mqa"],
+        measures=measures,
+        kv_bytes_per_token={"model": 100, "mqa": 25},
+        tokens=10,
+        sequences=1,
+        fingerprint="0" * 16,
         dtype="torch.float32",
-    )  # fmt: skip
+    )
     view = ConsequenceView(report)
     assert view.measures_available == ["hidden_rel_error", "embedding_cosine"]
     assert view.grid.charts[0].series[0].y == [0.0, 0.4]
@@ -165,8 +186,10 @@ def test_the_damage_map_is_the_per_layer_sweep(tiny_report):
     expect = ", ".join(f"{v} {report.per_layer[v][col]:+.4f}" for v in specs)
     assert panel.note != view.grid.panels[0].note  # recomputed for the new layer
     assert view.grid.panels[0].note.startswith(f"layer 1: {expect}")
-    worst = max(itertools.product(range(len(specs)), range(len(report.layers))),
-                key=lambda ij: report.per_layer[specs[ij[0]]][ij[1]])  # fmt: skip
+    worst = max(
+        itertools.product(range(len(specs)), range(len(report.layers))),
+        key=lambda ij: report.per_layer[specs[ij[0]]][ij[1]],
+    )
     assert (
         f"most fragile: layer {report.layers[worst[1]]} under {specs[worst[0]]}" in view.grid.panels[0].note
     )

@@ -112,12 +112,24 @@ def made_up_report() -> EvaluationReport:
         "mqa": {"nll": 2.5, "perplexity": 0.0, "kl": 0.4, "top1": 0.7},
     }
     # bf16 model: 2 layers × 2 × 32 channels × 2 bytes = 256 B per token
-    kv_bytes = {"model": 256, "kv:int4": 2 * 2 * (32 * 4 // 8 + 4 * 32 // 32), "kv:int2": 2 * 2 * (8 + 4),
-                "kv:cq4c8b": 2 * 2 * (32 // 4) * 8 // 8, "mqa": 128}  # fmt: skip
+    kv_bytes = {
+        "model": 256,
+        "kv:int4": 2 * 2 * (32 * 4 // 8 + 4 * 32 // 32),
+        "kv:int2": 2 * 2 * (8 + 4),
+        "kv:cq4c8b": 2 * 2 * (32 // 4) * 8 // 8,
+        "mqa": 128,
+    }
     return EvaluationReport(
-        model="tiny", kind="causal-lm", variants=list(m), measures=m, kv_bytes_per_token=kv_bytes, tokens=99,
-        sequences=3, fingerprint="ab" * 8, dtype="torch.bfloat16",
-    )  # fmt: skip
+        model="tiny",
+        kind="causal-lm",
+        variants=list(m),
+        measures=m,
+        kv_bytes_per_token=kv_bytes,
+        tokens=99,
+        sequences=3,
+        fingerprint="ab" * 8,
+        dtype="torch.bfloat16",
+    )
 
 
 def test_bits_are_per_channel_of_the_quantized_layers_when_some_are_left_as_they_were():
@@ -128,15 +140,25 @@ def test_bits_are_per_channel_of_the_quantized_layers_when_some_are_left_as_they
     per_layer = 2 * 32 * 2  # K and V, 32 channels each, bf16
     quantized = 2 * (32 * 2 // 8 + 2 * 32 // 32)  # 2-bit codes + a bf16 scale and zero per 32 channels
     report = replace(
-        made_up_report(), layers=list(range(6)), num_layers=30, converted_kv_bytes=6.0 * per_layer,
-        kv_bytes_per_token={**made_up_report().kv_bytes_per_token, "model": 30 * per_layer,
-                            "kv:int2": 24 * per_layer + 6 * quantized},
-    )  # fmt: skip
+        made_up_report(),
+        layers=list(range(6)),
+        num_layers=30,
+        converted_kv_bytes=6.0 * per_layer,
+        kv_bytes_per_token={
+            **made_up_report().kv_bytes_per_token,
+            "model": 30 * per_layer,
+            "kv:int2": 24 * per_layer + 6 * quantized,
+        },
+    )
     assert bits_per_channel(report, "kv:int2") == pytest.approx(8 * quantized / 64, abs=1e-12)  # 2.5 bits
     assert bits_per_channel(report, "model") == pytest.approx(16.0, abs=1e-12)
     assert report.scope() == "layers 0–5 of 30" and not report.converts_every_layer
-    stats = headwidget.capture(make_model("llama_gqa", dtype=torch.float32), torch.randint(0, 96, (2, 16)),
-                               samples=16, progress=False)  # fmt: skip
+    stats = headwidget.capture(
+        make_model("llama_gqa", dtype=torch.float32),
+        torch.randint(0, 96, (2, 16)),
+        samples=16,
+        progress=False,
+    )
     bits = next(c for c in QuantizationView(stats, report=report).grid.charts if c.id == "bits")
     assert "layers 0–5 of 30 quantized" in bits.subtitle and "quantized K/V channel" in bits.x_label
     label = next(lab for s in bits.series for lab in s.labels if lab.startswith("kv:int2"))

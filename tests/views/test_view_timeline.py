@@ -172,8 +172,14 @@ def test_the_step_slider_spans_the_snapshots(gqa):
     view = notebook.widget_class("timeline")(gqa, prefetch=False)
     controls = {c["trait"]: c for c in view.controls}
     assert list(controls) == ["step", "layer", "matrices", "kind"]
-    assert controls["step"] == {"trait": "step", "type": "slider", "label": "Step", "count": "num_steps",
-                                "text": "step_label", "play": True}  # fmt: skip
+    assert controls["step"] == {
+        "trait": "step",
+        "type": "slider",
+        "label": "Step",
+        "count": "num_steps",
+        "text": "step_label",
+        "play": True,
+    }
     assert "play" not in controls["layer"]
     assert view.num_steps == 3 and view.step_label == "step 0 (1 of 3: steps 0–6)"
     view.step = 2
@@ -243,8 +249,11 @@ def test_two_timelines_side_by_side_share_the_step_slider(gqa, mha):
     assert trends.series[m].y == mha.layer_series(1)["key_abs_corr"]
     heads = grid_at(view, matrices="heads")
     assert heads.columns == 4 and [p.id for p in heads.panels][:4] == [
-        "GQA:key-before", "GQA:key-after", "MHA:key-before", "MHA:key-after",
-    ]  # fmt: skip
+        "GQA:key-before",
+        "GQA:key-after",
+        "MHA:key-before",
+        "MHA:key-after",
+    ]
     assert heads.panels[2].matrix.shape == (4, 4) and heads.panels[0].matrix.shape == (2, 2)
 
 

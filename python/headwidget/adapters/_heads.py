@@ -189,8 +189,9 @@ def read_projections(p: HeadProjections, *, mechanism: str) -> HeadWeights:
 
     (q, qb), (k, kb), (v, vb) = rows(p.q), rows(p.k), rows(p.v)
     o = _cpu64(weight_rows(p.o.module))[:, p.o.index].permute(1, 0, 2).contiguous()
-    return HeadWeights(q=q, k=k, v=v, o=o, q_bias=qb, k_bias=kb, v_bias=vb, o_bias=_bias(p.o.module),
-                       mechanism=mechanism)  # fmt: skip
+    return HeadWeights(
+        q=q, k=k, v=v, o=o, q_bias=qb, k_bias=kb, v_bias=vb, o_bias=_bias(p.o.module), mechanism=mechanism
+    )
 
 
 def _check_rotations(rot: torch.Tensor, s: HeadSlices, what: str) -> None:
@@ -280,8 +281,11 @@ def write_projections(p: HeadProjections, w: HeadWeights) -> None:
         >>> bool(torch.equal(lin["q"].weight, w.k.reshape(4, 4)))
         True
     """
-    for s, weight, bias, what in ((p.q, w.q, w.q_bias, "query"), (p.k, w.k, w.k_bias, "key"),
-                                  (p.v, w.v, w.v_bias, "value")):  # fmt: skip
+    for s, weight, bias, what in (
+        (p.q, w.q, w.q_bias, "query"),
+        (p.k, w.k, w.k_bias, "key"),
+        (p.v, w.v, w.v_bias, "value"),
+    ):
         if tuple(weight.shape[:2]) != tuple(s.index.shape):
             raise StatsMismatchError(
                 f"converted {what} weights have {tuple(weight.shape[:2])} (heads, dims); this layer "

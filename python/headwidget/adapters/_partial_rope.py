@@ -95,9 +95,15 @@ def _forward(
     elif model_type == "mistral":
         kwargs["sliding_window"] = getattr(self.config, "sliding_window", None)
     out, weights = interface(
-        self, query, key, value, attention_mask,
-        dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling, **kwargs,
-    )  # fmt: skip
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling,
+        **kwargs,
+    )
     out = out.reshape(*input_shape, -1).contiguous()
     return self.o_proj(out), weights
 

@@ -87,8 +87,11 @@ class DeepseekAdapter(Adapter):
     def split(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         c = self.config
         heads, nope, rope, v = (
-            c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
-        )  # fmt: skip
+            c.num_attention_heads,
+            c.qk_nope_head_dim,
+            c.qk_rope_head_dim,
+            c.v_head_dim,
+        )
         compressed = parts["compressed"]
         b, t = compressed.shape[:2]
         k_rope = compressed[..., c.kv_lora_rank :]

@@ -27,9 +27,20 @@ from headwidget.errors import UnsupportedConversionError
 class LlamaAdapter(Adapter):
     family = "llama"
     model_types = (
-        "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite",
-        "starcoder2", "cohere", "helium", "glm",
-    )  # fmt: skip
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma",
+        "gemma2",
+        "olmo",
+        "olmo2",
+        "granite",
+        "starcoder2",
+        "cohere",
+        "helium",
+        "glm",
+    )
     #: Families whose ``rotate_half`` pairs dims (2m, 2m+1) instead of (m, m + d/2).
     interleaved_rope = ("cohere", "helium", "glm")
     marker = "k_proj"
@@ -113,8 +124,13 @@ class LlamaAdapter(Adapter):
         if weights.num_kv_heads != attention.k_proj.out_features // d:
             for name in ("k_proj", "v_proj"):
                 old = getattr(attention, name)
-                new = nn.Linear(old.in_features, weights.num_kv_heads * d, bias=old.bias is not None,
-                                device=old.weight.device, dtype=old.weight.dtype)  # fmt: skip
+                new = nn.Linear(
+                    old.in_features,
+                    weights.num_kv_heads * d,
+                    bias=old.bias is not None,
+                    device=old.weight.device,
+                    dtype=old.weight.dtype,
+                )
                 new.weight.requires_grad_(old.weight.requires_grad)
                 setattr(attention, name, new)
             attention.num_key_value_groups = weights.num_heads // weights.num_kv_heads

@@ -232,7 +232,16 @@ def align(
     heads = moments.channels // d // len(layer_list)
     labels = [f"L{layer}·H{g}" for layer in layer_list for g in range(heads)]
     return AlignmentResult(
-        before=before, after=after, after_heldout=held, labels=labels,
-        scoring="held-out" if show_held else "in-sample", token_count=n, split_counts=n_split,
-        method=method, kind=kind, metric=metric, _fit=fit, _split=split,
-    )  # fmt: skip
+        before=before,
+        after=after,
+        after_heldout=held,
+        labels=labels,
+        scoring="held-out" if show_held else "in-sample",
+        token_count=n,
+        split_counts=n_split,
+        method=method,
+        kind=kind,
+        metric=metric,
+        _fit=fit,
+        _split=split,
+    )

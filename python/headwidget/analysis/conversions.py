@@ -447,9 +447,14 @@ def mechanism_sweep(
     rows = []
     for spec in specs:
         c = convert(w, layer, spec, stats)
-        rows.append({
-            "spec": c.spec, "mechanism": c.mechanism, "kv_bytes_per_token": c.kv_bytes_per_token(),
-            "key_error": c.reconstruction_error["key"], "value_error": c.reconstruction_error["value"],
-            "weighting": c.weighting,
-        })  # fmt: skip
+        rows.append(
+            {
+                "spec": c.spec,
+                "mechanism": c.mechanism,
+                "kv_bytes_per_token": c.kv_bytes_per_token(),
+                "key_error": c.reconstruction_error["key"],
+                "value_error": c.reconstruction_error["value"],
+                "weighting": c.weighting,
+            }
+        )
     return rows

@@ -93,9 +93,15 @@ def regroup_heads(w: HeadWeights, groups: Sequence[Sequence[int]]) -> HeadWeight
         )
     qs = query_order(w, order)
     return replace(
-        w, q=w.q[qs].clone(), k=w.k[order].clone(), v=w.v[order].clone(), o=w.o[qs].clone(),
-        q_bias=_take(w.q_bias, qs), k_bias=_take(w.k_bias, order), v_bias=_take(w.v_bias, order),
-    )  # fmt: skip
+        w,
+        q=w.q[qs].clone(),
+        k=w.k[order].clone(),
+        v=w.v[order].clone(),
+        o=w.o[qs].clone(),
+        q_bias=_take(w.q_bias, qs),
+        k_bias=_take(w.k_bias, order),
+        v_bias=_take(w.v_bias, order),
+    )
 
 
 def _mean(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -119,9 +125,13 @@ def merge_groups(w: HeadWeights, groups: int) -> HeadWeights:
         raise GroupCountError(f"cannot merge {kv} KV heads into {groups} equal groups; use one of {divisors}")
     mechanism = "mha" if groups == w.num_heads else "mqa" if groups == 1 else "gqa"
     return replace(
-        w, k=_mean(w.k, groups), v=_mean(w.v, groups), k_bias=_mean_bias(w.k_bias, groups),
-        v_bias=_mean_bias(w.v_bias, groups), mechanism=mechanism,
-    )  # fmt: skip
+        w,
+        k=_mean(w.k, groups),
+        v=_mean(w.v, groups),
+        k_bias=_mean_bias(w.k_bias, groups),
+        v_bias=_mean_bias(w.v_bias, groups),
+        mechanism=mechanism,
+    )
 
 
 def per_kv_head(

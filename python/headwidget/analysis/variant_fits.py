@@ -235,16 +235,32 @@ def fit_layer(
         return LayerFit(layer, None, keep, w.kv_elements(), "data-aware", kept_planes=kept)
     if spec.align:
         groups_wanted = 1 if spec.mechanism == "mqa" else int(spec.arg or 0)
-        stats = _need(stats, layer, ["key", "value"], f"{spec.text} (aligning heads before merging them)",
-                      "capture them from this model (keys and values are captured by default)")  # fmt: skip
+        stats = _need(
+            stats,
+            layer,
+            ["key", "value"],
+            f"{spec.text} (aligning heads before merging them)",
+            "capture them from this model (keys and values are captured by default)",
+        )
         groups = align_groups(stats, layer, groups_wanted)
         merged = merge_groups(aligned_heads(w, stats, layer, groups, rope_planes), groups_wanted)
         target = merged.num_kv_heads if kv_target is None else kv_target
-        return LayerFit(layer, _to_kv(merged, target), None, groups_wanted * (d_h + d_v), "data-aware",
-                        groups=[list(g) for g in groups])  # fmt: skip
+        return LayerFit(
+            layer,
+            _to_kv(merged, target),
+            None,
+            groups_wanted * (d_h + d_v),
+            "data-aware",
+            groups=[list(g) for g in groups],
+        )
     if spec.mechanism in ("lrkv", "mla") and data_aware:
-        _need(stats, layer, ["input"], f"the data-aware {spec.text} fit",
-              "capture them with inputs=True, or pass stats=None for the weight-space fit")  # fmt: skip
+        _need(
+            stats,
+            layer,
+            ["input"],
+            f"the data-aware {spec.text} fit",
+            "capture them with inputs=True, or pass stats=None for the weight-space fit",
+        )
     if spec.rope is not None:
         keep, kept = rope_keep(w, stats, layer, spec.rope, rope_planes)
         fit = partial_rope_latent(w, keep, int(spec.arg or 0), input_sqrt(stats, layer))
@@ -257,8 +273,14 @@ def fit_layer(
         groups_n = heads if spec.mechanism == "mha" else 1 if spec.mechanism == "mqa" else int(spec.arg or 0)
         k = per_kv_head(c.k_weight, groups_n)
         v = per_kv_head(c.v_weight, groups_n)
-        new = replace(w, k=k, v=v, k_bias=_group_bias(w.k_bias, w, groups_n),
-                      v_bias=_group_bias(w.v_bias, w, groups_n), mechanism=c.mechanism)  # fmt: skip
+        new = replace(
+            w,
+            k=k,
+            v=v,
+            k_bias=_group_bias(w.k_bias, w, groups_n),
+            v_bias=_group_bias(w.v_bias, w, groups_n),
+            mechanism=c.mechanism,
+        )
         target = groups_n if kv_target is None else kv_target
         return LayerFit(layer, _to_kv(new, target), None, c.kv_elements, "weight-space")
     # LRKV and MLA give every query head of a KV head the same K/V up to rounding; MLA factorises K and V

@@ -422,11 +422,28 @@ def capture(
         (60, 'mha')
     """
     adapter = adapter_for(model)
-    (layers, cross_layer, batch_size, max_length, max_tokens, max_memory, skip_first_token, inputs,
-     progress) = check_capture_arguments(adapter, layers=layers, cross_layer=cross_layer,
-                                         batch_size=batch_size, max_length=max_length, max_tokens=max_tokens,
-                                         max_memory=max_memory, skip_first_token=skip_first_token,
-                                         inputs=inputs, progress=progress)  # fmt: skip
+    (
+        layers,
+        cross_layer,
+        batch_size,
+        max_length,
+        max_tokens,
+        max_memory,
+        skip_first_token,
+        inputs,
+        progress,
+    ) = check_capture_arguments(
+        adapter,
+        layers=layers,
+        cross_layer=cross_layer,
+        batch_size=batch_size,
+        max_length=max_length,
+        max_tokens=max_tokens,
+        max_memory=max_memory,
+        skip_first_token=skip_first_token,
+        inputs=inputs,
+        progress=progress,
+    )
     plan = CapturePlan.make(
         adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer, samples=samples
     )
@@ -556,9 +573,13 @@ def estimate(
     """
     adapter = adapter_for(model)
     layers, cross_layer, batch_size, max_length, inputs = check_estimate_arguments(
-        adapter, layers=layers, cross_layer=cross_layer, batch_size=batch_size, max_length=max_length,
+        adapter,
+        layers=layers,
+        cross_layer=cross_layer,
+        batch_size=batch_size,
+        max_length=max_length,
         inputs=inputs,
-    )  # fmt: skip
+    )
     plan = CapturePlan.make(
         adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer, samples=samples
     )

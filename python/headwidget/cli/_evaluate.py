@@ -179,11 +179,19 @@ def run(args: argparse.Namespace, load: Loader) -> int:
         first = resolve_layers(adapter_for(model), layers)[0]
         check_variants(model, tokenizer, specs, first, calibration_texts)
         sampled = needs_samples(specs)  # kv:cq codebooks: samples of the post-RoPE keys and values
-        stats = capture(model, calibration_texts, tokenizer=tokenizer, layers=layers,
-                        inputs=needs_inputs(specs), max_tokens=args.calibration_tokens,
-                        max_length=args.max_length, batch_size=args.batch_size,
-                        samples=CALIBRATION_SAMPLES if sampled else 0, rope="both" if sampled else "pre",
-                        progress=progress)  # fmt: skip
+        stats = capture(
+            model,
+            calibration_texts,
+            tokenizer=tokenizer,
+            layers=layers,
+            inputs=needs_inputs(specs),
+            max_tokens=args.calibration_tokens,
+            max_length=args.max_length,
+            batch_size=args.batch_size,
+            samples=CALIBRATION_SAMPLES if sampled else 0,
+            rope="both" if sampled else "pre",
+            progress=progress,
+        )
         calibration = f"{stats.tokens} tokens of the calibration split of {SAMPLE_SOURCE}"
     elif stats is not None:
         calibration = f"{stats.tokens} tokens, read from --stats {args.stats}"
@@ -191,11 +199,22 @@ def run(args: argparse.Namespace, load: Loader) -> int:
         calibration = "none (no variant is fitted from statistics)"
     if stats is not None:
         calibration += f" (kinds {', '.join(stats.kinds)})"
-    report = evaluate(model, texts, specs, tokenizer=tokenizer, stats=stats,
-                      allow_other_weights=args.allow_other_weights, layers=layers,
-                      per_layer=args.per_layer, dtype=getattr(torch, args.dtype),
-                      batch_size=args.batch_size, max_length=args.max_length,
-                      max_tokens=args.evaluation_tokens, protocol=protocol, progress=progress)  # fmt: skip
+    report = evaluate(
+        model,
+        texts,
+        specs,
+        tokenizer=tokenizer,
+        stats=stats,
+        allow_other_weights=args.allow_other_weights,
+        layers=layers,
+        per_layer=args.per_layer,
+        dtype=getattr(torch, args.dtype),
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_tokens=args.evaluation_tokens,
+        protocol=protocol,
+        progress=progress,
+    )
     write_report(report, args.out, evaluation=evaluation, calibration=calibration)
     print(
         f"{report.model}: {report.tokens} evaluation tokens in {report.sequences} sequences "

@@ -111,17 +111,35 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     stats = None
     if needs_statistics(specs):
         check_variants(model, tokenizer, ["model", *specs], 0, calibration)
-        stats = capture(model, calibration, tokenizer=tokenizer, inputs=needs_inputs(specs),
-                        max_tokens=args.calibration_tokens, max_length=args.max_length,
-                        batch_size=args.batch_size, progress=progress)  # fmt: skip
+        stats = capture(
+            model,
+            calibration,
+            tokenizer=tokenizer,
+            inputs=needs_inputs(specs),
+            max_tokens=args.calibration_tokens,
+            max_length=args.max_length,
+            batch_size=args.batch_size,
+            progress=progress,
+        )
     runs = {}
     for spec in specs:
         variant = apply(model, spec, stats)
-        runs[spec] = heal(variant, model, tokenizer=tokenizer, tokens=args.tokens, method=args.method,
-                          trainable=args.trainable, lr=args.lr, batch_size=args.batch_size,
-                          max_length=args.max_length, eval_every=args.eval_every,
-                          eval_tokens=args.eval_tokens, per_layer=not args.no_per_layer, seed=args.seed,
-                          progress=progress)  # fmt: skip
+        runs[spec] = heal(
+            variant,
+            model,
+            tokenizer=tokenizer,
+            tokens=args.tokens,
+            method=args.method,
+            trainable=args.trainable,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            max_length=args.max_length,
+            eval_every=args.eval_every,
+            eval_tokens=args.eval_tokens,
+            per_layer=not args.no_per_layer,
+            seed=args.seed,
+            progress=progress,
+        )
         print(f"{spec}: healed on {runs[spec].tokens_seen:,} tokens ({runs[spec].steps} steps)\n")
         print(runs[spec].table() + "\n")
     save_runs(runs, args.out)

@@ -193,9 +193,17 @@ def check_variants(model: Any, tokenizer: Any, specs: Sequence[str], layer: int,
     if needs_statistics(specs):
         sampled = needs_samples(specs)
         tokens = max(PROBE_TOKENS, samples_needed(specs))  # a k-means needs a sample per centroid
-        probe = capture(model, texts, tokenizer=tokenizer, layers=[layer], inputs=needs_inputs(specs),
-                        max_tokens=tokens, samples=tokens if sampled else 0,
-                        rope="both" if sampled else "pre", progress=False)  # fmt: skip
+        probe = capture(
+            model,
+            texts,
+            tokenizer=tokenizer,
+            layers=[layer],
+            inputs=needs_inputs(specs),
+            max_tokens=tokens,
+            samples=tokens if sampled else 0,
+            rope="both" if sampled else "pre",
+            progress=False,
+        )
     for spec in specs:
         try:
             parsed = parse_variant(spec)

@@ -91,8 +91,16 @@ def _capture(name: str, model: Any, tokenizer: Any, texts: list[str], **options:
     rope = "both" if smol else "pre"
     cross = ALIGNMENT_LAYERS if smol else None
     samples = SAMPLES if smol else 0  # token rows for the coupling entropies and the CQ codebooks
-    return capture(model, texts, tokenizer=tokenizer, rope=rope, inputs=True, cross_layer=cross,
-                   samples=samples, **options)  # fmt: skip
+    return capture(
+        model,
+        texts,
+        tokenizer=tokenizer,
+        rope=rope,
+        inputs=True,
+        cross_layer=cross,
+        samples=samples,
+        **options,
+    )
 
 
 class _Clock:
@@ -181,8 +189,10 @@ def _per_layer_table(report: EvaluationReport) -> list[str]:
         worst = sorted(range(len(d)), key=lambda i: -d[i])[:3]
         named = ", ".join(f"{report.layers[i]} ({d[i]:+.3f})" for i in worst)
         whole = report.nll[v] - base
-        lines.append(f"- {v}: most fragile layers {named}; the layers' ΔNLL sum to {sum(d):+.3f}, "
-                     f"all layers converted at once give {whole:+.3f}")  # fmt: skip
+        lines.append(
+            f"- {v}: most fragile layers {named}; the layers' ΔNLL sum to {sum(d):+.3f}, "
+            f"all layers converted at once give {whole:+.3f}"
+        )
     return lines
 
 
@@ -318,9 +328,20 @@ def run_demo(
         echo(f"saved {path}")
         report += [f"## {name}: per-layer summary ({stats.tokens} tokens)", "", "```", table, "```", ""]
         if figures and name == "smollm2-135m":
-            evaluation = _evaluation(out, model, tokenizer, stats, echo, tokens=evaluation_tokens,
-                                     sweep_tokens=sweep_tokens, max_length=max_length, batch_size=batch_size,
-                                     progress=progress, full=full, clock=clock)  # fmt: skip
+            evaluation = _evaluation(
+                out,
+                model,
+                tokenizer,
+                stats,
+                echo,
+                tokens=evaluation_tokens,
+                sweep_tokens=sweep_tokens,
+                max_length=max_length,
+                batch_size=batch_size,
+                progress=progress,
+                full=full,
+                clock=clock,
+            )
         results[name], loaded[name] = stats, model.to("cpu")
         clock.lap(f"{name}: load and capture")
     if figures:

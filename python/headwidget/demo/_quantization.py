@@ -173,11 +173,19 @@ def quantizer_lines(
     """
     rows, tokens, reduced = reduced_run(stats, max_tokens, full)
     started = time.perf_counter()
-    report = evaluate(model, texts, ["model", *QUANTIZER_VARIANTS], stats=first_rows(stats, rows),
-                      max_tokens=tokens, **options)  # fmt: skip
+    report = evaluate(
+        model,
+        texts,
+        ["model", *QUANTIZER_VARIANTS],
+        stats=first_rows(stats, rows),
+        max_tokens=tokens,
+        **options,
+    )
     took = time.perf_counter() - started
-    echo(f"\nsmollm2-135m: {len(QUANTIZER_VARIANTS)} K/V quantizers on {report.tokens} held-out tokens "
-         f"(codebooks from {rows} calibration rows) in {took:.1f} s")  # fmt: skip
+    echo(
+        f"\nsmollm2-135m: {len(QUANTIZER_VARIANTS)} K/V quantizers on {report.tokens} held-out tokens "
+        f"(codebooks from {rows} calibration rows) in {took:.1f} s"
+    )
     if reduced:
         echo(reduced)
     echo(report.table())
@@ -190,9 +198,16 @@ def quantizer_lines(
     base = report.measures["model"]["nll"]
     for v in report.variants:
         m = report.measures[v]
-        cells = [v, f"{bits_per_channel(report, v):.2f}", str(report.kv_bytes_per_token[v]),
-                 str(report.constant_bytes.get(v, 0)), f"{m['perplexity']:.3f}", f"{m['nll'] - base:+.4f}",
-                 f"{m['kl']:.4f}", f"{m['top1']:.4f}"]  # fmt: skip
+        cells = [
+            v,
+            f"{bits_per_channel(report, v):.2f}",
+            str(report.kv_bytes_per_token[v]),
+            str(report.constant_bytes.get(v, 0)),
+            f"{m['perplexity']:.3f}",
+            f"{m['nll'] - base:+.4f}",
+            f"{m['kl']:.4f}",
+            f"{m['top1']:.4f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     intro = (
         f"Fake-quantized post-RoPE keys and values, every layer, on {report.tokens} held-out tokens of the "

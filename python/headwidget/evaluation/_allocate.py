@@ -112,8 +112,10 @@ class Allocation:
 
     def table(self) -> str:
         """A Markdown table of the rounds and the chosen spec per layer."""
-        title = (f"allocation within {self.budget:g} of {self.model_bytes:g} K/V bytes per token "
-                 f"({self.objective}, chosen on {self.tokens} tokens)")  # fmt: skip
+        title = (
+            f"allocation within {self.budget:g} of {self.model_bytes:g} K/V bytes per token "
+            f"({self.objective}, chosen on {self.tokens} tokens)"
+        )
         lines = [title, "", "| round | predicted | measured | bytes/token | spec |", "|---|---|---|---|---|"]
         for i, r in enumerate(self.rounds):
             lines.append(
@@ -403,16 +405,25 @@ def allocate_frontier(
     layers = list(range(num_layers))
     reading = parse_protocol(protocol)
     length = max_length if reading.window is None else reading.window
-    batches = protocol_batches(model, texts, tokenizer, reading, batch_size=batch_size, max_length=length,
-                               max_tokens=max_tokens, min_tokens=2)  # fmt: skip
+    batches = protocol_batches(
+        model,
+        texts,
+        tokenizer,
+        reading,
+        batch_size=batch_size,
+        max_length=length,
+        max_tokens=max_tokens,
+        min_tokens=2,
+    )
     check_token_ids(model, batches)
     every, batches = batches, ranks.shard(batches)
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     plans = {
         s: plan_variant(adapter, parse_variant(s), stats, layers, weight_dtype=weight_dtype)
-        for s in specs if s != "model"
-    }  # fmt: skip
+        for s in specs
+        if s != "model"
+    }
     model_plan = plan_variant(adapter, parse_variant("model"), None, layers)
     elements = model_plan.layer_elements
     layer_bytes = {s: (plans[s] if s != "model" else model_plan).layer_bytes(dtype) for s in specs}
@@ -421,11 +432,22 @@ def allocate_frontier(
     for limit in limits:  # every budget checked before any forward
         check_budget([[layer_bytes[s][layer] for s in specs] for layer in layers], limit)
     cells = {s: {layer: plan.cell(layer) for layer in layers} for s, plan in plans.items()}
-    tick = Progress(len(batches) * (2 + sum(c is not None for row in cells.values() for c in row.values())),
-                    progress, desc="allocate")  # fmt: skip
+    tick = Progress(
+        len(batches) * (2 + sum(c is not None for row in cells.values() for c in row.values())),
+        progress,
+        desc="allocate",
+    )
     try:
-        swept = layer_sweep(base, batches, cells, layers, runner, tick=tick, ranks=ranks,
-                            measure="kl" if objective == "kl" else "delta_nll")  # fmt: skip
+        swept = layer_sweep(
+            base,
+            batches,
+            cells,
+            layers,
+            runner,
+            tick=tick,
+            ranks=ranks,
+            measure="kl" if objective == "kl" else "delta_nll",
+        )
         damage = {s: [0.0] * num_layers if s == "model" else swept[s] for s in specs}
         scorer = _Scorer(base, batches, runner, objective, tick, ranks)
         search = _Search(specs, plans, elements, layer_bytes, damage, scorer, dtype)
@@ -438,9 +460,20 @@ def allocate_frontier(
     out = []
     for limit, (best, best_choice, rounds) in zip(limits, found, strict=True):
         remember(best.spec, tokens_seen, sketch)
-        out.append(Allocation(
-            spec=best.spec, choice=best_choice, kv_bytes_per_token=best.kv_bytes_per_token, budget=limit,
-            model_bytes=model_bytes, objective=objective, candidates=specs, damage=damage,
-            layer_bytes=layer_bytes, rounds=rounds, fingerprint=tokens_seen, tokens=tokens,
-        ))  # fmt: skip
+        out.append(
+            Allocation(
+                spec=best.spec,
+                choice=best_choice,
+                kv_bytes_per_token=best.kv_bytes_per_token,
+                budget=limit,
+                model_bytes=model_bytes,
+                objective=objective,
+                candidates=specs,
+                damage=damage,
+                layer_bytes=layer_bytes,
+                rounds=rounds,
+                fingerprint=tokens_seen,
+                tokens=tokens,
+            )
+        )
     return out

@@ -223,8 +223,9 @@ def fits_for(
     out = {}
     for layer in layers:
         kv_target = None if adapter.resizable_kv_heads else adapter.kv_heads_of(adapter.attention_at(layer))
-        out[layer] = fit_layer(adapter.head_weights(layer), layer, parsed, stats, rope_planes=planes,
-                               kv_target=kv_target)  # fmt: skip
+        out[layer] = fit_layer(
+            adapter.head_weights(layer), layer, parsed, stats, rope_planes=planes, kv_target=kv_target
+        )
     return out
 
 
@@ -270,9 +271,17 @@ def compact_fits(fits: dict[int, LayerFit], dtype: torch.dtype) -> dict[int, Lay
     for layer, fit in fits.items():
         w = fit.weights
         if w is not None:
-            w = replace(w, q=w.q.to(dtype), k=w.k.to(dtype), v=w.v.to(dtype), o=w.o.to(dtype),
-                        q_bias=cast(w.q_bias), k_bias=cast(w.k_bias), v_bias=cast(w.v_bias),
-                        o_bias=cast(w.o_bias))  # fmt: skip
+            w = replace(
+                w,
+                q=w.q.to(dtype),
+                k=w.k.to(dtype),
+                v=w.v.to(dtype),
+                o=w.o.to(dtype),
+                q_bias=cast(w.q_bias),
+                k_bias=cast(w.k_bias),
+                v_bias=cast(w.v_bias),
+                o_bias=cast(w.o_bias),
+            )
         out[layer] = replace(fit, weights=w)
     return out
 

@@ -31,8 +31,18 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from headwidget.capture.inputs import Batch
 
-__all__ = ["CHOSEN_ON", "FLAG_SHARE", "KEEP_ONE_IN", "MIN_SHARED", "NGRAM", "Chosen", "chosen_shares",
-           "remember", "shared_share", "token_sketch"]  # fmt: skip
+__all__ = [
+    "CHOSEN_ON",
+    "FLAG_SHARE",
+    "KEEP_ONE_IN",
+    "MIN_SHARED",
+    "NGRAM",
+    "Chosen",
+    "chosen_shares",
+    "remember",
+    "shared_share",
+    "token_sketch",
+]
 
 #: Tokens per hashed n-gram.
 NGRAM = 8
@@ -45,9 +55,19 @@ FLAG_SHARE = 0.01
 MIN_SHARED = 2
 
 # fixed odd 64-bit multipliers, one per n-gram position, and a final mixing constant (splitmix64's)
-_WEIGHTS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
-                     0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x94D049BB133111EB, 0xBF58476D1CE4E5B9],
-                    dtype=np.uint64)[:NGRAM]  # fmt: skip
+_WEIGHTS = np.array(
+    [
+        0x9E3779B97F4A7C15,
+        0xC2B2AE3D27D4EB4F,
+        0x165667B19E3779F9,
+        0xD6E8FEB86659FD93,
+        0xFF51AFD7ED558CCD,
+        0xC4CEB9FE1A85EC53,
+        0x94D049BB133111EB,
+        0xBF58476D1CE4E5B9,
+    ],
+    dtype=np.uint64,
+)[:NGRAM]
 _MIX = np.uint64(0x94D049BB133111EB)
 
 
@@ -110,5 +130,6 @@ def chosen_shares(specs: Sequence[str], fingerprint: str, batches: Sequence[Batc
     chosen = {s: CHOSEN_ON[s] for s in specs if s in CHOSEN_ON}
     sketch = token_sketch(batches) if chosen else frozenset()
     exact = {s for s, on in chosen.items() if any(c.fingerprint == fingerprint for c in on)}
-    return {s: 1.0 if s in exact else shared_share(sketch, [c.sketch for c in on])
-            for s, on in chosen.items()}  # fmt: skip
+    return {
+        s: 1.0 if s in exact else shared_share(sketch, [c.sketch for c in on]) for s, on in chosen.items()
+    }

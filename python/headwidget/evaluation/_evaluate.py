@@ -213,9 +213,10 @@ def evaluate(
     adapter = adapter_for(model)
     given_layers = layers
     variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress = (
-        check_evaluate_arguments(adapter, variants, stats, layers, per_layer, dtype, batch_size, max_length,
-                                 max_tokens, progress)
-    )  # fmt: skip
+        check_evaluate_arguments(
+            adapter, variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress
+        )
+    )
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
     ranks = Ranks.of(distributed)
     reading = parse_protocol(protocol)
@@ -232,8 +233,16 @@ def evaluate(
     for p in parsed.values():
         if isinstance(p, MixedSpec):
             p.check_layers(adapter.layout().num_layers)
-    need = EvaluationMemory.of(model, adapter, list(parsed.values()), chosen, per_layer=per_layer,
-                               dtype=dtype, batch_size=batch_size, max_length=max_length)  # fmt: skip
+    need = EvaluationMemory.of(
+        model,
+        adapter,
+        list(parsed.values()),
+        chosen,
+        per_layer=per_layer,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_length=max_length,
+    )
     spare = check_evaluation_budget(need, max_memory)
     runner = OutputRunner.for_model(model)
     lm = runner.kind == "causal-lm"
@@ -242,8 +251,16 @@ def evaluate(
             f"protocol {reading.text} scores next-token predictions, and {type(model).__name__} makes none; "
             "evaluate an encoder with protocol='documents' or 'chunks:W'"
         )
-    batches = protocol_batches(model, texts, tokenizer, reading, batch_size=batch_size, max_length=max_length,
-                               max_tokens=max_tokens, min_tokens=2 if lm else 1)  # fmt: skip
+    batches = protocol_batches(
+        model,
+        texts,
+        tokenizer,
+        reading,
+        batch_size=batch_size,
+        max_length=max_length,
+        max_tokens=max_tokens,
+        min_tokens=2 if lm else 1,
+    )
     check_token_ids(model, batches)
     every, batches = batches, ranks.shard(batches)
     base = _working_copy(model, dtype)
@@ -292,8 +309,16 @@ def evaluate(
         cached = None
         if per_layer:
             cells = {s: {layer: plan.cell(layer) for layer in chosen} for s, plan in plans.items()}
-            swept = layer_sweep(base, batches, cells, chosen, runner, tick=tick, ranks=ranks,
-                                record_budget=max(0, min(RECORD_BUDGET, spare)))  # fmt: skip
+            swept = layer_sweep(
+                base,
+                batches,
+                cells,
+                chosen,
+                runner,
+                tick=tick,
+                ranks=ranks,
+                record_budget=max(0, min(RECORD_BUDGET, spare)),
+            )
             sweep = {s: [0.0] * len(chosen) if s == "model" else swept[s] for s in specs}
     finally:
         tick.close()
@@ -310,15 +335,24 @@ def evaluate(
         )
     return EvaluationReport(
         model=str(getattr(model.config, "name_or_path", "") or type(model).__name__),
-        kind=runner.kind, variants=specs, measures=measures, kv_bytes_per_token=kv_bytes,
+        kind=runner.kind,
+        variants=specs,
+        measures=measures,
+        kv_bytes_per_token=kv_bytes,
         tokens=predicted_count(every) if lm else sum(int(b.attention_mask.sum()) for b in every),
         sequences=sum(int((b.attention_mask.sum(-1) > 0).sum()) for b in every),
-        fingerprint=tokens_seen, dtype=str(dtype), layers=chosen, per_layer=sweep,
+        fingerprint=tokens_seen,
+        dtype=str(dtype),
+        layers=chosen,
+        per_layer=sweep,
         per_layer_measure=None if sweep is None else ("delta_nll" if lm else "hidden_rel_error"),
-        calibration=calibration, constant_bytes=constant, num_layers=num_layers,
-        converted_kv_bytes=sum(layer_bytes[i] for i in chosen), chosen_on_these_tokens=leaked,
+        calibration=calibration,
+        constant_bytes=constant,
+        num_layers=num_layers,
+        converted_kv_bytes=sum(layer_bytes[i] for i in chosen),
+        chosen_on_these_tokens=leaked,
         protocol=reading.text,
-    )  # fmt: skip
+    )
 
 
 def protocol_batches(
@@ -334,13 +368,32 @@ def protocol_batches(
 ) -> list[Batch]:
     """The evaluation batches of a protocol: documents, ``chunks:W`` or ``stride:W/S`` windows."""
     if reading.window is None:
-        return evaluation_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length,
-                                  max_tokens=max_tokens, min_tokens=min_tokens)  # fmt: skip
+        return evaluation_batches(
+            texts,
+            tokenizer,
+            batch_size=batch_size,
+            max_length=max_length,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+        )
     if reading.stride is None:
-        return chunk_batches(texts, tokenizer, reading.window, batch_size=batch_size, max_tokens=max_tokens,
-                             context=model_context(model))  # fmt: skip
-    return stride_batches(texts, tokenizer, reading.window, reading.stride, batch_size=batch_size,
-                          max_tokens=max_tokens, context=model_context(model))  # fmt: skip
+        return chunk_batches(
+            texts,
+            tokenizer,
+            reading.window,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            context=model_context(model),
+        )
+    return stride_batches(
+        texts,
+        tokenizer,
+        reading.window,
+        reading.stride,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        context=model_context(model),
+    )
 
 
 def model_context(model: nn.Module) -> int | None:

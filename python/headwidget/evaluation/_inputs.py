@@ -73,9 +73,13 @@ def evaluation_batches(
         EvaluationInputError: no sequence has ``min_tokens`` real tokens (two for a language model,
             whose first token is never predicted).
     """
-    batches = [b for b in first_tokens(list(iter_batches(texts, tokenizer, batch_size=batch_size,
-                                                     max_length=max_length)), max_tokens)
-               if int(b.attention_mask.sum())]  # fmt: skip
+    batches = [
+        b
+        for b in first_tokens(
+            list(iter_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length)), max_tokens
+        )
+        if int(b.attention_mask.sum())
+    ]
     longest = max((int(b.attention_mask.sum(-1).max()) for b in batches), default=0)
     if longest < min_tokens:
         raise EvaluationInputError(

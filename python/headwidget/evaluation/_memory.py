@@ -74,8 +74,9 @@ def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], 
         for name in converted_modules(model, adapter, layers)
         for t in (*model.get_submodule(name).parameters(), *model.get_submodule(name).buffers())
     }
-    return sum(t.numel() * (_size(dtype) if t.is_floating_point() else t.element_size())
-               for t in tensors.values())  # fmt: skip
+    return sum(
+        t.numel() * (_size(dtype) if t.is_floating_point() else t.element_size()) for t in tensors.values()
+    )
 
 
 def _vocab(model: nn.Module) -> int:
@@ -116,8 +117,9 @@ class EvaluationMemory:
         copy = 0 if own == dtype else _tensor_bytes(model) + _tensor_bytes(model, dtype)
         attentions = [adapter.attention_at(layer) for layer in layers]
         attention = sum(_tensor_bytes(a, dtype) for a in attentions)
-        converted = [v for v in variants if any(p.mechanism != "model" and not p.quantizer
-                                                for p in uniform_parts(v))]  # fmt: skip
+        converted = [
+            v for v in variants if any(p.mechanism != "model" and not p.quantizer for p in uniform_parts(v))
+        ]
         fits = (len(converted) * attention + attention * 8 // b) if converted else 0
         lay = adapter.layout()
         tokens = batch_size * max_length
@@ -196,5 +198,13 @@ def estimate_evaluation(
     )
     parsed = [parse_variant(v) for v in variants]
     chosen = resolve_layers(adapter, layers)
-    return EvaluationMemory.of(model, adapter, parsed, chosen, per_layer=per_layer, dtype=dtype,
-                               batch_size=batch_size, max_length=max_length).total  # fmt: skip
+    return EvaluationMemory.of(
+        model,
+        adapter,
+        parsed,
+        chosen,
+        per_layer=per_layer,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_length=max_length,
+    ).total

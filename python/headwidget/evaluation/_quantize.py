@@ -172,8 +172,10 @@ class KVQuantizer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Fake-quantized ``key``, ``value`` (B, G, T, d) of ``layer``; ``real`` (B, T) marks real tokens."""
         if self.method == "kv:int":
-            return (quantize_int_keys(key, self.bits, self.group, real),
-                    quantize_int_values(value, self.bits, self.group))  # fmt: skip
+            return (
+                quantize_int_keys(key, self.bits, self.group, real),
+                quantize_int_values(value, self.bits, self.group),
+            )
         out = []
         for kind, x in (("key", key), ("value", value)):
             rows = flat_rows(x.to(work_dtype(x)))

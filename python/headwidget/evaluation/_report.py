@@ -160,8 +160,11 @@ class EvaluationReport:
         base = self.measures.get("model", {}).get("nll") if self.kind == "causal-lm" else None
         out = []
         for v in self.variants:
-            row: dict[str, Any] = {"spec": v, "kv_bytes_per_token": self.kv_bytes_per_token[v],
-                                   "constant_bytes": self.constant_bytes.get(v, 0)}  # fmt: skip
+            row: dict[str, Any] = {
+                "spec": v,
+                "kv_bytes_per_token": self.kv_bytes_per_token[v],
+                "constant_bytes": self.constant_bytes.get(v, 0),
+            }
             row.update(self.measures[v])
             if base is not None:
                 row["delta_nll"] = self.measures[v]["nll"] - base
@@ -174,17 +177,28 @@ class EvaluationReport:
             head = ["spec", "KV bytes/token", "NLL", "perplexity", "ΔNLL", "KL", "top-1"]
             base = self.measures.get("model", {}).get("nll", math.nan)
             body = [
-                [v, str(self.kv_bytes_per_token[v]), f"{m['nll']:.4f}", f"{m['perplexity']:.3f}",
-                 f"{m['nll'] - base:+.4f}", f"{m['kl']:.4f}", f"{m['top1']:.4f}"]
+                [
+                    v,
+                    str(self.kv_bytes_per_token[v]),
+                    f"{m['nll']:.4f}",
+                    f"{m['perplexity']:.3f}",
+                    f"{m['nll'] - base:+.4f}",
+                    f"{m['kl']:.4f}",
+                    f"{m['top1']:.4f}",
+                ]
                 for v, m in ((v, self.measures[v]) for v in self.variants)
-            ]  # fmt: skip
+            ]
         else:
             head = ["spec", "KV bytes/token", "hidden rel. error", "embedding cosine"]
             body = [
-                [v, str(self.kv_bytes_per_token[v]), f"{self.measures[v]['hidden_rel_error']:.5f}",
-                 f"{self.measures[v]['embedding_cosine']:.6f}"]
+                [
+                    v,
+                    str(self.kv_bytes_per_token[v]),
+                    f"{self.measures[v]['hidden_rel_error']:.5f}",
+                    f"{self.measures[v]['embedding_cosine']:.6f}",
+                ]
                 for v in self.variants
-            ]  # fmt: skip
+            ]
         if any(self.constant_bytes.get(v, 0) for v in self.variants):
             head.insert(2, "constant bytes")
             for v, r in zip(self.variants, body, strict=True):
@@ -194,8 +208,11 @@ class EvaluationReport:
                 r[0] += " †"
         lines = [_row(head), _row(["---"] * len(head)), *(_row(r) for r in body)]
         if self.chosen_on_these_tokens:
-            lines += ["", "† chosen by allocate on (some of) these tokens: not a held-out measure; evaluate "
-                      "it on other text"]  # fmt: skip
+            lines += [
+                "",
+                "† chosen by allocate on (some of) these tokens: not a held-out measure; evaluate "
+                "it on other text",
+            ]
         if self.per_layer:
             name = "ΔNLL" if self.per_layer_measure == "delta_nll" else "hidden rel. error"
             lines += ["", f"{name} with only one layer converted:", ""]

@@ -203,8 +203,14 @@ def layer_sweep(
                     del variant
     counted = _Sums()
     counted.a = predicted_count(list(batches))
-    ranks.merge([reference, counted, *(c for row in sums.values() for c in row.values()),
-                 *(t for row in kl.values() for t in row.values())])  # fmt: skip
+    ranks.merge(
+        [
+            reference,
+            counted,
+            *(c for row in sums.values() for c in row.values()),
+            *(t for row in kl.values() for t in row.values()),
+        ]
+    )
     if kl:
         return {
             spec: [kl[spec][layer].kl if cells[spec].get(layer) is not None else 0.0 for layer in layers]

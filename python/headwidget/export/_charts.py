@@ -118,20 +118,31 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
                     runs.append([k])
             for r, run in enumerate(runs):
                 ax.plot(
-                    [s.x[k] for k in run], [s.y[k] for k in run], color=color, linewidth=1.2,
-                    linestyle="--" if s.dashed else "-", label=name if r == 0 else None,
-                    marker="o" if s.style == "points+line" else None, markersize=4,
-                    markeredgecolor="white", markeredgewidth=0.6, zorder=2,
-                )  # fmt: skip
+                    [s.x[k] for k in run],
+                    [s.y[k] for k in run],
+                    color=color,
+                    linewidth=1.2,
+                    linestyle="--" if s.dashed else "-",
+                    label=name if r == 0 else None,
+                    marker="o" if s.style == "points+line" else None,
+                    markersize=4,
+                    markeredgecolor="white",
+                    markeredgewidth=0.6,
+                    zorder=2,
+                )
         else:
             ax.scatter(xs, ys, s=22, color=color, edgecolors="white", linewidths=0.6, label=name, zorder=3)
         if s.style != "line" and chart.label_points and labelled <= MAX_LABELLED:
             for k in keep:
                 text = printable(s.labels[k].split("\n", 1)[0])
                 ax.annotate(
-                    text, (s.x[k], s.y[k]), xytext=(4, 3), textcoords="offset points",
-                    fontsize=TICK_PT - 0.5, color=TEXT_COLOR,
-                )  # fmt: skip
+                    text,
+                    (s.x[k], s.y[k]),
+                    xytext=(4, 3),
+                    textcoords="offset points",
+                    fontsize=TICK_PT - 0.5,
+                    color=TEXT_COLOR,
+                )
     xs_all = [x for s in chart.series for x in s.x]
     ys_all = [y for s in chart.series for y in s.y]
     if chart.x_log:
@@ -162,22 +173,43 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
     ax.set_title(printable(chart.title), loc="left", fontsize=TITLE_PT, fontweight="bold", pad=pad)
     if subtitle:
         ax.annotate(
-            "\n".join(subtitle), xy=(0, 1), xycoords="axes fraction", xytext=(0, 3 + legend_pt),
-            textcoords="offset points", ha="left", va="bottom", fontsize=SUBTITLE_PT, color=MUTED_COLOR,
-        )  # fmt: skip
+            "\n".join(subtitle),
+            xy=(0, 1),
+            xycoords="axes fraction",
+            xytext=(0, 3 + legend_pt),
+            textcoords="offset points",
+            ha="left",
+            va="bottom",
+            fontsize=SUBTITLE_PT,
+            color=MUTED_COLOR,
+        )
     if names:
         # Its rows and columns are sized to the chart's text width above, so the layout need not
         # make room for it (counted in, a legend wider than the plot squeezes the plot instead).
         legend = ax.legend(
-            loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=columns, frameon=False, fontsize=TICK_PT,
-            borderaxespad=0.2, handlelength=LEGEND_HANDLE_EM, handletextpad=LEGEND_PAD_EM,
+            loc="lower left",
+            bbox_to_anchor=(0.0, 1.0),
+            ncols=columns,
+            frameon=False,
+            fontsize=TICK_PT,
+            borderaxespad=0.2,
+            handlelength=LEGEND_HANDLE_EM,
+            handletextpad=LEGEND_PAD_EM,
             columnspacing=LEGEND_GAP_EM,
-        )  # fmt: skip
+        )
         legend.set_in_layout(False)
     if chart.note:
         note = "\n".join(wrap(printable(chart.note), text_w, NOTE_PT, style="italic"))
         ax.annotate(
-            note, xy=(0, 0), xycoords="axes fraction", xytext=(0, -30), textcoords="offset points",
-            ha="left", va="top", fontsize=NOTE_PT, style="italic", color=MUTED_COLOR,
-        )  # fmt: skip
+            note,
+            xy=(0, 0),
+            xycoords="axes fraction",
+            xytext=(0, -30),
+            textcoords="offset points",
+            ha="left",
+            va="top",
+            fontsize=NOTE_PT,
+            style="italic",
+            color=MUTED_COLOR,
+        )
     ax.set_gid(chart.id)

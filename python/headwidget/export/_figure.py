@@ -187,10 +187,14 @@ def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: flo
     rows, cols = matrix.shape
     big = np.finfo(np.float64).max  # ±inf take the end colours, as in the widget (imshow masks inf)
     ax.imshow(
-        np.nan_to_num(matrix, nan=np.nan, posinf=big, neginf=-big), cmap=colormap(grid.colormap),
-        norm=LutNorm(grid.vmin, grid.vmax), interpolation="nearest", interpolation_stage="rgba",
-        extent=(0, cols, rows, 0), aspect="auto",
-    )  # fmt: skip
+        np.nan_to_num(matrix, nan=np.nan, posinf=big, neginf=-big),
+        cmap=colormap(grid.colormap),
+        norm=LutNorm(grid.vmin, grid.vmax),
+        interpolation="nearest",
+        interpolation_stage="rgba",
+        extent=(0, cols, rows, 0),
+        aspect="auto",
+    )
     w, h = plot_size(rows, cols)
     ax.set_box_aspect(h / w)
     # Head boundaries, as the widget draws them: a thin translucent line between heads.
@@ -211,9 +215,16 @@ def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: flo
     ax.set_title(panel.title, loc="left", fontsize=TITLE_PT, fontweight="bold", pad=pad)
     if subtitle:
         ax.annotate(
-            "\n".join(subtitle), xy=(0, 1), xycoords="axes fraction", xytext=(0, 3),
-            textcoords="offset points", ha="left", va="bottom", fontsize=SUBTITLE_PT, color=MUTED_COLOR,
-        )  # fmt: skip
+            "\n".join(subtitle),
+            xy=(0, 1),
+            xycoords="axes fraction",
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="left",
+            va="bottom",
+            fontsize=SUBTITLE_PT,
+            color=MUTED_COLOR,
+        )
     if panel.note:
         note = "\n".join(wrap(panel.note, text_w, NOTE_PT, style="italic"))
         ax.set_xlabel(note, loc="left", fontsize=NOTE_PT, style="italic", color=MUTED_COLOR, labelpad=3)
@@ -234,9 +245,16 @@ def _colorbar(fig: Figure | SubFigure, axes: list[Axes], grid: PanelGrid, length
         r, g, b = (c / 255 for c in nan_color())
         swatch = Patch(facecolor=(r, g, b), edgecolor=FRAME_COLOR, linewidth=0.6, label="undefined")
         cbar.ax.legend(
-            handles=[swatch], loc="upper left", bbox_to_anchor=(0.0, -0.02), frameon=False,
-            fontsize=TICK_PT, handlelength=1.0, handleheight=1.0, handletextpad=0.4, borderaxespad=0.0,
-        )  # fmt: skip
+            handles=[swatch],
+            loc="upper left",
+            bbox_to_anchor=(0.0, -0.02),
+            frameon=False,
+            fontsize=TICK_PT,
+            handlelength=1.0,
+            handleheight=1.0,
+            handletextpad=0.4,
+            borderaxespad=0.0,
+        )
 
 
 #: Inches of text past the figure's edge that an automatically sized figure grows to hold.

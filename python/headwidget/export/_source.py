@@ -245,10 +245,15 @@ def frame_json(grid: PanelGrid, traits: dict[str, Any] | None = None) -> dict[st
         encoded["data"] = base64.b64encode(encoded["data"]).decode("ascii")
         panels.append(encoded)
     return {
-        "vmin": grid.vmin, "vmax": grid.vmax, "colormap": grid.colormap,
-        "colorbar_label": grid.colorbar_label, "columns": grid.columns,
-        "traits": dict(traits or {}), "panels": panels, "charts": [encode_chart(c) for c in grid.charts],
-    }  # fmt: skip
+        "vmin": grid.vmin,
+        "vmax": grid.vmax,
+        "colormap": grid.colormap,
+        "colorbar_label": grid.colorbar_label,
+        "columns": grid.columns,
+        "traits": dict(traits or {}),
+        "panels": panels,
+        "charts": [encode_chart(c) for c in grid.charts],
+    }
 
 
 def collect_frames(
@@ -309,8 +314,13 @@ def _view_frames(
     frames.reachable = len(ordered)
     held = 0
     planned = max(min(len(ordered), max_states), sum(1 for d, _ in ordered if d == 0))
-    bar = tqdm(total=planned, unit="state", desc=f"page of {view.view_name or 'view'}", delay=2.0,
-               disable=not progress)  # fmt: skip
+    bar = tqdm(
+        total=planned,
+        unit="state",
+        desc=f"page of {view.view_name or 'view'}",
+        delay=2.0,
+        disable=not progress,
+    )
     for distance, values in ordered:
         if distance > 0 and held >= max_states:
             break

@@ -232,8 +232,12 @@ class _Evaluation:
         self.ranks.merge([totals])
         measures = _summary(totals)
         if self.runner.kind == "causal-lm":
-            row = {"nll": measures["nll"], "kl": measures["kl"], "top1": measures["top1"],
-                   "delta_nll": measures["nll"] - self.reference_nll}  # fmt: skip
+            row = {
+                "nll": measures["nll"],
+                "kl": measures["kl"],
+                "top1": measures["top1"],
+                "delta_nll": measures["nll"] - self.reference_nll,
+            }
         else:
             row = {k: measures[k] for k in ("hidden_rel_error", "embedding_cosine")}
         self.rows.append({"tokens": tokens, "step": step, **row})
@@ -382,8 +386,14 @@ def heal(
     if eval_texts is None:
         eval_texts = english_sample(split="evaluation")
     shortest = 2 if runner.kind == "causal-lm" else 1
-    every_batch = evaluation_batches(eval_texts, tokenizer, batch_size=batch_size, max_length=max_length,
-                                     max_tokens=eval_tokens, min_tokens=shortest)  # fmt: skip
+    every_batch = evaluation_batches(
+        eval_texts,
+        tokenizer,
+        batch_size=batch_size,
+        max_length=max_length,
+        max_tokens=eval_tokens,
+        min_tokens=shortest,
+    )
     if texts is None:
         texts = held_out_paragraphs(english_sample(split="calibration"), tokenizer, every_batch)
     stream = _stream(texts, tokenizer, None)
@@ -416,27 +426,51 @@ def heal(
     evaluation.point(teacher, student, 0, 0)
 
     training = _Training(
-        student=student, teacher=teacher, parts=TrainableParts.install(student, trainable, seed=seed),
-        plan=plan, evaluation=evaluation, ranks=ranks, device=device, autocast=autocast, loss_name=loss_name,
-        peak=peak, eval_every=eval_every, callbacks=callbacks,
-    )  # fmt: skip
+        student=student,
+        teacher=teacher,
+        parts=TrainableParts.install(student, trainable, seed=seed),
+        plan=plan,
+        evaluation=evaluation,
+        ranks=ranks,
+        device=device,
+        autocast=autocast,
+        loss_name=loss_name,
+        peak=peak,
+        eval_every=eval_every,
+        callbacks=callbacks,
+    )
 
     def finished(stopped: bool) -> HealingRun:
         healed = training.finish()
         if variant_dtype != train_dtype:
             healed = healed.to(variant_dtype)
         return HealingRun(
-            model_name=_model_name(model), spec=info.spec, kind=runner.kind, method=method, loss=loss_name,
-            trainable=trainable, lr=peak, batch_size=batch_size, max_length=plan.max_length, tokens=tokens,
-            seed=seed, dtype=str(cast or train_dtype), steps=len(training.losses), tokens_seen=training.seen,
+            model_name=_model_name(model),
+            spec=info.spec,
+            kind=runner.kind,
+            method=method,
+            loss=loss_name,
+            trainable=trainable,
+            lr=peak,
+            batch_size=batch_size,
+            max_length=plan.max_length,
+            tokens=tokens,
+            seed=seed,
+            dtype=str(cast or train_dtype),
+            steps=len(training.losses),
+            tokens_seen=training.seen,
             reference_nll=evaluation.reference_nll,
-            kv_bytes_per_token=float(info.kv_bytes_per_token(variant_dtype)), layers=layers,
-            curve=list(evaluation.rows), per_layer=list(evaluation.layer_rows) if per_layer else None,
-            losses=list(training.losses), healing_fingerprint=stream_fingerprint(plan.windows.reshape(-1)),
+            kv_bytes_per_token=float(info.kv_bytes_per_token(variant_dtype)),
+            layers=layers,
+            curve=list(evaluation.rows),
+            per_layer=list(evaluation.layer_rows) if per_layer else None,
+            losses=list(training.losses),
+            healing_fingerprint=stream_fingerprint(plan.windows.reshape(-1)),
             evaluation_fingerprint=fingerprint(every_batch),
             evaluation_tokens=sum(int(b.attention_mask.sum()) for b in every_batch),
-            stopped_early=stopped, model=healed,
-        )  # fmt: skip
+            stopped_early=stopped,
+            model=healed,
+        )
 
     try:
         stopped = training.run(progress)

@@ -134,8 +134,9 @@ class HealingRun:
                 f"{', '.join(RUN_SUFFIXES)} (JSON that HealingRun.load reads, or a markdown table)"
             )
         content = {f.name: getattr(self, f.name) for f in _saved_fields()}
-        text = report_text(type(self), {"format": RunCheck.format, "version": RunCheck.version, **content},
-                           target, RunCheck)  # fmt: skip
+        text = report_text(
+            type(self), {"format": RunCheck.format, "version": RunCheck.version, **content}, target, RunCheck
+        )
         if suffix == ".md":
             text = (
                 f"{self.model_name}, variant {self.spec}: healed with {self.method} ({self.loss}) on "

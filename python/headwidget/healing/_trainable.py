@@ -219,10 +219,11 @@ def _unique_heads(w: HeadWeights) -> tuple[list[int], torch.Tensor]:
         same = [
             i
             for i, t in enumerate(unique)
-            if torch.equal(w.k[s], w.k[t]) and torch.equal(w.v[s], w.v[t])
+            if torch.equal(w.k[s], w.k[t])
+            and torch.equal(w.v[s], w.v[t])
             and (w.k_bias is None or torch.equal(w.k_bias[s], w.k_bias[t]))
             and (w.v_bias is None or torch.equal(w.v_bias[s], w.v_bias[t]))
-        ]  # fmt: skip
+        ]
         if not same:
             unique.append(s)
         slot_of.append(same[0] if same else len(unique) - 1)
@@ -239,9 +240,14 @@ def _per_slot(t: torch.Tensor, heads: int, slots: int) -> torch.Tensor:
 
 
 def _mechanism_sources(
-    w: HeadWeights, fit: LayerFit, layer: int, dtype: torch.dtype, mode: str, rank: int | None,
+    w: HeadWeights,
+    fit: LayerFit,
+    layer: int,
+    dtype: torch.dtype,
+    mode: str,
+    rank: int | None,
     generator: torch.Generator,
-) -> _LayerSources:  # fmt: skip
+) -> _LayerSources:
     """The sources of a converted layer whose weights are ``w`` (float64, as the variant holds them)."""
     heads, slots = w.num_heads, w.num_kv_heads
     factors = fit.factors
@@ -259,8 +265,11 @@ def _mechanism_sources(
         slot_of = torch.arange(slots)
     elif "down" in factors:
         kind = "mla_rope" if "rope_keep" in factors else "mla"
-        made = {"down": factors["down"], "k_up": _per_slot(factors["k_up"], heads, slots),
-                "v_up": _per_slot(factors["v_up"], heads, slots)}  # fmt: skip
+        made = {
+            "down": factors["down"],
+            "k_up": _per_slot(factors["k_up"], heads, slots),
+            "v_up": _per_slot(factors["v_up"], heads, slots),
+        }
         if kind == "mla_rope":
             made["k_rope"] = w.k
         slot_of = torch.arange(slots)
@@ -373,13 +382,15 @@ class TrainableParts:
                 by_module.setdefault(id(s.module), (s.module, []))[1].append((part, s.index))
         for module, parts in by_module.values():
             transposed = isinstance(module, Conv1D)
-            parametrize.register_parametrization(module, "weight", _WrittenRows(owner, parts, transposed),
-                                                 unsafe=True)  # fmt: skip
+            parametrize.register_parametrization(
+                module, "weight", _WrittenRows(owner, parts, transposed), unsafe=True
+            )
             self._parametrized.append((module, "weight"))
             bias_parts = [(f"{part}_bias", index) for part, index in parts if f"{part}_bias" in present]
             if bias_parts and getattr(module, "bias", None) is not None:
-                parametrize.register_parametrization(module, "bias", _WrittenRows(owner, bias_parts, False),
-                                                     unsafe=True)  # fmt: skip
+                parametrize.register_parametrization(
+                    module, "bias", _WrittenRows(owner, bias_parts, False), unsafe=True
+                )
                 self._parametrized.append((module, "bias"))
         return [module for module, _ in by_module.values()]
 

@@ -168,9 +168,13 @@ class Dashboard(ipywidgets.VBox):
             ]
         model = self.stats.meta.model_name or self.stats.meta.model_class
         trends = PanelGrid(
-            [], 0.0, 1.0, "diverging", "",
+            [],
+            0.0,
+            1.0,
+            "diverging",
+            "",
             charts=trend_charts(self.trends.series, self.stats.layers, self.trends.figure.title),
-        )  # fmt: skip
+        )
         pages = [("Per-layer summary", page_html(trends, title=f"Per-layer summary · {model}"))]
         pages += [
             # The page's slider moves through the layers: its heading names the model, not a layer.

@@ -253,8 +253,14 @@ class KVStats:
     def _compatibility_problems(self, other: KVStats) -> list[str]:
         a, b = self.meta, other.meta
         problems = []
-        for name in ("model_class", "config_fingerprint", "layers", "kinds", "skip_first_token",
-                     "cross_layers"):  # fmt: skip
+        for name in (
+            "model_class",
+            "config_fingerprint",
+            "layers",
+            "kinds",
+            "skip_first_token",
+            "cross_layers",
+        ):
             if getattr(a, name) != getattr(b, name):
                 problems.append(f"{name}: {getattr(a, name)!r} vs {getattr(b, name)!r}")
         mine, theirs = a.weights_fingerprint, b.weights_fingerprint

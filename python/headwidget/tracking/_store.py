@@ -128,8 +128,12 @@ def read_index(folder: str | Path) -> dict[str, Any]:
     facts = {"model_class", "config_fingerprint", "layout"}
     if model is not None and (not isinstance(model, dict) or set(model) != facts):
         raise _fail(folder, "model", "must be null or an object with model_class, config_fingerprint, layout")
-    return {"format": FORMAT, "model": model, "snapshots": _steps_and_files(folder, raw["snapshots"]),
-            "logs": _logs(folder, raw["logs"])}  # fmt: skip
+    return {
+        "format": FORMAT,
+        "model": model,
+        "snapshots": _steps_and_files(folder, raw["snapshots"]),
+        "logs": _logs(folder, raw["logs"]),
+    }
 
 
 class TimelineStore:

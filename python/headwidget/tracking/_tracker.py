@@ -105,14 +105,22 @@ class Tracker(TrainerCallback):
                 f"path must be a folder's path (str or Path) or None, got {type(path).__name__}"
             )
         # cut to max_tokens once, here, so every rank's share of the probe is a share of the same tokens
-        probe = first_tokens(list(iter_batches(probe_texts, tokenizer, batch_size=batch_size,
-                                               max_length=max_length)), max_tokens)  # fmt: skip
+        probe = first_tokens(
+            list(iter_batches(probe_texts, tokenizer, batch_size=batch_size, max_length=max_length)),
+            max_tokens,
+        )
         self._batches = [{"input_ids": b.input_ids, "attention_mask": b.attention_mask} for b in probe]
         if not any(bool(b["attention_mask"].any()) for b in self._batches):
             raise TrackingError("the probe set has no real token: give the tracker texts (or ids) to capture")
-        self._options: dict[str, Any] = {"layers": layers, "rope": rope, "max_tokens": None,
-                                         "cross_layer": cross_layer, "batch_size": batch_size,
-                                         "max_length": max_length, "progress": False}  # fmt: skip
+        self._options: dict[str, Any] = {
+            "layers": layers,
+            "rope": rope,
+            "max_tokens": None,
+            "cross_layer": cross_layer,
+            "batch_size": batch_size,
+            "max_length": max_length,
+            "progress": False,
+        }
         self._snapshots: dict[int, KVStats | Path] = {}
         self._logs: dict[int, dict[str, float]] = {}
         self._store: TimelineStore | None = None
@@ -179,8 +187,9 @@ class Tracker(TrainerCallback):
         return not self._snapshots or step > max(self._snapshots)
 
     # ------------------------------------------------------------------------ TrainerCallback
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
-                       **kwargs: Any) -> None:  # fmt: skip
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: nn.Module | None = None, **kwargs: Any
+    ) -> None:
         if self._snapshots and state.global_step < max(self._snapshots):
             last = max(self._snapshots)
             warnings.warn(
@@ -192,20 +201,24 @@ class Tracker(TrainerCallback):
         if model is not None and self._due(state.global_step):
             self.snapshot(model, state.global_step)
 
-    def on_step_end(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
-                    **kwargs: Any) -> None:  # fmt: skip
+    def on_step_end(
+        self, args: Any, state: Any, control: Any, model: nn.Module | None = None, **kwargs: Any
+    ) -> None:
         if model is not None and state.global_step % self.every == 0 and self._due(state.global_step):
             self.snapshot(model, state.global_step)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
-                     **kwargs: Any) -> None:  # fmt: skip
+    def on_train_end(
+        self, args: Any, state: Any, control: Any, model: nn.Module | None = None, **kwargs: Any
+    ) -> None:
         if model is not None and self._due(state.global_step):
             self.snapshot(model, state.global_step)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:  # fmt: skip
-        numbers = {k: float(v) for k, v in (logs or {}).items()
-                   if type(v) in (int, float) and math.isfinite(v)}  # fmt: skip
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        numbers = {
+            k: float(v) for k, v in (logs or {}).items() if type(v) in (int, float) and math.isfinite(v)
+        }
         if not numbers:
             return
         self._logs.setdefault(state.global_step, {}).update(numbers)

@@ -53,8 +53,11 @@ ROTATION_INVARIANT = ("cka",)
 METRICS = ["token_cosine", "cosine", "pearson", *ROTATION_INVARIANT]
 #: What the metric drop-down and the trend chart's title call each metric.
 METRIC_LABELS = {
-    "token_cosine": "per-token cosine", "cosine": "cosine", "pearson": "Pearson", "cka": "linear CKA",
-}  # fmt: skip
+    "token_cosine": "per-token cosine",
+    "cosine": "cosine",
+    "pearson": "Pearson",
+    "cka": "linear CKA",
+}
 
 AV = TypeVar("AV", bound="AlignmentView")
 

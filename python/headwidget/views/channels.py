@@ -231,6 +231,10 @@ class ChannelView(LayerView):
                     )
                 )
         return PanelGrid(
-            panels, vmin=-1.0, vmax=1.0, colormap="diverging",
-            colorbar_label="Pearson correlation", columns=len(layers),
-        )  # fmt: skip
+            panels,
+            vmin=-1.0,
+            vmax=1.0,
+            colormap="diverging",
+            colorbar_label="Pearson correlation",
+            columns=len(layers),
+        )

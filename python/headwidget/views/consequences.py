@@ -75,8 +75,13 @@ DAMAGE_MEASURES: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 #: What the damage toggles show each measure as.
-MEASURE_LABELS = {"nll": "ΔNLL", "kl": "KL", "top1": "top-1", "hidden_rel_error": "hidden error",
-                  "embedding_cosine": "embedding cosine"}  # fmt: skip
+MEASURE_LABELS = {
+    "nll": "ΔNLL",
+    "kl": "KL",
+    "top1": "top-1",
+    "hidden_rel_error": "hidden error",
+    "embedding_cosine": "embedding cosine",
+}
 PER_LAYER_TITLES = {
     "delta_nll": ("ΔNLL, one layer converted", "ΔNLL with only that layer converted (nats / token)"),
     "hidden_rel_error": (
@@ -221,27 +226,37 @@ class ConsequenceView(View):
         label, _ = DAMAGE_MEASURES[r.kind][measure]
         specs = list(r.variants)
         names = short_names(specs, r.kv_bytes_per_token)  # a long mixed spec by its bytes
-        groups = [(name, [v for v in specs if variant_group(v) == name])
-                  for name in ("mechanisms", "quantizers", "mixed")]  # fmt: skip
+        groups = [
+            (name, [v for v in specs if variant_group(v) == name])
+            for name in ("mechanisms", "quantizers", "mixed")
+        ]
         # mixed specs (allocations at several budgets) joined in order of bytes: their frontier
         groups[2][1].sort(key=lambda v: (float(r.kv_bytes_per_token[v]), v))
         series = [
-            Series(name, [r.kv_bytes_per_token[v] for v in vs], [self.damage(v, measure) for v in vs],
-                   [self._hover(v, names[v]) for v in vs],
-                   style="points+line" if name == "mixed" else "points")
+            Series(
+                name,
+                [r.kv_bytes_per_token[v] for v in vs],
+                [self.damage(v, measure) for v in vs],
+                [self._hover(v, names[v]) for v in vs],
+                style="points+line" if name == "mixed" else "points",
+            )
             for name, vs in groups
             if vs
-        ]  # fmt: skip
+        ]
         costs = [float(r.kv_bytes_per_token[v]) for v in specs]
         damages = [self.damage(v, measure) for v in specs]
         front = pareto_front(costs, damages)
         series.append(
             Series(
-                "Pareto frontier", [costs[i] for i in front], [damages[i] for i in front],
-                [f"on the frontier: {names[specs[i]]}" for i in front], style="line", dashed=True,
+                "Pareto frontier",
+                [costs[i] for i in front],
+                [damages[i] for i in front],
+                [f"on the frontier: {names[specs[i]]}" for i in front],
+                style="line",
+                dashed=True,
                 color="#5f5f5f",
             )
-        )  # fmt: skip
+        )
         return Chart(
             "tradeoff",
             "KV bytes against damage",

@@ -125,9 +125,14 @@ class HealingView(View):
     needs_stats: ClassVar[bool] = False
     needs_healing: ClassVar[bool] = True
 
-    measure = state(t.Unicode("kl"), toggles("Damage", options="measures_available", labels={
-        name: label for kind in RECOVERY_MEASURES.values() for name, (label, _) in kind.items()
-    }))  # fmt: skip
+    measure = state(
+        t.Unicode("kl"),
+        toggles(
+            "Damage",
+            options="measures_available",
+            labels={name: label for kind in RECOVERY_MEASURES.values() for name, (label, _) in kind.items()},
+        ),
+    )
     run = state(t.Unicode(""), toggles("Layers of", options="runs_available"))
     #: The selected layer (a click on the map sets it; a dashboard links it to its other views).
     layer = state(WholeNumber(0))
@@ -281,8 +286,15 @@ class HealingView(View):
             return PanelGrid([], 0.0, 1.0, "magma", "", charts=[chart])
         panel, peak = found
         peak = max(peak, *(self._peak(n) for n in self.runs))
-        return PanelGrid([panel], 0.0, peak if peak > 0 else 1.0, "magma",
-                         "relative attention-output error", columns=1, charts=[chart])  # fmt: skip
+        return PanelGrid(
+            [panel],
+            0.0,
+            peak if peak > 0 else 1.0,
+            "magma",
+            "relative attention-output error",
+            columns=1,
+            charts=[chart],
+        )
 
     def _peak(self, name: str) -> float:
         values = [v for row in self.runs[name].per_layer or [] for v in row if math.isfinite(v)]

@@ -288,9 +288,15 @@ class MechanismView(LayerView):
         )
         labels = [f"H{h}" for h in range(sim.shape[0])]
         return Panel(
-            panel_id, title, sim, subtitle=subtitle, row_labels=labels, col_labels=labels,
-            row_axis="head", col_axis="head",
-        )  # fmt: skip
+            panel_id,
+            title,
+            sim,
+            subtitle=subtitle,
+            row_labels=labels,
+            col_labels=labels,
+            row_axis="head",
+            col_axis="head",
+        )
 
     def _shown_specs(self, state: Any) -> list[tuple[str, str, nn.Module, str]]:
         """(panel id, title, model, spec) of every panel, in order."""

@@ -266,13 +266,26 @@ class QuantizationView(LayerView):
 
             xs = [float(c) for c in sizes]
             series.append(
-                Series(f"{name} · joint", xs, [e.joint[c] for c in sizes], [label(c) for c in sizes],
-                       style="points+line", color=colour)
-            )  # fmt: skip
+                Series(
+                    f"{name} · joint",
+                    xs,
+                    [e.joint[c] for c in sizes],
+                    [label(c) for c in sizes],
+                    style="points+line",
+                    color=colour,
+                )
+            )
             series.append(
-                Series(f"{name} · Σ marginals", xs, [e.marginal_sum[c] for c in sizes],
-                       [label(c) for c in sizes], style="points+line", color=colour, dashed=True)
-            )  # fmt: skip
+                Series(
+                    f"{name} · Σ marginals",
+                    xs,
+                    [e.marginal_sum[c] for c in sizes],
+                    [label(c) for c in sizes],
+                    style="points+line",
+                    color=colour,
+                    dashed=True,
+                )
+            )
         corrected = " + Miller–Madow" if self.miller_madow else ""
         # N samples hold at most N distinct tuples: no joint entropy above log2(N) can be measured.
         ceiling = math.log2(max(samples, 1))
@@ -328,12 +341,24 @@ class QuantizationView(LayerView):
         for name, specs in families.items():
             specs = sorted(specs, key=lambda s: bits_per_channel(report, s))
             series.append(
-                Series(name, [bits_per_channel(report, s) for s in specs], [damage(s) for s in specs],
-                       [label(s) for s in specs], style="points+line")
-            )  # fmt: skip
+                Series(
+                    name,
+                    [bits_per_channel(report, s) for s in specs],
+                    [damage(s) for s in specs],
+                    [label(s) for s in specs],
+                    style="points+line",
+                )
+            )
         if "model" in report.measures:
-            series.append(Series("original", [bits_per_channel(report, "model")], [damage("model")],
-                                 [label("model")], color="#000000"))  # fmt: skip
+            series.append(
+                Series(
+                    "original",
+                    [bits_per_channel(report, "model")],
+                    [damage("model")],
+                    [label("model")],
+                    color="#000000",
+                )
+            )
         return Chart(
             "bits",
             "Bits per channel against damage",

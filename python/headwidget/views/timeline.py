@@ -75,9 +75,13 @@ __all__ = ["SHOW_LABELS", "StepIndexError", "TimelineStepsError", "TimelineView"
 SHOW_LABELS = {"channels": "channel correlation", "heads": "head similarity"}
 #: The colour of each trend line (the same metric has the same colour in every timeline).
 METRIC_COLORS = {
-    "key_abs_corr": "#1f77b4", "value_abs_corr": "#ff7f0e", "key_head_cos": "#2ca02c",
-    "value_head_cos": "#d62728", "key_aligned_sim": "#9467bd", "value_aligned_sim": "#8c564b",
-}  # fmt: skip
+    "key_abs_corr": "#1f77b4",
+    "value_abs_corr": "#ff7f0e",
+    "key_head_cos": "#2ca02c",
+    "value_head_cos": "#d62728",
+    "key_aligned_sim": "#9467bd",
+    "value_aligned_sim": "#8c564b",
+}
 #: The marker of the step shown, in every chart.
 MARKER_COLOR = "#5f5f5f"
 #: Alignment results kept (each a few small matrices): a played timeline revisits its steps.
@@ -368,10 +372,15 @@ class TimelineView(View):
                             f"layer {state.layer} · channels 0–{channels - 1} · Pearson over "
                             f"{stats.tokens} tokens"
                         ),
-                        matrix=matrix, row_step=block, col_step=block, note=note,
-                        row_group=head_dim, col_group=head_dim, axis_prefix="V" if kind == "value" else "K",
+                        matrix=matrix,
+                        row_step=block,
+                        col_step=block,
+                        note=note,
+                        row_group=head_dim,
+                        col_group=head_dim,
+                        axis_prefix="V" if kind == "value" else "K",
                     )
-                )  # fmt: skip
+                )
         return panels
 
     def _head_panels(self, state: Any, step: int) -> list[Panel]:
@@ -391,10 +400,14 @@ class TimelineView(View):
                         Panel(
                             id=f"{name}:{kind}-{suffix}" if name else f"{kind}-{suffix}",
                             title=f"{title} · {suffix}",
-                            subtitle=f"{subtitle}, {scores}", matrix=matrix, row_labels=labels,
-                            col_labels=labels, row_axis="head", col_axis="head",
+                            subtitle=f"{subtitle}, {scores}",
+                            matrix=matrix,
+                            row_labels=labels,
+                            col_labels=labels,
+                            row_axis="head",
+                            col_axis="head",
                         )
-                    )  # fmt: skip
+                    )
         return panels
 
     def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
@@ -438,8 +451,15 @@ class TimelineView(View):
         """A dashed vertical line at ``step`` over the range of ``values`` (0..1 when none is finite)."""
         finite = [v for v in values if math.isfinite(v)]
         low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
-        return Series(f"step {step}", [step, step], [low, high], [f"step {step} (shown)"] * 2,
-                      style="line", color=MARKER_COLOR, dashed=True)  # fmt: skip
+        return Series(
+            f"step {step}",
+            [step, step],
+            [low, high],
+            [f"step {step} (shown)"] * 2,
+            style="line",
+            color=MARKER_COLOR,
+            dashed=True,
+        )
 
     def trend_charts(self, state: Any) -> list[Chart]:
         """The trend chart of the layer of ``state`` (one line per metric and timeline, the step shown
@@ -450,17 +470,28 @@ class TimelineView(View):
             for metric, values in self.series(name, state.layer).items():
                 words = self._title(name, SUMMARY_METRICS[metric])
                 lines.append(
-                    Series(words, list(self.steps), values, _hover(words, self.steps, values),
-                           style="points+line", color=METRIC_COLORS[metric], dashed=i > 0)
-                )  # fmt: skip
+                    Series(
+                        words,
+                        list(self.steps),
+                        values,
+                        _hover(words, self.steps, values),
+                        style="points+line",
+                        color=METRIC_COLORS[metric],
+                        dashed=i > 0,
+                    )
+                )
         lines.append(self._marker(step, [v for s in lines for v in s.y]))
         charts = [
             Chart(
-                "trends", f"Layer {state.layer} over training", "training step", "mean over pairs",
-                lines, subtitle="mean |channel correlation|; mean head similarity before and after alignment",
+                "trends",
+                f"Layer {state.layer} over training",
+                "training step",
+                "mean over pairs",
+                lines,
+                subtitle="mean |channel correlation|; mean head similarity before and after alignment",
                 note="a click on a point shows its step",
             )
-        ]  # fmt: skip
+        ]
         loss = self._loss_chart(step)
         if loss is not None:
             charts.append(loss)
@@ -473,14 +504,21 @@ class TimelineView(View):
             if steps:
                 words = self._title(name, "loss")
                 xs = [float(s) for s in steps]
-                lines.append(Series(words, xs, values, _hover(words, steps, values), style="line",
-                                    dashed=i > 0))  # fmt: skip
+                lines.append(
+                    Series(words, xs, values, _hover(words, steps, values), style="line", dashed=i > 0)
+                )
         if not lines:
             return None
         lines.append(self._marker(step, [v for s in lines for v in s.y]))
-        return Chart("loss", "Trainer's loss", "training step", "loss", lines,
-                     subtitle="as the trainer logged it",
-                     note="a click on a point shows the nearest snapshot")  # fmt: skip
+        return Chart(
+            "loss",
+            "Trainer's loss",
+            "training step",
+            "loss",
+            lines,
+            subtitle="as the trainer logged it",
+            note="a click on a point shows the nearest snapshot",
+        )
 
     def select_point(self, chart: str, series: int, point: int) -> None:
         """A click on point ``point`` of series ``series`` of chart ``chart``: show the snapshot nearest

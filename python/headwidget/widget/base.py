@@ -140,8 +140,10 @@ class HeadWidget(anywidget.AnyWidget):
         """
         name = type(self).__name__
         lines = [f"{name}: {self.heading}" if self.heading else name]
-        for what, titles in (("charts", [c["title"] for c in self.charts]),
-                             ("panels", [p["title"] for p in self.panels])):  # fmt: skip
+        for what, titles in (
+            ("charts", [c["title"] for c in self.charts]),
+            ("panels", [p["title"] for p in self.panels]),
+        ):
             if titles:
                 lines.append(f"{what}: {'; '.join(titles)}")
         if self.error:
