@@ -106,10 +106,11 @@ def synthetic_stats(
 
 def harness_state(view: Any) -> dict[str, Any]:
     """The view's traits for the harness page, panels' bytes as base64."""
-    state = {k: getattr(view, k) for k in STATE_TRAITS}
+    widget = view.widget
+    state = {k: getattr(widget, k) for k in STATE_TRAITS}
     for control in type(view).view_controls():
-        state.update({name: getattr(view, name) for name in control.traits()})
-    state["panels"] = [{**p, "data": base64.b64encode(p["data"]).decode()} for p in view.panels]
+        state.update({name: getattr(widget, name) for name in control.traits()})
+    state["panels"] = [{**p, "data": base64.b64encode(p["data"]).decode()} for p in widget.panels]
     return state
 
 
@@ -212,7 +213,7 @@ RERENDER = """async (runs) => {
 
 
 def bench_harness(browser: Any, server: str, stats: Any, runs: int) -> dict[str, Any]:
-    from headwidget.notebook import ChannelView
+    from headwidget import ChannelView
 
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     page.goto(f"{server}/tests/browser/harness.html")
@@ -225,12 +226,13 @@ def bench_harness(browser: Any, server: str, stats: Any, runs: int) -> dict[str,
     out["paint_cold"] = t["paint"][0]
     out["paint"] = median(t["paint"][1:])
     out["paint_sync"] = median(t["sync"][1:])
-    out["buffer_bytes_per_cell"] = sum(len(p["data"]) for p in view.panels) / sum(
-        p["rows"] * p["cols"] for p in view.panels
+    sent = view.widget.panels
+    out["buffer_bytes_per_cell"] = sum(len(p["data"]) for p in sent) / sum(
+        p["rows"] * p["cols"] for p in sent
     )
-    out["panel_shape"] = f"{view.panels[0]['rows']}×{view.panels[0]['cols']}"
-    out["panels"] = len(view.panels)
-    out["displayed_cells"] = sum(p["rows"] * p["cols"] for p in view.panels)
+    out["panel_shape"] = f"{sent[0]['rows']}×{sent[0]['cols']}"
+    out["panels"] = len(sent)
+    out["displayed_cells"] = sum(p["rows"] * p["cols"] for p in sent)
     other = ChannelView(stats, layer=1, prefetch=False)
     t = page.evaluate(LAYER_STEP, [runs * 2, harness_state(other)["panels"]])
     out["step"] = median(t["paint"])
@@ -248,7 +250,7 @@ def bench_harness(browser: Any, server: str, stats: Any, runs: int) -> dict[str,
     cold.close()
 
     window = ChannelView(stats, layer=0, channel_start=0, channel_width=1024)  # full resolution
-    assert window.panels[0]["row_step"] == 1 and window.panels[0]["rows"] == 1024
+    assert window.widget.panels[0]["row_step"] == 1 and window.widget.panels[0]["rows"] == 1024
     page.evaluate(HARNESS_SETUP, harness_state(window))
     t = page.evaluate(RERENDER, runs * 2)
     out["redraw"] = median(t["redraw"])
@@ -324,9 +326,9 @@ def lab_cell(channels: int, layers: int, fit: bool) -> str:
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("headwidget_bench_render", {str(Path(__file__).resolve())!r})
 bench = importlib.util.module_from_spec(spec); sys.modules[spec.name] = bench; spec.loader.exec_module(bench)
-from headwidget.notebook import ChannelView
-class Whole(ChannelView):
-    def _on_panel_pixels(self, change): pass  # not observed: the page's size is ignored
+from headwidget import ChannelView
+class Whole(ChannelView):  # the page's size is ignored: always the view's own limit
+    resolution = property(lambda self: None, lambda self, cells: None)
 view = {view}(bench.synthetic_stats({channels}, layers={layers}), layer=0)
 view"""
 
@@ -357,7 +359,9 @@ def bench_lab(browser: Any, channels: int, layers: int, revisits: int, fit: bool
                 since = page.evaluate(MOVE_SLIDER, layer)
                 page.wait_for_function(REDRAWN, arg=[since, npanels], polling=5)
                 (first if n < layers - 1 else again).append(page.evaluate(TRIAL, [since, npanels]))
-            check = lp.run("print(view.layer, view.panel_pixels, view.panels[0]['rows'])").split()
+            check = lp.run(
+                "print(view.layer, view.widget.panel_pixels, view.widget.panels[0]['rows'])"
+            ).split()
             assert check[0] == str(order[-1]), check
             pixels, sent = int(check[1]), int(check[2])
             context.close()

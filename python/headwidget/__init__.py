@@ -80,7 +80,10 @@ from headwidget.evaluation import (
 )
 from headwidget.healing import HealingRun, heal
 from headwidget.moments import Moments
-from headwidget.notebook import (
+from headwidget.notebook import explore  # (and registers how views are displayed and saved)
+from headwidget.stats import KVStats, NoSamplesError, StatsMeta
+from headwidget.tracking import Timeline, Tracker
+from headwidget.views import (
     AlignmentView,
     ChannelView,
     ConsequenceView,
@@ -88,10 +91,7 @@ from headwidget.notebook import (
     MechanismView,
     QuantizationView,
     TimelineView,
-    explore,
 )
-from headwidget.stats import KVStats, NoSamplesError, StatsMeta
-from headwidget.tracking import Timeline, Tracker
 from headwidget.widget import HeadWidget, LayerTrends
 
 

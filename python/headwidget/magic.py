@@ -28,7 +28,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from headwidget.embedded import EMBEDDED_MODELS
 from headwidget.errors import HeadwidgetError
 from headwidget.stats import KVStats
-from headwidget.views import view_names
+from headwidget.views import view_class, view_names
 
 __all__ = ["HeadwidgetMagics", "load_ipython_extension", "unload_ipython_extension"]
 
@@ -89,7 +89,7 @@ class HeadwidgetMagics(Magics):
     def headwidget(self, line: str) -> Any:
         """Show the headwidget explorer (or one view) for a model or saved statistics."""
         from headwidget.capture import capture
-        from headwidget.notebook import explore, widget_class
+        from headwidget.notebook import explore
 
         args = parse_argstring(self.headwidget, line)
         layers = _layers(args.layers)
@@ -98,7 +98,7 @@ class HeadwidgetMagics(Magics):
         tokenizer = self._lookup(args.tokenizer, "tokenizer") or embedded_tokenizer
         model = None if isinstance(source, KVStats) else source
         stats = source if isinstance(source, KVStats) else None
-        view = None if args.view == "all" else widget_class(args.view)
+        view = None if args.view == "all" else view_class(args.view)
         if view is not None and view.needs_model and model is None:
             raise MagicUsageError(f"the {args.view} view needs a model (its weights), not statistics")
         if model is not None and (view is None or view.needs_stats):

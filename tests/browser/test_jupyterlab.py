@@ -239,9 +239,9 @@ def test_the_kernel_sends_no_more_cells_than_the_page_draws(lab):
     pixels = lab.page.evaluate(PLOT_PIXELS)
     assert 100 < pixels < 1024, pixels  # the plot is narrower than the 1024 channels
     deadline = time.monotonic() + 30
-    while int(lab.run("print(wide.panel_pixels)").splitlines()[-1]) != pixels:
+    while int(lab.run("print(wide.widget.panel_pixels)").splitlines()[-1]) != pixels:
         assert time.monotonic() < deadline, "the page never told the kernel its plot size"
-    out = lab.run("wide.layer = 1\nprint(wide.panels[0]['rows'], wide.panels[0]['row_step'])")
+    out = lab.run("wide.layer = 1\nprint(wide.widget.panels[0]['rows'], wide.widget.panels[0]['row_step'])")
     rows, step = map(int, out.splitlines()[-1].split())
     assert step == -(-1024 // pixels) and rows == -(-1024 // step) <= pixels
     lab.page.wait_for_function(

@@ -1,12 +1,14 @@
-"""The widget in a real marimo app: ``mo.ui.anywidget(view)`` draws the panels, the slider reaches Python.
+"""The widget in a real marimo app: ``mo.ui.anywidget(view.widget)`` draws the panels, the slider
+reaches Python.
 
 The test writes an app (``app.py``) into a temporary directory and serves it with ``marimo run``
 on 127.0.0.1 (free port, random access token, its own config, state and cache dirs), then opens it
-in chromium. The app's first cell shows a ``ChannelView`` of a tiny random-init Llama wrapped in
-``mo.ui.anywidget``; a second cell reads the wrapper's ``value["layer"]``, and so re-runs whenever
-the page changes the widget; it prints what Python holds then (the wrapper's value, ``view.layer``,
-the panels' float64 matrices) as JSON. Pixels are compared with those matrices, before and after a
-click on the layer slider; a ``mo.ui.button`` whose handler sets ``view.layer`` checks the way back.
+in chromium. The app's first cell shows a ``ChannelView`` of a tiny random-init Llama, its
+``view.widget`` wrapped in ``mo.ui.anywidget``; a second cell reads the wrapper's ``value["layer"]``,
+and so re-runs whenever the page changes the widget; it prints what Python holds then (the wrapper's
+value, ``view.layer``, the panels' float64 matrices) as JSON. Pixels are compared with those matrices,
+before and after a click on the layer slider; a ``mo.ui.button`` whose handler sets ``view.layer``
+checks the way back.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def _():
 
     import marimo as mo
 {setup}
-    widget = mo.ui.anywidget(view)
+    widget = mo.ui.anywidget(view.widget)
 
     def _back_to_layer_0(clicks):
         view.layer = 0

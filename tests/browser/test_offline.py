@@ -31,7 +31,7 @@ KERNEL_BUNDLE = (
     "f = pathlib.Path(headwidget.__file__).resolve().parent / 'static' / 'widget.js'; "
     "print(f); print(hashlib.sha256(f.read_bytes()).hexdigest()); "
     "views = (dash.channels, dash.alignment, dash.mechanisms); "
-    "print(*(hashlib.sha256(v._esm.encode()).hexdigest() for v in views), sep='\\n')"
+    "print(*(hashlib.sha256(v.widget._esm.encode()).hexdigest() for v in views), sep='\\n')"
 )
 
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import headwidget
-from headwidget import notebook
 from headwidget.core.panels import Panel, PanelGrid, encode_panel
 from headwidget.export import ExportError, cell_box, colormap, figure, lut_index, page_data, save
 from headwidget.views import AlignmentView, ChannelView, MechanismView
@@ -255,10 +254,10 @@ def decode(panel: dict, data: dict) -> np.ndarray:
 
 def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
     _, stats = tiny
-    view = notebook.ChannelView(stats, layer=1, channel_start=2, channel_width=5)  # a live widget
-    sent_before = view.panels
+    view = ChannelView(stats, layer=1, channel_start=2, channel_width=5)
+    sent_before = view.widget.panels  # a live widget
     data = page_data(view)
-    assert view.layer == 1 and view.panels == sent_before  # the live view is back where it was
+    assert view.layer == 1 and view.widget.panels == sent_before  # the live view is back where it was
     assert [a["trait"] for a in data["axes"]] == ["layer", "kind"]  # what a frame's key lists
     assert sorted(data["frames"]) == ['[0,"key"]', '[0,"key_post"]', '[1,"key"]', '[1,"key_post"]']
     assert data["errors"] == {}
@@ -343,7 +342,7 @@ def test_saving_a_page_never_moves_the_view(tiny):
     """The page's frames are the view's compute() of each state: no trait of the (live) view changes,
     so a widget on screen neither flickers nor ends up elsewhere (a widget sends only changes)."""
     model, stats = tiny
-    view = notebook.MechanismView(model, layer=1, mechanisms=["mqa", "lrkv:2"], stats=stats, prefetch=False)
+    view = MechanismView(model, layer=1, mechanisms=["mqa", "lrkv:2"], stats=stats, prefetch=False)
     changes: list[str] = []
     view.observe(lambda change: changes.append(change["name"]))
     data = page_data(view)

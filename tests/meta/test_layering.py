@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("healing",),  # what a converted model recovers with a little training (uses evaluation)
     ("views",),  # a user's state → panels; the view registry
     ("widget", "export"),  # anywidget transport / files (PNG, SVG, PDF, HTML)
-    ("notebook",),  # the displayable views (widget + export) and explore()
+    ("notebook",),  # the widget shell that displays any view, and explore()
     ("demo", "magic"),  # faces: the demo run, the IPython magic
     ("cli", "__init__"),  # faces: the command line, the package's public names
 )

@@ -56,21 +56,23 @@ FROM_STATS = [
 ]
 
 
-@pytest.mark.parametrize("face", ["view", "widget"])
+@pytest.mark.parametrize("shown", [False, True])
 @pytest.mark.parametrize("name", [n for n in FROM_STATS if n != "quantization"])
-def test_every_registered_view_refuses_another_models_statistics(models, refusal, name, face):
-    cls = view_class(name) if face == "view" else notebook.widget_class(name)
+def test_every_registered_view_refuses_another_models_statistics(models, refusal, name, shown):
+    cls = view_class(name)
     with pytest.raises(StatsMismatchError) as info:
         cls.create(models["llama_stats"], models["gpt2"], layers=[0])
     assert str(info.value) == refusal
     # The model the statistics come from is accepted.
     view = cls.create(models["gpt2_stats"], models["gpt2"], layers=[0], interactive=False)
     assert view.error == "" and view.grid.panels
+    if shown:
+        assert view.widget.error == "" and len(view.widget.panels) == len(view.grid.panels)
     view.close()
 
 
-@pytest.mark.parametrize("cls", [views.MechanismView, notebook.MechanismView])
-def test_mechanism_view_refuses_at_construction(models, refusal, cls):
+def test_mechanism_view_refuses_at_construction(models, refusal):
+    cls = views.MechanismView
     with pytest.raises(StatsMismatchError) as info:
         cls(models["gpt2"], stats=models["llama_stats"])
     assert str(info.value) == refusal
@@ -84,8 +86,8 @@ def test_mechanism_view_refuses_at_construction(models, refusal, cls):
 
 def test_dashboard_refuses_before_building_a_tab(models, refusal, monkeypatch):
     built: list[str] = []
-    real = notebook._explore.widget_class
-    monkeypatch.setattr(notebook._explore, "widget_class", lambda name: built.append(name) or real(name))
+    real = notebook._explore.view_class
+    monkeypatch.setattr(notebook._explore, "view_class", lambda name: built.append(name) or real(name))
     with pytest.raises(StatsMismatchError) as info:
         notebook.Dashboard(models["llama_stats"], models["gpt2"])
     assert str(info.value) == refusal and built == []

@@ -218,16 +218,17 @@ def test_the_view_refuses_what_is_not_a_report():
 def test_the_widget_sends_the_charts_and_a_cell_click_selects_the_layer(tiny_report):
     _, report = tiny_report
     view = headwidget.ConsequenceView(report)
-    assert view.view == "consequences" and [c["trait"] for c in view.controls] == ["measure"]
-    assert view.charts[0]["id"] == "tradeoff" and view.panels[0]["id"] == "damage"
-    assert view.charts[0]["series"][0]["y"] == view.grid.charts[0].series[0].y
+    widget = view.widget
+    assert widget.view == "consequences" and [c["trait"] for c in widget.controls] == ["measure"]
+    assert widget.charts[0]["id"] == "tradeoff" and widget.panels[0]["id"] == "damage"
+    assert widget.charts[0]["series"][0]["y"] == view.grid.charts[0].series[0].y
     caption = f"{report.model} · {len(report.variants)} variants on {report.tokens} held-out tokens"
-    assert view.heading == view.caption == caption
-    view._handle_message(view, {"type": "click", "panel": "damage", "row": 0, "col": 1}, [])
-    assert view.layer == 1
+    assert widget.heading == view.caption == caption
+    widget._handle_message(widget, {"type": "click", "panel": "damage", "row": 0, "col": 1}, [])
+    assert view.layer == 1 and widget.layer == 1
     points = []
-    view.on_click(points.append)
-    view._handle_message(view, {"type": "chart_click", "chart": "tradeoff", "series": 0, "point": 2}, [])
+    widget.on_click(points.append)
+    widget._handle_message(widget, {"type": "chart_click", "chart": "tradeoff", "series": 0, "point": 2}, [])
     assert points[-1] == {"chart": "tradeoff", "series": 0, "point": 2}
 
 
@@ -237,9 +238,8 @@ def test_a_dashboard_with_a_report_has_the_consequences_tab_linked_by_layer(tiny
     dash = headwidget.explore(stats, report=report)
     assert list(dash.views) == ["channels", "alignment", "consequences"]
     assert dash.consequences is not None and dash.tabs.titles[-1] == "Consequences"
-    dash.consequences._handle_message(
-        dash.consequences, {"type": "click", "panel": "damage", "row": 0, "col": 1}, []
-    )
+    tab = dash.consequences.widget
+    tab._handle_message(tab, {"type": "click", "panel": "damage", "row": 0, "col": 1}, [])
     assert dash.channels.layer == dash.alignment.layer == dash.trends.layer == 1
     dash.channels.layer = 0
     assert dash.consequences.layer == 0

@@ -39,7 +39,11 @@ def test_the_curves_are_the_runs_curves_with_the_untrained_point_at_the_left_edg
     assert view.grid.charts[0].series[0].y == [row["delta_nll"] for row in runs["mqa"].curve]
     view.measure = "top1"
     assert view.grid.charts[0].series[1].y == [1 - row["top1"] for row in runs["mla:8"].curve]
-    assert view.controls[0]["trait"] == "measure" and view.measures_available == ["kl", "delta_nll", "top1"]
+    assert view.view_controls()[0].trait == "measure" and view.measures_available == [
+        "kl",
+        "delta_nll",
+        "top1",
+    ]
 
 
 def test_the_map_is_a_runs_per_layer_errors_and_a_click_selects_the_layer(runs) -> None:
@@ -55,7 +59,7 @@ def test_the_map_is_a_runs_per_layer_errors_and_a_click_selects_the_layer(runs) 
     assert panel.row_labels == ["0", "2"] and np.array_equal(
         panel.matrix, np.array(runs["mla:8"].per_layer).T
     )
-    view._handle_message(view, {"type": "click", "panel": "layers", "row": 1, "col": 0}, [])
+    view.widget._handle_message(view.widget, {"type": "click", "panel": "layers", "row": 1, "col": 0}, [])
     assert view.layer == 2
     assert view.grid.vmax == max(v for r in runs.values() for row in r.per_layer or [] for v in row)
 
@@ -77,7 +81,8 @@ def test_a_dashboard_with_healing_runs_has_the_tab_linked_by_layer(runs) -> None
     stats = headwidget.capture(llama(), torch.randint(1, 96, (2, 16)), progress=False)
     dash = headwidget.explore(stats, healing=runs)
     assert dash.healing is not None and dash.tabs.titles[-1] == "Healing"
-    dash.healing._handle_message(dash.healing, {"type": "click", "panel": "layers", "row": 2, "col": 0}, [])
+    tab = dash.healing.widget
+    tab._handle_message(tab, {"type": "click", "panel": "layers", "row": 2, "col": 0}, [])
     assert dash.channels.layer == dash.trends.layer == 2
     assert headwidget.explore(stats).healing is None
     with pytest.raises(ViewSourceError, match=r"needs healing runs"):

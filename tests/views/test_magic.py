@@ -7,7 +7,8 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import headwidget
-from headwidget.notebook import AlignmentView, ChannelView, Dashboard, MechanismView
+from headwidget.notebook import Dashboard
+from headwidget.views import AlignmentView, ChannelView, MechanismView
 from tiny_models import make_model, ragged_batches
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"

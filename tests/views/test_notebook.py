@@ -1,4 +1,5 @@
-"""The displayable views: each is its view and a widget that sends exactly the view's panels; explore."""
+"""The displayable views: one class per view, shown by a widget shell that sends exactly the view's
+panels and mirrors its traits both ways; explore."""
 
 from __future__ import annotations
 
@@ -9,16 +10,8 @@ import torch
 import headwidget
 from headwidget import views
 from headwidget.core.panels import encode_panel
-from headwidget.notebook import (
-    AlignmentView,
-    ChannelView,
-    Dashboard,
-    MechanismView,
-    ViewWidget,
-    displayable,
-    explore,
-    widget_class,
-)
+from headwidget.notebook import Dashboard, ViewShell, explore, shell_class
+from headwidget.views import AlignmentView, ChannelView, MechanismView
 from headwidget.widget import HeadWidget
 from tiny_models import make_model, ragged_batches
 
@@ -37,74 +30,142 @@ def decode(panel: dict) -> np.ndarray:
     return np.frombuffer(panel["data"], dtype=dtype).reshape(panel["rows"], panel["cols"]).astype(np.float64)
 
 
-def test_the_public_names_are_the_displayable_views():
-    assert headwidget.ChannelView is ChannelView and headwidget.explore is explore
-    assert headwidget.HeadWidget is HeadWidget
-    for cls, view in ((ChannelView, views.ChannelView), (AlignmentView, views.AlignmentView)):
-        assert issubclass(cls, view) and issubclass(cls, HeadWidget)
-    assert widget_class("mechanisms") is MechanismView
-    assert [widget_class(n).view_name for n in views.view_names()] == views.view_names()
+def test_one_class_per_view_name_and_its_widget_is_a_shell():
+    assert headwidget.ChannelView is ChannelView is views.view_class("channels")
+    assert headwidget.explore is explore and headwidget.HeadWidget is HeadWidget
+    for name in views.view_names():
+        cls = views.view_class(name)
+        assert not issubclass(cls, HeadWidget)  # a view is not a widget: it has one
+        shell = shell_class(cls)
+        assert (
+            shell is shell_class(cls)
+            and issubclass(shell, ViewShell)
+            and shell.__name__ == f"{cls.__name__}Widget"
+        )
+        synced = set(cls.class_trait_names(sync=True))
+        assert synced <= set(shell.class_trait_names(sync=True))
 
 
 def test_the_widget_sends_the_views_panels_and_controls(llama):
     _, stats = llama
     view = ChannelView(stats, layer=1, channel_start=3, channel_width=9)
-    assert view.view == "channels"
-    assert view.controls == [c.to_json() for c in views.ChannelView.view_controls()]
-    sent = view.panels[0]
+    widget = view.widget
+    assert widget is view.widget and widget.shows is view
+    assert widget.view == "channels"
+    assert widget.controls == [c.to_json() for c in views.ChannelView.view_controls()]
+    sent = widget.panels[0]
     assert (sent["row_offset"], sent["row_step"], sent["rows"]) == (3, 1, 9)
     assert np.abs(decode(sent) - stats.channel_corr(1, "key")[3:12, 3:12]).max() <= 4.9e-4
     grid = view.grid
-    assert view.panels == [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
-    assert (view.vmin, view.vmax, view.colormap, view.columns) == (-1.0, 1.0, "diverging", 1)
-    assert view.layer_label == "layer 1 of 0–1 (51 tokens)" and view.status == ""
+    assert widget.panels == [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
+    assert (widget.vmin, widget.vmax, widget.colormap, widget.columns) == (-1.0, 1.0, "diverging", 1)
+    assert widget.layer_label == "layer 1 of 0–1 (51 tokens)" and widget.status == ""
+    assert (widget.channel_start, widget.channel_width, widget.num_layers) == (3, 9, 2)
     model_name = stats.meta.model_name or stats.meta.model_class
-    assert view.heading == f"{model_name} · layer 1"  # shown above the controls
-    view.layer = 0  # what the slider's commit does
-    assert [p["id"] for p in view.panels] == [
-        "key-0",
-        "value-0",
-    ] and view.heading == f"{model_name} · layer 0"
+    assert widget.heading == f"{model_name} · layer 1"  # shown above the controls
+    view.layer = 0  # from Python: the widget follows
+    assert [p["id"] for p in widget.panels] == ["key-0", "value-0"] and widget.layer == 0
+    assert widget.heading == f"{model_name} · layer 0" and widget.layer_label.startswith("layer 0 of")
     window = stats.channel_corr(0, "value")[3:12, 3:12]
-    np.testing.assert_array_equal(decode(view.panels[1]), window.astype("<f2").astype(np.float64))
-    mechanisms = MechanismView(make_model("llama_mqa"), mechanisms=["model"])
+    np.testing.assert_array_equal(decode(widget.panels[1]), window.astype("<f2").astype(np.float64))
+    widget.layer = 1  # what the slider's commit does
+    assert view.layer == 1 and [p["id"] for p in widget.panels] == ["key-1", "value-1"]
+    mechanisms = MechanismView(make_model("llama_mqa"), mechanisms=["model"]).widget
     assert [c["trait"] for c in mechanisms.controls] == ["layer", "circuit", "mechanisms", "add_mechanism"]
     assert mechanisms.circuits_available == ["qk", "ov"] and "circuit" in mechanisms.keys
+    view.close()
+
+
+def test_a_view_displays_as_its_widget_in_jupyter_and_in_marimo(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=1, prefetch=False)
+    bundle = view._repr_mimebundle_()
+    bundle = bundle[0] if isinstance(bundle, tuple) else bundle  # (data, metadata), as IPython allows
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == view.widget.model_id
+    assert bundle["text/plain"].splitlines()[:2] == [
+        f"ChannelView: {view.caption}",
+        "panels: Keys · layer 1; Values · layer 1",
+    ]
+    assert view._display_() is view.widget  # marimo's display protocol
+    # marimo draws it as the widget: a view as a cell's last expression is the anywidget element
+    from marimo._output.formatters.formatters import register_formatters
+    from marimo._output.formatting import try_format
+
+    register_formatters()
+    shown = try_format(view)
+    assert shown.mimetype == "text/html" and "<marimo-anywidget" in shown.data
+    assert view.widget.model_id in shown.data
+
+
+def test_an_entry_typed_in_the_page_reaches_the_view_and_clears(llama):
+    view = MechanismView(make_model("llama_mqa"), mechanisms=["model"], prefetch=False)
+    widget = view.widget
+    widget.add_mechanism = " mqa "  # what the entry sends on Enter
+    assert view.mechanisms == ["model", "mqa"] and widget.mechanisms == ["model", "mqa"]
+    assert view.add_mechanism == "" and widget.add_mechanism == ""
+    assert [p["title"].split(" · ")[0] for p in widget.panels][:2] == [
+        p.title.split(" · ")[0] for p in view.grid.panels
+    ][:2]
+
+
+def test_a_value_the_view_refuses_from_the_page_is_said_and_undone(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=1, prefetch=False)
+    widget = view.widget
+    before = widget.panels
+    widget.layer = 0.5  # not a layer: the view's trait refuses it
+    assert view.layer == 1 and widget.layer == 1 and widget.panels == before
+    assert "expected an int" in view.error and widget.error == view.error
+    widget.layer = 0
+    assert view.layer == 0 and view.error == "" and widget.error == ""
+
+
+def test_a_closed_widget_leaves_the_view_usable_and_a_new_one_is_made(llama):
+    _, stats = llama
+    view = ChannelView(stats, layer=1, prefetch=False)
+    first = view.widget
+    first.close()
+    view.layer = 0  # no closed widget is told
+    assert first.layer == 1 and view.grid.panels[0].id == "key-0"
+    second = view.widget
+    assert second is not first and second.layer == 0 and second.panels[0]["id"] == "key-0"
+    view.close()
+    assert second.comm is None and view._widget is None
 
 
 def test_a_bad_state_shows_the_error_and_keeps_the_sent_panels(llama):
     _, stats = llama
     view = ChannelView(stats, layer=0)
-    before = view.panels
+    widget = view.widget
+    before = widget.panels
     view.layer = 9
-    assert "out of range" in view.error and view.panels == before
+    assert "out of range" in view.error and widget.error == view.error and widget.panels == before
     view.layer = 1
-    assert view.error == "" and view.panels[0]["id"] == "key-1"
+    assert widget.error == "" and widget.panels[0]["id"] == "key-1"
 
 
 def test_status_says_computing_while_the_panels_are_computed(llama):
     _, stats = llama
     view = AlignmentView(stats, layer=0)
     seen = []
-    view.observe(lambda change: seen.append(change["new"]), names=["status"])
+    view.widget.observe(lambda change: seen.append(change["new"]), names=["status"])
     view.metric = "pearson"
     assert seen == ["computing…", ""]
 
 
-def test_a_view_without_a_hand_written_widget_gets_one_made_once(llama):
+def test_a_new_view_class_is_displayed_without_a_widget_class_of_its_own(llama):
     _, stats = llama
 
     class Plain(views.ChannelView):
         """A channel view under another name."""
 
-    shown = displayable(Plain)
-    assert shown is displayable(Plain)
-    assert issubclass(shown, ViewWidget) and issubclass(shown, Plain) and shown.__name__ == "Plain"
-    view = shown(stats, layer=1, prefetch=False)
-    assert view.view == "channels" and view.panels[0]["id"] == "key-1"
-    assert displayable(views.AlignmentView) is AlignmentView
+    view = Plain(stats, layer=1, prefetch=False)
+    widget = view.widget
+    assert isinstance(widget, shell_class(Plain)) and type(widget).__name__ == "PlainWidget"
+    assert widget.view == "channels" and widget.panels[0]["id"] == "key-1"
+    assert repr(widget).startswith("Plain: ")
     with pytest.raises(headwidget.UnknownViewError, match="unknown view 'plain'"):
-        widget_class("plain")
+        views.view_class("plain")
 
 
 def test_explore_links_the_layer_across_tabs():
@@ -154,7 +215,7 @@ def test_the_trend_chart_follows_the_alignment_tabs_method_and_metric(llama):
     for name, values in expected.items():
         np.testing.assert_allclose(dash.trends.series[name], values)
     assert "Pearson" in dash.trends.figure.title and "orthogonal" in dash.trends.figure.title
-    metric = next(c for c in dash.alignment.controls if c["trait"] == "metric")
+    metric = next(c for c in dash.alignment.widget.controls if c["trait"] == "metric")
     assert dict(metric["labels"])["token_cosine"] == "per-token cosine"  # the drop-down's words, too
     dash.alignment.metric = "cka"  # rotation-invariant: the chart stays on the metric it names
     assert dash.alignment.error == "" and dash.trends.metric == "pearson"
@@ -222,23 +283,24 @@ def block_means(matrix: np.ndarray, block: int) -> np.ndarray:
 
 def test_a_shown_view_sends_no_more_cells_than_the_page_draws(wide_stats):
     view = ChannelView(wide_stats, layer=0, prefetch=False)
-    assert view.panels[0]["rows"] == 256 and view.resolution is None  # no page yet: the view's own limit
-    view.panel_pixels = 100  # what the front end reports: a plot 100 device pixels wide
-    assert view.panels[0]["rows"] == 256  # the page has these already: nothing resent
+    widget = view.widget
+    assert widget.panels[0]["rows"] == 256 and view.resolution is None  # no page yet: the view's own limit
+    widget.panel_pixels = 100  # what the front end reports: a plot 100 device pixels wide
+    assert widget.panels[0]["rows"] == 256  # the page has these already: nothing resent
     view.layer = 1
-    for sent, kind in zip(view.panels, ("key", "value"), strict=True):
+    for sent, kind in zip(widget.panels, ("key", "value"), strict=True):
         block = -(-256 // 100)
         assert (sent["rows"], sent["row_step"], sent["col_step"]) == (86, block, block)
         expected = block_means(wide_stats.channel_corr(1, kind), block)
         assert np.abs(decode(sent) - expected).max() <= 4.9e-4 + 1e-12  # float16 on the wire
         assert f"downsampled 256→86: mean of {block}×{block}" in sent["note"]
     # A wider plot asks for more at once; a narrower one waits for the next change.
-    view.panel_pixels = 200
-    assert view.panels[0]["rows"] == 128
-    view.panel_pixels = 150
-    assert view.panels[0]["rows"] == 128
+    widget.panel_pixels = 200
+    assert widget.panels[0]["rows"] == 128
+    widget.panel_pixels = 150
+    assert widget.panels[0]["rows"] == 128
     view.channel_width = 64  # a window narrower than the plot is sent whole
-    assert (view.panels[0]["rows"], view.panels[0]["row_step"]) == (64, 1)
+    assert (widget.panels[0]["rows"], widget.panels[0]["row_step"]) == (64, 1)
     view.close()
 
 
@@ -247,23 +309,25 @@ def test_saving_a_shown_view_keeps_the_full_resolution(wide_stats, tmp_path):
     from headwidget.export._source import collect_frames
 
     view = ChannelView(wide_stats, layer=1, prefetch=False)
-    view.panel_pixels = 60
+    widget = view.widget
+    widget.panel_pixels = 60
     view.layer = 0
-    shown = view.panels
+    shown = widget.panels
     assert shown[0]["rows"] == 52
     grid = grid_of(view)
     np.testing.assert_array_equal(grid.panels[0].matrix, wide_stats.channel_corr(0, "key"))
     frames = collect_frames(view, None, 2**30)
     assert {p["rows"] for f in frames.frames.values() for p in f["panels"]} == {256}
     view.save(tmp_path / "channels.html")
-    assert view.panels == shown and view.resolution == 60 and view.layer == 0  # the screen's again
+    assert widget.panels == shown and view.resolution == 60 and view.layer == 0  # the screen's again
     view.close()
 
 
 @pytest.mark.parametrize("reported", [-5, 0, 10**9])
 def test_a_nonsense_plot_size_means_not_known(wide_stats, reported):
     view = ChannelView(wide_stats, layer=0, prefetch=False)
-    view.panel_pixels = 50
-    view.panel_pixels = reported
-    assert view.panel_pixels == 0 and view.resolution is None and view.panels[0]["rows"] == 256
+    widget = view.widget
+    widget.panel_pixels = 50
+    widget.panel_pixels = reported
+    assert widget.panel_pixels == 0 and view.resolution is None and widget.panels[0]["rows"] == 256
     view.close()

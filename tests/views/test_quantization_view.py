@@ -220,4 +220,4 @@ def test_the_view_exports_and_its_page_has_a_frame_per_layer(stats, tmp_path):
     for damage in ("nll", "kl"):  # the damage toggle works on the page: each option's own chart
         expected = view.compute(view.current_state().replace(layer=1, damage=damage))
         assert data["frames"][f'[1,"{damage}"]']["charts"][1]["y_label"] == expected.charts[1].y_label
-    assert view.heading == f"{stats.meta.model_name or stats.meta.model_class} · layer 0"
+    assert view.widget.heading == f"{stats.meta.model_name or stats.meta.model_class} · layer 0"

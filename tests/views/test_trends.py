@@ -12,7 +12,7 @@ import traitlets
 import headwidget
 from headwidget.analysis import convert, head_diversity, operator_similarity
 from headwidget.analysis.alignment import align
-from headwidget.notebook import AlignmentView, ChannelView
+from headwidget.views import AlignmentView, ChannelView
 from headwidget.widget import LayerTrends, layer_series
 from headwidget.widget.trends import padded_range
 from tiny_models import make_model, ragged_batches

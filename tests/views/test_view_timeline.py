@@ -169,8 +169,8 @@ def test_no_loss_chart_without_a_logged_loss(gqa):
 
 
 def test_the_step_slider_spans_the_snapshots(gqa):
-    view = notebook.widget_class("timeline")(gqa, prefetch=False)
-    controls = {c["trait"]: c for c in view.controls}
+    view = TimelineView(gqa, prefetch=False)
+    controls = {c["trait"]: c for c in view.widget.controls}
     assert list(controls) == ["step", "layer", "matrices", "kind"]
     assert controls["step"] == {
         "trait": "step",
@@ -213,14 +213,14 @@ def test_compute_is_a_function_of_the_state(gqa):
 
 
 def test_a_click_on_a_trend_point_shows_its_step(gqa):
-    view = headwidget.TimelineView(gqa, prefetch=False)  # the widget: a click arrives as an event
-    view._clicked({"chart": "trends", "series": 0, "point": 2})
+    view = headwidget.TimelineView(gqa, prefetch=False)  # its widget: a click arrives as an event
+    view.widget._clicked({"chart": "trends", "series": 0, "point": 2})
     assert view.step == 2
-    view._clicked({"chart": "loss", "series": 0, "point": 4})  # logged at step 4: nearest snapshot 3
+    view.widget._clicked({"chart": "loss", "series": 0, "point": 4})  # logged at step 4: nearest snapshot 3
     assert view.step == 1
     marker = len(SUMMARY_METRICS)  # the last series of the trend chart
-    view._clicked({"chart": "trends", "series": marker, "point": 0})  # the marker: nothing
-    view._clicked({"chart": "nowhere", "series": 0, "point": 0})
+    view.widget._clicked({"chart": "trends", "series": marker, "point": 0})  # the marker: nothing
+    view.widget._clicked({"chart": "nowhere", "series": 0, "point": 0})
     assert view.step == 1
 
 

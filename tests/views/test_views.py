@@ -236,19 +236,17 @@ def test_initial_state_is_computed_once(llama, monkeypatch):
     assert calls == [1, 1] and view.grid.panels[0].matrix.shape == (4, 4)
 
 
-@pytest.mark.parametrize("face", ["view", "widget"])
-def test_a_failed_construction_raises_its_own_error_and_nothing_after(llama, monkeypatch, face):
-    """A ChannelView whose __init__ fails says why, and its finaliser (a widget's ``__del__`` closes
-    it) adds no second "Exception ignored … _prefetcher" report."""
+def test_a_failed_construction_raises_its_own_error_and_nothing_after(llama, monkeypatch):
+    """A ChannelView whose __init__ fails says why, and nothing after it (a finaliser) adds a second
+    "Exception ignored … _prefetcher" report; a view shown in a widget closes with it."""
     import gc
     import sys
 
     import traitlets
 
-    from headwidget import notebook
     from headwidget.views import ViewSourceError
 
-    cls = ChannelView if face == "view" else notebook.ChannelView
+    cls = ChannelView
     _, stats = llama
     unraisable: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
@@ -270,10 +268,13 @@ def test_a_failed_construction_raises_its_own_error_and_nothing_after(llama, mon
     gc.collect()
     # A trait set later from Python is refused by its type too: True is not a layer (bool is an int).
     view = cls(stats, prefetch=False)
+    widget = view.widget
     for trait, value in (("layer", True), ("channel_start", 0.5), ("pinned", [True])):
         with pytest.raises(traitlets.TraitError, match=f"'{trait}' trait"):
             setattr(view, trait, value)
+    assert (widget.layer, widget.channel_start, widget.pinned) == (view.layer, 0, [])
     view.close()
+    assert widget.comm is None
     gc.collect()
     assert unraisable == []
 
@@ -281,15 +282,14 @@ def test_a_failed_construction_raises_its_own_error_and_nothing_after(llama, mon
 # ---------------------------------------------------------------------------- impossible states
 
 
-@pytest.mark.parametrize("face", ["view", "widget"])
-def test_every_view_refuses_an_impossible_initial_state_with_its_own_error(llama, face):
+@pytest.mark.parametrize("shown", [False, True])
+def test_every_view_refuses_an_impossible_initial_state_with_its_own_error(llama, shown):
     """A view built with a state it cannot show raises (no widget reading "layer 99 of 2" and no
     panels); the same state set later is the error line over the last good panels."""
-    from headwidget import notebook
     from headwidget.views import ChannelWindowError, view_class, view_names
 
     model, stats = llama
-    make = (lambda name: view_class(name)) if face == "view" else notebook.widget_class
+    make = view_class
     for name in (n for n in view_names() if not view_class(n).needs_report and view_class(n).shows(stats)):
         with pytest.raises(headwidget.LayerIndexError, match="layer 99 is out of range"):
             make(name).create(stats, model, layers=[99], interactive=False)
@@ -315,9 +315,12 @@ def test_every_view_refuses_an_impossible_initial_state_with_its_own_error(llama
             make(name).create(stats, model, layers=layers, interactive=False, **chosen)
         view = make(name).create(stats, model, interactive=False)
         before = view.grid
+        sent = view.widget.panels if shown else None  # displayed: the widget keeps its panels too
         for trait, value in bad.items():
             setattr(view, trait, value)
         assert message.strip("'") in view.error and view.grid is before, (name, bad)
+        if shown:
+            assert view.widget.error == view.error and view.widget.panels == sent
         view.close()
 
 

@@ -19,7 +19,9 @@ from headwidget.errors import ArgumentError, HeadwidgetError
 from headwidget.evaluation import EvaluationReport
 from headwidget.export import ExportError, page_html, save, save_tabbed_html
 from headwidget.notebook._trend_charts import trend_charts
-from headwidget.notebook._views import (
+from headwidget.stats import KVStats
+from headwidget.tracking import Timeline
+from headwidget.views import (
     AlignmentView,
     ChannelView,
     ConsequenceView,
@@ -27,11 +29,11 @@ from headwidget.notebook._views import (
     MechanismView,
     QuantizationView,
     TimelineView,
+    View,
+    check_sources,
+    view_class,
+    view_names,
 )
-from headwidget.notebook._widget import ViewWidget, widget_class
-from headwidget.stats import KVStats
-from headwidget.tracking import Timeline
-from headwidget.views import check_sources, view_names
 from headwidget.views.healing import checked_runs
 from headwidget.views.timeline import checked_timelines
 from headwidget.widget import LayerTrends
@@ -75,11 +77,11 @@ class Dashboard(ipywidgets.VBox):
             checked_runs(healing)
         self.stats = stats
         self.model = model
-        self.views: dict[str, ViewWidget] = {}
+        self.views: dict[str, View] = {}
         options = options or {}
         first_layer = stats.layers[0]
         for name in view_names():
-            cls = widget_class(name)
+            cls = view_class(name)
             if cls.needs_healing:  # built from healing runs, not from the stats
                 if healing is not None:
                     self.views[name] = cls.create(
@@ -104,7 +106,7 @@ class Dashboard(ipywidgets.VBox):
         specs = mechanisms.mechanisms if mechanisms is not None and mechanisms_trend else ()
         self.trends = LayerTrends(stats, model=model, mechanisms=specs, layer=first_layer)
         tabs = list(self.views.values())
-        self.tabs = ipywidgets.Tab(children=tabs, titles=[v.title for v in tabs])
+        self.tabs = ipywidgets.Tab(children=[v.widget for v in tabs], titles=[v.title for v in tabs])
         super().__init__(children=[self.trends, self.tabs])
         layered = [v for v in tabs if v.has_trait("layer")]
         self._links = [
@@ -184,7 +186,7 @@ class Dashboard(ipywidgets.VBox):
         save_tabbed_html(path, pages, title=f"headwidget · {model}")
         return [path]
 
-    def _view(self, name: str, cls: type[ViewWidget]) -> Any:
+    def _view(self, name: str, cls: type[View]) -> Any:
         view = self.views.get(name)
         return view if isinstance(view, cls) else None
 

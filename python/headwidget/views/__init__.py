@@ -3,8 +3,10 @@
 Each view is a ``traitlets.HasTraits`` class in one module of this package: it declares its state
 traits once, with the control that shows each (:func:`state`, :mod:`._controls`), implements
 ``compute() -> PanelGrid`` and registers by name (:func:`register_view`). Every public module here is
-imported when the package is, so a new view is one file. Views do not draw:
-:mod:`headwidget.notebook` shows them as widgets and :mod:`headwidget.export` saves them.
+imported when the package is, so a new view is one file. Views do not draw, yet a view is what a user
+displays (``view`` as a cell's last line, ``view.widget`` in containers) and saves (``view.save``):
+:mod:`headwidget.notebook` registers the widget shell that shows any view, and
+:mod:`headwidget.export` writes the files (:func:`present_with`).
 
 Example:
     >>> view_names()[:3]
@@ -19,10 +21,13 @@ import pkgutil
 from headwidget.views._base import (
     STATE_ERRORS,
     LayerView,
+    Presenter,
     View,
+    ViewScreen,
     ViewSourceError,
     ViewState,
     check_sources,
+    present_with,
     reduced,
     state,
 )
@@ -47,18 +52,21 @@ __all__ = [
     "HealingView",
     "LayerView",
     "MechanismView",
+    "Presenter",
     "QuantizationView",
     "StepIndexError",
     "TimelineStepsError",
     "TimelineView",
     "UnknownViewError",
     "View",
+    "ViewScreen",
     "ViewSourceError",
     "ViewState",
     "check_sources",
     "checklist",
     "default_mechanisms",
     "entry",
+    "present_with",
     "reduced",
     "register_view",
     "select",

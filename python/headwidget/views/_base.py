@@ -20,8 +20,12 @@ with more cells than that (the channel view's 4096 channels) sends block means. 
 ``resolution=None``, the panels are those of the view's own limit, which is what saved figures and
 pages hold.
 
-Views do not draw and import no widget library: :mod:`headwidget.notebook` shows them,
-:mod:`headwidget.export` saves them.
+Views do not draw and import no widget library, yet a view is what a user displays and saves: the
+layer that shows views (:mod:`headwidget.notebook`) registers itself with :func:`present_with`, and a
+view displayed in a notebook (``_repr_mimebundle_``, marimo's ``_display_``) shows its
+:attr:`View.widget`, a generic shell that mirrors the view's synced traits and is told of each grid
+(:class:`ViewScreen`); :meth:`View.save` goes through the same presenter to
+:func:`headwidget.export.save`. There is one class per view name.
 
 Example:
     >>> import numpy as np
@@ -43,8 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, TypeVar
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import traitlets as t
 from torch import nn
@@ -59,11 +65,14 @@ from headwidget.views._prefetch import Prefetcher
 __all__ = [
     "STATE_ERRORS",
     "LayerView",
+    "Presenter",
     "View",
+    "ViewScreen",
     "ViewSourceError",
     "ViewState",
     "WholeNumber",
     "check_sources",
+    "present_with",
     "reduced",
     "state",
     "stats_model_name",
@@ -178,6 +187,43 @@ def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "v
         _check_stats_source(model, stats, opt_out=False)
 
 
+class ViewScreen(Protocol):
+    """Where a view is shown (the notebook's widget shell): told when the view starts and stops
+    computing, and given every grid the view shows."""
+
+    def computing(self, busy: bool) -> None:
+        """The view started (``busy``) or stopped computing its panels."""
+
+    def shown(self, grid: PanelGrid) -> None:
+        """The view now shows ``grid`` (its labels and ``error`` are already set)."""
+
+
+class Presenter(Protocol):
+    """How views are displayed and saved: registered by the layer that draws them
+    (:mod:`headwidget.notebook`), so that views import no widget library."""
+
+    def widget(self, view: View) -> Any:
+        """A new widget that shows ``view`` (it attaches itself with :meth:`View.attach`)."""
+
+    def save(self, view: View, path: str | os.PathLike[str], **options: Any) -> Path:
+        """Write what ``view`` shows to ``path`` (the suffix picks the format)."""
+
+
+_presenter: list[Presenter] = []
+
+
+def present_with(presenter: Presenter) -> None:
+    """Register how views are displayed and saved (the notebook layer does it when imported)."""
+    _presenter[:] = [presenter]
+
+
+def presenter() -> Presenter:
+    """The registered :class:`Presenter` (``import headwidget`` registers the notebook's)."""
+    if not _presenter:
+        raise RuntimeError("no presenter is registered: import headwidget (it registers the notebook's)")
+    return _presenter[0]
+
+
 class View(t.HasTraits):
     """Base of every view: state traits in, a :class:`PanelGrid` out. Subclasses implement
     :meth:`compute` and :meth:`create`; ``view_name`` is set by :func:`~headwidget.views.register_view`."""
@@ -210,6 +256,8 @@ class View(t.HasTraits):
     def __init__(self, **kwargs: Any) -> None:
         self._grid: PanelGrid | None = None
         self._setting_up = False
+        self._screens: list[ViewScreen] = []
+        self._widget: Any = None
         #: The most cells a panel side needs where the view is shown (None: no screen to fit, the
         #: view's own limit); set by the widget from the page, passed to ``compute``.
         self.resolution: int | None = None
@@ -343,6 +391,8 @@ class View(t.HasTraits):
         """
         state, resolution = self.current_state(), self.resolution
         self._prefetcher.drop_others((state, resolution))
+        for screen in self._screens:
+            screen.computing(True)
         try:
             grid = self._prefetcher.take((state, resolution))
             if grid is None:
@@ -353,6 +403,9 @@ class View(t.HasTraits):
                 raise
             self.error = str(err)
             return
+        finally:
+            for screen in self._screens:
+                screen.computing(False)
         for name, value in labels.items():
             setattr(self, name, value)
         self._set_grid(grid)
@@ -367,6 +420,43 @@ class View(t.HasTraits):
     def _set_grid(self, grid: PanelGrid) -> None:
         self._grid = grid
         self.error = ""
+        for screen in self._screens:
+            screen.shown(grid)
+
+    # ------------------------------------------------------------------ where the view is shown
+    def attach(self, screen: ViewScreen) -> None:
+        """Tell ``screen`` of every computation and grid from now on (the widget shell does this)."""
+        self._screens.append(screen)
+
+    def detach(self, screen: ViewScreen) -> None:
+        """Stop telling ``screen`` (a closed widget)."""
+        self._screens = [s for s in self._screens if s is not screen]
+
+    @property
+    def widget(self) -> Any:
+        """The widget that shows this view in a notebook (made once, on first use): it mirrors the
+        view's synced traits both ways, so a control moved in the browser sets the view's state and a
+        state set from Python moves the control. Put it in ipywidgets containers, or in marimo's
+        ``mo.ui.anywidget(view.widget)``."""
+        if self._widget is None:
+            self._widget = presenter().widget(self)
+        return self._widget
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """What Jupyter displays for the view: its :attr:`widget`."""
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def _display_(self) -> Any:
+        """What marimo displays for the view: its :attr:`widget`."""
+        return self.widget
+
+    def save(self, path: str | os.PathLike[str], **options: Any) -> Path:
+        """Save what the view shows: ``.png``/``.svg``/``.pdf`` (matplotlib) or a standalone ``.html``.
+
+        Options: ``dpi``, ``size`` (inches), ``title``; ``layers`` and ``max_states`` for ``.html``.
+        See :func:`headwidget.export.save`.
+        """
+        return presenter().save(self, path, **options)
 
     @property
     def grid(self) -> PanelGrid:
@@ -432,9 +522,9 @@ class View(t.HasTraits):
         prefetcher = getattr(self, "_prefetcher", None)  # absent when __init__ failed before it
         if prefetcher is not None:
             prefetcher.close()
-        parent = getattr(super(), "close", None)
-        if callable(parent):
-            parent()
+        widget, self._widget = getattr(self, "_widget", None), None
+        if widget is not None:
+            widget.close()  # (it detaches itself)
 
 
 def reduced(grid: PanelGrid, cells: float = float("inf")) -> bool:

@@ -1,9 +1,9 @@
 """``HeadWidget``: the anywidget that shows a :class:`~headwidget.core.panels.PanelGrid`.
 
 It moves panels to the browser as binary buffers (see :func:`~headwidget.core.panels.encode_panel`)
-with their colour scale, and brings clicks and PNG exports back. It knows no view: the displayable
-views of :mod:`headwidget.notebook` are both a view and a ``HeadWidget``, and fill ``controls`` (the
-description the front end builds its control bar from) and ``view`` (the view's name) themselves.
+with their colour scale, and brings clicks and PNG exports back. It knows no view: the shell
+of :mod:`headwidget.notebook` that shows a view is a ``HeadWidget`` that fills ``controls`` (the
+description the front end builds its control bar from) and ``view`` (the view's name).
 
 Example:
     >>> import numpy as np
@@ -127,6 +127,10 @@ class HeadWidget(anywidget.AnyWidget):
             for on_png in waiting:
                 on_png(png)
 
+    def _name_in_words(self) -> str:
+        """What :meth:`__repr__` calls the widget (a view's shell: the view's class)."""
+        return type(self).__name__
+
     def __repr__(self) -> str:
         """What the widget shows, in words: the text a notebook keeps where the widget cannot be drawn
         (a saved notebook opened without its widget state, a terminal).
@@ -138,7 +142,7 @@ class HeadWidget(anywidget.AnyWidget):
         panels: layer 3
         (an interactive headwidget: run the cell in Jupyter to draw it)
         """
-        name = type(self).__name__
+        name = self._name_in_words()
         lines = [f"{name}: {self.heading}" if self.heading else name]
         for what, titles in (
             ("charts", [c["title"] for c in self.charts]),
