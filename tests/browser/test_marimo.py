@@ -243,3 +243,74 @@ def test_layer_slider_reaches_python(app_page, colour_of):
     assert app_page.page.locator(f'{ROOT} input[data-trait="layer"]').first.input_value() == "0"
     state = app_page.wait_for_python("back_clicks", 1)
     assert state["view_layer"] == state["value_layer"] == 0
+
+
+# ------------------------------------------------------------------------------------ explore()
+def explore_source(tests_dir: str) -> str:
+    """An app whose one cell shows ``explore(...)`` of the tiny Llama: the dashboard itself as output."""
+    setup = textwrap.indent(view_setup(tests_dir).split("\nstats = ")[0], " " * 4)
+    return f"""\
+import marimo
+
+app = marimo.App()
+
+
+@app.cell
+def _():
+{setup}
+    dash = headwidget.explore(model, ragged_batches(), progress=False)
+    dash
+    return (dash,)
+
+
+if __name__ == "__main__":
+    app.run()
+"""
+
+
+@pytest.fixture(scope="module")
+def explore_page(browser, tmp_path_factory) -> Iterator[AppPage]:
+    require_modules("marimo")
+    app = tmp_path_factory.mktemp("marimo-explore") / "explore.py"
+    app.write_text(explore_source(str(TESTS_DIR)))
+    with running_marimo(app, tmp_path_factory.mktemp("marimo-explore-run")) as server:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        ap = AppPage(page=page, server=server)
+        page.on("request", lambda r: ap.requests.append(r.url))
+        page.on("websocket", lambda ws: ap.requests.append(ws.url))
+        page.on("pageerror", lambda e: ap.errors.append(f"{e.message}\n{e.stack}"))
+        page.goto(server.url)
+        try:
+            page.locator(f"{ROOT} canvas.hw-heatmap").first.wait_for(timeout=120_000)
+        except Exception as err:
+            raise AssertionError(f"the app did not show the dashboard:\n{server.log_tail()}") from err
+        yield ap
+        context.close()
+    assert ap.errors == [], f"page errors: {ap.errors}"
+    local = ("http://127.0.0.1:", "ws://127.0.0.1:", "blob:", "data:")
+    assert [u for u in ap.requests if not u.startswith(local)] == []
+
+
+def test_explore_shows_the_trends_and_every_tab_sharing_the_layer(explore_page):
+    page = explore_page.page
+    trends = page.locator('.hw-root[data-view="trends"]').first
+    trends.locator("canvas").first.wait_for()
+    assert trends.locator("canvas").count() >= 1  # the per-layer summary, drawn by the widget's charts
+    tabs = {"Channels": "channels", "Head alignment": "alignment", "Mechanisms": "mechanisms"}
+    for title, view in tabs.items():
+        page.get_by_role("tab", name=title).click()
+        page.locator(f'.hw-root[data-view="{view}"] canvas.hw-heatmap').first.wait_for(state="visible")
+    # The layer moved in one tab moves the others (through Python: the views' layers are linked).
+    page.get_by_role("tab", name="Channels").click()
+    before = digest(page)
+    click_slider_end(page)
+    wait_for_redraw(page, before)
+    for title, view in list(tabs.items())[1:]:
+        page.get_by_role("tab", name=title).click()
+        slider = page.locator(f'.hw-root[data-view="{view}"] input[data-trait="layer"]').first
+        deadline = time.monotonic() + 30
+        while slider.input_value() != "1":
+            assert time.monotonic() < deadline, f"the {view} tab stayed at layer {slider.input_value()}"
+            time.sleep(0.1)

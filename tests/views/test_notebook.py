@@ -189,6 +189,39 @@ def test_explore_links_the_layer_across_tabs():
     ]
 
 
+def test_the_dashboard_in_marimo_is_the_trend_chart_over_tabs_of_the_views_widgets(llama):
+    """marimo runs anywidgets, not ipywidgets or bqplot: the dashboard shows the trend chart drawn by
+    the front end's charts (the bqplot chart's series, the same numbers) over a tab per view."""
+    from marimo._output.formatting import try_format
+
+    from headwidget.notebook._trend_charts import trend_charts
+
+    model, stats = llama
+    dash = Dashboard(stats, model)
+    trend = dash.trend_widget
+    assert trend is dash.trend_widget and trend.view == "trends" and trend.panels == []
+    expected = trend_charts(dash.trends.series, stats.layers, dash.trends.figure.title)
+    assert [c["id"] for c in trend.charts] == [c.id for c in expected] == ["trend-means"]
+    assert trend.charts[0]["x_ticks"] == [float(layer) for layer in stats.layers]  # ticks at layers
+    for sent, series in zip(trend.charts[0]["series"], expected[0].series, strict=True):
+        assert sent["name"] == series.name and sent["y"] == series.y == dash.trends.series[series.name]
+    # A click on a point selects its layer in every tab (the trends' layer is linked to them).
+    trend._handle_message(trend, {"type": "chart_click", "chart": "trend-means", "series": 0, "point": 1}, [])
+    assert dash.channels.layer == dash.alignment.layer == dash.trends.layer == 1
+    assert dash.channels.widget.layer == 1
+    trend._handle_message(trend, {"type": "chart_click", "chart": "trend-means", "series": 0, "point": 7}, [])
+    assert dash.channels.layer == 1  # no such layer: nothing moves
+    # The alignment tab's method moves the chart's similarity series, as it moves the bqplot chart's.
+    dash.alignment.alignment = "orthogonal"
+    assert dash.trends.alignment == "orthogonal" and "orthogonal" in trend.charts[0]["subtitle"]
+    drawn = {s["name"]: s["y"] for s in trend.charts[0]["series"]}
+    assert drawn == {name: list(values) for name, values in dash.trends.series.items()}
+    shown = try_format(dash)  # what a marimo cell whose last expression is the dashboard shows
+    assert shown.mimetype == "text/html" and "<marimo-tabs" in shown.data
+    for widget in (trend, *(v.widget for v in dash.views.values())):
+        assert widget.model_id in shown.data
+
+
 def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
     _, stats = llama
     dash = Dashboard(stats, options={"channels": {"channel_width": 4}})

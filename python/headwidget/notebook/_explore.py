@@ -36,7 +36,7 @@ from headwidget.views import (
 )
 from headwidget.views.healing import checked_runs
 from headwidget.views.timeline import checked_timelines
-from headwidget.widget import LayerTrends
+from headwidget.widget import HeadWidget, LayerTrends
 
 __all__ = ["Dashboard", "explore"]
 
@@ -78,6 +78,7 @@ class Dashboard(ipywidgets.VBox):
         self.stats = stats
         self.model = model
         self.views: dict[str, View] = {}
+        self._trend_widget: HeadWidget | None = None
         options = options or {}
         first_layer = stats.layers[0]
         for name in view_names():
@@ -169,15 +170,7 @@ class Dashboard(ipywidgets.VBox):
                 for name, view in self.views.items()
             ]
         model = self.stats.meta.model_name or self.stats.meta.model_class
-        trends = PanelGrid(
-            [],
-            0.0,
-            1.0,
-            "diverging",
-            "",
-            charts=trend_charts(self.trends.series, self.stats.layers, self.trends.figure.title),
-        )
-        pages = [("Per-layer summary", page_html(trends, title=f"Per-layer summary · {model}"))]
+        pages = [("Per-layer summary", page_html(self.trend_grid(), title=f"Per-layer summary · {model}"))]
         pages += [
             # The page's slider moves through the layers: its heading names the model, not a layer.
             (view.title, page_html(view, title=f"{view.title} · {model}", layers=layers))
@@ -185,6 +178,39 @@ class Dashboard(ipywidgets.VBox):
         ]
         save_tabbed_html(path, pages, title=f"headwidget · {model}")
         return [path]
+
+    # ------------------------------------------------------------------ marimo
+    def trend_grid(self) -> PanelGrid:
+        """The trend chart's series (those of :attr:`trends`, the bqplot chart) as the front end's own
+        charts: what a saved page and marimo draw."""
+        charts = trend_charts(self.trends.series, self.stats.layers, self.trends.figure.title)
+        return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)
+
+    @property
+    def trend_widget(self) -> HeadWidget:
+        """The trend chart as a :class:`~headwidget.widget.HeadWidget` (made once, on first use; what
+        marimo shows, where bqplot does not run): it follows the alignment tab's method and metric as
+        :attr:`trends` does, and a click on a point selects its layer in every tab."""
+        if self._trend_widget is None:
+            widget = HeadWidget(self.trend_grid(), view="trends")
+            widget.on_click(self._trend_clicked)
+            self.trends.observe(lambda _: widget.show(self.trend_grid()), names=["alignment", "metric"])
+            self._trend_widget = widget
+        return self._trend_widget
+
+    def _trend_clicked(self, event: dict[str, Any]) -> None:
+        point = event.get("point")
+        if isinstance(point, int) and 0 <= point < len(self.stats.layers):
+            self.trends.layer = self.stats.layers[point]  # (linked to every tab's layer)
+
+    def _display_(self) -> Any:
+        """What marimo shows (it runs anywidgets, not ipywidgets' containers or bqplot): the trend
+        chart drawn by the front end (:attr:`trend_widget`) over one tab per view, each the view's
+        widget; the layer is shared across the tabs as in Jupyter."""
+        import marimo as mo
+
+        tabs = mo.ui.tabs({view.title: view.widget for view in self.views.values()})
+        return mo.vstack([self.trend_widget, tabs])
 
     def _view(self, name: str, cls: type[View]) -> Any:
         view = self.views.get(name)

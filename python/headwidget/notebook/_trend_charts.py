@@ -9,8 +9,8 @@ notebook's chart gives it, hover naming the series, the layer and the value.
 Example:
     >>> charts = trend_charts({"K mean |channel corr|": [0.2, 0.3], "eff. rank · mqa": [3.0, 2.5]}, [0, 1],
     ...                       "head similarity: per-token cosine, auto alignment")
-    >>> [c.id for c in charts], charts[0].series[0].labels[1]
-    (['trend-means', 'trend-ranks'], 'K mean |channel corr|\\nlayer 1: 0.3000')
+    >>> [c.id for c in charts], charts[0].series[0].labels[1], charts[0].x_ticks
+    (['trend-means', 'trend-ranks'], 'K mean |channel corr|\\nlayer 1: 0.3000', [0.0, 1.0])
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from headwidget.core.charts import Chart, Series
-from headwidget.widget.trends import COLOURS
+from headwidget.widget.trends import COLOURS, layer_ticks
 
 __all__ = ["trend_charts"]
 
@@ -34,6 +34,7 @@ def trend_charts(series: Mapping[str, Sequence[float]], layers: Sequence[int], s
     """The means chart and (if any series is an effective rank) the ranks chart of ``series``; the
     i-th series in the i-th colour of :data:`~headwidget.widget.trends.COLOURS`, as in the notebook."""
     colours = {name: COLOURS[i % len(COLOURS)] for i, name in enumerate(series)}
+    ticks = layer_ticks(layers).tolist()  # at layers, as the notebook's chart: no "layer 0.5"
     ranks = {k: v for k, v in series.items() if k.startswith("eff. rank")}
     means = {k: v for k, v in series.items() if k not in ranks}
     charts = []
@@ -46,6 +47,7 @@ def trend_charts(series: Mapping[str, Sequence[float]], layers: Sequence[int], s
                 "mean |corr| / similarity",
                 [_series(k, v, layers, colours[k]) for k, v in means.items()],
                 subtitle=subtitle,
+                x_ticks=ticks,
             )
         )
     if ranks:
@@ -57,6 +59,7 @@ def trend_charts(series: Mapping[str, Sequence[float]], layers: Sequence[int], s
                 "effective rank (QK operators)",
                 [_series(k, v, layers, colours[k]) for k, v in ranks.items()],
                 subtitle="entropy effective rank of the heads",
+                x_ticks=ticks,
             )
         )
     return charts
