@@ -1,8 +1,8 @@
 """``View``: a user's state as traits, turned into panels by :meth:`View.compute`.
 
 A view declares each state trait once, with :func:`state`: a change of it (from Python, or from the
-browser when the view is also a widget) recomputes the panels, and its control, if any, is what the
-control bar shows for it. A view built with a state it cannot show (a layer that was not captured,
+browser when the view is shown by its widget) recomputes the panels, and its control, if any, is what
+the control bar shows for it. A view built with a state it cannot show (a layer that was not captured,
 say) raises that error; a later change to such a state (from Python, or from the browser) is
 reported in ``error`` instead, and the last good panels stay.
 
@@ -109,7 +109,7 @@ class WholeNumber(t.Int):
 def state(trait: T, control: Control | None = None) -> T:
     """Declare ``trait`` as state of a view, shown by ``control`` (none: no control of its own).
 
-    State traits are synced to the browser when the view is shown as a widget.
+    State traits are synced to the browser when the view is shown by its widget.
 
     Example:
         >>> from headwidget.views import toggles
