@@ -187,26 +187,34 @@ def marimo_app(tmp_path_factory) -> Iterator[MarimoApp]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def app_page(browser, marimo_app) -> Iterator[AppPage]:
+@contextlib.contextmanager
+def opened_app(browser, server: MarimoApp, *shown: str) -> Iterator[AppPage]:
+    """The app in a fresh browser context, once every selector in ``shown`` is on the page; on exit,
+    no page error was raised and no request left the machine."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(60_000)
-    ap = AppPage(page=page, server=marimo_app)
+    ap = AppPage(page=page, server=server)
     page.on("request", lambda r: ap.requests.append(r.url))
     page.on("websocket", lambda ws: ap.requests.append(ws.url))
     page.on("pageerror", lambda e: ap.errors.append(f"{e.message}\n{e.stack}"))
-    page.goto(marimo_app.url)
+    page.goto(server.url)
     try:
-        page.locator('.hw-root[data-view="channels"] canvas.hw-heatmap').first.wait_for(timeout=120_000)
-        page.locator("#hw-python").first.wait_for(timeout=60_000)
+        for selector in shown:
+            page.locator(selector).first.wait_for(timeout=120_000)
     except Exception as err:
-        raise AssertionError(f"the app did not show the view:\n{marimo_app.log_tail()}") from err
+        raise AssertionError(f"the app did not show {shown}:\n{server.log_tail()}") from err
     yield ap
     context.close()
     assert ap.errors == [], f"page errors: {ap.errors}"
     local = ("http://127.0.0.1:", "ws://127.0.0.1:", "blob:", "data:")
     assert [u for u in ap.requests if not u.startswith(local)] == []
+
+
+@pytest.fixture(scope="module")
+def app_page(browser, marimo_app) -> Iterator[AppPage]:
+    with opened_app(browser, marimo_app, f"{ROOT} canvas.hw-heatmap", "#hw-python") as ap:
+        yield ap
 
 
 def test_panels_show_pythons_values(app_page, colour_of):
@@ -273,24 +281,11 @@ def explore_page(browser, tmp_path_factory) -> Iterator[AppPage]:
     require_modules("marimo")
     app = tmp_path_factory.mktemp("marimo-explore") / "explore.py"
     app.write_text(explore_source(str(TESTS_DIR)))
-    with running_marimo(app, tmp_path_factory.mktemp("marimo-explore-run")) as server:
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(60_000)
-        ap = AppPage(page=page, server=server)
-        page.on("request", lambda r: ap.requests.append(r.url))
-        page.on("websocket", lambda ws: ap.requests.append(ws.url))
-        page.on("pageerror", lambda e: ap.errors.append(f"{e.message}\n{e.stack}"))
-        page.goto(server.url)
-        try:
-            page.locator(f"{ROOT} canvas.hw-heatmap").first.wait_for(timeout=120_000)
-        except Exception as err:
-            raise AssertionError(f"the app did not show the dashboard:\n{server.log_tail()}") from err
+    with (
+        running_marimo(app, tmp_path_factory.mktemp("marimo-explore-run")) as server,
+        opened_app(browser, server, f"{ROOT} canvas.hw-heatmap") as ap,
+    ):
         yield ap
-        context.close()
-    assert ap.errors == [], f"page errors: {ap.errors}"
-    local = ("http://127.0.0.1:", "ws://127.0.0.1:", "blob:", "data:")
-    assert [u for u in ap.requests if not u.startswith(local)] == []
 
 
 def test_explore_shows_the_trends_and_every_tab_sharing_the_layer(explore_page):
