@@ -200,7 +200,7 @@ def test_the_dashboard_in_marimo_is_the_trend_chart_over_tabs_of_the_views_widge
     dash = Dashboard(stats, model)
     trend = dash.trend_widget
     assert trend is dash.trend_widget and trend.view == "trends" and trend.panels == []
-    expected = trend_charts(dash.trends.series, stats.layers, dash.trends.figure.title)
+    expected = trend_charts(dash.trends.trend_series, stats.layers, dash.trends.figure.title)
     assert [c["id"] for c in trend.charts] == [c.id for c in expected] == ["trend-means"]
     assert trend.charts[0]["x_ticks"] == [float(layer) for layer in stats.layers]  # ticks at layers
     for sent, series in zip(trend.charts[0]["series"], expected[0].series, strict=True):

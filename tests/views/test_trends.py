@@ -124,6 +124,37 @@ def test_the_layer_axis_ticks_at_layers_and_the_saved_page_keeps_the_colours(lla
     trends = LayerTrends(stats, model=model, mechanisms=["mqa"])
     layer_axis = trends.figure.axes[0]
     assert layer_axis.label == "layer" and list(layer_axis.tick_values) == [0.0, 1.0]
-    drawn = {s.name: s.color for c in trend_charts(trends.series, stats.layers, "") for s in c.series}
+    drawn = {s.name: s.color for c in trend_charts(trends.trend_series, stats.layers, "") for s in c.series}
     live = {name: line.colors[0] for name, line in trends.lines.items()}
     assert drawn == live and len(set(live.values())) == len(live)
+
+
+def test_every_series_says_what_it_measures_and_is_drawn_by_that(llama):
+    """A series' role, not its name, picks its axis, its line style and its chart on the saved page."""
+    from headwidget.notebook._trend_charts import trend_charts
+    from headwidget.widget.trends import layer_trends
+
+    model, stats = llama
+    found = layer_trends(stats, model=model, mechanisms=["mqa", "lrkv:1"])
+    roles = {s.name: s.role for s in found}
+    assert roles == {
+        "K mean |channel corr|": "channel_corr",
+        "K head similarity · before": "similarity_before",
+        "K head similarity · after": "similarity_after",
+        "V mean |channel corr|": "channel_corr",
+        "V head similarity · before": "similarity_before",
+        "V head similarity · after": "similarity_after",
+        "eff. rank · mqa": "effective_rank",
+        "eff. rank · lrkv:1": "effective_rank",
+    }
+    assert {s.name: s.values for s in found} == layer_series(stats, model=model, mechanisms=["mqa", "lrkv:1"])
+    trends = LayerTrends(stats, model=model, mechanisms=["mqa", "lrkv:1"])
+    assert trends.roles == roles
+    for name, line in trends.lines.items():
+        on_ranks = line.scales["y"] is trends.rank_scale
+        assert on_ranks == (roles[name] == "effective_rank")
+        assert (line.line_style == "dashed") == (roles[name] == "similarity_before")
+    means, ranks = trend_charts(trends.trend_series, stats.layers, "")
+    assert [s.name for s in ranks.series] == ["eff. rank · mqa", "eff. rank · lrkv:1"]
+    assert all(s.dashed == (roles[s.name] == "similarity_before") for s in means.series)
+    assert len(means.series) == 6

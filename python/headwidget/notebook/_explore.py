@@ -183,7 +183,7 @@ class Dashboard(ipywidgets.VBox):
     def trend_grid(self) -> PanelGrid:
         """The trend chart's series (those of :attr:`trends`, the bqplot chart) as the front end's own
         charts: what a saved page and marimo draw."""
-        charts = trend_charts(self.trends.series, self.stats.layers, self.trends.figure.title)
+        charts = trend_charts(self.trends.trend_series, self.stats.layers, self.trends.figure.title)
         return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)
 
     @property

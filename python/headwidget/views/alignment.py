@@ -46,7 +46,7 @@ from headwidget.views.channels import check_key_kind
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["METRIC_LABELS", "AlignmentView"]
+__all__ = ["METRIC_LABELS", "AlignmentView", "alignment_method"]
 
 #: ``cka`` (linear CKA) is invariant under rotations of either head: both panels show one matrix.
 ROTATION_INVARIANT = ("cka",)
@@ -60,6 +60,22 @@ METRIC_LABELS = {
 }
 
 AV = TypeVar("AV", bound="AlignmentView")
+
+
+def alignment_method(kind: str, alignment: str) -> str | None:
+    """The :func:`~headwidget.analysis.alignment.align` method for ``kind`` under the view's
+    ``alignment`` choice: values are aligned orthogonally unless ``"none"``; keys by the choice, with
+    ``"auto"`` left to ``align`` (RoPE planes for a RoPE model, else orthogonal).
+
+    Example:
+        >>> [alignment_method("key", a) for a in ("auto", "rope", "none")]
+        [None, 'rope', 'none']
+        >>> [alignment_method("value", a) for a in ("auto", "rope", "none")]
+        ['orthogonal', 'orthogonal', 'none']
+    """
+    if kind == "value":
+        return "none" if alignment == "none" else "orthogonal"
+    return None if alignment == "auto" else alignment
 
 
 @register_view("alignment", order=20)
@@ -150,11 +166,7 @@ class AlignmentView(LayerView):
         one), cached per state."""
         state = self.current_state() if state is None else state
         layers = self.fixed_layers or [state.layer]
-        method: str | None
-        if kind == "value":
-            method = "none" if state.alignment == "none" else "orthogonal"
-        else:
-            method = None if state.alignment == "auto" else state.alignment
+        method = alignment_method(kind, state.alignment)
         key = (tuple(layers), kind, method, state.metric, self.heldout)
         if key not in self._results:
             self._results[key] = align(

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import bqplot as bq
 import ipywidgets
@@ -44,22 +45,26 @@ from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
 from headwidget.moments import off_diagonal_mean
 from headwidget.stats import KVStats
-from headwidget.views.alignment import METRIC_LABELS
+from headwidget.views.alignment import METRIC_LABELS, alignment_method
 
-__all__ = ["COLOURS", "LayerTrends", "layer_series", "layer_ticks", "padded_range"]
+__all__ = [
+    "COLOURS",
+    "RANK_ROLES",
+    "SIMILARITY_ROLES",
+    "LayerTrends",
+    "SeriesRole",
+    "TrendSeries",
+    "layer_series",
+    "layer_ticks",
+    "layer_trends",
+    "padded_range",
+]
 
 COLOURS = ["#2166ac", "#b2182b", "#4393c3", "#d6604d", "#1b7837", "#762a83", "#e08214", "#35978f"]
 #: Fraction of the data's span added below and above it on each y-axis.
 MARGIN = 0.08
 #: The alignment view's choices (its ``alignment`` trait) and what they mean for keys and values.
 ALIGNMENTS = ("auto", "rope", "orthogonal", "none")
-
-
-def _method(kind: str, alignment: str) -> str | None:
-    """The alignment method for ``kind`` under the alignment view's choice (as that view maps it)."""
-    if kind == "value":
-        return "none" if alignment == "none" else "orthogonal"
-    return None if alignment == "auto" else alignment
 
 
 def layer_ticks(layers: Sequence[int], most: int = 12) -> np.ndarray:
@@ -74,12 +79,73 @@ def layer_ticks(layers: Sequence[int], most: int = 12) -> np.ndarray:
     return np.asarray(layers[::step], dtype=float)
 
 
-def _is_rank(name: str) -> bool:
-    return name.startswith("eff. rank")
+#: What a trend series measures: it decides the chart, the axis and the line style it is drawn with.
+SeriesRole = Literal["channel_corr", "similarity_before", "similarity_after", "effective_rank"]
+#: The roles drawn against the effective-rank axis (the others share the mean |corr| / similarity axis).
+RANK_ROLES: frozenset[str] = frozenset({"effective_rank"})
+#: The roles that change with the alignment method and metric.
+SIMILARITY_ROLES: frozenset[str] = frozenset({"similarity_before", "similarity_after"})
 
 
-def _is_similarity(name: str) -> bool:
-    return "head similarity" in name
+@dataclass(frozen=True)
+class TrendSeries:
+    """One line of the trend chart: its name (the legend's words), what it measures, one value per
+    captured layer.
+
+    Example:
+        >>> TrendSeries("K head similarity · before", "similarity_before", [0.1, 0.2]).dashed
+        True
+    """
+
+    name: str
+    role: SeriesRole
+    values: list[float]
+
+    @property
+    def dashed(self) -> bool:
+        """Drawn dashed: the before-alignment similarity, beside its solid after-alignment line."""
+        return self.role == "similarity_before"
+
+
+def layer_trends(
+    stats: KVStats,
+    *,
+    model: nn.Module | None = None,
+    mechanisms: Sequence[str] = (),
+    alignment: str = "auto",
+    metric: str = "token_cosine",
+    similarity_only: bool = False,
+) -> list[TrendSeries]:
+    """The per-layer series the trends plot (one value per ``stats.layers``), each with its role.
+
+    ``alignment`` and ``metric``: as the alignment view's traits (``"auto"``, ``"rope"``,
+    ``"orthogonal"``, ``"none"``; ``"token_cosine"``, ``"cosine"``, ``"pearson"``...);
+    ``similarity_only``: only the head-similarity series (what changes with them).
+    """
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
+    series: dict[str, TrendSeries] = {}
+
+    def add(name: str, role: SeriesRole, value: float) -> None:
+        series.setdefault(name, TrendSeries(name, role, [])).values.append(value)
+
+    for layer in stats.layers:
+        for kind, short in (("key", "K"), ("value", "V")):
+            if kind not in stats.kinds:
+                continue
+            if not similarity_only:
+                corr = off_diagonal_mean(stats.channel_corr(layer, kind), absolute=True)
+                add(f"{short} mean |channel corr|", "channel_corr", corr)
+            res = align(stats, [layer], kind=kind, method=alignment_method(kind, alignment), metric=metric)
+            add(f"{short} head similarity · before", "similarity_before", off_diagonal_mean(res.before))
+            after = res.shown if res.method != "none" else res.before
+            add(f"{short} head similarity · after", "similarity_after", off_diagonal_mean(after))
+        for spec in () if similarity_only else mechanisms:
+            if model is None:
+                raise ValueError("mechanism trends need the model's weights: pass model=")
+            sim = operator_similarity(convert(model, layer, spec, stats), layer, "qk")
+            add(f"eff. rank · {spec}", "effective_rank", float(head_diversity(sim)["effective_rank"]))
+    return list(series.values())
 
 
 def layer_series(
@@ -91,34 +157,16 @@ def layer_series(
     metric: str = "token_cosine",
     similarity_only: bool = False,
 ) -> dict[str, list[float]]:
-    """The per-layer numbers the trends plot (one value per ``stats.layers``), by series name.
-
-    ``alignment`` and ``metric``: as the alignment view's traits (``"auto"``, ``"rope"``,
-    ``"orthogonal"``, ``"none"``; ``"token_cosine"``, ``"cosine"``, ``"pearson"``...);
-    ``similarity_only``: only the head-similarity series (what changes with them).
-    """
-    if alignment not in ALIGNMENTS:
-        raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
-    series: dict[str, list[float]] = {}
-    for layer in stats.layers:
-        for kind, short in (("key", "K"), ("value", "V")):
-            if kind not in stats.kinds:
-                continue
-            if not similarity_only:
-                series.setdefault(f"{short} mean |channel corr|", []).append(
-                    off_diagonal_mean(stats.channel_corr(layer, kind), absolute=True)
-                )
-            res = align(stats, [layer], kind=kind, method=_method(kind, alignment), metric=metric)
-            series.setdefault(f"{short} head similarity · before", []).append(off_diagonal_mean(res.before))
-            after = res.shown if res.method != "none" else res.before
-            series.setdefault(f"{short} head similarity · after", []).append(off_diagonal_mean(after))
-        for spec in () if similarity_only else mechanisms:
-            if model is None:
-                raise ValueError("mechanism trends need the model's weights: pass model=")
-            sim = operator_similarity(convert(model, layer, spec, stats), layer, "qk")
-            rank = head_diversity(sim)["effective_rank"]
-            series.setdefault(f"eff. rank · {spec}", []).append(float(rank))
-    return series
+    """The values of :func:`layer_trends`, by series name."""
+    found = layer_trends(
+        stats,
+        model=model,
+        mechanisms=mechanisms,
+        alignment=alignment,
+        metric=metric,
+        similarity_only=similarity_only,
+    )
+    return {s.name: s.values for s in found}
 
 
 def padded_range(values: Sequence[float] | np.ndarray, margin: float = MARGIN) -> tuple[float, float]:
@@ -175,9 +223,10 @@ class LayerTrends(ipywidgets.VBox):
         """``mechanisms``: specs whose effective rank is drawn (needs ``model``); ``layer``: the marked
         layer (default: the first captured); ``alignment``, ``metric``: as the alignment view's."""
         self.stats = stats
-        self.series = layer_series(
-            stats, model=model, mechanisms=mechanisms, alignment=alignment, metric=metric
-        )
+        found = layer_trends(stats, model=model, mechanisms=mechanisms, alignment=alignment, metric=metric)
+        #: Each series' values by name, and what it measures (:data:`SeriesRole`).
+        self.series = {s.name: s.values for s in found}
+        self.roles: dict[str, SeriesRole] = {s.name: s.role for s in found}
         self._similarity: dict[tuple[str, str], dict[str, list[float]]] = {}
         x = np.asarray(stats.layers, dtype=float)
         xs = bq.LinearScale()
@@ -189,10 +238,10 @@ class LayerTrends(ipywidgets.VBox):
         self.points: list[bq.Scatter] = []
         legend: list[tuple[str, str, bool]] = []
         for i, (name, values) in enumerate(self.series.items()):
-            scale = self.rank_scale if _is_rank(name) else self.y_scale
+            scale = self.rank_scale if self.roles[name] in RANK_ROLES else self.y_scale
             colour = COLOURS[i % len(COLOURS)]
             y = np.asarray(values, dtype=float)
-            dashed = "before" in name
+            dashed = self.roles[name] == "similarity_before"
             line = bq.Lines(
                 x=x,
                 y=y,
@@ -230,7 +279,7 @@ class LayerTrends(ipywidgets.VBox):
             bq.Axis(scale=xs, label="layer", tick_format="d", tick_values=layer_ticks(stats.layers)),
             bq.Axis(scale=self.y_scale, side="left", label="mean |corr| / similarity"),
         ]
-        if any(_is_rank(n) for n in self.series):
+        if any(role in RANK_ROLES for role in self.roles.values()):
             axes.append(bq.Axis(scale=self.rank_scale, side="right", label="effective rank"))
         self.figure = bq.Figure(
             marks=marks,
@@ -249,7 +298,9 @@ class LayerTrends(ipywidgets.VBox):
                 )
             ]
         )
-        self._similarity[(alignment, metric)] = {k: v for k, v in self.series.items() if _is_similarity(k)}
+        self._similarity[(alignment, metric)] = {
+            k: v for k, v in self.series.items() if self.roles[k] in SIMILARITY_ROLES
+        }
         self.alignment, self.metric = alignment, metric
         self.observe(self._move_rule, names=["layer"])
         self.observe(self._on_alignment, names=["alignment", "metric"])
@@ -257,14 +308,19 @@ class LayerTrends(ipywidgets.VBox):
         self.layer = stats.layers[0] if layer is None else layer
         self._move_rule()
 
+    @property
+    def trend_series(self) -> list[TrendSeries]:
+        """The series drawn now, with their roles (what the offline page and marimo draw again)."""
+        return [TrendSeries(name, self.roles[name], values) for name, values in self.series.items()]
+
     def _fit_scales(self) -> None:
         """Both y-scales span their series (with a margin); the layer rule spans the left one."""
-        left = [v for n, vs in self.series.items() if not _is_rank(n) for v in vs]
+        left = [v for n, vs in self.series.items() if self.roles[n] not in RANK_ROLES for v in vs]
         lo, hi = padded_range(left)
         with self.y_scale.hold_trait_notifications():
             self.y_scale.min, self.y_scale.max = lo, hi
         self.rule.y = [lo, hi]
-        ranks = [v for n, vs in self.series.items() if _is_rank(n) for v in vs]
+        ranks = [v for n, vs in self.series.items() if self.roles[n] in RANK_ROLES for v in vs]
         if ranks:
             rlo, rhi = padded_range(ranks)
             with self.rank_scale.hold_trait_notifications():
