@@ -158,3 +158,27 @@ def test_every_series_says_what_it_measures_and_is_drawn_by_that(llama):
     assert [s.name for s in ranks.series] == ["eff. rank · mqa", "eff. rank · lrkv:1"]
     assert all(s.dashed == (roles[s.name] == "similarity_before") for s in means.series)
     assert len(means.series) == 6
+
+
+@pytest.mark.parametrize("metric", ["token_cosine", "cosine", "pearson"])
+def test_the_unaligned_series_are_the_statistics_summary(llama, metric):
+    """One function behind the demo's table, a timeline's series and the trend chart: the chart's
+    channel-correlation and before-alignment series are ``KVStats.summary``'s numbers, exactly."""
+    from headwidget.widget.trends import layer_trends
+
+    _, stats = llama
+    rows = stats.summary(metric)
+    found = {s.name: s.values for s in layer_trends(stats, metric=metric)}
+    for kind, short in (("key", "K"), ("value", "V")):
+        assert found[f"{short} mean |channel corr|"] == [r[f"{kind}_abs_corr"] for r in rows]
+        assert found[f"{short} head similarity · before"] == [r[f"{kind}_head_cos"] for r in rows]
+        for layer, before in zip(stats.layers, found[f"{short} head similarity · before"], strict=True):
+            sim = stats.head_similarity(layer, kind, metric)  # against a plain numpy mean as well
+            assert before == pytest.approx(sim[~np.eye(len(sim), dtype=bool)].mean(), abs=1e-12)
+    only = layer_trends(stats, metric=metric, similarity_only=True)
+    assert {s.role for s in only} == {"similarity_before", "similarity_after"}
+    assert stats.summary(metric, channels=False) == [
+        {k: v for k, v in r.items() if not k.endswith("_abs_corr")} for r in rows
+    ]
+    with pytest.raises(headwidget.ArgumentError, match="channels must be True or False"):
+        stats.summary(channels="no")

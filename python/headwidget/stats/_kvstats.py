@@ -10,6 +10,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from headwidget.checks import flag
 from headwidget.core.kinds import Kind, check_kind
 from headwidget.errors import (
     CrossLayerMissingError,
@@ -446,17 +447,36 @@ class KVStats:
         return cls(meta, moments, cross, samples, planes)
 
     # ------------------------------------------------------------------ display
-    def summary(self) -> list[dict[str, Any]]:
-        """One row per captured layer: mean |channel correlation| of K and V and head similarity."""
+    def summary(self, metric: str = "token_cosine", *, channels: bool = True) -> list[dict[str, Any]]:
+        """One row per captured layer: mean |channel correlation| of K and V (``{kind}_abs_corr``) and
+        mean head similarity before any alignment (``{kind}_head_cos``, under ``metric``: the per-token
+        cosine by default; see :meth:`head_similarity`), both over the off-diagonal entries.
+
+        The one source of these per-layer means: the demo's table, a timeline's series and the trend
+        chart (which adds the aligned similarity) read them here. ``channels=False`` leaves out the
+        channel correlations (what a trend needs when only the metric changed).
+
+        Example:
+            >>> import torch, headwidget
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40)).eval()
+            >>> stats = headwidget.capture(m, torch.randint(0, 40, (2, 30)), progress=False)
+            >>> sorted(stats.summary()[0])
+            ['key_abs_corr', 'key_head_cos', 'layer', 'value_abs_corr', 'value_head_cos']
+            >>> sorted(stats.summary("pearson", channels=False)[0])
+            ['key_head_cos', 'layer', 'value_head_cos']
+        """
+        channels = flag("channels", channels)
         rows = []
         for layer in self.meta.layers:
             row: dict[str, Any] = {"layer": layer}
             for kind in ("key", "value"):
                 if kind not in self.meta.kinds:
                     continue
-                row[f"{kind}_abs_corr"] = off_diagonal_mean(self.channel_corr(layer, kind), absolute=True)
-                sim = self.head_similarity(layer, kind, "token_cosine")
-                row[f"{kind}_head_cos"] = off_diagonal_mean(sim)
+                if channels:
+                    corr = self.channel_corr(layer, kind)
+                    row[f"{kind}_abs_corr"] = off_diagonal_mean(corr, absolute=True)
+                row[f"{kind}_head_cos"] = off_diagonal_mean(self.head_similarity(layer, kind, metric))
             rows.append(row)
         return rows
 

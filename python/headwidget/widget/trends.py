@@ -129,17 +129,19 @@ def layer_trends(
     def add(name: str, role: SeriesRole, value: float) -> None:
         series.setdefault(name, TrendSeries(name, role, [])).values.append(value)
 
-    for layer in stats.layers:
+    # The unaligned means come from the one function that the demo's table and timelines read too.
+    rows = stats.summary(metric, channels=not similarity_only)
+    for layer, row in zip(stats.layers, rows, strict=True):
         for kind, short in (("key", "K"), ("value", "V")):
             if kind not in stats.kinds:
                 continue
             if not similarity_only:
-                corr = off_diagonal_mean(stats.channel_corr(layer, kind), absolute=True)
-                add(f"{short} mean |channel corr|", "channel_corr", corr)
+                add(f"{short} mean |channel corr|", "channel_corr", row[f"{kind}_abs_corr"])
+            before = row[f"{kind}_head_cos"]
+            add(f"{short} head similarity · before", "similarity_before", before)
             res = align(stats, [layer], kind=kind, method=alignment_method(kind, alignment), metric=metric)
-            add(f"{short} head similarity · before", "similarity_before", off_diagonal_mean(res.before))
-            after = res.shown if res.method != "none" else res.before
-            add(f"{short} head similarity · after", "similarity_after", off_diagonal_mean(after))
+            after = off_diagonal_mean(res.shown) if res.method != "none" else before
+            add(f"{short} head similarity · after", "similarity_after", after)
         for spec in () if similarity_only else mechanisms:
             if model is None:
                 raise ValueError("mechanism trends need the model's weights: pass model=")
