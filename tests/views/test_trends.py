@@ -182,3 +182,6 @@ def test_the_unaligned_series_are_the_statistics_summary(llama, metric):
     ]
     with pytest.raises(headwidget.ArgumentError, match="channels must be True or False"):
         stats.summary(channels="no")
+    for wrong in ("cka", "l2"):  # refused before any layer is read, naming what the trends can align
+        with pytest.raises(headwidget.UnknownMetricError, match="one of token_cosine, cosine, pearson,"):
+            layer_trends(stats, metric=wrong)

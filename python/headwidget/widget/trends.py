@@ -39,10 +39,11 @@ import numpy as np
 import traitlets as t
 from torch import nn
 
-from headwidget.analysis.alignment import align
+from headwidget.analysis.alignment import ALIGN_METRICS, align
 from headwidget.analysis.conversions import convert
 from headwidget.analysis.diversity import head_diversity
 from headwidget.analysis.operator_space import operator_similarity
+from headwidget.errors import UnknownMetricError
 from headwidget.moments import off_diagonal_mean
 from headwidget.stats import KVStats
 from headwidget.views.alignment import METRIC_LABELS, alignment_method
@@ -124,6 +125,11 @@ def layer_trends(
     """
     if alignment not in ALIGNMENTS:
         raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
+    if metric not in ALIGN_METRICS:  # (before any layer is read)
+        raise UnknownMetricError(
+            f"the trends align heads: metric must be one of {', '.join(ALIGN_METRICS)}, got {metric!r} "
+            "(CKA is rotation-invariant and needs no alignment)"
+        )
     series: dict[str, TrendSeries] = {}
 
     def add(name: str, role: SeriesRole, value: float) -> None:
