@@ -260,7 +260,8 @@ class EvaluationReport:
         text = report_text(type(self), {"format": FORMAT, "version": VERSION, **content}, target)
         if suffix == ".md":
             facts = (
-                f"model: {self.model}; {self.tokens} evaluation tokens in {self.sequences} sequences "
+                f"model: {self.model}; {self.tokens} evaluation tokens in {self.sequences} "
+                f"sequence{'s' * (self.sequences != 1)} "
                 f"(fingerprint {self.fingerprint}); dtype {self.dtype}"
             )
             text = f"{facts}\n\n{self.table()}\n"

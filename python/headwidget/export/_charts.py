@@ -21,18 +21,22 @@ from __future__ import annotations
 import math
 
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from headwidget.core.charts import Chart
 from headwidget.export._labels import printable, text_width, wrap
 
-__all__ = ["CHART_IN", "PALETTE", "draw_chart", "tick_label"]
+__all__ = ["CHART_IN", "PALETTE", "draw_chart", "place_point_labels", "tick_label"]
 
 PALETTE = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000"]
 #: A chart's (width, height) in inches on an automatically sized figure.
 CHART_IN = (4.2, 3.3)
 #: Points of one chart beyond which they are not labelled (the labels would overlap).
 MAX_LABELLED = 16
+#: The gid of a point's label: what :func:`place_point_labels` may move.
+POINT_LABEL = "point-label"
 TITLE_PT, SUBTITLE_PT, TICK_PT, NOTE_PT, LABEL_PT = 9.0, 7.5, 7.0, 6.5, 8.0
 TEXT_COLOR, MUTED_COLOR = "#1f1f1f", "#5f5f5f"
 
@@ -142,6 +146,7 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
                     textcoords="offset points",
                     fontsize=TICK_PT - 0.5,
                     color=TEXT_COLOR,
+                    gid=POINT_LABEL,
                 )
     xs_all = [x for s in chart.series for x in s.x]
     ys_all = [y for s in chart.series for y in s.y]
@@ -213,3 +218,64 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
             color=MUTED_COLOR,
         )
     ax.set_gid(chart.id)
+
+
+def place_point_labels(fig: Figure) -> None:
+    """Move each point label of a laid-out figure off the labels placed before it.
+
+    A label starts above and right of its point (where :func:`draw_chart` puts it); where that box
+    overlaps a label already placed (two variants with nearly the same bytes and damage), it takes the
+    first of: below right, above left, below left, then a line further up or down, that overlaps none
+    and stays inside its axes. A label with no free place keeps its first one. Run once the layout is
+    final: the places are measured on the figure as it will be drawn.
+
+    Example:
+        >>> from matplotlib.backends.backend_agg import FigureCanvasAgg
+        >>> from headwidget.core.charts import Chart, Series
+        >>> fig = Figure(figsize=(3, 2), dpi=100)
+        >>> _ = FigureCanvasAgg(fig)
+        >>> ax = fig.subplots()
+        >>> draw_chart(ax, Chart("c", "", "x", "y", [Series("s", [1.0, 1.0, 9.0], [1.0, 1.0, 9.0],
+        ...                                                   ["a", "b", "c"])]))
+        >>> place_point_labels(fig)
+        >>> [t.get_text() for t in ax.texts], ax.texts[0].xyann != ax.texts[1].xyann
+        (['a', 'b', 'c'], True)
+    """
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    per_point = 72.0 / fig.dpi
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if isinstance(t, Annotation) and t.get_gid() == POINT_LABEL]
+        if len(labels) < 2:
+            continue
+        frame = ax.get_window_extent(renderer)
+        placed: list[tuple[float, float, float, float]] = []
+        for label in labels:
+            box = label.get_window_extent(renderer)
+            w, h = box.width * per_point, box.height * per_point  # the label's size in points
+            start = label.xyann
+            shifts = [(0.0, 0.0), (0.0, -(h + 6.0)), (-(w + 8.0), 0.0), (-(w + 8.0), -(h + 6.0))]
+            shifts += [(0.0, h), (0.0, -(2 * h + 6.0)), (-(w + 8.0), h), (-(w + 8.0), -(2 * h + 6.0))]
+            chosen = None
+            for dx, dy in shifts:
+                x0, y0 = box.x0 + dx / per_point, box.y0 + dy / per_point
+                moved = (x0, y0, x0 + box.width, y0 + box.height)
+                inside = (
+                    frame.x0 <= moved[0]
+                    and moved[2] <= frame.x1
+                    and frame.y0 <= moved[1]
+                    and moved[3] <= frame.y1
+                )
+                if (inside or (dx, dy) == (0.0, 0.0)) and not any(_boxes_meet(moved, o) for o in placed):
+                    chosen = (dx, dy), moved
+                    break
+            if chosen is None:
+                placed.append((box.x0, box.y0, box.x1, box.y1))
+                continue
+            (dx, dy), moved = chosen
+            label.xyann = (start[0] + dx, start[1] + dy)
+            placed.append(moved)
+
+
+def _boxes_meet(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    """Whether two (x0, y0, x1, y1) boxes share more than a pixel across and along."""
+    return min(a[2], b[2]) - max(a[0], b[0]) > 1.0 and min(a[3], b[3]) - max(a[1], b[1]) > 1.0

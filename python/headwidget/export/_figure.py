@@ -34,7 +34,14 @@ from matplotlib.ticker import MaxNLocator
 
 from headwidget.core.charts import Chart
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.export._charts import AXIS_LABELS_IN, CHART_IN, draw_chart, legend_height_pt, legend_rows
+from headwidget.export._charts import (
+    AXIS_LABELS_IN,
+    CHART_IN,
+    draw_chart,
+    legend_height_pt,
+    legend_rows,
+    place_point_labels,
+)
 from headwidget.export._colormaps import LutNorm, colormap, nan_color
 from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, printable, text_width, wrap
 from headwidget.export._source import ExportError, GridSource, grid_of
@@ -350,4 +357,6 @@ def figure(
         if size is None:
             _grow_to_fit(fig)
     fig.set_layout_engine("none")  # frozen: every later draw, at any dpi, has this geometry
+    if charts:
+        place_point_labels(fig)  # on the final geometry
     return fig

@@ -264,7 +264,8 @@ class ConsequenceView(View):
             label,
             series,
             subtitle=(
-                f"{r.model} · {r.tokens:,} held-out tokens in {r.sequences} sequences · "
+                f"{r.model} · {r.tokens:,} held-out tokens in {r.sequences} "
+                f"sequence{'s' * (r.sequences != 1)} · "
                 f"fingerprint {r.fingerprint[:8]} · {r.scope()} converted · lower left is better"
             ),
             x_log=True,
