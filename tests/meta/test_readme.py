@@ -25,7 +25,7 @@ def _blocks() -> list[str]:
 
 def _costs_block() -> str:
     """The costs block on fewer tokens and two variants (the six-variant sweep is the notebook's)."""
-    costs = _blocks()[2].replace("max_tokens=16384", "max_tokens=512")
+    costs = _blocks()[2].replace("max_tokens=16384", "max_tokens=128")
     costs = costs.replace("per_layer=True", "per_layer=True, layers=[0, 1]")
     costs = costs.replace("stats=calibration)", "stats=calibration, layers=[0])")
     return re.sub(r"variants = \[.*\]", 'variants = ["model", "mqa"]', costs)
