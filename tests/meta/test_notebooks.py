@@ -14,11 +14,11 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "example_notebooks").g
 #: every layer). Three of SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first
 #: layer, a middle one, the last) at a tenth of the fits.
 SMALL_RUN = {
-    "HEADWIDGET_NOTEBOOK_TOKENS": "128",
+    "HEADWIDGET_NOTEBOOK_TOKENS": "64",
     "HEADWIDGET_NOTEBOOK_CALIBRATION_TOKENS": "256",
-    "HEADWIDGET_NOTEBOOK_SWEEP_TOKENS": "32",
+    "HEADWIDGET_NOTEBOOK_SWEEP_TOKENS": "16",
     # the reference-figure notebooks and the quickstart: their captures' token counts
-    "HEADWIDGET_NOTEBOOK_CAPTURE_TOKENS": "512",
+    "HEADWIDGET_NOTEBOOK_CAPTURE_TOKENS": "256",
     "HEADWIDGET_NOTEBOOK_LAYERS": "0,14,29",
     # allocation: two candidates beside the model, no refine round (the full run is the saved outputs)
     "HEADWIDGET_NOTEBOOK_CANDIDATES": "model,mla:64,kv:int4",
