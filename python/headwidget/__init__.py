@@ -91,6 +91,7 @@ from headwidget.views import (
     MechanismView,
     QuantizationView,
     TimelineView,
+    TrendView,
 )
 from headwidget.widget import HeadWidget, LayerTrends
 
@@ -159,6 +160,7 @@ __all__ = [
     "TimelineView",
     "Tracker",
     "TrackingError",
+    "TrendView",
     "UnknownAggregationError",
     "UnknownAlignmentMethodError",
     "UnknownCircuitError",

@@ -92,6 +92,8 @@ def make_view(name: str, tiny, report):
         return headwidget.HealingView(
             {s: small_heal(headwidget.apply(original, s), original, tokens=128) for s in ("mqa", "mla:8")}
         )
+    if name == "trends":
+        return headwidget.TrendView(stats, layer=1)
     raise AssertionError(f"no test view for {name!r}: add one here")
 
 

@@ -69,6 +69,7 @@ def views(smollm2):
         "timeline": headwidget.TimelineView(timeline, layer=1),
         "timeline+heads": headwidget.TimelineView({"run A": timeline, "run B": timeline}, show="heads"),
         "healing": headwidget.HealingView({"mqa": _run("mqa", 6.7), "mqa+align": _run("mqa+align", 3.2)}),
+        "trends": headwidget.TrendView(stats, model=model, mechanisms=["mqa", "mla:128"]),
     }
 
 
@@ -118,6 +119,7 @@ CASES = [
     "timeline",
     "timeline+heads",
     "healing",
+    "trends",
 ]
 
 

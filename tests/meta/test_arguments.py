@@ -566,6 +566,31 @@ case(
     r"\bgroup_sizes\b",
 )
 flags("QuantizationView", "miller_madow", lambda e, v: headwidget.QuantizationView(e.stats, miller_madow=v))
+counts(
+    "TrendView",
+    "layer",
+    lambda e, v: headwidget.TrendView(e.stats, layer=v),
+    none=False,
+    negative=False,
+)
+case(
+    "TrendView mechanisms='mqa'",
+    lambda e: headwidget.TrendView(e.stats, model=e.model, mechanisms="mqa"),
+    ArgumentError,
+    r"mechanisms must be a list .*\['mqa'\]",
+)
+case(
+    "TrendView alignment=3",
+    lambda e: headwidget.TrendView(e.stats, alignment=3),
+    ArgumentError,
+    r"\balignment\b",
+)
+case(
+    "TrendView metric=None",
+    lambda e: headwidget.TrendView(e.stats, metric=None),
+    errors.UnknownMetricError,
+    r"\bmetric\b",
+)
 flags("explore", "mechanisms_trend", lambda e, v: headwidget.explore(e.stats, mechanisms_trend=v))
 case("explore report={}", lambda e: headwidget.explore(e.stats, report={}), ArgumentError, r"\breport\b")
 case("explore texts=None", lambda e: headwidget.explore(e.model), ArgumentError, r"needs texts")

@@ -118,7 +118,7 @@ def test_trend_follows_the_alignment_views_method_and_metric(llama):
 def test_the_layer_axis_ticks_at_layers_and_the_saved_page_keeps_the_colours(llama):
     """Two layers: ticks at 0 and 1 only (d3's own would be 0, 0.1, … read as "0 0 0 … 1 1"); each
     series on the saved page is drawn in the colour the notebook's chart gives it."""
-    from headwidget.notebook._trend_charts import trend_charts
+    from headwidget.views.trends import trend_charts
 
     model, stats = llama
     trends = LayerTrends(stats, model=model, mechanisms=["mqa"])
@@ -131,7 +131,7 @@ def test_the_layer_axis_ticks_at_layers_and_the_saved_page_keeps_the_colours(lla
 
 def test_every_series_says_what_it_measures_and_is_drawn_by_that(llama):
     """A series' role, not its name, picks its axis, its line style and its chart on the saved page."""
-    from headwidget.notebook._trend_charts import trend_charts
+    from headwidget.views.trends import trend_charts
     from headwidget.widget.trends import layer_trends
 
     model, stats = llama
@@ -185,3 +185,72 @@ def test_the_unaligned_series_are_the_statistics_summary(llama, metric):
     for wrong in ("cka", "l2"):  # refused before any layer is read, naming what the trends can align
         with pytest.raises(headwidget.UnknownMetricError, match="one of token_cosine, cosine, pearson,"):
             layer_trends(stats, metric=wrong)
+
+
+# ---------------------------------------------------------------------- the trends as a registered view
+def test_the_trend_view_draws_the_bqplot_charts_numbers_for_every_alignment_and_metric(llama):
+    """``TrendView`` (the saved page's, marimo's and ``figure --view trends``' chart) draws the series
+    the notebook's bqplot chart draws, for every method and metric it offers; the ranks on a chart of
+    their own; the selected layer's values in the note."""
+    from headwidget.views import TrendView, view_class
+    from headwidget.widget.trends import layer_trends
+
+    model, stats = llama
+    assert view_class("trends") is TrendView is headwidget.TrendView
+    view = TrendView(stats, model=model, mechanisms=["mqa"])
+    assert view.alignments_available == ["auto", "rope", "orthogonal", "none"]
+    assert view.metrics_available == ["token_cosine", "cosine", "pearson"]
+    for alignment in view.alignments_available:
+        for metric in view.metrics_available:
+            view.alignment, view.metric = alignment, metric
+            assert view.error == ""
+            expected = layer_trends(
+                stats, model=model, mechanisms=["mqa"], alignment=alignment, metric=metric
+            )
+            means, ranks = view.grid.charts
+            drawn = [(s.name, s.y, s.dashed) for c in (means, ranks) for s in c.series]
+            assert drawn == [(s.name, s.values, s.dashed) for s in expected]
+            assert [s.name for s in ranks.series] == ["eff. rank · mqa"]
+            trends = LayerTrends(stats, alignment=alignment, metric=metric)
+            assert means.subtitle == trends.figure.title
+            assert {s.name: s.y for s in means.series} == trends.series
+    view.select_point("trend-means", 0, 1)
+    assert view.layer == 1
+    note = view.grid.charts[0].note
+    after = next(s for s in view.grid.charts[0].series if s.name == "K head similarity · after")
+    assert note.startswith("layer 1: K mean |channel corr| ") and f"after {after.y[1]:.3f}" in note
+    view.select_point("trend-means", 0, 7)  # no such point: nothing moves
+    assert view.layer == 1
+
+
+def test_the_trend_view_refuses_what_it_cannot_draw(llama):
+    from headwidget.views import TrendView
+
+    model, stats = llama
+    with pytest.raises(headwidget.UnknownMetricError, match="CKA is rotation-invariant"):
+        TrendView(stats, metric="cka")
+    with pytest.raises(headwidget.ArgumentError, match="alignment must be one of auto, rope"):
+        TrendView(stats, alignment="sideways")
+    with pytest.raises(headwidget.ArgumentError, match="pass model="):
+        TrendView(stats, mechanisms=["mqa"])
+    with pytest.raises(headwidget.ArgumentError, match="a list of specs"):
+        TrendView(stats, model=model, mechanisms="mqa")
+    with pytest.raises(headwidget.ArgumentError, match="a list of specs"):
+        TrendView(stats, model=model, mechanisms=3)
+    with pytest.raises(headwidget.LayerIndexError, match="layer 9 is out of range: the model has 2 layers"):
+        TrendView(stats, layer=9)
+    view = TrendView(stats)
+    grid = view.grid
+    view.metric = "cka"  # set later: said in ``error``, the last charts kept
+    assert "CKA is rotation-invariant" in view.error and view.grid is grid
+
+
+def test_figure_view_trends_draws_the_trends_of_saved_statistics(llama, tmp_path):
+    from headwidget.cli import main
+
+    _, stats = llama
+    path = stats.save(tmp_path / "tiny.safetensors")
+    out = tmp_path / "trends.svg"
+    assert main(["figure", str(path), "--view", "trends", "--out", str(out)]) == 0
+    svg = out.read_text()
+    assert "Per-layer summary" in svg and "head similarity: per-token cosine, auto alignment" in svg

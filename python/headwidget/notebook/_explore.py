@@ -18,7 +18,6 @@ from headwidget.core.panels import PanelGrid
 from headwidget.errors import ArgumentError, HeadwidgetError
 from headwidget.evaluation import EvaluationReport
 from headwidget.export import ExportError, page_html, save, save_tabbed_html
-from headwidget.notebook._trend_charts import trend_charts
 from headwidget.stats import KVStats
 from headwidget.tracking import Timeline
 from headwidget.views import (
@@ -29,6 +28,7 @@ from headwidget.views import (
     MechanismView,
     QuantizationView,
     TimelineView,
+    TrendView,
     View,
     check_sources,
     view_class,
@@ -78,11 +78,13 @@ class Dashboard(ipywidgets.VBox):
         self.stats = stats
         self.model = model
         self.views: dict[str, View] = {}
-        self._trend_widget: HeadWidget | None = None
+        self._trend_view: TrendView | None = None
         options = options or {}
         first_layer = stats.layers[0]
         for name in view_names():
             cls = view_class(name)
+            if cls is TrendView:  # drawn above the tabs, not in one
+                continue
             if cls.needs_healing:  # built from healing runs, not from the stats
                 if healing is not None:
                     self.views[name] = cls.create(
@@ -105,6 +107,7 @@ class Dashboard(ipywidgets.VBox):
             )
         mechanisms = self.mechanisms
         specs = mechanisms.mechanisms if mechanisms is not None and mechanisms_trend else ()
+        self._trend_mechanisms = list(specs)
         self.trends = LayerTrends(stats, model=model, mechanisms=specs, layer=first_layer)
         tabs = list(self.views.values())
         self.tabs = ipywidgets.Tab(children=[v.widget for v in tabs], titles=[v.title for v in tabs])
@@ -170,7 +173,8 @@ class Dashboard(ipywidgets.VBox):
                 for name, view in self.views.items()
             ]
         model = self.stats.meta.model_name or self.stats.meta.model_class
-        pages = [("Per-layer summary", page_html(self.trend_grid(), title=f"Per-layer summary · {model}"))]
+        summary = self.trend_view
+        pages = [(summary.title, page_html(summary, title=f"{summary.title} · {model}"))]
         pages += [
             # The page's slider moves through the layers: its heading names the model, not a layer.
             (view.title, page_html(view, title=f"{view.title} · {model}", layers=layers))
@@ -179,29 +183,37 @@ class Dashboard(ipywidgets.VBox):
         save_tabbed_html(path, pages, title=f"headwidget · {model}")
         return [path]
 
-    # ------------------------------------------------------------------ marimo
+    # ------------------------------------------------------------------ the trends as a view
+    @property
+    def trend_view(self) -> TrendView:
+        """The trend chart as a :class:`~headwidget.views.TrendView` (made once, on first use): what
+        marimo and a saved page draw, with the front end's charts (in Jupyter, :attr:`trends` draws
+        the same series with bqplot). Its alignment, metric and layer are linked to :attr:`trends`'
+        (so to the alignment tab's method and metric, and to every tab's layer)."""
+        if self._trend_view is None:
+            trends = self.trends
+            view = TrendView(
+                self.stats,
+                model=self.model if self._trend_mechanisms else None,
+                mechanisms=self._trend_mechanisms,
+                alignment=trends.alignment,
+                metric=trends.metric,
+                layer=trends.layer,
+            )
+            self._links += [traitlets.link((trends, n), (view, n)) for n in ("alignment", "metric", "layer")]
+            self._trend_view = view
+        return self._trend_view
+
     def trend_grid(self) -> PanelGrid:
-        """The trend chart's series (those of :attr:`trends`, the bqplot chart) as the front end's own
-        charts: what a saved page and marimo draw."""
-        charts = trend_charts(self.trends.trend_series, self.stats.layers, self.trends.figure.title)
-        return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)
+        """The charts of :attr:`trend_view` now: the trend chart's series as the front end draws them."""
+        return self.trend_view.grid
 
     @property
     def trend_widget(self) -> HeadWidget:
-        """The trend chart as a :class:`~headwidget.widget.HeadWidget` (made once, on first use; what
-        marimo shows, where bqplot does not run): it follows the alignment tab's method and metric as
-        :attr:`trends` does, and a click on a point selects its layer in every tab."""
-        if self._trend_widget is None:
-            widget = HeadWidget(self.trend_grid(), view="trends")
-            widget.on_click(self._trend_clicked)
-            self.trends.observe(lambda _: widget.show(self.trend_grid()), names=["alignment", "metric"])
-            self._trend_widget = widget
-        return self._trend_widget
-
-    def _trend_clicked(self, event: dict[str, Any]) -> None:
-        point = event.get("point")
-        if isinstance(point, int) and 0 <= point < len(self.stats.layers):
-            self.trends.layer = self.stats.layers[point]  # (linked to every tab's layer)
+        """The widget of :attr:`trend_view` (what marimo shows, where bqplot does not run): a click on a
+        point selects its layer in every tab."""
+        widget: HeadWidget = self.trend_view.widget
+        return widget
 
     def _display_(self) -> Any:
         """What marimo shows (it runs anywidgets, not ipywidgets' containers or bqplot): the trend

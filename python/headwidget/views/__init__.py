@@ -40,6 +40,7 @@ from headwidget.views.healing import HealingView
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
 from headwidget.views.quantization import QuantizationView
 from headwidget.views.timeline import StepIndexError, TimelineStepsError, TimelineView
+from headwidget.views.trends import TrendView
 
 __all__ = [
     "STATE_ERRORS",
@@ -57,6 +58,7 @@ __all__ = [
     "StepIndexError",
     "TimelineStepsError",
     "TimelineView",
+    "TrendView",
     "UnknownViewError",
     "View",
     "ViewScreen",

@@ -1,5 +1,8 @@
 """``LayerTrends``: per-layer summaries in a bqplot figure, linked to the heatmap views' layer.
 
+The series are :func:`headwidget.views.trends.layer_trends`' (the :class:`~headwidget.views.TrendView`
+draws the same ones with the front end's charts: in marimo, on a saved page, in a figure).
+
 Lines, one point per captured layer:
 
 - mean |channel correlation| (off-diagonal) of K and of V;
@@ -30,8 +33,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import bqplot as bq
 import ipywidgets
@@ -39,14 +41,18 @@ import numpy as np
 import traitlets as t
 from torch import nn
 
-from headwidget.analysis.alignment import ALIGN_METRICS, align
-from headwidget.analysis.conversions import convert
-from headwidget.analysis.diversity import head_diversity
-from headwidget.analysis.operator_space import operator_similarity
-from headwidget.errors import UnknownMetricError
-from headwidget.moments import off_diagonal_mean
 from headwidget.stats import KVStats
-from headwidget.views.alignment import METRIC_LABELS, alignment_method
+from headwidget.views.trends import (
+    COLOURS,
+    RANK_ROLES,
+    SIMILARITY_ROLES,
+    SeriesRole,
+    TrendSeries,
+    layer_series,
+    layer_ticks,
+    layer_trends,
+    trend_subtitle,
+)
 
 __all__ = [
     "COLOURS",
@@ -61,120 +67,8 @@ __all__ = [
     "padded_range",
 ]
 
-COLOURS = ["#2166ac", "#b2182b", "#4393c3", "#d6604d", "#1b7837", "#762a83", "#e08214", "#35978f"]
 #: Fraction of the data's span added below and above it on each y-axis.
 MARGIN = 0.08
-#: The alignment view's choices (its ``alignment`` trait) and what they mean for keys and values.
-ALIGNMENTS = ("auto", "rope", "orthogonal", "none")
-
-
-def layer_ticks(layers: Sequence[int], most: int = 12) -> np.ndarray:
-    """Where the layer axis has ticks: at layers, every k-th so that there are at most ``most``.
-
-    Example:
-        >>> layer_ticks([0, 1]).tolist(), layer_ticks(range(30)).tolist()
-        ([0.0, 1.0], [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0, 24.0, 27.0])
-    """
-    layers = sorted(layers)
-    step = max(1, -(-len(layers) // most))
-    return np.asarray(layers[::step], dtype=float)
-
-
-#: What a trend series measures: it decides the chart, the axis and the line style it is drawn with.
-SeriesRole = Literal["channel_corr", "similarity_before", "similarity_after", "effective_rank"]
-#: The roles drawn against the effective-rank axis (the others share the mean |corr| / similarity axis).
-RANK_ROLES: frozenset[str] = frozenset({"effective_rank"})
-#: The roles that change with the alignment method and metric.
-SIMILARITY_ROLES: frozenset[str] = frozenset({"similarity_before", "similarity_after"})
-
-
-@dataclass(frozen=True)
-class TrendSeries:
-    """One line of the trend chart: its name (the legend's words), what it measures, one value per
-    captured layer.
-
-    Example:
-        >>> TrendSeries("K head similarity · before", "similarity_before", [0.1, 0.2]).dashed
-        True
-    """
-
-    name: str
-    role: SeriesRole
-    values: list[float]
-
-    @property
-    def dashed(self) -> bool:
-        """Drawn dashed: the before-alignment similarity, beside its solid after-alignment line."""
-        return self.role == "similarity_before"
-
-
-def layer_trends(
-    stats: KVStats,
-    *,
-    model: nn.Module | None = None,
-    mechanisms: Sequence[str] = (),
-    alignment: str = "auto",
-    metric: str = "token_cosine",
-    similarity_only: bool = False,
-) -> list[TrendSeries]:
-    """The per-layer series the trends plot (one value per ``stats.layers``), each with its role.
-
-    ``alignment`` and ``metric``: as the alignment view's traits (``"auto"``, ``"rope"``,
-    ``"orthogonal"``, ``"none"``; ``"token_cosine"``, ``"cosine"``, ``"pearson"``...);
-    ``similarity_only``: only the head-similarity series (what changes with them).
-    """
-    if alignment not in ALIGNMENTS:
-        raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
-    if metric not in ALIGN_METRICS:  # (before any layer is read)
-        raise UnknownMetricError(
-            f"the trends align heads: metric must be one of {', '.join(ALIGN_METRICS)}, got {metric!r} "
-            "(CKA is rotation-invariant and needs no alignment)"
-        )
-    series: dict[str, TrendSeries] = {}
-
-    def add(name: str, role: SeriesRole, value: float) -> None:
-        series.setdefault(name, TrendSeries(name, role, [])).values.append(value)
-
-    # The unaligned means come from the one function that the demo's table and timelines read too.
-    rows = stats.summary(metric, channels=not similarity_only)
-    for layer, row in zip(stats.layers, rows, strict=True):
-        for kind, short in (("key", "K"), ("value", "V")):
-            if kind not in stats.kinds:
-                continue
-            if not similarity_only:
-                add(f"{short} mean |channel corr|", "channel_corr", row[f"{kind}_abs_corr"])
-            before = row[f"{kind}_head_cos"]
-            add(f"{short} head similarity · before", "similarity_before", before)
-            res = align(stats, [layer], kind=kind, method=alignment_method(kind, alignment), metric=metric)
-            after = off_diagonal_mean(res.shown) if res.method != "none" else before
-            add(f"{short} head similarity · after", "similarity_after", after)
-        for spec in () if similarity_only else mechanisms:
-            if model is None:
-                raise ValueError("mechanism trends need the model's weights: pass model=")
-            sim = operator_similarity(convert(model, layer, spec, stats), layer, "qk")
-            add(f"eff. rank · {spec}", "effective_rank", float(head_diversity(sim)["effective_rank"]))
-    return list(series.values())
-
-
-def layer_series(
-    stats: KVStats,
-    *,
-    model: nn.Module | None = None,
-    mechanisms: Sequence[str] = (),
-    alignment: str = "auto",
-    metric: str = "token_cosine",
-    similarity_only: bool = False,
-) -> dict[str, list[float]]:
-    """The values of :func:`layer_trends`, by series name."""
-    found = layer_trends(
-        stats,
-        model=model,
-        mechanisms=mechanisms,
-        alignment=alignment,
-        metric=metric,
-        similarity_only=similarity_only,
-    )
-    return {s.name: s.values for s in found}
 
 
 def padded_range(values: Sequence[float] | np.ndarray, margin: float = MARGIN) -> tuple[float, float]:
@@ -336,8 +230,7 @@ class LayerTrends(ipywidgets.VBox):
 
     def _name_figure(self) -> None:
         # Short enough to fit a narrow cell: bqplot centres the title and cuts what overflows.
-        metric = METRIC_LABELS.get(self.metric, self.metric)
-        self.figure.title = f"head similarity: {metric}, {self.alignment} alignment"
+        self.figure.title = trend_subtitle(self.alignment, self.metric)
 
     def _on_alignment(self, change: dict[str, Any]) -> None:
         """Recompute the head-similarity series for the new alignment method or metric."""

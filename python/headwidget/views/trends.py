@@ -1,0 +1,378 @@
+"""``TrendView``: the per-layer summary of a capture, as charts, one point per captured layer.
+
+Lines (:func:`layer_trends`, one value per captured layer, each series with its role):
+
+- mean |channel correlation| (off-diagonal) of K and of V;
+- mean head similarity (off-diagonal) of K and V before alignment (dashed), and after alignment (the
+  scores the alignment view shows: held-out when few tokens), under the alignment method and metric of
+  the ``alignment`` and ``metric`` traits (the alignment view's traits of the same names: a dashboard
+  links them, so the chart follows that tab); the subtitle names them;
+- optionally, for a model, the effective rank of the heads' QK operator correlation under each mechanism
+  spec, on a second chart (diversity per mechanism).
+
+The means are those of :meth:`~headwidget.KVStats.summary`, the one function that the demo's table and
+the timelines read too. Drawn by the front end's charts (in a notebook, in marimo, on a saved page,
+where the two selects work offline) and by matplotlib in a saved figure; Jupyter's dashboard draws the
+same series with bqplot (:class:`~headwidget.widget.LayerTrends`). A click on a point selects its layer
+(``layer``), which moves the other views of a dashboard.
+
+Example:
+    >>> import torch, headwidget
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=3, n_head=4)).eval()
+    >>> view = TrendView(headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False))
+    >>> chart = view.grid.charts[0]
+    >>> chart.subtitle, chart.x_ticks
+    ('head similarity: per-token cosine, auto alignment', [0.0, 1.0, 2.0])
+    >>> [s.name for s in chart.series][:3]
+    ['K mean |channel corr|', 'K head similarity · before', 'K head similarity · after']
+    >>> view.select_point("trend-means", 0, 2)
+    >>> view.layer, view.alignments_available
+    (2, ['auto', 'orthogonal', 'none'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import traitlets as t
+from torch import nn
+
+from headwidget.analysis.alignment import ALIGN_METRICS, align
+from headwidget.analysis.conversions import convert
+from headwidget.analysis.diversity import head_diversity
+from headwidget.analysis.operator_space import operator_similarity
+from headwidget.checks import optional_whole_number
+from headwidget.core.charts import Chart, Series
+from headwidget.core.panels import PanelGrid
+from headwidget.errors import ArgumentError, LayerIndexError, UnknownMetricError
+from headwidget.moments import off_diagonal_mean
+from headwidget.stats import KVStats
+from headwidget.views._base import View, WholeNumber, state, stats_model_name
+from headwidget.views._controls import select
+from headwidget.views._registry import register_view
+from headwidget.views.alignment import METRIC_LABELS, alignment_method
+
+__all__ = [
+    "ALIGNMENTS",
+    "COLOURS",
+    "RANK_ROLES",
+    "SIMILARITY_ROLES",
+    "SeriesRole",
+    "TrendSeries",
+    "TrendView",
+    "layer_series",
+    "layer_ticks",
+    "layer_trends",
+    "trend_charts",
+    "trend_subtitle",
+]
+
+TV = TypeVar("TV", bound="TrendView")
+
+#: The i-th series' colour, in the notebook's bqplot chart and in the front end's charts alike.
+COLOURS = ["#2166ac", "#b2182b", "#4393c3", "#d6604d", "#1b7837", "#762a83", "#e08214", "#35978f"]
+#: The alignment view's choices (its ``alignment`` trait) and what they mean for keys and values.
+ALIGNMENTS = ("auto", "rope", "orthogonal", "none")
+
+
+def layer_ticks(layers: Sequence[int], most: int = 12) -> np.ndarray:
+    """Where the layer axis has ticks: at layers, every k-th so that there are at most ``most``.
+
+    Example:
+        >>> layer_ticks([0, 1]).tolist(), layer_ticks(range(30)).tolist()
+        ([0.0, 1.0], [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0, 24.0, 27.0])
+    """
+    layers = sorted(layers)
+    step = max(1, -(-len(layers) // most))
+    return np.asarray(layers[::step], dtype=float)
+
+
+#: What a trend series measures: it decides the chart, the axis and the line style it is drawn with.
+SeriesRole = Literal["channel_corr", "similarity_before", "similarity_after", "effective_rank"]
+#: The roles drawn against the effective-rank axis (the others share the mean |corr| / similarity axis).
+RANK_ROLES: frozenset[str] = frozenset({"effective_rank"})
+#: The roles that change with the alignment method and metric.
+SIMILARITY_ROLES: frozenset[str] = frozenset({"similarity_before", "similarity_after"})
+
+
+@dataclass(frozen=True)
+class TrendSeries:
+    """One line of the trend chart: its name (the legend's words), what it measures, one value per
+    captured layer.
+
+    Example:
+        >>> TrendSeries("K head similarity · before", "similarity_before", [0.1, 0.2]).dashed
+        True
+    """
+
+    name: str
+    role: SeriesRole
+    values: list[float]
+
+    @property
+    def dashed(self) -> bool:
+        """Drawn dashed: the before-alignment similarity, beside its solid after-alignment line."""
+        return self.role == "similarity_before"
+
+
+def _check_choice(alignment: str, metric: str) -> None:
+    if alignment not in ALIGNMENTS:
+        raise ArgumentError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
+    if metric not in ALIGN_METRICS:  # (before any layer is read)
+        raise UnknownMetricError(
+            f"the trends align heads: metric must be one of {', '.join(ALIGN_METRICS)}, got {metric!r} "
+            "(CKA is rotation-invariant and needs no alignment)"
+        )
+
+
+def layer_trends(
+    stats: KVStats,
+    *,
+    model: nn.Module | None = None,
+    mechanisms: Sequence[str] = (),
+    alignment: str = "auto",
+    metric: str = "token_cosine",
+    similarity_only: bool = False,
+) -> list[TrendSeries]:
+    """The per-layer series the trends plot (one value per ``stats.layers``), each with its role.
+
+    ``alignment`` and ``metric``: as the alignment view's traits (``"auto"``, ``"rope"``,
+    ``"orthogonal"``, ``"none"``; ``"token_cosine"``, ``"cosine"``, ``"pearson"``...);
+    ``similarity_only``: only the head-similarity series (what changes with them).
+    """
+    _check_choice(alignment, metric)
+    series: dict[str, TrendSeries] = {}
+
+    def add(name: str, role: SeriesRole, value: float) -> None:
+        series.setdefault(name, TrendSeries(name, role, [])).values.append(value)
+
+    # The unaligned means come from the one function that the demo's table and timelines read too.
+    rows = stats.summary(metric, channels=not similarity_only)
+    for layer, row in zip(stats.layers, rows, strict=True):
+        for kind, short in (("key", "K"), ("value", "V")):
+            if kind not in stats.kinds:
+                continue
+            if not similarity_only:
+                add(f"{short} mean |channel corr|", "channel_corr", row[f"{kind}_abs_corr"])
+            before = row[f"{kind}_head_cos"]
+            add(f"{short} head similarity · before", "similarity_before", before)
+            res = align(stats, [layer], kind=kind, method=alignment_method(kind, alignment), metric=metric)
+            after = off_diagonal_mean(res.shown) if res.method != "none" else before
+            add(f"{short} head similarity · after", "similarity_after", after)
+        for spec in () if similarity_only else mechanisms:
+            if model is None:
+                raise ArgumentError("mechanism trends need the model's weights: pass model=")
+            sim = operator_similarity(convert(model, layer, spec, stats), layer, "qk")
+            add(f"eff. rank · {spec}", "effective_rank", float(head_diversity(sim)["effective_rank"]))
+    return list(series.values())
+
+
+def layer_series(
+    stats: KVStats,
+    *,
+    model: nn.Module | None = None,
+    mechanisms: Sequence[str] = (),
+    alignment: str = "auto",
+    metric: str = "token_cosine",
+    similarity_only: bool = False,
+) -> dict[str, list[float]]:
+    """The values of :func:`layer_trends`, by series name."""
+    found = layer_trends(
+        stats,
+        model=model,
+        mechanisms=mechanisms,
+        alignment=alignment,
+        metric=metric,
+        similarity_only=similarity_only,
+    )
+    return {s.name: s.values for s in found}
+
+
+def trend_subtitle(alignment: str, metric: str) -> str:
+    """What the head-similarity lines are (short enough for bqplot's centred title in a narrow cell).
+
+    >>> trend_subtitle("auto", "pearson")
+    'head similarity: Pearson, auto alignment'
+    """
+    return f"head similarity: {METRIC_LABELS.get(metric, metric)}, {alignment} alignment"
+
+
+def _series(trend: TrendSeries, layers: Sequence[int], colour: str) -> Series:
+    name, values = trend.name, trend.values
+    labels = [f"{name}\nlayer {layer}: {v:.4f}" for layer, v in zip(layers, values, strict=True)]
+    xs = [float(x) for x in layers]
+    return Series(name, xs, list(values), labels, style="points+line", dashed=trend.dashed, color=colour)
+
+
+def trend_charts(
+    series: Sequence[TrendSeries], layers: Sequence[int], subtitle: str, note: str = ""
+) -> list[Chart]:
+    """The means chart and (if any series is an effective rank) the ranks chart of ``series``; the
+    i-th series in the i-th colour of :data:`COLOURS`, as in the notebook's bqplot chart; ``note``
+    under the means chart.
+
+    Example:
+        >>> series = [TrendSeries("K mean |channel corr|", "channel_corr", [0.2, 0.3]),
+        ...           TrendSeries("eff. rank · mqa", "effective_rank", [3.0, 2.5])]
+        >>> charts = trend_charts(series, [0, 1], "head similarity: per-token cosine, auto alignment")
+        >>> [c.id for c in charts], charts[0].series[0].labels[1], charts[0].x_ticks
+        (['trend-means', 'trend-ranks'], 'K mean |channel corr|\\nlayer 1: 0.3000', [0.0, 1.0])
+    """
+    colours = {s.name: COLOURS[i % len(COLOURS)] for i, s in enumerate(series)}
+    ticks = layer_ticks(layers).tolist()  # at layers, as the notebook's chart: no "layer 0.5"
+    ranks = [s for s in series if s.role in RANK_ROLES]
+    means = [s for s in series if s.role not in RANK_ROLES]
+    charts = []
+    if means:
+        charts.append(
+            Chart(
+                "trend-means",
+                "Per-layer summary",
+                "layer",
+                "mean |corr| / similarity",
+                [_series(s, layers, colours[s.name]) for s in means],
+                subtitle=subtitle,
+                note=note,
+                x_ticks=ticks,
+                label_points=False,  # the legend names the lines
+            )
+        )
+    if ranks:
+        charts.append(
+            Chart(
+                "trend-ranks",
+                "Head diversity per mechanism",
+                "layer",
+                "effective rank (QK operators)",
+                [_series(s, layers, colours[s.name]) for s in ranks],
+                subtitle="entropy effective rank of the heads",
+                x_ticks=ticks,
+                label_points=False,
+            )
+        )
+    return charts
+
+
+@register_view("trends", order=70)
+class TrendView(View):
+    """The per-layer trends of a capture: channel correlation, head similarity before and after
+    alignment, and (with a model) head diversity per mechanism."""
+
+    title = "Per-layer summary"
+
+    alignment = state(t.Unicode("auto"), select("Alignment", options="alignments_available"))
+    alignments_available = t.List(t.Unicode()).tag(sync=True)
+    metric = state(
+        t.Unicode("token_cosine"), select("Metric", options="metrics_available", labels=METRIC_LABELS)
+    )
+    metrics_available = t.List(t.Unicode()).tag(sync=True)
+    #: The selected layer (a click on a point sets it; a dashboard links it to its other views).
+    layer = state(WholeNumber(0))
+
+    def __init__(
+        self,
+        stats: KVStats,
+        *,
+        model: nn.Module | None = None,
+        mechanisms: Sequence[str] = (),
+        alignment: str = "auto",
+        metric: str = "token_cosine",
+        layer: int | None = None,
+    ) -> None:
+        """``model`` and ``mechanisms``: the effective rank of the heads under each mechanism spec
+        (a conversion per layer and spec); ``model`` must be the model ``stats`` come from."""
+        stats = self._stats(stats, model)
+        if (
+            isinstance(mechanisms, (str, bytes))
+            or not isinstance(mechanisms, Sequence)
+            or not all(isinstance(s, str) for s in mechanisms)
+        ):
+            raise ArgumentError(f"mechanisms must be a list of specs such as ['mqa'], got {mechanisms!r}")
+        if mechanisms and model is None:
+            raise ArgumentError("mechanism trends need the model's weights: pass model=")
+        layer = optional_whole_number("layer", layer)
+        _check_choice(alignment, metric)
+        self.stats, self.model, self.mechanisms = stats, model, list(mechanisms)
+        self._fixed: list[TrendSeries] | None = None
+        self._order: list[str] = []
+        self._similarity: dict[tuple[str, str], list[TrendSeries]] = {}
+        super().__init__()
+        with self.initial_state():
+            rope = stats.meta.layout.rope.uses_rope
+            self.alignments_available = ["auto", *(["rope"] if rope else []), "orthogonal", "none"]
+            self.metrics_available = list(ALIGN_METRICS)
+            self.alignment, self.metric = alignment, metric
+            self.layer = stats.layers[0] if layer is None else layer
+
+    @classmethod
+    def create(
+        cls: type[TV],
+        stats: KVStats | None = None,
+        model: nn.Module | None = None,
+        *,
+        layers: Sequence[int] = (),
+        interactive: bool = True,
+        **state: Any,
+    ) -> TV:
+        """The trends of every captured layer, the first of ``layers`` selected."""
+        if layers:
+            state.setdefault("layer", layers[0])
+        return cls(cls._stats(stats, model), model=model, **state)
+
+    @property
+    def caption(self) -> str:
+        """The model, and how many layers the points are."""
+        return f"{stats_model_name(self.stats)} · {len(self.stats.layers)} layers"
+
+    def series(self, state: Any = None) -> list[TrendSeries]:
+        """The series of ``state`` (default: the current one), in :func:`layer_trends`' order; those
+        that do not depend on the alignment are computed once, the head similarities once per method
+        and metric."""
+        state = self.current_state() if state is None else state
+        _check_choice(state.alignment, state.metric)
+        key = (state.alignment, state.metric)
+        if self._fixed is None:
+            found = layer_trends(
+                self.stats,
+                model=self.model,
+                mechanisms=self.mechanisms,
+                alignment=state.alignment,
+                metric=state.metric,
+            )
+            self._order = [s.name for s in found]
+            self._fixed = [s for s in found if s.role not in SIMILARITY_ROLES]
+            self._similarity[key] = [s for s in found if s.role in SIMILARITY_ROLES]
+        if key not in self._similarity:
+            self._similarity[key] = layer_trends(
+                self.stats, alignment=state.alignment, metric=state.metric, similarity_only=True
+            )
+        by_name = {s.name: s for s in [*self._fixed, *self._similarity[key]]}
+        return [by_name[name] for name in self._order]
+
+    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+        """The means chart (and the ranks chart with mechanisms); no heatmap. The note gives the
+        selected layer's means."""
+        if state.layer not in self.stats.layers:
+            count = self.stats.meta.layout.num_layers
+            if not 0 <= state.layer < count:
+                raise LayerIndexError(
+                    f"layer {state.layer} is out of range: the model has {count} layers (0..{count - 1})"
+                )
+            raise LayerIndexError(
+                f"layer {state.layer} was not captured; the captured layers are {self.stats.layers}"
+            )
+        series = self.series(state)
+        at = self.stats.layers.index(state.layer)
+        values = ", ".join(f"{s.name} {s.values[at]:.3f}" for s in series if s.role not in RANK_ROLES)
+        note = f"layer {state.layer}: {values} · a click on a point selects its layer"
+        charts = trend_charts(series, self.stats.layers, trend_subtitle(state.alignment, state.metric), note)
+        return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)
+
+    def select_point(self, chart: str, series: int, point: int) -> None:
+        """A click on a point selects its layer."""
+        if 0 <= point < len(self.stats.layers):
+            self.layer = self.stats.layers[point]
