@@ -65,8 +65,8 @@ def test_the_costs_example_runs(costs) -> None:
 def test_the_allocation_example_runs(costs) -> None:
     # three candidates on a few tokens (the full run is the allocation notebook's)
     allocation = re.sub(r"candidates=\[.*?\]", 'candidates=["model", "mqa", "kv:int4"]', _blocks()[3])
-    allocation = allocation.replace("max_tokens=4096", "max_tokens=32").replace("refine=1", "refine=0")
-    allocation = allocation.replace("max_tokens=16384", "max_tokens=64")
+    allocation = allocation.replace("max_tokens=4096", "max_tokens=16").replace("refine=1", "refine=0")
+    allocation = allocation.replace("max_tokens=16384", "max_tokens=32")
     namespace = dict(costs)
     exec(allocation, namespace)
     alloc = namespace["alloc"]

@@ -138,8 +138,9 @@ class Dashboard(ipywidgets.VBox):
     ) -> list[Path]:
         """Save every tab; returns the paths written.
 
-        - ``.html``: one offline page, a tab bar over the per-layer summary (the trend chart's series,
-          drawn by the widget's own charts) and each tab's standalone page (as
+        - ``.html``: one offline page, a tab bar over the per-layer summary (:attr:`trend_view`'s own
+          page: the trend chart's series drawn by the widget's charts, its alignment and metric
+          selects working offline) and each tab's standalone page (as
           :func:`headwidget.export.save_html` writes it: hover, colorbar and the layer slider over
           ``layers``, default every layer).
         - ``.png``, ``.svg``, ``.pdf``: one figure per tab, named after the tab:

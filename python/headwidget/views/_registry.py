@@ -14,7 +14,7 @@ Example:
     ... except UnknownViewError as err:
     ...     print(err)  # doctest: +NORMALIZE_WHITESPACE
     unknown view 'attention'; the views are channels, alignment, mechanisms, consequences, healing,
-    quantization, timeline
+    quantization, timeline, trends
 """
 
 from __future__ import annotations
