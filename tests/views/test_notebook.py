@@ -185,7 +185,9 @@ def test_explore_links_the_layer_across_tabs():
     assert list(dash.views) == [  # every view but the trends, which the dashboard draws above the tabs
         n
         for n in views.view_names()
-        if not views.view_class(n).needs_report and views.view_class(n).shows(dash.stats) and n != "trends"
+        if views.view_class(n).sources().main in ("stats", "model")
+        and views.view_class(n).shows(dash.stats)
+        and n != "trends"
     ]
 
 
@@ -229,7 +231,7 @@ def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
     assert dash.tabs.titles == tuple(
         views.view_class(n).title
         for n in views.view_names()
-        if not (views.view_class(n).needs_model or views.view_class(n).needs_report)
+        if views.view_class(n).sources().main == "stats"
         and views.view_class(n).shows(stats)
         and n != "trends"  # drawn above the tabs
     )

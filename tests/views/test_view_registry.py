@@ -19,6 +19,7 @@ from headwidget.views import (
     LayerView,
     MechanismView,
     View,
+    ViewSourceError,
     _registry,
     register_view,
     select,
@@ -169,3 +170,73 @@ def test_views_import_no_widget_or_plotting_library():
     assert {PACKAGE / "core" / "panels.py", PACKAGE / "analysis" / "alignment.py"} <= seen
     assert {"traitlets", "numpy", "torch"} <= outside
     assert not outside & {"anywidget", "ipywidgets", "bqplot", "matplotlib", "IPython"}
+
+
+def test_what_each_view_is_built_from_is_read_off_its_one_constructor():
+    """Every built-in view: the first argument of its constructor names its source, and ``create``
+    (the command line's, the magic's and explore's way in) is the base's, for all of them."""
+    expected = {
+        "channels": ("stats", (), "pinned", True),
+        "alignment": ("stats", (), "layers", False),
+        "mechanisms": ("model", ("stats",), "layer", True),
+        "consequences": ("report", (), "layer", False),
+        "healing": ("healing", (), "layer", False),
+        "quantization": ("stats", ("report",), "layer", False),
+        "timeline": ("timeline", (), "layer", True),
+        "trends": ("stats", ("model",), "layer", False),
+    }
+    for name in view_names():
+        cls = view_class(name)
+        made = cls.sources()
+        assert (made.main, made.optional, made.layers, made.prefetch) == expected[name], name
+        assert "create" not in vars(cls) and "__init__" in vars(cls), name  # one constructor of its own
+
+
+def test_a_constructor_that_names_no_source_is_refused_when_registered():
+    class Misnamed(View):
+        def __init__(self, runs, *, layer: int = 0) -> None:
+            super().__init__()
+
+    with pytest.raises(
+        TypeError, match=r"Misnamed.__init__ must name what the view is built from .* not 'runs'"
+    ):
+        register_view("misnamed-test")(Misnamed)
+    assert "misnamed-test" not in view_names()
+
+
+def test_create_maps_the_named_layers_and_sources_onto_the_constructor():
+    """A throw-away view whose constructor records what it was given: ``create`` passes the source it
+    is built from positionally, the optional sources it takes when given, the first layer, the rest
+    as pinned, ``interactive`` as ``prefetch``; sources it does not take are ignored."""
+
+    class Recorded(LayerView):
+        def __init__(self, report, *, layer=0, pinned=(), model=None, prefetch=True, flavour="plain"):
+            self.given = {"report": report, "layer": layer, "pinned": pinned, "model": model}
+            self.given.update(prefetch=prefetch, flavour=flavour)
+            super().__init__()
+
+        def compute(self, state, resolution=None) -> PanelGrid:
+            return PanelGrid([Panel("m", "m", np.eye(2))], -1.0, 1.0, "diverging", "")
+
+    made = Recorded.sources()
+    assert (made.main, made.optional, made.layers, made.prefetch) == ("report", ("model",), "pinned", True)
+    view = Recorded.create("stats", "model", layers=[3, 1, 2], interactive=False, report="r", timeline="x")
+    assert view.given == {
+        "report": "r",
+        "layer": 3,
+        "pinned": [1, 2],
+        "model": "model",
+        "prefetch": False,
+        "flavour": "plain",
+    }
+    assert Recorded.create(report="r", flavour="bold").given == {
+        "report": "r",
+        "layer": 0,
+        "pinned": (),
+        "model": None,
+        "prefetch": True,
+        "flavour": "bold",
+    }
+    assert Recorded.create(report="r", layers=[4], layer=2).given["layer"] == 2  # an explicit layer wins
+    with pytest.raises(ViewSourceError, match="the Recorded view needs an evaluation report: report="):
+        Recorded.create("stats", "model")

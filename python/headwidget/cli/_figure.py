@@ -87,14 +87,15 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     if args.out.suffix.lower() not in (".png", ".svg", ".pdf", ".html"):
         raise UsageError(f"--out {args.out}: the extension must be .png, .svg, .pdf or .html")
     cls = view_class(args.view)
-    if cls.needs_model and args.model is None:
+    needs_model = cls.sources().main == "model"
+    if needs_model and args.model is None:
         raise UsageError(f"--view {args.view} needs --model (the weights of the model the stats come from)")
     layers = int_list(args.layers, "--layers")
     state = _figure_state(cls, args)
     check_output_file(args.out)
     stats = KVStats.load(args.stats)
     layers = layers or stats.layers[:1]
-    model = load(args.model, device="cpu", tokenizer=False)[0] if cls.needs_model else None
+    model = load(args.model, device="cpu", tokenizer=False)[0] if needs_model else None
     view = cls.create(stats, model, layers=layers, interactive=False, **state)
     if view.error:
         raise FigureError(view.error)

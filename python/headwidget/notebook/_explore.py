@@ -81,30 +81,17 @@ class Dashboard(ipywidgets.VBox):
         self._trend_view: TrendView | None = None
         options = options or {}
         first_layer = stats.layers[0]
+        given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
         for name in view_names():
             cls = view_class(name)
             if cls is TrendView:  # drawn above the tabs, not in one
                 continue
-            if cls.needs_healing:  # built from healing runs, not from the stats
-                if healing is not None:
-                    self.views[name] = cls.create(
-                        layers=[first_layer], healing=healing, **options.get(name, {})
-                    )
+            main = cls.sources().main
+            if main and given[main] is None:  # e.g. no report: no consequences tab
                 continue
-            if cls.needs_timeline:  # built from the timeline, not from the stats
-                if timeline is not None:
-                    self.views[name] = cls.create(
-                        layers=[first_layer], timeline=timeline, **options.get(name, {})
-                    )
+            if main in ("stats", "model", "") and not cls.shows(stats):  # e.g. quantization without samples
                 continue
-            if (cls.needs_model and model is None) or (cls.needs_report and report is None):
-                continue
-            if not cls.shows(stats):  # e.g. the quantization tab without token samples
-                continue
-            extra: dict[str, Any] = {"report": report} if cls.wants_report else {}
-            self.views[name] = cls.create(
-                stats, model, layers=[first_layer], **extra, **options.get(name, {})
-            )
+            self.views[name] = cls.create(layers=[first_layer], **given, **options.get(name, {}))
         mechanisms = self.mechanisms
         specs = mechanisms.mechanisms if mechanisms is not None and mechanisms_trend else ()
         self._trend_mechanisms = list(specs)

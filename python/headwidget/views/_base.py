@@ -61,6 +61,7 @@ from headwidget.errors import HeadwidgetError, LayerIndexError
 from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
 from headwidget.views._prefetch import Prefetcher
+from headwidget.views._sources import ViewSources, missing_source, view_sources
 
 __all__ = [
     "STATE_ERRORS",
@@ -226,25 +227,13 @@ def presenter() -> Presenter:
 
 class View(t.HasTraits):
     """Base of every view: state traits in, a :class:`PanelGrid` out. Subclasses implement
-    :meth:`compute` and :meth:`create`; ``view_name`` is set by :func:`~headwidget.views.register_view`."""
+    :meth:`compute` and one constructor, whose first argument names what the view is built from
+    (:meth:`sources`); ``view_name`` is set by :func:`~headwidget.views.register_view`."""
 
     #: The registry name (``"channels"``...), set by ``register_view``.
     view_name: ClassVar[str] = ""
     #: What a tab showing the view is called.
     title: ClassVar[str] = ""
-    #: Whether :meth:`create` needs captured statistics, and whether it needs a model's weights.
-    needs_stats: ClassVar[bool] = True
-    needs_model: ClassVar[bool] = False
-    #: Whether :meth:`create` needs an evaluation report (``report=``, :func:`headwidget.evaluate`),
-    #: and whether it takes one when there is one.
-    needs_report: ClassVar[bool] = False
-    wants_report: ClassVar[bool] = False
-    #: Whether :meth:`create` is built from a training run's snapshots (``timeline=``, a
-    #: :class:`~headwidget.Timeline`) rather than from one capture.
-    needs_timeline: ClassVar[bool] = False
-    #: Whether :meth:`create` is built from healing runs (``healing=``, :func:`headwidget.heal` results).
-    needs_healing: ClassVar[bool] = False
-
     #: The class :meth:`state_class` made (per class: a subclass with more state makes its own).
     _state_class: ClassVar[type[ViewState] | None] = None
 
@@ -314,6 +303,18 @@ class View(t.HasTraits):
         return [control.bind(name) for name, control in found.items() if control is not None]
 
     @classmethod
+    def sources(cls) -> ViewSources:
+        """What the view is built from and what it does with the layers a user names, read off its
+        constructor (:mod:`~headwidget.views._sources`).
+
+        Example:
+            >>> from headwidget.views import view_class
+            >>> view_class("consequences").sources().main, view_class("quantization").sources().optional
+            ('report', ('report',))
+        """
+        return view_sources(cls)
+
+    @classmethod
     def create(
         cls: type[V],
         stats: KVStats | None = None,
@@ -321,19 +322,46 @@ class View(t.HasTraits):
         *,
         layers: Sequence[int] = (),
         interactive: bool = True,
+        report: Any = None,
+        timeline: Any = None,
+        healing: Any = None,
         **state: Any,
     ) -> V:
-        """The view of ``stats`` (and/or ``model``) for the layers a user named.
+        """The view of whichever sources it takes, for the layers a user named: the command line,
+        the magic and ``explore`` build every view through this, one function for all views (a view
+        has one constructor, which this calls).
 
-        ``layers``: the first is selected, what the rest mean is the view's (pinned beside it, a set
-        of layers shown together...); none: the first captured layer. ``interactive=False`` skips
-        work that only speeds up exploring (prefetching neighbours). ``state``: initial values of
-        state traits. The command line, the magic and ``explore`` build views through this.
+        Sources the view does not take are ignored; the one it is built from must be there
+        (:class:`ViewSourceError` says how to get it), and statistics given with a model must come
+        from that model. ``layers``: the first is selected; the rest are pinned beside it or shown
+        with it, where the view's constructor takes ``pinned`` or ``layers``; none: the view's
+        default. ``interactive=False`` skips work that only speeds up exploring (prefetching
+        neighbours). ``state``: the constructor's other arguments (initial values of state traits);
+        a ``layer`` among them wins over ``layers``.
+
+        Example:
+            >>> import torch, headwidget
+            >>> from headwidget.views import view_class
+            >>> from transformers import GPT2Config, GPT2LMHeadModel
+            >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)).eval()
+            >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 16)), progress=False)
+            >>> view = view_class("channels").create(stats, model, layers=[1, 0], interactive=False)
+            >>> view.layer, view.pinned, view.prefetch
+            (1, [0], False)
         """
-        raise NotImplementedError(
-            f"{cls.__name__} does not implement create(): the command line, the magic and explore "
-            "build views through it"
-        )
+        given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
+        made = cls.sources()
+        name = cls.view_name or cls.__name__
+        if made.main and given[made.main] is None:
+            raise ViewSourceError(missing_source(name, made.main))
+        if made.takes("stats") and not made.takes("model"):  # (a view taking both checks them itself)
+            check_sources(stats, model, f"{name} view")
+        arguments = {source: given[source] for source in made.optional if given[source] is not None}
+        chosen = made.arguments(tuple(layers), interactive)
+        if "layer" in state:  # an explicit layer wins over the named layers
+            chosen.pop("layer", None)
+        main = (given[made.main],) if made.main else ()
+        return cls(*main, **arguments, **{**chosen, **state})
 
     @classmethod
     def shows(cls, stats: KVStats | None) -> bool:
@@ -350,15 +378,9 @@ class View(t.HasTraits):
     def _stats(cls, stats: KVStats | None, model: nn.Module | None = None) -> KVStats:
         """``stats``, checked to be statistics, and to come from ``model`` when one is given."""
         if stats is None:
-            raise ViewSourceError(f"the {cls.view_name or cls.__name__} view needs captured statistics")
+            raise ViewSourceError(missing_source(cls.view_name or cls.__name__, "stats"))
         check_sources(stats, model, f"{cls.view_name or cls.__name__} view")
         return stats
-
-    @classmethod
-    def _model(cls, model: nn.Module | None) -> nn.Module:
-        if model is None:
-            raise ViewSourceError(f"the {cls.view_name or cls.__name__} view needs a model (its weights)")
-        return model
 
     @property
     def caption(self) -> str:

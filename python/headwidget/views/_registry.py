@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from headwidget.errors import UnknownViewError
 from headwidget.views._base import View
+from headwidget.views._sources import view_sources
 
 __all__ = ["UnknownViewError", "register_view", "view_class", "view_names"]
 
@@ -46,6 +47,7 @@ def register_view(name: str, *, order: int = 100) -> Callable[[C], C]:
             raise ValueError(
                 f"a view called {name!r} is already registered: {known.__module__}.{known.__qualname__}"
             )
+        view_sources(cls)  # its constructor names what it is built from (else a TypeError now)
         cls.view_name = name
         if not cls.title:
             cls.title = name.capitalize()

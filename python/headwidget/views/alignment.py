@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import numpy as np
 import traitlets as t
@@ -43,9 +43,6 @@ from headwidget.views._controls import select, toggles
 from headwidget.views._registry import register_view
 from headwidget.views.channels import check_key_kind
 
-if TYPE_CHECKING:
-    from torch import nn
-
 __all__ = ["METRIC_LABELS", "AlignmentView", "alignment_method"]
 
 #: ``cka`` (linear CKA) is invariant under rotations of either head: both panels show one matrix.
@@ -58,8 +55,6 @@ METRIC_LABELS = {
     "pearson": "Pearson",
     "cka": "linear CKA",
 }
-
-AV = TypeVar("AV", bound="AlignmentView")
 
 
 def alignment_method(kind: str, alignment: str) -> str | None:
@@ -127,21 +122,6 @@ class AlignmentView(LayerView):
             self.metric = metric
             self.alignments_available = ["auto", *(["rope"] if uses_rope else []), "orthogonal", "none"]
             self.alignment = alignment
-
-    @classmethod
-    def create(
-        cls: type[AV],
-        stats: KVStats | None = None,
-        model: nn.Module | None = None,
-        *,
-        layers: Sequence[int] = (),
-        interactive: bool = True,
-        **state: Any,
-    ) -> AV:
-        """One layer selected (with the layer slider), or several shown as one flattened set of heads."""
-        if len(layers) > 1:
-            return cls(cls._stats(stats, model), layers=layers, **state)
-        return cls(cls._stats(stats, model), layer=layers[0] if layers else None, **state)
 
     @classmethod
     def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import numpy as np
 import traitlets as t
@@ -39,14 +39,9 @@ from headwidget.views._base import LayerView, WholeNumber, state, stats_model_na
 from headwidget.views._controls import toggles, window
 from headwidget.views._registry import register_view
 
-if TYPE_CHECKING:
-    from torch import nn
-
 __all__ = ["ChannelView", "ChannelWindowError"]
 
 KIND_TITLES = {"key": "Keys", "key_post": "Keys (post-RoPE)", "value": "Values"}
-
-CV = TypeVar("CV", bound="ChannelView")
 
 
 class ChannelWindowError(HeadwidgetError, IndexError):
@@ -119,25 +114,6 @@ class ChannelView(LayerView):
             self.pinned = list(pinned)
             self.channel_start = channel_start
             self.channel_width = channels if channel_width is None else channel_width
-
-    @classmethod
-    def create(
-        cls: type[CV],
-        stats: KVStats | None = None,
-        model: nn.Module | None = None,
-        *,
-        layers: Sequence[int] = (),
-        interactive: bool = True,
-        **state: Any,
-    ) -> CV:
-        """The first of ``layers`` selected, the others pinned beside it."""
-        return cls(
-            cls._stats(stats, model),
-            layer=layers[0] if layers else None,
-            pinned=list(layers[1:]),
-            prefetch=interactive,
-            **state,
-        )
 
     def _window_matrix(
         self, layer: int, kind: str, start: int, stop: int, max_cells: int

@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 import numpy as np
 import traitlets as t
-from torch import nn
 
 from headwidget.analysis.variants import MixedSpec, parse_variant, variant_group
 from headwidget.checks import optional_whole_number
@@ -53,14 +52,12 @@ from headwidget.core.kv_bytes import kv_bytes_text
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
-from headwidget.stats import KVStats
 from headwidget.views._base import View, ViewSourceError, WholeNumber, state
 from headwidget.views._controls import toggles
 from headwidget.views._registry import register_view
 
 __all__ = ["DAMAGE_MEASURES", "ConsequenceView", "UnknownDamageMeasureError", "short_names"]
 
-CV = TypeVar("CV", bound="ConsequenceView")
 
 #: Damage measures by report kind: name → (axis label, value from a variant's measures).
 DAMAGE_MEASURES: dict[str, dict[str, tuple[str, str]]] = {
@@ -128,9 +125,6 @@ class ConsequenceView(View):
     """Bytes saved against damage done, per variant, and the per-layer damage map."""
 
     title = "Consequences"
-    needs_stats: ClassVar[bool] = False
-    needs_report: ClassVar[bool] = True
-    wants_report: ClassVar[bool] = True
 
     measure = state(t.Unicode("nll"), toggles("Damage", options="measures_available", labels=MEASURE_LABELS))
     #: The selected layer (a click on the damage map sets it; a dashboard links it to its other views).
@@ -154,26 +148,6 @@ class ConsequenceView(View):
             self.measures_available = measures
             self.measure = measures[0] if measure is None else measure
             self.layer = (report.layers[0] if report.layers else 0) if layer is None else layer
-
-    @classmethod
-    def create(
-        cls: type[CV],
-        stats: KVStats | None = None,
-        model: nn.Module | None = None,
-        *,
-        layers: Sequence[int] = (),
-        interactive: bool = True,
-        report: EvaluationReport | None = None,
-        **state: Any,
-    ) -> CV:
-        """The view of ``report`` (statistics and model are not used), the first of ``layers`` selected."""
-        if report is None:
-            raise ViewSourceError(
-                "the consequences view needs an evaluation report: report=headwidget.evaluate(...)"
-            )
-        if layers:
-            state.setdefault("layer", layers[0])
-        return cls(report, **state)
 
     @property
     def caption(self) -> str:

@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 import numpy as np
 import traitlets as t
-from torch import nn
 
 from headwidget.core.charts import Chart, Series
 from headwidget.core.panels import Panel, PanelGrid
@@ -53,7 +52,6 @@ from headwidget.views._registry import register_view
 
 __all__ = ["RECOVERY_MEASURES", "HealingView", "checked_runs"]
 
-HV = TypeVar("HV", bound="HealingView")
 
 #: Recovery measures by kind of model: name → (toggle label, axis label).
 RECOVERY_MEASURES: dict[str, dict[str, tuple[str, str]]] = {
@@ -122,8 +120,6 @@ class HealingView(View):
     """Recovery curves of healed variants, and the per-layer recovery map of one run."""
 
     title = "Healing"
-    needs_stats: ClassVar[bool] = False
-    needs_healing: ClassVar[bool] = True
 
     measure = state(
         t.Unicode("kl"),
@@ -141,14 +137,15 @@ class HealingView(View):
 
     def __init__(
         self,
-        runs: HealingRun | Sequence[HealingRun] | Mapping[str, HealingRun],
+        healing: HealingRun | Sequence[HealingRun] | Mapping[str, HealingRun],
         *,
         measure: str | None = None,
         run: str | None = None,
         layer: int | None = None,
     ) -> None:
-        """``runs``: :func:`headwidget.heal` results by name (one run, or a list: named by their specs)."""
-        self.runs = checked_runs(runs)
+        """``healing``: :func:`headwidget.heal` results by name (one run, or a list: named by their
+        specs)."""
+        self.runs = checked_runs(healing)
         super().__init__()
         first = next(iter(self.runs.values()))
         measures = list(RECOVERY_MEASURES[first.kind])
@@ -158,26 +155,6 @@ class HealingView(View):
             self.measure = measures[0] if measure is None else measure
             self.run = next(iter(self.runs)) if run is None else run
             self.layer = (first.layers[0] if first.layers else 0) if layer is None else layer
-
-    @classmethod
-    def create(
-        cls: type[HV],
-        stats: KVStats | None = None,
-        model: nn.Module | None = None,
-        *,
-        layers: Sequence[int] = (),
-        interactive: bool = True,
-        healing: Any = None,
-        **state: Any,
-    ) -> HV:
-        """The view of ``healing`` (statistics and model are not used), the first of ``layers`` selected."""
-        if healing is None:
-            raise ViewSourceError(
-                "the healing view needs healing runs: healing={'mqa': headwidget.heal(...)}"
-            )
-        if layers:
-            state.setdefault("layer", layers[0])
-        return cls(healing, **state)
 
     @classmethod
     def shows(cls, stats: KVStats | None) -> bool:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import traitlets as t
@@ -98,7 +98,6 @@ def model_name(model: object) -> str:
     return str(name) if name else type(model).__name__
 
 
-MV = TypeVar("MV", bound="MechanismView")
 #: A cached panel body: the (H, H) correlation, its effective rank and the conversion, or the error.
 Result = tuple[np.ndarray, float, Conversion] | Exception
 
@@ -108,8 +107,6 @@ class MechanismView(LayerView):
     """One head-correlation panel per mechanism spec (or per real model)."""
 
     title = "Mechanisms"
-    needs_stats = False
-    needs_model = True
 
     circuit = state(t.Unicode("qk"), select("Circuit", options="circuits_available"))
     circuits_available = t.List(t.Unicode()).tag(sync=True)
@@ -179,21 +176,6 @@ class MechanismView(LayerView):
                 specs = list(mechanisms) if mechanisms is not None else default_mechanisms(first)
                 self.mechanisms_available = list(dict.fromkeys(specs))
                 self.mechanisms = specs
-
-    @classmethod
-    def create(
-        cls: type[MV],
-        stats: KVStats | None = None,
-        model: nn.Module | None = None,
-        *,
-        layers: Sequence[int] = (),
-        interactive: bool = True,
-        **state: Any,
-    ) -> MV:
-        """The first of ``layers`` (default 0) under each mechanism; ``stats`` makes errors data-aware."""
-        return cls(
-            cls._model(model), layer=layers[0] if layers else 0, stats=stats, prefetch=interactive, **state
-        )
 
     # ------------------------------------------------------------------ offered specs
     @t.observe("mechanisms")

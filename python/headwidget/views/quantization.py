@@ -39,10 +39,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 import traitlets as t
-from torch import nn
 
 from headwidget.analysis.entropy import BINS_MAX, ChannelEntropy, channel_entropy, coupling_control
 from headwidget.analysis.variants import variant_group
@@ -60,7 +59,6 @@ from headwidget.views._registry import register_view
 
 __all__ = ["COUPLING_KINDS", "QuantizationView", "bits_per_channel"]
 
-QV = TypeVar("QV", bound="QuantizationView")
 
 #: The kinds the coupling chart shows, with their names and colours.
 COUPLING_KINDS: dict[Kind, tuple[str, str]] = {
@@ -150,8 +148,6 @@ class QuantizationView(LayerView):
     """Joint against summed marginal entropy of coupled channels per layer, and bits against damage."""
 
     title = "Quantization"
-    #: Takes an evaluation report when there is one (the bits-against-damage chart), needs none.
-    wants_report: ClassVar[bool] = True
 
     damage = state(t.Unicode("nll"), toggles("Damage", options="damages_available", labels=DAMAGE_LABELS))
     damages_available = t.List(t.Unicode()).tag(sync=True)
@@ -197,20 +193,6 @@ class QuantizationView(LayerView):
             )
             self.damage = damage
             self.layer = stats.layers[0] if layer is None else layer
-
-    @classmethod
-    def create(
-        cls: type[QV],
-        stats: KVStats | None = None,
-        model: nn.Module | None = None,
-        *,
-        layers: Sequence[int] = (),
-        interactive: bool = True,
-        report: EvaluationReport | None = None,
-        **state: Any,
-    ) -> QV:
-        """The view of ``stats`` at the first of ``layers``, with ``report``'s quantizers if given."""
-        return cls(cls._stats(stats, model), layer=layers[0] if layers else None, report=report, **state)
 
     @classmethod
     def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:

@@ -46,7 +46,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any
 
 import numpy as np
 import traitlets as t
@@ -66,9 +66,6 @@ from headwidget.views._controls import slider, toggles
 from headwidget.views._registry import register_view
 from headwidget.views.channels import KIND_TITLES, check_key_kind
 
-if TYPE_CHECKING:
-    from torch import nn
-
 __all__ = ["SHOW_LABELS", "StepIndexError", "TimelineStepsError", "TimelineView"]
 
 #: What the view can show at a step, and what its toggles call each.
@@ -86,8 +83,6 @@ METRIC_COLORS = {
 MARKER_COLOR = "#5f5f5f"
 #: Alignment results kept (each a few small matrices): a played timeline revisits its steps.
 KEEP_RESULTS = 128
-
-TV = TypeVar("TV", bound="TimelineView")
 
 
 class StepIndexError(HeadwidgetError, IndexError):
@@ -165,9 +160,6 @@ class TimelineView(View):
     timelines, beside the selected layer's trend over every step (see the module docstring)."""
 
     title = "Over training"
-    #: Built from a timeline (``timeline=``), not from one capture: ``explore`` offers it with one.
-    needs_stats: ClassVar[bool] = False
-    needs_timeline: ClassVar[bool] = True
 
     step = state(WholeNumber(0), slider("Step", count="num_steps", text="step_label", play=True))
     num_steps = t.Int(0).tag(sync=True)
@@ -224,28 +216,6 @@ class TimelineView(View):
             self.layer = firsts[0].layers[0] if layer is None else layer
             self.matrices = show
             self.kind = kind
-
-    @classmethod
-    def create(
-        cls: type[TV],
-        stats: KVStats | None = None,
-        model: nn.Module | None = None,
-        *,
-        layers: Sequence[int] = (),
-        interactive: bool = True,
-        timeline: Timeline | Mapping[str, Timeline] | None = None,
-        **state: Any,
-    ) -> TV:
-        """The view of ``timeline`` (statistics and a model are not used: a timeline holds its own
-        snapshots), the first of ``layers`` selected."""
-        if timeline is None:
-            raise ViewSourceError(
-                "the timeline view needs a timeline, not one capture: timeline=tracker.timeline, "
-                "Timeline.load(path) or Timeline.from_checkpoints(...)"
-            )
-        if layers:
-            state.setdefault("layer", layers[0])
-        return cls(timeline, prefetch=interactive, **state)
 
     @classmethod
     def shows(cls, stats: KVStats | None) -> bool:

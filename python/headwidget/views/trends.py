@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 import traitlets as t
@@ -71,7 +71,6 @@ __all__ = [
     "trend_subtitle",
 ]
 
-TV = TypeVar("TV", bound="TrendView")
 
 #: The i-th series' colour, in the notebook's bqplot chart and in the front end's charts alike.
 COLOURS = ["#2166ac", "#b2182b", "#4393c3", "#d6604d", "#1b7837", "#762a83", "#e08214", "#35978f"]
@@ -307,21 +306,6 @@ class TrendView(View):
             self.metrics_available = list(ALIGN_METRICS)
             self.alignment, self.metric = alignment, metric
             self.layer = stats.layers[0] if layer is None else layer
-
-    @classmethod
-    def create(
-        cls: type[TV],
-        stats: KVStats | None = None,
-        model: nn.Module | None = None,
-        *,
-        layers: Sequence[int] = (),
-        interactive: bool = True,
-        **state: Any,
-    ) -> TV:
-        """The trends of every captured layer, the first of ``layers`` selected."""
-        if layers:
-            state.setdefault("layer", layers[0])
-        return cls(cls._stats(stats, model), model=model, **state)
 
     @property
     def caption(self) -> str:
