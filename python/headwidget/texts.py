@@ -7,7 +7,11 @@ so every run sees the same text.
 
 Two disjoint parts serve fits and measurements: ``split="calibration"`` (three distinct paragraphs
 of every four) for statistics and fitted conversions, ``split="evaluation"`` (the fourth) for judging what a
-conversion does to the model, so a fit is never scored on the tokens it was fitted on.
+conversion does to the model, so a fit is never scored on the tokens it was fitted on. The reference
+repeats sentences across topics, so a fourth paragraph that shares a run of
+:data:`SHARED_RUN_WORDS` words (whitespace-separated, as written) with any calibration paragraph is
+left out of the evaluation split (and stays out of the calibration split): held-out text is never
+text a fit has seen, even in part.
 
 Example:
     >>> texts = english_sample(max_chars=2000)
@@ -16,21 +20,26 @@ Example:
     >>> calibration, evaluation = english_sample(split="calibration"), english_sample(split="evaluation")
     >>> set(calibration).isdisjoint(evaluation)
     True
+    >>> shared_runs(["one two three four", "four five six"], ["zero one two three", "four five"], words=3)
+    [0]
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal
 
 from headwidget.checks import optional_whole_number, whole_number
 from headwidget.errors import ArgumentError
 
-__all__ = ["EVALUATION_EVERY", "SAMPLE_SOURCE", "english_sample"]
+__all__ = ["EVALUATION_EVERY", "SAMPLE_SOURCE", "SHARED_RUN_WORDS", "english_sample", "shared_runs"]
 
 SAMPLE_SOURCE = "CPython's pydoc_data.topics (the Python Language Reference topics, English prose)"
 #: Paragraph ``i`` belongs to the evaluation split when ``i % EVALUATION_EVERY == EVALUATION_EVERY - 1``.
 EVALUATION_EVERY = 4
+#: An evaluation paragraph that shares a run of this many words with a calibration paragraph is left out.
+SHARED_RUN_WORDS = 12
 
 
 def english_sample(
@@ -44,7 +53,9 @@ def english_sample(
 
     Paragraphs shorter than ``min_chars`` are joined with their successor; longer than
     ``max_paragraph_chars`` are cut at a sentence end. ``split`` keeps only the calibration or the
-    evaluation paragraphs (disjoint; see the module docstring). ``max_chars`` bounds the total.
+    evaluation paragraphs (disjoint, and no evaluation paragraph shares a run of
+    :data:`SHARED_RUN_WORDS` words with a calibration one; see the module docstring). ``max_chars``
+    bounds the total.
 
     Raises:
         ArgumentError: a count that is not a whole number (≥ 1; ``min_chars`` ≥ 0), or a
@@ -79,12 +90,7 @@ def english_sample(
     if pending:
         paragraphs.append(pending)
     if split is not None:
-        # Some topics repeat a paragraph word for word: keep its first occurrence only, so that
-        # no text is in both splits.
-        unique = list(dict.fromkeys(paragraphs))
-        last = EVALUATION_EVERY - 1
-        wanted = split == "evaluation"
-        paragraphs = [p for i, p in enumerate(unique) if (i % EVALUATION_EVERY == last) == wanted]
+        paragraphs = list(_splits(tuple(paragraphs))[split == "evaluation"])
     if max_chars is not None:
         out: list[str] = []
         total = 0
@@ -95,3 +101,29 @@ def english_sample(
             total += len(p)
         return out
     return paragraphs
+
+
+@functools.lru_cache(maxsize=8)
+def _splits(paragraphs: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The calibration and evaluation paragraphs of ``paragraphs`` (see the module docstring)."""
+    # Some topics repeat a paragraph word for word: keep its first occurrence only.
+    unique = list(dict.fromkeys(paragraphs))
+    last = EVALUATION_EVERY - 1
+    calibration = [p for i, p in enumerate(unique) if i % EVALUATION_EVERY != last]
+    fourth = [p for i, p in enumerate(unique) if i % EVALUATION_EVERY == last]
+    seen = set(shared_runs(fourth, calibration))
+    return tuple(calibration), tuple(p for i, p in enumerate(fourth) if i not in seen)
+
+
+def shared_runs(texts: list[str], others: list[str], *, words: int = SHARED_RUN_WORDS) -> list[int]:
+    """The indices of ``texts`` that share a run of ``words`` consecutive words (split at whitespace,
+    compared as written) with any of ``others``."""
+
+    def runs(text: str) -> set[tuple[str, ...]]:
+        w = text.split()
+        return {tuple(w[i : i + words]) for i in range(len(w) - words + 1)}
+
+    known: set[tuple[str, ...]] = set()
+    for other in others:
+        known |= runs(other)
+    return [i for i, text in enumerate(texts) if not runs(text).isdisjoint(known)]
