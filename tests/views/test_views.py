@@ -472,3 +472,20 @@ def test_alignment_subtitles_name_the_metric_as_the_drop_down_does(llama):
     assert after.subtitle.startswith("per-token cosine, ") and after.subtitle.endswith(" scores")
     view.metric = "cka"
     assert view.grid.panels[1].subtitle.startswith(f"linear CKA, {stats.tokens} tokens: rotation-invariant")
+
+
+def test_views_of_a_partial_capture_refuse_an_uncaptured_layer_by_name(llama):
+    """The charts-only views check a layer as the heatmap views do: out of the model, or not captured."""
+    model, _ = llama
+    partial = headwidget.capture(model, ragged_batches(), layers=[1], samples=32, progress=False)
+    for cls in (headwidget.TrendView, headwidget.QuantizationView):
+        with pytest.raises(
+            headwidget.LayerIndexError, match=r"layer 0 was not captured in this capture: its layers are \[1\]"
+        ):
+            cls(partial, layer=0)
+        with pytest.raises(headwidget.LayerIndexError, match=r"layer 2 is out of range: the model has 2 layers"):
+            cls(partial, layer=2)
+        view = cls(partial)
+        assert view.layer == 1 and view.error == ""
+        view.layer = 0
+        assert "layer 0 was not captured" in view.error and view.layer == 0

@@ -73,6 +73,7 @@ __all__ = [
     "ViewState",
     "WholeNumber",
     "check_sources",
+    "check_view_layer",
     "present_with",
     "reduced",
     "state",
@@ -567,6 +568,29 @@ def reduced(grid: PanelGrid, cells: float = float("inf")) -> bool:
     )
 
 
+def check_view_layer(
+    layer: int, num_layers: int, captured: Sequence[int] | None = None, where: str = "this capture"
+) -> None:
+    """Refuse a view's ``layer`` outside ``0 .. num_layers - 1``, or (given ``captured``) one that
+    ``where`` did not capture, with :class:`~headwidget.errors.LayerIndexError`. Unlike
+    ``KVStats``, a negative layer is not counted from the end: a view's slider and labels show the
+    layer as it is.
+
+    Example:
+        >>> try:
+        ...     check_view_layer(3, 4, captured=[0, 1])
+        ... except LayerIndexError as err:
+        ...     print(err)
+        layer 3 was not captured in this capture: its layers are [0, 1]
+    """
+    if not 0 <= layer < num_layers:
+        raise LayerIndexError(
+            f"layer {layer} is out of range: the model has {num_layers} layers (0..{num_layers - 1})"
+        )
+    if captured is not None and layer not in captured:
+        raise LayerIndexError(f"layer {layer} was not captured in {where}: its layers are {list(captured)}")
+
+
 def stats_model_name(stats: KVStats) -> str:
     """What a figure calls the model statistics were captured from: its name, else its class."""
     return stats.meta.model_name or stats.meta.model_class
@@ -595,10 +619,5 @@ class LayerView(View):
         ]
 
     def check_layer(self, layer: int) -> None:
-        """Refuse a layer outside ``0 .. num_layers - 1`` (:class:`~headwidget.errors.LayerIndexError`;
-        a negative layer is not counted from the end: the slider and the labels show it as it is)."""
-        if not 0 <= layer < self.num_layers:
-            raise LayerIndexError(
-                f"layer {layer} is out of range: the model has {self.num_layers} layers "
-                f"(0..{self.num_layers - 1})"
-            )
+        """Refuse a layer outside ``0 .. num_layers - 1`` (:func:`check_view_layer`)."""
+        check_view_layer(layer, self.num_layers)

@@ -53,7 +53,7 @@ from headwidget.core.panels import PanelGrid
 from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, ViewSourceError, state, stats_model_name
+from headwidget.views._base import LayerView, ViewSourceError, check_view_layer, state, stats_model_name
 from headwidget.views._controls import toggles
 from headwidget.views._registry import register_view
 
@@ -361,11 +361,7 @@ class QuantizationView(LayerView):
 
     def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
         """The coupling chart of the selected layer, and the bits-against-damage chart with a report."""
-        self.check_layer(state.layer)
-        if state.layer not in self.stats.layers:
-            raise QuantizationViewError(
-                f"layer {state.layer} was not captured (captured: {self.stats.layers})"
-            )
+        check_view_layer(state.layer, self.num_layers, self.stats.layers)
         if self.damages_available and state.damage not in DAMAGES:
             raise QuantizationViewError(f"damage must be one of {', '.join(DAMAGES)}, got {state.damage!r}")
         charts = [self._coupling(state.layer)]

@@ -57,11 +57,18 @@ from headwidget.checks import flag, optional_whole_number, whole_number
 from headwidget.core.charts import Chart, Series
 from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.errors import HeadwidgetError, LayerIndexError, TrackingError, UnknownOptionError
+from headwidget.errors import HeadwidgetError, TrackingError, UnknownOptionError
 from headwidget.stats import KVStats
 from headwidget.tracking import Timeline
 from headwidget.tracking._timeline import SUMMARY_METRICS
-from headwidget.views._base import View, ViewSourceError, WholeNumber, state, stats_model_name
+from headwidget.views._base import (
+    View,
+    ViewSourceError,
+    WholeNumber,
+    check_view_layer,
+    state,
+    stats_model_name,
+)
 from headwidget.views._controls import slider, toggles
 from headwidget.views._registry import register_view
 from headwidget.views.channels import KIND_TITLES, check_key_kind
@@ -239,16 +246,10 @@ class TimelineView(View):
     def check_layer(self, layer: int) -> None:
         """Refuse a layer outside the model, or one a snapshot did not capture
         (:class:`~headwidget.errors.LayerIndexError`)."""
-        if not 0 <= layer < self.num_layers:
-            raise LayerIndexError(
-                f"layer {layer} is out of range: the model has {self.num_layers} layers "
-                f"(0..{self.num_layers - 1})"
-            )
+        check_view_layer(layer, self.num_layers)
         for name, timeline in self.timelines.items():
-            captured = timeline[self.steps[0]].layers
-            if layer not in captured:
-                which = f"timeline {name!r}" if name else "the timeline"
-                raise LayerIndexError(f"layer {layer} was not captured in {which}: its layers are {captured}")
+            where = f"timeline {name!r}" if name else "the timeline"
+            check_view_layer(layer, self.num_layers, timeline[self.steps[0]].layers, where)
 
     def step_text(self, index: int) -> str:
         """The step slider's read-out: ``"step 500 (3 of 9: steps 0–2000)"``."""

@@ -48,10 +48,10 @@ from headwidget.analysis.operator_space import operator_similarity
 from headwidget.checks import optional_whole_number
 from headwidget.core.charts import Chart, Series
 from headwidget.core.panels import PanelGrid
-from headwidget.errors import ArgumentError, LayerIndexError, UnknownMetricError
+from headwidget.errors import ArgumentError, UnknownMetricError
 from headwidget.moments import off_diagonal_mean
 from headwidget.stats import KVStats
-from headwidget.views._base import View, WholeNumber, state, stats_model_name
+from headwidget.views._base import View, WholeNumber, check_view_layer, state, stats_model_name
 from headwidget.views._controls import select
 from headwidget.views._registry import register_view
 from headwidget.views.alignment import METRIC_LABELS, alignment_method
@@ -340,15 +340,7 @@ class TrendView(View):
     def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
         """The means chart (and the ranks chart with mechanisms); no heatmap. The note gives the
         selected layer's means."""
-        if state.layer not in self.stats.layers:
-            count = self.stats.meta.layout.num_layers
-            if not 0 <= state.layer < count:
-                raise LayerIndexError(
-                    f"layer {state.layer} is out of range: the model has {count} layers (0..{count - 1})"
-                )
-            raise LayerIndexError(
-                f"layer {state.layer} was not captured; the captured layers are {self.stats.layers}"
-            )
+        check_view_layer(state.layer, self.stats.meta.layout.num_layers, self.stats.layers)
         series = self.series(state)
         at = self.stats.layers.index(state.layer)
         values = ", ".join(f"{s.name} {s.values[at]:.3f}" for s in series if s.role not in RANK_ROLES)
