@@ -254,3 +254,36 @@ def test_figure_view_trends_draws_the_trends_of_saved_statistics(llama, tmp_path
     assert main(["figure", str(path), "--view", "trends", "--out", str(out)]) == 0
     svg = out.read_text()
     assert "Per-layer summary" in svg and "head similarity: per-token cosine, auto alignment" in svg
+
+
+def test_the_bqplot_chart_draws_its_trend_views_series_computed_once(llama, monkeypatch):
+    """In a dashboard, the bqplot chart (Jupyter) and the trend view (marimo, a saved page) are one
+    source of numbers: the series are computed once, when the dashboard is built, and once more per
+    new alignment method, whichever of the two is asked."""
+    import headwidget.views.trends as trend_module
+
+    _, stats = llama
+    calls: list[bool] = []
+    original = trend_module.layer_trends
+
+    def counted(*args, **kwargs):
+        calls.append(bool(kwargs.get("similarity_only")))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trend_module, "layer_trends", counted)
+    dash = headwidget.explore(stats)
+    assert calls == [False] and dash.trend_view is dash.trends.view
+    grid = dash.trend_grid()
+    assert calls == [False]  # the page's charts: the same series, not computed again
+    means = grid.charts[0]
+    assert [(s.name, list(s.y)) for s in means.series] == [
+        (n, list(v)) for n, v in dash.trends.series.items()
+    ]
+    dash.trends.alignment = "none"
+    assert calls == [False, True] and dash.trend_view.alignment == "none"
+    assert dash.trend_view.grid.charts[0].series[0].y == list(dash.trends.series[means.series[0].name])
+    before = {n: v for n, v in dash.trends.series.items() if "before" in n}
+    after = {n.replace("after", "before"): v for n, v in dash.trends.series.items() if "after" in n}
+    assert after == before  # no alignment: after is before
+    dash.trend_view.alignment = "orthogonal"  # set on the view (the page's select): the chart follows
+    assert calls == [False, True, True] and dash.trends.alignment == "orthogonal"

@@ -480,10 +480,13 @@ def test_views_of_a_partial_capture_refuse_an_uncaptured_layer_by_name(llama):
     partial = headwidget.capture(model, ragged_batches(), layers=[1], samples=32, progress=False)
     for cls in (headwidget.TrendView, headwidget.QuantizationView):
         with pytest.raises(
-            headwidget.LayerIndexError, match=r"layer 0 was not captured in this capture: its layers are \[1\]"
+            headwidget.LayerIndexError,
+            match=r"layer 0 was not captured in this capture: its layers are \[1\]",
         ):
             cls(partial, layer=0)
-        with pytest.raises(headwidget.LayerIndexError, match=r"layer 2 is out of range: the model has 2 layers"):
+        with pytest.raises(
+            headwidget.LayerIndexError, match=r"layer 2 is out of range: the model has 2 layers"
+        ):
             cls(partial, layer=2)
         view = cls(partial)
         assert view.layer == 1 and view.error == ""

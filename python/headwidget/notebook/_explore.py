@@ -78,7 +78,6 @@ class Dashboard(ipywidgets.VBox):
         self.stats = stats
         self.model = model
         self.views: dict[str, View] = {}
-        self._trend_view: TrendView | None = None
         options = options or {}
         first_layer = stats.layers[0]
         given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
@@ -94,7 +93,6 @@ class Dashboard(ipywidgets.VBox):
             self.views[name] = cls.create(layers=[first_layer], **given, **options.get(name, {}))
         mechanisms = self.mechanisms
         specs = mechanisms.mechanisms if mechanisms is not None and mechanisms_trend else ()
-        self._trend_mechanisms = list(specs)
         self.trends = LayerTrends(stats, model=model, mechanisms=specs, layer=first_layer)
         tabs = list(self.views.values())
         self.tabs = ipywidgets.Tab(children=[v.widget for v in tabs], titles=[v.title for v in tabs])
@@ -174,23 +172,12 @@ class Dashboard(ipywidgets.VBox):
     # ------------------------------------------------------------------ the trends as a view
     @property
     def trend_view(self) -> TrendView:
-        """The trend chart as a :class:`~headwidget.views.TrendView` (made once, on first use): what
-        marimo and a saved page draw, with the front end's charts (in Jupyter, :attr:`trends` draws
-        the same series with bqplot). Its alignment, metric and layer are linked to :attr:`trends`'
-        (so to the alignment tab's method and metric, and to every tab's layer)."""
-        if self._trend_view is None:
-            trends = self.trends
-            view = TrendView(
-                self.stats,
-                model=self.model if self._trend_mechanisms else None,
-                mechanisms=self._trend_mechanisms,
-                alignment=trends.alignment,
-                metric=trends.metric,
-                layer=trends.layer,
-            )
-            self._links += [traitlets.link((trends, n), (view, n)) for n in ("alignment", "metric", "layer")]
-            self._trend_view = view
-        return self._trend_view
+        """The trend chart as a :class:`~headwidget.views.TrendView`: what marimo and a saved page
+        draw, with the front end's charts. In Jupyter, :attr:`trends` draws this view's series with
+        bqplot (they are computed once, in the view), and the two share their alignment, metric and
+        layer (so the alignment tab's method and metric, and every tab's layer)."""
+        view: TrendView = self.trends.view
+        return view
 
     def trend_grid(self) -> PanelGrid:
         """The charts of :attr:`trend_view` now: the trend chart's series as the front end draws them."""

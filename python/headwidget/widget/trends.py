@@ -48,6 +48,7 @@ from headwidget.views.trends import (
     SIMILARITY_ROLES,
     SeriesRole,
     TrendSeries,
+    TrendView,
     layer_series,
     layer_ticks,
     layer_trends,
@@ -125,11 +126,16 @@ class LayerTrends(ipywidgets.VBox):
         """``mechanisms``: specs whose effective rank is drawn (needs ``model``); ``layer``: the marked
         layer (default: the first captured); ``alignment``, ``metric``: as the alignment view's."""
         self.stats = stats
-        found = layer_trends(stats, model=model, mechanisms=mechanisms, alignment=alignment, metric=metric)
+        #: The view whose series this chart draws (the numbers are computed there, once): what the
+        #: front end's charts draw in marimo and on a saved page. Its alignment, metric and layer
+        #: follow this chart's.
+        self.view = TrendView(
+            stats, model=model, mechanisms=mechanisms, alignment=alignment, metric=metric, layer=layer
+        )
+        found = self.view.series()
         #: Each series' values by name, and what it measures (:data:`SeriesRole`).
         self.series = {s.name: s.values for s in found}
         self.roles: dict[str, SeriesRole] = {s.name: s.role for s in found}
-        self._similarity: dict[tuple[str, str], dict[str, list[float]]] = {}
         x = np.asarray(stats.layers, dtype=float)
         xs = bq.LinearScale()
         self.y_scale = bq.LinearScale()
@@ -200,15 +206,13 @@ class LayerTrends(ipywidgets.VBox):
                 )
             ]
         )
-        self._similarity[(alignment, metric)] = {
-            k: v for k, v in self.series.items() if self.roles[k] in SIMILARITY_ROLES
-        }
         self.alignment, self.metric = alignment, metric
         self.observe(self._move_rule, names=["layer"])
         self.observe(self._on_alignment, names=["alignment", "metric"])
         self._name_figure()
-        self.layer = stats.layers[0] if layer is None else layer
+        self.layer = self.view.layer
         self._move_rule()
+        self._links = [t.link((self, name), (self.view, name)) for name in ("alignment", "metric", "layer")]
 
     @property
     def trend_series(self) -> list[TrendSeries]:
@@ -234,12 +238,11 @@ class LayerTrends(ipywidgets.VBox):
 
     def _on_alignment(self, change: dict[str, Any]) -> None:
         """Recompute the head-similarity series for the new alignment method or metric."""
-        key = (self.alignment, self.metric)
-        if key not in self._similarity:
-            self._similarity[key] = layer_series(
-                self.stats, alignment=self.alignment, metric=self.metric, similarity_only=True
-            )
-        for name, values in self._similarity[key].items():
+        state = self.view.current_state().replace(alignment=self.alignment, metric=self.metric)
+        for found in self.view.series(state):
+            if found.role not in SIMILARITY_ROLES:
+                continue
+            name, values = found.name, found.values
             self.series[name] = list(values)
             y = np.asarray(values, dtype=float)
             self.lines[name].y = y
