@@ -37,6 +37,8 @@ export interface PanelSpec {
   col_axis: string;
   dtype: Dtype;
   note: string;
+  /** What names the cells (equal keys, equal cells; "" where the sender gives none). */
+  key: string;
 }
 
 export interface Panel extends PanelSpec {
@@ -108,6 +110,7 @@ export function parsePanel(input: unknown, index: number): Panel {
     col_axis: str(r, "col_axis"),
     dtype,
     note: str(r, "note"),
+    key: str(r, "key"),
   };
   if (spec.row_step < 1 || spec.col_step < 1) throw new Error("row_step and col_step must be >= 1");
   if (spec.row_group < 0 || spec.col_group < 0) {

@@ -29,6 +29,8 @@ export const PAGE_MESSAGES = {
   click: ["panel", "row", "col"],
   chart_click: ["chart", "series", "point"],
   png: ["data_url", "error"],
+  frames: ["keys"],
+  missing: ["keys"],
 } as const;
 
 /** Custom messages from the kernel, by `type`. */
@@ -54,6 +56,7 @@ export const PANEL_FIELDS = {
   col_axis: "string",
   dtype: "string",
   data: "bytes",
+  key: "string",
   note: "string",
   window_subtitle: "string",
 } as const;

@@ -13,6 +13,11 @@
  * (the `panel_pixels` trait): the kernel sends no more cells per panel side
  * than that, and sends more when a resize or a zoom makes room for them.
  *
+ * The cells of every panel shown are kept by frame key, once per model
+ * (`lib/frames.ts`), and the kernel told which keys the page holds: a
+ * revisited panel comes as its key alone. A key the page lacks is asked for
+ * (`missing`), and the last panels stay until the kernel sends them whole.
+ *
  * Each panels update leaves the User Timing marks "headwidget:panels" (the
  * update arrives) and "headwidget:drawn" (every canvas is drawn) for
  * profiling in the browser.
@@ -20,6 +25,7 @@
 
 import { type Chart, parseCharts } from "../lib/charts";
 import { packedColormap } from "../lib/colormap";
+import { FrameCache, fillPanels } from "../lib/frames";
 import { computeLayout, plotPixels } from "../lib/layout";
 import { type Panel, parsePanels } from "../lib/panels";
 import { type KernelMessageType, pageMessage } from "../lib/protocol";
@@ -51,6 +57,34 @@ function mark(name: string): void {
 
 /** Views per model, so that only one of them answers an export request. */
 const viewsByModel = new WeakMap<Model, View[]>();
+/** The frame cells kept per model (its views share them: one page, one cache). */
+const framesByModel = new WeakMap<Model, FrameCache>();
+/** Models whose kept frames the kernel is to be told of (once, after the frame is drawn). */
+const framesToReport = new WeakSet<Model>();
+/**
+ * How long after new frames are kept the kernel is told their keys: the message (and the kernel's
+ * busy and idle status it brings back) then does not compete with drawing them, and a quick run of
+ * slider steps is one message.
+ */
+export const FRAMES_REPORT_DELAY_MS = 100;
+
+function reportFrames(model: Model, frames: FrameCache): void {
+  if (framesToReport.has(model)) return;
+  framesToReport.add(model);
+  setTimeout(() => {
+    framesToReport.delete(model);
+    model.send(pageMessage("frames", { keys: frames.keys() }));
+  }, FRAMES_REPORT_DELAY_MS);
+}
+
+function framesOf(model: Model): FrameCache {
+  let frames = framesByModel.get(model);
+  if (frames === undefined) {
+    frames = new FrameCache();
+    framesByModel.set(model, frames);
+  }
+  return frames;
+}
 
 export class View {
   readonly root: HTMLDivElement;
@@ -145,7 +179,15 @@ export class View {
 
   private onPanels(): void {
     mark("headwidget:panels");
-    const parsed = parsePanels(this.model.get("panels"));
+    const frames = framesOf(this.model);
+    const filled = fillPanels(this.model.get("panels"), frames);
+    if (filled.missing.length > 0) {
+      // Sent as keys this page does not hold: the kernel sends them whole; the last panels stay.
+      this.model.send(pageMessage("missing", { keys: filled.missing }));
+      return;
+    }
+    if (filled.added) reportFrames(this.model, frames);
+    const parsed = parsePanels(filled.panels);
     this.panels = parsed.panels;
     this.problems = parsed.problems;
     const s = this.colorScale();

@@ -146,6 +146,10 @@ def test_python_change_redraws_the_canvas(lab, colour_of):
     shifted = digest(lab)
     lab.run("dash.channels.channel_start = 0")
     assert wait_for_redraw(lab, shifted) == before
+    # Back to a window the page has drawn: the kernel sent its panels as frame keys alone (the page
+    # said it holds them), and the page drew them from the cells it kept: the same pixels as before.
+    sent = lab.run("print([(p['id'], len(p['data'])) for p in dash.channels.widget.panels])")
+    assert sent.splitlines()[-1] == "[('key-0', 0), ('value-0', 0)]"
 
 
 def test_clicking_a_layer_in_the_trend_chart_selects_it(lab):
@@ -248,3 +252,36 @@ def test_the_kernel_sends_no_more_cells_than_the_page_draws(lab):
         """() => { const roots = document.querySelectorAll('.hw-root[data-view="channels"]');
           return roots[roots.length - 1].querySelector('.hw-panel').dataset.panelId === 'key-1'; }"""
     )
+
+
+def test_a_second_page_asks_for_the_frames_it_lacks_and_draws_the_kernels_values(lab, browser, colour_of):
+    """A widget shown again in another page (another browser on the same kernel) is sent as frame keys
+    the first page holds; the second page lacks them, asks (``missing``), and draws the panels the
+    kernel then sends whole: the kernel's values, not an empty or stale figure."""
+    from .jupyter_fixtures import open_lab_page
+
+    before = digest(lab)
+    lab.run("dash.channels.channel_start = 4")
+    shifted = wait_for_redraw(lab, before)
+    lab.run("dash.channels.channel_start = 0")
+    assert wait_for_redraw(lab, shifted) == before
+    sent = lab.run("print([len(p['data']) for p in dash.channels.widget.panels])")
+    assert sent.splitlines()[-1] == "[0, 0]"  # keys alone: the first page holds them
+    context, second = open_lab_page(browser, lab.lab)
+    try:
+        second.open("dashboard.ipynb")
+        second.cells().last.locator(".cm-content").click()
+        second.page.keyboard.press("Escape")
+        second.page.keyboard.press("b")  # a new cell below the notebook's (it is not run here again)
+        second.cells().nth(1).wait_for()
+        second.run("dash.channels.widget")
+        second.page.wait_for_selector(f"{ROOT} .hw-panel canvas.hw-heatmap", state="visible")
+        second.page.wait_for_function(
+            "(root) => document.querySelectorAll(root + ' .hw-panel').length === 2", arg=ROOT
+        )
+        sent = second.run("print([len(p['data']) for p in dash.channels.widget.panels])")
+        assert sent.splitlines()[-1] == "[512, 512]"  # sent whole again: 16×16 float16 cells each
+        assert_pixels_show(second, colour_of, kernel_panels(second))
+        assert second.errors == []
+    finally:
+        context.close()

@@ -97,3 +97,9 @@ def test_a_panel_encoded_by_the_kernel_decodes_to_the_same_cells(tmp_path):
         values = np.array([np.nan if v is None else v for v in got["values"]])
         np.testing.assert_array_equal(values, expected)
     assert [s["dtype"] for s in encoded] == ["float16", "float32"]
+    # Sent again as keys alone: a page that kept the cells decodes the same panels; one that did not
+    # asks for every key.
+    keys = [p["key"] for p in encoded]
+    assert front["frames"]["added"] is True and front["frames"]["kept"] == keys
+    assert front["frames"]["againMissing"] == [] and front["frames"]["revisited"] == front["decoded"]
+    assert front["missing"] == keys

@@ -1,6 +1,6 @@
 // @vitest-environment jsdom
-import { afterEach, describe, expect, it } from "vitest";
-import { View } from "../../js/ui/view";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { FRAMES_REPORT_DELAY_MS, View } from "../../js/ui/view";
 import { FakeModel, f32View, rawPanel } from "./helpers/fake_model";
 
 const XSS = "<img src=x onerror=alert(1)>";
@@ -104,6 +104,51 @@ describe("View", () => {
     expect(fm.sent).toHaveLength(1);
     other.destroy();
     expect(fm.listenerCount()).toBe(0);
+  });
+});
+
+describe("View frames", () => {
+  const keyed = (key: string, data: DataView) => rawPanel({ id: key, key, rows: 1, cols: 2, data });
+  const empty = () => new DataView(new ArrayBuffer(0));
+  const ids = (el: HTMLElement) =>
+    [...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.dataset.panelId);
+
+  it("tells the kernel the frames it holds and draws a revisited frame from them", () => {
+    vi.useFakeTimers();
+    const { el, fm, view } = mount({ panels: [keyed("k1", f32View([0.5, -0.5]))] });
+    expect(fm.sent).toEqual([]); // told once the frame is drawn, not while drawing it
+    vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
+    expect(fm.sent).toEqual([{ type: "frames", keys: ["k1"] }]);
+    fm.set("panels", [keyed("k2", f32View([0.25, 0.75]))]);
+    fm.set("panels", [keyed("k3", f32View([0.5, 0.5]))]); // quick steps: one message
+    vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
+    expect(fm.sent).toEqual([
+      { type: "frames", keys: ["k1"] },
+      { type: "frames", keys: ["k1", "k2", "k3"] },
+    ]);
+    fm.set("panels", [keyed("k1", empty())]); // back to the first: its key alone
+    expect(fm.sent).toHaveLength(2); // nothing new to tell, nothing missing
+    expect(ids(el)).toEqual(["k1"]);
+    expect(Array.from(view.grid.current?.panels[0]?.values ?? [])).toEqual([0.5, -0.5]);
+    // A second view of the model (another output of the same widget) shares the frames.
+    const other = new View(fm.asModel(), document.createElement("div"));
+    vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
+    expect(fm.sent).toHaveLength(2);
+    other.destroy();
+    vi.useRealTimers();
+  });
+
+  it("asks for the frames it lacks and keeps the last panels until they come whole", () => {
+    vi.useFakeTimers();
+    const { el, fm } = mount({ panels: [keyed("k1", f32View([0.5, -0.5]))] });
+    fm.set("panels", [keyed("k7", empty())]);
+    expect(fm.sent).toEqual([{ type: "missing", keys: ["k7"] }]); // at once: nothing to draw
+    expect(ids(el)).toEqual(["k1"]);
+    fm.set("panels", [keyed("k7", f32View([0.1, 0.2]))]);
+    expect(ids(el)).toEqual(["k7"]);
+    vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
+    expect(fm.sent.at(-1)).toEqual({ type: "frames", keys: ["k1", "k7"] });
+    vi.useRealTimers();
   });
 });
 

@@ -70,3 +70,35 @@ def test_clicks_and_png_replies_reach_their_callbacks():
     assert pngs == [png]
     w._handle_message(w, {"type": "png", "data_url": "data:image/png;base64,AAAA"}, [])
     assert pngs == [png]  # a callback runs once
+
+
+def test_a_frame_the_page_holds_is_sent_as_its_key_alone():
+    """The page says which frames it holds (``frames``); a panel whose cells it holds comes with empty
+    ``data``, the others whole; a page that lacks a key (``missing``) gets the panels whole again."""
+    w = HeadWidget()
+    first = grid()
+    other = PanelGrid([Panel("b", "B", np.eye(2) * 0.5)], -1.0, 1.0, "diverging", "r")
+    w.show(first)
+    whole = w.panels[0]
+    assert whole["key"].startswith("float16:2x2:") and len(whole["data"]) == 8
+    w._handle_message(w, {"type": "frames", "keys": [whole["key"]]}, [])
+    w.show(other)
+    assert len(w.panels[0]["data"]) == 8  # not held: whole
+    w.show(grid())  # a grid equal to the first (a slider moved back): the same key, no cells
+    assert (w.panels[0]["key"], w.panels[0]["data"]) == (whole["key"], b"")
+    assert {k: v for k, v in w.panels[0].items() if k != "data"} == {
+        k: v for k, v in whole.items() if k != "data"
+    }
+    w._handle_message(w, {"type": "missing", "keys": [whole["key"]]}, [])
+    assert w.panels[0] == whole  # sent whole again, and the page is not believed to hold anything
+    w.show(other)
+    w.show(first)
+    assert w.panels[0]["data"] == whole["data"]
+    # What a page says is checked: not a list, too many keys, or keys that are not strings.
+    w._handle_message(w, {"type": "frames", "keys": [whole["key"]]}, [])
+    ignored = ("abc", None, [whole["key"]] * 2000)  # the page is still believed to hold the frame
+    for bad, still_held in [*((b, True) for b in ignored), ([3], False)]:  # [3]: holds no key
+        w._handle_message(w, {"type": "frames", "keys": bad}, [])
+        w.show(other)
+        w.show(first)
+        assert (w.panels[0]["data"] == b"") is still_held, bad

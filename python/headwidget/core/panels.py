@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -34,7 +35,7 @@ import numpy as np
 
 from headwidget.core.charts import Chart
 
-__all__ = ["Panel", "PanelGrid", "encode_panel"]
+__all__ = ["Panel", "PanelGrid", "encode_panel", "frame_key"]
 
 FLOAT16_LIMIT = 65504.0
 
@@ -127,22 +128,22 @@ class _EncodedCache:
     def __init__(self, size: int) -> None:
         self.size = size
         self.lock = threading.Lock()
-        self.entries: OrderedDict[tuple[int, float, float], tuple[weakref.ref[np.ndarray], str, bytes]] = (
-            OrderedDict()
-        )
+        self.entries: OrderedDict[
+            tuple[int, float, float], tuple[weakref.ref[np.ndarray], tuple[str, bytes, str]]
+        ] = OrderedDict()
 
-    def get(self, matrix: np.ndarray, vmin: float, vmax: float) -> tuple[str, bytes] | None:
+    def get(self, matrix: np.ndarray, vmin: float, vmax: float) -> tuple[str, bytes, str] | None:
         key = (id(matrix), vmin, vmax)
         with self.lock:
             hit = self.entries.get(key)
             if hit is None or hit[0]() is not matrix:
                 return None
             self.entries.move_to_end(key)
-            return hit[1], hit[2]
+            return hit[1]
 
-    def put(self, matrix: np.ndarray, vmin: float, vmax: float, dtype: str, data: bytes) -> None:
+    def put(self, matrix: np.ndarray, vmin: float, vmax: float, wire: tuple[str, bytes, str]) -> None:
         with self.lock:
-            self.entries[(id(matrix), vmin, vmax)] = (weakref.ref(matrix), dtype, data)
+            self.entries[(id(matrix), vmin, vmax)] = (weakref.ref(matrix), wire)
             while len(self.entries) > self.size:
                 self.entries.popitem(last=False)
 
@@ -150,16 +151,32 @@ class _EncodedCache:
 _encoded = _EncodedCache(ENCODED_KEPT)
 
 
-def _wire(matrix: np.ndarray, vmin: float, vmax: float) -> tuple[str, bytes]:
-    """The wire dtype and bytes of a 2-D float64 matrix."""
+def frame_key(dtype: str, rows: int, cols: int, data: bytes) -> str:
+    """What names a panel's cells on the wire: equal keys, equal cells (a hash of the bytes, with
+    their shape and dtype). A page keeps the cells of the keys it has seen, so the kernel sends a
+    revisited panel's key without its bytes (see :class:`~headwidget.widget.HeadWidget`).
+
+    Example:
+        >>> frame_key("float16", 1, 2, bytes(4))[:12]
+        'float16:1x2:'
+        >>> frame_key("float16", 1, 2, bytes(4)) == frame_key("float16", 1, 2, b"\\x00\\x01\\x00\\x00")
+        False
+    """
+    digest = hashlib.blake2b(data, digest_size=12).hexdigest()
+    return f"{dtype}:{rows}x{cols}:{digest}"
+
+
+def _wire(matrix: np.ndarray, vmin: float, vmax: float) -> tuple[str, bytes, str]:
+    """The wire dtype, bytes and frame key of a 2-D float64 matrix."""
     cacheable = _read_only(matrix)
     if cacheable and (hit := _encoded.get(matrix, vmin, vmax)) is not None:
         return hit
     dtype = _wire_dtype(matrix, vmin, vmax)
     data = np.ascontiguousarray(matrix.astype("<f2" if dtype == "float16" else "<f4")).tobytes()
+    wire = (dtype, data, frame_key(dtype, matrix.shape[0], matrix.shape[1], data))
     if cacheable:
-        _encoded.put(matrix, vmin, vmax, dtype, data)
-    return dtype, data
+        _encoded.put(matrix, vmin, vmax, wire)
+    return wire
 
 
 def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
@@ -169,7 +186,7 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
         raise ValueError(f"panel {panel.id!r}: expected a 2-D matrix, got shape {matrix.shape}")
     if panel.row_group < 0 or panel.col_group < 0:
         raise ValueError(f"panel {panel.id!r}: row_group and col_group must be >= 0 (0: no heads)")
-    dtype, data = _wire(matrix, vmin, vmax)
+    dtype, data, key = _wire(matrix, vmin, vmax)
     return {
         "id": panel.id,
         "title": panel.title,
@@ -189,6 +206,7 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
         "col_axis": panel.col_axis,
         "dtype": dtype,
         "data": data,
+        "key": key,
         "note": panel.note,
         "window_subtitle": panel.window_subtitle,
     }

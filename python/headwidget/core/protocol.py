@@ -8,11 +8,13 @@ the wire is described by these: a view's state traits are named by its controls 
 
 - ``KERNEL_TRAITS``: what the kernel sets and the page draws (a grid, the control bar, messages);
 - ``PAGE_TRAITS``: what the page sets and the kernel reads (the plot size, in device pixels);
-- ``PAGE_MESSAGES``: custom messages from the page, by ``type``, with their fields;
+- ``PAGE_MESSAGES``: custom messages from the page, by ``type``, with their fields (``frames``: the
+  frame keys whose cells the page holds; ``missing``: keys it was sent without cells and lacks);
 - ``KERNEL_MESSAGES``: custom messages from the kernel, by ``type``;
 - ``PANEL_FIELDS``: one entry of the ``panels`` trait (:func:`~headwidget.core.panels.encode_panel`);
   ``data`` is the matrix as raw little-endian bytes (a binary buffer of the message), as ``dtype``
-  says;
+  says, and ``key`` names those bytes (:func:`~headwidget.core.panels.frame_key`): a panel whose key
+  the page said it holds comes with empty ``data``, and the page takes the cells it kept;
 - ``CHART_FIELDS``: one entry of the ``charts`` trait (:func:`~headwidget.core.charts.encode_chart`).
 
 A JSON type is ``"string"``, ``"number"``, ``"boolean"``, ``"list"``, ``"object"``, ``"bytes"``, or
@@ -50,6 +52,8 @@ PAGE_MESSAGES: dict[str, tuple[str, ...]] = {
     "click": ("panel", "row", "col"),
     "chart_click": ("chart", "series", "point"),
     "png": ("data_url", "error"),
+    "frames": ("keys",),
+    "missing": ("keys",),
 }
 
 KERNEL_MESSAGES: dict[str, tuple[str, ...]] = {"export_png": ()}
@@ -73,6 +77,7 @@ PANEL_FIELDS: dict[str, str] = {
     "col_axis": "string",
     "dtype": "string",
     "data": "bytes",
+    "key": "string",
     "note": "string",
     "window_subtitle": "string",
 }

@@ -242,6 +242,7 @@ def frame_json(grid: PanelGrid, traits: dict[str, Any] | None = None) -> dict[st
     panels = []
     for panel in grid.panels:
         encoded = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)
+        del encoded["key"]  # (a page holds every frame's cells: there is no kernel to spare)
         encoded["data"] = base64.b64encode(encoded["data"]).decode("ascii")
         panels.append(encoded)
     return {

@@ -1,7 +1,11 @@
 """``HeadWidget``: the anywidget that shows a :class:`~headwidget.core.panels.PanelGrid`.
 
 It moves panels to the browser as binary buffers (see :func:`~headwidget.core.panels.encode_panel`)
-with their colour scale, and brings clicks and PNG exports back. It knows no view: the shell
+with their colour scale, and brings clicks and PNG exports back. Each panel's cells are named by a
+frame key; the page keeps the cells of the frames it was sent and says which (a ``frames`` message),
+so a panel the page holds (a slider moved back to a layer) is sent as its key alone. A page that
+lacks a key it was sent (a page opened later, or one that let the frame go) says so (``missing``),
+and the kernel sends the panels whole again. It knows no view: the shell
 of :mod:`headwidget.notebook` that shows a view is a ``HeadWidget`` that fills ``controls`` (the
 description the front end builds its control bar from) and ``view`` (the view's name).
 
@@ -27,10 +31,12 @@ from headwidget.core.charts import encode_chart
 from headwidget.core.panels import PanelGrid, encode_panel
 from headwidget.core.protocol import PAGE_MESSAGES
 
-__all__ = ["MAX_PANEL_PIXELS", "HeadWidget"]
+__all__ = ["MAX_PAGE_FRAMES", "MAX_PANEL_PIXELS", "HeadWidget"]
 
 #: The largest plot side a page may report (canvas sides are limited to about this by browsers).
 MAX_PANEL_PIXELS = 32767
+#: The most frame keys a page may say it holds (more are ignored: those panels are sent whole).
+MAX_PAGE_FRAMES = 1024
 
 
 #: The built front end (``npm run build``): anywidget's class-level module file, read once for every
@@ -78,6 +84,10 @@ class HeadWidget(anywidget.AnyWidget):
         if not hasattr(HeadWidget, "_esm"):  # not built when headwidget was imported: built since?
             HeadWidget._esm = bundle.bundle_path().read_text()  # (the error says how to build it)
         self._sent: PanelGrid | None = None
+        #: The panels of the grid shown, with their cells (what a page that lacks them is sent).
+        self._encoded: list[dict[str, Any]] = []
+        #: The frame keys the page said it holds (their panels are sent without cells).
+        self._page_frames: frozenset[str] = frozenset()
         self._click_callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._png_callbacks: list[Callable[[bytes], None]] = []
         super().__init__(**kwargs)
@@ -87,15 +97,20 @@ class HeadWidget(anywidget.AnyWidget):
 
     def show(self, grid: PanelGrid) -> None:
         """Send ``grid`` to the browser (all its traits in one message) and clear ``error``."""
-        panels = [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
+        self._encoded = [encode_panel(p, vmin=grid.vmin, vmax=grid.vmax) for p in grid.panels]
         with self.hold_sync():
             self.vmin, self.vmax = grid.vmin, grid.vmax
             self.colormap, self.colorbar_label = grid.colormap, grid.colorbar_label
             self.columns = grid.columns
-            self.panels = panels
+            self.panels = self._on_the_wire()
             self.charts = [encode_chart(c) for c in grid.charts]
             self.error = ""
         self._sent = grid
+
+    def _on_the_wire(self) -> list[dict[str, Any]]:
+        """The panels shown, those whose frame the page holds without their cells."""
+        held = self._page_frames
+        return [{**p, "data": b""} if p["key"] in held else p for p in self._encoded]
 
     @property
     def grid(self) -> PanelGrid:
@@ -121,6 +136,18 @@ class HeadWidget(anywidget.AnyWidget):
             event = {k: content.get(k) for k in PAGE_MESSAGES[kind]}
             for on_click in list(self._click_callbacks):
                 on_click(event)
+        elif kind == "frames":
+            keys = content.get("keys")
+            if isinstance(keys, list) and len(keys) <= MAX_PAGE_FRAMES:
+                self._page_frames = frozenset(k for k in keys if isinstance(k, str))
+        elif kind == "missing":
+            # The page lacks cells it was sent as keys: forget what it held, send the panels whole.
+            self._page_frames = frozenset()
+            whole = self._on_the_wire()
+            if whole == self.panels:  # (sent whole already: send them again all the same)
+                self.send_state("panels")
+            else:
+                self.panels = whole
         elif kind == "png" and content.get("data_url"):
             png = base64.b64decode(str(content["data_url"]).split(",", 1)[1])
             waiting, self._png_callbacks = self._png_callbacks, []

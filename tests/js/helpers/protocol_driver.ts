@@ -1,10 +1,13 @@
 /**
  * Run by tests/export/test_protocol.py (bundled with esbuild, run with node): prints
  * the front end's protocol tables, and what its decoder makes of the panels
- * the kernel encoded (JSON on stdin, `data` as base64).
+ * the kernel encoded (JSON on stdin, `data` as base64); then the same panels
+ * sent again as their keys alone (empty `data`): what a page that kept them
+ * decodes, and what a page that did not asks for.
  */
 
-import { parsePanels } from "../../../js/lib/panels";
+import { FrameCache, fillPanels } from "../../../js/lib/frames";
+import { type Panel, parsePanels } from "../../../js/lib/panels";
 import * as protocol from "../../../js/lib/protocol";
 
 declare const process: {
@@ -24,13 +27,29 @@ process.stdin.on("end", () => {
     for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
     return { ...p, data: new DataView(bytes.buffer) };
   });
-  const parsed = parsePanels(panels);
-  const decoded = parsed.panels.map((p) => {
-    const { raw, values, ...spec } = p;
-    return { ...spec, values: Array.from(values, (v) => (Number.isNaN(v) ? null : v)) };
-  });
+  const decode = (found: Panel[]) =>
+    found.map((p) => {
+      const { raw, values, ...spec } = p;
+      return { ...spec, values: Array.from(values, (v) => (Number.isNaN(v) ? null : v)) };
+    });
+  const kept = new FrameCache();
+  const first = fillPanels(panels, kept);
+  const parsed = parsePanels(first.panels);
+  const decoded = decode(parsed.panels);
+  const keysAlone = panels.map((p) => ({ ...p, data: new DataView(new ArrayBuffer(0)) }));
+  const again = fillPanels(keysAlone, kept);
+  const revisited = decode(parsePanels(again.panels).panels);
+  const elsewhere = fillPanels(keysAlone, new FrameCache());
   const tables = Object.fromEntries(
     Object.entries(protocol).filter(([, value]) => typeof value === "object"),
   );
-  process.stdout.write(JSON.stringify({ tables, decoded, problems: parsed.problems }));
+  process.stdout.write(
+    JSON.stringify({
+      tables,
+      decoded,
+      problems: parsed.problems,
+      frames: { added: first.added, kept: kept.keys(), againMissing: again.missing, revisited },
+      missing: elsewhere.missing,
+    }),
+  );
 });
