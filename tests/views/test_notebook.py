@@ -153,6 +153,36 @@ def test_status_says_computing_while_the_panels_are_computed(llama):
     assert seen == ["computing…", ""]
 
 
+def test_computing_is_said_only_when_there_is_some_and_ends_with_the_panels(llama):
+    """A first visit of a layer says "computing…" and clears it in the message that brings the panels;
+    a revisit (the window matrices are kept) is not announced: one message, the panels."""
+    _, stats = llama
+    view = views.ChannelView(stats, layer=0, prefetch=False)
+    widget = view.widget
+    messages: list[set[str]] = []
+    sent = widget._send  # what ipywidgets sends to the page: one call per message
+
+    def record(msg, buffers=None):
+        messages.append(set(msg.get("state", {})))
+        return sent(msg, buffers)
+
+    widget._send = record
+    try:
+        view.layer = 1  # a first visit
+        saying = [m for m in messages if "status" in m]
+        assert len(saying) == 2 and saying[0] == {"status"} and widget.status == ""
+        assert "panels" in saying[1]  # the panels, and "computing" over, in one message
+        assert view.ready(view.current_state()) and not view.ready(
+            view.current_state().replace(channel_start=4)
+        )
+        messages.clear()
+        view.layer = 0  # a revisit
+        assert all("status" not in m for m in messages), messages
+        assert any({"panels", "layer_label", "heading"} <= m for m in messages), messages  # one message
+    finally:
+        widget._send = sent
+
+
 def test_a_new_view_class_is_displayed_without_a_widget_class_of_its_own(llama):
     _, stats = llama
 

@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,17 @@ class ViewShell(HeadWidget):
         """The view started or stopped computing: ``status`` says so on the page."""
         self.status = "computing…" if busy else ""
 
+    def together(self) -> contextlib.AbstractContextManager[Any]:
+        """The view's labels, its grid and the end of "computing" in one message to the page."""
+        return self.hold_sync()
+
     def shown(self, grid: PanelGrid) -> None:
-        """Send the view's new grid and its caption in one message."""
+        """Send the view's new grid, its caption and the end of "computing" in one message."""
         with self.hold_sync():
             self.show(grid)
             self.error = self._view.error
             self.heading = self._view.caption
+            self.status = ""
 
     def _from_view(self, change: dict[str, Any]) -> None:
         # The view's value now, not the change's: an observer of the view may have changed it again

@@ -199,6 +199,9 @@ class ViewScreen(Protocol):
     def shown(self, grid: PanelGrid) -> None:
         """The view now shows ``grid`` (its labels and ``error`` are already set)."""
 
+    def together(self) -> contextlib.AbstractContextManager[Any]:
+        """A block whose changes (a grid's labels, the grid) the screen passes on as one."""
+
 
 class Presenter(Protocol):
     """How views are displayed and saved: registered by the layer that draws them
@@ -406,6 +409,11 @@ class View(t.HasTraits):
         """The states a user is likely to move to from ``state`` (computed ahead with ``prefetch``)."""
         return ()
 
+    def ready(self, state: Any, resolution: int | None = None) -> bool:
+        """Whether the panels of ``state`` are at hand (from parts the view keeps: computing them
+        takes no noticeable time), so that a screen need not say "computing" (default: no)."""
+        return False
+
     def refresh(self, *, strict: bool = False) -> None:
         """Recompute the panels; on a bad state, report it in ``error`` and keep the last panels.
 
@@ -413,29 +421,41 @@ class View(t.HasTraits):
         show its initial state is not built).
         """
         state, resolution = self.current_state(), self.resolution
-        self._prefetcher.drop_others((state, resolution))
-        for screen in self._screens:
-            screen.computing(True)
+        key = (state, resolution)
+        self._prefetcher.drop_others(key)
+        # A screen is told of the computing only when there is some: not for panels at hand
+        # (computed ahead, or from parts the view keeps), which a revisit of a state usually is.
+        busy = not (self._prefetcher.ready(key) or self.ready(state, resolution))
+        if busy:
+            for screen in self._screens:
+                screen.computing(True)
         try:
-            grid = self._prefetcher.take((state, resolution))
+            grid = self._prefetcher.take(key)
             if grid is None:
                 grid = self.compute(state, resolution)
             labels = self.labels(state)
-        except STATE_ERRORS as err:
-            if strict:
+        except BaseException as err:
+            self._computed(busy)
+            if strict or not isinstance(err, STATE_ERRORS):
                 raise
             self.error = str(err)
             return
-        finally:
+        with contextlib.ExitStack() as together:  # the labels and the grid reach a screen as one
             for screen in self._screens:
-                screen.computing(False)
-        for name, value in labels.items():
-            setattr(self, name, value)
-        self._set_grid(grid)
+                together.enter_context(screen.together())
+            for name, value in labels.items():
+                setattr(self, name, value)
+            self._set_grid(grid)
+            self._computed(busy)
         if self.prefetch:
             self._prefetcher.queue(
                 {(n, resolution): self._ahead(n, resolution) for n in self.neighbours(state)}
             )
+
+    def _computed(self, busy: bool) -> None:
+        if busy:
+            for screen in self._screens:
+                screen.computing(False)
 
     def _ahead(self, state: Any, resolution: int | None) -> Any:
         return lambda: self.compute(state, resolution)

@@ -12,6 +12,8 @@ Example:
     >>> prefetcher = Prefetcher()
     >>> prefetcher.queue({"a": lambda: 1, "b": lambda: 2})
     >>> prefetcher.wait()
+    >>> prefetcher.ready("b"), prefetcher.ready("c")
+    (True, False)
     >>> prefetcher.take("b"), prefetcher.take("b"), prefetcher.take("c")
     (2, None, None)
     >>> prefetcher.close()
@@ -57,6 +59,12 @@ class Prefetcher:
             for other in [k for k in self._futures if k != key]:
                 if self._futures[other].cancel():
                     del self._futures[other]
+
+    def ready(self, key: Hashable) -> bool:
+        """Whether a result for ``key`` is computed and waiting (``take`` would return it at once)."""
+        with self._lock:
+            future = self._futures.get(key)
+        return future is not None and future.done() and not future.cancelled() and future.exception() is None
 
     def take(self, key: Hashable) -> Any:
         """The result computed for ``key`` (waiting when it is being computed now), else None: not

@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -35,8 +34,9 @@ from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError, UnknownKindError
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, WholeNumber, state, stats_model_name
+from headwidget.views._base import STATE_ERRORS, LayerView, WholeNumber, state, stats_model_name
 from headwidget.views._controls import toggles, window
+from headwidget.views._memo import Memo
 from headwidget.views._registry import register_view
 
 __all__ = ["ChannelView", "ChannelWindowError"]
@@ -102,7 +102,7 @@ class ChannelView(LayerView):
         channels = stats.meta.layout.channels_of("key")
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
         # What panels show (at most max_cells² floats each): revisits and prefetched layers are free.
-        self._shown = lru_cache(maxsize=64)(self._window_matrix)
+        self._shown = Memo(self._window_matrix, size=64)
         super().__init__(**kwargs)
         with self.initial_state():
             self.num_layers = stats.meta.layout.num_layers
@@ -141,6 +141,19 @@ class ChannelView(LayerView):
         if resolution is None:
             return self.max_cells
         return max(1, min(self.max_cells, resolution))
+
+    def ready(self, state: Any, resolution: int | None = None) -> bool:
+        """Whether every window matrix of ``state`` is kept (a revisit): no computing to announce."""
+        try:
+            layers = sorted({state.layer, *state.pinned})
+            cells = self.cells(resolution)
+            return all(
+                self._shown.holds(layer, kind, *self._window(state, self._channels(layer, kind)), cells)
+                for kind in (state.kind, "value")
+                for layer in layers
+            )
+        except STATE_ERRORS:  # a state it cannot show: compute says why
+            return False
 
     def neighbours(self, state: Any) -> list[Any]:
         """The layers next to the selected one (same window, kind and pinned layers)."""
