@@ -145,15 +145,20 @@ class ChannelView(LayerView):
     def ready(self, state: Any, resolution: int | None = None) -> bool:
         """Whether every window matrix of ``state`` is kept (a revisit): no computing to announce."""
         try:
-            layers = sorted({state.layer, *state.pinned})
-            cells = self.cells(resolution)
-            return all(
-                self._shown.holds(layer, kind, *self._window(state, self._channels(layer, kind)), cells)
-                for kind in (state.kind, "value")
-                for layer in layers
-            )
+            return all(self._shown.holds(*window) for window in self._windows(state, resolution))
         except STATE_ERRORS:  # a state it cannot show: compute says why
             return False
+
+    def _windows(self, state: Any, resolution: int | None) -> list[tuple[int, str, int, int, int]]:
+        """(layer, kind, start, stop, cells) of each panel of ``state``, K panels over V panels, one
+        column per shown layer: what a panel's window matrix is asked for with."""
+        layers = sorted({state.layer, *state.pinned})
+        cells = self.cells(resolution)
+        return [
+            (layer, kind, *self._window(state, self._channels(layer, kind)), cells)
+            for kind in (state.kind, "value")
+            for layer in layers
+        ]
 
     def neighbours(self, state: Any) -> list[Any]:
         """The layers next to the selected one (same window, kind and pinned layers)."""
@@ -189,36 +194,34 @@ class ChannelView(LayerView):
         layers = sorted({state.layer, *state.pinned})
         for layer in layers:
             self.check_layer(layer)
-        panels, cells = [], self.cells(resolution)
-        for kind in (state.kind, "value"):
-            for layer in layers:
-                start, stop = self._window(state, self._channels(layer, kind))
-                matrix, block = self._shown(layer, kind, start, stop, cells)
-                head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
-                note = ""
-                if block > 1:
-                    note = (
-                        f"downsampled {stop - start}→{matrix.shape[0]}: mean of {block}×{block} "
-                        "blocks (NaN cells ignored)"
-                    )
-                window_subtitle = f"channels {{first}}–{{last}} · Pearson over {stats.tokens} tokens"
-                panels.append(
-                    Panel(
-                        id=f"{kind}-{layer}",
-                        title=f"{KIND_TITLES[kind]} · layer {layer}",
-                        subtitle=window_subtitle.format(first=start, last=stop - 1),
-                        window_subtitle=window_subtitle,
-                        matrix=matrix,
-                        row_offset=start,
-                        col_offset=start,
-                        row_step=block,
-                        col_step=block,
-                        note=note,
-                        row_group=head_dim,
-                        col_group=head_dim,
-                        axis_prefix="V" if kind == "value" else "K",
-                    )
+        panels = []
+        for layer, kind, start, stop, cells in self._windows(state, resolution):
+            matrix, block = self._shown(layer, kind, start, stop, cells)
+            head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
+            note = ""
+            if block > 1:
+                note = (
+                    f"downsampled {stop - start}→{matrix.shape[0]}: mean of {block}×{block} "
+                    "blocks (NaN cells ignored)"
                 )
+            window_subtitle = f"channels {{first}}–{{last}} · Pearson over {stats.tokens} tokens"
+            panels.append(
+                Panel(
+                    id=f"{kind}-{layer}",
+                    title=f"{KIND_TITLES[kind]} · layer {layer}",
+                    subtitle=window_subtitle.format(first=start, last=stop - 1),
+                    window_subtitle=window_subtitle,
+                    matrix=matrix,
+                    row_offset=start,
+                    col_offset=start,
+                    row_step=block,
+                    col_step=block,
+                    note=note,
+                    row_group=head_dim,
+                    col_group=head_dim,
+                    axis_prefix="V" if kind == "value" else "K",
+                )
+            )
         return PanelGrid(
             panels,
             vmin=-1.0,

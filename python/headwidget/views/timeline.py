@@ -42,8 +42,6 @@ Example:
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -70,6 +68,7 @@ from headwidget.views._base import (
     stats_model_name,
 )
 from headwidget.views._controls import slider, toggles
+from headwidget.views._memo import Memo
 from headwidget.views._registry import register_view
 from headwidget.views.channels import KIND_TITLES, check_key_kind
 
@@ -207,8 +206,8 @@ class TimelineView(View):
         self.prefetch = flag("prefetch", prefetch)
         self.steps: list[int] = next(iter(self.timelines.values())).steps
         firsts = [tl[self.steps[0]] for tl in self.timelines.values()]
-        self._results: OrderedDict[tuple[Any, ...], AlignmentResult] = OrderedDict()
-        self._results_lock = threading.Lock()
+        # shared with the background thread computing the next step
+        self._results: Memo[AlignmentResult] = Memo(self._align, size=KEEP_RESULTS)
         # What channel panels show (at most max_cells² floats each): a played timeline revisits them.
         self._channel_matrix: Callable[..., tuple[np.ndarray, int]] = lru_cache(maxsize=64)(self._correlation)
         self._series: dict[tuple[str, int], dict[str, list[float]]] = {}
@@ -303,19 +302,11 @@ class TimelineView(View):
     def result(self, name: str, index: int, layer: int, kind: str) -> AlignmentResult:
         """The alignment behind a head panel, as :class:`~headwidget.views.AlignmentView` computes it
         with its defaults (cached, the most recent :data:`KEEP_RESULTS`)."""
-        key = (name, index, layer, kind)
-        with self._results_lock:  # shared with the background thread computing the next step
-            found = self._results.get(key)
-            if found is not None:
-                self._results.move_to_end(key)
-                return found
+        return self._results(name, index, layer, kind)
+
+    def _align(self, name: str, index: int, layer: int, kind: str) -> AlignmentResult:
         method = "orthogonal" if kind == "value" else None
-        found = align(self.stats_at(name, index), [layer], kind=check_kind(kind), method=method)
-        with self._results_lock:
-            self._results[key] = found
-            while len(self._results) > KEEP_RESULTS:
-                self._results.popitem(last=False)
-        return found
+        return align(self.stats_at(name, index), [layer], kind=check_kind(kind), method=method)
 
     @staticmethod
     def _title(name: str, *parts: str) -> str:
