@@ -7,11 +7,13 @@ import pytest
 import torch
 
 import headwidget
+from headwidget.adapters import adapter_for
 from references import head_metric
 from tiny_models import (
     FACTORIES,
     HEADS,
     ROPE_FAMILIES,
+    attention_modules,
     make_model,
     ragged_batches,
     reference_activations,
@@ -121,6 +123,36 @@ def test_max_tokens_counts_exactly():
     model = make_model("bert")
     stats = headwidget.capture(model, ragged_batches(), max_tokens=25, progress=False)
     assert stats.tokens == 25
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_a_budget_that_ends_inside_a_batch_computes_only_what_it_counts(name):
+    """max_tokens=9 over rows of 5, 13 and 7 real tokens counts row 0 and row 1's first four: a causal
+    model is run on those two rows up to position 5, a bidirectional one on the two rows whole (its
+    tokens see the whole row), and the statistics are the float64 reference's first nine tokens."""
+    model = make_model(name)
+    batches = ragged_batches(lengths=((5, 13, 7),))
+    shapes = []
+    first = attention_modules(model)[0]
+    hook = first.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(
+            tuple((args[0] if args else kwargs["hidden_states"]).shape[:2])
+        ),
+        with_kwargs=True,
+    )
+    try:
+        stats = headwidget.capture(model, batches, max_tokens=9, progress=False)
+    finally:
+        hook.remove()
+    assert stats.tokens == 9
+    assert shapes == ([(2, 5)] if adapter_for(model).causal else [(2, 13)])
+    ref = reference_activations(name, model, batches)
+    for layer in stats.layers:
+        for kind in stats.kinds:
+            x = ref[layer][kind][:9]
+            np.testing.assert_allclose(
+                stats.covariance(layer, kind), np.cov(x.T), atol=_atol(name, kind), rtol=1e-6
+            )
 
 
 def test_float32_model_matches_float64_reference():

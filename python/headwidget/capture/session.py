@@ -35,7 +35,13 @@ from headwidget.capture.arguments import check_capture_arguments, check_estimate
 from headwidget.capture.dropout import NoDropout, any_training
 from headwidget.capture.inputs import Batch, iter_batches
 from headwidget.capture.plan import CapturePlan, module_device
-from headwidget.capture.tokens import ReservoirStep, TokenReservoir, TokenSelection, select_tokens
+from headwidget.capture.tokens import (
+    ReservoirStep,
+    TokenReservoir,
+    TokenSelection,
+    narrow_to_selection,
+    select_tokens,
+)
 from headwidget.core.kinds import Kind
 from headwidget.errors import (
     CaptureConflictError,
@@ -288,6 +294,17 @@ def _vocab_size(model: nn.Module) -> int | None:
     return int(size) if size else None
 
 
+def _narrowed(batch: Batch, recorder: _Recorder, *, causal: bool) -> Batch:
+    """``batch`` cut to the rows and columns its selected tokens need (a ``max_tokens`` budget that
+    ends inside it), the recorder's selection indexed into the cut batch."""
+    assert recorder.selection is not None
+    shape = tuple(batch.input_ids.shape)
+    rows, width, recorder.selection = narrow_to_selection(recorder.selection, shape, causal=causal)
+    if (rows, width) == shape:
+        return batch
+    return Batch(batch.input_ids[:rows, :width], batch.attention_mask[:rows, :width])
+
+
 def _check_ids(batch: Batch, number: int, vocab: int | None, model: nn.Module) -> None:
     ids = batch.input_ids
     low, high = int(ids.min()), int(ids.max())
@@ -498,6 +515,7 @@ def capture(
             if recorder.selection.count == 0:
                 continue
             _check_ids(batch, number, vocab, model)
+            batch = _narrowed(batch, recorder, causal=adapter.causal)
             if recorder.reservoir is not None:
                 recorder.sample_step = recorder.reservoir.step(recorder.selection.count)
             tensors = {

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["ReservoirStep", "TokenReservoir", "TokenSelection", "select_tokens"]
+__all__ = ["ReservoirStep", "TokenReservoir", "TokenSelection", "narrow_to_selection", "select_tokens"]
 
 SPLIT_SEED = 20240531
 
@@ -65,6 +65,38 @@ def select_tokens(
     in_a = flat[bits == 0]
     in_b = flat[bits == 1]
     return TokenSelection(torch.cat([in_a, in_b]), int(in_a.numel()))
+
+
+def narrow_to_selection(
+    selection: TokenSelection, shape: tuple[int, int], *, causal: bool
+) -> tuple[int, int, TokenSelection]:
+    """The rows and columns of a (B, T) batch that its selected tokens need computed, and the selection
+    indexed into that narrower batch: ``(rows, width, selection)``.
+
+    Rows are independent, so rows after the last one with a selected token need no forward; in a causal
+    model neither do the columns after the last selected position (a token sees only the ones before
+    it). A bidirectional model keeps every column: its tokens see the whole row. A ``max_tokens`` capture
+    whose budget ends early in a batch computes only what it counts, with the same tokens, the same
+    split and the same sample as the full batch.
+
+    >>> sel = select_tokens(torch.ones(4, 6, dtype=torch.long), batch_number=0, limit=8)
+    >>> rows, width, narrow = narrow_to_selection(sel, (4, 6), causal=True)
+    >>> rows, width, sorted(narrow.index.tolist()) == list(range(8)), narrow.split_a == sel.split_a
+    (2, 6, True, True)
+    >>> three = select_tokens(torch.ones(4, 6), batch_number=0, limit=3)
+    >>> narrow_to_selection(three, (4, 6), causal=True)[:2], narrow_to_selection(three, (4, 6), causal=False)[:2]
+    ((1, 3), (1, 6))
+    """
+    b, t = shape
+    index = selection.index
+    if index.numel() == 0:
+        return b, t, selection
+    row, column = index // t, index % t
+    rows = int(row.max()) + 1
+    width = int(column.max()) + 1 if causal else t
+    if (rows, width) == (b, t):
+        return b, t, selection
+    return rows, width, TokenSelection(row * width + column, selection.split_a)
 
 
 @dataclass
