@@ -298,9 +298,9 @@ def _narrowed(batch: Batch, recorder: _Recorder, *, causal: bool) -> Batch:
     """``batch`` cut to the rows and columns its selected tokens need (a ``max_tokens`` budget that
     ends inside it), the recorder's selection indexed into the cut batch."""
     assert recorder.selection is not None
-    shape = tuple(batch.input_ids.shape)
-    rows, width, recorder.selection = narrow_to_selection(recorder.selection, shape, causal=causal)
-    if (rows, width) == shape:
+    b, t = batch.input_ids.shape
+    rows, width, recorder.selection = narrow_to_selection(recorder.selection, (b, t), causal=causal)
+    if (rows, width) == (b, t):
         return batch
     return Batch(batch.input_ids[:rows, :width], batch.attention_mask[:rows, :width])
 

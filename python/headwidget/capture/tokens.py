@@ -84,8 +84,8 @@ def narrow_to_selection(
     >>> rows, width, sorted(narrow.index.tolist()) == list(range(8)), narrow.split_a == sel.split_a
     (2, 6, True, True)
     >>> three = select_tokens(torch.ones(4, 6), batch_number=0, limit=3)
-    >>> narrow_to_selection(three, (4, 6), causal=True)[:2], narrow_to_selection(three, (4, 6), causal=False)[:2]
-    ((1, 3), (1, 6))
+    >>> [narrow_to_selection(three, (4, 6), causal=c)[:2] for c in (True, False)]
+    [(1, 3), (1, 6)]
     """
     b, t = shape
     index = selection.index
