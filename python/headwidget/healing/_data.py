@@ -152,10 +152,11 @@ def held_out_paragraphs(paragraphs: Sequence[str], tokenizer: Any, batches: Sequ
     wanted: set[bytes] = set()
     for row in rows:
         wanted |= _runs(row, min(OVERLAP_TOKENS, int(row.numel())))
+    texts = list(paragraphs)
+    encoded = tokenizer(texts)["input_ids"] if texts else []  # one call: a fast tokenizer batches it
     kept = []
-    for text in paragraphs:
-        ids = torch.as_tensor(tokenizer(text)["input_ids"], dtype=torch.long)
-        if not _runs(ids, OVERLAP_TOKENS) & wanted:
+    for text, ids in zip(texts, encoded, strict=True):
+        if not _runs(torch.as_tensor(ids, dtype=torch.long), OVERLAP_TOKENS) & wanted:
             kept.append(text)
     return kept
 
