@@ -44,7 +44,7 @@ def views(smollm2):
         tokenizer=tok,
         stats=stats,
         layers=LAYERS,
-        max_tokens=64,
+        max_tokens=16,  # the layout is the point; every forward of the sweep costs per token
         per_layer=True,
         dtype=torch.float32,  # bfloat16, the default, is emulated (about 5× slower) on CPUs without it
         progress=False,
