@@ -392,7 +392,8 @@ def capture(
             does), so left-, right- and unpadded rows give the same statistics. A long string is
             tokenised only as far as ``max_length`` tokens reach.
         layers: layer indices to capture (default: all).
-        max_tokens: stop after this many counted tokens.
+        max_tokens: stop after this many counted tokens (in row order; the batch where the budget ends
+            runs only the rows, and in a causal model the positions, that it counts).
         rope: ``"pre"`` (key-projection output), ``"post"`` (the keys attention uses, kind
             ``"key_post"``) or ``"both"``.
         skip_first_token: drop each sequence's first real token (BOS / attention sink).
