@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -223,9 +224,12 @@ def present_with(presenter: Presenter) -> None:
 
 
 def presenter() -> Presenter:
-    """The registered :class:`Presenter` (``import headwidget`` registers the notebook's)."""
+    """The registered :class:`Presenter`: the notebook layer's, imported on the first display or save
+    (``import headwidget`` leaves the widget libraries out until a view is shown)."""
     if not _presenter:
-        raise RuntimeError("no presenter is registered: import headwidget (it registers the notebook's)")
+        importlib.import_module("headwidget.notebook")  # registers itself; the name keeps views below it
+    if not _presenter:
+        raise RuntimeError("no presenter is registered: import headwidget.notebook (it registers one)")
     return _presenter[0]
 
 
