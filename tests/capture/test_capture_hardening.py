@@ -99,6 +99,22 @@ def test_left_and_right_padding_equal_unpadded(name):
     assert no_hooks(model)
 
 
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_a_budget_that_ends_inside_a_padded_batch_counts_the_unpadded_tokens(name):
+    """max_tokens=25 over rows of 13, 7 and 10 tokens ends in the third row: left- and right-padded
+    batches (cut to the rows and positions the budget counts) give the unpadded rows' statistics."""
+    model = make_model(name)  # float64
+    rows = rows_of(ragged_batches(lengths=((13, 7, 10), (9, 12, 3))))
+    options = {"rope": "both" if name in ROPE_FAMILIES else "pre", "max_tokens": 25, "progress": False}
+    unpadded = headwidget.capture(model, [{"input_ids": r} for r in rows], **options)
+    assert unpadded.tokens == 25
+    post = 1e-6 if name == "deepseek_v2" else None  # see test_left_and_right_padding_equal_unpadded
+    for side in ("left", "right"):
+        close_stats(
+            headwidget.capture(model, padded(rows, side, per_batch=3), **options), unpadded, atol_post=post
+        )
+
+
 def test_left_padding_with_skip_first_token():
     model = make_model("llama_gqa")
     rows = rows_of(ragged_batches())
