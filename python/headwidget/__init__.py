@@ -84,47 +84,34 @@ from headwidget.healing import HealingRun, heal
 from headwidget.moments import Moments
 from headwidget.stats import KVStats, NoSamplesError, StatsMeta
 from headwidget.tracking import Timeline, Tracker
+from headwidget.views import (
+    AlignmentView,
+    ChannelView,
+    ConsequenceView,
+    HealingView,
+    MechanismView,
+    QuantizationView,
+    TimelineView,
+    TrendView,
+)
 
 if TYPE_CHECKING:
     from headwidget.notebook import explore
-    from headwidget.views import (
-        AlignmentView,
-        ChannelView,
-        ConsequenceView,
-        HealingView,
-        MechanismView,
-        QuantizationView,
-        TimelineView,
-        TrendView,
-    )
     from headwidget.widget import HeadWidget, LayerTrends
 
-#: What ``headwidget.<name>`` imports on first use: the views and widgets, with the notebook layer that
-#: displays and saves them (ipywidgets, bqplot, pandas, matplotlib), are imported when first asked for,
-#: so ``import headwidget`` for a capture, an evaluation or the command line does not load them.
+#: What ``headwidget.<name>`` imports on first use: the notebook layer and the widgets (ipywidgets, bqplot,
+#: pandas, matplotlib) are imported when first asked for, or when a view is first displayed or saved, so
+#: ``import headwidget`` for a capture, an evaluation or the command line does not load them.
 _ON_FIRST_USE = {
     "explore": "headwidget.notebook",
-    **dict.fromkeys(
-        [
-            "AlignmentView",
-            "ChannelView",
-            "ConsequenceView",
-            "HealingView",
-            "MechanismView",
-            "QuantizationView",
-            "TimelineView",
-            "TrendView",
-        ],
-        "headwidget.views",
-    ),
     "HeadWidget": "headwidget.widget",
     "LayerTrends": "headwidget.widget",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """``headwidget.ChannelView`` and the other names of :data:`_ON_FIRST_USE`, imported on first use
-    (with :mod:`headwidget.notebook`, which registers how views are displayed and saved)."""
+    """``headwidget.explore`` and the widgets, imported on first use (with :mod:`headwidget.notebook`,
+    which registers how views are displayed and saved)."""
     module = _ON_FIRST_USE.get(name)
     if module is None:
         raise AttributeError(f"module 'headwidget' has no attribute {name!r}")
