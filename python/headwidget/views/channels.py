@@ -44,6 +44,19 @@ __all__ = ["ChannelView", "ChannelWindowError"]
 KIND_TITLES = {"key": "Keys", "key_post": "Keys (post-RoPE)", "value": "Values"}
 
 
+def downsampled_note(channels: int, shown: int, block: int) -> str:
+    """A channel panel's note on its cells: block means when ``block > 1``, else nothing.
+
+    >>> downsampled_note(4096, 512, 8)
+    'downsampled 4096→512: mean of 8×8 blocks (NaN cells ignored)'
+    >>> downsampled_note(64, 64, 1)
+    ''
+    """
+    if block <= 1:
+        return ""
+    return f"downsampled {channels}→{shown}: mean of {block}×{block} blocks (NaN cells ignored)"
+
+
 class ChannelWindowError(HeadwidgetError, IndexError):
     """A channel window (``channel_start``, ``channel_width``) that holds no channel of the layer."""
 
@@ -198,12 +211,7 @@ class ChannelView(LayerView):
         for layer, kind, start, stop, cells in self._windows(state, resolution):
             matrix, block = self._shown(layer, kind, start, stop, cells)
             head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
-            note = ""
-            if block > 1:
-                note = (
-                    f"downsampled {stop - start}→{matrix.shape[0]}: mean of {block}×{block} "
-                    "blocks (NaN cells ignored)"
-                )
+            note = downsampled_note(stop - start, matrix.shape[0], block)
             window_subtitle = f"channels {{first}}–{{last}} · Pearson over {stats.tokens} tokens"
             panels.append(
                 Panel(

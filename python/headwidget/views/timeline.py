@@ -70,7 +70,7 @@ from headwidget.views._base import (
 from headwidget.views._controls import slider, toggles
 from headwidget.views._memo import Memo
 from headwidget.views._registry import register_view
-from headwidget.views.channels import KIND_TITLES, check_key_kind
+from headwidget.views.channels import KIND_TITLES, check_key_kind, downsampled_note
 
 __all__ = ["SHOW_LABELS", "StepIndexError", "TimelineStepsError", "TimelineView"]
 
@@ -319,12 +319,7 @@ class TimelineView(View):
                 stats = self.stats_at(name, state.step)
                 matrix, block = self._channel_matrix(name, state.step, state.layer, kind, cells)
                 channels = stats.moments(state.layer, check_kind(kind)).channels
-                note = ""
-                if block > 1:
-                    note = (
-                        f"downsampled {channels}→{matrix.shape[0]}: mean of {block}×{block} blocks "
-                        "(NaN cells ignored)"
-                    )
+                note = downsampled_note(channels, matrix.shape[0], block)
                 head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
                 panels.append(
                     Panel(
