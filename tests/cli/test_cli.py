@@ -56,6 +56,27 @@ def test_full_reaches_the_demo(tmp_path, monkeypatch, flags):
     monkeypatch.setattr(headwidget.demo, "run_demo", lambda out, **kwargs: seen.update(kwargs))
     assert main(["demo", "--out", str(tmp_path / "d"), *flags]) == 0
     assert seen["full"] is bool(flags)
+    # token counts not given are the run's own (quick, or with --full the full run's)
+    assert seen["evaluation_tokens"] is None and seen["sweep_tokens"] is None
+
+
+def test_the_quick_runs_token_counts_and_the_full_runs():
+    from headwidget.demo import (
+        EVALUATION_TOKENS,
+        FULL_EVALUATION_TOKENS,
+        FULL_SWEEP_TOKENS,
+        SWEEP_TOKENS,
+        quick_run_note,
+    )
+
+    assert (EVALUATION_TOKENS, SWEEP_TOKENS) == (512, 64)
+    assert (FULL_EVALUATION_TOKENS, FULL_SWEEP_TOKENS) == (1024, 128)
+    note = quick_run_note(None, None, full=False)
+    assert "512 held-out tokens" in note and "sweep on 64" in note and "--full` uses 1024 and 128" in note
+    assert quick_run_note(None, 16, full=False) == (
+        "A quick run: the variants on 512 held-out tokens; `headwidget demo --full` uses 1024."
+    )
+    assert quick_run_note(64, 16, full=False) == quick_run_note(None, None, full=True) == ""
 
 
 def test_unknown_model_is_a_usage_error(capsys):

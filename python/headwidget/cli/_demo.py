@@ -22,7 +22,15 @@ __all__ = ["COMMAND"]
 
 def add_parser(sub: Any) -> None:
     """Declare ``demo`` and its options on the subparsers ``sub``."""
-    from headwidget.demo import CODEBOOK_ROWS, EVALUATION_TOKENS, QUANTIZER_TOKENS, SAMPLES, SWEEP_TOKENS
+    from headwidget.demo import (
+        CODEBOOK_ROWS,
+        EVALUATION_TOKENS,
+        FULL_EVALUATION_TOKENS,
+        FULL_SWEEP_TOKENS,
+        QUANTIZER_TOKENS,
+        SAMPLES,
+        SWEEP_TOKENS,
+    )
 
     demo = sub.add_parser(
         "demo",
@@ -30,9 +38,10 @@ def add_parser(sub: Any) -> None:
         description="Load SmolLM2-135M (GQA) and all-MiniLM-L6-v2 (BERT) from their PyPI packages, "
         "capture K/V statistics over English prose shipped with Python, print a per-layer summary "
         "and save the statistics (safetensors) under --out; then draw the figures, evaluate SmolLM2's "
-        "attention variants and K/V quantizers on held-out text and write report.md. The K/V quantizers "
-        f"are a reduced run by default (CQ codebooks from {CODEBOOK_ROWS} of the {SAMPLES} sampled rows, "
-        f"measured on at most {QUANTIZER_TOKENS} tokens): --full runs them in full.",
+        "attention variants and K/V quantizers on held-out text and write report.md. By default it is a "
+        f"quick run (variants on {EVALUATION_TOKENS} held-out tokens, the per-layer sweep on {SWEEP_TOKENS}). "
+        f"The K/V quantizers are a reduced run by default (CQ codebooks from {CODEBOOK_ROWS} of the {SAMPLES} "
+        f"sampled rows, measured on at most {QUANTIZER_TOKENS} tokens): --full runs them in full.",
     )
     demo.add_argument("--out", type=Path, default=Path("headwidget-demo"), help="output directory")
     demo.add_argument("--max-tokens", type=count, default=4096, help="tokens per model (default: 4096)")
@@ -45,20 +54,23 @@ def add_parser(sub: Any) -> None:
     demo.add_argument(
         "--evaluation-tokens",
         type=count,
-        default=EVALUATION_TOKENS,
-        help=f"held-out tokens SmolLM2's variants are evaluated on (default: {EVALUATION_TOKENS})",
+        default=None,
+        help=f"held-out tokens SmolLM2's variants are evaluated on (default: {EVALUATION_TOKENS}, "
+        f"with --full {FULL_EVALUATION_TOKENS})",
     )
     demo.add_argument(
         "--sweep-tokens",
         type=count,
-        default=SWEEP_TOKENS,
-        help=f"held-out tokens of the per-layer ΔNLL sweep (default: {SWEEP_TOKENS})",
+        default=None,
+        help=f"held-out tokens of the per-layer ΔNLL sweep (default: {SWEEP_TOKENS}, with --full "
+        f"{FULL_SWEEP_TOKENS})",
     )
     demo.add_argument(
         "--full",
         action="store_true",
-        help=f"the full K/V quantizer run: CQ codebooks fitted on all {SAMPLES} sampled rows and the "
-        f"quantizers measured on --evaluation-tokens (default: {CODEBOOK_ROWS} rows, at most "
+        help=f"the full run: variants on {FULL_EVALUATION_TOKENS} held-out tokens and the sweep on "
+        f"{FULL_SWEEP_TOKENS} (unless given above), CQ codebooks fitted on all {SAMPLES} sampled rows and "
+        f"the quantizers measured on --evaluation-tokens (default: {CODEBOOK_ROWS} rows, at most "
         f"{QUANTIZER_TOKENS} tokens; the codebook fits are the demo's costliest step)",
     )
 

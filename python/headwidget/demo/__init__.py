@@ -61,10 +61,13 @@ __all__ = [
     "CHANNEL_LAYERS",
     "CODEBOOK_ROWS",
     "EVALUATION_VARIANTS",
+    "FULL_EVALUATION_TOKENS",
+    "FULL_SWEEP_TOKENS",
     "MECHANISMS",
     "QUANTIZER_TOKENS",
     "SAMPLES",
     "SWEEP_VARIANTS",
+    "quick_run_note",
     "run_demo",
 ]
 
@@ -81,9 +84,13 @@ MECHANISMS = ["mha", "lrkv:4", "lrkv:16", "mqa", "mla:128"]
 EVALUATION_VARIANTS = ["model", "mqa", "mqa+align", "lrkv:16", "mla:128", "mla:96+rope:8"]
 #: The variants of the per-layer ΔNLL sweep (``DIR/evaluation.json``).
 SWEEP_VARIANTS = ["model", "mqa", "mla:128"]
-#: Default evaluation tokens of the table and of the sweep (which costs about L/2 forwards per variant).
-EVALUATION_TOKENS = 1024
-SWEEP_TOKENS = 128
+#: Evaluation tokens of the table and of the sweep (which costs about L/2 forwards per variant) in the
+#: default (quick) run...
+EVALUATION_TOKENS = 512
+SWEEP_TOKENS = 64
+#: ... and in the full run (``headwidget demo --full``).
+FULL_EVALUATION_TOKENS = 1024
+FULL_SWEEP_TOKENS = 128
 
 
 def _capture(name: str, model: Any, tokenizer: Any, texts: list[str], **options: Any) -> KVStats:
@@ -272,8 +279,8 @@ def run_demo(
     models: list[str] | None = None,
     figures: bool = True,
     progress: bool = True,
-    evaluation_tokens: int = EVALUATION_TOKENS,
-    sweep_tokens: int = SWEEP_TOKENS,
+    evaluation_tokens: int | None = None,
+    sweep_tokens: int | None = None,
     full: bool = False,
     echo: Callable[[str], None] = print,
 ) -> dict[str, KVStats]:
@@ -282,6 +289,10 @@ def run_demo(
     per-layer sweep on ``sweep_tokens`` and its K/V quantizers (a reduced run unless ``full``: see
     :func:`~headwidget.demo._quantization.quantizer_lines`). Prints the time of each section.
 
+    ``evaluation_tokens`` and ``sweep_tokens`` default to the quick run's :data:`EVALUATION_TOKENS` and
+    :data:`SWEEP_TOKENS`, or with ``full`` to :data:`FULL_EVALUATION_TOKENS` and
+    :data:`FULL_SWEEP_TOKENS`; the output ends by saying what a quick run left out.
+
     Example:
         >>> import pathlib, tempfile
         >>> stats = run_demo(pathlib.Path(tempfile.mkdtemp()), models=["minilm-l6"], max_tokens=64,
@@ -289,6 +300,11 @@ def run_demo(
         >>> stats["minilm-l6"].tokens  # doctest: +SKIP
         64
     """
+    quick = quick_run_note(evaluation_tokens, sweep_tokens, full)
+    if evaluation_tokens is None:
+        evaluation_tokens = FULL_EVALUATION_TOKENS if full else EVALUATION_TOKENS
+    if sweep_tokens is None:
+        sweep_tokens = FULL_SWEEP_TOKENS if full else SWEEP_TOKENS
     out.mkdir(parents=True, exist_ok=True)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     texts = english_sample(split="calibration")
@@ -360,6 +376,34 @@ def run_demo(
     echo("\n".join(clock.lines()))
     if figures and "smollm2-135m" in results:
         reduced = reduced_run(results["smollm2-135m"], evaluation_tokens, full)[2]
+        if quick:
+            echo(quick)
         if reduced:
             echo(f"K/V quantizers: {reduced}")
     return results
+
+
+def quick_run_note(evaluation_tokens: int | None, sweep_tokens: int | None, full: bool) -> str:
+    """The sentence that says which of the table's and the sweep's token counts are the quick run's
+    (those not given, unless ``full``), and what ``--full`` uses instead; "" when none is.
+
+    >>> quick_run_note(None, None, False)
+    'A quick run: the variants on 512 held-out tokens, the per-layer sweep on 64; `headwidget demo --full` uses 1024 and 128.'
+    >>> quick_run_note(2048, None, False)
+    'A quick run: the per-layer sweep on 64 held-out tokens; `headwidget demo --full` uses 128.'
+    >>> quick_run_note(None, None, True), quick_run_note(1024, 128, False)
+    ('', '')
+    """
+    if full:
+        return ""
+    parts, fuller = [], []
+    if evaluation_tokens is None:
+        parts.append(f"the variants on {EVALUATION_TOKENS} held-out tokens")
+        fuller.append(str(FULL_EVALUATION_TOKENS))
+    if sweep_tokens is None:
+        held = "" if parts else " held-out tokens"
+        parts.append(f"the per-layer sweep on {SWEEP_TOKENS}{held}")
+        fuller.append(str(FULL_SWEEP_TOKENS))
+    if not parts:
+        return ""
+    return f"A quick run: {', '.join(parts)}; `headwidget demo --full` uses {' and '.join(fuller)}."

@@ -63,7 +63,7 @@ READINGS = ((2, 16), (4, 4))
 #: The default (not ``--full``) demo's CQ codebooks are fitted on this many of the :data:`SAMPLES` rows...
 CODEBOOK_ROWS = 1024
 #: ... and its quantizers measured on at most this many held-out tokens.
-QUANTIZER_TOKENS = 512
+QUANTIZER_TOKENS = 256
 
 
 def entropy_lines(stats: KVStats, layers: Sequence[int]) -> list[str]:
@@ -135,10 +135,10 @@ def reduced_run(stats: KVStats, max_tokens: int, full: bool = False) -> tuple[in
         >>> from transformers import GPT2Config, GPT2LMHeadModel
         >>> model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50)).eval()
         >>> stats = headwidget.capture(model, torch.randint(0, 50, (3, 20)), samples=40, progress=False)
-        >>> reduced_run(stats, 300)
-        (40, 300, '')
+        >>> reduced_run(stats, 200)
+        (40, 200, '')
         >>> reduced_run(stats, 2000)[:2], reduced_run(stats, 2000, full=True)
-        ((40, 512), (40, 2000, ''))
+        ((40, 256), (40, 2000, ''))
     """
     sampled = stats.samples(stats.layers[0], "value").shape[0]
     if full:
@@ -149,7 +149,7 @@ def reduced_run(stats: KVStats, max_tokens: int, full: bool = False) -> tuple[in
     note = (
         f"A reduced run: codebooks from {rows} of the {sampled} sampled rows, quantizers on at most "
         f"{tokens} held-out tokens; `headwidget demo --full` fits them on all {sampled} rows and "
-        f"measures them on up to {max_tokens} tokens."
+        "measures them on the tokens of the variants' table."
     )
     return rows, tokens, note
 
