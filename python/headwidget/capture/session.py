@@ -33,7 +33,7 @@ from headwidget.adapters.attention_calls import watch_attention_keys
 from headwidget.adapters.fingerprint import weight_fingerprint
 from headwidget.capture.arguments import check_capture_arguments, check_estimate_arguments
 from headwidget.capture.dropout import NoDropout, any_training
-from headwidget.capture.inputs import Batch, iter_batches
+from headwidget.capture.inputs import Batch, length_batches
 from headwidget.capture.plan import CapturePlan, module_device
 from headwidget.capture.tokens import (
     ReservoirStep,
@@ -393,7 +393,9 @@ def capture(
             tokenised only as far as ``max_length`` tokens reach.
         layers: layer indices to capture (default: all).
         max_tokens: stop after this many counted tokens (in row order; the batch where the budget ends
-            runs only the rows, and in a causal model the positions, that it counts).
+            runs only the rows, and in a causal model the positions, that it counts). A list of strings
+            is batched by length: the texts the budget reaches, in text order, are grouped into
+            batches of rows of similar length (far less padding to compute; the same tokens counted).
         rope: ``"pre"`` (key-projection output), ``"post"`` (the keys attention uses, kind
             ``"key_post"``) or ``"both"``.
         skip_first_token: drop each sequence's first real token (BOS / attention sink).
@@ -467,7 +469,14 @@ def capture(
     )
     sample_seed = _check_seed(sample_seed)
     plan.check_budget(batch_size, max_length, max_memory)
-    batches = iter_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length)
+    batches = length_batches(
+        texts,
+        tokenizer,
+        batch_size=batch_size,
+        max_length=max_length,
+        max_tokens=max_tokens,
+        skip_first_token=skip_first_token,
+    )
     recorder = _Recorder(adapter, plan, sample_seed)
     device = _input_device(model)
     takes = _forward_parameters(model)
@@ -542,7 +551,8 @@ def capture(
 
     if total == 0:
         raise CaptureInputError(
-            "no tokens were captured: every position was padding (or skipped as a first token)"
+            "no tokens were captured: every text was empty, or every position padding (or skipped as a "
+            "first token); give texts with real tokens"
         )
     cfg: Any = model.config
     meta = StatsMeta(

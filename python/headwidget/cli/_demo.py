@@ -38,10 +38,11 @@ def add_parser(sub: Any) -> None:
         description="Load SmolLM2-135M (GQA) and all-MiniLM-L6-v2 (BERT) from their PyPI packages, "
         "capture K/V statistics over English prose shipped with Python, print a per-layer summary "
         "and save the statistics (safetensors) under --out; then draw the figures, evaluate SmolLM2's "
-        "attention variants and K/V quantizers on held-out text and write report.md. By default it is a "
-        f"quick run (variants on {EVALUATION_TOKENS} held-out tokens, the per-layer sweep on {SWEEP_TOKENS}). "
-        f"The K/V quantizers are a reduced run by default (CQ codebooks from {CODEBOOK_ROWS} of the {SAMPLES} "
-        f"sampled rows, measured on at most {QUANTIZER_TOKENS} tokens): --full runs them in full.",
+        "attention variants and K/V quantizers on held-out text and write report.md. By default it is "
+        f"a quick run (variants on {EVALUATION_TOKENS} held-out tokens, the per-layer sweep on "
+        f"{SWEEP_TOKENS}). The K/V quantizers are a reduced run by default (CQ codebooks from "
+        f"{CODEBOOK_ROWS} of the {SAMPLES} sampled rows, measured on at most {QUANTIZER_TOKENS} tokens): "
+        "--full runs them in full.",
     )
     demo.add_argument("--out", type=Path, default=Path("headwidget-demo"), help="output directory")
     demo.add_argument("--max-tokens", type=count, default=4096, help="tokens per model (default: 4096)")

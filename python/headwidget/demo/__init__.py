@@ -387,8 +387,9 @@ def quick_run_note(evaluation_tokens: int | None, sweep_tokens: int | None, full
     """The sentence that says which of the table's and the sweep's token counts are the quick run's
     (those not given, unless ``full``), and what ``--full`` uses instead; "" when none is.
 
-    >>> quick_run_note(None, None, False)
-    'A quick run: the variants on 512 held-out tokens, the per-layer sweep on 64; `headwidget demo --full` uses 1024 and 128.'
+    >>> print(quick_run_note(None, None, False))  # doctest: +NORMALIZE_WHITESPACE
+    A quick run: the variants on 512 held-out tokens, the per-layer sweep on 64; `headwidget demo --full`
+    uses 1024 and 128.
     >>> quick_run_note(2048, None, False)
     'A quick run: the per-layer sweep on 64 held-out tokens; `headwidget demo --full` uses 128.'
     >>> quick_run_note(None, None, True), quick_run_note(1024, 128, False)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwidget.capture.inputs import Batch, first_tokens, iter_batches
+from headwidget.capture.inputs import Batch, first_tokens, iter_batches, length_batches
 from headwidget.errors import ArgumentError, CaptureInputError, EvaluationInputError
 from headwidget.evaluation.measures import predicted_positions
 
@@ -66,20 +66,19 @@ def evaluation_batches(
     max_tokens: int | None = None,
     min_tokens: int = 2,
 ) -> list[Batch]:
-    """The evaluation texts as batches (the forms ``capture`` accepts), cut to ``max_tokens`` real tokens.
+    """The evaluation texts as batches (the forms ``capture`` accepts), cut to ``max_tokens`` real tokens
+    (the first ones in text order; strings are then batched by length, as
+    :func:`~headwidget.capture.inputs.length_batches` says).
 
     Raises:
         CaptureInputError: a form of ``texts`` that cannot be read.
         EvaluationInputError: no sequence has ``min_tokens`` real tokens (two for a language model,
             whose first token is never predicted).
     """
-    batches = [
-        b
-        for b in first_tokens(
-            list(iter_batches(texts, tokenizer, batch_size=batch_size, max_length=max_length)), max_tokens
-        )
-        if int(b.attention_mask.sum())
-    ]
+    read = length_batches(
+        texts, tokenizer, batch_size=batch_size, max_length=max_length, max_tokens=max_tokens
+    )
+    batches = [b for b in first_tokens(list(read), max_tokens) if int(b.attention_mask.sum())]
     longest = max((int(b.attention_mask.sum(-1).max()) for b in batches), default=0)
     if longest < min_tokens:
         raise EvaluationInputError(
