@@ -45,7 +45,7 @@ from headwidget.errors import ArgumentError, GroupCountError, StatsMismatchError
 from headwidget.moments.head_metrics import head_blocks
 from headwidget.stats import KVStats
 
-__all__ = ["align_model", "fit_group_rotations"]
+__all__ = ["align_model", "fit_group_rotations", "fit_group_rotations_many"]
 
 F64 = torch.float64
 
@@ -63,34 +63,55 @@ def fit_group_rotations(
     >>> fit_group_rotations(g, HeadSplit.make(2, []), [[0, 1]]).shape
     torch.Size([2, 2, 2])
     """
+    return fit_group_rotations_many([gram], split, groups, sweeps=sweeps)[0]
+
+
+def fit_group_rotations_many(
+    grams: Sequence[torch.Tensor], split: HeadSplit, groups: Groups, *, sweeps: int = 100
+) -> list[torch.Tensor]:
+    """:func:`fit_group_rotations` of each of ``grams`` (of one shape, e.g. one per layer), fitted
+    together: each head update is one batched Procrustes over the problems still improving (a batched
+    SVD spread over the cores, instead of one small SVD at a time), and each problem stops on its own
+    criterion, as it would alone.
+
+    >>> a = torch.eye(4, dtype=torch.float64)
+    >>> b = torch.tensor([[2.0, 0, 0, 1], [0, 2, 1, 0], [0, 1, 2, 0], [1, 0, 0, 2]], dtype=torch.float64)
+    >>> together = fit_group_rotations_many([a, b], HeadSplit.make(2, []), [[0, 1]])
+    >>> alone = [fit_group_rotations(g, HeadSplit.make(2, []), [[0, 1]]) for g in (a, b)]
+    >>> all(torch.allclose(t, o, atol=1e-12) for t, o in zip(together, alone, strict=True))
+    True
+    """
     d = split.head_dim
-    blocks = head_blocks(gram.to(F64), d)
-    heads = blocks.shape[0]
-    rot = torch.eye(d, dtype=F64, device=gram.device).repeat(heads, 1, 1)
+    blocks = torch.stack([head_blocks(g.to(F64), d) for g in grams])  # (N, H, H, d, d)
+    problems, heads = blocks.shape[0], blocks.shape[1]
+    rot = torch.eye(d, dtype=F64, device=blocks.device).repeat(problems, heads, 1, 1)
     for group in groups:
         members = list(group)
         if len(members) < 2:
             continue
-        idx = torch.tensor(members, device=gram.device)
-        sub = blocks[idx][:, idx]
-
-        def objective(sub: torch.Tensor = sub, idx: torch.Tensor = idx) -> float:
-            r = rot[idx]
-            diag = sub[torch.arange(len(idx)), torch.arange(len(idx))]
-            total = torch.einsum("iab,ijac,jcb->", r, sub, r) - torch.einsum("iaa->", diag)
-            return float(total)
-
-        last = objective()
+        idx = torch.tensor(members, device=blocks.device)
+        sub = blocks[:, idx][:, :, idx]  # (N, m, m, d, d)
+        pick = torch.arange(len(members), device=blocks.device)
+        diagonal = torch.einsum("niaa->n", sub[:, pick, pick])
+        live = torch.arange(problems, device=blocks.device)
+        last = _group_scores(rot[live][:, idx], sub[live], diagonal[live])
         for _ in range(sweeps):
             for a, head in enumerate(members):
                 others = [b for b in range(len(members)) if b != a]
-                target = torch.einsum("jab,jbc->ac", sub[a, others], rot[idx[others]])
-                rot[head] = fit_rotations(target[None], split)[0]
-            value = objective()
-            if value - last <= 1e-12 * max(1.0, abs(value)):
+                target = torch.einsum("njab,njbc->nac", sub[live, a][:, others], rot[live][:, idx[others]])
+                rot[live, head] = fit_rotations(target, split)
+            value = _group_scores(rot[live][:, idx], sub[live], diagonal[live])
+            going = (value - last) > 1e-12 * value.abs().clamp_min(1.0)
+            live, last = live[going], value[going]
+            if live.numel() == 0:
                 break
-            last = value
-    return rot
+    return list(rot.unbind(0))
+
+
+def _group_scores(rot: torch.Tensor, sub: torch.Tensor, diagonal: torch.Tensor) -> torch.Tensor:
+    """``Σ_{i≠j} tr(R_iᵀ Â_ij R_j)`` of each problem: rotations (N, m, d, d), blocks (N, m, m, d, d) and
+    the traces of their diagonal blocks (N,)."""
+    return torch.einsum("niab,nijac,njcb->n", rot, sub, rot) - diagonal
 
 
 def _checked_groups(groups: object, where: str) -> list[list[int]]:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from headwidget.analysis.align_model import fit_group_rotations
+from headwidget.analysis.align_model import fit_group_rotations, fit_group_rotations_many
 from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import convert, input_sqrt
 from headwidget.analysis.grouping import group_heads
@@ -55,7 +55,16 @@ from headwidget.errors import (
 )
 from headwidget.stats import KVStats
 
-__all__ = ["LayerFit", "align_groups", "aligned_heads", "fit_layer", "rope_keep"]
+__all__ = [
+    "Alignment",
+    "LayerFit",
+    "align_groups",
+    "align_inputs",
+    "aligned_heads",
+    "alignments",
+    "fit_layer",
+    "rope_keep",
+]
 
 F64 = torch.float64
 
@@ -116,24 +125,95 @@ def align_groups(stats: KVStats, layer: int, groups: int) -> list[list[int]]:
     return group_heads(keys + values, groups)
 
 
+@dataclass(frozen=True)
+class Alignment:
+    """One layer's ``+align`` fit before merging: the KV-head ``groups`` and the rotations (KV heads, d, d)
+    of its keys and values that make each group's heads agree."""
+
+    groups: list[list[int]]
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+def align_inputs(spec: VariantSpec, stats: KVStats | None, layer: int) -> tuple[KVStats, list[list[int]]]:
+    """The statistics an ``+align`` spec needs for ``layer`` (checked) and the layer's KV-head groups."""
+    stats = _need(
+        stats,
+        layer,
+        ["key", "value"],
+        f"{spec.text} (aligning heads before merging them)",
+        "capture them from this model (keys and values are captured by default)",
+    )
+    return stats, align_groups(stats, layer, 1 if spec.mechanism == "mqa" else int(spec.arg or 0))
+
+
+def alignments(
+    spec: VariantSpec,
+    stats: KVStats | None,
+    dims: dict[int, tuple[int, int]],
+    rope_planes: Sequence[tuple[int, int]],
+) -> dict[int, Alignment]:
+    """The :class:`Alignment` of each layer of ``dims`` (layer → key and value head dims) for an
+    ``+align`` spec, the layers with the same groups and dims fitted together
+    (:func:`~headwidget.analysis.align_model.fit_group_rotations_many`)."""
+    batches: dict[tuple[object, ...], list[tuple[int, KVStats]]] = {}
+    groups_of: dict[int, list[list[int]]] = {}
+    for layer, shape in dims.items():
+        checked, groups_of[layer] = align_inputs(spec, stats, layer)
+        key = (shape, tuple(map(tuple, groups_of[layer])))
+        batches.setdefault(key, []).append((layer, checked))
+    out: dict[int, Alignment] = {}
+    for ((d_h, d_v), _), members in batches.items():
+        groups = groups_of[members[0][0]]
+        keys = fit_group_rotations_many(
+            [st.moments(layer, "key").token_gram() for layer, st in members],
+            HeadSplit.make(d_h, rope_planes),
+            groups,
+        )
+        values = fit_group_rotations_many(
+            [st.moments(layer, "value").token_gram() for layer, st in members],
+            HeadSplit.make(d_v, []),
+            groups,
+        )
+        for (layer, _), rk, rv in zip(members, keys, values, strict=True):
+            out[layer] = Alignment(groups, rk.to("cpu", F64), rv.to("cpu", F64))
+    return out
+
+
 def aligned_heads(
     w: HeadWeights,
     stats: KVStats,
     layer: int,
     groups: Sequence[Sequence[int]],
     rope_planes: Sequence[tuple[int, int]],
+    alignment: Alignment | None = None,
 ) -> HeadWeights:
     """``w`` rotated so that the KV heads of each group agree, with the groups made contiguous.
 
     The layer's function is unchanged (rotations and a permutation of heads); merging the result with
-    :func:`~headwidget.analysis.merging.merge_groups` is the ``+align`` conversion.
+    :func:`~headwidget.analysis.merging.merge_groups` is the ``+align`` conversion. ``alignment``: the
+    rotations already fitted (by :func:`alignments`), else they are fitted here.
     """
-    d_h, d_v = int(w.k.shape[1]), int(w.v.shape[1])
+    if alignment is None:
+        d_h, d_v = int(w.k.shape[1]), int(w.v.shape[1])
+        alignment = alignments_of_one(stats, layer, [list(g) for g in groups], d_h, d_v, rope_planes)
+    return regroup_heads(rotate_heads(w, alignment.keys, alignment.values), groups)
+
+
+def alignments_of_one(
+    stats: KVStats,
+    layer: int,
+    groups: list[list[int]],
+    d_h: int,
+    d_v: int,
+    rope_planes: Sequence[tuple[int, int]],
+) -> Alignment:
+    """The :class:`Alignment` of one layer with the given ``groups``."""
     key_gram = stats.moments(layer, "key").token_gram()
     value_gram = stats.moments(layer, "value").token_gram()
     rk = fit_group_rotations(key_gram, HeadSplit.make(d_h, rope_planes), groups).to("cpu", F64)
     rv = fit_group_rotations(value_gram, HeadSplit.make(d_v, []), groups).to("cpu", F64)
-    return regroup_heads(rotate_heads(w, rk, rv), groups)
+    return Alignment(groups, rk, rv)
 
 
 def rope_keep(
@@ -210,12 +290,14 @@ def fit_layer(
     *,
     rope_planes: Sequence[tuple[int, int]],
     kv_target: int | None,
+    alignment: Alignment | None = None,
 ) -> LayerFit:
     """Fit ``layer`` (its weights ``w``) to ``spec`` (see the module docstring).
 
     ``rope_planes`` are the model's rotary planes (pre-RoPE key layout); ``kv_target`` the number of KV
     heads the written weights must have (None: whatever the mechanism has, for families that can
-    change it).
+    change it); ``alignment``: an ``+align`` spec's rotations of this layer, fitted beforehand with
+    the other layers' (:func:`alignments`), else fitted here.
 
     Raises:
         MissingStatisticsError: ``+align`` without key/value statistics, partial RoPE without the
@@ -235,15 +317,12 @@ def fit_layer(
         return LayerFit(layer, None, keep, w.kv_elements(), "data-aware", kept_planes=kept)
     if spec.align:
         groups_wanted = 1 if spec.mechanism == "mqa" else int(spec.arg or 0)
-        stats = _need(
-            stats,
-            layer,
-            ["key", "value"],
-            f"{spec.text} (aligning heads before merging them)",
-            "capture them from this model (keys and values are captured by default)",
-        )
-        groups = align_groups(stats, layer, groups_wanted)
-        merged = merge_groups(aligned_heads(w, stats, layer, groups, rope_planes), groups_wanted)
+        if alignment is None:
+            stats, groups = align_inputs(spec, stats, layer)
+        else:
+            groups = alignment.groups
+        assert stats is not None
+        merged = merge_groups(aligned_heads(w, stats, layer, groups, rope_planes, alignment), groups_wanted)
         target = merged.num_kv_heads if kv_target is None else kv_target
         return LayerFit(
             layer,

@@ -61,7 +61,7 @@ from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.adapters._partial_rope import partial_rope_mask
-from headwidget.analysis.variant_fits import LayerFit, fit_layer
+from headwidget.analysis.variant_fits import LayerFit, alignments, fit_layer
 from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, parse_uniform, parse_variant
 from headwidget.errors import (
     ArgumentError,
@@ -220,11 +220,24 @@ def fits_for(
     _refuse_quantizer(parsed)
     _check_buildable(adapter, parsed)
     planes = adapter.layout().rope.planes()
+    aligned = {}
+    if parsed.align:  # every layer's rotations fitted together (one batched Procrustes per head update)
+        dims = {}
+        for layer in layers:
+            w = adapter.head_weights(layer)
+            dims[layer] = (int(w.k.shape[1]), int(w.v.shape[1]))
+        aligned = alignments(parsed, stats, dims, planes)
     out = {}
     for layer in layers:
         kv_target = None if adapter.resizable_kv_heads else adapter.kv_heads_of(adapter.attention_at(layer))
         out[layer] = fit_layer(
-            adapter.head_weights(layer), layer, parsed, stats, rope_planes=planes, kv_target=kv_target
+            adapter.head_weights(layer),
+            layer,
+            parsed,
+            stats,
+            rope_planes=planes,
+            kv_target=kv_target,
+            alignment=aligned.get(layer),
         )
     return out
 
