@@ -156,11 +156,11 @@ def alignments(
     """The :class:`Alignment` of each layer of ``dims`` (layer → key and value head dims) for an
     ``+align`` spec, the layers with the same groups and dims fitted together
     (:func:`~headwidget.analysis.align_model.fit_group_rotations_many`)."""
-    batches: dict[tuple[object, ...], list[tuple[int, KVStats]]] = {}
+    batches: dict[tuple[tuple[int, int], tuple[tuple[int, ...], ...]], list[tuple[int, KVStats]]] = {}
     groups_of: dict[int, list[list[int]]] = {}
     for layer, shape in dims.items():
         checked, groups_of[layer] = align_inputs(spec, stats, layer)
-        key = (shape, tuple(map(tuple, groups_of[layer])))
+        key = (shape, tuple(tuple(g) for g in groups_of[layer]))
         batches.setdefault(key, []).append((layer, checked))
     out: dict[int, Alignment] = {}
     for ((d_h, d_v), _), members in batches.items():
