@@ -196,11 +196,11 @@ def aligned_heads(
     """
     if alignment is None:
         d_h, d_v = int(w.k.shape[1]), int(w.v.shape[1])
-        alignment = alignments_of_one(stats, layer, [list(g) for g in groups], d_h, d_v, rope_planes)
+        alignment = _alignment_of_one(stats, layer, [list(g) for g in groups], d_h, d_v, rope_planes)
     return regroup_heads(rotate_heads(w, alignment.keys, alignment.values), groups)
 
 
-def alignments_of_one(
+def _alignment_of_one(
     stats: KVStats,
     layer: int,
     groups: list[list[int]],
