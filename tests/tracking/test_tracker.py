@@ -82,6 +82,34 @@ def test_snapshots_are_captures_of_the_model_at_their_step_and_leave_training_as
     assert sorted(tracker.timeline[0].kinds) == sorted(KINDS)  # rope="auto": both, for a rotary model
 
 
+class IdTokenizer:
+    """A tokenizer for texts of space-separated token ids."""
+
+    pad_token_id = 0
+
+    def __call__(self, texts, truncation=False, max_length=None, padding=False, add_special_tokens=True):
+        rows = [[int(w) for w in t.split()] for t in texts]
+        return {"input_ids": [r[:max_length] if truncation and max_length else r for r in rows]}
+
+
+def test_a_probe_of_strings_is_what_capture_makes_of_them() -> None:
+    """Probe strings are batched by length (the first ``max_tokens`` in text order), as ``capture``
+    batches them: a snapshot is the capture of the same texts with the same budget, bit for bit."""
+    gen = torch.Generator().manual_seed(7)
+    texts = [
+        " ".join(map(str, torch.randint(1, VOCAB, (n,), generator=gen).tolist()))
+        for n in (13, 3, 9, 2, 11, 5)
+    ]
+    model = tiny_llama(dropout=0.0).eval()
+    tracker = Tracker(texts, tokenizer=IdTokenizer(), every=1, max_tokens=30, batch_size=2)
+    tracker.snapshot(model, 0)
+    want = headwidget.capture(
+        model, texts, tokenizer=IdTokenizer(), max_tokens=30, batch_size=2, rope="both", progress=False
+    )
+    assert want.tokens == 30
+    same_stats(tracker.timeline[0], want)  # bit for bit: the same batches
+
+
 def test_the_trainer_callback_snapshots_at_0_every_and_the_end(tmp_path) -> None:
     model = tiny_llama(dropout=0.0)
     data = [{"input_ids": row, "labels": row} for row in ids(5, rows=10)]

@@ -35,7 +35,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from headwidget.capture import adapter_for, capture
-from headwidget.capture.inputs import first_tokens, iter_batches
+from headwidget.capture.inputs import first_tokens, length_batches
 from headwidget.checks import optional_whole_number, whole_number
 from headwidget.errors import ArgumentError, TrackingError
 from headwidget.stats import KVStats
@@ -105,10 +105,11 @@ class Tracker(TrainerCallback):
                 f"path must be a folder's path (str or Path) or None, got {type(path).__name__}"
             )
         # cut to max_tokens once, here, so every rank's share of the probe is a share of the same tokens
-        probe = first_tokens(
-            list(iter_batches(probe_texts, tokenizer, batch_size=batch_size, max_length=max_length)),
-            max_tokens,
+        # (strings batched by length: every snapshot computes little padding)
+        read = length_batches(
+            probe_texts, tokenizer, batch_size=batch_size, max_length=max_length, max_tokens=max_tokens
         )
+        probe = first_tokens(list(read), max_tokens)
         self._batches = [{"input_ids": b.input_ids, "attention_mask": b.attention_mask} for b in probe]
         if not any(bool(b["attention_mask"].any()) for b in self._batches):
             raise TrackingError("the probe set has no real token: give the tracker texts (or ids) to capture")
