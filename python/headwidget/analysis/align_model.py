@@ -146,25 +146,31 @@ def _check_groups(groups: Groups, kv_heads: int, layer: int) -> None:
 
 
 def _fit_with_fixed_dims(
-    gram: torch.Tensor,
+    grams: Sequence[torch.Tensor],
     head_dim: int,
     planes: Sequence[tuple[int, int]],
     fixed: Sequence[int],
     groups: Groups,
-) -> torch.Tensor:
-    """:func:`fit_group_rotations` on every head's dims except ``fixed``, which keep the identity."""
+) -> list[torch.Tensor]:
+    """:func:`fit_group_rotations_many` on every head's dims except ``fixed``, which keep the identity."""
     free = [i for i in range(head_dim) if i not in set(fixed)]
     where = {dim: n for n, dim in enumerate(free)}
     if any((p in where) != (q in where) for p, q in planes):
         raise RuntimeError(f"the fixed key dims {list(fixed)} split a rotary plane of {list(planes)}")
     kept = [(where[p], where[q]) for p, q in planes if p in where]
-    heads = gram.shape[0] // head_dim
-    channels = torch.tensor([h * head_dim + i for h in range(heads) for i in free], device=gram.device)
-    sub = fit_group_rotations(gram[channels][:, channels], HeadSplit.make(len(free), kept), groups)
-    rot = torch.eye(head_dim, dtype=F64, device=gram.device).repeat(heads, 1, 1)
-    index = torch.tensor(free, device=gram.device)
-    rot[:, index[:, None], index[None, :]] = sub
-    return rot
+    device = grams[0].device
+    heads = grams[0].shape[0] // head_dim
+    channels = torch.tensor([h * head_dim + i for h in range(heads) for i in free], device=device)
+    subs = fit_group_rotations_many(
+        [g[channels][:, channels] for g in grams], HeadSplit.make(len(free), kept), groups
+    )
+    index = torch.tensor(free, device=device)
+    out = []
+    for sub in subs:
+        rot = torch.eye(head_dim, dtype=F64, device=device).repeat(heads, 1, 1)
+        rot[:, index[:, None], index[None, :]] = sub
+        out.append(rot)
+    return out
 
 
 def align_model(
@@ -230,9 +236,15 @@ def align_model(
     value_split = HeadSplit.make(layout.value_head_dim, [])
     out = copy.deepcopy(model)
     target = adapter_for(out)
+    batches: dict[tuple[tuple[int, ...], ...], list[int]] = {}  # layers with the same groups, fitted together
     for layer, layer_groups in sorted(by_layer.items()):
-        key_gram = stats.moments(layer, "key").token_gram()
-        rk = _fit_with_fixed_dims(key_gram, layout.head_dim, planes, fixed, layer_groups)
-        rv = fit_group_rotations(stats.moments(layer, "value").token_gram(), value_split, layer_groups)
-        target.fold_rotations(layer, rk.cpu(), rv.cpu())
+        batches.setdefault(tuple(tuple(g) for g in layer_groups), []).append(layer)
+    for batch_groups, batch_layers in batches.items():
+        layer_groups = [list(g) for g in batch_groups]
+        keys = [stats.moments(layer, "key").token_gram() for layer in batch_layers]
+        values = [stats.moments(layer, "value").token_gram() for layer in batch_layers]
+        rks = _fit_with_fixed_dims(keys, layout.head_dim, planes, fixed, layer_groups)
+        rvs = fit_group_rotations_many(values, value_split, layer_groups)
+        for layer, rk, rv in zip(batch_layers, rks, rvs, strict=True):
+            target.fold_rotations(layer, rk.cpu(), rv.cpu())
     return out

@@ -317,6 +317,8 @@ def run_demo(
         "uses its evaluation split (disjoint paragraphs).",
         "",
     ]
+    if quick and figures:
+        report += [quick, ""]
     evaluation: list[str] = []
     clock = _Clock()
     for name in models or list(MODELS):
