@@ -173,6 +173,7 @@ def test_demo_on_smollm2_writes_statistics_figures_and_the_evaluation(tmp_path):
     sections = [*(f"smollm2-135m: {s}" for s in smol_sections), "figures, explorer and report", "total"]
     assert section_names(result.stdout) == sections
     assert "(codebooks from 300 calibration rows)" in result.stdout and "A reduced run" not in result.stdout
+    assert "A quick run" not in report and "A quick run" not in result.stdout  # both counts were given
 
 
 @pytest.mark.slow
@@ -183,6 +184,8 @@ def test_demo_on_minilm_writes_statistics_and_the_mechanisms_figure(tmp_path):
         assert (tmp_path / f"mechanisms{suffix}").read_bytes().startswith(magic)
     report = (tmp_path / "report.md").read_text()
     assert "| mqa | 128 |" in report  # MiniLM layer 3 as MQA: one K and one V head of 32 channels, bf16
+    # no token count given, but nothing of SmolLM2's evaluation ran: no "quick run" said anywhere
+    assert "A quick run" not in report and "A quick run" not in result.stdout
     mini = KVStats.load(tmp_path / "minilm-l6.safetensors")
     assert mini.tokens == 300 and "input" in mini.kinds
     assert section_names(result.stdout) == [
