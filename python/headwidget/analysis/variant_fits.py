@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from headwidget.analysis.align_model import fit_group_rotations, fit_group_rotations_many
+from headwidget.analysis.align_model import fit_group_rotations_many
 from headwidget.analysis.alignment import align
 from headwidget.analysis.conversions import convert, input_sqrt
 from headwidget.analysis.grouping import group_heads
@@ -164,20 +164,31 @@ def alignments(
         batches.setdefault(key, []).append((layer, checked))
     out: dict[int, Alignment] = {}
     for ((d_h, d_v), _), members in batches.items():
-        groups = groups_of[members[0][0]]
-        keys = fit_group_rotations_many(
-            [st.moments(layer, "key").token_gram() for layer, st in members],
-            HeadSplit.make(d_h, rope_planes),
-            groups,
-        )
-        values = fit_group_rotations_many(
-            [st.moments(layer, "value").token_gram() for layer, st in members],
-            HeadSplit.make(d_v, []),
-            groups,
-        )
-        for (layer, _), rk, rv in zip(members, keys, values, strict=True):
-            out[layer] = Alignment(groups, rk.to("cpu", F64), rv.to("cpu", F64))
+        fitted = _fit_alignments(members, groups_of[members[0][0]], d_h, d_v, rope_planes)
+        out.update(zip((layer for layer, _ in members), fitted, strict=True))
     return out
+
+
+def _fit_alignments(
+    members: Sequence[tuple[int, KVStats]],
+    groups: list[list[int]],
+    d_h: int,
+    d_v: int,
+    rope_planes: Sequence[tuple[int, int]],
+) -> list[Alignment]:
+    """The :class:`Alignment` of each (layer, statistics) of ``members``, all with ``groups``, fitted
+    together."""
+    keys = fit_group_rotations_many(
+        [st.moments(layer, "key").token_gram() for layer, st in members],
+        HeadSplit.make(d_h, rope_planes),
+        groups,
+    )
+    values = fit_group_rotations_many(
+        [st.moments(layer, "value").token_gram() for layer, st in members], HeadSplit.make(d_v, []), groups
+    )
+    return [
+        Alignment(groups, rk.to("cpu", F64), rv.to("cpu", F64)) for rk, rv in zip(keys, values, strict=True)
+    ]
 
 
 def aligned_heads(
@@ -196,24 +207,8 @@ def aligned_heads(
     """
     if alignment is None:
         d_h, d_v = int(w.k.shape[1]), int(w.v.shape[1])
-        alignment = _alignment_of_one(stats, layer, [list(g) for g in groups], d_h, d_v, rope_planes)
+        alignment = _fit_alignments([(layer, stats)], [list(g) for g in groups], d_h, d_v, rope_planes)[0]
     return regroup_heads(rotate_heads(w, alignment.keys, alignment.values), groups)
-
-
-def _alignment_of_one(
-    stats: KVStats,
-    layer: int,
-    groups: list[list[int]],
-    d_h: int,
-    d_v: int,
-    rope_planes: Sequence[tuple[int, int]],
-) -> Alignment:
-    """The :class:`Alignment` of one layer with the given ``groups``."""
-    key_gram = stats.moments(layer, "key").token_gram()
-    value_gram = stats.moments(layer, "value").token_gram()
-    rk = fit_group_rotations(key_gram, HeadSplit.make(d_h, rope_planes), groups).to("cpu", F64)
-    rv = fit_group_rotations(value_gram, HeadSplit.make(d_v, []), groups).to("cpu", F64)
-    return Alignment(groups, rk, rv)
 
 
 def rope_keep(
