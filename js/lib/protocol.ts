@@ -31,6 +31,7 @@ export const PAGE_MESSAGES = {
   png: ["data_url", "error"],
   frames: ["keys"],
   missing: ["keys"],
+  drawn: ["keys"],
 } as const;
 
 /** Custom messages from the kernel, by `type`. */

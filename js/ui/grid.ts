@@ -33,6 +33,11 @@ interface PanelView {
   marked: boolean;
   /** Whether the overlay's cell numbers are out of date (new panels or colours). */
   stale: boolean;
+  /**
+   * Whether the overlay holds no pixels (new, resized, or cleared with nothing drawn): such an overlay
+   * is not touched until something is drawn on it, so a relayout allocates no pixels for it.
+   */
+  blank: boolean;
 }
 
 export interface GridContent {
@@ -129,7 +134,7 @@ export class Grid {
       const overlay = h(this.doc, "canvas", { className: "hw-overlay" });
       const wrap = h(this.doc, "div", { className: "hw-panel" }, [heat, overlay]);
       this.panelsEl.insertBefore(wrap, this.tooltip.el);
-      this.views.push({ wrap, heat, overlay, marked: false, stale: true });
+      this.views.push({ wrap, heat, overlay, marked: false, stale: true, blank: true });
     }
     layout.boxes.forEach((b, i) => {
       const v = this.views[i];
@@ -141,7 +146,10 @@ export class Grid {
       v.wrap.dataset.panelId = p.id;
       v.wrap.dataset.plotRect = JSON.stringify(b.plot);
       sizeCanvas(v.heat, b.w, b.h, dpr);
-      if (sizeCanvas(v.overlay, b.w, b.h, dpr)) v.marked = false; // resizing cleared it
+      if (sizeCanvas(v.overlay, b.w, b.h, dpr)) {
+        v.marked = false; // resizing cleared it
+        v.blank = true;
+      }
     });
     this.updateLabels();
     this.redraw();
@@ -219,14 +227,16 @@ export class Grid {
       if (!hit && !v.marked && !v.stale) return;
       const labels = this.content.labels?.[i] ?? [];
       v.overlay.dataset.cellLabels = String(labels.length);
+      v.stale = false;
+      if (!hit && labels.length === 0 && v.blank) return;
       const ctx = context2d(v.overlay);
       if (!ctx) return;
       ctx.setTransform(1, 0, 0, 1, 0, 0);
       ctx.clearRect(0, 0, v.overlay.width, v.overlay.height);
       ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
       drawCellLabels(ctx, labels);
-      v.stale = false;
       v.marked = hit !== null;
+      v.blank = !hit && labels.length === 0;
       if (hit) drawCrosshair(ctx, this.content.layout.boxes[i], hit.row, hit.col);
     });
   }

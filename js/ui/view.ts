@@ -77,6 +77,26 @@ function reportFrames(model: Model, frames: FrameCache): void {
   }, FRAMES_REPORT_DELAY_MS);
 }
 
+/** Models whose drawn panels the kernel is to be told of (once the frame that shows them is done). */
+const drawnToReport = new WeakSet<Model>();
+
+/**
+ * Tell the kernel which panels are on screen once the frame that shows them is done (the next
+ * animation frame, then a task after it): the kernel computes ahead only then, so that its work does
+ * not compete with the page's drawing. Steps drawn within one frame are one message, of the last.
+ */
+function reportDrawn(model: Model, win: Window | null, keys: () => string[]): void {
+  if (drawnToReport.has(model)) return;
+  drawnToReport.add(model);
+  const send = () => {
+    drawnToReport.delete(model);
+    model.send(pageMessage("drawn", { keys: keys() }));
+  };
+  const afterFrame = () => setTimeout(send, 0);
+  if (win && typeof win.requestAnimationFrame === "function") win.requestAnimationFrame(afterFrame);
+  else afterFrame();
+}
+
 function framesOf(model: Model): FrameCache {
   let frames = framesByModel.get(model);
   if (frames === undefined) {
@@ -219,6 +239,7 @@ export class View {
     }
     this.relayout();
     mark("headwidget:drawn");
+    reportDrawn(this.model, this.doc.defaultView, () => this.panels.map((p) => p.key));
   }
 
   private readCharts(): void {

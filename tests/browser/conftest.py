@@ -112,6 +112,11 @@ class Harness:
     def js(self, expr: str, arg=None):
         return self.page.evaluate(expr, arg)
 
+    def sent_by_user(self) -> list[dict]:
+        """What the page sent the kernel, less its reports of what it drew (``drawn``, one after each
+        frame of new panels): the messages a user's clicks and exports make."""
+        return [m for m in self.js("() => model.sent") if m.get("type") != "drawn"]
+
     def rect(self, selector: str) -> dict:
         """Bounding box of the first element matching `selector`, in page CSS px."""
         return self.js(

@@ -64,7 +64,7 @@ def test_export_message_replies_with_png(harness, colour_of):
     h = harness
     mount(h)
     h.js("() => model.kernelSend({type: 'export_png'})")
-    sent = h.js("() => model.sent")
+    sent = h.sent_by_user()
     assert [m["type"] for m in sent] == ["png"]
     url = sent[0]["data_url"]
     assert url.startswith("data:image/png;base64,")

@@ -85,7 +85,7 @@ def test_click_sends_cell(harness):
     h = harness
     mount(h)
     h.page.mouse.click(*h.cell_centre("attn", 1, 2, 2, 3))
-    assert h.js("() => model.sent") == [{"type": "click", "panel": "attn", "row": 1, "col": 2}]
+    assert h.sent_by_user() == [{"type": "click", "panel": "attn", "row": 1, "col": 2}]
 
 
 def test_layer_slider_arrow_key_commits(harness):
@@ -155,4 +155,4 @@ def test_keyboard_only_controls(harness):
     h.page.keyboard.press("ArrowRight")
     assert json.loads(h.js("() => document.querySelector('.hw-grid').dataset.hover"))["col"] == 1
     h.page.keyboard.press("Enter")
-    assert h.js("() => model.sent") == [{"type": "click", "panel": "attn", "row": 0, "col": 1}]
+    assert h.sent_by_user() == [{"type": "click", "panel": "attn", "row": 0, "col": 1}]

@@ -252,6 +252,11 @@ def test_the_kernel_sends_no_more_cells_than_the_page_draws(lab):
         """() => { const roots = document.querySelectorAll('.hw-root[data-view="channels"]');
           return roots[roots.length - 1].querySelector('.hw-panel').dataset.panelId === 'key-1'; }"""
     )
+    # The kernel held its computing ahead (the layers beside) while the page drew: the page says when
+    # it has drawn (``drawn``), and that lets it start; without a word it would stay held.
+    deadline = time.monotonic() + 30
+    while lab.run("print(wide._prefetcher._go.is_set())").splitlines()[-1] != "True":
+        assert time.monotonic() < deadline, "the page never told the kernel it had drawn the panels"
 
 
 def test_a_second_page_asks_for_the_frames_it_lacks_and_draws_the_kernels_values(lab, browser, colour_of):

@@ -112,28 +112,31 @@ describe("View frames", () => {
   const empty = () => new DataView(new ArrayBuffer(0));
   const ids = (el: HTMLElement) =>
     [...el.querySelectorAll<HTMLElement>(".hw-panel")].map((p) => p.dataset.panelId);
+  /** The messages of one type the page sent. */
+  const sentOf = (fm: FakeModel, type: string) => fm.sent.filter((m) => m.type === type);
 
   it("tells the kernel the frames it holds and draws a revisited frame from them", () => {
     vi.useFakeTimers();
     const { el, fm, view } = mount({ panels: [keyed("k1", f32View([0.5, -0.5]))] });
-    expect(fm.sent).toEqual([]); // told once the frame is drawn, not while drawing it
+    expect(sentOf(fm, "frames")).toEqual([]); // told once the frame is drawn, not while drawing it
     vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
-    expect(fm.sent).toEqual([{ type: "frames", keys: ["k1"] }]);
+    expect(sentOf(fm, "frames")).toEqual([{ type: "frames", keys: ["k1"] }]);
     fm.set("panels", [keyed("k2", f32View([0.25, 0.75]))]);
     fm.set("panels", [keyed("k3", f32View([0.5, 0.5]))]); // quick steps: one message
     vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
-    expect(fm.sent).toEqual([
+    expect(sentOf(fm, "frames")).toEqual([
       { type: "frames", keys: ["k1"] },
       { type: "frames", keys: ["k1", "k2", "k3"] },
     ]);
     fm.set("panels", [keyed("k1", empty())]); // back to the first: its key alone
-    expect(fm.sent).toHaveLength(2); // nothing new to tell, nothing missing
+    expect(sentOf(fm, "frames")).toHaveLength(2); // nothing new to tell
+    expect(sentOf(fm, "missing")).toEqual([]); // nothing missing
     expect(ids(el)).toEqual(["k1"]);
     expect(Array.from(view.grid.current?.panels[0]?.values ?? [])).toEqual([0.5, -0.5]);
     // A second view of the model (another output of the same widget) shares the frames.
     const other = new View(fm.asModel(), document.createElement("div"));
     vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
-    expect(fm.sent).toHaveLength(2);
+    expect(sentOf(fm, "frames")).toHaveLength(2);
     other.destroy();
     vi.useRealTimers();
   });
@@ -143,11 +146,38 @@ describe("View frames", () => {
     const { el, fm } = mount({ panels: [keyed("k1", f32View([0.5, -0.5]))] });
     fm.set("panels", [keyed("k7", empty())]);
     expect(fm.sent).toEqual([{ type: "missing", keys: ["k7"] }]); // at once: nothing to draw
+    vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
+    expect(sentOf(fm, "drawn")).toEqual([{ type: "drawn", keys: ["k1"] }]); // (the first panels)
     expect(ids(el)).toEqual(["k1"]);
     fm.set("panels", [keyed("k7", f32View([0.1, 0.2]))]);
     expect(ids(el)).toEqual(["k7"]);
     vi.advanceTimersByTime(FRAMES_REPORT_DELAY_MS);
-    expect(fm.sent.at(-1)).toEqual({ type: "frames", keys: ["k1", "k7"] });
+    expect(sentOf(fm, "frames").at(-1)).toEqual({ type: "frames", keys: ["k1", "k7"] });
+    expect(sentOf(fm, "drawn").at(-1)).toEqual({ type: "drawn", keys: ["k7"] });
+    vi.useRealTimers();
+  });
+
+  it("tells the kernel which panels it drew once the frame that shows them is done", () => {
+    vi.useFakeTimers();
+    const frames: FrameRequestCallback[] = [];
+    const raf = vi.spyOn(window, "requestAnimationFrame").mockImplementation((cb) => {
+      frames.push(cb);
+      return frames.length;
+    });
+    const { fm } = mount({ panels: [keyed("k1", f32View([0.5, -0.5]))] });
+    fm.set("panels", [keyed("k2", f32View([0.25, 0.75]))]); // two steps before the frame
+    vi.advanceTimersByTime(10);
+    expect(sentOf(fm, "drawn")).toEqual([]); // not before the frame
+    expect(frames).toHaveLength(1); // one report asked for both steps
+    frames[0](0);
+    expect(sentOf(fm, "drawn")).toEqual([]); // nor in the frame: in a task after it
+    vi.advanceTimersByTime(0);
+    expect(sentOf(fm, "drawn")).toEqual([{ type: "drawn", keys: ["k2"] }]); // the panels shown now
+    fm.set("panels", [keyed("k1", empty())]); // a revisit is reported too
+    frames[1](0);
+    vi.advanceTimersByTime(0);
+    expect(sentOf(fm, "drawn").at(-1)).toEqual({ type: "drawn", keys: ["k1"] });
+    raf.mockRestore();
     vi.useRealTimers();
   });
 });

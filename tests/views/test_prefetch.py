@@ -77,3 +77,71 @@ def test_a_view_takes_the_panels_computed_ahead_and_never_computes_a_state_twice
     assert view.grid.panels[0].matrix[0, 0] == 1.5
     assert view.calls.count(1) == 2
     view.close()
+
+
+def test_a_held_prefetcher_starts_nothing_until_released_and_a_wanted_state_starts_at_once(monkeypatch):
+    from headwidget.views import _prefetch
+
+    monkeypatch.setattr(_prefetch, "PAGE_WAIT_S", 60.0)  # (held means held, however slow the machine)
+    ran: list[str] = []
+    prefetcher = Prefetcher()
+    prefetcher.hold()
+    prefetcher.queue({"a": lambda: ran.append("a") or "a", "b": lambda: ran.append("b") or "b"})
+    # "a" is on the thread, waiting to start; "b" is queued behind it
+    assert not threading.Event().wait(0.2) and ran == []
+    assert prefetcher.take("a") == "a"  # wanted now: it starts at once, and with it what waits
+    prefetcher.wait()
+    assert ran == ["a", "b"]
+    prefetcher.hold()
+    prefetcher.queue({"c": lambda: ran.append("c") or "c"})
+    assert not threading.Event().wait(0.2) and ran == ["a", "b"]
+    prefetcher.release()  # the page has drawn
+    prefetcher.wait()
+    assert ran == ["a", "b", "c"] and prefetcher.take("c") == "c"
+    prefetcher.hold()
+    prefetcher.queue({"d": lambda: ran.append("d") or "d"})
+    prefetcher.close()  # a job waiting to start ends without running
+    assert ran == ["a", "b", "c"] and prefetcher.take("d") is None
+
+
+def test_a_held_prefetcher_starts_all_the_same_when_no_page_answers(monkeypatch):
+    from headwidget.views import _prefetch
+
+    monkeypatch.setattr(_prefetch, "PAGE_WAIT_S", 0.05)
+    done = threading.Event()
+    prefetcher = Prefetcher()
+    prefetcher.hold()
+    prefetcher.queue({"a": done.set})
+    assert done.wait(10)  # nobody released it
+    prefetcher.close()
+
+
+def _computed_ahead(view: Counted, calls: int, seconds: float = 10.0) -> bool:
+    """Whether the view has made ``calls`` computations within ``seconds`` (without releasing it)."""
+    deadline = threading.Event()
+    for _ in range(int(seconds / 0.02)):
+        if len(view.calls) >= calls:
+            return True
+        deadline.wait(0.02)
+    return False
+
+
+def test_a_view_drawn_by_a_page_computes_ahead_once_the_page_has_drawn(monkeypatch):
+    """Computing ahead would compete with the page for the cores while it draws: a view whose widget a
+    page draws (it reported its plot size) computes the neighbours once the page says it drew the
+    panels shown now; without a page it computes them at once."""
+    import headwidget.notebook  # noqa: F401  (the widget shell)
+    from headwidget.views import _prefetch
+
+    monkeypatch.setattr(_prefetch, "PAGE_WAIT_S", 60.0)
+    view = Counted()
+    widget = view.widget
+    assert _computed_ahead(view, 2)  # no page yet: layer 1 ahead at once
+    widget.panel_pixels = 300  # a page draws the widget
+    view.layer = 2
+    assert not _computed_ahead(view, 4, seconds=0.3) and sorted(view.calls) == [0, 1, 2]
+    widget._handle_message(widget, {"type": "drawn", "keys": ["not shown"]}, [])  # another frame
+    assert not _computed_ahead(view, 4, seconds=0.3)
+    widget._handle_message(widget, {"type": "drawn", "keys": [p["key"] for p in widget.panels]}, [])
+    assert _computed_ahead(view, 5) and sorted(view.calls) == [0, 1, 1, 2, 3]
+    view.close()

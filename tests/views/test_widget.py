@@ -102,3 +102,21 @@ def test_a_frame_the_page_holds_is_sent_as_its_key_alone():
         w.show(other)
         w.show(first)
         assert (w.panels[0]["data"] == b"") is still_held, bad
+
+
+def test_a_page_that_drew_the_panels_shown_now_is_passed_on_and_no_other_report():
+    """``drawn`` runs the ``on_drawn`` callbacks when its keys are those of the panels shown now; a
+    report of panels shown before, of other keys, or malformed, runs none."""
+    w = HeadWidget()
+    calls: list[str] = []
+    w.on_drawn(lambda: calls.append("drawn"))
+    first = grid()
+    other = PanelGrid([Panel("b", "B", np.eye(2) * 0.5)], -1.0, 1.0, "diverging", "r")
+    w.show(first)
+    first_keys = [p["key"] for p in w.panels]
+    w.show(other)
+    for stale in (first_keys, [], None, "abc", [3], [*first_keys, *first_keys]):
+        w._handle_message(w, {"type": "drawn", "keys": stale}, [])
+    assert calls == []
+    w._handle_message(w, {"type": "drawn", "keys": [p["key"] for p in w.panels]}, [])
+    assert calls == ["drawn"]

@@ -9,7 +9,8 @@ the wire is described by these: a view's state traits are named by its controls 
 - ``KERNEL_TRAITS``: what the kernel sets and the page draws (a grid, the control bar, messages);
 - ``PAGE_TRAITS``: what the page sets and the kernel reads (the plot size, in device pixels);
 - ``PAGE_MESSAGES``: custom messages from the page, by ``type``, with their fields (``frames``: the
-  frame keys whose cells the page holds; ``missing``: keys it was sent without cells and lacks);
+  frame keys whose cells the page holds; ``missing``: keys it was sent without cells and lacks;
+  ``drawn``: the keys of the panels the page has just drawn, sent once that frame is on screen);
 - ``KERNEL_MESSAGES``: custom messages from the kernel, by ``type``;
 - ``PANEL_FIELDS``: one entry of the ``panels`` trait (:func:`~headwidget.core.panels.encode_panel`);
   ``data`` is the matrix as raw little-endian bytes (a binary buffer of the message), as ``dtype``
@@ -54,6 +55,7 @@ PAGE_MESSAGES: dict[str, tuple[str, ...]] = {
     "png": ("data_url", "error"),
     "frames": ("keys",),
     "missing": ("keys",),
+    "drawn": ("keys",),
 }
 
 KERNEL_MESSAGES: dict[str, tuple[str, ...]] = {"export_png": ()}

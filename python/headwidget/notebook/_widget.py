@@ -69,6 +69,7 @@ class ViewShell(HeadWidget):
         view.observe(self._from_view, names=names)
         self.observe(self._from_page, names=names)
         self.on_click(self._clicked)
+        self.on_drawn(view.page_drew)
         view.attach(self)
         self.shown(view.grid)
 
@@ -85,6 +86,10 @@ class ViewShell(HeadWidget):
     def together(self) -> contextlib.AbstractContextManager[Any]:
         """The view's labels, its grid and the end of "computing" in one message to the page."""
         return self.hold_sync()
+
+    def drawn_by_page(self) -> bool:
+        """Whether a page draws this widget: one has reported its plot size."""
+        return self.panel_pixels > 0
 
     def shown(self, grid: PanelGrid) -> None:
         """Send the view's new grid, its caption and the end of "computing" in one message."""

@@ -57,7 +57,7 @@ import traitlets as t
 from torch import nn
 
 from headwidget.analysis.conversions import _check_stats_source
-from headwidget.core.panels import PanelGrid
+from headwidget.core.panels import PanelGrid, encode_ahead
 from headwidget.errors import HeadwidgetError, LayerIndexError
 from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
@@ -202,6 +202,10 @@ class ViewScreen(Protocol):
 
     def together(self) -> contextlib.AbstractContextManager[Any]:
         """A block whose changes (a grid's labels, the grid) the screen passes on as one."""
+
+    def drawn_by_page(self) -> bool:
+        """Whether a page draws what this screen is sent, and says when it has (then the view
+        computes ahead after the page has drawn, and calls :meth:`View.page_drew` when it has)."""
 
 
 class Presenter(Protocol):
@@ -444,6 +448,8 @@ class View(t.HasTraits):
                 raise
             self.error = str(err)
             return
+        if self.prefetch and any(screen.drawn_by_page() for screen in self._screens):
+            self._prefetcher.hold()  # (computing ahead now would compete with the page's drawing)
         with contextlib.ExitStack() as together:  # the labels and the grid reach a screen as one
             for screen in self._screens:
                 together.enter_context(screen.together())
@@ -456,13 +462,22 @@ class View(t.HasTraits):
                 {(n, resolution): self._ahead(n, resolution) for n in self.neighbours(state)}
             )
 
+    def page_drew(self) -> None:
+        """A page has drawn the grid shown now: the states ahead may be computed."""
+        self._prefetcher.release()
+
     def _computed(self, busy: bool) -> None:
         if busy:
             for screen in self._screens:
                 screen.computing(False)
 
     def _ahead(self, state: Any, resolution: int | None) -> Any:
-        return lambda: self.compute(state, resolution)
+        def compute_and_encode() -> PanelGrid:
+            grid = self.compute(state, resolution)
+            encode_ahead(grid)  # (showing it then costs no encoding)
+            return grid
+
+        return compute_and_encode
 
     def _set_grid(self, grid: PanelGrid) -> None:
         self._grid = grid

@@ -5,7 +5,9 @@ with their colour scale, and brings clicks and PNG exports back. Each panel's ce
 frame key; the page keeps the cells of the frames it was sent and says which (a ``frames`` message),
 so a panel the page holds (a slider moved back to a layer) is sent as its key alone. A page that
 lacks a key it was sent (a page opened later, or one that let the frame go) says so (``missing``),
-and the kernel sends the panels whole again. It knows no view: the shell
+and the kernel sends the panels whole again. Once a page has drawn the panels shown now it says so
+(``drawn``), and :meth:`HeadWidget.on_drawn` callbacks run (a view starts computing ahead then, not
+while the page is drawing). It knows no view: the shell
 of :mod:`headwidget.notebook` that shows a view is a ``HeadWidget`` that fills ``controls`` (the
 description the front end builds its control bar from) and ``view`` (the view's name).
 
@@ -90,6 +92,7 @@ class HeadWidget(anywidget.AnyWidget):
         self._page_frames: frozenset[str] = frozenset()
         self._click_callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._png_callbacks: list[Callable[[bytes], None]] = []
+        self._drawn_callbacks: list[Callable[[], None]] = []
         super().__init__(**kwargs)
         self.on_msg(self._handle_message)
         if grid is not None:
@@ -125,6 +128,11 @@ class HeadWidget(anywidget.AnyWidget):
         ``callback({"chart", "series", "point"})`` when a chart's point is."""
         self._click_callbacks.append(callback)
 
+    def on_drawn(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when a page has drawn the panels shown now (a page's report of panels
+        shown before, or of other panels, is not passed on)."""
+        self._drawn_callbacks.append(callback)
+
     def request_png(self, callback: Callable[[bytes], None]) -> None:
         """Ask the browser for a 2× PNG of the grid; ``callback(png_bytes)`` runs when it arrives."""
         self._png_callbacks.append(callback)
@@ -140,6 +148,11 @@ class HeadWidget(anywidget.AnyWidget):
             keys = content.get("keys")
             if isinstance(keys, list) and len(keys) <= MAX_PAGE_FRAMES:
                 self._page_frames = frozenset(k for k in keys if isinstance(k, str))
+        elif kind == "drawn":
+            keys = content.get("keys")
+            if isinstance(keys, list) and keys == [p["key"] for p in self._encoded]:
+                for on_drawn in list(self._drawn_callbacks):
+                    on_drawn()
         elif kind == "missing":
             # The page lacks cells it was sent as keys: forget what it held, send the panels whole.
             self._page_frames = frozenset()
