@@ -19,7 +19,10 @@
     page their cells, so the kernel sends frame keys alone; target ≤ 50 ms).
     The page reports its plot side in device pixels and the kernel sends no more cells per side than
     that; the same moves are timed again with a view that ignores the page's size and sends 1024²
-    per panel (how every move went before), side by side as a ratio. The page's share is split by
+    per panel (how every move went before), side by side as a ratio; and again with a view that
+    computes the next layers as soon as it has sent the panels instead of once the page says it drew
+    them (``drawn``), so that the kernel's work competes with the page's drawing (how first visits
+    went before). The page's share is split by
     the widget's User Timing marks: the host's handling of the
     message (JupyterLab and ipywidgets, up to ``headwidget:panels``), the widget's decode, colour,
     layout and draw (up to ``headwidget:drawn``), and the browser's frame after it.
@@ -321,22 +324,27 @@ TRIAL = """([since, panels]) => {
 }"""
 
 
-def lab_cell(channels: int, layers: int, fit: bool) -> str:
+def lab_cell(channels: int, layers: int, fit: bool, held: bool = True) -> str:
     """The notebook cell: a channel view of synthetic statistics; ``fit=False``: one that ignores the
-    page's plot size and sends ``max_cells`` (1024) per side whatever the page draws (the old way)."""
+    page's plot size and sends ``max_cells`` (1024) per side whatever the page draws (the old way);
+    ``held=False``: one that computes the next layers at once, while the page draws (the old way)."""
     view = "ChannelView" if fit else "Whole"
+    eager = "" if held else "\n_prefetch.Prefetcher.hold = lambda self: None  # computes ahead at once"
     return f"""\
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("headwidget_bench_render", {str(Path(__file__).resolve())!r})
 bench = importlib.util.module_from_spec(spec); sys.modules[spec.name] = bench; spec.loader.exec_module(bench)
 from headwidget import ChannelView
+from headwidget.views import _prefetch{eager}
 class Whole(ChannelView):  # the page's size is ignored: always the view's own limit
     resolution = property(lambda self: None, lambda self, cells: None)
 view = {view}(bench.synthetic_stats({channels}, layers={layers}), layer=0)
 view"""
 
 
-def bench_lab(browser: Any, channels: int, layers: int, revisits: int, fit: bool = True) -> dict[str, Any]:
+def bench_lab(
+    browser: Any, channels: int, layers: int, revisits: int, fit: bool = True, held: bool = True
+) -> dict[str, Any]:
     sys.path.insert(0, str(BROWSER_TESTS))
     from jupyter_fixtures import LabPage, running_jupyterlab, write_notebook
 
@@ -344,7 +352,7 @@ def bench_lab(browser: Any, channels: int, layers: int, revisits: int, fit: bool
         root, work = Path(tmp, "notebooks"), Path(tmp, "jupyter")
         root.mkdir()
         work.mkdir()
-        write_notebook(root / "render_bench.ipynb", lab_cell(channels, layers, fit))
+        write_notebook(root / "render_bench.ipynb", lab_cell(channels, layers, fit, held))
         with running_jupyterlab(root, work) as lab:
             context = browser.new_context(viewport={"width": 1400, "height": 1100})
             context.add_init_script(LAB_RECORDER)
@@ -431,7 +439,7 @@ def main() -> None:
     )
     parser.add_argument("--channels", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=7, help="repeats in the harness page (medians)")
-    parser.add_argument("--layers", type=int, default=4, help="layers of the synthetic statistics")
+    parser.add_argument("--layers", type=int, default=6, help="layers of the synthetic statistics")
     parser.add_argument("--revisits", type=int, default=6, help="cached layer changes in JupyterLab")
     parser.add_argument("--quick", action="store_true", help="2048 channels, fewer repeats, no plotly")
     args = parser.parse_args()
@@ -458,6 +466,8 @@ def main() -> None:
         print("JupyterLab: done", flush=True)
         whole = bench_lab(browser, c, args.layers, args.revisits, fit=False)
         print("JupyterLab, page size ignored: done", flush=True)
+        eager = bench_lab(browser, c, args.layers, args.revisits, held=False)
+        print("JupyterLab, computing ahead at once: done", flush=True)
         plot = None if args.quick else bench_plotly(browser, matrix, Path(tmp))
         browser.close()
     js = bench_json(matrix)
@@ -519,6 +529,14 @@ def main() -> None:
         )
         ratio = f"{old['total'] / t['total']:.1f}×"
         rows.append((f"    page size ignored / fitted, {name}", ratio, "", note))
+        if key == "first":
+            e = eager[key]
+            note = (
+                "the same moves computing the next layers at once, while the page draws: "
+                f"{e['total']:.0f} ms (kernel&wire {e['kernel']:.0f}, page {e['page']:.0f}, "
+                f"of which frame {e['frame']:.0f})"
+            )
+            rows.append((f"    ahead at once / held, {name}", f"{e['total'] / t['total']:.2f}×", "", note))
     rows.append(
         (
             "    kernel refresh (in process)",

@@ -137,11 +137,14 @@ def test_a_view_drawn_by_a_page_computes_ahead_once_the_page_has_drawn(monkeypat
     view = Counted()
     widget = view.widget
     assert _computed_ahead(view, 2)  # no page yet: layer 1 ahead at once
-    widget.panel_pixels = 300  # a page draws the widget
+    widget.panel_pixels = 300  # a page draws the widget: layer 1 again, at the page's size
+    assert _computed_ahead(view, 3) and view._prefetcher.ready((view.current_state().replace(layer=1), 300))
     view.layer = 2
-    assert not _computed_ahead(view, 4, seconds=0.3) and sorted(view.calls) == [0, 1, 2]
+    assert not _computed_ahead(view, 5, seconds=0.3) and sorted(view.calls) == [0, 1, 1, 2]
     widget._handle_message(widget, {"type": "drawn", "keys": ["not shown"]}, [])  # another frame
-    assert not _computed_ahead(view, 4, seconds=0.3)
+    assert not _computed_ahead(view, 5, seconds=0.3)
     widget._handle_message(widget, {"type": "drawn", "keys": [p["key"] for p in widget.panels]}, [])
-    assert _computed_ahead(view, 5) and sorted(view.calls) == [0, 1, 1, 2, 3]
+    assert _computed_ahead(view, 5)  # layer 3 ahead (layer 1, at this size, is computed already)
+    view._prefetcher.wait()
+    assert sorted(view.calls) == [0, 1, 1, 2, 3]
     view.close()

@@ -140,6 +140,8 @@ class ViewShell(HeadWidget):
         shown = view._grid
         if grew and shown is not None and reduced(shown, cells or float("inf")):
             view.refresh()
+        elif cells != old:
+            view.compute_ahead()  # (what was computed ahead has the old size)
 
     # ------------------------------------------------------------------ the user's side
     def save(self, path: str | os.PathLike[str], **options: Any) -> Path:

@@ -457,7 +457,14 @@ class View(t.HasTraits):
                 setattr(self, name, value)
             self._set_grid(grid)
             self._computed(busy)
+        self.compute_ahead()
+
+    def compute_ahead(self) -> None:
+        """Queue the :meth:`neighbours` of the state shown, at the current ``resolution``, on the
+        background thread (views built with ``prefetch``; what was queued before and is not among
+        them is dropped). :meth:`refresh` calls it, and the widget when the page's size changes."""
         if self.prefetch:
+            state, resolution = self.current_state(), self.resolution
             self._prefetcher.queue(
                 {(n, resolution): self._ahead(n, resolution) for n in self.neighbours(state)}
             )
