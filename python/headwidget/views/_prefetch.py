@@ -102,7 +102,8 @@ class Prefetcher:
             future = self._futures.pop(key, None)
         if future is None or future.cancel():
             return None
-        self._go.set()  # (it is wanted now: if it waits to start, it starts)
+        if not future.done():
+            self._go.set()  # (it is wanted now: if it waits to start, it starts)
         try:
             return future.result()
         except Exception:
