@@ -85,3 +85,18 @@ export function sizeCanvas(c: HTMLCanvasElement, w: number, h: number, dpr: numb
   if (c.style.height !== sh) c.style.height = sh;
   return resized;
 }
+
+/**
+ * Size a canvas to hold at least CSS size (w, h) at the given device pixel ratio, one canvas pixel
+ * per device pixel, growing only: a smaller size keeps the pixels it has (the caller draws within
+ * (w, h), and the element that holds the canvas clips the rest), so that a relayout back and forth
+ * (columns, a window resized) allocates no pixels. A new device pixel ratio sizes it anew. True when
+ * its pixel size changed (which clears it).
+ */
+export function growCanvas(c: HTMLCanvasElement, w: number, h: number, dpr: number): boolean {
+  const same = c.dataset.dpr === String(dpr);
+  const pw = Math.max(1, Math.round(w * dpr), same ? c.width : 0);
+  const ph = Math.max(1, Math.round(h * dpr), same ? c.height : 0);
+  c.dataset.dpr = String(dpr);
+  return sizeCanvas(c, pw / dpr, ph / dpr, dpr);
+}

@@ -5,6 +5,9 @@
  * there is no DOM element per cell.  The crosshair lives on the overlay, so
  * hovering never redraws a heatmap, and so do the numbers printed in the
  * cells of a small panel (lib/cells), which take the colour scale's colours.
+ * A panel's canvases only grow (its element clips them), so a relayout to
+ * smaller panels and back allocates no pixels, and an overlay with nothing
+ * on it is left alone.
  */
 
 import { type CellLabel, cellLabels, type LabelScale } from "../lib/cells";
@@ -21,7 +24,7 @@ import {
 import { cellValue, type Panel } from "../lib/panels";
 import type { Measure } from "../lib/text";
 import { type ColorScale, drawColorbar } from "./colorbar";
-import { context2d, h, setText, sizeCanvas } from "./dom";
+import { context2d, growCanvas, h, setText, sizeCanvas } from "./dom";
 import { drawCellLabels, drawCrosshair, drawPanel, type Image } from "./panel_canvas";
 import { Tooltip } from "./tooltip";
 
@@ -145,8 +148,8 @@ export class Grid {
       v.wrap.style.height = `${b.h}px`;
       v.wrap.dataset.panelId = p.id;
       v.wrap.dataset.plotRect = JSON.stringify(b.plot);
-      sizeCanvas(v.heat, b.w, b.h, dpr);
-      if (sizeCanvas(v.overlay, b.w, b.h, dpr)) {
+      growCanvas(v.heat, b.w, b.h, dpr);
+      if (growCanvas(v.overlay, b.w, b.h, dpr)) {
         v.marked = false; // resizing cleared it
         v.blank = true;
       }
@@ -177,9 +180,14 @@ export class Grid {
   /** Redraw every heatmap canvas from the cached images. */
   redraw(): void {
     this.content.layout.boxes.forEach((b, i) => {
-      const ctx = context2d(this.views[i].heat);
+      const heat = this.views[i].heat;
+      const ctx = context2d(heat);
       if (!ctx) return;
       ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+      // (a canvas larger than the panel, from a larger layout before: what lies outside is cleared)
+      const [w, h] = [heat.width / this.dpr, heat.height / this.dpr];
+      if (w > b.w) ctx.clearRect(b.w, 0, w - b.w, h);
+      if (h > b.h) ctx.clearRect(0, b.h, b.w, h - b.h);
       drawPanel(ctx, b, this.content.images[i] ?? null);
     });
   }

@@ -44,7 +44,7 @@ export const CSS = `
 .hw-grid { position: relative; background: #fff; }
 .hw-grid canvas { display: block; }
 .hw-panels { position: relative; }
-.hw-panel { position: absolute; }
+.hw-panel { position: absolute; overflow: hidden; }
 .hw-panel canvas { position: absolute; left: 0; top: 0; }
 .hw-overlay { pointer-events: none; }
 .hw-tooltip { position: absolute; z-index: 10; pointer-events: none; background: rgba(255,255,255,0.97);

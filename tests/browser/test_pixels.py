@@ -131,3 +131,32 @@ def test_a_small_panel_prints_its_numbers_in_its_cells(harness_dpr):
     assert count > 10 and darkest < 60  # dark text on the pale cell
     assert h.js(CELL_INK, ["s", 1, 1, 3, 3])[0] == 0  # undefined: no number
     assert all(h.js(CELL_INK, ["b", r, c, 20, 20])[0] == 0 for r, c in ((0, 0), (10, 10), (19, 5)))
+
+
+def test_a_relayout_to_smaller_panels_keeps_the_canvases_and_draws_only_inside_the_panel(harness, colour_of):
+    """Panels laid out smaller (two columns after one) are drawn into the canvases they have (no new
+    pixels are allocated): each cell still has its colour, the canvas outside the panel is cleared, and
+    the panel clips it (nothing shows or scrolls beyond the panel)."""
+    h = harness
+    big = np.linspace(-1, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+    matrices = {"p": big, "q": -big.T}
+    panels = [f32_panel(pid, m) for pid, m in matrices.items()]
+    h.mount({"panels": panels, "vmin": -1, "vmax": 1, "colormap": "diverging", "columns": 1})
+    sizes = "() => [...document.querySelectorAll('.hw-heatmap')].map((c) => [c.width, c.height])"
+    large = h.js(sizes)
+    h.js("() => model.kernelSet('columns', 2)")
+    assert h.js(sizes) == large  # the same canvases, not resized
+    for pid, m in matrices.items():
+        panel = h.rect(f'.hw-panel[data-panel-id="{pid}"]')
+        canvas = h.rect(f'.hw-panel[data-panel-id="{pid}"] .hw-heatmap')
+        assert canvas["w"] > panel["w"] + 50  # larger than the panel now shown...
+        clipped = h.js(
+            f"""() => getComputedStyle(document.querySelector('.hw-panel[data-panel-id="{pid}"]')).overflow"""
+        )
+        assert clipped == "hidden"  # ...and clipped by it
+        for r, c in [(0, 0), (0, 63), (17, 40), (63, 0), (63, 63)]:
+            want = [*colour_of("diverging", float(m[r, c]), -1, 1), 255]
+            assert h.pixel(pid, *h.cell_centre(pid, r, c, 64, 64)) == want, (pid, r, c)
+        # beyond the panel's right edge, where the one-column layout drew: cleared
+        outside = (panel["x"] + panel["w"] + 3, panel["y"] + panel["h"] / 2)
+        assert h.pixel(pid, *outside)[3] == 0

@@ -1,7 +1,15 @@
 // @vitest-environment jsdom
 import { describe, expect, it } from "vitest";
 import { approxMeasure, font } from "../../js/lib/text";
-import { context2d, h, makeMeasure, setHidden, setText, sizeCanvas } from "../../js/ui/dom";
+import {
+  context2d,
+  growCanvas,
+  h,
+  makeMeasure,
+  setHidden,
+  setText,
+  sizeCanvas,
+} from "../../js/ui/dom";
 
 describe("dom helpers", () => {
   it("sets text literally, never as markup", () => {
@@ -49,5 +57,17 @@ describe("dom helpers", () => {
     expect([c.width, c.height, c.style.width, c.style.height]).toEqual([200, 100, "100px", "50px"]);
     sizeCanvas(c, 0, 0, 1);
     expect([c.width, c.height]).toEqual([1, 1]);
+  });
+
+  it("grows canvases only, one canvas pixel per device pixel, and sizes them anew at a new ratio", () => {
+    const c = document.createElement("canvas");
+    expect(growCanvas(c, 100, 50, 2)).toBe(true);
+    expect([c.width, c.height, c.style.width, c.style.height]).toEqual([200, 100, "100px", "50px"]);
+    expect(growCanvas(c, 60, 80, 2)).toBe(true); // taller: grows, keeps its width
+    expect([c.width, c.height, c.style.width, c.style.height]).toEqual([200, 160, "100px", "80px"]);
+    expect(growCanvas(c, 40, 20, 2)).toBe(false); // smaller: kept as it is
+    expect([c.width, c.height]).toEqual([200, 160]);
+    expect(growCanvas(c, 40, 20, 1)).toBe(true); // another ratio: sized for the panel alone
+    expect([c.width, c.height, c.style.width, c.style.height]).toEqual([40, 20, "40px", "20px"]);
   });
 });
