@@ -12,7 +12,9 @@ saves. With ``--stats`` (what ``headwidget demo`` saves) the rows are the real o
 rows with correlated channels (the skipping saves less on them: their groups settle at more similar
 iterations). ``--threads 1`` makes the ratio steadier on a busy machine. Last, every set's codebooks
 one call each against one ``fit_codebooks_many`` call over all sets (as ``fit_quantizer`` fits every
-layer's K and V), interleaved.
+layer's K and V), interleaved; and the nearest-centroid search itself, as it finds each row's minimum
+(the integer-packed ``amin`` checked against the float minimum) against the two-step float ``argmin``
+it replaced, on every set's groups at the demo's shapes: the same centroids, and the ratio of times.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ import time
 import torch
 
 from headwidget.analysis import quantizers as _quantize
-from headwidget.analysis.quantizers import _sq_dist, fit_codebooks, fit_codebooks_many, nearest_centroids
+from headwidget.analysis.quantizers import (
+    _argmin,
+    _sq_dist,
+    _verified_argmin,
+    fit_codebooks,
+    fit_codebooks_many,
+    nearest_centroids,
+)
 
 
 def plain_seed(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -65,7 +74,7 @@ def plain_fit(
         assign = nearest_centroids(x, centroids)
         steps += groups
         dist = _sq_dist(x, centroids, assign)
-        history.append(float(dist.sum(dtype=torch.float64)) / (n * groups))
+        history.append(float(dist.sum(1, dtype=torch.float64).sum()) / (n * groups))  # per group, then all
         if step == iters or (previous is not None and torch.equal(assign, previous)):
             break
         previous = assign
@@ -151,6 +160,7 @@ def main() -> None:
         f"({skipped / (computed + skipped):.0%} of the group steps skipped)"
     )
     together(rows_to_fit(args))
+    searches(rows_to_fit(args))
 
 
 def together(sets: list[tuple[str, torch.Tensor]]) -> None:
@@ -176,6 +186,54 @@ def together(sets: list[tuple[str, torch.Tensor]]) -> None:
     print(
         f"{len(rows)} sets, c=4 and c=8: one by one {alone:.1f} s, together {joint:.1f} s: "
         f"ratio {joint / alone:.2f} (identical)"
+    )
+
+
+def argmin_search(x: torch.Tensor, centroids: torch.Tensor, check: list[int] | None = None) -> torch.Tensor:
+    """The search before the checked packing: the same blocks, each row's minimum by ``_argmin``.
+    With ``check``, each block's picks are compared with the checked packing's on the same block (the
+    same distance picked; which of equal ones may differ) and the rows that differ are counted in it."""
+    g, n, _ = x.shape
+    k = centroids.shape[1]
+    norms = (centroids * centroids).sum(-1, keepdim=True)
+    ct = torch.cat([-2 * centroids, norms, torch.ones_like(norms)], -1).transpose(1, 2)
+    xa = torch.cat([x, torch.ones_like(x[..., :1]), (x * x).sum(-1, keepdim=True)], -1)
+    out = torch.empty(g, n, dtype=torch.long)
+    rows = min(n, max(64, _quantize.CHUNK_ELEMENTS // k))
+    span = max(1, _quantize.CHUNK_ELEMENTS // (rows * k))
+    for first in range(0, g, span):
+        for start in range(0, n, rows):
+            block = torch.bmm(xa[first : first + span, start : start + rows], ct[first : first + span])
+            found = out[first : first + span, start : start + rows] = _argmin(block)
+            if check is not None:
+                packed = _verified_argmin(block, torch.int32)
+                if not torch.equal(block.gather(-1, packed[..., None]), block.gather(-1, found[..., None])):
+                    raise SystemExit("the checked packed search picks another distance than the argmin")
+                check.append(int((packed != found).sum()))
+    return out
+
+
+def searches(sets: list[tuple[str, torch.Tensor]], repeats: int = 3) -> None:
+    """``nearest_centroids`` against :func:`argmin_search` on each set's groups (256 centroids drawn
+    from its rows), interleaved; then both on the same blocks: the same distances picked."""
+    times = {"checked packing": 0.0, "argmin": 0.0}
+    gen = torch.Generator().manual_seed(0)
+    ties: list[int] = []
+    for _, rows in sets:
+        for c in (4, 8):
+            x = rows.float().reshape(rows.shape[0], -1, c).transpose(0, 1).contiguous()
+            books = x[:, torch.randperm(x.shape[1], generator=gen)[:256]].clone()
+            for r in range(repeats):
+                for side in ("checked packing", "argmin") if r % 2 else ("argmin", "checked packing"):
+                    started = time.perf_counter()
+                    _ = nearest_centroids(x, books) if side == "checked packing" else argmin_search(x, books)
+                    times[side] += time.perf_counter() - started
+            argmin_search(x, books, check=ties)
+    new, old = times["checked packing"], times["argmin"]
+    print(
+        f"nearest-centroid search, {len(sets)} sets, c=4 and c=8: argmin {old:.2f} s, checked packing "
+        f"{new:.2f} s: ratio {new / old:.2f} (the same distances; {sum(ties)} picks of another of equal "
+        "ones)"
     )
 
 

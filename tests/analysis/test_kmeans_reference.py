@@ -57,7 +57,7 @@ def reference_lloyd(
     for step in range(iters + 1):
         assign = nearest_centroids(x, centroids)
         dist = _sq_dist(x, centroids, assign)
-        history.append(float(dist.sum(dtype=F64)) / (n * groups))
+        history.append(float(dist.sum(1, dtype=F64).sum()) / (n * groups))  # each group, then the groups
         if step == iters or (previous is not None and torch.equal(assign, previous)):
             break
         previous = assign
@@ -183,3 +183,60 @@ def test_fits_made_together_refuse_what_one_fit_refuses() -> None:
     with pytest.raises(MissingStatisticsError, match="needs at least 8"):
         fit_codebooks_many([good, good[:5]], 2, 3)
     assert fit_codebooks_many([], 2, 3) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_the_exact_search_returns_the_first_minimum_where_packing_sees_a_tie(dtype) -> None:
+    """k-means's nearest search: the integer-packed pick, checked against the float minimum; picks
+    that are not the minimum (entries agreeing in all but the low b bits, negative distances, whose
+    integer order is reversed) are replaced by an exact argmin. Against torch's argmin (the first
+    minimum) on blocks full of exact ties, near ties and negatives, and on a search whose two nearest
+    centroids differ in the bits packing overwrites."""
+    gen = torch.Generator().manual_seed(5)
+    block = torch.randint(-4, 5, (3, 500, 256), generator=gen).to(dtype)
+    block[:, :, 7] += 2.0**-20 * block[:, :, 7].abs()  # within the low 8 bits of its integer neighbours
+    block[0, 0] = 3.0
+    block[0, 0, 200], block[0, 0, 9] = 1.0 + 2.0**-21, 1.0  # a packed tie; the later entry is smaller
+    ints = torch.int32 if dtype == torch.float32 else torch.int64
+    assert torch.equal(_quantize._verified_argmin(block.clone(), ints), block.argmin(-1))
+    assert int(_quantize._packed_argmin(block[0, :1].clone(), ints)) == 9  # packing alone: either tie
+    # the same through the search: row x = 0 reads the centroids' squared norms
+    centroids = torch.full((1, 256, 1), 10.0, dtype=dtype)
+    centroids[0, 3, 0], centroids[0, 4, 0] = 1.0 + 2.0**-22, 1.0  # squares 1 + 2**-21 and 1
+    x = torch.zeros(1, 1, 1, dtype=dtype)
+    assert nearest_centroids(x, centroids).tolist() == [[4]]
+    if dtype == torch.float32:  # the forward's packed search may return either of the two
+        assert nearest_centroids(x, centroids, packed=True).tolist() == [[3]]
+    # random rows: the float64 brute force wherever its best two distances are apart
+    x = torch.randn(4, 600, 4, generator=gen, dtype=dtype)
+    centroids = torch.randn(4, 256, 4, generator=gen, dtype=dtype)
+    dist = ((x.double()[:, :, None] - centroids.double()[:, None]) ** 2).sum(-1)
+    two = dist.topk(2, -1, largest=False).values
+    apart = (two[..., 1] - two[..., 0]) > 1e-5 * (1 + (x.double() ** 2).sum(-1))
+    got = nearest_centroids(x, centroids)
+    assert bool(apart.float().mean() > 0.99) and torch.equal(got[apart], dist.argmin(-1)[apart])
+    # K not a power of two: the two-step argmin, the same picks
+    dist = dist[..., :200]
+    two = dist.topk(2, -1, largest=False).values
+    apart = (two[..., 1] - two[..., 0]) > 1e-5 * (1 + (x.double() ** 2).sum(-1))
+    got = nearest_centroids(x, centroids[:, :200])
+    assert bool(apart.float().mean() > 0.99) and torch.equal(got[apart], dist.argmin(-1)[apart])
+
+
+@pytest.mark.parametrize(("n", "channels"), [(2100, 32), (70_000, 2)])
+def test_a_fit_made_with_others_has_its_objective_alone_to_the_bit_on_two_threads(n, channels) -> None:
+    # A fit alone has one long sum of distances (over 32768), which torch splits between threads, and
+    # stacked fits several, which it does not: summed as one row, the objectives differed in the last
+    # bits (the centroids did not).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(11)
+        sets = [torch.randn(n, channels, generator=gen) * (i + 1) + i for i in range(3)]
+        together = fit_codebooks_many(sets, 2, 2, iters=3)
+        alone = [fit_codebooks(s, 2, 2, iters=3) for s in sets]
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(together, alone, strict=True):
+        assert torch.equal(a.centroids, b.centroids)
+        assert a.objective == b.objective

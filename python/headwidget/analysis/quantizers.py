@@ -204,32 +204,33 @@ def quantize_int_values(value: torch.Tensor, bits: int, group: int = 32) -> torc
 def nearest_centroids(x: torch.Tensor, centroids: torch.Tensor, *, packed: bool = False) -> torch.Tensor:
     """(G, N) index of the nearest of ``centroids`` (G, K, c) for every row of ``x`` (G, N, c).
 
-    ``‖x − μ‖² − ‖x‖² = [x, 1]·[−2μ, ‖μ‖²]``: one batched matmul per block of groups and rows, each
-    block's (groups, rows, K) distances at most :data:`CHUNK_ELEMENTS` (cache-sized) on a CPU,
-    :data:`DEVICE_CHUNK_ELEMENTS` elsewhere.
+    The squared distances are expanded, ``‖x − μ‖² = [x, 1, ‖x‖²]·[−2μ, ‖μ‖², 1]``: one batched matmul per
+    block of groups and rows, each block's (groups, rows, K) distances at most :data:`CHUNK_ELEMENTS`
+    (cache-sized) on a CPU, :data:`DEVICE_CHUNK_ELEMENTS` elsewhere. The index returned is that of the
+    smallest of these computed distances (the first of equal ones).
 
-    ``packed`` (the forward's quantizer, K = 2**b ≤ 256, float32/float64) finds the minimum with
-    one integer ``amin`` instead of an ``argmin`` (several times slower on a CPU): the squared
-    distances ``[x, 1, ‖x‖²]·[−2μ, ‖μ‖², 1]`` are read as integers, which order like the floats
-    for non-negative values, and their lowest b bits are replaced by the centroid's index. Two
-    centroids whose distances agree in all but those b mantissa bits (a relative difference below
-    ``2**(b − 23)`` in float32) count as tied and either may be returned; the expanded distance itself
-    is only good to about ``2**-23·‖x‖²``. A rounding-negative distance (≈ 0) wins.
+    For K = 2**b ≤ 256 and float32/float64, the minimum is found with one integer ``amin`` instead of
+    an ``argmin`` (several times slower on a CPU): the distances are read as integers, which order like
+    the floats for non-negative values, and their lowest b bits are replaced by the centroid's index
+    (:func:`_packed_argmin`). Two centroids whose distances agree in all but those b mantissa bits (a
+    relative difference below ``2**(b − 23)`` in float32) then look tied. With ``packed`` (the
+    forward's quantizer) either may be returned; otherwise the pick is checked against the float
+    minimum of its row, and the rows where it is not that minimum (a near tie, or a rounding-negative
+    distance) take an exact ``argmin``, so the result is the exact one.
+
+    Example:
+        >>> books = torch.tensor([[[0.0], [1.0], [1.0], [5.0]]])
+        >>> nearest_centroids(torch.tensor([[[0.9], [1.0], [4.0], [-3.0]]]), books).tolist()
+        [[1, 1, 3, 0]]
     """
     g, n, _ = x.shape
     k = centroids.shape[1]
-    ints = {torch.float32: torch.int32, torch.float64: torch.int64}.get(x.dtype, torch.int32)
-    packed = packed and x.dtype in (torch.float32, torch.float64) and 2 <= k <= 256 and k & (k - 1) == 0
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64}.get(x.dtype)
+    packing = ints is not None and 2 <= k <= 256 and k & (k - 1) == 0
     budget = CHUNK_ELEMENTS if x.device.type == "cpu" else DEVICE_CHUNK_ELEMENTS
     norms = (centroids * centroids).sum(-1, keepdim=True)
-    if packed:
-        ct = torch.cat([-2 * centroids, norms, torch.ones_like(norms)], -1).transpose(1, 2)
-        xa = torch.cat([x, torch.ones_like(x[..., :1]), (x * x).sum(-1, keepdim=True)], -1)
-        index = torch.arange(k, dtype=ints, device=x.device)
-        keep = torch.tensor(-k, dtype=ints, device=x.device)  # ~(k − 1): clears the low b bits
-    else:
-        ct = torch.cat([-2 * centroids, norms], -1).transpose(1, 2)
-        xa = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+    ct = torch.cat([-2 * centroids, norms, torch.ones_like(norms)], -1).transpose(1, 2)
+    xa = torch.cat([x, torch.ones_like(x[..., :1]), (x * x).sum(-1, keepdim=True)], -1)
     out = torch.empty(g, n, dtype=torch.long, device=x.device)
     rows = min(n, max(64, budget // k))
     span = max(1, budget // (rows * k))
@@ -237,13 +238,50 @@ def nearest_centroids(x: torch.Tensor, centroids: torch.Tensor, *, packed: bool 
         books = ct[first : first + span]
         for start in range(0, n, rows):
             block = torch.bmm(xa[first : first + span, start : start + rows], books)
-            if packed:
-                bits = block.view(ints).bitwise_and_(keep).bitwise_or_(index)
-                found = bits.amin(-1).bitwise_and_(k - 1)
-            else:
+            if ints is None or not packing:
                 found = _argmin(block)
+            elif packed:
+                found = _packed_argmin(block, ints, in_place=True)
+            else:
+                found = _verified_argmin(block, ints)
             out[first : first + span, start : start + rows] = found
     return out
+
+
+def _packed_argmin(block: torch.Tensor, ints: torch.dtype, *, in_place: bool = False) -> torch.Tensor:
+    """The index of each row's smallest entry of ``block`` (..., K = 2**b), up to entries that agree in
+    all but their lowest b bits: the entries read as integers, those bits replaced by the index, one
+    ``amin``. ``in_place`` overwrites ``block``.
+
+    >>> _packed_argmin(torch.tensor([[3.0, 0.5, 2.0, 0.25]]), torch.int32).tolist()
+    [3]
+    """
+    k = block.shape[-1]
+    index = torch.arange(k, dtype=ints, device=block.device)
+    keep = torch.tensor(-k, dtype=ints, device=block.device)  # ~(k − 1): clears the low b bits
+    bits = block.view(ints)
+    bits = bits.bitwise_and_(keep) if in_place else bits.bitwise_and(keep)
+    return bits.bitwise_or_(index).amin(-1).bitwise_and_(k - 1)
+
+
+def _verified_argmin(block: torch.Tensor, ints: torch.dtype) -> torch.Tensor:
+    """``block.argmin(-1)`` (up to which of equal minima): :func:`_packed_argmin`, kept where it picks
+    its row's float minimum, an exact ``argmin`` for the other rows.
+
+    A pick equal to the minimum is the first minimum: an earlier equal entry agrees with it in every
+    bit and would have been picked. Any other pick (an entry within the low bits of the minimum, or
+    the integer order of negative floats, which is reversed) is replaced.
+
+    >>> _verified_argmin(torch.tensor([[1.0, 1.0 + 2**-20, 1.0], [-1.0, -2.0, 0.0]]), torch.int32).tolist()
+    [0, 1]
+    """
+    low = block.amin(-1, keepdim=True)
+    found = _packed_argmin(block, ints).long()
+    sure = (block.gather(-1, found[..., None]) == low).squeeze(-1)
+    if not bool(sure.all()):
+        miss = ~sure
+        found[miss] = block[miss].argmin(-1)
+    return found
 
 
 def _argmin(d: torch.Tensor) -> torch.Tensor:
@@ -312,7 +350,8 @@ def _seed(x: torch.Tensor, k: int, gen: torch.Generator, copies: int = 1) -> tor
 class Codebooks:
     """The k-means codebooks of one (layer, kind): ``centroids`` (G, 2**b, c) for the G = C/c groups of c
     contiguous channels, and ``objective``: the mean squared error per group vector after the seeding and
-    after each Lloyd iteration (non-increasing).
+    after each Lloyd iteration (non-increasing), summed in float64 group by group (each group's rows in
+    blocks of :data:`SUM_BLOCK`), then over the groups.
 
     :meth:`quantize` uses the centroids rounded to fp16 (what is stored); :attr:`nbytes` counts them.
 
@@ -469,7 +508,7 @@ def _kmeans(stacked: torch.Tensor, k: int, iters: int, seed: int) -> list[Codebo
         near = _sq_dist(xs, books, found)
         same = None if step == 0 else (found == assign[live]).all(1)
         assign[live], dist[live] = found, near
-        totals = dist.reshape(fits, groups * n).sum(1, dtype=torch.float64).tolist()  # one read, all fits
+        totals = _fit_totals(dist, fits).tolist()  # one read, all fits
         for f in running:
             histories[f].append(totals[f] / (n * groups))
         if step == iters:
@@ -503,6 +542,30 @@ def _kmeans(stacked: torch.Tensor, k: int, iters: int, seed: int) -> list[Codebo
         centroids[live] = books = means
     shaped = centroids.reshape(fits, groups, k, c)
     return [Codebooks(shaped[f].clone(), tuple(histories[f])) for f in range(fits)]
+
+
+#: :func:`_fit_totals` sums distances in blocks of at most this many (torch splits one sum between
+#: threads only from 32768 elements on: a shorter block is always summed in the same order).
+SUM_BLOCK = 8192
+
+
+def _fit_totals(dist: torch.Tensor, fits: int) -> torch.Tensor:
+    """The float64 sum of each fit's distances (``dist``: fits·G rows): each row in blocks of
+    :data:`SUM_BLOCK`, then the blocks, then the groups of a fit. A fit's total then has the same
+    rounding stacked with others or alone (one long sum, as ``dist.reshape(fits, -1).sum(1)`` makes of
+    a fit alone, is split between threads; several are not).
+
+    >>> _fit_totals(torch.ones(4, 10_000), 2).tolist()
+    [20000.0, 20000.0]
+    """
+    rows, n = dist.shape
+    blocks = -(-n // SUM_BLOCK)
+    if blocks > 1:  # zero padding adds nothing, exactly
+        dist = torch.nn.functional.pad(dist, (0, blocks * SUM_BLOCK - n)).reshape(rows, blocks, SUM_BLOCK)
+    per_row = dist.sum(-1, dtype=torch.float64)
+    if blocks > 1:
+        per_row = per_row.sum(-1)
+    return per_row.reshape(fits, rows // fits).sum(1)
 
 
 def check_enough_samples(n: int, b: int, spec: str, where: str = "") -> None:
