@@ -116,14 +116,14 @@ def test_wide_grams_are_formed_by_blocks_and_equal_the_float64_product(channels)
     from headwidget.moments.streaming import _add_gram
 
     rng = np.random.default_rng(channels)
-    x = rng.normal(size=(300, channels)).astype(np.float32) * rng.uniform(0.1, 10, size=channels)
+    x = (rng.normal(size=(300, channels)) * rng.uniform(0.1, 10, size=channels)).astype(np.float32)
     got = torch.zeros(channels, channels, dtype=torch.float64)
-    diag = _add_gram(got, torch.from_numpy(x))
+    diag = _add_gram(got, torch.from_numpy(x))  # formed in float32, added into float64
     assert torch.equal(diag.double(), torch.diagonal(got))
-    reference = x.astype(np.float64).T @ x.astype(np.float64)
     h = channels // 2
     if channels >= 128:  # formed by blocks: the lower-left block is the upper-right one transposed
         assert torch.equal(got[h:, :h], got[:h, h:].T)
+    reference = x.astype(np.float64).T @ x.astype(np.float64)
     # float32 products of 300 terms: |error| ≤ 300·eps32·Σ|x_i||x_j| (the bound, with headroom)
     bound = 300 * np.finfo(np.float32).eps * (np.abs(x).T @ np.abs(x))
     assert np.all(np.abs(got.numpy() - reference) <= bound)
