@@ -29,6 +29,8 @@ def test_help_lists_every_option(capsys):
         "--evaluation-tokens",
         "--sweep-tokens",
         "--full",
+        "--no-figures",
+        "--no-evaluation",
     ):
         assert option in out
     said = " ".join(out.split())  # argparse wraps the text
@@ -58,6 +60,19 @@ def test_full_reaches_the_demo(tmp_path, monkeypatch, flags):
     assert seen["full"] is bool(flags)
     # token counts not given are the run's own (quick, or with --full the full run's)
     assert seen["evaluation_tokens"] is None and seen["sweep_tokens"] is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "figures", "evaluation"),
+    [([], True, True), (["--no-figures"], False, True), (["--no-evaluation", "--no-figures"], False, False)],
+)
+def test_the_parts_of_the_demo_reach_it(tmp_path, monkeypatch, flags, figures, evaluation):
+    import headwidget.demo
+
+    seen: dict = {}
+    monkeypatch.setattr(headwidget.demo, "run_demo", lambda out, **kwargs: seen.update(kwargs))
+    assert main(["demo", "--out", str(tmp_path / "d"), *flags]) == 0
+    assert (seen["figures"], seen["evaluation"]) == (figures, evaluation)
 
 
 def test_the_quick_runs_token_counts_and_the_full_runs():
@@ -113,25 +128,54 @@ def section_names(stdout: str) -> list[str]:
     return [re.fullmatch(r"  (.+?) +\d+\.\d s", line).group(1) for line in timings]
 
 
-# The demo's two models run as two tests (two subprocesses that xdist runs side by side); together they
+# The demo runs as three tests (subprocesses that xdist runs side by side): SmolLM2's statistics and
+# reference figures (--no-evaluation), SmolLM2's evaluation (--no-figures) and MiniLM; together they
 # check everything the whole demo writes.
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # SmolLM2's capture, evaluation, sweep, quantizers and figures: minutes on 2 cores
-def test_demo_on_smollm2_writes_statistics_figures_and_the_evaluation(tmp_path):
-    result = run_demo_command(tmp_path, "smollm2-135m", "--evaluation-tokens", "64", "--sweep-tokens", "16")
+def check_smollm2_statistics(result: subprocess.CompletedProcess[str], out) -> None:
+    """What every SmolLM2 run prints and saves: the layout, the statistics and their summary table."""
     assert "llama/gqa, 30 layers, H=9 G=3 d_h=64" in result.stdout
+    smol = KVStats.load(out / "smollm2-135m.safetensors")
+    assert smol.tokens == 300
+    assert "key_post" in smol.kinds
+    assert smol.samples(0, "key_post").shape == (300, 192)
+    # the printed table shows the saved numbers
+    first_row = f"{0:>5d}  {smol.summary()[0]['key_abs_corr']:>10.3f}"
+    assert first_row in result.stdout
+
+
+@pytest.mark.slow
+def test_demo_on_smollm2_writes_statistics_and_the_reference_figures(tmp_path):
+    result = run_demo_command(tmp_path, "smollm2-135m", "--no-evaluation")
+    check_smollm2_statistics(result, tmp_path)
     for name in ("channel_correlation", "head_alignment"):
         assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
         assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
     assert 'id="headwidget-data"' in (tmp_path / "explorer.html").read_text()
     report = (tmp_path / "report.md").read_text()
     assert "| key | rope |" in report
-    smol = KVStats.load(tmp_path / "smollm2-135m.safetensors")
-    assert smol.tokens == 300
-    assert "key_post" in smol.kinds
-    # the printed table shows the saved numbers
-    first_row = f"{0:>5d}  {smol.summary()[0]['key_abs_corr']:>10.3f}"
-    assert first_row in result.stdout
+    # nothing of the evaluation: no files, no tables, no time, no word of a quick run
+    for name in ("evaluation.json", "quantization.json", "tradeoff.png", "quantization.png"):
+        assert not (tmp_path / name).exists()
+    assert "## What each variant does" not in report and "## K/V quantizers" not in report
+    assert "A quick run" not in report and "A quick run" not in result.stdout
+    assert section_names(result.stdout) == [
+        "smollm2-135m: load and capture",
+        "figures, explorer and report",
+        "total",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # SmolLM2's capture, evaluation, sweep and quantizers: a minute on 2 cores
+def test_demo_on_smollm2_evaluates_its_variants_and_quantizers(tmp_path):
+    flags = ("--no-figures", "--evaluation-tokens", "64", "--sweep-tokens", "16")
+    result = run_demo_command(tmp_path, "smollm2-135m", *flags)
+    check_smollm2_statistics(result, tmp_path)
+    # no reference figures, no explorer, none of their tables
+    for name in ("channel_correlation.png", "head_alignment.pdf", "explorer.html"):
+        assert not (tmp_path / name).exists()
+    report = (tmp_path / "report.md").read_text()
+    assert "| key | rope |" not in report and "Open the figures" not in result.stdout
     # the evaluation of SmolLM2's variants on held-out text, and its per-layer sweep
     from headwidget.demo import EVALUATION_VARIANTS
     from headwidget.evaluation import EvaluationReport
@@ -147,13 +191,13 @@ def test_demo_on_smollm2_writes_statistics_figures_and_the_evaluation(tmp_path):
     assert sweep.kl["model"] == 0.0 and sweep.top1["model"] == 1.0
     assert sweep.per_layer is not None and len(sweep.per_layer["mqa"]) == 30
     assert 0 < sweep.tokens <= 16 and sweep.calibration["tokens"] == 300
-    for name in ("tradeoff", "damage_map", "quantization"):  # trade-off chart, damage map, quantizers
+    # the evaluation's own charts are drawn: the trade-off chart, the damage map, the quantizers
+    for name in ("tradeoff", "damage_map", "quantization"):
         assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
         assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
     # the coupling table (from the 300 sampled rows) and the quantizers, with honest bits per channel
     from headwidget.demo._quantization import QUANTIZER_VARIANTS
 
-    assert smol.samples(0, "key_post").shape == (300, 192)
     assert "## Channel coupling in bits (SmolLM2, layers [0, 1, 12, 13, 26, 27, 28, 29])" in report
     assert "| layer | K pre-RoPE c=2/16 bins | K pre-RoPE c=4/4 bins | K post-RoPE c=2/16 bins |" in report
     assert "from 300 sampled token rows per layer and kind" in report
@@ -170,10 +214,16 @@ def test_demo_on_smollm2_writes_statistics_figures_and_the_evaluation(tmp_path):
         "channel coupling",
         "K/V quantizers",
     ]
-    sections = [*(f"smollm2-135m: {s}" for s in smol_sections), "figures, explorer and report", "total"]
-    assert section_names(result.stdout) == sections
+    assert section_names(result.stdout) == [*(f"smollm2-135m: {s}" for s in smol_sections), "report", "total"]
     assert "(codebooks from 300 calibration rows)" in result.stdout and "A reduced run" not in result.stdout
     assert "A quick run" not in report and "A quick run" not in result.stdout  # both counts were given
+
+
+def test_demo_without_figures_or_evaluation_only_captures(tmp_path):
+    result = run_demo_command(tmp_path, "minilm-l6", "--no-figures", "--no-evaluation")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["minilm-l6.safetensors", "report.md"]
+    assert "## minilm-l6: per-layer summary (300 tokens)" in (tmp_path / "report.md").read_text()
+    assert section_names(result.stdout) == ["minilm-l6: load and capture", "report", "total"]
 
 
 @pytest.mark.slow

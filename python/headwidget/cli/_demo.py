@@ -46,7 +46,19 @@ def add_parser(sub: Any) -> None:
     )
     demo.add_argument("--out", type=Path, default=Path("headwidget-demo"), help="output directory")
     demo.add_argument("--max-tokens", type=count, default=4096, help="tokens per model (default: 4096)")
-    demo.add_argument("--no-figures", action="store_true", help="only capture, print and save statistics")
+    demo.add_argument(
+        "--no-figures",
+        action="store_true",
+        help="no reference figures and no explorer (nor their head-alignment and mechanism tables); the "
+        "evaluation still draws its charts",
+    )
+    demo.add_argument(
+        "--no-evaluation",
+        action="store_true",
+        help="no evaluation of SmolLM2 (its variants, the per-layer sweep, the channel coupling, the K/V "
+        "quantizers): the statistics, the reference figures and the report only; with --no-figures, "
+        "only capture, print and save the statistics",
+    )
     demo.add_argument("--max-length", type=count, default=256, help="tokens per text (default: 256)")
     demo.add_argument("--batch-size", type=count, default=8, help="texts per forward pass (default: 8)")
     demo.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -99,6 +111,7 @@ def run(args: argparse.Namespace, load: Loader) -> int:
         models=models,
         progress=not args.no_progress,
         figures=not args.no_figures,
+        evaluation=not args.no_evaluation,
         evaluation_tokens=args.evaluation_tokens,
         sweep_tokens=args.sweep_tokens,
         full=args.full,

@@ -24,6 +24,9 @@
 5. writes a standalone HTML explorer of SmolLM2's channel correlations and ``report.md`` with the
    per-layer numbers, the alignment means, the mechanism bytes/error table, the evaluation tables, the
    coupling table and the quantizer table, and prints the time each section took.
+
+``--no-figures`` (``figures=False``) leaves out step 2 and the explorer, with the tables that go with
+them; ``--no-evaluation`` (``evaluation=False``) leaves out steps 3 and 4, the slow part of the demo.
 """
 
 from __future__ import annotations
@@ -278,16 +281,19 @@ def run_demo(
     device: str | None = None,
     models: list[str] | None = None,
     figures: bool = True,
+    evaluation: bool = True,
     progress: bool = True,
     evaluation_tokens: int | None = None,
     sweep_tokens: int | None = None,
     full: bool = False,
     echo: Callable[[str], None] = print,
 ) -> dict[str, KVStats]:
-    """Capture each embedded model over the English sample, print summaries, save stats and figures,
-    and (with ``figures``) evaluate SmolLM2's variants on ``evaluation_tokens`` held-out tokens, its
-    per-layer sweep on ``sweep_tokens`` and its K/V quantizers (a reduced run unless ``full``: see
-    :func:`~headwidget.demo._quantization.quantizer_lines`). Prints the time of each section.
+    """Capture each embedded model over the English sample, print summaries and save the statistics;
+    with ``figures``, draw the reference figures and the explorer (with their alignment and mechanism
+    tables); with ``evaluation``, evaluate SmolLM2's variants on ``evaluation_tokens`` held-out tokens, its
+    per-layer sweep on ``sweep_tokens``, its channel coupling and its K/V quantizers (a reduced run unless
+    ``full``: see :func:`~headwidget.demo._quantization.quantizer_lines`), each with its chart. Writes
+    ``report.md`` and prints the time of each section.
 
     ``evaluation_tokens`` and ``sweep_tokens`` default to the quick run's :data:`EVALUATION_TOKENS` and
     :data:`SWEEP_TOKENS`, or with ``full`` to :data:`FULL_EVALUATION_TOKENS` and
@@ -296,7 +302,8 @@ def run_demo(
     Example:
         >>> import pathlib, tempfile
         >>> stats = run_demo(pathlib.Path(tempfile.mkdtemp()), models=["minilm-l6"], max_tokens=64,
-        ...                  figures=False, progress=False, echo=lambda line: None)  # doctest: +SKIP
+        ...                  figures=False, evaluation=False, progress=False,
+        ...                  echo=lambda line: None)  # doctest: +SKIP
         >>> stats["minilm-l6"].tokens  # doctest: +SKIP
         64
     """
@@ -317,9 +324,9 @@ def run_demo(
         "uses its evaluation split (disjoint paragraphs).",
         "",
     ]
-    if quick and figures and "smollm2-135m" in (models or MODELS):  # SmolLM2's evaluation is the quick part
+    if quick and evaluation and "smollm2-135m" in (models or MODELS):  # the quick part: SmolLM2's evaluation
         report += [quick, ""]
-    evaluation: list[str] = []
+    evaluated: list[str] = []
     clock = _Clock()
     for name in models or list(MODELS):
         started = time.perf_counter()
@@ -345,8 +352,8 @@ def run_demo(
         echo(table)
         echo(f"saved {path}")
         report += [f"## {name}: per-layer summary ({stats.tokens} tokens)", "", "```", table, "```", ""]
-        if figures and name == "smollm2-135m":
-            evaluation = _evaluation(
+        if evaluation and name == "smollm2-135m":
+            evaluated = _evaluation(
                 out,
                 model,
                 tokenizer,
@@ -362,21 +369,22 @@ def run_demo(
             )
         results[name], loaded[name] = stats, model.to("cpu")
         clock.lap(f"{name}: load and capture")
+    echo("")
     if figures:
-        echo("")
         report += _figures(out, results, loaded, echo)
-        report += evaluation
-        with atomic_write(out / "report.md", "w", encoding="utf-8") as fh:
-            fh.write("\n".join(report))
-        echo(f"wrote {out / 'report.md'}")
-        clock.lap("figures, explorer and report")
+    report += evaluated
+    with atomic_write(out / "report.md", "w", encoding="utf-8") as fh:
+        fh.write("\n".join(report))
+    echo(f"wrote {out / 'report.md'}")
+    clock.lap("figures, explorer and report" if figures else "report")
+    if figures:
         echo(
             "\nOpen the figures above, or explore interactively: "
             "jupyter lab example_notebooks/quickstart.ipynb"
         )
     echo("\ntime per section:")
     echo("\n".join(clock.lines()))
-    if figures and "smollm2-135m" in results:
+    if evaluation and "smollm2-135m" in results:
         reduced = reduced_run(results["smollm2-135m"], evaluation_tokens, full)[2]
         if quick:
             echo(quick)
