@@ -207,7 +207,7 @@ def nearest_centroids(x: torch.Tensor, centroids: torch.Tensor, *, packed: bool 
     The squared distances are expanded, ``‖x − μ‖² = [x, 1, ‖x‖²]·[−2μ, ‖μ‖², 1]``: one batched matmul per
     block of groups and rows, each block's (groups, rows, K) distances at most :data:`CHUNK_ELEMENTS`
     (cache-sized) on a CPU, :data:`DEVICE_CHUNK_ELEMENTS` elsewhere. The index returned is that of the
-    smallest of these computed distances (the first of equal ones).
+    smallest of these computed distances (of equal ones, the first for K = 2**b ≤ 256, else any).
 
     For K = 2**b ≤ 256 and float32/float64, the minimum is found with one integer ``amin`` instead of
     an ``argmin`` (several times slower on a CPU): the distances are read as integers, which order like
@@ -265,15 +265,16 @@ def _packed_argmin(block: torch.Tensor, ints: torch.dtype, *, in_place: bool = F
 
 
 def _verified_argmin(block: torch.Tensor, ints: torch.dtype) -> torch.Tensor:
-    """``block.argmin(-1)`` (up to which of equal minima): :func:`_packed_argmin`, kept where it picks
-    its row's float minimum, an exact ``argmin`` for the other rows.
+    """``block.argmin(-1)`` (..., K = 2**b), the first of equal minima: :func:`_packed_argmin`, kept where
+    it picks its row's float minimum, an exact ``argmin`` for the other rows.
 
     A pick equal to the minimum is the first minimum: an earlier equal entry agrees with it in every
     bit and would have been picked. Any other pick (an entry within the low bits of the minimum, or
     the integer order of negative floats, which is reversed) is replaced.
 
-    >>> _verified_argmin(torch.tensor([[1.0, 1.0 + 2**-20, 1.0], [-1.0, -2.0, 0.0]]), torch.int32).tolist()
-    [0, 1]
+    >>> block = torch.tensor([[1.0 + 2**-22, 3.0, 1.0, 1.0], [-1.0, -2.0, 0.0, 5.0]])
+    >>> _packed_argmin(block, torch.int32).tolist(), _verified_argmin(block, torch.int32).tolist()
+    ([0, 0], [2, 1])
     """
     low = block.amin(-1, keepdim=True)
     found = _packed_argmin(block, ints).long()
