@@ -57,7 +57,7 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="no evaluation of SmolLM2 (its variants, the per-layer sweep, the channel coupling, the K/V "
         "quantizers): the statistics, the reference figures and the report only; with --no-figures, "
-        "only capture, print and save the statistics",
+        "only the statistics and their per-layer summary (printed and in report.md)",
     )
     demo.add_argument("--max-length", type=count, default=256, help="tokens per text (default: 256)")
     demo.add_argument("--batch-size", type=count, default=8, help="texts per forward pass (default: 8)")
