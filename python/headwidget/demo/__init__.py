@@ -52,6 +52,7 @@ from headwidget.demo._quantization import (
 )
 from headwidget.embedded import load_minilm, load_smollm2
 from headwidget.evaluation import EvaluationReport, evaluate
+from headwidget.evaluation._plan import reusing_plans
 from headwidget.export import save_all
 from headwidget.files import atomic_write
 from headwidget.moments import off_diagonal_mean
@@ -231,15 +232,16 @@ def _evaluation(
         "progress": progress,
     }
     clock.lap("smollm2-135m: load and capture")
-    table = evaluate(model, texts, EVALUATION_VARIANTS, stats=stats, max_tokens=tokens, **options)
-    took = clock.lap(f"smollm2-135m: {len(EVALUATION_VARIANTS)} variants")
-    count = len(EVALUATION_VARIANTS)
-    echo(f"\nsmollm2-135m: {count} variants on {table.tokens} held-out tokens in {took:.1f} s")
-    echo(table.table())
-    clock.lap(f"smollm2-135m: {len(EVALUATION_VARIANTS)} variants")
-    sweep = evaluate(
-        model, texts, SWEEP_VARIANTS, stats=stats, max_tokens=sweep_tokens, per_layer=True, **options
-    )
+    with reusing_plans():  # the sweep's variants are the table's: fitted once, for both
+        table = evaluate(model, texts, EVALUATION_VARIANTS, stats=stats, max_tokens=tokens, **options)
+        took = clock.lap(f"smollm2-135m: {len(EVALUATION_VARIANTS)} variants")
+        count = len(EVALUATION_VARIANTS)
+        echo(f"\nsmollm2-135m: {count} variants on {table.tokens} held-out tokens in {took:.1f} s")
+        echo(table.table())
+        clock.lap(f"smollm2-135m: {len(EVALUATION_VARIANTS)} variants")
+        sweep = evaluate(
+            model, texts, SWEEP_VARIANTS, stats=stats, max_tokens=sweep_tokens, per_layer=True, **options
+        )
     took = clock.lap("smollm2-135m: per-layer sweep")
     path = sweep.save(out / "evaluation.json")
     echo(f"per-layer ΔNLL of {', '.join(SWEEP_VARIANTS[1:])} on {sweep.tokens} tokens in {took:.1f} s")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -41,7 +42,7 @@ from headwidget.evaluation._model_facts import layer_kv_elements
 from headwidget.evaluation._quantize import KVQuantizer
 from headwidget.stats import KVStats
 
-__all__ = ["VariantPlan", "plan_variant"]
+__all__ = ["VariantPlan", "plan_variant", "reusing_plans"]
 
 
 @dataclass
@@ -117,6 +118,49 @@ def plan_variant(
     Raises:
         Whatever :func:`~headwidget.evaluation._apply.fit_parts` raises.
     """
+    reused = _REUSED.get()
+    key = (id(adapter.model), id(stats), parsed.text, tuple(chosen), weight_dtype)
+    if reused is not None and key in reused:
+        model, of_stats, plan = reused[key]
+        if model is adapter.model and of_stats is stats:
+            return plan
     fits, quantizers = fit_parts(adapter, parsed, stats, chosen, weight_dtype=weight_dtype)
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(adapter.layout().num_layers)}
-    return VariantPlan(parsed.text, fits, quantizers, elements)
+    plan = VariantPlan(parsed.text, fits, quantizers, elements)
+    if reused is not None:  # the model and statistics are held, so their ids stay theirs
+        reused[key] = (adapter.model, stats, plan)
+    return plan
+
+
+#: The plans of the innermost :func:`reusing_plans` of this thread (or task), by (model, statistics,
+#: spec, layers, weight dtype); None outside one.
+_REUSED: ContextVar[dict[tuple[object, ...], tuple[nn.Module, KVStats | None, VariantPlan]] | None]
+_REUSED = ContextVar("headwidget_reused_plans", default=None)
+
+
+@contextmanager
+def reusing_plans() -> Iterator[None]:
+    """Inside, :func:`plan_variant` fits each variant of a model once for given statistics, layers and
+    weight dtype, and hands later calls the same plan: for a caller that measures one model several
+    times, with weights and statistics that stay as they are meanwhile (the demo's table of variants and
+    its per-layer sweep share their fits). Only in this thread; a plan would not see weights changed
+    inside, so never train or edit the model in such a block.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> from headwidget.adapters import adapter_for
+        >>> from headwidget.analysis.variants import parse_variant
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+        >>> fit = lambda: plan_variant(adapter_for(model), parse_variant("mqa"), None, [0, 1])
+        >>> with reusing_plans():
+        ...     fit() is fit()
+        True
+        >>> fit() is fit()
+        False
+    """
+    token = _REUSED.set({})
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
