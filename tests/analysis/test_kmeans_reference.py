@@ -196,10 +196,12 @@ def test_the_exact_search_returns_the_first_minimum_where_packing_sees_a_tie(dty
     block = torch.randint(-4, 5, (3, 500, 256), generator=gen).to(dtype)
     block[:, :, 7] += 2.0**-20 * block[:, :, 7].abs()  # within the low 8 bits of its integer neighbours
     block[0, 0] = 3.0
-    block[0, 0, 200], block[0, 0, 9] = 1.0 + 2.0**-21, 1.0  # a packed tie; the later entry is smaller
+    block[0, 0, 9], block[0, 0, 200] = 1.0 + 2.0**-21, 1.0  # a packed tie; the later entry is smaller
     ints = torch.int32 if dtype == torch.float32 else torch.int64
     assert torch.equal(_quantize._verified_argmin(block.clone(), ints), block.argmin(-1))
-    assert int(_quantize._packed_argmin(block[0, :1].clone(), ints)) == 9  # packing alone: either tie
+    assert int(block[0, 0].argmin()) == 200
+    if dtype == torch.float32:  # packing alone takes the earlier of the two (2**-21 is in its low 8 bits)
+        assert int(_quantize._packed_argmin(block[0, :1].clone(), ints)) == 9
     # the same through the search: row x = 0 reads the centroids' squared norms
     centroids = torch.full((1, 256, 1), 10.0, dtype=dtype)
     centroids[0, 3, 0], centroids[0, 4, 0] = 1.0 + 2.0**-22, 1.0  # squares 1 + 2**-21 and 1
