@@ -43,11 +43,11 @@ def test_a_table_and_its_sweep_share_their_fits_and_give_the_numbers_of_fresh_on
     model, stats, batches = setup
     options = {"stats": stats, "dtype": F64, "progress": False}
     fresh_table = evaluate(model, batches, SPECS, **options)
-    fresh_sweep = evaluate(model, batches[:1], SPECS[:3], per_layer=True, **options)
+    fresh_sweep = evaluate(model, batches[:1], SPECS, per_layer=True, **options)
     fitted = counting_fits(monkeypatch)
     with reusing_plans():
         table = evaluate(model, batches, SPECS, **options)
-        sweep = evaluate(model, batches[:1], SPECS[:3], per_layer=True, **options)
+        sweep = evaluate(model, batches[:1], SPECS, per_layer=True, **options)
     assert fitted == SPECS[1:]  # each variant fitted once: the sweep's came from the table
     assert table.measures == fresh_table.measures
     assert sweep.measures == fresh_sweep.measures and sweep.per_layer == fresh_sweep.per_layer
