@@ -129,10 +129,11 @@ def test_the_leak_flag_follows_the_tokens_through_protocols_and_mixtures(llama) 
     # other text only: not flagged
     flagged, said = share_flagged(other)
     assert not flagged and said == []
-    # other text whose every row starts with one chosen-on row as a template: not the same text
+    # other text whose every row starts with one chosen-on row as a template: the template's tokens
+    # were chosen on (59 of each row's 119 predicted tokens)
     templated = torch.cat([chosen_on[1:2].expand(4, 60), other], dim=1)
     flagged, said = share_flagged(templated)
-    assert not flagged and said == []
+    assert flagged and len(said) == 1 and "(on 50% of them)" in said[0], said
 
 
 def test_each_layer_damage_is_the_whole_model_kl_with_that_layer_alone(llama, allocation) -> None:

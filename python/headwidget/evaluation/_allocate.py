@@ -25,8 +25,9 @@ Method:
 
 Choosing never sees the evaluation text: :attr:`Allocation.fingerprint` is the fingerprint of the
 tokens it chose on, and :func:`~headwidget.evaluation.evaluate` flags an allocated spec measured on
-those tokens, whatever protocol cut them and whatever other text is beside them (a sketch of their
-n-grams: :mod:`headwidget.evaluation._chosen`).
+those tokens, however the spec is written, whatever protocol cut the tokens, however often they repeat
+and whatever other text is beside them (runs of 32 tokens shared with the chosen-on text:
+:mod:`headwidget.evaluation._chosen`).
 
 Example:
     >>> import torch
@@ -63,7 +64,7 @@ from headwidget.capture.inputs import Batch
 from headwidget.checks import flag, whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._chosen import remember, token_sketch
+from headwidget.evaluation._chosen import remember, token_pieces
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._evaluate import Progress, _working_copy, protocol_batches
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
@@ -455,11 +456,11 @@ def allocate_frontier(
     finally:
         tick.close()
     tokens_seen = fingerprint(every)
-    sketch = token_sketch(every)
+    pieces = token_pieces(every, stream=reading.kind != "documents").pieces
     tokens = predicted_count(every)
     out = []
     for limit, (best, best_choice, rounds) in zip(limits, found, strict=True):
-        remember(best.spec, tokens_seen, sketch)
+        remember(best_choice, tokens_seen, pieces)
         out.append(
             Allocation(
                 spec=best.spec,

@@ -324,7 +324,7 @@ def evaluate(
         tick.close()
     calibration = {} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)}
     tokens_seen = fingerprint(every)
-    shares = chosen_shares(specs, tokens_seen, every)
+    shares = chosen_shares(specs, tokens_seen, every, stream=reading.kind != "documents", layers=chosen)
     leaked = [s for s in specs if shares.get(s, 0.0) >= FLAG_SHARE]
     if leaked:
         said = ", ".join(f"{s} (on {shares[s]:.0%} of them)" for s in leaked)

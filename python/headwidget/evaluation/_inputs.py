@@ -225,15 +225,21 @@ def stride_batches(
 ) -> list[Batch]:
     """``texts`` as one token stream read by a sliding window (the perplexity guide of transformers):
     windows of ``window`` tokens starting every ``stride`` tokens, the last one ending at the stream's
-    end; the first window scores all its tokens, each later one only the tokens no earlier window
-    reached (its last ``stride``, fewer at the end). So every token but the stream's first is scored
-    exactly once, from up to ``window − 1`` tokens of context. Rows are right-padded; ``scored`` marks
-    the scored tokens.
+    end; the first window scores all its tokens but its first, each later one only the tokens no earlier
+    window reached (its last ``stride``, fewer at the end). So every token but the stream's first is
+    scored exactly once, from up to ``window − 1`` tokens of context. With ``stride == window`` a window
+    would start at its first new token, which has no context there (the guide leaves it unscored): each
+    window after the first starts one token earlier instead, so windows start every ``window − 1``
+    tokens. Rows are right-padded; ``scored`` marks the scored tokens.
 
     >>> batches = stride_batches(torch.arange(1, 8).reshape(1, 7), None, 4, 2, batch_size=8,
     ...                          max_tokens=None, context=None)
     >>> batches[0].input_ids.tolist(), batches[0].scored.tolist()
     ([[1, 2, 3, 4], [3, 4, 5, 6], [5, 6, 7, 0]], [[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 1, 0]])
+    >>> batches = stride_batches(torch.arange(1, 8).reshape(1, 7), None, 3, 3, batch_size=8,
+    ...                          max_tokens=None, context=None)
+    >>> batches[0].input_ids.tolist(), batches[0].scored.tolist()
+    ([[1, 2, 3], [3, 4, 5], [5, 6, 7]], [[0, 1, 1], [0, 1, 1], [0, 1, 1]])
 
     Raises:
         EvaluationInputError: a window longer than the model's context (``context``), or texts with
@@ -248,13 +254,14 @@ def stride_batches(
             "(the first token is never predicted): give more text or raise max_tokens"
         )
     rows: list[tuple[torch.Tensor, int]] = []  # a window's ids and the index of its first scored token
-    reached = 0
-    for begin in range(0, n, stride):
+    begin = reached = 0
+    while True:
         end = min(begin + window, n)
         rows.append((stream[begin:end], max(reached - begin, 1)))
         reached = end
         if end == n:
             break
+        begin = min(begin + stride, reached - 1)  # S = W: one token of context for the first new one
     out = []
     for i in range(0, len(rows), batch_size):
         group = rows[i : i + batch_size]
