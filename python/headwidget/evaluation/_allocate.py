@@ -50,7 +50,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -61,7 +61,7 @@ from headwidget.adapters import adapter_for
 from headwidget.analysis.allocation import check_budget, choose_per_layer
 from headwidget.analysis.variants import MixedSpec, layer_ranges, parse_variant
 from headwidget.capture.inputs import Batch
-from headwidget.checks import flag, whole_number
+from headwidget.checks import flag, model_with_weights, number, whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import remember, token_pieces
@@ -128,13 +128,11 @@ class Allocation:
 
 
 def _budget_bytes(budget: Any, model_bytes: float) -> float:
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise ArgumentError(
-            f"budget must be a fraction of the model's K/V bytes (a float in (0, 1]) or bytes per token (an "
-            f"int), got {budget!r} ({type(budget).__name__})"
-        )
+    """A budget in bytes per token: an integer (numpy's too) is bytes, any other real a fraction."""
+    hint = "a fraction of the model's K/V bytes as a float in (0, 1], or bytes per token as an int"
+    budget = number("budget", budget, hint=hint)
     if isinstance(budget, float):
-        if not math.isfinite(budget) or not 0 < budget <= 1:
+        if not 0 < budget <= 1:
             raise ArgumentError(
                 f"a float budget is a fraction of the model's {model_bytes:g} K/V bytes per token, in "
                 f"(0, 1]; got {budget!r} (give bytes per token as an int)"
@@ -382,11 +380,15 @@ def allocate_frontier(
             unknown objective, a ``refine`` that is not a whole number in 0..16.
         And what :func:`~headwidget.evaluation.evaluate` raises for a candidate the model cannot take.
     """
-    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence) or not budgets:
+    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Iterable):
         raise ArgumentError(
             f"budgets must be a non-empty list of budgets such as [0.5, 0.25], got {budgets!r}"
         )
+    budgets = list(budgets)  # a numpy array too
+    if not budgets:
+        raise ArgumentError("budgets is empty; give a list of budgets such as [0.5, 0.25]")
     adapter = adapter_for(model)
+    model_with_weights("model", model)
     specs = _check_candidates(candidates)
     if objective not in OBJECTIVES:
         raise ArgumentError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")

@@ -50,7 +50,7 @@ from torch import nn
 from headwidget.adapters import adapter_for
 from headwidget.analysis.variants import MixedSpec, parse_variant
 from headwidget.capture.inputs import Batch
-from headwidget.checks import optional_whole_number
+from headwidget.checks import model_with_weights, optional_whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._apply import refuse_layers_with_mixed, shared_copy
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
@@ -218,6 +218,7 @@ def evaluate(
         )
     )
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
+    model_with_weights("model", model)
     ranks = Ranks.of(distributed)
     reading = parse_protocol(protocol)
     if reading.window is not None:
