@@ -37,8 +37,8 @@ Example:
     >>> sorted(parts.sources[1])
     ['down', 'k_up', 'v_up']
     >>> parts.write_back()
-    >>> variant.model.layers[1].self_attn.k_proj.weight.requires_grad
-    False
+    >>> variant.model.layers[1].self_attn.k_proj.weight.requires_grad  # as apply gave it
+    True
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from headwidget.evaluation._apply import AppliedVariant
 __all__ = ["TRAINABLE_FORMS", "Source", "TrainableParts", "parse_trainable"]
 
 F64 = torch.float64
-TRAINABLE_FORMS = "'kv', 'attention', 'all' or 'lora:r' (r a whole number ≥ 1, e.g. 'lora:8')"
+TRAINABLE_FORMS = "'kv', 'attention', 'all' or 'lora:r' (r a whole number ≥ 1 in ASCII digits, e.g. 'lora:8')"
 
 
 def parse_trainable(trainable: object) -> tuple[str, int | None]:
@@ -75,11 +75,15 @@ def parse_trainable(trainable: object) -> tuple[str, int | None]:
     Traceback (most recent call last):
     ...
     headwidget.errors.ArgumentError: trainable='lora:0' is not one of 'kv', 'attention', 'all' or 'lora:r' ...
+    >>> parse_trainable("lora:８")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: trainable='lora:８' is not one of ...
     """
     text = trainable.strip().lower() if isinstance(trainable, str) else None
     if text in ("kv", "attention", "all"):
         return text, None
-    m = re.fullmatch(r"lora:(\d{1,6})", text or "")
+    m = re.fullmatch(r"lora:([0-9]{1,6})", text or "")  # ASCII digits: \d also reads "８"
     if m and int(m.group(1)) >= 1:
         return "lora", int(m.group(1))
     raise ArgumentError(f"trainable={trainable!r} is not one of {TRAINABLE_FORMS}")
@@ -328,11 +332,12 @@ class TrainableParts:
     sources: dict[int, nn.ModuleDict] = field(default_factory=dict)
     _parametrized: list[tuple[nn.Module, str]] = field(default_factory=list)
     _layers: dict[int, _LayerSources] = field(default_factory=dict)
+    _requires_grad: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
     def install(cls, model: nn.Module, trainable: str, *, seed: int = 0) -> TrainableParts:
         """Parametrize ``model`` (a variant built by :func:`headwidget.apply`, changed in place) for
-        ``trainable``; every other parameter gets ``requires_grad=False``."""
+        ``trainable``; every other parameter gets ``requires_grad=False`` (until :meth:`write_back`)."""
         mode, rank = parse_trainable(trainable)
         info = getattr(model, "headwidget_variant", None)
         fits: dict[int, LayerFit] = dict(getattr(info, "fits", {}))
@@ -340,6 +345,7 @@ class TrainableParts:
         dtype = next(model.parameters()).dtype
         generator = torch.Generator().manual_seed(int(seed))
         parts = cls(model, mode, rank)
+        parts._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         for p in model.parameters():
             p.requires_grad_(mode == "all")
         for layer in sorted(fits):
@@ -434,7 +440,8 @@ class TrainableParts:
     @torch.no_grad()
     def write_back(self) -> None:
         """Write the trained weights into the model's own parameters (factors multiplied in float64)
-        and remove every parametrization; every parameter gets ``requires_grad=False``."""
+        and remove every parametrization; every parameter gets back the ``requires_grad`` it had before
+        :meth:`install`, so the model trains further as the variant would."""
         values = []
         for module, name in self._parametrized:
             values.append(self._final(module, name))
@@ -443,8 +450,8 @@ class TrainableParts:
                 parametrize.remove_parametrizations(module, name, leave_parametrized=False)
             getattr(module, name).copy_(value)
         self._parametrized.clear()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(self._requires_grad.get(name, True))
 
     def _final(self, module: nn.Module, name: str) -> torch.Tensor:
         """The parametrized tensor ``module.name`` computed in float64, in its own dtype."""
