@@ -199,6 +199,7 @@ CAPTURE_CASES: list[tuple[str, dict[str, str], int, str]] = [
     ("texts: not UTF-8", {"texts": "latin1"}, 2, "not UTF-8 text (byte 0xe9 at offset 6)"),
     ("texts: a directory", {"texts": "/"}, 2, "--texts /: is a directory; give a UTF-8 text file"),
     ("texts: no text", {"texts": "blank"}, 2, "holds no text"),
+    ("texts: /dev/null", {"texts": "/dev/null"}, 2, "--texts /dev/null: the file holds no text (it is empty"),
     ("max-memory nan", {"max_memory": "nan"}, 2, "finite number of GiB"),
     ("max-memory inf", {"max_memory": "inf"}, 2, "finite number of GiB"),
     ("max-memory -inf", {"max_memory": "-inf"}, 2, "argument --max-memory"),  # argparse: an option?

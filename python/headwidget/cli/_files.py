@@ -22,6 +22,8 @@ def read_texts(path: Path, option: str = "--texts") -> list[str]:
     """Paragraphs of a UTF-8 text file (blank-line separated), whitespace-normalised.
 
     A missing, unreadable, non-UTF-8 or empty file, or a directory, is a :class:`UsageError` (exit 2).
+    What is not a regular file but can be read (a pipe such as ``<(zcat texts.gz)``, ``/dev/stdin``) is
+    read as one; ``/dev/null`` is an empty file.
 
     Example:
         >>> import pathlib, tempfile
@@ -32,7 +34,7 @@ def read_texts(path: Path, option: str = "--texts") -> list[str]:
     """
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory; give a UTF-8 text file")
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"{option} {path}: no such file")
     try:
         raw = path.read_bytes()
@@ -48,7 +50,8 @@ def read_texts(path: Path, option: str = "--texts") -> list[str]:
     paragraphs = [" ".join(p.split()) for p in text.split("\n\n")]
     texts = [p for p in paragraphs if p]
     if not texts:
-        raise UsageError(f"{option} {path}: the file holds no text")
+        what = "it is empty" if not raw else "only whitespace"
+        raise UsageError(f"{option} {path}: the file holds no text ({what}); give a UTF-8 text file")
     return texts
 
 
