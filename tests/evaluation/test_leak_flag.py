@@ -166,6 +166,29 @@ def test_the_share_equals_the_brute_force_count(
     assert (got >= _chosen.FLAG_SHARE) == flagged_by_design(scenario, chosen_under, evaluated_under)
 
 
+def _weak_hashes(piece: np.ndarray, width: int) -> np.ndarray:
+    """Three hash values for every run: nearly every lookup meets runs that only share the hash."""
+    count = piece.shape[0] - width + 1
+    if count <= 0:
+        return np.empty(0, dtype=np.uint64)
+    sums = np.convolve(piece, np.ones(width, dtype=np.int64), mode="valid")
+    return (sums % 3).astype(np.uint64)
+
+
+@pytest.mark.parametrize("scenario", ["mixed", "template", "short chosen", "short evaluated", "other"])
+def test_a_shared_hash_alone_finds_nothing(monkeypatch, scenario: str) -> None:
+    """Runs are compared token for token: with a hash of three values the shares stay the brute force's."""
+    monkeypatch.setattr(_chosen, "_hashes", _weak_hashes)
+    chosen_ids, evaluated_ids = _texts()[scenario]
+    chosen_rows, evaluated_rows = chosen_ids.tolist(), evaluated_ids.tolist()
+    for evaluated_under in ["documents", "stride:48/12"]:
+        want = brute_share(read(flat(evaluated_rows), evaluated_under, evaluated_rows), chosen_rows)
+        pieces = _chosen.token_pieces(batches_of(chosen_ids, "documents")).pieces
+        evaluated = batches_of(evaluated_ids, evaluated_under)
+        got = _chosen.share_chosen_on(evaluated, pieces, stream=evaluated_under != "documents")
+        assert got == want
+
+
 def test_the_rules_numbers() -> None:
     assert (_chosen.RUN_TOKENS, _chosen.SHORT_RUN_TOKENS, _chosen.FLAG_SHARE) == (RUN, SHORTEST, 0.01)
 

@@ -13,7 +13,8 @@ that also occurs in the chosen-on text. Pieces shorter than that count whole: an
 least :data:`SHORT_RUN_TOKENS` tokens that occurs inside the chosen-on text, and the tokens of the
 evaluation where a chosen-on piece that short occurs. Shorter pieces cannot tell shared text from
 common words and count as not chosen on, except that an evaluation of exactly the chosen-on sequences
-(the same fingerprint) is chosen on throughout. Runs are compared token for token, never by a hash.
+(the same fingerprint) is chosen on throughout. Runs are found by a 64-bit hash and compared token for
+token (a hash alone never decides), in memory linear in the tokens.
 Repetition changes nothing: a template or a repeated row is chosen-on text like any other. Different
 natural text shares almost no run of 32 tokens: the English sample's evaluation split shares none with
 its calibration split (SmolLM2's tokenizer), where 8-token runs cover 3.9 % of it.
@@ -37,7 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from headwidget.analysis.variants import MixedSpec, parse_variant
 from headwidget.capture.inputs import Batch
@@ -105,46 +105,95 @@ def token_pieces(batches: Sequence[Batch], *, stream: bool = False) -> TokenPiec
     return TokenPieces(pieces, predicted)
 
 
-def _runs(piece: np.ndarray, width: int) -> np.ndarray:
-    """Every run of ``width`` consecutive tokens of ``piece`` as one comparable (void) value."""
-    if piece.shape[0] < width:
-        return np.empty(0, dtype=np.dtype((np.void, 8 * width)))
-    grams = np.ascontiguousarray(sliding_window_view(piece, width))
-    return grams.view(np.dtype((np.void, 8 * width))).reshape(-1)
+# fixed odd 64-bit multipliers (splitmix64's and golden-ratio constants), one per run position cycled
+_WEIGHTS = np.array(
+    [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93], dtype=np.uint64
+)
+_MIX = np.uint64(0x94D049BB133111EB)
+#: Candidate runs verified token for token at a time (bounds the memory of a check: 32 ids each).
+_VERIFY_CHUNK = 1 << 14
 
 
-def _isin(values: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Whether each of ``values`` is in the sorted, distinct ``table``."""
-    if table.size == 0 or values.size == 0:
-        return np.zeros(values.shape, dtype=bool)
-    at = np.searchsorted(table, values)
-    at[at == table.size] = 0
-    return np.asarray(table[at] == values)
+def _hashes(piece: np.ndarray, width: int) -> np.ndarray:
+    """A 64-bit hash of every run of ``width`` tokens of ``piece`` (a weighted sum, mixed), in O(len)
+    memory. Equal runs hash equal; a shared hash is only a candidate, checked token for token."""
+    count = piece.shape[0] - width + 1
+    if count <= 0:
+        return np.empty(0, dtype=np.uint64)
+    ids = piece.astype(np.uint64)
+    acc = np.zeros(count, dtype=np.uint64)
+    for j in range(width):
+        weight = _WEIGHTS[j % _WEIGHTS.size] + np.uint64(2 * j)  # odd, and different at every position
+        acc += ids[j : j + count] * weight  # wraps modulo 2**64
+    acc ^= acc >> np.uint64(31)
+    acc *= _MIX
+    acc ^= acc >> np.uint64(29)
+    return acc
+
+
+class _RunTable:
+    """Every run of ``width`` tokens of some pieces: found by hash, confirmed token for token."""
+
+    def __init__(self, pieces: Sequence[np.ndarray], width: int) -> None:
+        self.width = width
+        kept = [p for p in pieces if p.shape[0] >= width]
+        self.flat = np.concatenate(kept) if kept else np.empty(0, dtype=np.int64)
+        hashes, starts, offset = [], [], 0
+        for p in kept:
+            hashes.append(_hashes(p, width))
+            starts.append(offset + np.arange(p.shape[0] - width + 1))
+            offset += p.shape[0]
+        every = np.concatenate(hashes) if hashes else np.empty(0, dtype=np.uint64)
+        order = np.argsort(every, kind="stable")
+        self.hashes = every[order]
+        self.starts = (np.concatenate(starts) if starts else np.empty(0, dtype=np.int64))[order]
+
+    def holds(self, piece: np.ndarray) -> np.ndarray:
+        """Per run of ``width`` tokens of ``piece`` (by its start), whether the table holds that run."""
+        h = _hashes(piece, self.width)
+        found = np.zeros(h.shape, dtype=bool)
+        if self.hashes.size == 0 or h.size == 0:
+            return found
+        at = np.searchsorted(self.hashes, h)
+        at[at == self.hashes.size] = 0
+        candidates = np.flatnonzero(self.hashes[at] == h)
+        offsets = np.arange(self.width)
+        for lo in range(0, candidates.size, _VERIFY_CHUNK):
+            chunk = candidates[lo : lo + _VERIFY_CHUNK]
+            mine = piece[chunk[:, None] + offsets]
+            theirs = self.flat[self.starts[at[chunk]][:, None] + offsets]
+            same = (mine == theirs).all(axis=1)
+            found[chunk[same]] = True
+            for i in chunk[~same]:  # another run with the same hash: look at the rest that share it
+                j = int(at[i]) + 1
+                while j < self.hashes.size and self.hashes[j] == h[i]:
+                    start = int(self.starts[j])
+                    if np.array_equal(self.flat[start : start + self.width], piece[i : i + self.width]):
+                        found[i] = True
+                        break
+                    j += 1
+        return found
 
 
 @dataclass
 class _ChosenRuns:
-    """The runs of the chosen-on pieces, by width (each a sorted table, made when first asked for)."""
+    """The runs of the chosen-on pieces, a table per width (made when first asked for)."""
 
     pieces: Sequence[np.ndarray]
-    tables: dict[int, np.ndarray] = field(default_factory=dict)
-    whole: dict[int, np.ndarray] | None = None
+    tables: dict[int, _RunTable] = field(default_factory=dict)
+    whole: dict[int, _RunTable] | None = None
 
-    def table(self, width: int) -> np.ndarray:
+    def table(self, width: int) -> _RunTable:
         if width not in self.tables:
-            runs = [_runs(p, width) for p in self.pieces if p.shape[0] >= width]
-            self.tables[width] = np.unique(np.concatenate(runs)) if runs else _runs(np.empty(0), width)
+            self.tables[width] = _RunTable(self.pieces, width)
         return self.tables[width]
 
-    def short(self) -> dict[int, np.ndarray]:
+    def short(self) -> dict[int, _RunTable]:
         """The chosen-on pieces of :data:`SHORT_RUN_TOKENS` up to :data:`RUN_TOKENS` − 1 tokens, whole,
-        by length."""
+        a table per length."""
         if self.whole is None:
-            out: dict[int, list[np.ndarray]] = {}
-            for p in self.pieces:
-                if SHORT_RUN_TOKENS <= p.shape[0] < RUN_TOKENS:
-                    out.setdefault(int(p.shape[0]), []).append(_runs(p, p.shape[0]))
-            self.whole = {n: np.unique(np.concatenate(v)) for n, v in out.items()}
+            lengths = {int(p.shape[0]) for p in self.pieces if SHORT_RUN_TOKENS <= p.shape[0] < RUN_TOKENS}
+            self.whole = {n: _RunTable([p for p in self.pieces if p.shape[0] == n], n) for n in lengths}
         return self.whole
 
 
@@ -158,18 +207,18 @@ def _spans(hits: np.ndarray, width: int, length: int) -> np.ndarray:
     return np.asarray(starts[high] - starts[low] > 0)
 
 
-def _covered(piece: np.ndarray, runs: _ChosenRuns, short: dict[int, np.ndarray]) -> np.ndarray:
+def _covered(piece: np.ndarray, runs: _ChosenRuns, short: dict[int, _RunTable]) -> np.ndarray:
     """Per token of ``piece``, whether it is chosen on (the module docstring's rules)."""
     length = int(piece.shape[0])
     if length >= RUN_TOKENS:
-        covered = _spans(_isin(_runs(piece, RUN_TOKENS), runs.table(RUN_TOKENS)), RUN_TOKENS, length)
-    elif length >= SHORT_RUN_TOKENS and bool(_isin(_runs(piece, length), runs.table(length)).any()):
+        covered = _spans(runs.table(RUN_TOKENS).holds(piece), RUN_TOKENS, length)
+    elif length >= SHORT_RUN_TOKENS and bool(runs.table(length).holds(piece).any()):
         return np.ones(length, dtype=bool)
     else:
         covered = np.zeros(length, dtype=bool)
     for width, table in short.items():
         if width <= length:
-            covered |= _spans(_isin(_runs(piece, width), table), width, length)
+            covered |= _spans(table.holds(piece), width, length)
     return covered
 
 
