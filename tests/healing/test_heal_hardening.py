@@ -116,6 +116,14 @@ def test_windows_shorter_than_a_run_are_judged_by_their_texts(pair) -> None:
         small_heal(variant, model, texts=texts.reshape(1, -1), eval_texts=same, max_length=2)
 
 
+def test_evaluation_batches_from_an_iterator_with_windows_shorter_than_a_run(pair) -> None:
+    model, variant = pair
+    rows = held_out()
+    batches = iter([{"input_ids": rows[:3]}, {"input_ids": rows[3:]}])  # read twice at max_length < 32
+    run = small_heal(variant, model, eval_texts=batches, max_length=8)
+    assert run.evaluation_tokens == 6 * 8
+
+
 def test_a_window_longer_than_the_model_s_context_is_refused() -> None:
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=16))
     gpt2 = gpt2.to(torch.float64).eval()

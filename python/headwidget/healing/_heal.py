@@ -445,6 +445,8 @@ def heal(
         )
     if eval_texts is None:
         eval_texts = english_sample(split="evaluation")
+    elif not isinstance(eval_texts, (str, list, tuple, torch.Tensor)):
+        eval_texts = list(eval_texts)  # dict batches from an iterator: read twice below
     shortest = 2 if runner.kind == "causal-lm" else 1
     every_batch = evaluation_batches(
         eval_texts,
@@ -469,7 +471,8 @@ def heal(
     if texts is None:
         texts = held_out_paragraphs(english_sample(split="calibration"), tokenizer, judged)
     stream = _stream(texts, tokenizer, None)
-    _check_ids(model, [Batch(stream.reshape(1, -1), torch.ones(1, stream.numel()))], "texts")
+    if stream.numel():
+        _check_ids(model, [Batch(stream.reshape(1, -1), torch.ones(1, stream.numel()))], "texts")
     plan = TrainingWindows.of(stream, max_length=max_length, batch_size=batch_size, tokens=tokens, seed=seed)
     shared = overlap_runs(plan.windows.reshape(-1), judged)
     if shared:
