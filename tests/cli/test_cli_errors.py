@@ -206,6 +206,8 @@ CAPTURE_CASES: list[tuple[str, dict[str, str], int, str]] = [
     ("max-memory 0", {"max_memory": "0"}, 2, "> 0"),
     ("max-memory negative", {"max_memory": "-2"}, 2, "> 0"),
     ("max-memory not a number", {"max_memory": "lots"}, 2, "finite number of GiB"),
+    ("max-memory fullwidth", {"max_memory": "４"}, 2, "finite number of GiB"),
+    ("max-memory with a digit separator", {"max_memory": "1_0"}, 2, "finite number of GiB"),
     ("device banana", {"device": "banana"}, 2, "'banana' is not a torch device"),
     ("device cuda:99", {"device": "cuda:99"}, 2, "cannot allocate on it"),
     ("device meta", {"device": "meta"}, 2, "--device meta: meta tensors hold no values"),

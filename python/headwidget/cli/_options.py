@@ -56,14 +56,15 @@ def ascii_int(text: str) -> int | None:
 
 
 def gib(text: str) -> float:
-    """``--max-memory``: a finite number of GiB > 0 (ASCII digits: ``float()`` also reads ``"４"``).
+    """``--max-memory``: a finite number of GiB > 0 (ASCII digits, no ``_``: ``float()`` also reads
+    ``"４"`` and ``"1_0"``).
 
     Example:
         >>> gib("4")
         4.0
     """
     try:
-        value = float(text) if text.isascii() else math.nan
+        value = float(text) if text.isascii() and "_" not in text else math.nan
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and 0 < value <= MAX_GIB):
