@@ -373,10 +373,9 @@ class KVStats:
         """Write the statistics as safetensors (tensors) with JSON metadata; never pickle.
 
         The write is atomic (see :mod:`headwidget.files`): the file at ``path`` is either the old one or
-        the complete new one, a symlink at ``path`` keeps pointing to the file that gets the content, and
-        an existing file keeps its permissions. A ``path`` that is a directory, FIFO or device, a missing
-        or read-only directory, or a full disk raise :class:`~headwidget.errors.StatsFileError` naming
-        ``path``; nothing is left behind.
+        the complete new one, and an existing file keeps its permissions. A ``path`` that is a symlink
+        (never written through), a directory, FIFO or device, a missing or read-only directory, or a full
+        disk raise :class:`~headwidget.errors.StatsFileError` naming ``path``; nothing is left behind.
 
         Example:
             >>> import pathlib, shutil, tempfile
@@ -414,8 +413,8 @@ class KVStats:
         co-moment allows one token to be. Rotary-pair norm sums of queries and keys (files written
         without them load as statistics without them) must be float64 sums over ``meta.tokens`` tokens,
         for every captured layer or none, of a model with rotary planes, never negative, and each key
-        sum within what the key moments allow. Any problem raises
-        :class:`~headwidget.errors.StatsFileError` naming the file and the field.
+        sum within what the key moments allow. ``path`` must be the file itself: a symlink is refused
+        unread. Any problem raises :class:`~headwidget.errors.StatsFileError` naming the file and the field.
 
         Example:
             >>> import json, pathlib, shutil, tempfile
@@ -435,7 +434,7 @@ class KVStats:
             >>> KVStats.load(path)
             Traceback (most recent call last):
             ...
-            headwidget.errors.StatsFileError: ...: meta.tokens must be an integer, not the string '12'; ...
+            headwidget.errors.StatsFileError: ...: meta.tokens must be an integer, not the string "12"; ...
             >>> shutil.rmtree(folder)
         """
         meta, moments, cross, samples, planes = read_stats(Path(path))
