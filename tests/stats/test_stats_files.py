@@ -379,7 +379,7 @@ LOAD_CASES: list[tuple[str, Edit, str]] = [
         duplicate_json_key,
         r"header field meta is not valid JSON \(the key 'tokens' appears twice\)",
     ),
-    ("deeply nested JSON", deep_nesting, r"header field meta is nested too deeply"),
+    ("deeply nested JSON", deep_nesting, r"header field meta is JSON nested too deeply"),
     ("missing format version", set_header("format_version", None), r"header field format_version is missing"),
 ]
 

@@ -173,7 +173,7 @@ def test_numbers_the_rules_allow_load_as_written() -> None:
     ("text", "problem"),
     [
         (b'{"a": 1, "a": 2}', "is not valid JSON (the key 'a' appears twice)"),
-        (b"[" * 100_000 + b"]" * 100_000, "is nested too deeply to be read"),
+        (b"[" * 100_000 + b"]" * 100_000, "is JSON nested too deeply to be read"),
         (b'{"a": "\xff"}', "is not UTF-8 text (byte 0xff at offset 7)"),
         (b'{"a": NaN}', "is not valid JSON (NaN is not a JSON number"),
         (b"", "is not valid JSON (Expecting value"),

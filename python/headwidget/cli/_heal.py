@@ -51,8 +51,9 @@ def add_parser(sub: Any) -> None:
         description="Load a model, build each variant, train it (only its mechanism's own parameters by "
         "default) by distillation from the model on the calibration part of the English sample, and "
         "measure NLL, KL and top-1 against the model on the evaluation part as it trains. Writes the runs "
-        "as .json (headwidget.healing.load_runs reads it) or .md, and prints their tables. Ctrl-C stops the "
-        "command: the runs so far are written and the exit status is 130.",
+        "as .json (headwidget.HealingRun.load_all(path) reads it: a mapping of variant to run, which "
+        "headwidget.HealingView draws) or .md, and prints their tables. Ctrl-C stops the command: the runs "
+        "so far are written and the exit status is 130.",
     )
     p.add_argument("--model", required=True, help=f"model directory, or one of: {', '.join(EMBEDDED)}")
     p.add_argument(

@@ -44,7 +44,7 @@ from dataclasses import MISSING, Field, dataclass, field
 from types import NoneType, UnionType
 from typing import Any, Literal, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["StoredReader", "describe", "key", "parse_json", "some", "stored"]
+__all__ = ["StoredReader", "describe", "key", "parse_json", "saved_fields", "some", "stored", "unsaved"]
 
 T = TypeVar("T")
 _MAX_DIGITS = 100  # an integer in a stored file has fewer digits than this
@@ -72,6 +72,17 @@ def stored(
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def unsaved(default: Any = None) -> Any:
+    """A dataclass field that no file holds (a model, a cache): left out of :func:`saved_fields`, refused
+    as an unknown field by the reader, and out of comparisons and the repr."""
+    return field(default=default, compare=False, repr=False, metadata={"unsaved": True})
+
+
+def saved_fields(cls: Any) -> list[Field[Any]]:
+    """The fields of dataclass ``cls`` that its files hold (all but the :func:`unsaved` ones)."""
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get("unsaved")]
 
 
 @dataclass(frozen=True)
@@ -140,7 +151,7 @@ def parse_json(raw: bytes | str, fail: Callable[[str], NoReturn], *, constants: 
             parse_constant=None if constants else _no_constant,
         )
     except RecursionError:
-        fail("is nested too deeply to be read")
+        fail("is JSON nested too deeply to be read")
     except ValueError as err:
         fail(f"is not valid JSON ({err})")
 
@@ -258,7 +269,7 @@ class StoredReader:
         """The fields of dataclass ``cls`` in the JSON object ``value``, each checked against its annotated
         type and its :func:`stored` rules (a field left out takes the class's default; a field the class
         lacks is refused)."""
-        known = dataclasses.fields(cls)
+        known = saved_fields(cls)
         obj = self.keys(value, path, [f.name for f in known])
         hints = _hints(cls)
         out = {}
