@@ -185,7 +185,7 @@ CRAFTED: list[tuple[str, Edit, str]] = [
     ),
     ("a loss its method does not minimise", put("loss", "lm"), r"loss is the string \"lm\", but method 'kd'"),
     ("an unknown method", put("method", "rl"), r"method is the string \"rl\"; a causal-lm model is healed"),
-    ("an unknown kind", put("kind", "seq2seq"), r"kind is the string \"seq2seq\"; it must be one of"),
+    ("an unknown kind", put("kind", "seq2seq"), r"kind is 'seq2seq'; it must be one of"),
     ("a negative layer", put("layers", [-1, 0, 1]), r"layers\[0\] is -1, outside the allowed >= 0"),
     ("no layer", lambda t: t.update(layers=[], per_layer=None), r"layers is \[\]; a run converts at least"),
     ("layers out of order", put("layers", [0, 2, 1]), r"layers is \[0, 2, 1\]; a run .* increasing order"),

@@ -264,7 +264,7 @@ class RunCheck(ReportCheck):
         kind, method = f["kind"], f["method"]
         if kind not in CURVE_MEASURES:
             self.fail(
-                "kind", f"is {describe(kind)}; it must be one of {', '.join(map(repr, CURVE_MEASURES))}"
+                "kind", f"is {kind!r}; it must be one of {', '.join(map(repr, CURVE_MEASURES))}"
             )
         loss = LOSS_NAMES.get((method, kind))
         if loss is None:
@@ -322,7 +322,7 @@ class RunCheck(ReportCheck):
                 "tokens_seen", f"is {f['tokens_seen']}, but {steps} steps of {per_step} tokens see {seen}"
             )
         if len(f["losses"]) != steps:
-            self.fail("losses", f"holds {len(f['losses'])} entries for {steps} steps (one loss a step)")
+            self.fail("losses", f"has {len(f['losses'])} entries for {steps} steps (one loss a step)")
 
     def curve(self, f: dict[str, Any]) -> None:
         curve, kind, per_step = f["curve"], f["kind"], f["batch_size"] * f["max_length"]
