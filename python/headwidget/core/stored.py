@@ -1,15 +1,15 @@
 """Stored dataclasses and their one reader: a file's JSON is checked against the classes it loads into.
 
-A field made by :func:`stored` carries, beside its default, what a reader checks beyond its type: the
-bounds of its numbers, whether its floats are finite, whether its list may repeat an item, and the
-words a message uses when the value has the wrong shape. :class:`StoredReader` checks a JSON value
-against a dataclass: every field against its annotated type (``int``, ``float``, ``str``, ``bool``, a
-``Literal``, ``X | None``, ``list[X]``, ``dict[str, X]``, a nested dataclass, ``Any``) and these rules,
-naming the field as the file spells it (``meta.layout.head_dim``, ``measures["mqa"]["kl"]``,
-``snapshots[2].step``). Statistics metadata, evaluation reports, healing runs and timeline indexes
-are all read by it; what types cannot say (a layer below the model's layer count, a measure within
-its range) each format checks after, with the same :meth:`StoredReader.fail`. A new field of a stored
-dataclass is then one edit: its line in the class.
+A field made by :func:`stored`, or annotated ``Annotated[T, Stored(...)]``, carries what a reader checks
+beyond its type: the bounds of its numbers, whether its floats are finite, whether its list may repeat
+an item, and the words a message uses when the value has the wrong shape (:class:`Stored`).
+:class:`StoredReader` checks a JSON value against a dataclass: every field against its annotated type
+(``int``, ``float``, ``str``, ``bool``, a ``Literal``, ``X | None``, ``list[X]``, ``dict[str, X]``, a
+nested dataclass, ``Any``) and these rules, naming the field as the file spells it
+(``meta.layout.head_dim``, ``measures["mqa"]["kl"]``, ``snapshots[2].step``). Statistics metadata,
+evaluation reports, healing runs and timeline indexes are all read by it; what types cannot say (a layer
+below the model's layer count, a measure within its range) each format checks after, with the same
+:meth:`StoredReader.fail`. A new field of a stored dataclass is then one edit: its line in the class.
 
 :func:`parse_json` reads the JSON text itself: a key twice, an integer of a hundred digits or more,
 nesting too deep, bytes that are not UTF-8 are refused, never a traceback.
@@ -42,9 +42,19 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, Field, dataclass, field
 from types import NoneType, UnionType
-from typing import Any, Literal, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["StoredReader", "describe", "key", "parse_json", "saved_fields", "some", "stored", "unsaved"]
+__all__ = [
+    "Stored",
+    "StoredReader",
+    "describe",
+    "key",
+    "parse_json",
+    "saved_fields",
+    "some",
+    "stored",
+    "unsaved",
+]
 
 T = TypeVar("T")
 _MAX_DIGITS = 100  # an integer in a stored file has fewer digits than this
@@ -60,15 +70,10 @@ def stored(
     unique: bool | str = False,
     expects: str | None = None,
 ) -> Any:
-    """A dataclass field (required unless given a default) with what a reader checks beyond its type.
-
-    ``minimum`` and ``maximum`` bound every number in the field (an ``int``, a ``float``, the items of
-    a list, the values of a mapping); a float with a bound, or with ``finite``, must be finite.
-    ``unique``: no item of the list twice (a string names the items in the message: ``"layer"``).
-    ``expects``: the message's words for a value of the wrong shape (``"must be a list of layer
-    indices"``).
-    """
-    metadata = {"rules": _Rules(minimum, maximum, finite, unique, expects)}
+    """A dataclass field (required unless given a default) with the :class:`Stored` rules a reader checks
+    beyond its type. (A required field after fields with defaults: annotate it ``Annotated[T,
+    Stored(...)]`` instead, which type checkers read as a field without a default.)"""
+    metadata = {"rules": Stored(minimum, maximum, finite, unique, expects)}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -86,7 +91,16 @@ def saved_fields(cls: Any) -> list[Field[Any]]:
 
 
 @dataclass(frozen=True)
-class _Rules:
+class Stored:
+    """What a reader checks of a stored field beyond its type.
+
+    ``minimum`` and ``maximum`` bound every number in the field (an ``int``, a ``float``, the items of
+    a list, the values of a mapping); a float with a bound, or with ``finite``, must be finite.
+    ``unique``: no item of the list twice (a string names the items in the message: ``"layer"``).
+    ``expects``: the message's words for a value of the wrong shape (``"must be a list of layer
+    indices"``).
+    """
+
     minimum: float | None = None
     maximum: float | None = None
     finite: bool = False
@@ -100,12 +114,16 @@ class _Rules:
         return f"<= {high}" if low is None else f"{low}..{high}"
 
 
-_NO_RULES = _Rules()
+_NO_RULES = Stored()
 
 
-def _rules_of(f: Field[Any]) -> _Rules:
+def _rules_of(f: Field[Any], hint: Any) -> tuple[Any, Stored]:
+    """A field's type without its annotations, and its rules (from ``Annotated`` or :func:`stored`)."""
     rules = f.metadata.get("rules")
-    return rules if isinstance(rules, _Rules) else _NO_RULES
+    if get_origin(hint) is Annotated:
+        hint, *extras = get_args(hint)
+        rules = next((e for e in extras if isinstance(e, Stored)), rules)
+    return hint, rules if isinstance(rules, Stored) else _NO_RULES
 
 
 class _Oversized:
@@ -205,7 +223,7 @@ def _shallow_match(value: object, kind: Any) -> bool:
     return isinstance(value, dict)
 
 
-def _scalar_problem(value: object, hint: Any, rules: _Rules) -> str | None:
+def _scalar_problem(value: object, hint: Any, rules: Stored) -> str | None:
     """What is wrong with ``value`` as a JSON scalar of type ``hint`` under ``rules`` (None: nothing)."""
     if hint is str:
         return None if type(value) is str else f"must be a string, not {describe(value)}"
@@ -233,7 +251,7 @@ def _scalar_problem(value: object, hint: Any, rules: _Rules) -> str | None:
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+    return get_type_hints(cls, include_extras=True)
 
 
 def _join(path: str, name: str) -> str:
@@ -275,7 +293,8 @@ class StoredReader:
         out = {}
         for f in known:
             if f.name in obj:
-                out[f.name] = self.typed(obj[f.name], hints[f.name], _join(path, f.name), _rules_of(f))
+                hint, rules = _rules_of(f, hints[f.name])
+                out[f.name] = self.typed(obj[f.name], hint, _join(path, f.name), rules)
             elif f.default is MISSING and f.default_factory is MISSING:
                 self.fail(_join(path, f.name), "is missing")
         return out
@@ -293,7 +312,7 @@ class StoredReader:
         return value
 
     # ------------------------------------------------------------------ values
-    def typed(self, value: object, hint: Any, path: str, rules: _Rules = _NO_RULES) -> Any:
+    def typed(self, value: object, hint: Any, path: str, rules: Stored = _NO_RULES) -> Any:
         """``value`` as type ``hint`` under ``rules`` (the module docstring lists the types); a nested
         dataclass is built, every other value returned as it is."""
         if get_origin(hint) in (Union, UnionType):  # X | None
@@ -324,18 +343,19 @@ class StoredReader:
             self.fail(path, problem)
         return value
 
-    def _items(self, items: Iterable[tuple[Any, Any]], hint: Any, path: str, rules: _Rules) -> list[Any]:
+    def _items(self, items: Iterable[tuple[Any, Any]], hint: Any, path: str, rules: Stored) -> list[Any]:
         """The checked values of a list's ``(index, item)`` or a mapping's ``(key, value)`` pairs; a scalar
         item type is checked without naming each item (a file may hold a million)."""
         scalar = hint in (str, bool, int, float) or get_origin(hint) is Literal
         inner = dataclasses.replace(rules, expects=None, unique=False)
         out = []
         for label, item in items:
-            if scalar and (problem := _scalar_problem(item, hint, rules)) is None:
+            problem = _scalar_problem(item, hint, rules) if scalar else None
+            if scalar and problem is None:
                 out.append(item)
                 continue
             name = f"{path}[{label}]" if isinstance(label, int) else f"{path}[{key(label)}]"
-            if scalar:
+            if problem is not None:
                 self.fail(name, problem)
             out.append(self.typed(item, hint, name, inner))
         return out
@@ -351,7 +371,7 @@ class StoredReader:
 
     def integer(self, value: object, path: str, low: int | None = None, high: int | None = None) -> int:
         """``value`` as an integer in ``low..high`` (bounds known only from other fields)."""
-        self.typed(value, int, path, _Rules(low, high))
+        self.typed(value, int, path, Stored(low, high))
         assert isinstance(value, int)
         return value
 

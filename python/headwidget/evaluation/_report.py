@@ -34,9 +34,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as fields_of
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from headwidget.core.stored import stored
+from headwidget.core.stored import Stored, stored
 from headwidget.errors import EncoderMeasureError, PathRefusedError, ReportFileError
 from headwidget.evaluation._report_file import (
     ENCODER_MEASURES,
@@ -63,11 +63,11 @@ class EvaluationReport:
 
     model: str
     kind: str
-    variants: list[str] = stored(unique=True)
+    variants: Annotated[list[str], Stored(unique=True)]
     measures: dict[str, dict[str, float]]
-    kv_bytes_per_token: dict[str, float] = stored(minimum=0.0)
-    tokens: int = stored(minimum=1)
-    sequences: int = stored(minimum=1)
+    kv_bytes_per_token: Annotated[dict[str, float], Stored(minimum=0.0)]
+    tokens: Annotated[int, Stored(minimum=1)]
+    sequences: Annotated[int, Stored(minimum=1)]
     fingerprint: str
     dtype: str
     layers: list[int] = stored(default_factory=list, minimum=0, unique="layer")

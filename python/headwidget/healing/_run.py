@@ -42,11 +42,11 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from torch import nn
 
-from headwidget.core.stored import describe, key, saved_fields, some, stored, unsaved
+from headwidget.core.stored import Stored, describe, key, saved_fields, some, unsaved
 from headwidget.errors import ArgumentError, PathRefusedError, ReportFileError
 from headwidget.evaluation._report_file import (
     ReportCheck,
@@ -84,25 +84,25 @@ class HealingRun:
     method: str
     loss: str
     trainable: str
-    lr: float = stored(minimum=0.0, maximum=10.0)
-    batch_size: int = stored(minimum=1, maximum=1 << 20)
-    max_length: int = stored(minimum=2, maximum=1 << 24)
-    tokens: int = stored(minimum=1)
-    seed: int = stored(minimum=0, maximum=2**63 - 1)
+    lr: Annotated[float, Stored(minimum=0.0, maximum=10.0)]
+    batch_size: Annotated[int, Stored(minimum=1, maximum=1 << 20)]
+    max_length: Annotated[int, Stored(minimum=2, maximum=1 << 24)]
+    tokens: Annotated[int, Stored(minimum=1)]
+    seed: Annotated[int, Stored(minimum=0, maximum=2**63 - 1)]
     dtype: str
-    steps: int = stored(minimum=0)
-    tokens_seen: int = stored(minimum=0)
+    steps: Annotated[int, Stored(minimum=0)]
+    tokens_seen: Annotated[int, Stored(minimum=0)]
     #: The original's NLL on the evaluation text; None for an encoder, which predicts no tokens (a NaN
     #: given for one is taken as None, so that the run equals itself saved and loaded).
-    reference_nll: float | None = stored(minimum=0.0)
-    kv_bytes_per_token: float = stored(minimum=0.0)
-    layers: list[int] = stored(minimum=0, unique="layer")
+    reference_nll: Annotated[float | None, Stored(minimum=0.0)]
+    kv_bytes_per_token: Annotated[float, Stored(minimum=0.0)]
+    layers: Annotated[list[int], Stored(minimum=0, unique="layer")]
     curve: list[dict[str, float]]
     per_layer: list[list[float]] | None
-    losses: list[float] = stored(minimum=-_LOSS_SLACK)
+    losses: Annotated[list[float], Stored(minimum=-_LOSS_SLACK)]
     healing_fingerprint: str
     evaluation_fingerprint: str
-    evaluation_tokens: int = stored(minimum=1)
+    evaluation_tokens: Annotated[int, Stored(minimum=1)]
     stopped_early: bool = False
     model: nn.Module | None = unsaved()
 
@@ -263,9 +263,7 @@ class RunCheck(ReportCheck):
     def meaning(self, f: dict[str, Any]) -> None:
         kind, method = f["kind"], f["method"]
         if kind not in CURVE_MEASURES:
-            self.fail(
-                "kind", f"is {kind!r}; it must be one of {', '.join(map(repr, CURVE_MEASURES))}"
-            )
+            self.fail("kind", f"is {kind!r}; it must be one of {', '.join(map(repr, CURVE_MEASURES))}")
         loss = LOSS_NAMES.get((method, kind))
         if loss is None:
             methods = " or ".join(repr(m) for m, k in LOSS_NAMES if k == kind)
@@ -291,7 +289,7 @@ class RunCheck(ReportCheck):
                 "layers", f"is {layers[:8]}; a run converts at least one layer, listed in increasing order"
             )
         self.curve(f)
-        self.per_layer(f["per_layer"], len(f["curve"]), len(layers))
+        self.layer_errors(f["per_layer"], len(f["curve"]), len(layers))
         for name in ("healing_fingerprint", "evaluation_fingerprint"):
             if _FINGERPRINT.fullmatch(f[name]) is None:
                 self.fail(name, f"is {describe(f[name])}, which is not a hexadecimal fingerprint")
@@ -363,7 +361,7 @@ class RunCheck(ReportCheck):
                         f"is {row['delta_nll']!r}, but nll − reference_nll is {nll - reference!r}",
                     )
 
-    def per_layer(self, table: list[list[float]] | None, points: int, layers: int) -> None:
+    def layer_errors(self, table: list[list[float]] | None, points: int, layers: int) -> None:
         if table is None:
             return
         if len(table) != points:

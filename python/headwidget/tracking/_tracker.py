@@ -75,7 +75,7 @@ def _on_rank_zero(action: Callable[[], T], folder: Path) -> T:
     dist.broadcast_object_list(outcome, src=0)
     done, value = outcome[0]
     if done:
-        return value  # type: ignore[no-any-return]
+        return value
     if failure is not None:
         raise failure
     kind, said = value
