@@ -319,3 +319,15 @@ def test_the_file_headwidget_heal_writes_loads_through_the_public_loader(
         HealingRun.load(out)
     code, stdout, _ = run(capfd, ["heal", "--help"])
     assert code == 0 and "headwidget.HealingRun.load_all" in " ".join(stdout.split())
+
+
+def test_an_out_path_that_is_a_symlink_is_refused_before_any_work(
+    model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "heal.json"
+    link.symlink_to(victim)
+    code, _, err = run(capfd, ["heal", "--model", str(model_dir), "--variants", "mqa", "--out", str(link)])
+    assert code == 2 and err.count("\n") == 1 and f"--out {link}: is a symlink" in err, err
+    assert victim.read_text() == "precious" and link.is_symlink()

@@ -72,8 +72,8 @@ def _probe_directory(directory: Path, option: str, path: Path) -> None:
 def check_output_file(path: Path, option: str = "--out") -> None:
     """Refuse, before any work, an output file that cannot be written (a :class:`UsageError`).
 
-    Its directory must exist and be writable; an existing target (followed through symlinks) must be
-    a regular file we may write.
+    Its directory must exist and be writable; an existing target must be a regular file we may write,
+    not a symlink (headwidget never writes through one: :mod:`headwidget.files`).
 
     Example:
         >>> import pathlib, tempfile
@@ -85,6 +85,8 @@ def check_output_file(path: Path, option: str = "--out") -> None:
         ...     print(str(err).split(";")[1].strip())
         create it first
     """
+    if path.is_symlink():
+        raise UsageError(f"{option} {path}: is a symlink; give the path of the file itself")
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory; give the path of a file in it")

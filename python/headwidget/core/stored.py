@@ -147,27 +147,18 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_json(raw: bytes | str, fail: Callable[[str], NoReturn], *, constants: bool = True) -> object:
+def parse_json(raw: bytes | str, fail: Callable[[str], NoReturn]) -> object:
     """The JSON value of ``raw``; ``fail`` gets what is wrong (``"is not valid JSON (...)"``) for text
-    that is not UTF-8 or not JSON, a key twice, or nesting too deep. ``constants=False`` also refuses
-    ``NaN`` and ``Infinity``. An integer of 100 digits or more is kept unconverted, so a reader refuses
-    it by field name."""
+    that is not UTF-8 or not JSON, a key twice, or nesting too deep. An integer of 100 digits or more is
+    kept unconverted, so that a reader refuses it by field name (``NaN`` is a float: a field's rules say
+    whether it may be one)."""
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as err:
             fail(f"is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})")
     try:
-        return json.loads(
-            raw,
-            object_pairs_hook=_unique_keys,
-            parse_int=_parse_int,
-            parse_constant=None if constants else _no_constant,
-        )
+        return json.loads(raw, object_pairs_hook=_unique_keys, parse_int=_parse_int)
     except RecursionError:
         fail("is JSON nested too deeply to be read")
     except ValueError as err:

@@ -187,9 +187,7 @@ class _FileCheck(StoredReader):
         text = header.get("meta")
         if text is None:
             self.fail("header field meta", "is missing")
-        return self.meta(
-            parse_json(text, lambda problem: self.fail("header field meta", problem), constants=False)
-        )
+        return self.meta(parse_json(text, lambda problem: self.fail("header field meta", problem)))
 
     def meta(self, data: object) -> StatsMeta:
         meta = self.read(data, StatsMeta, "meta")

@@ -131,7 +131,7 @@ def read_index(folder: str | Path) -> TimelineIndex:
     except OSError as err:
         raise TimelineFileError(f"cannot read {Path(folder) / INDEX}: {err.strerror or err}") from err
     reader = StoredReader(TimelineFileError, str(path), _REPAIR, where=str(path))
-    index = reader.read(parse_json(raw, reader.fail_whole, constants=False), TimelineIndex)
+    index = reader.read(parse_json(raw, reader.fail_whole), TimelineIndex)
     if index.format != FORMAT:
         reader.fail("format", f"must be {FORMAT!r}, not {describe(index.format)}")
     for i, (before, snapshot) in enumerate(zip([None, *index.snapshots], index.snapshots, strict=False)):
