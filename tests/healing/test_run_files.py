@@ -197,8 +197,16 @@ CRAFTED: list[tuple[str, Edit, str]] = [
     ),
     ("a curve row without a measure", lambda t: t["curve"][1].pop("kl"), r'curve\[1\]\["kl"\] is missing'),
     ("a curve row with an extra entry", row(1, "bleu", 0.5), r'curve\[1\] has unknown fields "bleu"'),
-    ("a curve KL below zero", row(2, "kl", -0.5), r'curve\[2\]\["kl"\] is -0\.5; it must be >= -1e-05'),
-    ("a top-1 above one", row(2, "top1", 1.5), r'curve\[2\]\["top1"\] is 1\.5; it must be in \[0, 1\]'),
+    (
+        "a curve KL below zero",
+        row(2, "kl", -0.5),
+        r'curve\[2\]\["kl"\] is -0\.5, outside the allowed >= -1e-05',
+    ),
+    (
+        "a top-1 above one",
+        row(2, "top1", 1.5),
+        r'curve\[2\]\["top1"\] is 1\.5, outside the allowed 0\.0\.\.1\.0',
+    ),
     ("a per-layer row too short", lambda t: t["per_layer"][1].pop(), r"per_layer\[1\] has 2 entries for 3"),
     (
         "a negative per-layer error",

@@ -95,7 +95,8 @@ class Stored:
     """What a reader checks of a stored field beyond its type.
 
     ``minimum`` and ``maximum`` bound every number in the field (an ``int``, a ``float``, the items of
-    a list, the values of a mapping); a float with a bound, or with ``finite``, must be finite.
+    a list, the values of a mapping); a float with a bound, or with ``finite``, must be finite, but for
+    NaN where ``nan`` allows it and +inf where ``inf`` does.
     ``unique``: no item of the list twice (a string names the items in the message: ``"layer"``).
     ``expects``: the message's words for a value of the wrong shape (``"must be a list of layer
     indices"``).
@@ -106,6 +107,8 @@ class Stored:
     finite: bool = False
     unique: bool | str = False
     expects: str | None = None
+    nan: bool = False
+    inf: bool = False
 
     def allowed(self) -> str:
         low, high = self.minimum, self.maximum
@@ -233,8 +236,13 @@ def _scalar_problem(value: object, hint: Any, rules: Stored) -> str | None:
     assert isinstance(value, (int, float))
     low, high = rules.minimum, rules.maximum
     bounded = low is not None or high is not None
+    allowed = (rules.nan and math.isnan(value)) or (rules.inf and value == math.inf)
     if not whole and (bounded or rules.finite) and not math.isfinite(value):
-        return f"is {value!r}; it must be a finite number" + (f" {rules.allowed()}" if bounded else "")
+        return (
+            None
+            if allowed
+            else f"is {value!r}; it must be a finite number" + (f" {rules.allowed()}" if bounded else "")
+        )
     if (low is not None and value < low) or (high is not None and value > high):
         return f"is {value!r}, outside the allowed {rules.allowed()}"
     return None

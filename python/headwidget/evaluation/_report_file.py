@@ -22,9 +22,7 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,7 +30,7 @@ import torch
 
 from headwidget.analysis.variants import parse_variant
 from headwidget.core.kinds import KINDS
-from headwidget.core.stored import StoredReader, describe, key, parse_json, some
+from headwidget.core.stored import Stored, StoredReader, describe, key, parse_json, some
 from headwidget.errors import ArgumentError, MechanismSpecError, PathRefusedError, ReportFileError
 from headwidget.evaluation._inputs import parse_protocol
 from headwidget.files import read_regular
@@ -71,37 +69,17 @@ _REPAIR = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Range:
-    """The real numbers a measure may take: ``low..high``, and whether NaN or +inf can be true."""
-
-    low: float
-    high: float = math.inf
-    nan: bool = False
-    inf: bool = False
-
-    def problem(self, value: float) -> str | None:
-        if math.isnan(value):
-            return None if self.nan else "is NaN; this measure is always defined"
-        if math.isinf(value) and not (self.inf and value > 0):
-            return f"is {value}; it must be finite"
-        if not self.low <= value <= self.high:
-            allowed = f">= {self.low:g}" if self.high == math.inf else f"in [{self.low:g}, {self.high:g}]"
-            return f"is {value!r}; it must be {allowed}"
-        return None
-
-
 #: Each measure's range. NLL, KL and top-1 are defined on every report (at least one predicted token);
 #: perplexity = exp(NLL) may overflow to +inf; the encoder measures are NaN where undefined (the
 #: original's hidden states all zero).
-MEASURE_RANGES: dict[str, _Range] = {
-    "nll": _Range(0.0),
-    "perplexity": _Range(1.0, inf=True),
-    "kl": _Range(-_KL_SLACK),
-    "top1": _Range(0.0, 1.0),
-    "hidden_rel_error": _Range(0.0, nan=True),
-    "embedding_cosine": _Range(-1 - _COSINE_SLACK, 1 + _COSINE_SLACK, nan=True),
-    "delta_nll": _Range(-math.inf),  # a layer's change of NLL: either sign, finite
+MEASURE_RANGES: dict[str, Stored] = {
+    "nll": Stored(minimum=0.0),
+    "perplexity": Stored(minimum=1.0, inf=True),
+    "kl": Stored(minimum=-_KL_SLACK),
+    "top1": Stored(minimum=0.0, maximum=1.0),
+    "hidden_rel_error": Stored(minimum=0.0, nan=True),
+    "embedding_cosine": Stored(minimum=-1 - _COSINE_SLACK, maximum=1 + _COSINE_SLACK, nan=True),
+    "delta_nll": Stored(finite=True),  # a layer's change of NLL: either sign
 }
 #: The entries of ``calibration`` (a ``dict[str, Any]`` field), all optional.
 CALIBRATION: dict[str, Any] = {"tokens": int, "kinds": list[str]}
@@ -241,9 +219,7 @@ class ReportCheck(StoredReader):
                 self.fail(f"{field}[{key(v)}]", "is missing (every variant in variants has one)")
 
     def in_range(self, value: float, measure: str, field: str) -> None:
-        problem = MEASURE_RANGES[measure].problem(value)
-        if problem is not None:
-            self.fail(field, problem)
+        self.typed(value, float, field, MEASURE_RANGES[measure])
 
     def per_layer(
         self,
@@ -303,7 +279,8 @@ def report_text(
     """The JSON text of a report (``fields`` as :meth:`EvaluationReport.to_json` gives them), checked
     as :func:`read_report` checks a file, so that what is saved always loads.
 
-    Raises :class:`ReportFileError` (``cannot save the report to {path}: ...; nothing was written``).
+    Raises :class:`ReportFileError` (``cannot save the evaluation report to {path}: ...; nothing was
+    written``; ``check.noun`` names the kind of file).
     """
     where = f"cannot save the {check.noun} to {path}"
 
