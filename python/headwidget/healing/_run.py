@@ -160,10 +160,7 @@ class HealingRun:
                 f"cannot save the healing run to {target.name!r}: the suffix must be one of "
                 f"{', '.join(RUN_SUFFIXES)} (JSON that HealingRun.load reads, or a markdown table)"
             )
-        content = {f.name: getattr(self, f.name) for f in saved_fields(HealingRun)}
-        text = report_text(
-            type(self), {"format": RunCheck.format, "version": RunCheck.version, **content}, target, RunCheck
-        )
+        text = report_text(HealingRun, _document(self), target, RunCheck)
         if suffix == ".md":
             text = (
                 f"{self.model_name}, variant {self.spec}: healed with {self.method} ({self.loss}) on "
@@ -171,17 +168,7 @@ class HealingRun:
                 f"lr {self.lr:g}; "
                 f"evaluated on {self.evaluation_tokens:,} held-out tokens\n\n{self.table()}\n"
             )
-        try:
-            with atomic_write(target, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        except PathRefusedError as err:
-            raise ReportFileError(f"cannot save the healing run: {err}") from err
-        except OSError as err:
-            raise ReportFileError(
-                f"cannot save the healing run to {target}: {err.strerror or err}; the file there before, if "
-                "any, is unchanged"
-            ) from err
-        return target
+        return _write(target, text, "healing run")
 
     @classmethod
     def load(cls, path: str | Path) -> HealingRun:
@@ -415,19 +402,31 @@ def save_runs(runs: dict[str, HealingRun], path: str | Path) -> Path:
         parts += [f"## {spec}\n\n{run.table()}" for spec, run in runs.items()]
         text = "\n\n".join(parts) + "\n"
     else:
-        each = {}
-        for spec, run in runs.items():
-            content = {f.name: getattr(run, f.name) for f in saved_fields(HealingRun)}
-            fields = {"format": RunCheck.format, "version": RunCheck.version, **content}
-            each[spec] = json.loads(report_text(HealingRun, fields, target, RunCheck))
+        each = {
+            spec: json.loads(report_text(HealingRun, _document(run), target, RunCheck))
+            for spec, run in runs.items()
+        }
         text = json.dumps({"format": RUNS_FORMAT, "version": 1, "runs": each}, indent=1, allow_nan=True)
+    return _write(target, text, "healing runs")
+
+
+def _document(run: HealingRun) -> dict[str, Any]:
+    """What the file of ``run`` holds: the format, its version and the saved fields."""
+    fields = {f.name: getattr(run, f.name) for f in saved_fields(HealingRun)}
+    return {"format": RunCheck.format, "version": RunCheck.version, **fields}
+
+
+def _write(target: Path, text: str, what: str) -> Path:
+    """``text`` written to ``target`` atomically (:mod:`headwidget.files`), failures named."""
     try:
         with atomic_write(target, "w", encoding="utf-8") as fh:
             fh.write(text)
+    except PathRefusedError as err:
+        raise ReportFileError(f"cannot save the {what}: {err}") from err
     except OSError as err:
         raise ReportFileError(
-            f"cannot save the healing runs to {target}: {getattr(err, 'strerror', None) or err}; the file "
-            "there before, if any, is unchanged"
+            f"cannot save the {what} to {target}: {err.strerror or err}; the file there before, if any, is "
+            "unchanged"
         ) from err
     return target
 
