@@ -174,9 +174,8 @@ class Tracker(TrainerCallback):
     def timeline(self) -> Timeline:
         """The snapshots so far (a folder's are read when asked for, the last few kept)."""
         if self._timeline is None:
-            where = None if self._store is None else self._store.path
             model = None if self._index is None else self._index.model
-            self._timeline = Timeline(self._snapshots, self._logs, where, model=model)
+            self._timeline = Timeline(self._snapshots, self._logs, self._path, model=model)
         return self._timeline
 
     def snapshot(self, model: nn.Module, step: int) -> KVStats:
