@@ -161,7 +161,7 @@ CRAFTED: list[tuple[str, Edit, str]] = [
     (
         "a fullwidth LoRA rank",
         put("trainable", "lora:８"),
-        r'trainable is the string "lora:\\uff18", not as heal',
+        r'trainable is the string "lora:\\uff18"[;,] ',
     ),
     ("a spec spelled otherwise", put("spec", "MQA"), r'spec is "MQA", not a spec as evaluate writes it'),
     ("inf loss", lambda t: t["losses"].__setitem__(0, math.inf), r"losses\[0\] is inf; it must be a finite"),
