@@ -22,14 +22,16 @@
   ``torch.svd_lowrank``). A singular vector of a zero singular value counts as no overlap.
 
 **Memory.** The joint statistics of ``n`` cross layers of C channels hold three (n·C)² float64
-matrices per kind (:func:`cross_layer_bytes`): for an 8B Llama (Llama-3.1-8B: 32 layers, 8 KV heads of
-128, C = 1024) all 32 layers take 24 GiB per kind, 48 GiB for K and V (72 GiB with K after RoPE too).
-``capture`` estimates its peak before any work (``headwidget.estimate(model, cross_layer=...)``) and
-refuses above ``max_memory`` (by default half the device's free memory: about 39 GiB on an idle 80 GB
-GPU), naming what to shrink: there K and V of 8B fit for up to 28 layers (``cross_layer=range(28)``), or
-all 32 for one kind at a time (``rope`` and kinds per capture), or any subset of the layers.
-``layer_similarity`` then reads the matrices block by block (no (n·C)² copy for ``"cka"`` and
-``"subspace"``); ``layers=`` takes a subset of the captured cross layers.
+matrices per kind (:func:`cross_layer_bytes`), and folding one batch into them forms its (n·C)² Gram
+in float32 and float64 besides. ``capture`` estimates that peak before any work
+(``headwidget.estimate(model, cross_layer=...)``) and refuses above ``max_memory`` (by default half the
+device's free memory), naming what to shrink. For an 8B Llama (Llama-3.1-8B: 32 layers, 8 KV heads of
+128, C = 1024 per kind; K and V, batches of 8 × 512) the estimate is 79 GiB for all 32 layers — the
+accumulators alone 48 GiB — so no 80 GB GPU holds them; 37 GiB for 21 layers, 23 GiB for 16. With
+the bf16 model on an 80 GB GPU (about 64 GiB free, a default budget of 32 GiB) that is up to 19 layers
+per capture: pass ``cross_layer=`` a subset (e.g. every other layer, or the 19 middle ones), or raise
+``max_memory`` on a larger device. ``layer_similarity`` then reads the matrices block by block (no
+(n·C)² copy for ``"cka"`` and ``"subspace"``); ``layers=`` takes a subset of the captured cross layers.
 
 Example:
     >>> import torch, headwidget

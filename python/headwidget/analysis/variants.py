@@ -513,10 +513,10 @@ def _parse_cross(spec: str, text: str, m: re.Match[str]) -> VariantSpec:
         rank = spec_number(spec, m.group("r"), "the shared rank of xkv:r/g", "r", 1)
         group = spec_number(spec, m.group("xg"), what.format(kind="xkv:r/g"), "g", 1)
         cross = CrossLayer("xkv", group, rank)
-    if cross.kind == "share" and group < 2:
+    if group < 2:
         raise MechanismSpecError(
-            f"{short(spec)}: share:g lets the first layer of each group of g serve the others, so g ≥ 2 "
-            "(share:1 would share nothing); write e.g. 'share:2'"
+            f"{short(spec)}: {cross.kind} acts across the layers of each group of g, so g ≥ 2 (a group of "
+            f"one layer shares nothing); write e.g. {CrossLayer(cross.kind, 2, cross.rank).text!r}"
         )
     if cross.kind == "merge" and group != 2:
         raise MechanismSpecError(
@@ -534,6 +534,12 @@ def _parse_cross(spec: str, text: str, m: re.Match[str]) -> VariantSpec:
     within = _parse_single(spec, head)
     if within.mechanism == "model":
         raise MechanismSpecError(f"{short(spec)}: write the cross-layer part alone: {cross.text!r}")
+    if cross.cache_transform and within.mechanism in ("lrkv", "mla"):
+        raise MechanismSpecError(
+            f"{short(spec)}: {cross.kind} transforms a cache of per-head keys and values, and "
+            f"{within.mechanism} caches factors or a latent instead; combine {cross.text} with mha, gqa:G, "
+            "mqa (+align) or rope:r, or share the latent with share:g"
+        )
     return replace(within, text=f"{within.text}+{cross.text}", cross=cross)
 
 
