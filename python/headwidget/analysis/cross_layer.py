@@ -151,8 +151,10 @@ def rotate(
 ) -> torch.Tensor:
     """RoPE on (B, G, T, d) keys: each rotary plane ``(i, j)`` turned by the angle whose cosine and sine
     are ``cos[..., i − offset]``, ``sin[..., i − offset]`` ((B, T, rotary dims) as a rotary embedding
-    returns them; ``offset``: the first rotated dim of a head); ``inverse`` turns back. Dims in no plane
-    pass through.
+    returns them; ``offset``: the first rotated dim of a head); ``inverse`` turns back: the exact inverse
+    of that 2×2 map, whose ``c² + s²`` is 1 only up to the rounding of the angles (transformers forms
+    them in float32), so that turning back and again gives the keys the model's own RoPE gives. Dims in
+    no plane pass through.
 
     >>> x = torch.tensor([[[[1.0, 0.0]]]], dtype=torch.float64)
     >>> ang = torch.tensor([[[math.pi / 2, math.pi / 2]]], dtype=torch.float64)
@@ -168,7 +170,8 @@ def rotate(
     c = cos.to(x.dtype)[:, None, :, first - offset]
     s = sin.to(x.dtype)[:, None, :, first - offset]
     if inverse:
-        s = -s
+        norm = c * c + s * s
+        c, s = c / norm, -s / norm
     xi, xj = x[..., first], x[..., second]
     out = x.clone()
     out[..., first] = xi * c - xj * s
