@@ -54,6 +54,7 @@ from headwidget.checks import optional_whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._apply import refuse_layers_with_mixed, shared_copy
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
+from headwidget.evaluation._cache_transforms import MergedCache
 from headwidget.evaluation._chosen import FLAG_SHARE, chosen_shares
 from headwidget.evaluation._cross_layer import refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
@@ -467,6 +468,9 @@ def _measure_plan(
 ) -> dict[str, float]:
     """The measures of ``base`` run as ``plan``'s variant, against the reference (summed over ``ranks``)."""
     totals = _totals(runner.kind)
+    for cache in plan.cross.caches:
+        if isinstance(cache, MergedCache):  # its bytes: the retention of these prefills
+            cache.retained = {kind: [0, 0] for kind in cache.retained}
     with plan.running(base, prefill=prefilling(runner)) as variant:
         for b, batch in enumerate(batches):
             ref = cached[b] if cached is not None else runner(base, batch)
@@ -476,4 +480,11 @@ def _measure_plan(
             _add(totals, ref, out)
             tick(1)
     ranks.merge([totals])
+    for cache in plan.cross.caches:  # a merge's retention over every rank's prefills (its bytes)
+        if isinstance(cache, MergedCache):
+            kinds = sorted(cache.retained)
+            summed = ranks.sum([v for kind in kinds for v in cache.retained[kind]])
+            cache.retained = {
+                kind: [round(summed[2 * i]), round(summed[2 * i + 1])] for i, kind in enumerate(kinds)
+            }
     return _summary(totals)
