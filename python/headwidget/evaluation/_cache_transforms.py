@@ -48,7 +48,8 @@ from headwidget.adapters import adapter_for
 from headwidget.analysis.cross_layer import merge_elements, minicache_merge, rotate, shared_svd, xkv_elements
 from headwidget.core.layout import RopeLayout
 from headwidget.errors import UnsupportedConversionError
-from headwidget.evaluation._quantize import KVQuantizer, quantizer_blocker
+from headwidget.evaluation._quantize import KVQuantizer
+from headwidget.evaluation._sharing import cross_layer_blocker
 
 __all__ = [
     "CacheTransform",
@@ -277,10 +278,10 @@ def _angles_hook(found: dict[str, torch.Tensor]) -> Any:
 
 
 def _refuse(model: nn.Module, transforms: Sequence[CacheTransform]) -> None:
-    reason = quantizer_blocker(adapter_for(model))
+    reason = cross_layer_blocker(model)  # a cache of the per-head K/V the attention receives
     if reason is not None and transforms:
         names = ", ".join(t.spec for t in transforms)
-        raise UnsupportedConversionError(f"{names}: {reason.replace('fake-quantizes', 'transforms')}")
+        raise UnsupportedConversionError(f"{names}: {reason}")
 
 
 class _PrefillRun:

@@ -134,8 +134,9 @@ class VariantPlan:
         group = self._group_cells().get(layer)
         if group is not None:
             return group
-        if layer in self.fits:
-            return self.fits[layer]
+        fit = self.fits.get(layer)
+        if fit is not None and (fit.weights is not None or fit.rope_keep is not None):
+            return fit  # (a cross-layer part's layer left alone in its group has nothing to measure)
         return next((q for q in self.quantizers if layer in q.layers), None)
 
     def layer_bytes(self, dtype: torch.dtype, prefill: int | None = None) -> list[float]:

@@ -41,9 +41,36 @@ from torch import nn
 from headwidget.adapters import adapter_for
 from headwidget.adapters.attention_calls import transform_attention_kv
 from headwidget.errors import UnsupportedConversionError
-from headwidget.evaluation._quantize import quantizer_blocker
 
-__all__ = ["SharedForward", "SharedKV", "install_sharing", "installed_sharing", "teacher_forced_sharing"]
+__all__ = [
+    "SharedForward",
+    "SharedKV",
+    "cross_layer_blocker",
+    "install_sharing",
+    "installed_sharing",
+    "teacher_forced_sharing",
+]
+
+
+def cross_layer_blocker(model: nn.Module) -> str | None:
+    """Why the K/V a model's attention uses cannot be shared or transformed across layers here (None:
+    they can): its attention must go through ``transformers.AttentionInterface``, and its cache must
+    hold per-head keys and values (not an MLA latent)."""
+    adapter = adapter_for(model)
+    name = type(model).__name__
+    if not adapter.routes_through_interface:
+        return (
+            f"{name} ({adapter.family}) does not pass its keys and values through "
+            "transformers.AttentionInterface in this transformers release, where headwidget reaches the K/V "
+            "a layer's attention uses; install a transformers release whose attention for it calls the "
+            "interface (Falcon's does in 5.25)"
+        )
+    if adapter.layout().mechanism == "mla":
+        return (
+            f"{name} ({adapter.family}) caches a compressed latent, not per-head keys and values; the "
+            "cross-layer variants here share or transform per-head K/V caches (MHA/GQA/MQA models)"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -65,8 +92,7 @@ class SharedKV:
 
     def blocker(self, model: nn.Module) -> str | None:
         """Why ``model``'s attention cannot share K/V here (None: it can)."""
-        reason = quantizer_blocker(adapter_for(model))
-        return None if reason is None else reason.replace("fake-quantizes", "shares")
+        return cross_layer_blocker(model)
 
     @contextmanager
     def active(self, model: nn.Module) -> Iterator[None]:
