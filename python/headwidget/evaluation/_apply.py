@@ -28,6 +28,11 @@ original weights) and written into a copy by the model's adapter:
   forward of the whole text (``use_cache=False``). The quantizing forward belongs to the copy
   ``apply`` returned: ``nn.DataParallel`` replicas of it are not supported. Applying a spec to a model
   that already quantizes is refused (it would quantize twice): apply one mixed spec to the original.
+- **Cross-layer parts** (``share:g``, ``merge:2``, ``xkv:r/g``; :mod:`headwidget.evaluation._cross_layer`)
+  change no weight either: every forward of the copy lets each ``share`` group's readers read their first
+  layer's K/V (:class:`~headwidget.evaluation._sharing.SharedForward`), and a forward that starts a KV
+  cache (a ``generate`` call's prefill) has it merged or compressed before it returns
+  (:class:`~headwidget.evaluation._cache_transforms.CacheTransformForward`). No checkpoint holds them.
 
 **Saving.** A variant's ``save_pretrained`` (and ``push_to_hub``, which saves through it) first asks
 :func:`save_blocker` whether the family's own ``from_pretrained`` would give the same model back; where
@@ -525,7 +530,9 @@ def apply(
         model: a supported transformers model.
         spec: a variant spec: ``model``, ``mha``, ``gqa:G``, ``mqa``, ``lrkv:r``, ``mla:d_c``,
             ``gqa:G+align``, ``mqa+align``, ``rope:r``, ``mla:d_c+rope:r``, or a K/V quantizer
-            ``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b`` (:mod:`headwidget.analysis.variants`),
+            ``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b``, or a cross-layer ``share:g``,
+            ``merge:2``, ``xkv:r/g`` alone or after a conversion (``mqa+share:2``)
+            (:mod:`headwidget.analysis.variants`),
             or a mixed spec of them that names each part's layers (``"mla:64@0-9;kv:int4@10-29"``;
             the layers it names none of stay as they are).
         stats: statistics of ``model``: ``+align`` needs its keys and values; ``rope:r`` and data-aware
