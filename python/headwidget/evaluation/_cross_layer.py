@@ -29,7 +29,7 @@ from headwidget.analysis.variant_fits import LayerFit
 from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, uniform_parts
 from headwidget.errors import UnsupportedConversionError
 from headwidget.evaluation._cache_transforms import GroupTransform, MergedCache, SharedSVDCache
-from headwidget.evaluation._sharing import SharedKV
+from headwidget.evaluation._sharing import SharedKV, cross_layer_blocker
 
 __all__ = ["CrossLayerParts", "cross_layer_parts", "refuse_cache_transforms"]
 
@@ -89,11 +89,11 @@ def cross_layer_parts(
         if cross is None:
             continue
         groups = layer_groups(layers, cross.group)
+        reason = cross_layer_blocker(adapter.model)
+        if reason is not None:
+            raise UnsupportedConversionError(f"{part.text}: {reason}")
         if cross.kind == "share":
             shared = SharedKV(part.text, groups)
-            reason = shared.blocker(adapter.model)
-            if reason is not None:
-                raise UnsupportedConversionError(f"{part.text}: {reason}")
             out.sharing.append(shared)
             for reader in shared.readers:
                 if reader in fits:
