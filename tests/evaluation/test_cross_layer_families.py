@@ -6,16 +6,25 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny_models import ROPE_FAMILIES, make_model, record_attention_inputs, reference_kv
 from transformers import DynamicCache
 
 import headwidget
 from headwidget.adapters import adapter_for
 from headwidget.errors import UnsupportedConversionError
 from headwidget.evaluation._cache_transforms import PrefilledCache, transforming_prefill
+from tiny_models import ROPE_FAMILIES, make_model, record_attention_inputs, reference_kv
 
 F64 = torch.float64
-CAUSAL = ["llama_gqa", "llama_mqa", "gpt2", "gpt_neox", "falcon_new", "falcon_mqa", "bigcode_mqa", "bigcode_mha"]
+CAUSAL = [
+    "llama_gqa",
+    "llama_mqa",
+    "gpt2",
+    "gpt_neox",
+    "falcon_new",
+    "falcon_mqa",
+    "bigcode_mqa",
+    "bigcode_mha",
+]
 
 
 def ids(rows: int = 2, length: int = 14) -> torch.Tensor:
@@ -29,7 +38,9 @@ def test_a_full_rank_xkv_is_the_model(name: str) -> None:
     model = make_model(name)
     full = 2 * 64  # ≥ the side-by-side channels of a pair of layers
     spec = f"xkv:{full}/2"
-    report = headwidget.evaluate(model, ids(), ["model", spec], protocol="prefill:5", dtype=F64, progress=False)
+    report = headwidget.evaluate(
+        model, ids(), ["model", spec], protocol="prefill:5", dtype=F64, progress=False
+    )
     assert report.nll[spec] == pytest.approx(report.nll["model"], abs=1e-10)
     assert report.kl[spec] == pytest.approx(0.0, abs=1e-10)
 
@@ -45,7 +56,7 @@ def test_cached_keys_turned_back_are_the_keys_before_rope(name: str) -> None:
 
     class Probe:
         spec = "probe"
-        layers = [0, 1]
+        layers = (0, 1)
 
         def transform(self, prefilled: PrefilledCache) -> None:
             for layer in self.layers:
