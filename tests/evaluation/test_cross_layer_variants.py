@@ -120,21 +120,16 @@ def test_per_layer_gives_each_layer_its_group_s_number(llama: torch.nn.Module) -
     assert report.per_layer["merge:2"] == pytest.approx([pair, pair, 0.0], abs=1e-12)
 
 
-def test_share_heals_the_first_layer_s_projections(llama: torch.nn.Module) -> None:
-    variant = headwidget.apply(llama, "mqa+share:2")
+@pytest.mark.parametrize("spec", ["share:2", "mqa+share:2"])
+def test_share_heals_the_first_layer_s_projections(llama: torch.nn.Module, spec: str) -> None:
+    """Plain ``share:2`` changes no weight and still changes the model: it heals like a conversion."""
+    variant = headwidget.apply(llama, spec)
     run = small_heal(variant, llama, trainable="kv")
     first = headwidget.evaluate(
-        llama,
-        held_out(),
-        ["mqa+share:2"],
-        dtype=F64,
-        batch_size=4,
-        max_length=16,
-        max_tokens=120,
-        progress=False,
+        llama, held_out(), [spec], dtype=F64, batch_size=4, max_length=16, max_tokens=120, progress=False
     )
-    assert run.curve[0]["nll"] == pytest.approx(first.nll["mqa+share:2"], rel=1e-12)
-    assert run.kv_bytes_per_token == first.kv_bytes_per_token["mqa+share:2"]
+    assert run.curve[0]["nll"] == pytest.approx(first.nll[spec], rel=1e-12)
+    assert run.kv_bytes_per_token == first.kv_bytes_per_token[spec]
     healed = run.model
     for layer, trained in ((0, True), (1, False), (2, True)):
         a, b = healed.model.layers[layer].self_attn, variant.model.layers[layer].self_attn
