@@ -30,6 +30,7 @@ from headwidget.analysis import (
     group_heads,
     head_diversity,
     head_weights,
+    layer_similarity,
     mechanism_sweep,
     operator_similarity,
 )
@@ -222,6 +223,7 @@ __all__ = [
     "head_diversity",
     "head_weights",
     "heal",
+    "layer_similarity",
     "load_ipython_extension",
     "mechanism_sweep",
     "operator_similarity",

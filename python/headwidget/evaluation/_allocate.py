@@ -66,7 +66,7 @@ from headwidget.errors import ArgumentError
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import remember, token_pieces
 from headwidget.evaluation._distributed import Ranks
-from headwidget.evaluation._evaluate import Progress, _working_copy, protocol_batches
+from headwidget.evaluation._evaluate import Progress, _working_copy, prefilling, protocol_batches, runner_for
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
 from headwidget.evaluation._model_facts import check_stats
 from headwidget.evaluation._outputs import OutputRunner
@@ -157,6 +157,11 @@ def _check_candidates(candidates: Any) -> list[str]:
                 f"candidate {parsed.text!r} is a mixed spec; candidates are uniform specs, and allocate "
                 "mixes them per layer"
             )
+        if parsed.cross is not None:
+            raise ArgumentError(
+                f"candidate {parsed.text!r} acts on groups of layers, and allocate chooses one candidate per "
+                "layer; evaluate cross-layer specs with headwidget.evaluate"
+            )
         out.append(parsed.text)
     return list(dict.fromkeys(out))
 
@@ -196,7 +201,7 @@ class _Scorer:
         """One plan, full forwards."""
         totals = PredictionTotals()
         self.tick.grow(len(self.batches))
-        with plan.running(self.base) as variant:
+        with plan.running(self.base, prefill=prefilling(self.runner)) as variant:
             for ref, batch in zip(self.reference, self.batches, strict=True):
                 out = self.runner(variant, batch)
                 assert out.targets is not None
@@ -398,7 +403,8 @@ def allocate_frontier(
     _, stats, _, _, dtype, batch_size, max_length, max_tokens, _ = check_evaluate_arguments(
         adapter, specs, stats, None, False, dtype, batch_size, max_length, max_tokens, False
     )
-    runner = OutputRunner.for_model(model)
+    reading = parse_protocol(protocol)
+    runner = runner_for(model, reading)
     if runner.kind != "causal-lm":
         raise ArgumentError(
             f"allocate measures next-token damage, so it takes a causal LM, not {runner.kind}"
@@ -406,7 +412,6 @@ def allocate_frontier(
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
     num_layers = adapter.layout().num_layers
     layers = list(range(num_layers))
-    reading = parse_protocol(protocol)
     length = max_length if reading.window is None else reading.window
     batches = protocol_batches(
         model,

@@ -65,6 +65,7 @@ from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._evaluate import _add, _summary, _totals, _working_copy, model_context
 from headwidget.evaluation._inputs import _stream, evaluation_batches, fingerprint, forward_kwargs
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner
+from headwidget.evaluation._sharing import teacher_forced_sharing
 from headwidget.healing._data import (
     OVERLAP_TOKENS,
     TrainingWindows,
@@ -127,6 +128,12 @@ def _applied(variant: nn.Module, model: nn.Module) -> AppliedVariant:
             f"({', '.join(q.spec for q in info.quantizers)}): "
             "a quantizer fits no weight, so healing has nothing to train. Heal the spec without its kv: "
             "parts, then apply the kv: parts to the healed model"
+        )
+    if info.cache_transforms:
+        raise HealingInputError(
+            f"the {info.spec!r} variant transforms the cache a prefill builds "
+            f"({', '.join(t.spec for t in info.cache_transforms)}): a whole-window forward, as healing "
+            "trains and measures, never reads it. Heal the spec without its merge/xkv parts"
         )
     if not info.fits:
         raise HealingInputError(
@@ -278,7 +285,7 @@ class _Evaluation:
         self.rows.append({"tokens": tokens, "step": step, **row})
         if self.per_layer:
             errors = AttentionErrors(self.layers)
-            with self.autocast():
+            with self.autocast(), teacher_forced_sharing(student):  # share:g readers read their group's K/V
                 errors.measure(teacher, student, self.batches)
             if self.ranks.world > 1:
                 errors.merge(self.ranks.sum(errors.flat()))

@@ -8,7 +8,9 @@ K/V weights, so the healed model is still that mechanism:
 - ``lrkv:r`` trains the shared part and each KV head's rank-r factors (``K_g = S + U_g D_g``);
 - ``mla:d_c`` trains the down projection and the up projections (``K_g = U^K_g D``, ``V_g = U^V_g D``),
   so the stacked K/V map keeps rank ≤ d_c; ``mla:d_c+rope:r`` also the rotary key rows it keeps;
-- ``rope:r`` (no weight changed) trains the layer's K/V rows as they are.
+- ``rope:r`` (no weight changed) trains the layer's K/V rows as they are;
+- ``share:g`` trains the K/V of each group's first layer, which the group's other layers read (theirs
+  are never used, so they are not trained), through the first layer's own mechanism.
 
 Each of these :class:`Source` tensors is an ``nn.Parameter`` (or, with ``lora:r``, a frozen base plus a
 rank-r update ``B A``). The projection modules read them through ``torch.nn.utils.parametrize``: their
@@ -348,8 +350,10 @@ class TrainableParts:
         parts._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         for p in model.parameters():
             p.requires_grad_(mode == "all")
+        readers = dict(getattr(info, "readers", {}))  # share:g readers use their first layer's K/V
         for layer in sorted(fits):
-            parts._install_layer(adapter, layer, fits[layer], dtype, generator)
+            if layer not in readers:
+                parts._install_layer(adapter, layer, fits[layer], dtype, generator)
         return parts
 
     def _install_layer(

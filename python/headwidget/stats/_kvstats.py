@@ -235,6 +235,22 @@ class KVStats:
         index = torch.cat([torch.arange(width) + cross.index(layer) * width for layer in layers])
         return self._cross[kind].select(index)
 
+    def cross_moments(self, kind: Kind = "key") -> tuple[Moments, list[int]]:
+        """The joint moments of every cross layer for ``kind`` (the stored ones, not a copy: never change
+        them) and the cross layers, in the order their channels are stacked (layer-major).
+
+        Raises:
+            CrossLayerMissingError: the statistics hold no cross-layer moments of ``kind``.
+        """
+        kind = self._check_kind(kind)
+        cross = list(self.meta.cross_layers or [])
+        if kind not in self._cross or not cross:
+            raise CrossLayerMissingError(
+                f"these statistics hold no cross-layer moments of kind {kind!r} (captured cross_layer="
+                f"{cross or None}); capture with cross_layer=True, or a list of the layers to compare"
+            )
+        return self._cross[kind], cross
+
     def head_similarity(
         self, layer: int | Sequence[int], kind: Kind = "key", metric: str = "token_cosine"
     ) -> np.ndarray:
