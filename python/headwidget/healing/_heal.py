@@ -149,7 +149,7 @@ def _applied(variant: nn.Module, model: nn.Module) -> AppliedVariant:
     names = {id(m): n for n, m in variant.named_modules()}
     converted = tuple(names[id(adapter.attention_at(layer))] + "." for layer in info.fits)
     theirs = dict(model.named_parameters())
-    unchanged = all(fit.rope_keep is None for fit in info.fits.values())
+    unchanged = all(fit.rope_keep is None for fit in info.fits.values()) and not info.sharing
     for name, p in variant.named_parameters():
         other = theirs.get(name)
         same = (
