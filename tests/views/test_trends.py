@@ -13,7 +13,8 @@ import headwidget
 from headwidget.analysis import convert, head_diversity, operator_similarity
 from headwidget.analysis.alignment import align
 from headwidget.views import AlignmentView, ChannelView
-from headwidget.widget import LayerTrends, layer_series
+from headwidget.views.trends import layer_series
+from headwidget.widget import LayerTrends
 from headwidget.widget.trends import padded_range
 from tiny_models import make_model, ragged_batches
 
@@ -131,8 +132,7 @@ def test_the_layer_axis_ticks_at_layers_and_the_saved_page_keeps_the_colours(lla
 
 def test_every_series_says_what_it_measures_and_is_drawn_by_that(llama):
     """A series' role, not its name, picks its axis, its line style and its chart on the saved page."""
-    from headwidget.views.trends import trend_charts
-    from headwidget.widget.trends import layer_trends
+    from headwidget.views.trends import layer_trends, trend_charts
 
     model, stats = llama
     found = layer_trends(stats, model=model, mechanisms=["mqa", "lrkv:1"])
@@ -164,7 +164,7 @@ def test_every_series_says_what_it_measures_and_is_drawn_by_that(llama):
 def test_the_unaligned_series_are_the_statistics_summary(llama, metric):
     """One function behind the demo's table, a timeline's series and the trend chart: the chart's
     channel-correlation and before-alignment series are ``KVStats.summary``'s numbers, exactly."""
-    from headwidget.widget.trends import layer_trends
+    from headwidget.views.trends import layer_trends
 
     _, stats = llama
     rows = stats.summary(metric)
@@ -193,7 +193,7 @@ def test_the_trend_view_draws_the_bqplot_charts_numbers_for_every_alignment_and_
     the notebook's bqplot chart draws, for every method and metric it offers; the ranks on a chart of
     their own; the selected layer's values in the note."""
     from headwidget.views import TrendView, view_class
-    from headwidget.widget.trends import layer_trends
+    from headwidget.views.trends import layer_trends
 
     model, stats = llama
     assert view_class("trends") is TrendView is headwidget.TrendView

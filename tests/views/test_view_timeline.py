@@ -378,3 +378,24 @@ def test_the_offline_page_holds_every_step(gqa, tmp_path):
     assert len(held) < 24 and "every position of “Step” is held first" in one["state"]["status"]
     with pytest.raises(ExportError, match="more than 0 MiB of panel data"):
         page_data(view, progress=False, max_bytes=1_000)
+
+
+def test_a_step_outside_the_snapshots_is_said_at_assignment_in_every_widget(gqa):
+    """Issue 44, defect 7: ``view.step = 99`` or ``-1`` is the error line over the last good panels, as
+    a layer outside the model is for the layer views, and a widget shown afterwards says it too (it
+    used to clear the view's error: the researcher saw nothing)."""
+    for view in (TimelineView(gqa, prefetch=False), ChannelView(gqa[0], prefetch=False)):
+        trait = "step" if isinstance(view, TimelineView) else "layer"
+        grid = view.grid
+        for bad in (99, -1):
+            said = f"{trait} {'index ' if trait == 'step' else ''}{bad} is out of range"
+            setattr(view, trait, bad)
+            assert said in view.error and view.grid is grid
+            widget = view.widget  # (first made after the bad value) it says so, and so does the view
+            assert said in widget.error and widget.error == view.error and getattr(widget, trait) == bad
+        with pytest.raises(ExportError, match="cannot show its current state"):
+            page_data(view, progress=False)
+        setattr(view, trait, 0)
+        assert view.error == "" and view.widget.error == ""
+        view.close()
+
