@@ -7,6 +7,7 @@ import {
   snapWindow,
   windowText,
 } from "../../js/lib/control_spec";
+import { CONTROL_TYPES } from "../../js/lib/protocol";
 
 describe("parseControls", () => {
   it("reads well-formed entries in order and fills absent references with empty strings", () => {
@@ -73,7 +74,7 @@ describe("parseControls", () => {
     ]);
     expect(specs.map((s) => s.trait)).toEqual(["ok"]);
     expect(specs[0].count).toBe(""); // a non-string reference is no reference
-    const known = "this page knows slider, window, toggles, select, checklist, entry";
+    const known = `this page knows ${Object.keys(CONTROL_TYPES).join(", ")}`;
     expect(problems).toEqual([
       `control "x": unknown control type "dial" (${known})`, // never dropped without a word
       "slider control without a trait lacks trait",

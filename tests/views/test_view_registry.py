@@ -203,7 +203,7 @@ def test_what_each_view_is_built_from_is_declared_once():
         "timeline": ("timeline", (), "layer", True),
         "trends": ("stats", ("model",), "layer", False),
     }
-    for name in view_names():
+    for name in expected:
         cls = view_class(name)
         made = cls.sources
         assert (made.main, made.optional, made.layers, made.prefetch) == expected[name], name
