@@ -273,3 +273,12 @@ def test_a_grid_of_panels_alone_exports_as_before(tmp_path):
     grid = PanelGrid([Panel("k", "Keys", np.eye(3))], -1.0, 1.0, "diverging", "r")
     svg = save(grid, tmp_path / "k.svg").read_text()
     assert 'id="k"' in svg and "tradeoff" not in svg
+
+
+def test_a_dashboard_with_a_tab_without_a_layer_slider_saves_its_page_over_the_layers(tiny_report, tmp_path):
+    """``Dashboard.save(..., layers=[...])`` gives the layers to the tabs that have a layer slider; the
+    consequences tab has none, and the save used to be refused ("has no layer slider")."""
+    model, report = tiny_report
+    stats = headwidget.capture(model, torch.randint(0, 96, (2, 16)), progress=False)
+    (page,) = headwidget.explore(stats, report=report).save(tmp_path / "dash.html", layers=[1])
+    assert page.read_text().count("<iframe") == 4  # the trends and three tabs

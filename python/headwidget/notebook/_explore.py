@@ -152,9 +152,13 @@ class Dashboard:
         model = self.stats.meta.model_name or self.stats.meta.model_class
         summary = self.trend_view
         pages = [(summary.title, page_html(summary, title=f"{summary.title} · {model}"))]
+        sliding = {v for v in self.views.values() if any(c.trait == "layer" for c in v.view_controls())}
         pages += [
             # The page's slider moves through the layers: its heading names the model, not a layer.
-            (view.title, page_html(view, title=f"{view.title} · {model}", layers=layers))
+            (
+                view.title,
+                page_html(view, title=f"{view.title} · {model}", layers=layers if view in sliding else None),
+            )
             for view in self.views.values()
         ]
         save_tabbed_html(path, pages, title=f"headwidget · {model}")
