@@ -22,7 +22,8 @@ Example:
     >>> import torch, headwidget
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=3, n_head=4)).eval()
-    >>> trends = LayerTrends(headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False))
+    >>> stats = headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False)
+    >>> trends = LayerTrends(headwidget.TrendView(stats))
     >>> sorted(trends.series)[:2], trends.layer
     (['K head similarity · after', 'K head similarity · before'], 0)
     >>> trends.figure.title
@@ -39,9 +40,7 @@ import bqplot as bq
 import ipywidgets
 import numpy as np
 import traitlets as t
-from torch import nn
 
-from headwidget.stats import KVStats
 from headwidget.views.trends import (
     COLOURS,
     RANK_ROLES,
@@ -104,23 +103,8 @@ class LayerTrends(ipywidgets.VBox):  # type: ignore[misc]  # (ipywidgets has no 
     alignment = t.Unicode("auto")
     metric = t.Unicode("token_cosine")
 
-    def __init__(
-        self,
-        view: TrendView | KVStats,
-        *,
-        model: nn.Module | None = None,
-        mechanisms: Sequence[str] = (),
-        layer: int | None = None,
-        alignment: str = "auto",
-        metric: str = "token_cosine",
-    ) -> None:
-        """Draw ``view``; given statistics, draw a new ``TrendView`` of them with these options
-        (``mechanisms``: specs whose effective rank is drawn, with ``model``; ``layer``: the marked
-        layer, default the first captured; ``alignment``, ``metric``: as the alignment view's)."""
-        if isinstance(view, KVStats):
-            view = TrendView(
-                view, model=model, mechanisms=mechanisms, alignment=alignment, metric=metric, layer=layer
-            )
+    def __init__(self, view: TrendView) -> None:
+        """Draw ``view``'s series."""
         #: The view whose series this chart draws (the numbers are computed there, once).
         self.view = view
         self.stats = stats = view.stats
