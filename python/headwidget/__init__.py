@@ -94,6 +94,7 @@ from headwidget.views import (
     QuantizationView,
     TimelineView,
     TrendView,
+    present_with,
 )
 
 if TYPE_CHECKING:
@@ -108,6 +109,24 @@ _ON_FIRST_USE = {
     "HeadWidget": "headwidget.widget",
     "LayerTrends": "headwidget.widget",
 }
+
+
+class _NotebookOnFirstUse:
+    """How views are displayed and saved: by :mod:`headwidget.notebook`, imported on a view's first
+    display or save (importing it registers it in this one's place; the views never import it)."""
+
+    def widget(self, view: Any) -> Any:
+        import headwidget.notebook
+
+        return headwidget.notebook.PRESENTER.widget(view)
+
+    def save(self, view: Any, path: Any, **options: Any) -> Any:
+        import headwidget.notebook
+
+        return headwidget.notebook.PRESENTER.save(view, path, **options)
+
+
+present_with(_NotebookOnFirstUse())
 
 
 def __getattr__(name: str) -> Any:

@@ -99,9 +99,9 @@ class HeadwidgetMagics(Magics):
         model = None if isinstance(source, KVStats) else source
         stats = source if isinstance(source, KVStats) else None
         view = None if args.view == "all" else view_class(args.view)
-        if view is not None and view.sources().main == "model" and model is None:
+        if view is not None and view.sources.main == "model" and model is None:
             raise MagicUsageError(f"the {args.view} view needs a model (its weights), not statistics")
-        if model is not None and (view is None or view.sources().main == "stats"):
+        if model is not None and (view is None or view.sources.main == "stats"):
             options: dict[str, Any] = {"max_tokens": args.max_tokens, "rope": args.rope, "inputs": True}
             if texts is None and embedded_tokenizer is not None:
                 from headwidget.texts import english_sample

@@ -74,7 +74,32 @@ def test_bad_sources_and_states_are_refused(runs) -> None:
     view = HealingView(runs)
     view.run = "gqa:2"
     assert "no run named 'gqa:2'" in view.error
-    assert list(HealingView(list(runs.values())).runs) == ["mqa", "mla:8"]
+    assert list(HealingView(runs["mqa"]).runs) == ["mqa"]  # one run: named by its spec
+
+
+def test_a_list_of_runs_is_refused_naming_how_to_name_them(runs) -> None:
+    """A list names its runs by spec: two runs of one spec would share a name (issue 44, defect 7)."""
+    for listed in ([runs["mqa"]], list(runs.values()), (runs["mqa"],)):
+        with pytest.raises(
+            ViewSourceError, match=r"got a list: name each run, \{run.spec: run for run in runs\}"
+        ):
+            HealingView(listed)
+    with pytest.raises(ViewSourceError, match="got a list"):
+        headwidget.explore(
+            headwidget.capture(llama(), torch.randint(1, 96, (2, 16)), progress=False), healing=[runs["mqa"]]
+        )
+
+
+def test_a_layer_outside_the_runs_is_refused_when_built_and_said_when_set(runs) -> None:
+    """Issue 44, defect 7: ``HealingView(layer=99)`` and ``layer=-1`` are refused; set later, the layer
+    is the error line over the last good panels, in the widget too."""
+    for layer in (99, -1, 3):  # the runs convert layers 0..2
+        with pytest.raises(headwidget.LayerIndexError, match=f"layer {layer} is out of range: the runs"):
+            HealingView(runs, layer=layer)
+    view = HealingView(runs, layer=2)
+    grid, widget = view.grid, view.widget
+    view.layer = 99
+    assert "layer 99 is out of range" in view.error and view.grid is grid and widget.error == view.error
 
 
 def test_a_dashboard_with_healing_runs_has_the_tab_linked_by_layer(runs) -> None:

@@ -215,7 +215,7 @@ def test_explore_links_the_layer_across_tabs():
     assert list(dash.views) == [  # every view but the trends, which the dashboard draws above the tabs
         n
         for n in views.view_names()
-        if views.view_class(n).sources().main in ("stats", "model")
+        if views.view_class(n).sources.main in ("stats", "model")
         and views.view_class(n).shows(dash.stats)
         and n != "trends"
     ]
@@ -261,7 +261,7 @@ def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
     assert dash.tabs.titles == tuple(
         views.view_class(n).title
         for n in views.view_names()
-        if views.view_class(n).sources().main == "stats"
+        if views.view_class(n).sources.main == "stats"
         and views.view_class(n).shows(stats)
         and n != "trends"  # drawn above the tabs
     )
@@ -269,7 +269,7 @@ def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
 
 
 def test_the_trend_chart_follows_the_alignment_tabs_method_and_metric(llama):
-    from headwidget.widget.trends import layer_series
+    from headwidget.views.trends import layer_series
 
     _, stats = llama
     dash = Dashboard(stats)

@@ -214,8 +214,8 @@ def test_create_without_what_the_view_needs_says_so(llama):
         MechanismView.create(stats)
     with pytest.raises(headwidget.HeadwidgetError, match="the channels view needs captured statistics"):
         ChannelView.create(model=model)
-    assert (MechanismView.sources().main, MechanismView.sources().takes("stats")) == ("model", True)
-    assert (ChannelView.sources().takes("model"), AlignmentView.sources().main) == (False, "stats")
+    assert (MechanismView.sources.main, MechanismView.sources.takes("stats")) == ("model", True)
+    assert (ChannelView.sources.takes("model"), AlignmentView.sources.main) == (False, "stats")
 
 
 def test_initial_state_is_computed_once(llama, monkeypatch):
@@ -290,7 +290,7 @@ def test_every_view_refuses_an_impossible_initial_state_with_its_own_error(llama
 
     model, stats = llama
     make = view_class
-    built_from_a_capture = [n for n in view_names() if view_class(n).sources().main in ("stats", "model")]
+    built_from_a_capture = [n for n in view_names() if view_class(n).sources.main in ("stats", "model")]
     for name in (n for n in built_from_a_capture if view_class(n).shows(stats)):
         with pytest.raises(headwidget.LayerIndexError, match="layer 99 is out of range"):
             make(name).create(stats, model, layers=[99], interactive=False)

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     if args.out.suffix.lower() not in (".png", ".svg", ".pdf", ".html"):
         raise UsageError(f"--out {args.out}: the extension must be .png, .svg, .pdf or .html")
     cls = view_class(args.view)
-    needs_model = cls.sources().main == "model"
+    needs_model = cls.sources.main == "model"
     if needs_model and args.model is None:
         raise UsageError(f"--view {args.view} needs --model (the weights of the model the stats come from)")
     layers = int_list(args.layers, "--layers")

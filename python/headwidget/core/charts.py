@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from headwidget.core.protocol import CHART_FIELDS, SERIES_FIELDS
+
 __all__ = ["SERIES_STYLES", "Chart", "ChartError", "Series", "encode_chart", "pareto_front"]
 
 SeriesStyle = Literal["points", "line", "points+line"]
@@ -98,30 +100,15 @@ def _finite_or_none(values: list[float]) -> list[float | None]:
 
 
 def encode_chart(chart: Chart) -> dict[str, Any]:
-    """The chart as the JSON the front end reads (non-finite values become ``null``)."""
+    """The chart as the JSON the front end reads, its fields in the protocol's order (non-finite values
+    become ``null``)."""
+    series = [
+        {f: _finite_or_none(getattr(s, f)) if f in ("x", "y") else getattr(s, f) for f in SERIES_FIELDS}
+        for s in chart.series
+    ]
+    ticks = [float(v) for v in chart.x_ticks if math.isfinite(v)]
     return {
-        "id": chart.id,
-        "title": chart.title,
-        "subtitle": chart.subtitle,
-        "note": chart.note,
-        "x_label": chart.x_label,
-        "y_label": chart.y_label,
-        "x_log": chart.x_log,
-        "y_log": chart.y_log,
-        "y_reference": chart.y_reference,
-        "x_ticks": [float(v) for v in chart.x_ticks if math.isfinite(v)],
-        "series": [
-            {
-                "name": s.name,
-                "x": _finite_or_none(s.x),
-                "y": _finite_or_none(s.y),
-                "labels": s.labels,
-                "style": s.style,
-                "color": s.color,
-                "dashed": s.dashed,
-            }
-            for s in chart.series
-        ],
+        f: series if f == "series" else ticks if f == "x_ticks" else getattr(chart, f) for f in CHART_FIELDS
     }
 
 

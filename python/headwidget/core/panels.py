@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from headwidget.core.charts import Chart
+from headwidget.core.protocol import PANEL_FIELDS
 
 __all__ = ["Panel", "PanelGrid", "encode_ahead", "encode_panel", "frame_key"]
 
@@ -188,29 +189,14 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
     if panel.row_group < 0 or panel.col_group < 0:
         raise ValueError(f"panel {panel.id!r}: row_group and col_group must be >= 0 (0: no heads)")
     dtype, data, key = _wire(matrix, vmin, vmax)
-    return {
-        "id": panel.id,
-        "title": panel.title,
-        "subtitle": panel.subtitle,
+    wire = {
         "rows": int(matrix.shape[0]),
         "cols": int(matrix.shape[1]),
-        "row_labels": panel.row_labels,
-        "col_labels": panel.col_labels,
-        "row_offset": panel.row_offset,
-        "col_offset": panel.col_offset,
-        "row_step": panel.row_step,
-        "col_step": panel.col_step,
-        "row_group": panel.row_group,
-        "col_group": panel.col_group,
-        "axis_prefix": panel.axis_prefix,
-        "row_axis": panel.row_axis,
-        "col_axis": panel.col_axis,
         "dtype": dtype,
         "data": data,
         "key": key,
-        "note": panel.note,
-        "window_subtitle": panel.window_subtitle,
     }
+    return {f: wire[f] if f in wire else getattr(panel, f) for f in PANEL_FIELDS}  # the protocol's order
 
 
 def encode_ahead(grid: PanelGrid) -> None:

@@ -35,8 +35,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -44,13 +45,16 @@ import traitlets as t
 
 from headwidget.core.charts import Chart, Series
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.healing._run import HealingRun
+from headwidget.errors import LayerIndexError
+from headwidget.healing import HealingRun
 from headwidget.stats import KVStats
-from headwidget.views._base import View, ViewSourceError, WholeNumber, state
+from headwidget.views._base import View, ViewSourceError
 from headwidget.views._controls import toggles
 from headwidget.views._registry import register_view
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import ViewState, state
 
-__all__ = ["RECOVERY_MEASURES", "HealingView", "checked_runs"]
+__all__ = ["RECOVERY_MEASURES", "HealingState", "HealingView", "checked_runs"]
 
 
 #: Recovery measures by kind of model: name → (toggle label, axis label).
@@ -82,20 +86,21 @@ def _hover(name: str, row: dict[str, float], value: str) -> str:
 
 
 def checked_runs(runs: Any) -> dict[str, HealingRun]:
-    """``runs`` as names → runs: one :class:`HealingRun` (named by its spec), a list of them (by spec),
-    or a mapping; every run of the same kind of model.
+    """``runs`` as names → runs: one :class:`HealingRun` (named by its spec) or a mapping of names to
+    runs; every run of the same kind of model. A list is refused: two runs of one spec (another
+    learning rate, say) would be named alike, and the toggles and the saved page tell runs by name.
 
     Raises:
         ViewSourceError: anything else, no run, or runs of an LM and of an encoder together.
     """
     if isinstance(runs, HealingRun):
         runs = {runs.spec: runs}
-    elif isinstance(runs, Sequence) and not isinstance(runs, str):
-        runs = {r.spec if isinstance(r, HealingRun) else str(i): r for i, r in enumerate(runs)}
     if not isinstance(runs, Mapping) or not runs:
+        listed = isinstance(runs, list | tuple) and runs
         raise ViewSourceError(
-            "the healing view needs healing runs: one headwidget.heal(...) result, a list of them, or "
-            f"names → runs ({{'mqa': run_a, 'mqa+align': run_b}}), got {type(runs).__name__}"
+            "the healing view needs healing runs: one headwidget.heal(...) result, or names → runs "
+            "({'mqa': run_a, 'mqa+align': run_b}), got "
+            + ("a list: name each run, {run.spec: run for run in runs}" if listed else type(runs).__name__)
         )
     out: dict[str, HealingRun] = {}
     for name, run in runs.items():
@@ -115,46 +120,56 @@ def checked_runs(runs: Any) -> dict[str, HealingRun]:
     return out
 
 
-@register_view("healing", order=45)
-class HealingView(View):
-    """Recovery curves of healed variants, and the per-layer recovery map of one run."""
+@dataclasses.dataclass(frozen=True)
+class HealingState(ViewState):
+    """The damage measure, the run whose layers the map shows, and the selected layer (a click on the
+    map sets it; a dashboard shares it with its other views)."""
 
-    title = "Healing"
-
-    measure = state(
-        t.Unicode("kl"),
+    measure: str = state(
+        "kl",
         toggles(
             "Damage",
             options="measures_available",
             labels={name: label for kind in RECOVERY_MEASURES.values() for name, (label, _) in kind.items()},
         ),
     )
-    run = state(t.Unicode(""), toggles("Layers of", options="runs_available"))
-    #: The selected layer (a click on the map sets it; a dashboard links it to its other views).
-    layer = state(WholeNumber(0))
+    run: str = state("", toggles("Layers of", options="runs_available"))
+    layer: int = state(0, shared=True)
+
+
+@register_view("healing", order=45)
+class HealingView(View[HealingState]):
+    """Recovery curves of healed variants, and the per-layer recovery map of one run."""
+
+    title = "Healing"
+    sources = ViewSources("healing", layers="layer")
+
     measures_available = t.List(t.Unicode()).tag(sync=True)
     runs_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(
         self,
-        healing: HealingRun | Sequence[HealingRun] | Mapping[str, HealingRun],
+        healing: HealingRun | Mapping[str, HealingRun],
         *,
         measure: str | None = None,
         run: str | None = None,
         layer: int | None = None,
     ) -> None:
-        """``healing``: :func:`headwidget.heal` results by name (one run, or a list: named by their
-        specs)."""
+        """``healing``: :func:`headwidget.heal` results by name (or one run, named by its spec);
+        ``layer``: the selected layer, one of the layers up to the last a run converts (default: the
+        first run's first)."""
         self.runs = checked_runs(healing)
         super().__init__()
         first = next(iter(self.runs.values()))
         measures = list(RECOVERY_MEASURES[first.kind])
-        with self.initial_state():
-            self.measures_available = measures
-            self.runs_available = list(self.runs)
-            self.measure = measures[0] if measure is None else measure
-            self.run = next(iter(self.runs)) if run is None else run
-            self.layer = (first.layers[0] if first.layers else 0) if layer is None else layer
+        #: The layers a layer can be selected among: 0 up to the last that a run converts.
+        self.num_layers = 1 + max((i for r in self.runs.values() for i in r.layers), default=0)
+        chosen = HealingState(
+            measure=measures[0] if measure is None else measure,
+            run=next(iter(self.runs)) if run is None else run,
+            layer=(first.layers[0] if first.layers else 0) if layer is None else layer,
+        )
+        self.set_up(chosen, measures_available=measures, runs_available=list(self.runs))
 
     @classmethod
     def shows(cls, stats: KVStats | None) -> bool:
@@ -247,8 +262,12 @@ class HealingView(View):
         finite = matrix[np.isfinite(matrix)]
         return panel, float(finite.max()) if finite.size else 1.0
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: HealingState, resolution: int | None = None) -> PanelGrid:
         """The recovery chart and the per-layer map of ``state.run``."""
+        if not 0 <= state.layer < self.num_layers:
+            raise LayerIndexError(
+                f"layer {state.layer} is out of range: the runs convert layers up to {self.num_layers - 1}"
+            )
         first = next(iter(self.runs.values()))
         if state.measure not in RECOVERY_MEASURES[first.kind]:
             raise ViewSourceError(
@@ -279,6 +298,6 @@ class HealingView(View):
 
     def select_cell(self, panel: str, row: int, col: int) -> None:
         """A click on a row of the map selects its layer."""
-        layers = self.runs[self.run].layers
+        layers = self.runs[self.current_state().run].layers
         if panel == "layers" and 0 <= row < len(layers):
-            self.layer = layers[row]
+            self.set_state(layer=layers[row])

@@ -1,28 +1,29 @@
-"""``LayerTrends``: per-layer summaries in a bqplot figure, linked to the heatmap views' layer.
+"""``LayerTrends``: the Jupyter drawing of a :class:`~headwidget.views.TrendView`'s series, in bqplot.
 
-The series are :func:`headwidget.views.trends.layer_trends`' (the :class:`~headwidget.views.TrendView`
-draws the same ones with the front end's charts: in marimo, on a saved page, in a figure).
+The view computes the series (:func:`headwidget.views.trends.layer_trends`, one point per captured
+layer) and holds the state; this chart draws them, and follows and sets the view's state: its
+alignment method and metric pick the head-similarity lines (the title names them), its layer is
+marked by a vertical rule, and a click on a point selects that layer in the view. The same series
+are drawn by the front end's charts (the view's own widget: in marimo, on a saved page, in a figure).
 
-Lines, one point per captured layer:
+Lines:
 
 - mean |channel correlation| (off-diagonal) of K and of V;
 - mean head similarity (off-diagonal) of K and V before alignment, and after alignment (the scores the
-  alignment view shows: held-out when few tokens), under the alignment method and metric of the
-  ``alignment`` and ``metric`` traits (the alignment view's traits of the same names, so that
-  ``traitlets.link`` makes the chart follow that tab); the title names them;
+  alignment view shows: held-out when few tokens);
 - optionally, for a model, the effective rank of the heads' QK operator correlation under each mechanism
   spec (on a second axis; diversity per mechanism).
 
 The y-axes span the data (with a margin), the legend sits beside the plot rather than over it, and
-hovering a point shows its series, layer and value. The current layer is marked by a vertical rule.
-Clicking a point selects that layer; ``layer`` is a trait, so ``traitlets.link`` ties it to any view
-(``explore`` does this).
+hovering a point shows its series, layer and value. ``layer``, ``alignment`` and ``metric`` mirror the
+view's.
 
 Example:
     >>> import torch, headwidget
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=3, n_head=4)).eval()
-    >>> trends = LayerTrends(headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False))
+    >>> stats = headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False)
+    >>> trends = LayerTrends(headwidget.TrendView(stats))
     >>> sorted(trends.series)[:2], trends.layer
     (['K head similarity · after', 'K head similarity · before'], 0)
     >>> trends.figure.title
@@ -39,9 +40,7 @@ import bqplot as bq
 import ipywidgets
 import numpy as np
 import traitlets as t
-from torch import nn
 
-from headwidget.stats import KVStats
 from headwidget.views.trends import (
     COLOURS,
     RANK_ROLES,
@@ -49,24 +48,15 @@ from headwidget.views.trends import (
     SeriesRole,
     TrendSeries,
     TrendView,
-    layer_series,
     layer_ticks,
-    layer_trends,
     trend_subtitle,
 )
 
-__all__ = [
-    "COLOURS",
-    "RANK_ROLES",
-    "SIMILARITY_ROLES",
-    "LayerTrends",
-    "SeriesRole",
-    "TrendSeries",
-    "layer_series",
-    "layer_ticks",
-    "layer_trends",
-    "padded_range",
-]
+__all__ = ["LayerTrends", "padded_range"]
+
+#: What the chart mirrors of the view it draws.
+MIRRORED = ("alignment", "metric", "layer")
+
 
 #: Fraction of the data's span added below and above it on each y-axis.
 MARGIN = 0.08
@@ -105,34 +95,20 @@ def _legend_html(entries: Sequence[tuple[str, str, bool]]) -> str:
     return '<div class="hw-trend-legend" style="font-size:12px;line-height:1.6">' + "".join(rows) + "</div>"
 
 
-class LayerTrends(ipywidgets.VBox):
-    """A bqplot line chart of per-layer summaries; ``layer`` follows clicks and moves the marker;
-    ``alignment`` and ``metric`` choose the head-similarity series."""
+class LayerTrends(ipywidgets.VBox):  # type: ignore[misc]  # (ipywidgets has no types)
+    """A bqplot line chart of a :class:`~headwidget.views.TrendView`'s series; ``layer`` follows
+    clicks and moves the marker; ``alignment`` and ``metric`` choose the head-similarity series."""
 
     layer = t.Int(0)
     alignment = t.Unicode("auto")
     metric = t.Unicode("token_cosine")
 
-    def __init__(
-        self,
-        stats: KVStats,
-        *,
-        model: nn.Module | None = None,
-        mechanisms: Sequence[str] = (),
-        layer: int | None = None,
-        alignment: str = "auto",
-        metric: str = "token_cosine",
-    ) -> None:
-        """``mechanisms``: specs whose effective rank is drawn (needs ``model``); ``layer``: the marked
-        layer (default: the first captured); ``alignment``, ``metric``: as the alignment view's."""
-        self.stats = stats
-        #: The view whose series this chart draws (the numbers are computed there, once): what the
-        #: front end's charts draw in marimo and on a saved page. Its alignment, metric and layer
-        #: follow this chart's.
-        self.view = TrendView(
-            stats, model=model, mechanisms=mechanisms, alignment=alignment, metric=metric, layer=layer
-        )
-        found = self.view.series()
+    def __init__(self, view: TrendView) -> None:
+        """Draw ``view``'s series."""
+        #: The view whose series this chart draws (the numbers are computed there, once).
+        self.view = view
+        self.stats = stats = view.stats
+        found = view.series()
         #: Each series' values by name, and what it measures (:data:`SeriesRole`).
         self.series = {s.name: s.values for s in found}
         self.roles: dict[str, SeriesRole] = {s.name: s.role for s in found}
@@ -206,13 +182,11 @@ class LayerTrends(ipywidgets.VBox):
                 )
             ]
         )
-        self.alignment, self.metric = alignment, metric
+        self._links = [t.link((view, name), (self, name)) for name in MIRRORED]
         self.observe(self._move_rule, names=["layer"])
         self.observe(self._on_alignment, names=["alignment", "metric"])
         self._name_figure()
-        self.layer = self.view.layer
         self._move_rule()
-        self._links = [t.link((self, name), (self.view, name)) for name in ("alignment", "metric", "layer")]
 
     @property
     def trend_series(self) -> list[TrendSeries]:
@@ -237,7 +211,7 @@ class LayerTrends(ipywidgets.VBox):
         self.figure.title = trend_subtitle(self.alignment, self.metric)
 
     def _on_alignment(self, change: dict[str, Any]) -> None:
-        """Recompute the head-similarity series for the new alignment method or metric."""
+        """Draw the head-similarity series of the view's new alignment method or metric."""
         state = self.view.current_state().replace(alignment=self.alignment, metric=self.metric)
         for found in self.view.series(state):
             if found.role not in SIMILARITY_ROLES:
