@@ -68,6 +68,7 @@ PRIVATE: dict[tuple[str, str], str] = {
     ("headwidget.healing._heal", "headwidget.evaluation._inputs"): "protocols",
     ("headwidget.healing._heal", "headwidget.evaluation._inputs._stream"): "batches",
     ("headwidget.healing._heal", "headwidget.evaluation._outputs"): "outputs",
+    ("headwidget.healing._heal", "headwidget.evaluation._sharing"): "cross-layer sharing",
     ("headwidget.healing._layers", "headwidget.evaluation._inputs"): "protocols",
     ("headwidget.healing._layers", "headwidget.evaluation._layers"): "layer errors",
     ("headwidget.healing._run", "headwidget.evaluation._report_file"): "file checks",
