@@ -60,7 +60,11 @@ export const PANEL_FIELDS = {
   data: "bytes",
   key: "string",
   note: "string",
+  hint: "string",
   window_subtitle: "string",
+  mark_row: "number",
+  mark_col: "number",
+  axis_titles: "boolean",
 } as const;
 
 /** One entry of the `charts` trait. */
@@ -69,12 +73,16 @@ export const CHART_FIELDS = {
   title: "string",
   subtitle: "string",
   note: "string",
+  hint: "string",
   x_label: "string",
   y_label: "string",
   x_log: "boolean",
   y_log: "boolean",
   y_reference: "number|null",
   x_ticks: "list",
+  x_tick_labels: "list",
+  x_range: "list",
+  label_points: "boolean",
   series: "list",
 } as const;
 

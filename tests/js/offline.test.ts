@@ -156,7 +156,11 @@ describe("OfflineModel", () => {
         col_axis: "",
         dtype: "float16",
         note: "",
+        hint: "",
         window_subtitle: "",
+        mark_row: -1,
+        mark_col: -1,
+        axis_titles: false,
         blob: blobIndex,
         packed: "",
       },
@@ -173,6 +177,10 @@ describe("OfflineModel", () => {
     y_log: false,
     y_reference: null,
     x_ticks: [],
+    x_tick_labels: [],
+    x_range: [],
+    label_points: true,
+    hint: "",
   };
   const series = {
     name: "s",

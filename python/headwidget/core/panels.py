@@ -55,6 +55,10 @@ class Panel:
     ``window_subtitle``: for a panel of a window of indices (the channel view's), the subtitle with
     ``{first}`` and ``{last}`` where it names the window's first and last index, so that a saved page
     cropping the panel to another window says which (empty: the subtitle names no window).
+    ``hint``: what a click on the panel does ("a click on a row selects its layer"), said only where a
+    click does it (the live widget; a saved page and a figure leave it out). ``mark_row`` /
+    ``mark_col``: the displayed row / column outlined (the selected layer), -1 for none.
+    ``axis_titles``: draw ``row_axis`` and ``col_axis`` as the axes' titles.
     """
 
     id: str
@@ -74,6 +78,10 @@ class Panel:
     row_axis: str = ""
     col_axis: str = ""
     window_subtitle: str = ""
+    hint: str = ""
+    mark_row: int = -1
+    mark_col: int = -1
+    axis_titles: bool = False
 
 
 @dataclass

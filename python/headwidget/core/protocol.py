@@ -14,9 +14,14 @@ the fields listed here. A view's state traits are named by its controls (``contr
 - ``PANEL_FIELDS``: one entry of the ``panels`` trait (:func:`~headwidget.core.panels.encode_panel`);
   ``data`` is the matrix as raw little-endian bytes (a binary buffer of the message), as ``dtype``
   says, and ``key`` names those bytes (:func:`~headwidget.core.panels.frame_key`): a panel whose key
-  the page said it holds comes with empty ``data``, and the page takes the cells it kept;
+  the page said it holds comes with empty ``data``, and the page takes the cells it kept; ``hint``
+  says what a click on the panel does (drawn only where a click does it: a saved page and a figure
+  leave it out); ``mark_row`` / ``mark_col`` outline one row / column (the selected layer; -1: none);
 - ``CHART_FIELDS``, ``SERIES_FIELDS``: one entry of the ``charts`` trait and one of its series
-  (:func:`~headwidget.core.charts.encode_chart`);
+  (:func:`~headwidget.core.charts.encode_chart`): a chart's ``hint`` as a panel's, ``x_tick_labels``
+  the text of each of ``x_ticks`` (empty: the values written out), ``x_range`` the x-axis' ends
+  before padding (empty: the data's; charts that share an axis give the same), ``label_points``
+  whether each point's name is written beside it (False: lines a legend names);
 - ``CONTROL_TYPES``: each kind of control, with the fields it cannot do without; ``CONTROL_FIELDS``:
   one entry of the ``controls`` trait (``Control.to_json``). A
   control of a type the page does not know is an error there, never dropped;
@@ -104,7 +109,11 @@ PANEL_FIELDS: dict[str, str] = {
     "data": "bytes",
     "key": "string",
     "note": "string",
+    "hint": "string",
     "window_subtitle": "string",
+    "mark_row": "number",
+    "mark_col": "number",
+    "axis_titles": "boolean",
 }
 
 CHART_FIELDS: dict[str, str] = {
@@ -112,12 +121,16 @@ CHART_FIELDS: dict[str, str] = {
     "title": "string",
     "subtitle": "string",
     "note": "string",
+    "hint": "string",
     "x_label": "string",
     "y_label": "string",
     "x_log": "boolean",
     "y_log": "boolean",
     "y_reference": "number|null",
     "x_ticks": "list",
+    "x_tick_labels": "list",
+    "x_range": "list",
+    "label_points": "boolean",
     "series": "list",
 }
 
