@@ -232,21 +232,24 @@ def test_the_dashboard_in_marimo_is_the_trend_chart_over_tabs_of_the_views_widge
     dash = Dashboard(stats, model)
     trend = dash.trend_widget
     assert trend is dash.trend_widget and trend.view == "trends" and trend.panels == []
-    expected = trend_charts(dash.trends.trend_series, stats.layers, dash.trends.figure.title)
+    expected = trend_charts(dash.trends.trend_series, stats.layers, dash.trends.subtitle)
     assert [c["id"] for c in trend.charts] == [c.id for c in expected] == ["trend-means"]
     assert trend.charts[0]["x_ticks"] == [float(layer) for layer in stats.layers]  # ticks at layers
-    for sent, series in zip(trend.charts[0]["series"], expected[0].series, strict=True):
+    *lines, marker = trend.charts[0]["series"]
+    for sent, series in zip(lines, expected[0].series, strict=True):
         assert sent["name"] == series.name and sent["y"] == series.y == dash.trends.series[series.name]
+    assert (marker["name"], marker["x"]) == ("layer 0 (selected)", [0.0, 0.0])  # the selected layer
     # A click on a point selects its layer in every tab (the trends' layer is linked to them).
     trend._handle_message(trend, {"type": "chart_click", "chart": "trend-means", "series": 0, "point": 1}, [])
     assert dash.channels.layer == dash.alignment.layer == dash.trends.layer == 1
     assert dash.channels.widget.layer == 1
+    assert trend.charts[0]["series"][-1]["x"] == [1.0, 1.0]  # the marker moved with it
     trend._handle_message(trend, {"type": "chart_click", "chart": "trend-means", "series": 0, "point": 7}, [])
     assert dash.channels.layer == 1  # no such layer: nothing moves
     # The alignment tab's method moves the chart's similarity series, as it moves the bqplot chart's.
     dash.alignment.alignment = "orthogonal"
     assert dash.trends.alignment == "orthogonal" and "orthogonal" in trend.charts[0]["subtitle"]
-    drawn = {s["name"]: s["y"] for s in trend.charts[0]["series"]}
+    drawn = {s["name"]: s["y"] for s in trend.charts[0]["series"][:-1]}  # (the last: the marker)
     assert drawn == {name: list(values) for name, values in dash.trends.series.items()}
     shown = try_format(dash)  # what a marimo cell whose last expression is the dashboard shows
     assert shown.mimetype == "text/html" and "<marimo-tabs" in shown.data
@@ -280,12 +283,12 @@ def test_the_trend_chart_follows_the_alignment_tabs_method_and_metric(llama):
     expected = layer_series(stats, alignment="orthogonal", metric="pearson", similarity_only=True)
     for name, values in expected.items():
         np.testing.assert_allclose(dash.trends.series[name], values)
-    assert "Pearson" in dash.trends.figure.title and "orthogonal" in dash.trends.figure.title
+    assert "Pearson" in dash.trends.subtitle and "orthogonal" in dash.trends.title.value
     metric = next(c for c in dash.alignment.widget.controls if c["trait"] == "metric")
     assert dict(metric["labels"])["token_cosine"] == "per-token cosine"  # the drop-down's words, too
     dash.alignment.metric = "cka"  # rotation-invariant: the chart stays on the metric it names
     assert dash.alignment.error == "" and dash.trends.metric == "pearson"
-    assert "Pearson" in dash.trends.figure.title
+    assert "Pearson" in dash.trends.subtitle
 
 
 def test_dashboard_saves_every_tab(llama, tmp_path):
@@ -310,10 +313,12 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
     blob = summary.split('<script type="application/json" id="headwidget-data">')[1].split("</script>")[0]
     charts = json.loads(blob)["state"]["charts"]
     drawn = {s["name"]: s["y"] for c in charts for s in c["series"]}
+    assert drawn.pop("layer 0 (selected)")  # the selected layer's marker
     assert drawn.keys() == dash.trends.series.keys()
+    assert all(c["hint"] == "" and "click" not in c["note"] for c in charts)  # a page's click selects nothing
     for name, values in dash.trends.series.items():
         assert drawn[name] == pytest.approx(values, abs=0, nan_ok=True)
-    assert all(s["x"] == [float(x) for x in stats.layers] for c in charts for s in c["series"])
+    assert all(s["x"] == [float(x) for x in stats.layers] for c in charts for s in c["series"][:-1])
     for frame, view in zip(frames, dash.views.values(), strict=True):
         data = frame.split('<script type="application/json" id="headwidget-data">')[1].split("</script>")[0]
         assert (

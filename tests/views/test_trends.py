@@ -75,8 +75,8 @@ def test_legend_sits_beside_the_plot_and_names_every_series(llama):
     _, stats = llama
     trends = LayerTrends(TrendView(stats))
     assert not any(getattr(m, "display_legend", False) for m in trends.figure.marks)
-    (row,) = trends.children
-    assert list(row.children) == [trends.figure, trends.legend]
+    title, row = trends.children
+    assert title is trends.title and list(row.children) == [trends.figure, trends.legend]
     for name in trends.series:
         assert html.escape(name) in trends.legend.value
     assert trends.legend.value.count("stroke-dasharray") == sum("before" in n for n in trends.series)
@@ -97,7 +97,8 @@ def test_points_show_series_layer_and_value_on_hover(llama):
 def test_trend_follows_the_alignment_views_method_and_metric(llama):
     _, stats = llama
     trends = LayerTrends(TrendView(stats))
-    assert trends.figure.title.endswith("head similarity: per-token cosine, auto alignment")
+    assert trends.subtitle == "head similarity: per-token cosine, auto alignment"
+    assert trends.figure.title == ""  # (above the figure: bqplot's toolbar covers the end of its own)
     view = AlignmentView(stats, layer=0)
     traitlets.link((view, "alignment"), (trends, "alignment"))
     traitlets.link((view, "metric"), (trends, "metric"))
@@ -107,7 +108,10 @@ def test_trend_follows_the_alignment_views_method_and_metric(llama):
     after = key.shown[~np.eye(len(key.shown), dtype=bool)].mean()
     assert trends.series["K head similarity · after"][1] == pytest.approx(after, abs=1e-12)
     assert trends.dots["K head similarity · after"].y[1] == pytest.approx(after, abs=1e-12)
-    assert trends.figure.title.endswith("head similarity: Pearson, orthogonal alignment")
+    assert (
+        trends.subtitle == "head similarity: Pearson, orthogonal alignment"
+        and trends.subtitle in trends.title.value
+    )
     left = [v for vs in trends.series.values() for v in vs]
     assert trends.y_scale.min < min(left) and trends.y_scale.max > max(left)
     view.alignment = "none"  # nothing aligned: after is before
@@ -208,13 +212,26 @@ def test_the_trend_view_draws_the_bqplot_charts_numbers_for_every_alignment_and_
                 stats, model=model, mechanisms=["mqa"], alignment=alignment, metric=metric
             )
             means, ranks = view.grid.charts
-            drawn = [(s.name, s.y, s.dashed) for c in (means, ranks) for s in c.series]
+            # each chart's last series: the marker of the selected layer
+            drawn = [(s.name, s.y, s.dashed) for c in (means, ranks) for s in c.series[:-1]]
             assert drawn == [(s.name, s.values, s.dashed) for s in expected]
-            assert [s.name for s in ranks.series] == ["eff. rank · mqa"]
+            assert [s.name for s in ranks.series[:-1]] == ["eff. rank · mqa"]
             trends = LayerTrends(TrendView(stats, alignment=alignment, metric=metric))
-            assert means.subtitle == trends.figure.title
-            assert {s.name: s.y for s in means.series} == trends.series
+            assert trends.subtitle == means.subtitle and html.escape(means.subtitle) in trends.title.value
+            assert {s.name: s.y for s in means.series[:-1]} == trends.series
     view.select_point("trend-means", 0, 1)
+    assert view.layer == 1
+    for chart in view.grid.charts:  # the selected layer is marked in each chart, across its values
+        marker = chart.series[-1]
+        lines = [y for s in chart.series[:-1] for y in s.y]
+        assert (marker.name, marker.x, marker.style, marker.dashed) == (
+            "layer 1 (selected)",
+            [1.0, 1.0],
+            "line",
+            True,
+        )
+        assert marker.y == [min(lines), max(lines)]
+    view.select_point("trend-means", len(view.grid.charts[0].series) - 1, 0)  # the marker: nothing
     assert view.layer == 1
     note = view.grid.charts[0].note
     after = next(s for s in view.grid.charts[0].series if s.name == "K head similarity · after")
@@ -276,7 +293,7 @@ def test_the_bqplot_chart_draws_its_trend_views_series_computed_once(llama, monk
     grid = dash.trend_grid()
     assert calls == [False]  # the page's charts: the same series, not computed again
     means = grid.charts[0]
-    assert [(s.name, list(s.y)) for s in means.series] == [
+    assert [(s.name, list(s.y)) for s in means.series[:-1]] == [  # (the last: the layer's marker)
         (n, list(v)) for n, v in dash.trends.series.items()
     ]
     dash.trends.alignment = "none"

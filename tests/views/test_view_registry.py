@@ -196,7 +196,7 @@ def test_what_each_view_is_built_from_is_declared_once():
     expected = {
         "channels": ("stats", (), "pinned", True),
         "alignment": ("stats", (), "layers", False),
-        "mechanisms": ("model", ("stats",), "layer", True),
+        "mechanisms": ("model", ("stats", "report"), "layer", True),
         "consequences": ("report", (), "layer", False),
         "healing": ("healing", (), "layer", False),
         "quantization": ("stats", ("report",), "layer", False),

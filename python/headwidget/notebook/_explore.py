@@ -18,7 +18,7 @@ from headwidget.export import ExportError, page_html, save, save_tabbed_html
 from headwidget.notebook._compose import compose, drawing, share
 from headwidget.stats import KVStats
 from headwidget.tracking import Timeline
-from headwidget.views import TrendView, View, check_sources, view_class, view_names
+from headwidget.views import TrendView, View, check_same_models, check_sources, view_class, view_names
 from headwidget.views.healing import checked_runs
 from headwidget.views.timeline import checked_timelines
 from headwidget.widget import HeadWidget
@@ -57,16 +57,19 @@ class Dashboard:
         """``model`` must be the model ``stats`` were captured from (else
         :class:`~headwidget.errors.StatsMismatchError`, before any tab is built); ``timeline`` must
         hold snapshots (else :class:`~headwidget.views.ViewSourceError`, before any tab is built);
-        ``healing``: :func:`headwidget.heal` results (one run, or names → runs) for the healing tab."""
+        ``healing``: :func:`headwidget.heal` results (one run, or names → runs) for the healing tab.
+        Every source must be of one model (the tabs share the selected layer): a report, runs or a
+        timeline of another raise :class:`~headwidget.errors.StatsMismatchError`, naming both."""
         check_sources(stats, model, "dashboard")
         if timeline is not None:
             checked_timelines(timeline)
         if healing is not None:
-            checked_runs(healing)
+            healing = checked_runs(healing)
+        given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
+        check_same_models(given, "dashboard")  # (the tabs share a layer: one model's layers)
         self.stats = stats
         self.model = model
         chosen = {name: dict(values) for name, values in (options or {}).items()}
-        given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
         built: dict[str, View[Any]] = {}
         for name in view_names():
             cls = view_class(name)
@@ -110,7 +113,12 @@ class Dashboard:
         return compose([drawing(view, "marimo") for view in self.above.values()], tabs, "marimo")
 
     def save(
-        self, path: str | os.PathLike[str], *, dpi: float = 200, layers: Sequence[int] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dpi: float = 200,
+        layers: Sequence[int] | None = None,
+        max_states: int | None = None,
     ) -> list[Path]:
         """Save every tab; returns the paths written.
 
@@ -118,7 +126,9 @@ class Dashboard:
           page: the trend chart's series drawn by the widget's charts, its alignment and metric
           selects working offline) and each tab's standalone page (as
           :func:`headwidget.export.save_html` writes it: hover, colorbar and the layer slider over
-          ``layers``, default every layer).
+          ``layers``, default every layer; each tab's other controls over at most ``max_states``
+          states, default :data:`~headwidget.export._source.DEFAULT_MAX_STATES`). A click on a saved page
+          selects nothing (the tabs are pages of their own): the pages do not say it does.
         - ``.png``, ``.svg``, ``.pdf``: one figure per tab, named after the tab:
           ``dash.png`` → ``dash-channels.png``, ``dash-alignment.png``, ``dash-mechanisms.png``, each
           titled with its model and layer.
@@ -137,9 +147,10 @@ class Dashboard:
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix != ".html":
-            if layers is not None:
+            if layers is not None or max_states is not None:
+                what = "layers=" if layers is not None else "max_states="
                 raise ExportError(
-                    "layers= applies to .html exports; a figure shows each tab's current panels"
+                    f"{what} applies to .html exports; a figure shows each tab's current panels"
                 )
             if suffix not in (".png", ".svg", ".pdf"):
                 raise ExportError(
@@ -151,13 +162,20 @@ class Dashboard:
             ]
         model = self.stats.meta.model_name or self.stats.meta.model_class
         summary = self.trend_view
-        pages = [(summary.title, page_html(summary, title=f"{summary.title} · {model}"))]
+        pages = [
+            (summary.title, page_html(summary, title=f"{summary.title} · {model}", max_states=max_states))
+        ]
         sliding = {v for v in self.views.values() if any(c.trait == "layer" for c in v.view_controls())}
         pages += [
             # The page's slider moves through the layers: its heading names the model, not a layer.
             (
                 view.title,
-                page_html(view, title=f"{view.title} · {model}", layers=layers if view in sliding else None),
+                page_html(
+                    view,
+                    title=f"{view.title} · {model}",
+                    layers=layers if view in sliding else None,
+                    max_states=max_states,
+                ),
             )
             for view in self.views.values()
         ]
@@ -219,7 +237,8 @@ def explore(
             f"report must be an EvaluationReport (headwidget.evaluate), got {type(report).__name__}"
         )
     if healing is not None:
-        checked_runs(healing)  # before any capture
+        healing = checked_runs(healing)  # before any capture
+    check_same_models({"report": report, "healing": healing}, "dashboard")
     if isinstance(model_or_stats, KVStats):
         return Dashboard(model_or_stats, report=report, healing=healing)
     if isinstance(model_or_stats, Timeline):
@@ -237,6 +256,9 @@ def explore(
         capture_options.setdefault("max_length", 256)
     if texts is None:
         raise ArgumentError("explore(model) needs texts to capture: explore(model, texts, tokenizer=...)")
+    check_same_models(
+        {"model": model, "report": report, "healing": healing}, "dashboard"
+    )  # (before capturing)
     capture_options.setdefault("inputs", True)
     stats = capture(model, texts, tokenizer=tokenizer, **capture_options)
     return Dashboard(stats, model, mechanisms_trend=mechanisms_trend, report=report, healing=healing)

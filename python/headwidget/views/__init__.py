@@ -33,6 +33,7 @@ from headwidget.views._base import (
     reduced,
 )
 from headwidget.views._controls import Control, ControlType, checklist, entry, select, slider, toggles, window
+from headwidget.views._models import check_same_models
 from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
 from headwidget.views._sources import ViewSources
 from headwidget.views._state import ViewState, WholeNumber, shared_fields, state
@@ -70,6 +71,7 @@ __all__ = [
     "ViewSources",
     "ViewState",
     "WholeNumber",
+    "check_same_models",
     "check_sources",
     "checklist",
     "default_mechanisms",

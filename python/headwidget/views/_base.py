@@ -65,6 +65,7 @@ from headwidget.errors import HeadwidgetError, LayerIndexError
 from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
 from headwidget.views._memo import Memo
+from headwidget.views._models import check_same_models
 from headwidget.views._prefetch import Prefetcher
 from headwidget.views._sources import ViewSources, missing_source
 from headwidget.views._state import ViewState, field_controls, frozen, state, state_traits
@@ -211,6 +212,7 @@ class View(t.HasTraits, Generic[S], metaclass=_ViewClass):
 
     def __init__(self) -> None:
         self._grid: PanelGrid | None = None
+        self._state_shown: S | None = None
         self._setting_up = False
         self._screens: list[ViewScreen] = []
         self._widget: Any = None
@@ -291,6 +293,7 @@ class View(t.HasTraits, Generic[S], metaclass=_ViewClass):
             raise ViewSourceError(missing_source(name, made.main))
         if made.takes("stats") and not made.takes("model"):  # (a view taking both checks them itself)
             check_sources(stats, model, f"{name} view")
+        check_same_models({s: v for s, v in given.items() if made.takes(s)}, f"{name} view")
         arguments = {source: given[source] for source in made.optional if given[source] is not None}
         chosen = made.arguments(tuple(layers), interactive)
         if "layer" in state:  # an explicit layer wins over the named layers
@@ -317,13 +320,30 @@ class View(t.HasTraits, Generic[S], metaclass=_ViewClass):
         check_sources(stats, model, f"{cls.view_name or cls.__name__} view")
         return stats
 
+    def describe(self, state: S) -> str:
+        """What the panels of ``state`` are of, in words: the model (or models) first, then `` · `` and
+        which part of it, the layer(s) (``""``: nothing to add). Views override this; it reads
+        ``state`` and the view's sources only."""
+        return ""
+
+    @property
+    def subject(self) -> str:
+        """What the view shows whatever its state: the model (or models), as :meth:`describe` begins
+        (a saved page's title; each state's panels are headed by their own :meth:`describe`)."""
+        return self.caption.split(" · ", 1)[0]
+
     @property
     def caption(self) -> str:
-        """What the panels are of, in words: the model and the layer(s) (``""``: nothing to add).
+        """:meth:`describe` of the state shown (:meth:`shown_state`): the widget's heading, and the
+        title of a saved figure unless given another ``title`` (a saved page heads each state's
+        panels with that state's)."""
+        return self.describe(self.shown_state())
 
-        The export titles a saved figure with it unless given another ``title``.
-        """
-        return ""
+    def shown_state(self) -> S:
+        """The state whose panels the view shows: that of its last computed grid (a state set since
+        that it cannot show leaves the panels, and what describes them, as they were), else the
+        current state."""
+        return self.current_state() if self._state_shown is None else self._state_shown
 
     # ------------------------------------------------------------------ computing panels
     def compute(self, state: S, resolution: int | None = None) -> PanelGrid:
@@ -395,7 +415,7 @@ class View(t.HasTraits, Generic[S], metaclass=_ViewClass):
                 together.enter_context(screen.together())
             for name, value in labels.items():
                 setattr(self, name, value)
-            self._grid = grid
+            self._grid, self._state_shown = grid, state
             self.error = ""
             for screen in self._screens:
                 screen.shown(grid)

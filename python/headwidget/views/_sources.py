@@ -4,10 +4,11 @@ A view names what it is built from: ``main``, the one source it cannot do withou
 captured statistics; ``model``, a model's weights; ``report``, an evaluation report; ``timeline``, a
 training run's snapshots; ``healing``, healing runs; ``""``: nothing), its constructor's first
 argument; ``optional``, the other sources it takes by keyword when they are there (the mechanisms
-view's ``stats``, the trends' ``model``, the quantization view's ``report``); ``layers``, what it does
-with the layers a user names (``pinned``: the first selected, the rest pinned beside it; ``layers``:
-all of them shown together when there are several; ``layer``: the first selected); and whether its
-constructor takes ``prefetch``, which ``interactive`` sets.
+view's ``stats`` and ``report``, the trends' ``model``, the quantization view's ``report``);
+``layers``, what it does with the layers a user names (``pinned``: the first selected, the rest
+pinned beside it; ``layers``: all of them shown together when there are several; ``layer``: the
+first selected); and whether its constructor takes ``prefetch``, which ``interactive`` sets. The
+sources a view is built from must be of one model (:mod:`~headwidget.views._models`).
 
 So :meth:`View.create <headwidget.views.View.create>`, which the command line, the magic and
 ``explore`` build every view through, is written once, for every view, from these facts.
@@ -15,7 +16,7 @@ So :meth:`View.create <headwidget.views.View.create>`, which the command line, t
 Example:
     >>> from headwidget.views import view_class
     >>> view_class("mechanisms").sources
-    ViewSources(main='model', optional=('stats',), layers='layer', prefetch=True)
+    ViewSources(main='model', optional=('stats', 'report'), layers='layer', prefetch=True)
     >>> view_class("channels").sources.layers
     'pinned'
 """

@@ -182,12 +182,11 @@ class AlignmentView(LayerView[AlignmentState]):
             return {"layer_label": f"layers {self.fixed_layers}"}
         return super().labels(state)
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: AlignmentState) -> str:
         """The model and the layer (or the flattened layers) whose heads are compared."""
         if self.fixed_layers:
             return f"{stats_model_name(self.stats)} · layers {', '.join(map(str, self.fixed_layers))}"
-        return f"{stats_model_name(self.stats)} · layer {self.current_state().layer}"
+        return f"{stats_model_name(self.stats)} · layer {state.layer}"
 
     def result(self, kind: str, state: AlignmentState | None = None) -> AlignmentResult:
         """The alignment result behind the panels of ``kind`` in ``state`` (default: the current

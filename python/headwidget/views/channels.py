@@ -210,10 +210,9 @@ class ChannelView(LayerView[ChannelState]):
         """The layer read-out, with the number of tokens the correlations are over."""
         return {"layer_label": f"{self.layer_text(state.layer)} ({self.stats.tokens} tokens)"}
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: ChannelState) -> str:
         """The model and the layers shown (selected and pinned)."""
-        shown = self.current_state()
+        shown = state
         layers = sorted({shown.layer, *shown.pinned})
         where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(map(str, layers))}"
         return f"{stats_model_name(self.stats)} · {where}"

@@ -11,9 +11,9 @@ Drawn from an :class:`~headwidget.evaluation.EvaluationReport` (:func:`headwidge
    allocations at several budgets) are joined by a line in order of bytes.
 2. with a per-layer sweep (``per_layer=True``), the damage map: one row per variant, one column per
    layer, colour the ΔNLL (encoders: hidden-state relative error) with only that layer converted, on a
-   diverging scale centred on 0 (a layer whose conversion helps is blue). A click on a cell selects
-   its layer (``layer``), which moves the other views of a dashboard; the note names the selected
-   layer's values and the most fragile layer.
+   diverging scale centred on 0 (a layer whose conversion helps is blue). The selected layer's column
+   is outlined; a click on a cell selects its layer (``layer``), which moves the other views of a
+   dashboard; the note names the selected layer's values and the most fragile layer.
 
 Example:
     >>> from headwidget.evaluation import EvaluationReport
@@ -167,8 +167,7 @@ class ConsequenceView(View[ConsequenceState]):
         )
         self.set_up(first, measures_available=measures)
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: ConsequenceState) -> str:
         """The model and what the variants were measured on (the charts below have their own titles:
         the figure's title does not repeat one)."""
         report = self.report
@@ -292,8 +291,7 @@ class ConsequenceView(View[ConsequenceState]):
         if finite.size:
             i, j = np.unravel_index(np.nanargmax(matrix), matrix.shape)
             notes.append(f"most fragile: layer {r.layers[j]} under {names[specs[i]]} ({matrix[i, j]:+.4f})")
-        notes.append("a click selects the layer")
-        notes += [f"{names[v]} = {v}" for v in specs if names[v] != v]  # last: long, and cut first
+        notes += [f"{names[v]} = {v}" for v in specs if names[v] != v]  # last: long
         panel = Panel(
             "damage",
             title,
@@ -305,6 +303,9 @@ class ConsequenceView(View[ConsequenceState]):
             note=" · ".join(notes),
             row_axis="variant",
             col_axis="layer",
+            axis_titles=True,
+            hint="a click on a cell selects its layer",
+            mark_col=r.layers.index(layer) if layer in r.layers else -1,
         )
         return panel, peak if peak > 0 else 1.0
 

@@ -2,14 +2,15 @@
 
 Drawn from :class:`~headwidget.healing.HealingRun` objects (:func:`headwidget.heal`), by name:
 
-1. the recovery curves: healing tokens seen (log axis; the untrained point drawn at the left edge,
-   half the first evaluation's tokens, and named so on hover) against the damage ``measure`` (KL to the
-   original, ΔNLL, or top-1 disagreement; an encoder: the hidden-state relative error), one line per run,
-   the original model's 0 drawn as a reference;
-2. the per-layer recovery map of the run ``run`` (a toggle among the runs): its converted layers × its
-   evaluation points, colour the teacher-forced relative attention-output error of the layer
-   (:mod:`headwidget.healing._layers`); the note names the layer that recovers last (the largest share
-   of its untrained error left at the end). A click on a row selects that layer (``layer``), which
+1. the recovery curves: healing tokens seen (log axis; the untrained point drawn left of the first
+   evaluation, at half its tokens, under a tick that says 0, and named so on hover) against the
+   damage ``measure`` (KL to the original, ΔNLL, or top-1 disagreement; an encoder: the hidden-state
+   relative error), one line per run, the original model's 0 drawn as a reference;
+2. the per-layer recovery map of the run ``run`` (a toggle among the runs): its evaluation points ×
+   its converted layers (a strip, as the damage map's variants × layers), colour the teacher-forced
+   relative attention-output error of the layer (:mod:`headwidget.healing._layers`); the note names
+   the layer that recovers last (the largest share of its untrained error left at the end). The
+   selected layer's column is outlined; a click on a column selects that layer (``layer``), which
    moves the other tabs of a dashboard.
 
 Example:
@@ -27,10 +28,12 @@ Example:
     >>> [s.name for s in chart.series], chart.series[0].x, chart.series[0].y
     (['mqa', 'mqa+align'], [16.0, 32.0], [0.4, 0.2])
     >>> view.grid.panels[0].matrix.tolist(), view.grid.panels[0].note.split(" · ")[0]
-    ([[0.3, 0.1], [0.2, 0.15]], 'recovers last: layer 1 (75% of its untrained error left)')
-    >>> view.select_cell("layers", 1, 0)
-    >>> view.layer
-    1
+    ([[0.3, 0.2], [0.1, 0.15]], 'recovers last: layer 1 (75% of its untrained error left)')
+    >>> chart.x_ticks, chart.x_tick_labels
+    ([16.0, 32.0], ['0', '32'])
+    >>> view.select_cell("layers", 0, 1)
+    >>> view.layer, view.grid.panels[0].mark_col
+    (1, 1)
 """
 
 from __future__ import annotations
@@ -176,8 +179,8 @@ class HealingView(View[HealingState]):
         """Never from one capture's statistics alone: the view needs healing runs."""
         return False
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: HealingState) -> str:
+        """The model, the runs and what they were measured on."""
         first = next(iter(self.runs.values()))
         count = f"{len(self.runs)} healed variant{'s' if len(self.runs) > 1 else ''}"
         return f"{first.model_name} · {count} · {first.evaluation_tokens:,} held-out tokens"
@@ -206,26 +209,30 @@ class HealingView(View[HealingState]):
             ys = [self.damage(row, measure) for row in r.curve]
             hovers = [_hover(name, row, f"{label} {y:.4f}") for row, y in zip(r.curve, ys, strict=True)]
             series.append(Series(name, xs, ys, hovers, style="points+line"))
-        ticks = sorted(
-            {edge, *(row["tokens"] for r in self.runs.values() for row in r.curve if row["tokens"] > 0)}
+        evaluated = sorted(
+            {row["tokens"] for r in self.runs.values() for row in r.curve if row["tokens"] > 0}
         )
         closed = ", ".join(  # of what is drawn: 1 − last / untrained
             f"{line.name} {1 - line.y[-1] / line.y[0]:.0%}" if line.y[0] else f"{line.name} n/a"
             for line in series
         )
+        method = first.method if first.loss == first.method else f"{first.method} ({first.loss})"
         return Chart(
             "recovery",
             "Recovery while healing",
-            "healing tokens (log; leftmost point: untrained)",
+            "healing tokens (log; 0: untrained)",
             axis,
             series,
             subtitle=(
-                f"{first.model_name} · {first.method} ({first.loss}), trainable {first.trainable} · "
+                f"{first.model_name} · {method}, trainable {first.trainable} · "
                 f"{first.evaluation_tokens:,} held-out tokens · lower is better, 0 is the original"
             ),
             x_log=True,
             y_reference=0.0,
-            x_ticks=ticks,
+            # The untrained point sits left of the first evaluation, where a log axis has room for
+            # it: its tick says 0, the others the tokens seen.
+            x_ticks=[edge, *evaluated],
+            x_tick_labels=["0", *(f"{int(n):,}" for n in evaluated)],
             label_points=False,  # the legend names the runs; hover names each point
             note=f"share of the untrained {label} closed at the end: {closed}",
         )
@@ -234,8 +241,8 @@ class HealingView(View[HealingState]):
         r = self.runs[name]
         if not r.per_layer or not r.layers:
             return None
-        matrix = np.array(r.per_layer, dtype=np.float64).T  # layers × points
-        left = matrix[:, -1] / np.where(matrix[:, 0] > 0, matrix[:, 0], np.nan)
+        matrix = np.array(r.per_layer, dtype=np.float64)  # points × layers
+        left = matrix[-1] / np.where(matrix[0] > 0, matrix[0], np.nan)
         notes = []
         if np.isfinite(left).any():
             worst = int(np.nanargmax(left))
@@ -244,20 +251,22 @@ class HealingView(View[HealingState]):
             )
         if layer in r.layers:
             i = r.layers.index(layer)
-            notes.append(f"layer {layer}: {matrix[i, 0]:.3f} untrained → {matrix[i, -1]:.3f}")
-        notes.append("a click selects the layer")
+            notes.append(f"layer {layer}: {matrix[0, i]:.3f} untrained → {matrix[-1, i]:.3f}")
         contiguous = r.layers == list(range(r.layers[0], r.layers[0] + len(r.layers)))
         panel = Panel(
             "layers",
             f"Attention-output error per layer · {name}",
             matrix,
-            subtitle=f"{r.model_name} · converted layers × healing tokens (teacher-forced)",
-            row_labels=None if contiguous else [str(layer) for layer in r.layers],
-            row_offset=r.layers[0] if contiguous else 0,
-            col_labels=[_tokens(row["tokens"]) for row in r.curve],
+            subtitle=f"{r.model_name} · teacher-forced, at each evaluation while healing",
+            row_labels=[_tokens(row["tokens"]) for row in r.curve],
+            col_labels=None if contiguous else [str(layer) for layer in r.layers],
+            col_offset=r.layers[0] if contiguous else 0,
             note=" · ".join(notes),
-            row_axis="layer",
-            col_axis="tokens",
+            row_axis="healing tokens",
+            col_axis="layer",
+            axis_titles=True,
+            hint="a click on a column selects its layer",
+            mark_col=r.layers.index(layer) if layer in r.layers else -1,
         )
         finite = matrix[np.isfinite(matrix)]
         return panel, float(finite.max()) if finite.size else 1.0
@@ -297,7 +306,7 @@ class HealingView(View[HealingState]):
         return max(values, default=0.0)
 
     def select_cell(self, panel: str, row: int, col: int) -> None:
-        """A click on a row of the map selects its layer."""
-        layers = self.runs[self.current_state().run].layers
-        if panel == "layers" and 0 <= row < len(layers):
-            self.set_state(layer=layers[row])
+        """A click on a column of the map selects its layer."""
+        layers = self.runs[self.shown_state().run].layers
+        if panel == "layers" and 0 <= col < len(layers):
+            self.set_state(layer=layers[col])

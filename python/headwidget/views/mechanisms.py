@@ -3,8 +3,9 @@
 Reference: the low-rank KV paper's figure (MHA, LRKV r=16, LRKV r=64, MQA, MLA side by side, colour
 −1..1). Each panel is the (H × H) correlation of the heads' QK forms ``W_Q^h ᵀ W_K^{g(h)}`` (or OV
 forms ``W_O^h W_V^{g(h)}``, ``circuit="ov"``) after converting the layer's K/V projections to that
-mechanism, centred across heads. Under each title: the KV-cache bytes per token (bf16, over all
-layers as if each were converted so, and this layer's own),
+mechanism, centred across heads. Under each title: the KV-cache bytes per token (over all layers as
+if each were converted so, and this layer's own; in bf16, or with a ``report`` in the dtype it was
+evaluated in, as its trade-off chart counts them, with bf16 beside),
 the entropy effective rank of the heads, and the K/V reconstruction errors (``err K … V …``), labelled
 as what they are: weight-space errors, or data-aware ones over the statistics' N tokens (when the
 statistics hold the attention input). The figure's caption (its title when saved) and the layer
@@ -39,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 import traitlets as t
 from torch import nn
 
@@ -60,15 +62,26 @@ from headwidget.errors import (
     UnknownCircuitError,
     UnsupportedConversionError,
 )
+from headwidget.evaluation import EvaluationReport
 from headwidget.stats import KVStats
 from headwidget.views._base import LayerState, LayerView, ViewSourceError, check_sources
 from headwidget.views._controls import checklist, entry, select
 from headwidget.views._memo import Memo
+from headwidget.views._models import check_same_models
 from headwidget.views._registry import register_view
 from headwidget.views._sources import ViewSources
 from headwidget.views._state import state
 
-__all__ = ["CIRCUITS", "SPEC_ERRORS", "MechanismState", "MechanismView", "default_mechanisms", "model_name"]
+__all__ = [
+    "CIRCUITS",
+    "KV_DTYPE",
+    "SPEC_ERRORS",
+    "MechanismState",
+    "MechanismView",
+    "default_mechanisms",
+    "kv_dtype",
+    "model_name",
+]
 
 CIRCUITS = ["qk", "ov"]
 #: What a spec the layer cannot take raises: shown in that spec's panel, the others still drawn.
@@ -103,6 +116,20 @@ def model_name(model: object) -> str:
 
 #: A cached panel body: the (H, H) correlation, its effective rank and the conversion, or the error.
 Result = tuple[np.ndarray, float, Conversion] | Exception
+#: The dtype KV bytes are counted in without a report: :func:`headwidget.evaluate`'s default.
+KV_DTYPE = torch.bfloat16
+
+
+def kv_dtype(name: str) -> torch.dtype:
+    """A report's ``dtype`` (``"torch.float32"``) as a torch dtype.
+
+    >>> kv_dtype("torch.float32"), kv_dtype("bfloat16")
+    (torch.float32, torch.bfloat16)
+    """
+    found = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ViewSourceError(f"the report's dtype {name!r} is not a floating-point torch dtype")
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +145,7 @@ class MechanismView(LayerView[MechanismState]):
     """One head-correlation panel per mechanism spec (or per real model)."""
 
     title = "Mechanisms"
-    sources = ViewSources("model", ("stats",), layers="layer", prefetch=True)
+    sources = ViewSources("model", ("stats", "report"), layers="layer", prefetch=True)
 
     circuits_available = t.List(t.Unicode()).tag(sync=True)
     mechanisms_available = t.List(t.Unicode()).tag(sync=True)
@@ -134,14 +161,21 @@ class MechanismView(LayerView[MechanismState]):
         mechanisms: Sequence[str] | None = None,
         circuit: str = "qk",
         stats: KVStats | None = None,
+        report: EvaluationReport | None = None,
         prefetch: bool = True,
     ) -> None:
         """``mechanisms=None``: :func:`default_mechanisms`; a dict of models shows each as it is.
 
         ``stats`` must come from the model (from each model of a dict): statistics of another model
         raise :class:`~headwidget.errors.StatsMismatchError`, as :func:`~headwidget.convert` does.
+        ``report``: an evaluation of the model (:func:`headwidget.evaluate`): the KV bytes are counted
+        in its dtype, as its trade-off chart counts them (without one: bf16, ``evaluate``'s default).
         ``prefetch``: compute the neighbouring layers and the other circuit in the background.
         """
+        if report is not None and not isinstance(report, EvaluationReport):
+            raise ViewSourceError(
+                f"report must be an EvaluationReport (headwidget.evaluate), got {type(report).__name__}"
+            )
         self.prefetch = flag("prefetch", prefetch)
         layer = whole_number("layer", layer)
         if mechanisms is not None:
@@ -162,7 +196,10 @@ class MechanismView(LayerView[MechanismState]):
                     raise
                 raise StatsMismatchError(f"model {name!r}: {err}") from err
         first = self.model = next(iter(self._models.values()))
+        check_same_models({"model": first, "stats": stats, "report": report}, "mechanism view")
         self.stats = stats
+        #: The dtype the KV bytes are counted in: the report's, else bf16.
+        self.kv_dtype = KV_DTYPE if report is None else kv_dtype(report.dtype)
         # A layer's weights, its conversions, and a panel's correlation (or why there is none).
         self._weights = Memo(lambda name, layer: head_weights(self._models[name], layer), size=64)
         self._conversions = Memo(self._conversion, size=256)
@@ -220,10 +257,14 @@ class MechanismView(LayerView[MechanismState]):
 
     def _bytes(self, name: str, conversion: Conversion) -> str:
         """The conversion's KV bytes as every view says them: over all layers (as if each were
-        converted so), this layer's beside them, bf16."""
-        per_layer = conversion.kv_bytes_per_token()
+        converted so), this layer's beside them, in :attr:`kv_dtype` (and in bf16 beside them when
+        that is another)."""
+        per_layer = conversion.kv_bytes_per_token(self.kv_dtype)
         layers = self._model_layers[name]
-        return kv_bytes_text(per_layer * layers, layers, "bf16", this_layer=per_layer)
+        text = kv_bytes_text(per_layer * layers, layers, self.kv_dtype, this_layer=per_layer)
+        if self.kv_dtype == KV_DTYPE:
+            return text
+        return f"{text}; {conversion.kv_bytes_per_token(KV_DTYPE) * layers:,} B/token in bf16"
 
     def _errors_label(self, conversion: Conversion) -> str:
         if conversion.weighting == "data-aware" and self.stats is not None:
@@ -273,10 +314,9 @@ class MechanismView(LayerView[MechanismState]):
     def _model_names(self) -> str:
         return model_name(self.model) if self.models is None else ", ".join(self.models)
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: MechanismState) -> str:
         """What the figure shows: the model (or models) and the layer."""
-        return f"{self._model_names()} · layer {self.current_state().layer}"
+        return f"{self._model_names()} · layer {state.layer}"
 
     def labels(self, state: MechanismState) -> dict[str, Any]:
         """The layer read-out, with the model (or models) shown."""

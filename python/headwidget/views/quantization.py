@@ -56,6 +56,7 @@ from headwidget.stats import KVStats
 from headwidget.views._base import LayerState, LayerView, ViewSourceError, check_view_layer, stats_model_name
 from headwidget.views._controls import toggles
 from headwidget.views._memo import Memo
+from headwidget.views._models import check_same_models
 from headwidget.views._registry import register_view
 from headwidget.views._sources import ViewSources
 from headwidget.views._state import state
@@ -183,6 +184,7 @@ class QuantizationView(LayerView[QuantizationState]):
             )
         if report is not None and not isinstance(report, EvaluationReport):
             raise ViewSourceError(f"report must be an EvaluationReport, got {type(report).__name__}")
+        check_same_models({"stats": stats, "report": report}, "quantization view")
         self.stats, self.report = stats, report
         layer = optional_whole_number("layer", layer)
         self.bins = whole_number("bins", bins, minimum=1, maximum=BINS_MAX, hint="bins per channel")
@@ -211,10 +213,9 @@ class QuantizationView(LayerView[QuantizationState]):
         """Whether the view can be built from ``stats``: it needs their token samples."""
         return stats is not None and bool(stats.meta.sample_size)
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: QuantizationState) -> str:
         """The model and the layer."""
-        return f"{stats_model_name(self.stats)} · layer {self.current_state().layer}"
+        return f"{stats_model_name(self.stats)} · layer {state.layer}"
 
     # ------------------------------------------------------------------ numbers
     def _layer_entropy(self, layer: int, kind: Kind) -> ChannelEntropy:

@@ -13,8 +13,9 @@ Above the panels, the trend chart of the selected layer: per step, the numbers o
 :meth:`Timeline.summary <headwidget.Timeline.summary>` (mean |channel correlation| of K and V, mean head
 similarity of K and V before and after alignment; :meth:`Timeline.layer_series
 <headwidget.Timeline.layer_series>`), with the step
-shown marked; when the trainer logged a loss, a second chart draws it over the same steps. A click on
-a point of a chart moves the step slider to that step.
+shown marked; when the trainer logged a loss, a second chart draws it over the same steps, on the
+same step axis (the step shown is marked at the same place in both). A click on a point of a chart
+moves the step slider to that step.
 
 Two timelines side by side (``TimelineView({"MHA": t1, "GQA": t2})``) share the step slider, so they
 must hold the same steps; each has its own panels, and its lines in the charts (the second dashed).
@@ -281,8 +282,7 @@ class TimelineView(View[TimelineState]):
         """The most cells a channel panel side shows (fixed when the view is built)."""
         return self._max_cells
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: TimelineState) -> str:
         """The model(s), the layer and the step shown."""
         models = [
             f"{name}: {stats_model_name(self.stats_at(name, 0))}"
@@ -290,9 +290,8 @@ class TimelineView(View[TimelineState]):
             else stats_model_name(self.stats_at(name, 0))
             for name in self.timelines
         ]
-        shown = self.current_state()
-        step = self.steps[shown.step] if 0 <= shown.step < len(self.steps) else shown.step
-        return f"{' vs '.join(models)} · layer {shown.layer} · step {step}"
+        step = self.steps[state.step] if 0 <= state.step < len(self.steps) else state.step
+        return f"{' vs '.join(models)} · layer {state.layer} · step {step}"
 
     # ------------------------------------------------------------------ panels
     def _correlation(
@@ -428,6 +427,11 @@ class TimelineView(View[TimelineState]):
         marked) and, when a trainer logged a loss, the loss chart."""
         step = self.steps[state.step]
         lines, span = self._lines(state.layer)
+        loss, loss_span = self._losses()
+        # One step axis for both charts: a step (and the marker of the one shown) is at the same
+        # place in each, whichever starts later (a loss first logged at step 5, snapshots from 0).
+        steps = [*self.steps, *(x for line in loss for x in line.x)]
+        axis = [float(min(steps)), float(max(steps))]
         charts = [
             Chart(
                 "trends",
@@ -436,10 +440,10 @@ class TimelineView(View[TimelineState]):
                 "mean over pairs",
                 [*lines, self._marker(step, span)],
                 subtitle="mean |channel correlation|; mean head similarity before and after alignment",
-                note="a click on a point shows its step",
+                hint="a click on a point shows its step",
+                x_range=axis,
             )
         ]
-        loss, span = self._losses()
         if loss:
             charts.append(
                 Chart(
@@ -447,9 +451,10 @@ class TimelineView(View[TimelineState]):
                     "Trainer's loss",
                     "training step",
                     "loss",
-                    [*loss, self._marker(step, span)],
+                    [*loss, self._marker(step, loss_span)],
                     subtitle="as the trainer logged it",
-                    note="a click on a point shows the nearest snapshot",
+                    hint="a click on a point shows the nearest snapshot",
+                    x_range=axis,
                 )
             )
         return charts

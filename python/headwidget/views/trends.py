@@ -13,8 +13,9 @@ Lines (:func:`layer_trends`, one value per captured layer, each series with its 
 The means are those of :meth:`~headwidget.KVStats.summary`, the one function that the demo's table and
 the timelines read too. Drawn by the front end's charts (in a notebook, in marimo, on a saved page,
 where the two selects work offline) and by matplotlib in a saved figure; Jupyter's dashboard draws the
-same series with bqplot (:class:`~headwidget.widget.LayerTrends`). A click on a point selects its layer
-(``layer``), which moves the other views of a dashboard.
+same series with bqplot (:class:`~headwidget.widget.LayerTrends`). The selected layer (``layer``) is
+marked by a dashed vertical line in each chart; a click on a point selects its layer, which moves the
+other views of a dashboard.
 
 Example:
     >>> import torch, headwidget
@@ -63,12 +64,14 @@ from headwidget.views.alignment import METRIC_LABELS, alignment_method
 __all__ = [
     "ALIGNMENTS",
     "COLOURS",
+    "MARKER_COLOR",
     "RANK_ROLES",
     "SIMILARITY_ROLES",
     "SeriesRole",
     "TrendSeries",
     "TrendState",
     "TrendView",
+    "layer_marker",
     "layer_series",
     "layer_ticks",
     "layer_trends",
@@ -212,12 +215,36 @@ def _series(trend: TrendSeries, layers: Sequence[int], colour: str) -> Series:
     return Series(name, xs, list(values), labels, style="points+line", dashed=trend.dashed, color=colour)
 
 
+#: The marker of the selected layer (a dashed vertical line), in every chart of the layers.
+MARKER_COLOR = "#5f5f5f"
+
+
+def layer_marker(layer: int, lines: Sequence[Series]) -> Series:
+    """A dashed vertical line at ``layer`` from the lowest to the highest finite value of ``lines``
+    (0 to 1 when none is finite), named as the legend shows it.
+
+    >>> layer_marker(3, [Series("s", [0.0, 3.0], [0.2, float("nan")], ["a", "b"])]).y
+    [0.2, 0.2]
+    """
+    finite = [v for s in lines for v in s.y if np.isfinite(v)]
+    span = [min(finite), max(finite)] if finite else [0.0, 1.0]
+    label = f"layer {layer} (selected)"
+    return Series(label, [layer, layer], span, [label] * 2, style="line", color=MARKER_COLOR, dashed=True)
+
+
 def trend_charts(
-    series: Sequence[TrendSeries], layers: Sequence[int], subtitle: str, note: str = ""
+    series: Sequence[TrendSeries],
+    layers: Sequence[int],
+    subtitle: str,
+    note: str = "",
+    *,
+    layer: int | None = None,
+    hint: str = "",
 ) -> list[Chart]:
     """The means chart and (if any series is an effective rank) the ranks chart of ``series``; the
     i-th series in the i-th colour of :data:`COLOURS`, as in the notebook's bqplot chart; ``note``
-    under the means chart.
+    under the means chart; ``layer``: marked in each chart by a dashed vertical line (the last
+    series); ``hint``: what a click on a point does (:attr:`~headwidget.core.charts.Chart.hint`).
 
     Example:
         >>> series = [TrendSeries("K mean |channel corr|", "channel_corr", [0.2, 0.3]),
@@ -231,6 +258,11 @@ def trend_charts(
     ranks = [s for s in series if s.role in RANK_ROLES]
     means = [s for s in series if s.role not in RANK_ROLES]
     charts = []
+
+    def lines(shown: Sequence[TrendSeries]) -> list[Series]:
+        drawn = [_series(s, layers, colours[s.name]) for s in shown]
+        return drawn if layer is None else [*drawn, layer_marker(layer, drawn)]
+
     if means:
         charts.append(
             Chart(
@@ -238,11 +270,12 @@ def trend_charts(
                 "Per-layer summary",
                 "layer",
                 "mean |corr| / similarity",
-                [_series(s, layers, colours[s.name]) for s in means],
+                lines(means),
                 subtitle=subtitle,
                 note=note,
                 x_ticks=ticks,
                 label_points=False,  # the legend names the lines
+                hint=hint,
             )
         )
     if ranks:
@@ -252,10 +285,11 @@ def trend_charts(
                 "Head diversity per mechanism",
                 "layer",
                 "effective rank (QK operators)",
-                [_series(s, layers, colours[s.name]) for s in ranks],
+                lines(ranks),
                 subtitle="entropy effective rank of the heads",
                 x_ticks=ticks,
                 label_points=False,
+                hint=hint,
             )
         )
     return charts
@@ -321,8 +355,7 @@ class TrendView(View[TrendState]):
             metrics_available=list(ALIGN_METRICS),
         )
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: TrendState) -> str:
         """The model, and how many layers the points are."""
         return f"{stats_model_name(self.stats)} · {len(self.stats.layers)} layers"
 
@@ -356,11 +389,20 @@ class TrendView(View[TrendState]):
         series = self.series(state)
         at = self.stats.layers.index(state.layer)
         values = ", ".join(f"{s.name} {s.values[at]:.3f}" for s in series if s.role not in RANK_ROLES)
-        note = f"layer {state.layer}: {values} · a click on a point selects its layer"
-        charts = trend_charts(series, self.stats.layers, trend_subtitle(state.alignment, state.metric), note)
+        charts = trend_charts(
+            series,
+            self.stats.layers,
+            trend_subtitle(state.alignment, state.metric),
+            f"layer {state.layer}: {values}",
+            layer=state.layer,
+            hint="a click on a point selects its layer",
+        )
         return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)
 
     def select_point(self, chart: str, series: int, point: int) -> None:
-        """A click on a point selects its layer."""
+        """A click on a point of a trend line selects its layer (the marker's ends do nothing)."""
+        shown = next((c for c in self.grid.charts if c.id == chart), None)
+        if shown is not None and not 0 <= series < len(shown.series) - 1:  # the last series: the marker
+            return
         if 0 <= point < len(self.stats.layers):
             self.set_state(layer=self.stats.layers[point])

@@ -5,6 +5,8 @@ layer) and holds the state; this chart draws them, and follows and sets the view
 alignment method and metric pick the head-similarity lines (the title names them), its layer is
 marked by a vertical rule, and a click on a point selects that layer in the view. The same series
 are drawn by the front end's charts (the view's own widget: in marimo, on a saved page, in a figure).
+The title and what the head-similarity lines are sit above the chart, left-aligned (bqplot's own title
+is centred where its toolbar covers the end of it).
 
 Lines:
 
@@ -26,8 +28,8 @@ Example:
     >>> trends = LayerTrends(headwidget.TrendView(stats))
     >>> sorted(trends.series)[:2], trends.layer
     (['K head similarity · after', 'K head similarity · before'], 0)
-    >>> trends.figure.title
-    'head similarity: per-token cosine, auto alignment'
+    >>> trends.subtitle, trends.subtitle in trends.title.value
+    ('head similarity: per-token cosine, auto alignment', True)
 """
 
 from __future__ import annotations
@@ -165,21 +167,26 @@ class LayerTrends(ipywidgets.VBox):  # type: ignore[misc]  # (ipywidgets has no 
         ]
         if any(role in RANK_ROLES for role in self.roles.values()):
             axes.append(bq.Axis(scale=self.rank_scale, side="right", label="effective rank"))
+        # The title sits above the figure, left-aligned, in the page's own text: bqplot centres its
+        # title where its toolbar (top right, on hover) covers the end of a long one.
         self.figure = bq.Figure(
             marks=marks,
             axes=axes,
-            title="Per-layer summary",
-            fig_margin={"top": 50, "bottom": 50, "left": 60, "right": 60},
+            title="",
+            fig_margin={"top": 20, "bottom": 50, "left": 60, "right": 60},
             layout=ipywidgets.Layout(flex="1 1 auto", min_width="360px"),
         )
+        #: The chart's title and what its head-similarity lines are (:attr:`subtitle`), above it.
+        self.title = ipywidgets.HTML(layout=ipywidgets.Layout(margin="0 0 0 60px"))
         #: The legend, beside the plot so that it never covers a point.
         self.legend = ipywidgets.HTML(_legend_html(legend), layout=ipywidgets.Layout(flex="0 0 auto"))
         self._fit_scales()
         super().__init__(
             children=[
+                self.title,
                 ipywidgets.HBox(
                     [self.figure, self.legend], layout=ipywidgets.Layout(align_items="center", width="100%")
-                )
+                ),
             ]
         )
         self._links = [t.link((view, name), (self, name)) for name in MIRRORED]
@@ -206,9 +213,17 @@ class LayerTrends(ipywidgets.VBox):  # type: ignore[misc]  # (ipywidgets has no 
             with self.rank_scale.hold_trait_notifications():
                 self.rank_scale.min, self.rank_scale.max = rlo, rhi
 
+    @property
+    def subtitle(self) -> str:
+        """What the head-similarity lines are now (the alignment method and metric)."""
+        return trend_subtitle(self.alignment, self.metric)
+
     def _name_figure(self) -> None:
-        # Short enough to fit a narrow cell: bqplot centres the title and cuts what overflows.
-        self.figure.title = trend_subtitle(self.alignment, self.metric)
+        self.title.value = (
+            '<div class="hw-trend-title" style="line-height:1.35">'
+            '<span style="font-weight:600;font-size:13px">Per-layer summary</span><br>'
+            f'<span style="font-size:12px;color:#5f5f5f">{html.escape(self.subtitle)}</span></div>'
+        )
 
     def _on_alignment(self, change: dict[str, Any]) -> None:
         """Draw the head-similarity series of the view's new alignment method or metric."""
