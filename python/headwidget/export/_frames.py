@@ -46,7 +46,8 @@ def state_key(values: Sequence[Any]) -> str:
 def frame_json(grid: PanelGrid, traits: dict[str, Any] | None = None) -> dict[str, Any]:
     """A grid as the page's JSON before its matrices and series are pooled: the widget's traits,
     panels' data as base64 of the wire format, and ``traits``, the text traits that go with the
-    state (the layer read-out...).
+    state (the layer read-out, the heading...). What a click does (a panel's or chart's ``hint``) is
+    left out: a click on a page has no kernel to select anything.
 
     Example:
         >>> import numpy as np
@@ -60,7 +61,9 @@ def frame_json(grid: PanelGrid, traits: dict[str, Any] | None = None) -> dict[st
         encoded = encode_panel(panel, vmin=grid.vmin, vmax=grid.vmax)
         del encoded["key"]  # (a page holds every frame's cells: there is no kernel to spare)
         encoded["data"] = base64.b64encode(encoded["data"]).decode("ascii")
+        encoded["hint"] = ""  # (a click on a page selects nothing: there is no kernel to ask)
         panels.append(encoded)
+    charts = [{**encode_chart(c), "hint": ""} for c in grid.charts]
     return {
         "vmin": grid.vmin,
         "vmax": grid.vmax,
@@ -69,7 +72,7 @@ def frame_json(grid: PanelGrid, traits: dict[str, Any] | None = None) -> dict[st
         "columns": grid.columns,
         "traits": dict(traits or {}),
         "panels": panels,
-        "charts": [encode_chart(c) for c in grid.charts],
+        "charts": charts,
     }
 
 

@@ -31,6 +31,7 @@ from headwidget.core.bundle import bundle_path, offline_path
 from headwidget.export._labels import printable
 from headwidget.export._source import DEFAULT_MAX_STATES, GridSource, collect_frames
 from headwidget.files import atomic_write
+from headwidget.views import View
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -146,7 +147,8 @@ def page_html(
     max_states: int | None = None,
     progress: bool = True,
 ) -> str:
-    """The standalone page :func:`save_html` writes, as text.
+    """The standalone page :func:`save_html` writes, as text: titled and headed ``title`` (default:
+    :func:`default_title`, the view and its model; ``""``: no heading).
 
     Example:
         >>> import numpy as np
@@ -156,15 +158,31 @@ def page_html(
         (True, True)
     """
     data = page_data(source, layers=layers, max_bytes=max_bytes, max_states=max_states, progress=progress)
-    name = printable(title or "headwidget")
+    name = printable(default_title(source) if title is None else title)
     script = offline_script()
     return TEMPLATE.format(
         csp=page_csp(),
-        title=html.escape(name),
-        heading=f"<h1>{html.escape(name)}</h1>\n" if title else "",
+        title=html.escape(name or "headwidget"),
+        heading=f"<h1>{html.escape(name)}</h1>\n" if name else "",
         data=_script_json(data),
         script=script,
     )
+
+
+def default_title(source: GridSource) -> str:
+    """A page's title (and heading) when none is given: a view's title and what it is of, the model
+    (``"Channels · SmolLM2-135M"``; the panels of each state are headed by what they show); a grid's:
+    none.
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.core.panels import Panel, PanelGrid
+        >>> default_title(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
+        ''
+    """
+    if not isinstance(source, View):
+        return ""
+    return " · ".join(part for part in (source.title or source.view_name, source.subject) if part)
 
 
 def offline_script() -> str:

@@ -196,7 +196,7 @@ def _view_frames(
         held += 1
         try:
             grid = _check(view.compute(each, None), empty=True)
-            traits = view.labels(each)
+            traits = {**view.labels(each), "heading": view.describe(each)}
         except STATE_ERRORS as err:
             frames.errors[key] = str(err)
             continue
@@ -217,7 +217,7 @@ def _view_frames(
         notes.append(
             f"this page holds {held} of the {frames.reachable} states its controls reach (at most "
             f"{max_states} states and {max_bytes / 2**20:.0f} MiB): {first}left out first are those with "
-            "most options changed from the saved one; save with a larger max_states to hold more"
+            "most options changed from the saved one; save with a larger max_states= to hold more"
         )
     window_spec = window_control(view)
     if window_spec is not None and window is None:
