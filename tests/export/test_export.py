@@ -549,3 +549,14 @@ def test_save_all_writes_what_separate_saves_write(tmp_path):
     with pytest.raises(ExportError, match=r"'c\.html'.*\.png, \.svg, \.pdf"):
         headwidget.export.save_all(grid, [tmp_path / "c.png", tmp_path / "c.html"])
     assert not (tmp_path / "c.png").exists()  # refused before anything is written
+
+
+def test_a_saved_views_page_is_titled_and_headed_with_the_view_and_its_model(tiny, tmp_path):
+    """The page names the model (its title and heading), and heads each state's panels with what they
+    show (the frames' ``heading``, checked above)."""
+    _, stats = tiny
+    page = save(ChannelView(stats, layer=1), tmp_path / "channels.html").read_text()
+    assert "<title>Channels · LlamaForCausalLM</title>" in page
+    assert "<h1>Channels · LlamaForCausalLM</h1>" in page
+    untitled = save(ChannelView(stats, layer=1), tmp_path / "plain.html", title="").read_text()
+    assert "<h1>" not in untitled and "<title>headwidget</title>" in untitled

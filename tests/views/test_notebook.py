@@ -66,6 +66,10 @@ def test_the_widget_sends_the_views_panels_and_controls(llama):
     view.layer = 0  # from Python: the widget follows
     assert [p["id"] for p in widget.panels] == ["key-0", "value-0"] and widget.layer == 0
     assert widget.heading == f"{model_name} · layer 0" and widget.layer_label.startswith("layer 0 of")
+    view.layer = 9  # a layer the model has not: the error says so, the heading still says what is shown
+    assert "layer 9 is out of range" in widget.error and widget.panels[0]["title"] == "Keys · layer 0"
+    assert widget.heading == view.caption == f"{model_name} · layer 0"
+    view.layer = 0
     window = stats.channel_corr(0, "value")[3:12, 3:12]
     np.testing.assert_array_equal(decode(widget.panels[1]), window.astype("<f2").astype(np.float64))
     widget.layer = 1  # what the slider's commit does
@@ -305,6 +309,12 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
     for svg, view in zip(svgs, dash.views.values(), strict=True):
         text = svg.read_text()
         assert view.caption in text and view.grid.panels[0].title in text
+    (small,) = dash.save(tmp_path / "small.html", layers=[0, 1], max_states=2)  # what the page advises
+    assert "holds 2 of the" in html.unescape(small.read_text()) and "max_states=" in html.unescape(
+        small.read_text()
+    )
+    with pytest.raises(headwidget.export.ExportError, match="max_states= applies to .html"):
+        dash.save(tmp_path / "dash.png", max_states=2)
     (page,) = dash.save(tmp_path / "dash.html", layers=[0, 1])
     text = page.read_text()
     summary, *frames = [html.unescape(m) for m in re.findall(r'srcdoc="([^"]*)"', text)]

@@ -160,6 +160,17 @@ def test_the_loss_chart_is_the_trainers_log(gqa):
     assert loss.series[-1].x == [6.0, 6.0]
 
 
+def test_the_trend_and_loss_charts_share_one_step_axis(gqa):
+    """A loss logged from step 5 (the snapshots from 0): both charts span steps 0 to 6, so the step
+    shown is marked at the same place in each (the front end and the figure pad the same range alike)."""
+    late = Timeline({s: gqa[s] for s in gqa.steps}, logs={s: v for s, v in gqa.logs.items() if s >= 5})
+    trends, loss = TimelineView(late, prefetch=False).grid.charts
+    assert loss.series[0].x == [5.0, 6.0] and trends.series[0].x == [0.0, 3.0, 6.0]
+    assert trends.x_range == loss.x_range == [0.0, 6.0]
+    assert trends.series[-1].x == loss.series[-1].x == [0.0, 0.0]  # the markers of step 0
+    assert "click" not in trends.note + loss.note and "click" in trends.hint and "click" in loss.hint
+
+
 def test_no_loss_chart_without_a_logged_loss(gqa):
     bare = Timeline({step: gqa[step] for step in gqa.steps})
     assert [c.id for c in TimelineView(bare, prefetch=False).grid.charts] == ["trends"]

@@ -150,6 +150,24 @@ def test_mechanism_view_matches_conversion(llama):
     assert view.error == "" and "gqa:5 needs a divisor of the 6 query heads" in view.grid.panels[0].subtitle
 
 
+def test_mechanism_view_counts_kv_bytes_in_its_reports_dtype_with_bf16_beside(llama):
+    """One convention with the consequences view: a report's dtype (float32 here) where there is one,
+    bf16 (evaluate's default) beside it; elements × bytes by hand."""
+    model, stats = llama
+    report = headwidget.evaluate(
+        model, ragged_batches(), ["model", "mqa"], stats=stats, dtype=torch.float32, progress=False
+    )
+    view = MechanismView(model, layer=1, mechanisms=["mqa"], stats=stats, report=report, prefetch=False)
+    elements = convert(model, 1, "mqa").kv_elements  # K and V values a token caches at this layer
+    assert view.grid.panels[0].subtitle.startswith(
+        f"KV {2 * 4 * elements} B/token over 2 layers (fp32; {4 * elements} this layer) · "
+        f"{2 * 2 * elements} B/token in bf16 · eff. rank "
+    )
+    # ... what the consequences view's trade-off chart puts mqa at
+    assert report.kv_bytes_per_token["mqa"] == 2 * 4 * elements
+    assert headwidget.ConsequenceView(report).grid.charts[0].x_label.endswith("float32; log)")
+
+
 def test_mechanism_view_of_several_real_models():
     models = {"llama gqa": make_model("llama_gqa"), "llama mqa": make_model("llama_mqa")}
     view = MechanismView(models, layer=0)

@@ -66,7 +66,8 @@ class Dashboard:
         if healing is not None:
             healing = checked_runs(healing)
         given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
-        check_same_models(given, "dashboard")  # (the tabs share a layer: one model's layers)
+        # (the tabs share a layer: one model's layers; a timeline named first, its snapshot is the stats)
+        check_same_models({"timeline": timeline, **given}, "dashboard")
         self.stats = stats
         self.model = model
         chosen = {name: dict(values) for name, values in (options or {}).items()}

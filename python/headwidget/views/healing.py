@@ -255,9 +255,9 @@ class HealingView(View[HealingState]):
         contiguous = r.layers == list(range(r.layers[0], r.layers[0] + len(r.layers)))
         panel = Panel(
             "layers",
-            f"Attention-output error per layer · {name}",
+            f"Per-layer error · {name}",
             matrix,
-            subtitle=f"{r.model_name} · teacher-forced, at each evaluation while healing",
+            subtitle=f"{r.model_name} · attention output, teacher-forced, at each evaluation",
             row_labels=[_tokens(row["tokens"]) for row in r.curve],
             col_labels=None if contiguous else [str(layer) for layer in r.layers],
             col_offset=r.layers[0] if contiguous else 0,

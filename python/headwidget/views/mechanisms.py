@@ -264,7 +264,7 @@ class MechanismView(LayerView[MechanismState]):
         text = kv_bytes_text(per_layer * layers, layers, self.kv_dtype, this_layer=per_layer)
         if self.kv_dtype == KV_DTYPE:
             return text
-        return f"{text}; {conversion.kv_bytes_per_token(KV_DTYPE) * layers:,} B/token in bf16"
+        return f"{text} · {conversion.kv_bytes_per_token(KV_DTYPE) * layers:,} B/token in bf16"
 
     def _errors_label(self, conversion: Conversion) -> str:
         if conversion.weighting == "data-aware" and self.stats is not None:
