@@ -50,12 +50,30 @@ def run(spec: str) -> HealingRun:
         for i, t in enumerate([0, 64, 128])
     ]
     return HealingRun(
-        model_name="LlamaForCausalLM", spec=spec, kind="causal-lm", method="kd", loss="kd", trainable="kv",
-        lr=1e-3, batch_size=2, max_length=32, tokens=128, seed=0, dtype="torch.float32", steps=2,
-        tokens_seen=128, reference_nll=2.0, kv_bytes_per_token=128.0, layers=[0, 1], curve=curve,
-        per_layer=[[0.3, 0.2], [0.2, 0.1], [0.1, 0.05]], losses=[0.5] * 2, healing_fingerprint="ab",
-        evaluation_fingerprint="cd", evaluation_tokens=64,
-    )  # fmt: skip
+        model_name="LlamaForCausalLM",
+        spec=spec,
+        kind="causal-lm",
+        method="kd",
+        loss="kd",
+        trainable="kv",
+        lr=1e-3,
+        batch_size=2,
+        max_length=32,
+        tokens=128,
+        seed=0,
+        dtype="torch.float32",
+        steps=2,
+        tokens_seen=128,
+        reference_nll=2.0,
+        kv_bytes_per_token=128.0,
+        layers=[0, 1],
+        curve=curve,
+        per_layer=[[0.3, 0.2], [0.2, 0.1], [0.1, 0.05]],
+        losses=[0.5] * 2,
+        healing_fingerprint="ab",
+        evaluation_fingerprint="cd",
+        evaluation_tokens=64,
+    )
 
 
 def test_figure_draws_the_views_of_a_report_healing_runs_and_a_timeline(tmp_path, capsys):

@@ -313,7 +313,7 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
     assert "holds 2 of the" in html.unescape(small.read_text()) and "max_states=" in html.unescape(
         small.read_text()
     )
-    with pytest.raises(headwidget.export.ExportError, match="max_states= applies to .html"):
+    with pytest.raises(headwidget.export.ExportError, match=r"max_states= applies to \.html"):
         dash.save(tmp_path / "dash.png", max_states=2)
     (page,) = dash.save(tmp_path / "dash.html", layers=[0, 1])
     text = page.read_text()

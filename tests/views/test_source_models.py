@@ -50,11 +50,30 @@ def report(name: str, num_layers: int) -> EvaluationReport:
 def run(name: str, layers: list[int]) -> headwidget.HealingRun:
     curve = [{"tokens": 0, "step": 0, "nll": 2.5, "kl": 0.4, "top1": 0.7, "delta_nll": 0.5}]
     return headwidget.HealingRun(
-        model_name=name, spec="mqa", kind="causal-lm", method="kd", loss="kd", trainable="kv", lr=1e-3,
-        batch_size=2, max_length=8, tokens=16, seed=0, dtype="torch.float32", steps=0, tokens_seen=0,
-        reference_nll=2.0, kv_bytes_per_token=64.0, layers=layers, curve=curve, per_layer=None,
-        losses=[], healing_fingerprint="ab", evaluation_fingerprint="cd", evaluation_tokens=40,
-    )  # fmt: skip
+        model_name=name,
+        spec="mqa",
+        kind="causal-lm",
+        method="kd",
+        loss="kd",
+        trainable="kv",
+        lr=1e-3,
+        batch_size=2,
+        max_length=8,
+        tokens=16,
+        seed=0,
+        dtype="torch.float32",
+        steps=0,
+        tokens_seen=0,
+        reference_nll=2.0,
+        kv_bytes_per_token=64.0,
+        layers=layers,
+        curve=curve,
+        per_layer=None,
+        losses=[],
+        healing_fingerprint="ab",
+        evaluation_fingerprint="cd",
+        evaluation_tokens=40,
+    )
 
 
 def test_a_dashboard_of_a_timeline_refuses_another_models_report_and_runs(tiny):

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,7 +160,7 @@ def _read(given: dict[str, Path | str | None], load: Loader) -> dict[str, Any]:
     from headwidget.stats import KVStats
     from headwidget.tracking import Timeline
 
-    readers = {
+    readers: dict[str, Callable[[Path | str], Any]] = {
         "stats": KVStats.load,
         "report": EvaluationReport.load,
         "healing": HealingRun.load_all,
