@@ -66,8 +66,11 @@ class Dashboard:
         if healing is not None:
             healing = checked_runs(healing)
         given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
-        # (the tabs share a layer: one model's layers; a timeline named first, its snapshot is the stats)
-        check_same_models({"timeline": timeline, **given}, "dashboard")
+        # The tabs share a layer: one model's layers (a timeline named first: its snapshot is the stats;
+        # the statistics and the model are one by the weights' fingerprint, checked above).
+        others = {"report": report, "healing": healing}
+        check_same_models({"timeline": timeline, "stats": stats, **others}, "dashboard")
+        check_same_models({"model": model, "timeline": timeline, **others}, "dashboard")
         self.stats = stats
         self.model = model
         chosen = {name: dict(values) for name, values in (options or {}).items()}

@@ -291,9 +291,11 @@ class View(t.HasTraits, Generic[S], metaclass=_ViewClass):
         name = cls.view_name or cls.__name__
         if made.main and given[made.main] is None:
             raise ViewSourceError(missing_source(name, made.main))
-        if made.takes("stats") and not made.takes("model"):  # (a view taking both checks them itself)
-            check_sources(stats, model, f"{name} view")
-        check_same_models({s: v for s, v in given.items() if made.takes(s)}, f"{name} view")
+        if made.takes("stats") and not made.takes("model"):  # (a view taking both checks them itself,
+            check_sources(stats, model, f"{name} view")  # by the weights' fingerprint first)
+            check_same_models({s: v for s, v in given.items() if made.takes(s)}, f"{name} view")
+        elif not made.takes("stats"):
+            check_same_models({s: v for s, v in given.items() if made.takes(s)}, f"{name} view")
         arguments = {source: given[source] for source in made.optional if given[source] is not None}
         chosen = made.arguments(tuple(layers), interactive)
         if "layer" in state:  # an explicit layer wins over the named layers

@@ -6,8 +6,10 @@ Shown together (one view built from several sources, or a dashboard's tabs shari
 of two models would show numbers of neither, and a layer of one is no layer of the other (a click on
 layer 24 of a 30-layer report's damage map sends a 4-layer timeline's tabs out of range). So they are
 refused when the view or dashboard is built, naming both models. Names are compared by their last
-path component (a model saved to a folder and read back keeps its name); a source that records no
-name or no layer count is not refused for it.
+path component (a model saved to a folder and read back keeps its name), a report's or a run's name
+that is a class name (what they record for a model without one) with the other's class; a source
+that records no name or no layer count is not refused for it. Statistics and a model's weights are
+compared by the weights' fingerprint (:func:`~headwidget.views.check_sources`), not here.
 
 Example:
     >>> from headwidget.evaluation import EvaluationReport
@@ -16,7 +18,7 @@ Example:
     ...         kv_bytes_per_token={"model": 1}, tokens=1, sequences=1, fingerprint="0",
     ...         dtype="torch.float32", layers=[0], num_layers=num_layers)
     >>> source_models({"report": report("org/SmolLM2-135M", 30)})
-    [SourceModel(source='the report', name='org/SmolLM2-135M', layers=30, highest=0)]
+    [SourceModel(source='the report', name='org/SmolLM2-135M', layers=30, highest=0, model_class='')]
     >>> check_same_models({"report": report("SmolLM2-135M", 30), "timeline": None})  # one source: fine
     >>> check_same_models({"report": report("/tmp/SmolLM2-135M", 30), "healing": None})
 """
@@ -49,6 +51,8 @@ class SourceModel:
     name: str
     layers: int
     highest: int
+    #: The model's class where the source records it apart from its name ("": not recorded).
+    model_class: str = ""
 
     def words(self) -> str:
         """``"SmolLM2-135M (30 layers)"``; a source that records no layer count: its highest layer."""
@@ -58,24 +62,25 @@ class SourceModel:
             count = f"layers up to {self.highest}"
         else:
             count = "layers not recorded"
-        return f"{self.name or 'an unnamed model'} ({count})"
+        return f"{self.name or self.model_class or 'an unnamed model'} ({count})"
 
 
 def _stats_model(source: str, stats: KVStats) -> SourceModel:
-    layers = stats.layers
-    name = stats.meta.model_name or stats.meta.model_class
-    return SourceModel(source, name, stats.meta.layout.num_layers, max(layers, default=-1))
+    meta = stats.meta
+    return SourceModel(
+        source, meta.model_name, meta.layout.num_layers, max(stats.layers, default=-1), meta.model_class
+    )
 
 
 def _module_model(model: nn.Module) -> SourceModel:
     from headwidget.adapters import adapter_for
 
     config = getattr(model, "config", None)
-    name = str(getattr(config, "name_or_path", "") or type(model).__name__)
+    name = str(getattr(config, "name_or_path", "") or "")
     layers = 0
     with contextlib.suppress(Exception):  # (a model no adapter knows: its layers are not recorded)
         layers = adapter_for(model).layout().num_layers
-    return SourceModel("the model", name, layers, -1)
+    return SourceModel("the model", name, layers, -1, type(model).__name__)
 
 
 def _model_of(source: str, value: Any) -> SourceModel | None:
@@ -121,8 +126,23 @@ def _stem(name: str) -> str:
     return name.strip().rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1].casefold()
 
 
+def _named_apart(a: SourceModel, b: SourceModel) -> bool:
+    """Whether the names (and classes) two sources record say they are of different models. A report
+    or a run records its model's name, or its class where the model had none: a name that is a class
+    name is compared with the other's class."""
+    if a.model_class and b.model_class and a.model_class != b.model_class:
+        return True
+    if a.name and b.name:
+        same = _stem(a.name) == _stem(b.name) or a.name in (b.model_class,) or b.name in (a.model_class,)
+        return not same
+    for named, other in ((a, b), (b, a)):
+        if named.name.isidentifier() and not named.model_class and other.model_class:
+            return named.name != other.model_class
+    return False
+
+
 def _differ(a: SourceModel, b: SourceModel) -> bool:
-    if a.name and b.name and _stem(a.name) != _stem(b.name):
+    if _named_apart(a, b):
         return True
     if a.layers and b.layers and a.layers != b.layers:
         return True

@@ -196,7 +196,9 @@ class MechanismView(LayerView[MechanismState]):
                     raise
                 raise StatsMismatchError(f"model {name!r}: {err}") from err
         first = self.model = next(iter(self._models.values()))
-        check_same_models({"model": first, "stats": stats, "report": report}, "mechanism view")
+        # (the statistics are the model's by the weights' fingerprint, checked above)
+        for source in ({"model": first}, {"stats": stats}):
+            check_same_models({**source, "report": report}, "mechanism view")
         self.stats = stats
         #: The dtype the KV bytes are counted in: the report's, else bf16.
         self.kv_dtype = KV_DTYPE if report is None else kv_dtype(report.dtype)
