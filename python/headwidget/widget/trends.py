@@ -173,7 +173,7 @@ class LayerTrends(ipywidgets.VBox):  # type: ignore[misc]  # (ipywidgets has no 
             marks=marks,
             axes=axes,
             title="",
-            fig_margin={"top": 20, "bottom": 50, "left": 60, "right": 60},
+            fig_margin={"top": 64, "bottom": 50, "left": 60, "right": 60},  # (the toolbar: over no point)
             layout=ipywidgets.Layout(flex="1 1 auto", min_width="360px"),
         )
         #: The chart's title and what its head-similarity lines are (:attr:`subtitle`), above it.
