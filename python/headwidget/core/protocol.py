@@ -39,7 +39,7 @@ Example:
     >>> PAGE_MESSAGES["click"], KERNEL_MESSAGES
     (('panel', 'row', 'col'), {'export_png': ()})
     >>> sorted(PANEL_FIELDS)[:3], CONTROL_TYPES["window"]
-    (['axis_prefix', 'col_axis', 'col_group'], ('width', 'total'))
+    (['axis_prefix', 'axis_titles', 'col_axis'], ('width', 'total'))
 """
 
 from __future__ import annotations
