@@ -29,7 +29,7 @@ Example:
     >>> ids = torch.randint(0, 64, (4, 24), generator=torch.Generator().manual_seed(0))
     >>> report = evaluate(model, ids, ["model", "mqa", "lrkv:4"], dtype=torch.float32, progress=False)
     >>> report.kl["model"], report.top1["model"], report.kv_bytes_per_token
-    (0.0, 1.0, {'model': 256, 'mqa': 128, 'lrkv:4': 384})
+    (0.0, 1.0, {'model': 256, 'mqa': 128, 'lrkv:4': 256})
     >>> report.tokens, report.nll["mqa"] > report.nll["model"] - 1.0
     (92, True)
     >>> q = evaluate(model, ids, ["kv:int8", "kv:int2"], dtype=torch.float32, progress=False)
