@@ -3,6 +3,11 @@ measures are computed in chunks (the same numbers as in one piece)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -151,3 +156,36 @@ def test_the_estimate_checks_its_arguments() -> None:
         headwidget.estimate_evaluation(model, ["model"], batch_size="8")
     with pytest.raises(headwidget.ArgumentError, match="variants"):
         headwidget.estimate_evaluation(model, "mqa")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status")
+def test_an_address_space_limit_is_refused_before_any_forward() -> None:
+    """Under a 3 GB RLIMIT_AS, a 16 × 512 batch of a 49,152-token vocabulary (1.6 GB of float32 logits)
+    is refused by the default budget with MemoryBudgetError naming the limit, not left to the allocator."""
+    code = """
+        import resource, torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        import headwidget
+        from headwidget.errors import MemoryBudgetError
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+        forwards = []
+        model.register_forward_pre_hook(lambda *_: forwards.append(1))
+        ids = torch.randint(0, 49152, (16, 512), generator=torch.Generator().manual_seed(0))
+        size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+        limit = max(3 * 10**9, size + 2**30)  # 3 GB here; more where the libraries alone take more
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        try:
+            headwidget.evaluate(model, ids, ["model", "mqa"], dtype=torch.float32, batch_size=16,
+                                max_length=512, progress=False)
+        except MemoryBudgetError as err:
+            print("refused", len(forwards), err)
+        """
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("refused 0 "), done.stdout
+    assert "half the free memory under RLIMIT_AS" in done.stdout
+    assert "batch_size or max_length" in done.stdout

@@ -42,7 +42,13 @@ from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.variants import Variant, parse_variant, uniform_parts
-from headwidget.capture.memory import ForwardShape, default_budget, format_bytes, forward_bytes
+from headwidget.capture.memory import (
+    ForwardShape,
+    default_budget,
+    default_budget_source,
+    format_bytes,
+    forward_bytes,
+)
 from headwidget.errors import MemoryBudgetError
 from headwidget.evaluation._model_facts import converted_modules
 from headwidget.evaluation.measures import CHUNK_BYTES, chunk_rows
@@ -140,7 +146,8 @@ class EvaluationMemory:
         return cls(parts, device)
 
     def budget(self, max_memory: int | None) -> int:
-        """``max_memory``, or half the device's free memory now."""
+        """``max_memory``, or half the device's free memory now (on the host: under the process's limits,
+        :func:`~headwidget.capture.memory.free_memory`)."""
         return max_memory if max_memory is not None else default_budget(self.device)
 
 
@@ -157,7 +164,7 @@ def check_evaluation_budget(need: EvaluationMemory, max_memory: int | None) -> i
     """
     allowed = need.budget(max_memory)
     if need.total > allowed:
-        source = "max_memory" if max_memory is not None else "half the free memory"
+        source = "max_memory" if max_memory is not None else default_budget_source(need.device)
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.parts.items() if v)
         raise MemoryBudgetError(
             f"evaluate would allocate {format_bytes(need.total)} on {need.device} ({parts}), over the "
