@@ -261,6 +261,7 @@ def evaluate(
         dtype=dtype,
         batch_size=batch_size,
         max_length=max_length,
+        protocol=reading,
     )
     spare = check_evaluation_budget(need, max_memory)
     runner = runner_for(model, reading)
@@ -308,6 +309,7 @@ def evaluate(
             width += out.values.numel() * out.values.element_size()
             cached = None if cached is None or width > min(LOGITS_BUDGET, spare) else [*cached, out]
             tick(1)
+            del out  # not held through the next batch's forward, nor the variants' (the cache holds it)
         ranks.merge([reference_totals])
         measures: dict[str, dict[str, float]] = {}
         size = torch.empty((), dtype=dtype).element_size()
@@ -480,6 +482,7 @@ def _measure_plan(
                 raise_non_finite(variant, batch, runner.device, plan.spec, _changed(plan))
             _add(totals, ref, out)
             tick(1)
+            del ref, out  # not held through the next batch's forwards
     ranks.merge([totals])
     for cache in plan.cross.caches:  # a merge's retention over every rank's prefills (its bytes)
         if isinstance(cache, MergedCache):
