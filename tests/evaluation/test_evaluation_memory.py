@@ -90,6 +90,7 @@ LOGITS_CASES = {
     "kv:int4": (torch.float32, torch.float32, ["model", "kv:int4"], {}),
     "stride": (torch.float32, torch.float32, ["model", "mqa"], {"protocol": "stride:64/8"}),
     "chunks": (torch.float32, torch.float32, ["model", "mqa"], {"protocol": "chunks:128"}),  # > max_length
+    "prefill": (torch.float32, torch.float32, ["model", "mqa"], {"protocol": "prefill:16"}),
 }
 
 

@@ -138,3 +138,24 @@ def test_the_head_picks_rows_only_in_the_runners_thread() -> None:
     assert picked == [True] and tuple(mine.shape) == (1, int(keep.sum()), VOCAB)
     after = model(batch.input_ids, attention_mask=batch.attention_mask).logits
     assert tuple(after.shape) == (3, 11, VOCAB)  # the hook is gone
+
+
+def test_after_a_prefill_the_head_computes_only_the_predicted_rows() -> None:
+    """prefill:P: the prefill's forward keeps one position's logits, the scored forward its predicted rows
+    alone, the same rows as the model's whole forward (to float32 rounding: another attention path)."""
+    from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
+
+    model = make_model("llama_gqa", dtype=torch.float32)
+    ids = torch.randint(1, VOCAB, (3, 12), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    [batch] = prefill_batches([Batch(ids, mask)], 4)
+    shapes, handle = head_outputs(model)
+    try:
+        out = PrefillRunner.for_model(model, 4)(model, batch)
+    finally:
+        handle.remove()
+    want, targets = full_rows(model, batch)
+    assert shapes == [(3, 1, VOCAB), (1, targets.numel(), VOCAB)]
+    assert torch.equal(out.targets, targets)
+    torch.testing.assert_close(out.values, want, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """How much memory an evaluation will allocate on the model's device, and the refusal when it is too much.
 
-An upper bound for batches of ``batch_size × max_length`` tokens, as the sum of:
+An upper bound for batches of ``batch_size × max_length`` tokens (of windows of W tokens under
+``chunks:W`` and ``stride:W/S``), as the sum of:
 
 - ``copy``: the working copy of the model in ``dtype`` (nothing when the model already is in ``dtype``:
   the copy then shares its weights); a copy in another dtype holds the deep copy in the model's own dtype
@@ -10,8 +11,9 @@ An upper bound for batches of ``batch_size × max_length`` tokens, as the sum of
 - ``variant``: one converted copy at a time, whose converted layers' attention modules (and the modules
   holding their head projections) are its own;
 - ``forward``: one forward pass (:func:`~headwidget.capture.memory.forward_bytes`: one layer's
-  activations), the logits of its predicted rows (the head computes no others: at most
-  ``B·(T − 1)`` rows of ``vocab``) for the variant and for the original beside it, a second copy of
+  activations; under ``prefill:P`` the batch's K/V cache as well), the logits of its predicted rows
+  (the head computes no others: :func:`predicted_rows` of ``vocab``) for the variant and for the
+  original beside it, a second copy of
   the variant's while a model rescales its head's output (``final_logit_softcapping``,
   ``logit_scale``, ``logits_scaling``), and the measures' work on one chunk of rows
   (:func:`~headwidget.evaluation.measures.measure_work_bytes`; a quantizer adds its fake-quantized
@@ -100,13 +102,17 @@ def _rescales_logits(model: nn.Module) -> bool:
 
 def predicted_rows(protocol: Protocol, batch_size: int, length: int) -> int:
     """The most predicted rows one batch of ``batch_size`` sequences of ``length`` tokens has under
-    ``protocol``: every token but a sequence's first, or under ``stride:W/S`` the first window's W − 1
-    and S in each later one.
+    ``protocol``: every token but a sequence's first, under ``stride:W/S`` the first window's W − 1
+    and S in each later one, under ``prefill:P`` those after the prefill's P.
 
     >>> predicted_rows(DOCUMENTS, 8, 512), predicted_rows(Protocol("stride", 1024, 256), 8, 1024)
     (4088, 2815)
+    >>> predicted_rows(Protocol("prefill", prefill=256), 8, 512)
+    2040
     """
     every = batch_size * max(length - 1, 1)
+    if protocol.prefill is not None:  # the tokens after the prefill's
+        return batch_size * max(length - protocol.prefill - 1, 1)
     if protocol.stride is None:
         return every
     return min(every, length - 1 + (batch_size - 1) * protocol.stride)
@@ -169,6 +175,8 @@ class EvaluationMemory:
         shape = ForwardShape.of(model, lay, adapter.mlp_width())
         shape = ForwardShape(**{**shape.__dict__, "dtype_bytes": b})
         forward = forward_bytes(shape, batch_size, length) + logits + measures
+        if protocol.prefill is not None:  # a batch's K/V cache: the prefill's and the scored tokens'
+            forward += tokens * lay.num_layers * lay.num_kv_heads * (lay.head_dim + lay.value_head_dim) * b
         if any(p.quantizer for v in variants for p in uniform_parts(v)):
             forward += 4 * tokens * (lay.num_kv_heads * (lay.head_dim + lay.value_head_dim)) * max(b, 4)
         variant = _converted_bytes(model, adapter, layers, dtype) if converted else 0

@@ -41,7 +41,7 @@ from headwidget.evaluation._inputs import forward_kwargs
 from headwidget.evaluation._layers import LayerBlocks, first_tensor
 from headwidget.evaluation.measures import predicted_positions
 
-__all__ = ["BatchOutput", "OutputRunner", "raise_non_finite"]
+__all__ = ["BatchOutput", "OutputRunner", "predicted_logits", "raise_non_finite"]
 
 
 @dataclass
@@ -99,13 +99,19 @@ class OutputRunner:
             return BatchOutput(hidden, None, batch.attention_mask)
         keep = predicted_positions(batch.attention_mask, batch.scored).to(self.device)
         targets = batch.input_ids.to(self.device)[:, 1:][keep]
-        with _head_on_rows(model, keep) as picked:
-            logits = model(**forward_kwargs(model, batch, self.device)).logits
-        if picked and logits.shape[:2] == (1, targets.numel()):
-            return BatchOutput(logits[0], targets)
-        if picked:  # the model reshaped what its head gave: run it whole
-            logits = model(**forward_kwargs(model, batch, self.device)).logits
-        return BatchOutput(logits[:, :-1][keep], targets)
+        return BatchOutput(predicted_logits(model, forward_kwargs(model, batch, self.device), keep), targets)
+
+
+def predicted_logits(model: nn.Module, kwargs: dict[str, Any], keep: torch.Tensor) -> torch.Tensor:
+    """The logits (N, V) of the positions ``keep`` (B, T − 1) marks, of ``model(**kwargs)`` on T tokens a
+    row: its head computes those rows alone (module docstring)."""
+    with _head_on_rows(model, keep) as picked:
+        logits = model(**kwargs).logits
+    if picked and logits.shape[:2] == (1, int(keep.sum())):
+        return logits[0]
+    if picked:  # the model reshaped what its head gave: run it whole
+        logits = model(**kwargs).logits
+    return logits[:, :-1][keep]
 
 
 @contextmanager
