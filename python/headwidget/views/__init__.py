@@ -40,6 +40,7 @@ from headwidget.views.alignment import AlignmentView
 from headwidget.views.channels import ChannelView, ChannelWindowError
 from headwidget.views.consequences import ConsequenceView
 from headwidget.views.healing import HealingView
+from headwidget.views.layer_similarity import LayerSimilarityView
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
 from headwidget.views.quantization import QuantizationView
 from headwidget.views.timeline import StepIndexError, TimelineStepsError, TimelineView
@@ -54,6 +55,7 @@ __all__ = [
     "Control",
     "ControlType",
     "HealingView",
+    "LayerSimilarityView",
     "LayerState",
     "LayerView",
     "MechanismView",
