@@ -84,8 +84,8 @@ METRIC_LABELS: dict[str, str] = {
     "aligned": "aligned heads (mean token cosine)",
     **{f"subspace:{2**i}": f"subspace overlap, r = {2**i}" for i in range(14)},
 }
-#: How the matrices' titles name each metric (short: a panel's width).
-METRIC_TITLES = {"cka": "linear CKA", "aligned": "aligned heads"}
+#: How the matrices' titles name each metric (short: a panel's width; the subtitle says it whole).
+METRIC_TITLES = {"cka": "linear CKA", "aligned": "aligned heads", "subspace": "subspace"}
 #: The statistics a view needs, and how to get them (said when they lack them).
 NEEDS_CROSS_LAYER = (
     "the layer similarity view needs cross-layer statistics: capture with "
@@ -344,13 +344,12 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
             )
         contiguous = self.layers == list(range(self.layers[0], self.layers[0] + len(self.layers)))
         labels = None if contiguous else [str(each) for each in self.layers]
-        name = state.metric.split(":")[0]
-        title = METRIC_TITLES.get(name, f"subspace r = {state.metric.partition(':')[2]}")
+        title = METRIC_TITLES.get(state.metric.split(":")[0], state.metric)
         return Panel(
             f"{kind}-layers",
             f"{KIND_TITLES[kind]} · {title}",
             matrix,
-            subtitle=f"layer × layer, {self.stats.tokens} tokens",
+            subtitle=f"{metric_label(state.metric)} · {self.stats.tokens} tokens",
             row_labels=labels,
             col_labels=labels,
             row_offset=self.layers[0] if contiguous else 0,
