@@ -95,7 +95,7 @@ def test_the_matrices_are_layer_similarity_and_equal_brute_force(run: dict, kind
     want = np.array([[brute_subspace(acts[a][kind], acts[b][kind], 4) for b in LAYERS] for a in LAYERS])
     np.testing.assert_allclose(got, want, atol=1e-7)
     assert view.grid.panels[0].title == f"{'Keys' if kind == 'key' else 'Keys (post-RoPE)'} · subspace"
-    assert view.grid.panels[0].subtitle == "subspace overlap, r = 4 · 177 tokens"
+    assert view.grid.panels[0].subtitle == "layer × layer: subspace overlap, r = 4 · 177 tokens"
 
 
 def test_the_aligned_matrix_is_the_mean_of_each_pairs_after_panel(run: dict) -> None:

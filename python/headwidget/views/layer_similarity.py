@@ -349,7 +349,7 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
             f"{kind}-layers",
             f"{KIND_TITLES[kind]} · {title}",
             matrix,
-            subtitle=f"{metric_label(state.metric)} · {self.stats.tokens} tokens",
+            subtitle=f"layer × layer: {metric_label(state.metric)} · {self.stats.tokens} tokens",
             row_labels=labels,
             col_labels=labels,
             row_offset=self.layers[0] if contiguous else 0,
