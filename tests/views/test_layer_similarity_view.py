@@ -208,9 +208,8 @@ def test_a_subset_of_cross_layers(run: dict) -> None:
 def test_the_metric_options_and_refusals(run: dict) -> None:
     stats = run["stats"]
     view = LayerSimilarityView(stats, metric="subspace", r=6)
-    assert view.metric == "subspace:6" and view.metrics_available == [
-        "cka", "aligned", "subspace:4", "subspace:6", "subspace:8", "subspace:16"
-    ]  # fmt: skip
+    ranks = [f"subspace:{r}" for r in (4, 6, 8, 16)]  # the powers of two below 32, and 6
+    assert view.metric == "subspace:6" and view.metrics_available == ["cka", "aligned", *ranks]
     assert LayerSimilarityView(stats, metric="subspace").metric == "subspace:8"  # a quarter of 32
     with pytest.raises(ArgumentError, match="r is the rank of metric='subspace'"):
         LayerSimilarityView(stats, r=4)
