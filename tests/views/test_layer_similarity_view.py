@@ -159,6 +159,7 @@ def test_post_rope_keys_change_the_matrix_not_the_heads(run: dict) -> None:
     np.testing.assert_allclose(post["key_post-before"], pre["key-before"], atol=1e-9)
     np.testing.assert_allclose(post["key_post-after"], pre["key-after"], atol=1e-9)
     assert np.abs(post["key_post-layers"] - pre["key-layers"]).max() > 1e-3
+    assert view.grid.panels[1].note.startswith("as before RoPE: it turns a token's heads alike")
 
 
 def test_clicks_outside_a_matrix_select_nothing(run: dict) -> None:
@@ -190,7 +191,8 @@ def test_a_subset_of_cross_layers(run: dict) -> None:
     view = LayerSimilarityView(stats)
     assert view.layers == [0, 2] and (view.layer, view.paired) == (0, 2) and view.kinds_available == []
     matrix = view.grid.panels[0]
-    assert matrix.row_labels == matrix.col_labels == ["0", "2"] and matrix.row_axis == "layer"
+    assert matrix.row_labels == matrix.col_labels == ["0", "2"]
+    assert (matrix.row_axis, matrix.col_axis) == ("layer", "paired with")  # what the tooltip names
     np.testing.assert_array_equal(matrix.matrix, layer_similarity(stats, "key", "cka"))
     view.layer = 1  # no cross-layer statistics: the matrices alone, and why
     assert [p.id for p in view.grid.panels] == ["key-layers", "value-layers"] and view.grid.columns == 2

@@ -356,7 +356,7 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
             col_offset=self.layers[0] if contiguous else 0,
             note=note,
             row_axis="layer",
-            col_axis="layer",
+            col_axis="paired with",  # (what a click selects: the row's layer, paired with the column's)
         )
 
     def _pair_panels(self, kind: Kind, layer: int, paired: int) -> list[Panel]:
@@ -366,10 +366,13 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
         after = (
             f"aligned ({heads.method}), {heads.scoring} scores · mean {_score(float(np.mean(heads.after)))}"
         )
-        return [
+        panels = [
             _head_panel(f"{kind}-before", f"{head} · before", heads.before, before, heads),
             _head_panel(f"{kind}-after", f"{head} · after", heads.after, after, heads),
         ]
+        if kind == "key_post":
+            panels[0].note = "as before RoPE: it turns a token's heads alike"
+        return panels
 
     def rows(self, state: LayerSimilarityState) -> list[Kind]:
         """The kinds of ``state``'s rows of panels: its kind of keys, then the values."""
