@@ -94,6 +94,9 @@ def make_view(name: str, tiny, report):
         )
     if name == "trends":
         return headwidget.TrendView(stats, layer=1)
+    if name == "layer_similarity":  # the joint statistics of both layers
+        cross = headwidget.capture(model, ragged_batches(), rope="both", cross_layer=True, progress=False)
+        return headwidget.LayerSimilarityView(cross)
     raise AssertionError(f"no test view for {name!r}: add one here")
 
 

@@ -56,6 +56,17 @@ def views(smollm2):
         progress=False,
     )
     mechanisms = ["model", "mqa", "lrkv:16", "mla:128"]
+    cross = headwidget.capture(  # ten layers' joint statistics: two-digit layer ticks and head labels
+        model,
+        english_sample(),
+        tokenizer=tok,
+        max_tokens=256,
+        max_length=128,
+        rope="both",
+        layers=range(10),
+        cross_layer=True,
+        progress=False,
+    )
     snapshots = headwidget.Timeline.from_checkpoints(  # two snapshots of one model: the layout is the point
         [model, model],
         [0, 1000],
@@ -82,6 +93,10 @@ def views(smollm2):
         "timeline+heads": headwidget.TimelineView({"run A": timeline, "run B": timeline}, show="heads"),
         "healing": headwidget.HealingView({"mqa": _run("mqa", 6.7), "mqa+align": _run("mqa+align", 3.2)}),
         "trends": headwidget.TrendView(stats, model=model, mechanisms=["mqa", "mla:128"]),
+        "layer_similarity": headwidget.LayerSimilarityView(cross, layer=9, paired=0),
+        "layer_similarity+subset": headwidget.LayerSimilarityView(
+            cross, layers=[0, 3, 6, 9], layer=6, paired=3, metric="subspace", kind="key_post"
+        ),
     }
 
 
@@ -156,6 +171,8 @@ CASES = [
     "timeline+heads",
     "healing",
     "trends",
+    "layer_similarity",
+    "layer_similarity+subset",
 ]
 
 

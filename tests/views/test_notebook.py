@@ -303,7 +303,12 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
     model, stats = llama
     dash = Dashboard(stats, model)
     pngs = dash.save(tmp_path / "dash.png", dpi=40)
-    assert [p.name for p in pngs] == ["dash-channels.png", "dash-alignment.png", "dash-mechanisms.png"]
+    assert [p.name for p in pngs] == [
+        "dash-channels.png",
+        "dash-alignment.png",
+        "dash-mechanisms.png",
+        "dash-layer_similarity.png",  # (the statistics hold cross-layer moments)
+    ]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
     svgs = dash.save(tmp_path / "dash.svg")
     for svg, view in zip(svgs, dash.views.values(), strict=True):
@@ -318,7 +323,7 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
     (page,) = dash.save(tmp_path / "dash.html", layers=[0, 1])
     text = page.read_text()
     summary, *frames = [html.unescape(m) for m in re.findall(r'srcdoc="([^"]*)"', text)]
-    assert len(frames) == len(dash.views) == 3
+    assert len(frames) == len(dash.views) == 4
     # the trend chart, offline: every series of the notebook's bqplot chart, the same numbers
     blob = summary.split('<script type="application/json" id="headwidget-data">')[1].split("</script>")[0]
     charts = json.loads(blob)["state"]["charts"]

@@ -97,7 +97,14 @@ def _chosen(stats: KVStats, kind: Kind, layers: Iterable[int] | None) -> tuple[M
 
 
 def _blocks(moments: Moments, width: int, positions: list[int]) -> Iterator[torch.Tensor]:
-    """The co-moment rows of each chosen layer (width × every chosen layer's channels), one at a time."""
+    """The co-moment rows of each chosen layer (width × every chosen layer's channels), one at a time
+    (views of the stored rows when the chosen layers are consecutive cross layers in order)."""
+    first = positions[0]
+    if positions == list(range(first, first + len(positions))):
+        stop = (first + len(positions)) * width
+        for p in positions:
+            yield moments.m2[p * width : (p + 1) * width, first * width : stop].to(F64)
+        return
     columns = torch.cat([torch.arange(p * width, (p + 1) * width) for p in positions]).to(moments.m2.device)
     for p in positions:
         yield moments.m2[p * width : (p + 1) * width].index_select(1, columns).to(F64)
@@ -107,7 +114,7 @@ def _cka(moments: Moments, width: int, positions: list[int]) -> np.ndarray:
     n = len(positions)
     frob = torch.zeros(n, n, dtype=F64)
     for a, rows in enumerate(_blocks(moments, width, positions)):
-        frob[a] = (rows * rows).reshape(width, n, width).sum((0, 2)).cpu()
+        frob[a] = (rows * rows).sum(0).reshape(n, width).sum(1).cpu()  # (rows first: contiguous)
     frob = (frob + frob.T) / 2  # the co-moment's two halves can differ in their last bits
     diag = torch.sqrt(torch.diagonal(frob))
     den = torch.outer(diag, diag)

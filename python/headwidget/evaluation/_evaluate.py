@@ -29,7 +29,7 @@ Example:
     >>> ids = torch.randint(0, 64, (4, 24), generator=torch.Generator().manual_seed(0))
     >>> report = evaluate(model, ids, ["model", "mqa", "lrkv:4"], dtype=torch.float32, progress=False)
     >>> report.kl["model"], report.top1["model"], report.kv_bytes_per_token
-    (0.0, 1.0, {'model': 256, 'mqa': 128, 'lrkv:4': 384})
+    (0.0, 1.0, {'model': 256, 'mqa': 128, 'lrkv:4': 256})
     >>> report.tokens, report.nll["mqa"] > report.nll["model"] - 1.0
     (92, True)
     >>> q = evaluate(model, ids, ["kv:int8", "kv:int2"], dtype=torch.float32, progress=False)
@@ -261,6 +261,7 @@ def evaluate(
         dtype=dtype,
         batch_size=batch_size,
         max_length=max_length,
+        protocol=reading,
     )
     spare = check_evaluation_budget(need, max_memory)
     runner = runner_for(model, reading)
@@ -308,6 +309,7 @@ def evaluate(
             width += out.values.numel() * out.values.element_size()
             cached = None if cached is None or width > min(LOGITS_BUDGET, spare) else [*cached, out]
             tick(1)
+            del out  # not held through the next batch's forward, nor the variants' (the cache holds it)
         ranks.merge([reference_totals])
         measures: dict[str, dict[str, float]] = {}
         size = torch.empty((), dtype=dtype).element_size()
@@ -480,6 +482,7 @@ def _measure_plan(
                 raise_non_finite(variant, batch, runner.device, plan.spec, _changed(plan))
             _add(totals, ref, out)
             tick(1)
+            del ref, out  # not held through the next batch's forwards
     ranks.merge([totals])
     for cache in plan.cross.caches:  # a merge's retention over every rank's prefills (its bytes)
         if isinstance(cache, MergedCache):

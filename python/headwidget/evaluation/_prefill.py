@@ -43,7 +43,7 @@ from headwidget.capture.inputs import Batch
 from headwidget.errors import EvaluationInputError
 from headwidget.evaluation._cache_transforms import cache_argument
 from headwidget.evaluation._inputs import forward_kwargs, position_ids_from_mask
-from headwidget.evaluation._outputs import BatchOutput, OutputRunner
+from headwidget.evaluation._outputs import BatchOutput, OutputRunner, predicted_logits
 from headwidget.evaluation.measures import predicted_positions
 
 __all__ = ["PrefillRunner", "prefill_batches"]
@@ -134,7 +134,6 @@ class PrefillRunner(OutputRunner):
         }
         if "position_ids" in params:
             second["position_ids"] = position_ids_from_mask(batch.attention_mask)[:, p:].to(self.device)
-        logits = model(**second).logits
         keep = predicted_positions(batch.attention_mask, batch.scored)[:, p:].to(self.device)
         targets = batch.input_ids.to(self.device)[:, p + 1 :][keep]
-        return BatchOutput(logits[:, :-1][keep], targets)
+        return BatchOutput(predicted_logits(model, second, keep), targets)

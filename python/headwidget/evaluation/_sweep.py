@@ -199,16 +199,17 @@ def layer_sweep(
     reference = _Sums()
     for chunk in _chunks(batches, per_token, record_budget):
         recorded: list[list[object]] = []
-        originals: list[BatchOutput] = []
+        originals: list[BatchOutput | None] = []  # the original's outputs, where a measure reads them
         for batch in chunk:
             sink: list[object] = []
             with blocks.recording(base, sink):
                 out = runner(base, batch)
             recorded.append(sink)
-            originals.append(out)
+            originals.append(out if kl or runner.kind != "causal-lm" else None)
             if runner.kind == "causal-lm":
                 reference.a += _nll_sum(out)
             tick(1)
+            del out  # not held through the next forward
         shared = shared_copy(base) if quantized else None  # for every quantizer cell of the chunk
         for spec in specs:
             for layer in layers:
@@ -234,18 +235,20 @@ def layer_sweep(
                                     else f"only layer {layer} converted"
                                 )
                                 raise_non_finite(fresh, batch, runner.device, spec, what_ran)
+                        ref = originals[b]
                         if kl:
-                            assert out.targets is not None
-                            kl[spec][layer].add_rows(originals[b].values, out.values, out.targets)
+                            assert out.targets is not None and ref is not None
+                            kl[spec][layer].add_rows(ref.values, out.values, out.targets)
                         elif runner.kind == "causal-lm":
                             cell.a += _nll_sum(out)
                         else:
-                            ref = originals[b]
+                            assert ref is not None
                             real = batch.attention_mask.bool().to(runner.device)
                             diff = (out.values.to(F64) - ref.values.to(F64))[real]
                             cell.a += float((diff * diff).sum())
                             cell.b += float((ref.values.to(F64)[real] ** 2).sum())
                         tick(1)
+                        del out, ref  # not held through the next forward
                     del variant
     counted = _Sums()
     counted.a = predicted_count(list(batches))
@@ -366,6 +369,7 @@ def swap_sweep(
                 whole.add_rows(ref.values, out.values, out.targets)
                 recorded.append(sink)
                 tick(1)
+                del out  # not held through the next forward
         for key, (layer, plan) in swaps.items():
             slot: list[object] = [None]
             with (
@@ -384,5 +388,6 @@ def swap_sweep(
                     assert out.targets is not None
                     totals[key].add_rows(ref.values, out.values, out.targets)
                     tick(1)
+                    del out  # not held through the next forward
     ranks.merge([whole, *totals.values()])
     return whole, totals

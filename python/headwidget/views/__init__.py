@@ -41,6 +41,7 @@ from headwidget.views.alignment import AlignmentView
 from headwidget.views.channels import ChannelView, ChannelWindowError
 from headwidget.views.consequences import ConsequenceView
 from headwidget.views.healing import HealingView
+from headwidget.views.layer_similarity import LayerSimilarityView
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
 from headwidget.views.quantization import QuantizationView
 from headwidget.views.timeline import StepIndexError, TimelineStepsError, TimelineView
@@ -55,6 +56,7 @@ __all__ = [
     "Control",
     "ControlType",
     "HealingView",
+    "LayerSimilarityView",
     "LayerState",
     "LayerView",
     "MechanismView",
