@@ -196,9 +196,16 @@ def test_a_subset_of_cross_layers(run: dict) -> None:
     np.testing.assert_array_equal(matrix.matrix, layer_similarity(stats, "key", "cka"))
     view.layer = 1  # no cross-layer statistics: the matrices alone, and why
     assert [p.id for p in view.grid.panels] == ["key-layers", "value-layers"] and view.grid.columns == 2
-    assert "layer 1 is not among these layers (layers 0, 2): click a cell" in view.grid.panels[0].note
+    shown = view.grid.panels[0]
+    assert "layer 1 is not among these layers (layers 0, 2)" in shown.note and "click" not in shown.note
+    assert shown.hint == "a click on a cell shows its pair's heads" and (shown.mark_row, shown.mark_col) == (
+        -1,
+        -1,
+    )
     view.select_cell("key-layers", 1, 0)
     assert (view.layer, view.paired) == (2, 0) and len(view.grid.panels) == 6
+    shown = view.grid.panels[0]  # the selected pair's row and column outlined
+    assert (shown.mark_row, shown.mark_col) == (1, 0)
     with pytest.raises(CrossLayerMissingError, match=r"layers \[1\] have no cross-layer statistics"):
         LayerSimilarityView(stats, layers=[0, 1])
     whole = LayerSimilarityView(run["stats"], layers=[2, 0])  # sorted: rows and columns in layer order

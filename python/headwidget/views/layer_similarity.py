@@ -328,20 +328,19 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
         which = ", ".join(map(str, absent))
         return (
             f"layer{'s' if len(absent) > 1 else ''} {which} {'are' if len(absent) > 1 else 'is'} not "
-            f"among these layers ({_layer_list(self.layers)}): click a cell to show its pair's heads"
+            f"among these layers ({_layer_list(self.layers)})"
         )
 
     def _layer_panel(self, kind: Kind, state: LayerSimilarityState) -> Panel:
         matrix = self.matrix(kind, state.metric)
         pair = self._shown_pair(state)
+        marked = (-1, -1)
         if pair is None:
             note = self._missing_pair(state)
         else:
-            a, b = (self.layers.index(each) for each in pair)
-            note = (
-                f"layer {pair[0]} × layer {pair[1]}: {_score(matrix[a, b])} · a click on a cell shows "
-                "its pair's heads"
-            )
+            marked = (self.layers.index(pair[0]), self.layers.index(pair[1]))
+            a, b = marked
+            note = f"layer {pair[0]} × layer {pair[1]}: {_score(matrix[a, b])}"
         contiguous = self.layers == list(range(self.layers[0], self.layers[0] + len(self.layers)))
         labels = None if contiguous else [str(each) for each in self.layers]
         title = METRIC_TITLES.get(state.metric.split(":")[0], state.metric)
@@ -357,6 +356,9 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
             note=note,
             row_axis="layer",
             col_axis="paired with",  # (what a click selects: the row's layer, paired with the column's)
+            hint="a click on a cell shows its pair's heads",
+            mark_row=marked[0],  # the selected pair: its row and its column outlined
+            mark_col=marked[1],
         )
 
     def _pair_panels(self, kind: Kind, layer: int, paired: int) -> list[Panel]:
@@ -410,11 +412,6 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
     def labels(self, state: LayerSimilarityState) -> dict[str, Any]:
         """The two layers' read-outs beside their sliders."""
         return {"layer_label": self.layer_text(state.layer), "paired_label": self.layer_text(state.paired)}
-
-    @property
-    def caption(self) -> str:
-        """The model, the metric and the pair whose heads are shown."""
-        return self.describe(self.current_state())
 
     def describe(self, state: LayerSimilarityState) -> str:
         """What the panels of ``state`` show: the model, the metric and the pair of layers."""
