@@ -98,10 +98,14 @@ def test_aligned_keys_equal_mean_rope_plane_scores(run: dict) -> None:
     np.testing.assert_allclose(got, want, atol=1e-7)
 
 
-def test_a_layer_subset_is_the_submatrix_in_its_order(run: dict) -> None:
+def test_a_layer_subset_is_the_submatrix_in_layer_order(run: dict) -> None:
     whole = layer_similarity(run["stats"], "value", "cka")
     part = layer_similarity(run["stats"], "value", "cka", layers=[2, 0])
-    np.testing.assert_allclose(part, whole[np.ix_([2, 0], [2, 0])], atol=1e-14)
+    np.testing.assert_allclose(part, whole[np.ix_([0, 2], [0, 2])], atol=1e-14)
+    # three layers given out of order: a matrix in the given order would permute the off-diagonal cells
+    shuffled = layer_similarity(run["stats"], "value", "cka", layers=[2, 0, 1])
+    np.testing.assert_allclose(shuffled, whole, atol=1e-14)
+    assert not np.allclose(whole[np.ix_([2, 0, 1], [2, 0, 1])], whole)
     sub = layer_similarity(run["stats"], "key", "subspace", r=4, layers=[1, 2])
     whole_sub = layer_similarity(run["stats"], "key", "subspace", r=4)
     np.testing.assert_allclose(sub, whole_sub[1:, 1:], atol=1e-12)

@@ -174,7 +174,8 @@ def layer_similarity(
         kind: ``"key"`` (before RoPE), ``"key_post"`` (after RoPE, ``rope="post"``/``"both"``) or
             ``"value"``.
         metric: ``"cka"``, ``"aligned"`` or ``"subspace"``.
-        layers: a subset of the cross layers, in the order the matrix should have (default: all).
+        layers: a subset of the cross layers (default: all); the matrix follows layer order, whatever
+            the order they are given in.
         r: the subspace rank of ``"subspace"`` (1 ≤ r ≤ C); only for that metric.
         heldout: for ``"aligned"``: held-out (True) or in-sample (False) scores; None: as
             :func:`~headwidget.analysis.alignment.align` shows by default.
