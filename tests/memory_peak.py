@@ -29,3 +29,23 @@ def allocated_peak(fn) -> int:
     ]
     assert totals, "the profiler recorded no CPU allocations"
     return max(totals)
+
+
+def allocated_rise(fn) -> int:
+    """Peak bytes the CPU allocator held while ``fn`` ran above what it held when ``fn`` began (what a
+    function allocates itself, whatever else the process holds), after a garbage collection."""
+    import gc
+
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    memory = [e["args"] for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
+    assert memory, "the profiler recorded no CPU allocations"
+    before = memory[0]["Total Allocated"] - memory[0]["Bytes"]
+    return max(m["Total Allocated"] for m in memory) - before
