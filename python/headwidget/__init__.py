@@ -81,7 +81,7 @@ from headwidget.evaluation import (
     fit_codebooks,
     fit_quantizer,
 )
-from headwidget.healing import HealingRun, heal
+from headwidget.healing import HealingRun, estimate_healing, heal
 from headwidget.moments import Moments
 from headwidget.stats import KVStats, NoSamplesError, StatsMeta
 from headwidget.tracking import Timeline, Tracker
@@ -216,6 +216,7 @@ __all__ = [
     "estimate",
     "estimate_allocation",
     "estimate_evaluation",
+    "estimate_healing",
     "evaluate",
     "explore",
     "fit_codebooks",
