@@ -353,7 +353,8 @@ class AllocationMemory:
 
     - ``copy``: the working copy in ``dtype``, when the model is held in another;
     - ``fits``: every conversion candidate's fitted attention weights, for every layer, in ``dtype``;
-    - ``work``: the larger of the sweep (the recorded layer outputs of one chunk of batches, at most
+    - ``work``: the largest of the fitting (one candidate's float64 fits of every layer, before they are
+      cast), the sweep (the recorded layer outputs of one chunk of batches, at most
       :data:`~headwidget.evaluation._sweep.RECORD_BUDGET` bytes but always one batch's, and the
       original's predicted-row logits of those batches) and the search (the original's predicted-row
       logits of every batch, kept while the allocations are measured and refined, and the recorded layer
@@ -401,7 +402,9 @@ class AllocationMemory:
             for s in specs
             if any(p.mechanism != "model" and not p.quantizer for p in uniform_parts(parse_variant(s)))
         ]
-        fits = len(conversions) * sum(t.numel() for t in attention.values()) * b
+        weights = sum(t.numel() for t in attention.values())
+        fits = len(conversions) * weights * b
+        fitting = 8 * weights if conversions else 0  # one candidate's float64 fits, before they are cast
         get_head = getattr(model, "get_output_embeddings", None)
         weight = getattr(get_head() if callable(get_head) else None, "weight", None)
         vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
@@ -426,7 +429,7 @@ class AllocationMemory:
         sweep = max(sum(recorded[i] + kept[i] for i in c) for c in chunks) + forward
         search = sum(kept) + max(sum(recorded[i] for i in c) for c in chunks) + forward
         device = next(model.parameters()).device
-        return cls({"copy": copy, "fits": fits, "work": max(sweep, search)}, device)
+        return cls({"copy": copy, "fits": fits, "work": max(sweep, search, fitting)}, device)
 
 
 def _shapes(batches: Sequence[Batch]) -> list[tuple[int, int, int]]:

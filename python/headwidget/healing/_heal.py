@@ -420,6 +420,7 @@ def heal(
             checkpoint=checkpoint,
             world=ranks.world,
             sharded=sharded,
+            device=device,
         ),
         optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes"),
     )

@@ -191,6 +191,7 @@ class HealingMemory:
         checkpoint: bool = False,
         world: int = 1,
         sharded: bool = False,
+        device: torch.device | None = None,
     ) -> HealingMemory:
         adapter = adapter_for(model)
         lay = adapter.layout()
@@ -276,8 +277,8 @@ class HealingMemory:
             "references": references,
             "work": max(step, evaluation, healed),
         }
-        device = next(model.parameters()).device
-        return cls(parts, {"step": step, "evaluation": evaluation, "healed": healed}, device)
+        where = device if device is not None else next(model.parameters()).device
+        return cls(parts, {"step": step, "evaluation": evaluation, "healed": healed}, where)
 
     def budget(self, max_memory: int | None) -> int:
         """``max_memory``, or the default budget of the model's device
@@ -325,6 +326,7 @@ def estimate_healing(
     dtype: torch.dtype | str | None = None,
     checkpoint: bool = False,
     distributed: bool | str = False,
+    world_size: int | None = None,
     **ignored: Any,
 ) -> int:
     """Peak bytes :func:`~headwidget.healing.heal` with these arguments allocates on the model's device
@@ -333,7 +335,8 @@ def estimate_healing(
     Takes :func:`~headwidget.healing.heal`'s arguments (those the memory does not depend on, such as
     ``tokens``, ``lr`` or ``seed``, are accepted and ignored). ``variant`` may also be a spec
     (``"mqa"``, ``"mla:512@0-15"``): then ``model`` may live on the ``meta`` device, so that a model
-    too large for this machine can be sized.
+    too large for this machine can be sized. With ``distributed``, the bytes of one rank of
+    ``world_size`` (default: the initialized process group's size).
 
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -366,6 +369,8 @@ def estimate_healing(
         import torch.distributed as dist
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if world_size is not None:
+            world = whole_number("world_size", world_size, minimum=1, maximum=1 << 20, hint="ranks")
     return HealingMemory.of(
         variant,
         model,
