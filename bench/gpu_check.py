@@ -15,6 +15,9 @@
 4. **Past one GPU**: ``heal(distributed="fsdp")`` in a one-rank NCCL group, the model on the CPU and its
    shards on the GPU, against the same heal on the GPU without sharding (float32: the weights agree to
    1e-5); and from the estimates, the memory per GPU of a 70B model's heal on 8 GPUs.
+5. Analyses on the device (no target): batched head alignment (RoPE and orthogonal, 128 heads × d_h 128)
+   against a per-pair loop on a subset, and operator similarity of a 7B-shaped layer (Frobenius trick
+   against dense d×d forms), with the helpers of ``bench/analysis.py``.
 
 Run on a machine with a CUDA GPU: ``python bench/gpu_check.py`` (``--skip ladder,fits,...`` leaves parts
 out). ``--dry-run`` runs the same code on the CPU with every model shrunk (``bench/scale.py --tiny``) and
@@ -304,7 +307,7 @@ def past_one_gpu(args: argparse.Namespace) -> None:
     )
     with torch.device("meta"):
         big = LlamaForCausalLM(config).to(torch.bfloat16)
-    for batch in (8, 16):
+    for batch in (8, 64):
         need = headwidget.estimate_healing(
             "mqa",
             big,
@@ -321,6 +324,66 @@ def past_one_gpu(args: argparse.Namespace) -> None:
         )
 
 
+def analyses(args: argparse.Namespace) -> None:
+    """Part 5: batched head alignment and operator similarity on the device against per-pair loops."""
+    from analysis import loop_align, synthetic_stats
+    from headwidget.analysis import align, operator_similarity
+    from headwidget.analysis.weights import HeadWeights
+
+    print("\n5. analyses on the device")
+    device, small = torch.device(args.device), args.dry_run
+    heads, d = (8, 16) if small else (128, 128)
+    stats = synthetic_stats(heads, d, tokens=512).to(device)
+    pairs = [(i, j) for i in range(heads) for j in range(i + 1, heads)]
+    subset = pairs[: min(len(pairs), 200)]
+    print(
+        f"\nhead alignment on {device}: {heads} heads × d_h {d} ({len(pairs)} pairs); loop over {len(subset)}"
+    )
+    for method, kind in (("rope", "key"), ("orthogonal", "value")):
+        align(stats, 0, kind, method=method, heldout=True)  # warm-up
+        batched = statistics.median(
+            _median_time(lambda m=method, k=kind: align(stats, 0, k, method=m, heldout=True), device, 3)
+        ) / len(pairs)
+        loop = statistics.median(_median_time(lambda m=method: loop_align(stats, subset, m, True), device, 1))
+        loop /= len(subset)
+        print(
+            f"  {method:10s} batched {batched * 1e6:9.1f} µs/pair   loop {loop * 1e6:9.1f} µs/pair   "
+            f"speed-up {loop / batched:7.1f}×"
+        )
+    h, m, dm = (4, 16, 64) if small else (32, 128, 4096)
+    gen = torch.Generator(device=device).manual_seed(1)
+    w = HeadWeights(
+        *(
+            torch.randn(*s, generator=gen, device=device, dtype=torch.float64)
+            for s in ((h, m, dm), (h, m, dm), (h, m, dm), (h, dm, m))
+        )
+    )
+    trick = statistics.median(_median_time(lambda: operator_similarity(w, 0, "qk"), device, 3))
+
+    def dense() -> None:
+        forms = [(w.q[i].T @ w.k[i]).reshape(-1) for i in range(h)]
+        torch.stack([torch.stack([a @ b for b in forms]) for a in forms])
+
+    dense_t = statistics.median(_median_time(dense, device, 1))
+    print(
+        f"operator similarity on {device} (H {h}, d_h {m}, d {dm}): trick {trick * 1e3:.1f} ms, "
+        f"dense forms kept {dense_t * 1e3:.1f} ms, speed-up {dense_t / trick:.1f}×"
+    )
+
+
+def _median_time(fn: Any, device: torch.device, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        out.append(time.perf_counter() - start)
+    return out
+
+
 def capture_part(args: argparse.Namespace) -> None:
     print("\n1. capture at the limit")
     if gpu_capture_section is None:
@@ -334,7 +397,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, every model shrunk")
-    parser.add_argument("--skip", default="", help="parts to leave out: capture, ladder, fits, sharded")
+    parser.add_argument(
+        "--skip", default="", help="parts to leave out: capture, ladder, fits, sharded, analyses"
+    )
     parser.add_argument("--layers", type=int, default=32, help="layers of the ladder's 8B and 7B rungs")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=512)
@@ -353,7 +418,13 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU (dry run)"
     print(f"gpu_check on {name}, torch {torch.__version__}")
     skip = set(args.skip.split(","))
-    parts = {"capture": capture_part, "ladder": ladder, "fits": fits, "sharded": past_one_gpu}
+    parts = {
+        "capture": capture_part,
+        "ladder": ladder,
+        "fits": fits,
+        "sharded": past_one_gpu,
+        "analyses": analyses,
+    }
     for key, part in parts.items():
         if key not in skip:
             part(args)

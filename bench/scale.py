@@ -26,7 +26,8 @@ and for each of capture, evaluate, heal and allocate its peak memory beside its 
 (``headwidget.estimate``, ``estimate_evaluation``, ``estimate_healing``, ``estimate_allocation``): on a GPU
 ``max_memory_allocated`` above what was allocated before the call; on the CPU the CPU allocator's peak of
 live tensors (``torch.profiler``; the counterpart of CUDA's number), and the rise of the resident set
-beside it (``bench/peaks.py``: it counts what glibc keeps after frees). The table prints measured ÷
+beside it (``bench/peaks.py``: it counts what glibc keeps after frees; ``--returned`` runs the rungs with
+``MALLOC_MMAP_THRESHOLD_=131072``, where it follows the live tensors). The table prints measured ÷
 estimate (target 0.8–1.2).
 
 Run: ``.venv/bin/python bench/scale.py --quick`` (under 5 minutes on a 2-core CPU: 2×64 tokens, the 1B
@@ -326,14 +327,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_rung(name: str, argv: list[str]) -> dict[str, Any]:
-    """:func:`measure` of ``name`` in a fresh process (the same options)."""
-    done = subprocess.run(
-        [sys.executable, __file__, "--rung", name, *argv],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-    )
+def run_rung(name: str, argv: list[str], returned: bool = False) -> dict[str, Any]:
+    """:func:`measure` of ``name`` in a fresh process (the same options; ``returned``: with
+    ``MALLOC_MMAP_THRESHOLD_=131072``, so that its resident set follows the live tensors)."""
+    env = dict(os.environ)
+    if returned:
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    command = [sys.executable, __file__, "--rung", name, *argv]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"rung {name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -352,6 +353,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="capture ÷ forward repeats (default 5; quick 3)")
     p.add_argument("--checkpoint", action="store_true", help="heal with checkpoint=True")
     p.add_argument("--tiny", action="store_true", help="every rung shrunk (a smoke run of the code)")
+    p.add_argument("--returned", action="store_true", help="rungs run with MALLOC_MMAP_THRESHOLD_=131072")
+    p.add_argument("--largest", action="store_true", help="only the largest batches on one 80 GB GPU")
     p.add_argument("--rung", help=argparse.SUPPRESS)
     return p
 
@@ -366,6 +369,86 @@ def _defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.small_layers is None and quick and args.rung == "llama-3.2-1b":
         args.small_layers = 2
     return args
+
+
+#: Llama-3-70B's shape (for the estimates of :func:`largest_batches`; nothing is allocated).
+LLAMA_3_70B = {
+    **RUNGS["llama-3-8b"],
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+}
+
+
+def _largest(fits: Callable[[int], bool], limit: int = 4096) -> int:
+    """The largest batch in 1..limit that ``fits`` (0 when even one row does not)."""
+    if not fits(1):
+        return 0
+    low, high = 1, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+def _largest_row(config: dict[str, Any], gpu: float, length: int, world: int) -> list[str]:
+    """One row of :func:`largest_batches`: the weights, then each call's largest batch."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16)
+    weights = sum(p.numel() for p in model.parameters()) * 2
+    bf16 = torch.bfloat16
+
+    def capture(b: int) -> int:
+        return headwidget.estimate(model, batch_size=b, max_length=length)
+
+    def evaluate(b: int) -> int:
+        return headwidget.estimate_evaluation(
+            model, ["mqa"], per_layer=True, dtype=bf16, batch_size=b, max_length=length
+        )
+
+    def allocate(b: int) -> int:
+        candidates = ["model", "mqa", "kv:int4"]
+        options = {"dtype": bf16, "batch_size": b, "max_length": length, "max_tokens": 8 * b * length}
+        return headwidget.estimate_allocation(model, candidates=candidates, **options)
+
+    def heal(b: int, checkpoint: bool) -> int:
+        return headwidget.estimate_healing(
+            "mqa", model, batch_size=b, max_length=length, dtype=bf16, checkpoint=checkpoint
+        )
+
+    def heal_sharded(b: int, checkpoint: bool) -> int:  # a rank's share of the batch and of the weights
+        options = {"distributed": "fsdp", "world_size": world, "checkpoint": checkpoint}
+        return headwidget.estimate_healing(
+            "mqa", model, batch_size=b * world, max_length=length, dtype=bf16, **options
+        )
+
+    cells = [f"{weights / 1e9:.0f} GB"]
+    cells += [str(_largest(lambda b, f=f: f(b) + weights <= gpu)) for f in (capture, evaluate, allocate)]
+    for checkpoint in (False, True):
+        if 2 * weights <= gpu:
+            cells.append(str(_largest(lambda b, c=checkpoint: heal(b, c) + 2 * weights <= gpu)))
+        else:
+            rows = _largest(lambda b, c=checkpoint: heal_sharded(b, c) <= gpu)
+            cells.append(f"{rows * world} on {world} GPUs (FSDP)")
+    return cells
+
+
+def largest_batches(gpu: float = 80e9, length: int = 2048, world: int = 8) -> str:
+    """From the estimates, the largest batch of ``length`` tokens each call takes on one GPU of ``gpu`` bytes
+    for the Llama-3-8B and -70B shapes in bfloat16 (models on the meta device: nothing allocated): the
+    call's estimate plus the weights it holds (the model; heal: the model and its variant) within ``gpu``;
+    a 70B model's heal with FSDP over ``world`` GPUs (the batch over all of them). Markdown."""
+    lines = [
+        "| shape (bfloat16) | weights | capture | evaluate (mqa, per layer) | allocate (3 candidates, "
+        "8 batches) | heal (mqa) | heal, checkpoint=True |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, config in (("Llama-3-8B", RUNGS["llama-3-8b"]), ("Llama-3-70B", LLAMA_3_70B)):
+        lines.append(f"| {name} | " + " | ".join(_largest_row(config, gpu, length, world)) + " |")
+    return "\n".join(lines)
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
@@ -388,12 +471,17 @@ def main() -> None:
     if args.rung:
         print(json.dumps(measure(args.rung, args)))
         return
+    if args.largest:
+        print(largest_batches())
+        return
     start = time.perf_counter()
     rows = []
     for name in (n.strip() for n in args.rungs.split(",")):
-        rows.append(run_rung(name, _child_argv(args)))
+        rows.append(run_rung(name, _child_argv(args), args.returned))
         print(f"{name}: done after {time.perf_counter() - start:.0f} s", file=sys.stderr)
     memory = "max_memory_allocated" if args.device.startswith("cuda") else "CPU allocator (resident set)"
+    if args.returned:
+        memory += ", MALLOC_MMAP_THRESHOLD_=131072"
     healing = ", heal with checkpoint=True" if args.checkpoint else ""
     print(f"scale ladder on {args.device}; peaks: {memory}{healing}")
     print(table(rows))
