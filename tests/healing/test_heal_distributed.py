@@ -58,6 +58,28 @@ def test_two_ranks_heal_the_weights_of_one_process(tmp_path: Path) -> None:
         assert changed == 6  # k_proj and v_proj of the three layers
 
 
+def _untouched_worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        model = llama()
+        with torch.no_grad():
+            model.model.norm.weight.add_(rank)  # each rank's model its own (never DDP's to broadcast)
+        before = {n: t.clone() for n, t in model.state_dict().items()}
+        small_heal(headwidget.apply(model, SPEC), model, distributed=True, tokens=128)
+        changed = [n for n, t in model.state_dict().items() if not torch.equal(t, before[n])]
+        (Path(out) / f"changed{rank}.txt").write_text("\n".join(changed))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_ddp_leaves_each_ranks_model_as_it_was(tmp_path: Path) -> None:
+    """The trained copy shares the model's frozen tensors: DDP must not broadcast rank 0's into them."""
+    run_ranks(_untouched_worker, (2, free_port(), str(tmp_path)))
+    assert [(tmp_path / f"changed{rank}.txt").read_text() for rank in (0, 1)] == ["", ""]
+
+
 def _sharded_worker(rank: int, world: int, port: int, out: str, options: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -677,6 +677,11 @@ class _Training:
         if self.ranks.world > 1 and self.skeleton is None:
             from torch.nn.parallel import DistributedDataParallel
 
+            # what is not trained is left alone: DDP would broadcast rank 0's copy into every rank's
+            # tensors, which are the model's own
+            left = [n for n, p in self.objective.named_parameters() if not p.requires_grad]
+            left += [n for n, _ in self.objective.named_buffers()]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.objective, left)
             self.trained = DistributedDataParallel(self.objective)
         blocks = LayerBlocks.of(self.student, adapter_for(self.student)).modules(self.student)
         self.restore = checkpointed(blocks) if self.checkpoint else lambda: None
