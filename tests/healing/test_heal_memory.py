@@ -57,9 +57,13 @@ def test_the_trained_copy_shares_every_unconverted_tensor_with_the_original(trai
     assert shared == len(theirs) - 4 and own > 0  # every parameter but layer 1's q, k, v, o
     for name, t in model.state_dict().items():  # the original is bit-identical, its flags its own
         assert torch.equal(t, before[name]), name
-    # the healed model is a model of its own: training it further cannot reach the original
+    # the healed model shares its frozen tensors with the variant, never with the original
     mine = {_storage(t) for t in run.model.state_dict().values()}
     assert not mine & {_storage(t) for t in model.state_dict().values()}
+    given = dict(variant.named_parameters())
+    for name, p in run.model.named_parameters():
+        if ".layers.1.self_attn." not in name:
+            assert _storage(p) == _storage(given[name]), name
 
 
 def test_training_everything_shares_nothing() -> None:

@@ -23,8 +23,9 @@ The run, in order:
    ``per_layer``, each converted layer's teacher-forced attention-output error.
 5. The trained weights are written back (factors multiplied in float64) and the healed copy is returned
    on ``run.model``: the variant's class and structure (its KV-head count, its factors' ranks, its
-   partial-RoPE mask), with weights of its own (the frozen ones it shared are copied at the end),
-   ``variant`` and ``model`` untouched.
+   partial-RoPE mask); ``variant`` and ``model`` untouched. Its frozen tensors are the variant's own (the
+   same values; no copy is made): training ``run.model`` further changes them in ``variant`` too, never
+   in ``model``.
 
 Memory: the peak the run allocates beyond ``model`` and ``variant`` is estimated before any work
 (:func:`~headwidget.healing.estimate_healing`, :mod:`headwidget.healing._memory`) and a run over
@@ -82,7 +83,7 @@ from headwidget.healing._loss import LOSS_NAMES
 from headwidget.healing._memory import HealingMemory, check_healing_budget
 from headwidget.healing._run import HealingRun
 from headwidget.healing._sharded import distribution, gather_trained, mesh_device, sharded, shared_module
-from headwidget.healing._student import StepLoss, checkpointed, owning, trained_copy
+from headwidget.healing._student import StepLoss, checkpointed, handed_over, trained_copy
 from headwidget.healing._trainable import TrainableParts, parse_trainable
 
 __all__ = ["DEFAULT_LR", "heal", "learning_rate"]
@@ -482,7 +483,7 @@ def heal(
     evaluation.point(*judged, 0, 0)
 
     parts = _installed(student, trainable, seed, train_dtype)
-    skeleton = None
+    skeleton, origin = None, teacher
     if sharded:  # train a sharded copy; the unsharded student receives its trained weights at the end
         skeleton, teacher, student = student, judged[0], _sharded_copy(student, layers, ranks, device)
         if heads is not None:
@@ -493,6 +494,8 @@ def heal(
         teacher=teacher,
         parts=parts,
         skeleton=skeleton,
+        origin=origin,
+        variant=variant,
         plan=plan,
         evaluation=evaluation,
         ranks=ranks,
@@ -666,6 +669,8 @@ class _Training:
     heads: tuple[OutputHead, OutputHead] | None = None
     checkpoint: bool = False
     skeleton: nn.Module | None = None  # under FSDP: the unsharded student the trained weights go to
+    origin: nn.Module | None = None  # the unsharded teacher, whose tensors the student borrows
+    variant: nn.Module | None = None  # the variant given, whose tensors the healed model keeps
     losses: list[float] = field(default_factory=list)
     seen: int = 0
 
@@ -789,8 +794,8 @@ class _Training:
         return bool(self.control.should_training_stop)
 
     def finish(self) -> nn.Module:
-        """Write the trained weights back and call ``on_train_end``; the healed model, whose every tensor
-        is its own (the frozen ones it shared with the teacher while it trained are copied now)."""
+        """Write the trained weights back and call ``on_train_end``; the healed model, whose frozen tensors
+        are the variant's (:func:`~headwidget.healing._student.handed_over`)."""
         self.restore()
         self.restore = lambda: None
         if self.skeleton is not None:  # FSDP: the trained weights gathered into the unsharded student
@@ -801,6 +806,5 @@ class _Training:
             self.student.headwidget_variant = self.parts.healed_variant()  # type: ignore[assignment]
             for c in self.callbacks:
                 _call(c, "on_train_end", self.arguments, self.state, self.control, model=self.student)
-        # under FSDP the student keeps sharing the model's frozen weights (a whole copy is what the
-        # sharding avoids); else they are copied now, so that the healed model is a model of its own
-        return self.student if self.skeleton is not None else owning(self.student, self.teacher)
+        assert self.origin is not None and self.variant is not None
+        return handed_over(self.student, self.origin, self.variant)

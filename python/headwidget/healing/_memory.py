@@ -11,8 +11,9 @@ The estimate is of the bytes a run allocates beyond the ``model`` and ``variant`
   whole model), and the trained parameters in float32 (float64 for a float64 model);
 - ``optimizer``: AdamW's two moments of every trained parameter;
 - ``references``: the original's predicted-row logits of every evaluation batch, kept for the run;
-- ``work``: the largest of one training step, one evaluation point and the end (the healed model's
-  own copy of the frozen weights it shared with the teacher while it trained).
+- ``work``: the largest of one training step, one evaluation point and the end (where the model is held
+  in another dtype than the one trained in, the healed model's copy of the frozen weights; else it takes
+  the variant's).
 
   A **step** holds the trained parameters' gradients, the teacher's and the student's last hidden states,
   the student's saved activations — per layer from the first converted one on (layers before it record
@@ -267,8 +268,8 @@ class HealingMemory:
         if per_layer:
             evaluation += 4 * e_tokens * d * max(a_b, 4)
 
-        # ---- the end: the healed model's own copy of the frozen weights it shared with the teacher
-        healed = 0 if sharded or mode == "all" else max(0, total_numel - conversion.own) * h_b
+        # ---- the end: the healed model takes the variant's frozen tensors, copies where the dtypes differ
+        healed = 0 if mode == "all" or h_b == m_b else max(0, total_numel - conversion.own) * h_b
 
         parts = {
             "teacher": teacher,

@@ -6,7 +6,8 @@ module.
   ``requires_grad`` flags are its own): one copy of the frozen weights in memory, the original never
   written to. Only the converted modules (each converted layer's attention and the modules holding its
   head projections) are the copy's own, in the training dtype. With every weight trained
-  (``trainable="all"``) nothing can be shared: the copy is whole.
+  (``trainable="all"``) nothing can be shared: the copy is whole. :func:`handed_over` gives the healed
+  copy the variant's frozen tensors at the end instead of the teacher's.
 - :func:`checkpointed`: each decoder layer's forward run under ``torch.utils.checkpoint`` while gradients
   are recorded: only a layer's input is kept, its activations are computed again in the backward pass
   (one more forward of the layers, a fraction of the memory). Forwards without gradients (the evaluation
@@ -48,7 +49,7 @@ from headwidget.evaluation._inputs import forward_kwargs
 from headwidget.healing._chunked import OutputHead, body, head_kd_loss, head_lm_loss, last_hidden
 from headwidget.healing._loss import hidden_mse, kd_loss, lm_loss
 
-__all__ = ["StepLoss", "checkpointed", "owning", "trained_copy"]
+__all__ = ["StepLoss", "checkpointed", "handed_over", "trained_copy"]
 
 
 def trained_copy(
@@ -178,15 +179,23 @@ class StepLoss(nn.Module):
 
 
 @torch.no_grad()
-def owning(student: nn.Module, teacher: nn.Module) -> nn.Module:
-    """``student`` with a copy of each tensor it shares with ``teacher`` (its own from now on: training
-    it further, or loading weights into it, leaves the teacher and the original as they are)."""
+def handed_over(student: nn.Module, teacher: nn.Module, variant: nn.Module) -> nn.Module:
+    """``student`` with each tensor it shares with ``teacher`` replaced by ``variant``'s tensor of the same
+    name (the same values: the conversion did not change them), or by a copy where the variant holds it in
+    another dtype. The healed model then shares its frozen weights with the variant it was made from,
+    never with the original: no copy of them is made, and training it further cannot reach the model."""
     theirs = {t.untyped_storage().data_ptr() for t in (*teacher.parameters(), *teacher.buffers())}
-    for p in student.parameters():
+    params = dict(variant.named_parameters(remove_duplicate=False))
+    buffers = dict(variant.named_buffers(remove_duplicate=False))
+    for name, p in student.named_parameters(remove_duplicate=False):
         if p.untyped_storage().data_ptr() in theirs:
-            p.data = p.data.clone()
-    for module in student.modules():
+            given = params.get(name)
+            same = given is not None and given.shape == p.shape and given.dtype == p.dtype
+            p.data = given.data if same and given is not None else p.data.clone()
+    for prefix, module in student.named_modules():
         for name, b in list(module._buffers.items()):
             if b is not None and b.untyped_storage().data_ptr() in theirs:
-                module._buffers[name] = b.clone()
+                kept = buffers.get(f"{prefix}.{name}" if prefix else name)
+                same = kept is not None and kept.shape == b.shape and kept.dtype == b.dtype
+                module._buffers[name] = kept if same and kept is not None else b.clone()
     return student
