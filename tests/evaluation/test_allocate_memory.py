@@ -83,3 +83,34 @@ def test_a_budget_too_small_is_refused_before_any_forward() -> None:
         handle.remove()
     with pytest.raises(headwidget.ArgumentError, match="max_memory"):
         headwidget.allocate(model, ids, budget=0.5, max_memory=0, progress=False, **options)
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_the_estimate_holds_where_fitting_is_the_peak(kv_heads: int) -> None:
+    """One wide layer and a small vocabulary: the peak is the fit of the layer (its keys and values read in
+    float64 and repeated per query head), not the forwards."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=256,
+            intermediate_size=256,
+            num_hidden_layers=1,
+            num_attention_heads=8,
+            num_key_value_heads=kv_heads,
+        )
+    ).eval()
+    ids = _ids(4, 16)
+    options: dict[str, Any] = {
+        "candidates": ["model", "mqa"],
+        "dtype": torch.float32,
+        "batch_size": 4,
+        "max_length": 16,
+    }
+    need = headwidget.estimate_allocation(model, ids, **options)
+    peak = allocated_rise(
+        lambda: headwidget.allocate(model, ids, budget=0.5, refine=0, progress=False, **options)
+    )
+    assert 0.8 <= peak / need <= 1.2

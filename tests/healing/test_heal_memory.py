@@ -170,6 +170,35 @@ def test_the_estimate_is_the_measured_peak(name: str, spec: str, options: dict) 
     assert 0.8 <= peak / need <= 1.2
 
 
+def test_the_estimate_holds_where_installing_is_the_peak() -> None:
+    """One wide layer and a small vocabulary: the peak is reading the converted layer's weights in float64
+    to install its trained parameters, not the step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    variant = headwidget.apply(model, "mqa")
+    args: dict[str, Any] = {
+        "tokens": 64,
+        "batch_size": 4,
+        "max_length": 16,
+        "eval_texts": held_out(rows=4, length=16),
+        "eval_tokens": 32,
+        "per_layer": False,
+    }
+    need = headwidget.estimate_healing(variant, model, **args)
+    peak = allocated_rise(lambda: small_heal(variant, model, texts=stream(1, 1024), **args))
+    assert 0.8 <= peak / need <= 1.2
+
+
 def test_a_budget_too_small_is_refused_before_any_forward() -> None:
     model = llama()
     variant = headwidget.apply(model, "mqa")

@@ -354,7 +354,8 @@ class AllocationMemory:
     - ``copy``: the working copy in ``dtype``, when the model is held in another;
     - ``fits``: every conversion candidate's fitted attention weights, for every layer, in ``dtype``;
     - ``work``: the largest of the fitting (one candidate's float64 fits of every layer, before they are
-      cast), the sweep (the recorded layer outputs of one chunk of batches, at most
+      cast, and the work of fitting one layer: four query-sized matrices in float64), the sweep (the
+      recorded layer outputs of one chunk of batches, at most
       :data:`~headwidget.evaluation._sweep.RECORD_BUDGET` bytes but always one batch's, and the
       original's predicted-row logits of those batches) and the search (the original's predicted-row
       logits of every batch, kept while the allocations are measured and refined, and the recorded layer
@@ -404,7 +405,12 @@ class AllocationMemory:
         ]
         weights = sum(t.numel() for t in attention.values())
         fits = len(conversions) * weights * b
-        fitting = 8 * weights if conversions else 0  # one candidate's float64 fits, before they are cast
+        # one candidate's float64 fits of every layer before they are cast, and the fit of one layer at work
+        # (its keys and values read in float64 and repeated per query head, their group means so too)
+        work_of_one = 4 * lay.num_heads * lay.head_dim * lay.hidden_size
+        fitting = (
+            8 * (weights + work_of_one) - weights * b if conversions else 0
+        )  # its own cast fits not yet made
         get_head = getattr(model, "get_output_embeddings", None)
         weight = getattr(get_head() if callable(get_head) else None, "weight", None)
         vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0

@@ -11,9 +11,10 @@ The estimate is of the bytes a run allocates beyond the ``model`` and ``variant`
   whole model), and the trained parameters in float32 (float64 for a float64 model);
 - ``optimizer``: AdamW's two moments of every trained parameter;
 - ``references``: the original's predicted-row logits of every evaluation batch, kept for the run;
-- ``work``: the largest of one training step, one evaluation point and the end (where the model is held
-  in another dtype than the one trained in, the healed model's copy of the frozen weights; else it takes
-  the variant's).
+- ``work``: the largest of one training step, one evaluation point, the installing of the trained
+  parameters (a converted layer's weights read in float64, one layer at a time) and the end (where the
+  model is held in another dtype than the one trained in, the healed model's copy of the frozen weights;
+  else it takes the variant's).
 
   A **step** holds the trained parameters' gradients, the teacher's and the student's last hidden states,
   the student's saved activations — per layer from the first converted one on (layers before it record
@@ -268,6 +269,10 @@ class HealingMemory:
         if per_layer:
             evaluation += 4 * e_tokens * d * max(a_b, 4)
 
+        # ---- installing the trained parameters: each converted layer's head weights read in float64 in turn
+        layer_numel = conversion.own // max(1, len(conversion.layers))
+        install = 12 * layer_numel if conversion.layers else 0
+
         # ---- the end: the healed model takes the variant's frozen tensors, copies where the dtypes differ
         healed = 0 if mode == "all" or h_b == m_b else max(0, total_numel - conversion.own) * h_b
 
@@ -276,10 +281,11 @@ class HealingMemory:
             "student": student,
             "optimizer": optimizer,
             "references": references,
-            "work": max(step, evaluation, healed),
+            "work": max(step, evaluation, install, healed),
         }
         where = device if device is not None else next(model.parameters()).device
-        return cls(parts, {"step": step, "evaluation": evaluation, "healed": healed}, where)
+        phases = {"step": step, "evaluation": evaluation, "install": install, "healed": healed}
+        return cls(parts, phases, where)
 
     def budget(self, max_memory: int | None) -> int:
         """``max_memory``, or the default budget of the model's device
