@@ -349,7 +349,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--small-layers", type=int, help="layers of the other rungs (default all; quick: 1B 2)")
     p.add_argument("--batch", type=int, help="rows a batch (default 2)")
     p.add_argument("--length", type=int, help="tokens a row (default 256; quick 64)")
-    p.add_argument("--steps", type=int, help="heal and plain AdamW steps (default 3)")
+    p.add_argument("--steps", type=int, help="heal and plain AdamW steps (default 3; quick 2)")
     p.add_argument("--repeats", type=int, help="capture ÷ forward repeats (default 5; quick 3)")
     p.add_argument("--checkpoint", action="store_true", help="heal with checkpoint=True")
     p.add_argument("--tiny", action="store_true", help="every rung shrunk (a smoke run of the code)")
@@ -364,7 +364,7 @@ def _defaults(args: argparse.Namespace) -> argparse.Namespace:
     args.layers = args.layers or (1 if quick else 2)
     args.batch = args.batch or 2
     args.length = args.length or (64 if quick else 256)
-    args.steps = args.steps or 3
+    args.steps = args.steps or (2 if quick else 3)
     args.repeats = args.repeats or (3 if quick else 5)
     if args.small_layers is None and quick and args.rung == "llama-3.2-1b":
         args.small_layers = 2
