@@ -359,8 +359,9 @@ class AllocationMemory:
       :data:`~headwidget.evaluation._sweep.RECORD_BUDGET` bytes but always one batch's, and the
       original's predicted-row logits of those batches) and the search (the original's predicted-row
       logits of every batch, kept while the allocations are measured and refined, and the recorded layer
-      outputs of one chunk), each with one forward of a variant: its working memory, its whole logits and
-      the rows picked from them, or the measures' float32 chunks.
+      outputs of one chunk, and the converted attention of the plan measured), each with one forward of a
+      variant (its working memory, its whole logits and the rows picked from them, or the measures'
+      float32 chunks) and the rows of the batch before it.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -415,15 +416,16 @@ class AllocationMemory:
         weight = getattr(get_head() if callable(get_head) else None, "weight", None)
         vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
         impl = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager")
+        kept = [predicted * vocab * b for _, _, predicted in shapes]
+        previous = max(kept, default=0)  # the batch before's rows stay alive while the next one runs
         forward = 0
         for rows, length, predicted in shapes:
             logits = rows * length * vocab * b
             measures = 5 * min(predicted, chunk_rows(vocab)) * vocab * max(b, 4)
             padded = predicted < rows * (length - 1)
             work = forward_working_bytes(model, rows, length, b, scores=impl == "eager" or padded)
-            forward = max(forward, work + 2 * logits, predicted * vocab * b + measures)
+            forward = max(forward, work + 2 * logits + previous, predicted * vocab * b + measures)
         recorded = [rows * length * lay.hidden_size * lay.num_layers * b for rows, length, _ in shapes]
-        kept = [predicted * vocab * b for _, _, predicted in shapes]
         chunks: list[list[int]] = [[]]  # the batches of each chunk, as the sweeps form them
         used = 0
         for i, size in enumerate(recorded):
@@ -432,8 +434,11 @@ class AllocationMemory:
                 used = 0
             chunks[-1].append(i)
             used += size
+        # a sweep's cell holds one layer's converted attention, a measured plan (search) every layer's
         sweep = max(sum(recorded[i] + kept[i] for i in c) for c in chunks) + forward
+        sweep += weights * b // lay.num_layers if conversions else 0
         search = sum(kept) + max(sum(recorded[i] for i in c) for c in chunks) + forward
+        search += weights * b if conversions else 0
         device = next(model.parameters()).device
         return cls({"copy": copy, "fits": fits, "work": max(sweep, search, fitting)}, device)
 
