@@ -9,14 +9,17 @@ current allocation (:func:`~headwidget.evaluation._sweep.swap_sweep`). Everythin
 reference outputs, the knapsack, measuring the chosen spec and the uniform candidates within the
 budget, bookkeeping) is overhead. The script times ``allocate`` whole and, in the same call, the time
 spent inside those three (the functions are wrapped with timers), and prints
-``allocate ÷ (fits + sweeps)``. Target ≤ 1.15.
+``allocate ÷ (fits + sweeps)``. Target ≤ 1.15. Beside it, the call's peak resident set (``bench/peaks.py``)
+and :func:`headwidget.estimate_allocation` of the same arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,8 +27,11 @@ import torch
 import headwidget.evaluation._allocate as allocate_module
 from headwidget.capture import capture
 from headwidget.embedded import load_smollm2
-from headwidget.evaluation import allocate
+from headwidget.evaluation import allocate, estimate_allocation
 from headwidget.texts import english_sample
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peaks import Peak
 
 TARGET = 1.15
 
@@ -79,22 +85,27 @@ def main() -> None:
     print(f"statistics: {stats.tokens} calibration tokens ({time.perf_counter() - t:.1f} s, not counted)")
     candidates = [s.strip() for s in args.candidates.split(",") if s.strip()]
     texts = english_sample(split="evaluation")
+    options = {
+        "candidates": candidates,
+        "dtype": dtype,
+        "max_length": args.max_length,
+        "max_tokens": args.tokens,
+    }
+    need = estimate_allocation(model, texts, tokenizer=tok, **options)
     timers = [Timed("plan_variant"), Timed("layer_sweep"), Timed("swap_sweep")]
     try:
         t = time.perf_counter()
-        alloc = allocate(
-            model,
-            texts,
-            tokenizer=tok,
-            stats=stats,
-            budget=args.budget,
-            candidates=candidates,
-            refine=args.refine,
-            dtype=dtype,
-            max_length=args.max_length,
-            max_tokens=args.tokens,
-            progress=False,
-        )
+        with Peak(torch.device("cpu")) as peak:
+            alloc = allocate(
+                model,
+                texts,
+                tokenizer=tok,
+                stats=stats,
+                budget=args.budget,
+                refine=args.refine,
+                progress=False,
+                **options,
+            )
         whole = time.perf_counter() - t
     finally:
         for timer in timers:
@@ -116,7 +127,12 @@ def main() -> None:
     print(f"{'allocate, whole':<50}{whole:>9.1f}")
     ratio = whole / needed
     verdict = "met" if ratio <= TARGET else "MISSED"
-    print(f"allocate ÷ (fits + sweeps) = {ratio:.3f} (target ≤ {TARGET}: {verdict})\n")
+    print(f"allocate ÷ (fits + sweeps) = {ratio:.3f} (target ≤ {TARGET}: {verdict})")
+    print(
+        f"peak resident set of the call {peak.bytes / 2**20:.0f} MiB, "
+        f"estimate_allocation {need / 2**20:.0f} MiB "
+        f"(÷ {peak.bytes / need:.2f}; the resident set also holds what glibc keeps after frees)\n"
+    )
     print(alloc.table())
 
 

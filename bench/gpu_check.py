@@ -1,136 +1,337 @@
-"""One short GPU check: capture overhead on a CUDA GPU, printed as side-by-side ratios.
+"""One GPU check of issue 42's targets, each printed with PASS or FAIL (about five minutes on one H100/H200).
 
-1. A synthetic LLaMA-7B-shaped attention stack (32 layers, hidden 4096, 32 heads, d_h 128 → C = 4096
-   channels of K and of V per layer; small MLPs to keep the weights at ~5 GB) in bfloat16, random
-   init: capture of all layers vs the same forward stopped after the last attention.
-2. SmolLM2-135M on the GPU (8×256 tokens): the same ratios as ``bench/capture.py`` (a).
-3. Accuracy: correlations from the GPU capture vs a float64 recomputation on the GPU.
-4. Analyses on the device: batched head alignment (RoPE and orthogonal, 128 heads × d_h 128) vs a
-   per-pair loop on a subset, and operator similarity of a 7B-shaped layer (Frobenius trick vs dense
-   d×d forms), with the helpers of ``bench/analysis.py``.
-5. A short heal of SmolLM2's ``mqa`` variant on the device: ``heal(kd, kv)`` with bfloat16 autocast,
-   training tokens/s ÷ a plain AdamW next-token loop over the same k_proj/v_proj under the same autocast
-   (target ≥ 0.7), peak device memory of each, that held-out KL fell; and in float32 (no autocast) the
-   untrained point against ``evaluate`` on the same device and tokens.
+1. **Capture at the limit**: ``gpu_capture_section`` of ``bench/capture.py`` when it has one (capture ÷
+   the forward to the last attention for SmolLM2's, Llama-3-8B's and LLaMA-2-7B's shapes, and the
+   accuracy of the tensor-core Grams); else the ladder's capture ratios below stand in, against the same
+   targets (SmolLM2 ≤ 1.3, Llama-3-8B ≤ 1.05, LLaMA-2-7B ≤ 1.4).
+2. **The scale ladder** (``bench/scale.py``, each rung in a fresh process, bfloat16): SmolLM2-135M and
+   Llama-3.2-1B whole, Llama-3-8B and LLaMA-2-7B with ``--layers`` (default 32: whole) at 4×512 tokens:
+   capture ÷ forward, ``heal`` ÷ a plain AdamW loop (target ≥ 0.7) and, for capture, evaluate, heal and
+   allocate, ``max_memory_allocated`` ÷ the estimate (target 0.8–1.2).
+3. **Heal that fits**: the Llama-3-8B shape, all 32 layers, bfloat16, one heal step of 8×2048 tokens with
+   ``checkpoint=True``: the device's peak (model and variant included) against 70 GB, and the heal's own
+   peak ÷ its estimate; a SmolLM2 heal's tokens/s ÷ a plain AdamW loop's, and its untrained point in
+   float32 against ``evaluate`` on the same tokens (they must agree to 1e-5).
+4. **Past one GPU**: ``heal(distributed="fsdp")`` in a one-rank NCCL group, the model on the CPU and its
+   shards on the GPU, against the same heal on the GPU without sharding (float32: the weights agree to
+   1e-5); and from the estimates, the memory per GPU of a 70B model's heal on 8 GPUs.
+5. Analyses on the device (no target): batched head alignment (RoPE and orthogonal, 128 heads × d_h 128)
+   against a per-pair loop on a subset, and operator similarity of a 7B-shaped layer (Frobenius trick
+   against dense d×d forms), with the helpers of ``bench/analysis.py``.
 
-Run on a machine with a CUDA GPU: ``python bench/gpu_check.py`` (a few minutes); ``--device cpu --small``
-is a smoke run of the same code here.
+Run on a machine with a CUDA GPU: ``python bench/gpu_check.py`` (``--skip ladder,fits,...`` leaves parts
+out). ``--dry-run`` runs the same code on the CPU with every model shrunk (``bench/scale.py --tiny``) and
+small batches: a check that the script works, whose numbers mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
 
 import headwidget
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scale
+from heal import _Clock, _plain
 
-class _Stop(Exception):
-    pass
+# Capture at the limit is measured by bench/capture.py's own GPU section when it has one:
+# ``gpu_capture_section(device: str, dry_run: bool) -> list[tuple[str, str, bool]] | None`` — each
+# target's words, its measured value as text, and whether it passed (None: it printed its own).
+try:
+    from capture import gpu_capture_section  # type: ignore[attr-defined]
+except ImportError:
+    gpu_capture_section = None
+
+CAPTURE_TARGETS = {"smollm2-135m": 1.3, "llama-3-8b": 1.05, "llama-2-7b": 1.4}
+RESULTS: list[tuple[str, str, bool]] = []
 
 
-def _sync(device: torch.device) -> None:
+def verdict(target: str, measured: str, passed: bool) -> None:
+    """Record and print one target."""
+    RESULTS.append((target, measured, passed))
+    print(f"  {'PASS' if passed else 'FAIL'}  {target}: {measured}")
+
+
+def ladder(args: argparse.Namespace) -> None:
+    """Part 2 (and part 1's stand-in): the scale ladder's rungs on this device, with their targets."""
+    print("\n2. the scale ladder (bench/scale.py)")
+    argv = ["--device", args.device, "--layers", str(args.layers), "--batch", str(args.batch)]
+    argv += ["--length", str(args.length), "--steps", "3", "--repeats", "5"]
+    if args.dry_run:
+        argv += ["--tiny", "--quick"]
+    rows = []
+    for name in scale.RUNGS:
+        start = time.perf_counter()
+        rows.append(scale.run_rung(name, argv))
+        print(f"  {name}: {time.perf_counter() - start:.0f} s", flush=True)
+    print(scale.table(rows))
+    for row in rows:
+        for what in ("capture", "evaluate", "heal", "allocate"):
+            cell = row[what]
+            ratio = cell["peak"] / cell["estimate"]
+            verdict(f"{row['rung']} {what} peak ÷ estimate in 0.8–1.2", f"{ratio:.2f}", 0.8 <= ratio <= 1.2)
+        verdict(
+            f"{row['rung']} heal ÷ plain AdamW ≥ 0.7", f"{row['heal_ratio']:.2f}", row["heal_ratio"] >= 0.7
+        )
+        if gpu_capture_section is None and row["rung"] in CAPTURE_TARGETS:
+            limit = CAPTURE_TARGETS[row["rung"]]
+            verdict(
+                f"{row['rung']} capture ÷ forward ≤ {limit} (ladder, {row['tokens']} tokens)",
+                f"{row['capture_ratio']:.2f}",
+                row["capture_ratio"] <= limit,
+            )
+
+
+def _fits_in_process(args: argparse.Namespace) -> None:
+    """Part 3's 8B step, in this (fresh) process: print the numbers for the parent."""
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = scale.build("llama-3-8b", 32, device, dtype, small=args.dry_run)
+    variant = headwidget.apply(model, "mqa")
+    batch, length = (8, 2048) if not args.dry_run else (2, 64)
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(1)
+    stream = torch.randint(1, vocab, (1, 4 * batch * length), generator=generator)
+    held = torch.randint(1, vocab, (1, length), generator=generator)
+    options: dict[str, Any] = {
+        "tokens": batch * length,
+        "batch_size": batch,
+        "max_length": length,
+        "eval_texts": held,
+        "eval_tokens": length,
+        "per_layer": False,
+        "checkpoint": True,
+    }
+    need = headwidget.estimate_healing(variant, model, **options)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        held_before = torch.cuda.memory_allocated(device)
+    headwidget.heal(variant, model, stream, progress=False, **options)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        print(f"FITS {peak} {peak - held_before} {need}")
+    else:
+        print(f"FITS 0 0 {need}")
 
 
-def _median_time(fn: Callable[[], object], device: torch.device, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        out.append(time.perf_counter() - start)
-    return out
+def fits(args: argparse.Namespace) -> None:
+    """Part 3: the 8B heal step, and SmolLM2's heal rate and untrained point."""
+    print("\n3. heal that fits")
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--fits-in-process",
+            "--device",
+            args.device,
+            *(["--dry-run"] * args.dry_run),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("FITS ")), None)
+    if done.returncode or line is None:
+        print(done.stderr[-3000:])
+        verdict("Llama-3-8B heal step at 8×2048 with checkpoint=True", f"failed ({done.returncode})", False)
+    else:
+        device_peak, heal_peak, need = (int(x) for x in line.split()[1:])
+        if device_peak:
+            verdict(
+                "Llama-3-8B, 32 layers, 8×2048, bf16, checkpoint: device peak ≤ 70 GB",
+                f"{device_peak / 1e9:.1f} GB",
+                device_peak <= 70e9,
+            )
+            ratio = heal_peak / need
+            verdict("  its heal peak ÷ estimate in 0.8–1.2", f"{ratio:.2f}", 0.8 <= ratio <= 1.2)
+        else:
+            print(f"  (dry run) estimate {need / 2**20:.1f} MiB")
+    healing(args)
 
 
-def _forward_to_last_attention(model: nn.Module, attention: nn.Module, ids: torch.Tensor) -> None:
-    def stop(*_: object) -> None:
-        raise _Stop
-
-    handle = attention.register_forward_hook(stop)
-    try:
-        with torch.no_grad(), suppress(_Stop):
-            model(input_ids=ids, use_cache=False)
-    finally:
-        handle.remove()
-
-
-def compare(name: str, model: nn.Module, ids: torch.Tensor, device: torch.device, repeats: int) -> None:
-    last = model.model.layers[-1].self_attn  # type: ignore[union-attr,index]
-    routes: dict[str, Callable[[], object]] = {
-        "forward to last attention": lambda: _forward_to_last_attention(model, last, ids),
-        "capture K,V (moments + head Gram)": lambda: headwidget.capture(
-            model, ids, batch_size=ids.shape[0], max_length=ids.shape[1], progress=False
-        ),
-        "capture K,V,K_post": lambda: headwidget.capture(
-            model, ids, batch_size=ids.shape[0], max_length=ids.shape[1], rope="both", progress=False
-        ),
+def healing(args: argparse.Namespace) -> None:
+    """SmolLM2's shape: heal(kd, kv) tokens/s ÷ a plain AdamW loop under the same autocast, and the
+    untrained point in float32 against ``evaluate`` on the same device and tokens."""
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = scale.build("smollm2-135m", None, device, dtype, small=args.dry_run)
+    exact = scale.build("smollm2-135m", None, device, torch.float32, small=args.dry_run)
+    vocab = int(model.config.vocab_size)
+    batch, length, steps = (8, 512, 4) if not args.dry_run else (2, 64, 2)
+    generator = torch.Generator().manual_seed(2)
+    stream = torch.randint(1, vocab, (1, 8 * batch * length), generator=generator)
+    held = torch.randint(1, vocab, (batch, length), generator=generator)
+    clock = _Clock(device, cpu_time=True)
+    common: dict[str, Any] = {
+        "batch_size": batch,
+        "max_length": length,
+        "eval_texts": held,
+        "progress": False,
     }
-    for fn in routes.values():
-        fn()  # warm-up (kernels, allocator)
-    times: dict[str, list[float]] = {k: [] for k in routes}
-    for _ in range(repeats):
-        for key, fn in routes.items():
-            times[key] += _median_time(fn, device, 1)
-    base = statistics.median(times["forward to last attention"])
-    print(f"\n{name}: {tuple(ids.shape)} tokens on {device}, median of {repeats} interleaved runs")
-    for key, ts in times.items():
+    for _ in range(2):  # the first run warms the device's kernels up
+        headwidget.heal(
+            headwidget.apply(model, "mqa"),
+            model,
+            stream,
+            tokens=steps * batch * length,
+            eval_every=10**9,
+            eval_tokens=batch * length // 2,
+            per_layer=False,
+            callbacks=[clock],
+            **common,
+        )
+    healed = clock.steps()
+    plain = _plain(model, None, batch, length, steps, torch.bfloat16 if device.type == "cuda" else None)
+    ratio = statistics.median(plain[1:]) / statistics.median(healed[1:])
+    verdict(
+        f"SmolLM2 shape heal(kd, kv) ÷ plain AdamW at {batch}×{length} ≥ 0.7", f"{ratio:.2f}", ratio >= 0.7
+    )
+    run = headwidget.heal(
+        headwidget.apply(exact, "mqa"),
+        exact,
+        stream,
+        tokens=batch * length,
+        eval_every=10**9,
+        eval_tokens=batch * length,
+        per_layer=False,
+        dtype=torch.float32,
+        **common,
+    )
+    report = headwidget.evaluate(
+        exact,
+        held,
+        ["model", "mqa"],
+        dtype=torch.float32,
+        batch_size=batch,
+        max_length=length,
+        progress=False,
+    )
+    gap = max(abs(run.curve[0][m] - report.measures["mqa"][m]) for m in ("nll", "kl", "top1"))
+    verdict("untrained point (float32) = evaluate, to 1e-5", f"{gap:.1e}", gap <= 1e-5)
+
+
+def _sharded_in_process(args: argparse.Namespace) -> None:
+    """Part 4 in this (fresh) process: a one-rank process group, FSDP against the plain heal."""
+    import torch.distributed as dist
+
+    cuda = args.device.startswith("cuda")
+    backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(0)
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = scale.build("smollm2-135m", 4, torch.device("cpu"), torch.float32, small=args.dry_run)
+        vocab = int(model.config.vocab_size)
+        generator = torch.Generator().manual_seed(3)
+        stream = torch.randint(1, vocab, (1, 4096), generator=generator)
+        held = torch.randint(1, vocab, (4, 64), generator=generator)
+        options: dict[str, Any] = {
+            "tokens": 512,
+            "batch_size": 4,
+            "max_length": 64,
+            "eval_texts": held,
+            "eval_tokens": 256,
+            "eval_every": 256,
+            "dtype": torch.float32,
+            "progress": False,
+            "lr": 1e-3,
+        }
+        sharded = headwidget.heal(
+            headwidget.apply(model, "mqa"), model, stream, distributed="fsdp", **options
+        )
+        on_device = model.to(args.device)
+        whole = headwidget.heal(headwidget.apply(on_device, "mqa"), on_device, stream, **options)
+        theirs = whole.model.state_dict()
+        gap = max(
+            float((t.cpu() - theirs[n].cpu()).abs().max()) for n, t in sharded.model.state_dict().items()
+        )
+        print(f"SHARDED {gap}")
+    finally:
+        dist.destroy_process_group()
+
+
+def past_one_gpu(args: argparse.Namespace) -> None:
+    """Part 4: the FSDP path on this device, and the 70B estimate per GPU."""
+    print("\n4. past one GPU")
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--sharded-in-process",
+            "--device",
+            args.device,
+            *(["--dry-run"] * args.dry_run),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("SHARDED ")), None)
+    if done.returncode or line is None:
+        print(done.stderr[-3000:])
+        verdict('heal(distributed="fsdp") on one rank = heal', f"failed ({done.returncode})", False)
+    else:
+        gap = float(line.split()[1])
+        verdict(
+            'heal(distributed="fsdp"), model on the CPU, shards on the device = heal, to 1e-5',
+            f"{gap:.1e}",
+            gap <= 1e-5,
+        )
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        big = LlamaForCausalLM(config).to(torch.bfloat16)
+    for batch in (8, 64):
+        need = headwidget.estimate_healing(
+            "mqa",
+            big,
+            batch_size=batch,
+            max_length=2048,
+            dtype=torch.bfloat16,
+            checkpoint=True,
+            distributed="fsdp",
+            world_size=8,
+        )
         print(
-            f"  {key:36s} {statistics.median(ts) * 1e3:9.1f} ms   ratio {statistics.median(ts) / base:6.3f}"
+            f"  Llama-3-70B shape, 8 GPUs, FSDP, {batch}×2048, checkpoint: {need / 1e9:.1f} GB a GPU",
+            "(estimate)",
         )
 
 
-def profile_capture(model: nn.Module, ids: torch.Tensor, device: torch.device) -> None:
-    """Where one capture's time goes on the device: the top operators by their own host time, and
-    the number of kernels launched (a small model's capture on a GPU is bound by launches)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        headwidget.capture(model, ids, batch_size=ids.shape[0], max_length=ids.shape[1], progress=False)
-        _sync(device)
-    events = prof.key_averages()
-    print(
-        f"\n  one capture, profiled: {sum(e.count for e in events if e.key.startswith('aten::'))} aten calls"
-    )
-    print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40))
-
-
-def accuracy(model: nn.Module, ids: torch.Tensor) -> None:
-    layer = len(model.model.layers) - 1  # type: ignore[union-attr,arg-type]
-    stats = headwidget.capture(model, ids, layers=[layer], progress=False)
-    seen: list[torch.Tensor] = []
-    proj = model.model.layers[layer].self_attn.k_proj  # type: ignore[union-attr,index]
-    handle = proj.register_forward_hook(lambda m, a, out: seen.append(out.detach()))
-    attention = model.model.layers[layer].self_attn  # type: ignore[union-attr,index]
-    try:
-        _forward_to_last_attention(model, attention, ids)
-    finally:
-        handle.remove()
-    k = seen[0].reshape(-1, seen[0].shape[-1]).double()
-    ref = torch.corrcoef(k.T).cpu().numpy()
-    err = abs(stats.channel_corr(layer, "key") - ref).max()
-    where = f"layer {layer} keys, {k.shape[0]} tokens, C={k.shape[1]}"
-    print(f"\n  max |corr − float64 corrcoef| ({where}): {err:.2e}")
-
-
-def analyses(device: torch.device, small: bool) -> None:
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+def analyses(args: argparse.Namespace) -> None:
+    """Part 5: batched head alignment and operator similarity on the device against per-pair loops."""
     from analysis import loop_align, synthetic_stats
     from headwidget.analysis import align, operator_similarity
     from headwidget.analysis.weights import HeadWeights
 
+    print("\n5. analyses on the device")
+    device, small = torch.device(args.device), args.dry_run
     heads, d = (8, 16) if small else (128, 128)
     stats = synthetic_stats(heads, d, tokens=512).to(device)
     pairs = [(i, j) for i in range(heads) for j in range(i + 1, heads)]
@@ -170,173 +371,67 @@ def analyses(device: torch.device, small: bool) -> None:
     )
 
 
-def _peak(device: torch.device, fn: Callable[[], object]) -> int:
-    if device.type != "cuda":
+def _median_time(fn: Any, device: torch.device, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
         fn()
-        return 0
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    return int(torch.cuda.max_memory_allocated(device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        out.append(time.perf_counter() - start)
+    return out
 
 
-def healing(model: nn.Module, tokenizer: object, device: torch.device, small: bool) -> None:
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from headwidget.texts import english_sample
-    from heal import _Clock, _plain
-
-    batch, length, steps = (2, 64, 2) if small else (8, 512, 4)
-    tokens = batch * length * steps
-    cast = torch.bfloat16 if device.type == "cuda" else None
-    clock = _Clock(device)
-    runs = []
-
-    def healed() -> None:
-        variant = headwidget.apply(model, "mqa")
-        runs.append(
-            headwidget.heal(
-                variant,
-                model,
-                tokenizer=tokenizer,
-                tokens=tokens,
-                batch_size=batch,
-                max_length=length,
-                eval_every=tokens,
-                eval_tokens=4 * length,
-                dtype=cast or torch.float32,
-                progress=False,
-                callbacks=[clock],
-            )
-        )
-
-    healed()  # warm-up: the first steps on a device pay for its kernels' set-up (cuBLAS, autocast)
-    runs.clear()
-    heal_peak = _peak(device, healed)
-    heal_steps = clock.steps()
-    run = runs[0]
-    plain_steps: list[float] = []
-    _plain(model, tokenizer, batch, length, steps, cast)  # warm-up
-    plain_peak = _peak(
-        device, lambda: plain_steps.extend(_plain(model, tokenizer, batch, length, steps, cast))
-    )
-    # tokens/s of a step past the first, median (the first step of each also warms its optimizer state)
-    heal_rate = batch * length / statistics.median(heal_steps[1:] or heal_steps)
-    plain_rate = batch * length / statistics.median(plain_steps[1:] or plain_steps)
-    how = "bfloat16 autocast" if cast is not None else "float32"
-    print(f"\nheal on {device}: mqa, {steps} steps of {batch}×{length} tokens, {how}, after a warm-up run")
-    print(
-        "  step seconds: heal "
-        + " ".join(f"{t:.3f}" for t in heal_steps)
-        + "; plain "
-        + " ".join(f"{t:.3f}" for t in plain_steps)
-    )
-    print(
-        f"  heal(kd, kv) {heal_rate:9.1f} tokens/s   plain AdamW loop {plain_rate:9.1f} tokens/s   "
-        f"ratio {heal_rate / plain_rate:.3f} (target ≥ 0.7)"
-    )
-    if device.type == "cuda":
-        gib = 2**30
-        print(f"  peak device memory: heal {heal_peak / gib:.2f} GiB, plain loop {plain_peak / gib:.2f} GiB")
-    first, last = run.curve[0]["kl"], run.curve[-1]["kl"]
-    print(
-        f"  held-out KL: untrained {first:.4f} → {last:.4f} after {run.tokens_seen} tokens "
-        f"({'fell' if last < first else 'did NOT fall'})"
-    )
-
-    exact = headwidget.heal(
-        headwidget.apply(model, "mqa"),
-        model,
-        tokenizer=tokenizer,
-        tokens=batch * length,
-        batch_size=batch,
-        max_length=length,
-        eval_every=10**9,
-        eval_tokens=4 * length,
-        per_layer=False,
-        dtype=torch.float32,
-        progress=False,
-    )
-    held_out = english_sample(split="evaluation")
-    report = headwidget.evaluate(
-        model,
-        held_out,
-        ["model", "mqa"],
-        tokenizer=tokenizer,
-        dtype=torch.float32,
-        batch_size=batch,
-        max_length=length,
-        max_tokens=exact.evaluation_tokens,
-        progress=False,
-    )
-    gaps = {m: abs(exact.curve[0][m] - report.measures["mqa"][m]) for m in ("nll", "kl", "top1")}
-    same = exact.evaluation_fingerprint == report.fingerprint
-    print(
-        "  untrained point (float32) − evaluate: "
-        + ", ".join(f"{m} {g:.1e}" for m, g in gaps.items())
-        + f"; same evaluation tokens: {same}"
-    )
+def capture_part(args: argparse.Namespace) -> None:
+    print("\n1. capture at the limit")
+    if gpu_capture_section is None:
+        print("  bench/capture.py has no gpu_capture_section: the ladder's capture ratios (part 2) stand in")
+        return
+    for target, measured, passed in gpu_capture_section(device=args.device, dry_run=args.dry_run) or []:
+        verdict(target, measured, passed)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke run on CPU)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dry-run", action="store_true", help="on the CPU, every model shrunk")
     parser.add_argument(
-        "--smollm2-shape",
-        metavar="DIR",
-        help="a folder with SmolLM2's config.json and tokenizer: use a random-init model of that shape "
-        "instead of the trained one (for a machine the 94 MiB GGUF file cannot reach)",
+        "--skip", default="", help="parts to leave out: capture, ladder, fits, sharded, analyses"
     )
+    parser.add_argument("--layers", type=int, default=32, help="layers of the ladder's 8B and 7B rungs")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--fits-in-process", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sharded-in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    hidden, layers, inter, tokens = (256, 4, 256, (2, 64)) if args.small else (4096, 32, 1024, (8, 512))
-    config = LlamaConfig(
-        vocab_size=1024,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 128,
-        num_key_value_heads=hidden // 128,
-        head_dim=128,
-    )
-    torch.manual_seed(0)
-    with device:
-        synthetic = LlamaForCausalLM(config).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
-    synthetic.eval()
-    ids = torch.randint(0, 1024, tokens, device=device)
-    need = headwidget.estimate(synthetic, batch_size=tokens[0], max_length=tokens[1])
-    print(f"synthetic stack: {layers} layers, C={hidden} per kind, statistics need {need / 2**30:.1f} GiB")
-    compare("synthetic LLaMA-7B-shaped stack", synthetic, ids, device, args.repeats)
-    accuracy(synthetic, ids)
-    del synthetic
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-    if args.smollm2_shape:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        torch.manual_seed(0)
-        tokenizer = AutoTokenizer.from_pretrained(args.smollm2_shape)
-        with device:
-            smol = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.smollm2_shape))
-        smol.eval()
-        print("\nSmolLM2-135M: its config and tokenizer, random-init weights (--smollm2-shape)")
-    else:
-        from headwidget.embedded import load_smollm2
-
-        smol, tokenizer = load_smollm2(device=str(device))
-    ids = torch.randint(0, smol.config.vocab_size, (2, 64) if args.small else (8, 256), device=device)
-    compare("SmolLM2-135M", smol, ids, device, args.repeats)
-    profile_capture(smol, ids, device)
-    accuracy(smol, ids)
-    healing(smol, tokenizer, device, args.small)
-    del smol
-    analyses(device, args.small)
+    if args.dry_run:
+        args.device, args.batch, args.length = "cpu", 2, 64
+    if args.fits_in_process:
+        _fits_in_process(args)
+        return
+    if args.sharded_in_process:
+        _sharded_in_process(args)
+        return
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU (dry run)"
+    print(f"gpu_check on {name}, torch {torch.__version__}")
+    skip = set(args.skip.split(","))
+    parts = {
+        "capture": capture_part,
+        "ladder": ladder,
+        "fits": fits,
+        "sharded": past_one_gpu,
+        "analyses": analyses,
+    }
+    for key, part in parts.items():
+        if key not in skip:
+            part(args)
+    passed = sum(ok for _, _, ok in RESULTS)
+    print(f"\n{passed} of {len(RESULTS)} targets passed ({time.perf_counter() - start:.0f} s)")
+    for target, measured, ok in RESULTS:
+        print(f"  {'PASS' if ok else 'FAIL'}  {target}: {measured}")
 
 
 if __name__ == "__main__":

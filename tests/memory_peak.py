@@ -15,8 +15,11 @@ def allocated_peak(fn) -> int:
     peak of tensor memory during ``fn``, counted from the total before its first event (the running
     total carries over what earlier profiled runs allocated and their garbage freed after them).
     """
+    import gc
+
     from torch.profiler import ProfilerActivity, profile
 
+    gc.collect()  # what earlier code left to the collector is not fn's
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     with tempfile.TemporaryDirectory() as tmp:

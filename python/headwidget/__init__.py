@@ -76,12 +76,13 @@ from headwidget.evaluation import (
     allocate,
     allocate_frontier,
     apply,
+    estimate_allocation,
     estimate_evaluation,
     evaluate,
     fit_codebooks,
     fit_quantizer,
 )
-from headwidget.healing import HealingRun, heal
+from headwidget.healing import HealingRun, estimate_healing, heal
 from headwidget.moments import Moments
 from headwidget.stats import KVStats, NoSamplesError, StatsMeta
 from headwidget.tracking import Timeline, Tracker
@@ -235,7 +236,9 @@ __all__ = [
     "convert",
     "downsample",
     "estimate",
+    "estimate_allocation",
     "estimate_evaluation",
+    "estimate_healing",
     "evaluate",
     "explore",
     "fit_codebooks",

@@ -284,3 +284,15 @@ def test_cross_layer_specs_say_what_they_need(llama: torch.nn.Module) -> None:
         small_heal(merged, llama)
     with pytest.raises(UnsupportedConversionError, match="already shares or transforms"):
         headwidget.apply(headwidget.apply(llama, "share:2"), "mqa")
+
+
+def test_share_heals_the_same_with_checkpoints(llama: torch.nn.Module) -> None:
+    """A checkpointed layer computed again in the backward pass reads its group's K/V as in the forward."""
+    variant = headwidget.apply(llama, "share:2")
+    plain = small_heal(variant, llama, trainable="kv")
+    again = small_heal(variant, llama, trainable="kv", checkpoint=True)
+    for a, b in zip(plain.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(
+        plain.model.model.layers[0].self_attn.k_proj.weight, variant.model.layers[0].self_attn.k_proj.weight
+    )

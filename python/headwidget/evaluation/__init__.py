@@ -12,14 +12,21 @@
   it checks against ``max_memory`` before any work. Every spec may be mixed, one spec per layer
   (``"mla:64@0-9;kv:int4@10-29"``).
 - :func:`allocate`: the mixed spec with the least damage on calibration text within a K/V byte budget
-  (an exact per-layer knapsack over candidates, refined with the whole spec applied).
+  (an exact per-layer knapsack over candidates, refined with the whole spec applied);
+  :func:`estimate_allocation` is the memory bound it checks against ``max_memory``.
 - Cross-layer variants (``share:g``, ``merge:2``, ``xkv:r/g``) and the ``prefill:P`` protocol, under
   which a prefill builds the cache that the variant transforms and the rest is scored from it
   (:mod:`headwidget.evaluation._prefill`, :mod:`headwidget.evaluation._cache_transforms`).
 """
 
 from headwidget.analysis.quantizers import Codebooks, fit_codebooks, quantize_int_keys, quantize_int_values
-from headwidget.evaluation._allocate import Allocation, AllocationRound, allocate, allocate_frontier
+from headwidget.evaluation._allocate import (
+    Allocation,
+    AllocationRound,
+    allocate,
+    allocate_frontier,
+    estimate_allocation,
+)
 from headwidget.evaluation._apply import AppliedVariant, apply
 from headwidget.evaluation._evaluate import evaluate
 from headwidget.evaluation._inputs import position_ids_from_mask
@@ -40,6 +47,7 @@ __all__ = [
     "allocate",
     "allocate_frontier",
     "apply",
+    "estimate_allocation",
     "estimate_evaluation",
     "evaluate",
     "fit_codebooks",

@@ -59,10 +59,11 @@ from torch import nn
 
 from headwidget.adapters import adapter_for
 from headwidget.analysis.allocation import check_budget, choose_per_layer
-from headwidget.analysis.variants import MixedSpec, layer_ranges, parse_variant
+from headwidget.analysis.variants import MixedSpec, layer_ranges, parse_variant, uniform_parts
 from headwidget.capture.inputs import Batch
-from headwidget.checks import flag, model_with_weights, number, whole_number
-from headwidget.errors import ArgumentError
+from headwidget.capture.memory import default_budget, format_bytes
+from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
+from headwidget.errors import ArgumentError, MemoryBudgetError
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import remember, token_pieces
 from headwidget.evaluation._distributed import Ranks
@@ -71,11 +72,20 @@ from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted
 from headwidget.evaluation._model_facts import check_stats
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._plan import VariantPlan, plan_variant
-from headwidget.evaluation._sweep import layer_sweep, swap_sweep
-from headwidget.evaluation.measures import PredictionTotals
+from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep, swap_sweep
+from headwidget.evaluation.measures import PredictionTotals, chunk_rows, predicted_positions
 from headwidget.stats import KVStats
 
-__all__ = ["DEFAULT_CANDIDATES", "Allocation", "AllocationRound", "allocate", "allocate_frontier"]
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "Allocation",
+    "AllocationMemory",
+    "AllocationRound",
+    "allocate",
+    "allocate_frontier",
+    "estimate_allocation",
+    "forward_working_bytes",
+]
 
 #: The candidates of :func:`allocate` when none are given.
 DEFAULT_CANDIDATES = ("model", "gqa:1", "mqa+align", "lrkv:8", "mla:64", "mla:128", "kv:int4", "kv:int2")
@@ -317,6 +327,210 @@ class _Search:
         return best, best_choice, rounds
 
 
+def forward_working_bytes(model: nn.Module, rows: int, length: int, dtype_bytes: int, *, scores: bool) -> int:
+    """The working memory of one forward of ``model``'s layers under ``no_grad`` (the head left out): about
+    ``4·D + 3·F`` elements a token (hidden size D, MLP width F: one layer's residual, normed input and
+    MLP activations at a time; ``5·F`` for a GELU written out in Python, GPT-2's ``gelu_new``), and with
+    ``scores`` (eager attention, or ``sdpa`` given a padding mask) the (heads × length) attention scores
+    and their softmax. Fitted to the CPU allocator's peak on Llama-family and GPT-2 models.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=384,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    >>> forward_working_bytes(model, 4, 64, 4, scores=False)  # (4·128 + 3·384) × 4 bytes × 256 tokens
+    1703936
+    """
+    adapter = adapter_for(model)
+    lay = adapter.layout()
+    config = getattr(model, "config", None)
+    act = getattr(config, "activation_function", None) or getattr(config, "hidden_act", None)
+    mlp = 5 if act in ("gelu_new", "gelu_fast", "quick_gelu") else 3
+    per_token = (4 * lay.hidden_size + mlp * adapter.mlp_width()) * dtype_bytes
+    if scores:
+        per_token += 3 * lay.num_heads * length * max(dtype_bytes, 4) // 2
+    return rows * length * per_token
+
+
+@dataclass(frozen=True)
+class AllocationMemory:
+    """The parts (bytes) of an allocation's peak on the model's device:
+
+    - ``copy``: the working copy in ``dtype``, when the model is held in another;
+    - ``fits``: every conversion candidate's fitted attention weights, for every layer, in ``dtype``;
+    - ``work``: the largest of the fitting (one candidate's float64 fits of every layer, before they are
+      cast, and the work of fitting one layer: four query-sized matrices in float64), the sweep (the
+      recorded layer outputs of one chunk of batches, at most
+      :data:`~headwidget.evaluation._sweep.RECORD_BUDGET` bytes but always one batch's, and the
+      original's predicted-row logits of those batches) and the search (the original's predicted-row
+      logits of every batch, kept while the allocations are measured and refined, and the recorded layer
+      outputs of one chunk, and the converted attention of the plan measured), each with one forward of a
+      variant (its working memory, its whole logits and the rows picked from them, or the measures'
+      float32 chunks).
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+        >>> need = AllocationMemory.of(model, ["model", "mqa"], [(4, 16, 60)], dtype=torch.float32)
+        >>> sorted(need.parts), need.total == sum(need.parts.values())
+        (['copy', 'fits', 'work'], True)
+    """
+
+    parts: dict[str, int]
+    device: torch.device
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @classmethod
+    def of(
+        cls,
+        model: nn.Module,
+        specs: Sequence[str],
+        shapes: Sequence[tuple[int, int, int]],
+        *,
+        dtype: torch.dtype,
+        record_budget: int = RECORD_BUDGET,
+    ) -> AllocationMemory:
+        """``shapes``: per batch (rows, length, predicted tokens)."""
+        adapter = adapter_for(model)
+        lay = adapter.layout()
+        b = torch.empty((), dtype=dtype).element_size()
+        own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
+        numel = sum(t.numel() for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values())
+        copy = 0 if own == dtype else numel * b
+        attention = {
+            id(t): t for layer in range(lay.num_layers) for t in adapter.attention_at(layer).parameters()
+        }
+        conversions = [
+            s
+            for s in specs
+            if any(p.mechanism != "model" and not p.quantizer for p in uniform_parts(parse_variant(s)))
+        ]
+        weights = sum(t.numel() for t in attention.values())
+        fits = len(conversions) * weights * b
+        # one candidate's float64 fits of every layer before they are cast, and the fit of one layer at work
+        # (its keys and values read in float64 and repeated per query head, their group means so too)
+        work_of_one = 4 * lay.num_heads * lay.head_dim * lay.hidden_size
+        fitting = (
+            8 * (weights + work_of_one) - weights * b if conversions else 0
+        )  # its own cast fits not yet made
+        get_head = getattr(model, "get_output_embeddings", None)
+        weight = getattr(get_head() if callable(get_head) else None, "weight", None)
+        vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
+        impl = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager")
+        kept = [predicted * vocab * b for _, _, predicted in shapes]
+        forward = 0
+        for rows, length, predicted in shapes:
+            logits = predicted * vocab * b  # the head computes the predicted rows alone
+            measures = 5 * min(predicted, chunk_rows(vocab)) * vocab * max(b, 4)
+            padded = predicted < rows * (length - 1)
+            work = forward_working_bytes(model, rows, length, b, scores=impl == "eager" or padded)
+            forward = max(forward, work + 2 * logits, predicted * vocab * b + measures)
+        recorded = [rows * length * lay.hidden_size * lay.num_layers * b for rows, length, _ in shapes]
+        chunks: list[list[int]] = [[]]  # the batches of each chunk, as the sweeps form them
+        used = 0
+        for i, size in enumerate(recorded):
+            if chunks[-1] and used + size > record_budget:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(i)
+            used += size
+        # a sweep's cell holds one layer's converted attention, a measured plan (search) every layer's
+        sweep = max(sum(recorded[i] + kept[i] for i in c) for c in chunks) + forward
+        sweep += weights * b // lay.num_layers if conversions else 0
+        search = sum(kept) + max(sum(recorded[i] for i in c) for c in chunks) + forward
+        search += weights * b if conversions else 0
+        device = next(model.parameters()).device
+        return cls({"copy": copy, "fits": fits, "work": max(sweep, search, fitting)}, device)
+
+
+def _shapes(batches: Sequence[Batch]) -> list[tuple[int, int, int]]:
+    """(rows, length, predicted tokens) of each batch."""
+    return [(*b.input_ids.shape, int(predicted_positions(b.attention_mask, b.scored).sum())) for b in batches]
+
+
+def check_allocation_budget(need: AllocationMemory, max_memory: int | None) -> None:
+    """Refuse ``need`` over ``max_memory`` (default: the device's default budget) with
+    :class:`MemoryBudgetError`, naming what to change."""
+    allowed = max_memory if max_memory is not None else default_budget(need.device)
+    if need.total <= allowed:
+        return
+    source = "max_memory" if max_memory is not None else "the default budget"
+    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.parts.items() if v)
+    raise MemoryBudgetError(
+        f"allocate would allocate {format_bytes(need.total)} on {need.device} ({parts}), over the "
+        f"{format_bytes(allowed)} allowed ({source}). Use a smaller batch_size or max_length (one forward's "
+        "logits are batch_size × max_length × vocabulary), fewer max_tokens (the original's logits of every "
+        "calibration token are kept while allocations are measured), fewer candidates, or raise "
+        "max_memory= (bytes) if the memory is there."
+    )
+
+
+def estimate_allocation(
+    model: nn.Module,
+    texts: Any = None,
+    *,
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    tokenizer: Any = None,
+    dtype: torch.dtype | str = torch.bfloat16,
+    batch_size: int = 8,
+    max_length: int = 512,
+    max_tokens: int | None = None,
+    protocol: str = "documents",
+    **ignored: Any,
+) -> int:
+    """Peak bytes :func:`allocate` (or :func:`allocate_frontier`) with these arguments allocates on the
+    model's device (:class:`AllocationMemory`: the bound it checks against ``max_memory``).
+
+    Takes the call's arguments (``budget``, ``stats``, ``refine`` and the others the memory does not depend
+    on are accepted and ignored). With ``texts`` the estimate reads their batches as the call would;
+    without, ``max_tokens`` gives full batches of ``batch_size × max_length``.
+
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_embd=32, n_layer=2, n_head=4))
+    >>> small = estimate_allocation(gpt2, candidates=["model", "mqa"], dtype=torch.float32, max_tokens=1024,
+    ...                             batch_size=2, max_length=128)
+    >>> large = estimate_allocation(gpt2, candidates=["model", "mqa"], dtype=torch.float32, max_tokens=8192,
+    ...                             batch_size=8, max_length=512)
+    >>> large > 8192 * 8191 * 4 > small  # the original's logits of every calibration token
+    True
+    """
+    adapter = adapter_for(model)
+    specs = _check_candidates(candidates)
+    _, _, _, _, dtype, batch_size, max_length, max_tokens, _ = check_evaluate_arguments(
+        adapter, specs, None, None, False, dtype, batch_size, max_length, max_tokens, False
+    )
+    reading = parse_protocol(protocol)
+    length = max_length if reading.window is None else reading.window
+    if texts is not None:
+        batches = protocol_batches(
+            model,
+            texts,
+            tokenizer,
+            reading,
+            batch_size=batch_size,
+            max_length=length,
+            max_tokens=max_tokens,
+            min_tokens=2,
+        )
+        shapes = _shapes(batches)
+    elif max_tokens is not None:
+        full, rest = divmod(max_tokens, batch_size * length)
+        shapes = [(batch_size, length, batch_size * (length - 1))] * full
+        if rest:
+            rows = -(-rest // length)
+            shapes.append((rows, length, rows * (length - 1)))
+    else:
+        raise ArgumentError(
+            "estimate_allocation needs the calibration texts (as allocate takes them) or max_tokens, to know "
+            "how many tokens' logits the allocation keeps"
+        )
+    return AllocationMemory.of(model, specs, shapes, dtype=dtype).total
+
+
 def _swap(choice: Sequence[str], layer: int, spec: str) -> list[str]:
     """``choice`` with ``layer``'s candidate replaced by ``spec``."""
     out = list(choice)
@@ -335,7 +549,7 @@ def allocate(model: nn.Module, texts: Any, *, budget: float | int, **options: An
             int: bytes per token.
         options: ``candidates``, ``tokenizer``, ``stats``, ``objective``, ``refine``,
             ``allow_other_weights``, ``dtype``, ``batch_size``, ``max_length``, ``max_tokens``,
-            ``protocol``, ``distributed``, ``progress``: see :func:`allocate_frontier`.
+            ``protocol``, ``distributed``, ``max_memory``, ``progress``: see :func:`allocate_frontier`.
     """
     return allocate_frontier(model, texts, budgets=[budget], **options)[0]
 
@@ -357,6 +571,7 @@ def allocate_frontier(
     max_tokens: int | None = None,
     protocol: str = "documents",
     distributed: bool = False,
+    max_memory: int | None = None,
     progress: bool = True,
 ) -> list[Allocation]:
     """One :class:`Allocation` per budget, all from one sweep of the candidates (module docstring).
@@ -377,12 +592,16 @@ def allocate_frontier(
             (choose with the protocol you will evaluate with).
         distributed: share the sweeps and measures over the ranks of ``torch.distributed``, as
             :func:`~headwidget.evaluation.evaluate` does; every rank returns the same allocations.
+        max_memory: bytes the allocation may allocate on the model's device (default: the device's
+            default budget, :func:`~headwidget.capture.memory.default_budget`); the estimate
+            (:class:`AllocationMemory`, :func:`estimate_allocation`) is checked before any fit or forward.
         progress: show a progress bar (in forwards; each measure and refine round adds to its total).
 
     Raises:
         BudgetError: a budget below the cheapest candidate at every layer (the message gives the least).
         ArgumentError: a budget or ``candidates`` of the wrong type, a mixed spec as a candidate, an
             unknown objective, a ``refine`` that is not a whole number in 0..16.
+        MemoryBudgetError: the estimate is over ``max_memory``.
         And what :func:`~headwidget.evaluation.evaluate` raises for a candidate the model cannot take.
     """
     if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Iterable):
@@ -425,6 +644,8 @@ def allocate_frontier(
     )
     check_token_ids(model, batches)
     every, batches = batches, ranks.shard(batches)
+    max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
+    check_allocation_budget(AllocationMemory.of(model, specs, _shapes(batches), dtype=dtype), max_memory)
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     plans = {

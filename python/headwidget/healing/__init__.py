@@ -4,9 +4,12 @@
   training only its mechanism's own parameters (:mod:`headwidget.healing._trainable`), and measure its
   recovery on held-out text: a :class:`HealingRun` with the curve (tokens seen against NLL, KL, top-1,
   ΔNLL) and each converted layer's attention-output error.
+- :func:`estimate_healing`: the peak bytes a :func:`heal` with the same arguments allocates (the bound it
+  checks against ``max_memory``).
 """
 
 from headwidget.healing._heal import DEFAULT_LR, HealingArguments, heal, learning_rate
+from headwidget.healing._memory import estimate_healing
 from headwidget.healing._run import HealingRun
 from headwidget.healing._trainable import TrainableParts, parse_trainable
 
@@ -15,6 +18,7 @@ __all__ = [
     "HealingArguments",
     "HealingRun",
     "TrainableParts",
+    "estimate_healing",
     "heal",
     "learning_rate",
     "parse_trainable",

@@ -12,20 +12,31 @@ The run, in order:
    :func:`headwidget.evaluate` gives for the variant's spec on the same tokens and dtype).
 3. **Training**: a copy of the variant, its mechanism's own parameters trained
    (:mod:`headwidget.healing._trainable`) with AdamW (β = (0.9, 0.95), no weight decay), a linear warmup
-   over the first 10 % of the steps then cosine decay, gradients clipped to norm 1.0. The loss
-   (:mod:`headwidget.healing._loss`) is the KL of the original's next-token distribution to the
-   variant's (``method="kd"``, the original run without gradients) or the next-token cross-entropy
-   (``"lm"``). Both models run in eval mode (no dropout), so a seed fixes the run: two runs on CPU give
-   bit-identical weights.
+   over the first 10 % of the steps then cosine decay, gradients clipped to norm 1.0. The copy shares
+   every tensor the conversion did not change with the original (:mod:`headwidget.healing._student`):
+   the frozen weights are in memory once. The loss (:mod:`headwidget.healing._loss`) is the KL of the
+   original's next-token distribution to the variant's (``method="kd"``, the original run without
+   gradients) or the next-token cross-entropy (``"lm"``); for a language model the head and the loss
+   run on chunks of rows of both models' last hidden states (:mod:`headwidget.healing._chunked`): no
+   batch's logits are ever whole. ``checkpoint=True`` keeps only each decoder layer's input and
+   computes its activations again in the backward pass. Both models run in eval mode (no dropout), so a
+   seed fixes the run: two runs on CPU give bit-identical weights, with or without checkpoints.
 4. **Evaluation points** every ``eval_every`` healing tokens and at the end: the curve row and, with
    ``per_layer``, each converted layer's teacher-forced attention-output error.
 5. The trained weights are written back (factors multiplied in float64) and the healed copy is returned
    on ``run.model``: the variant's class and structure (its KV-head count, its factors' ranks, its
    partial-RoPE mask), and the variant's own ``requires_grad`` flags and train/eval modes, so it can be
-   trained further as the variant could; ``variant`` and ``model`` untouched.
+   trained further as the variant could; ``variant`` and ``model`` untouched. Its frozen tensors are the
+   variant's own (the same values; no copy is made): training ``run.model`` further changes them in
+   ``variant`` too, never in ``model``.
 
 Healing turns gradients on for itself: it may be called under ``torch.no_grad()`` or
 ``torch.inference_mode()``, which are in force again when it returns.
+
+Memory: the peak the run allocates beyond ``model`` and ``variant`` is estimated before any work
+(:func:`~headwidget.healing.estimate_healing`, :mod:`headwidget.healing._memory`) and a run over
+``max_memory`` (default: :func:`~headwidget.capture.memory.default_budget` of the model's device) is
+refused with :class:`~headwidget.errors.MemoryBudgetError`.
 
 An interrupt (Ctrl-C, the Jupyter stop button) ends the run at the next step boundary and returns it
 (``run.stopped_early``), with the model as of the last completed step; a second interrupt stops at once,
@@ -37,12 +48,12 @@ naming the step, the run up to the step before on the error (``err.run``).
 Under ``torchrun`` (``distributed=True``), the variant's copy is wrapped in ``DistributedDataParallel``:
 each rank trains on its share of each global batch (``batch_size`` rows split evenly), DDP averages the
 gradients, and every rank evaluates its shard of the evaluation batches, the sums all-reduced, so every
-rank returns the same run.
+rank returns the same run. ``distributed="fsdp"`` shards the teacher and the trained copy over the ranks
+with FSDP2 instead (:mod:`headwidget.healing._sharded`): a model too large for one GPU.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import signal
@@ -57,15 +68,23 @@ from torch import nn
 
 from headwidget.adapters import adapter_for
 from headwidget.capture.inputs import Batch
-from headwidget.checks import flag, model_with_weights, real_number, whole_number
-from headwidget.errors import ArgumentError, CaptureInputError, HealingInputError, NonFiniteLossError
+from headwidget.checks import flag, model_with_weights, optional_whole_number, real_number, whole_number
+from headwidget.errors import (
+    ArgumentError,
+    CaptureInputError,
+    HealingInputError,
+    NonFiniteLossError,
+)
 from headwidget.evaluation._apply import AppliedVariant
 from headwidget.evaluation._arguments import check_token_ids, checked_dtype
-from headwidget.evaluation._distributed import Ranks
+from headwidget.evaluation._distributed import ONE_PROCESS, Ranks
 from headwidget.evaluation._evaluate import _add, _summary, _totals, _working_copy, model_context
 from headwidget.evaluation._inputs import _stream, evaluation_batches, fingerprint, forward_kwargs
+from headwidget.evaluation._layers import LayerBlocks
+from headwidget.evaluation._model_facts import converted_modules
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner
 from headwidget.evaluation._sharing import teacher_forced_sharing
+from headwidget.healing._chunked import OutputHead, same_logits
 from headwidget.healing._data import (
     OVERLAP_TOKENS,
     TrainingWindows,
@@ -75,8 +94,11 @@ from headwidget.healing._data import (
     stream_fingerprint,
 )
 from headwidget.healing._layers import AttentionErrors
-from headwidget.healing._loss import LOSS_NAMES, hidden_mse, kd_loss, lm_loss
+from headwidget.healing._loss import LOSS_NAMES
+from headwidget.healing._memory import HealingMemory, check_healing_budget
 from headwidget.healing._run import HealingRun
+from headwidget.healing._sharded import distribution, gather_trained, mesh_device, sharded, shared_module
+from headwidget.healing._student import StepLoss, checkpointed, handed_over, trained_copy
 from headwidget.healing._trainable import TrainableParts, parse_trainable
 
 __all__ = ["DEFAULT_LR", "heal", "learning_rate"]
@@ -331,7 +353,9 @@ def heal(
     per_layer: bool = True,
     seed: int = 0,
     dtype: torch.dtype | str | None = None,
-    distributed: bool = False,
+    checkpoint: bool = False,
+    distributed: bool | str = False,
+    max_memory: int | None = None,
     progress: bool = True,
     callbacks: Sequence[Any] = (),
 ) -> HealingRun:
@@ -355,9 +379,15 @@ def heal(
         eval_tokens: real evaluation tokens used at each point.
         per_layer: also measure each converted layer's teacher-forced attention-output error.
         seed: fixes the window order and LoRA's initialization.
-        dtype: None: float32 on CPU, bfloat16 autocast on CUDA (weights and optimizer in float32 either
-            way); or a dtype to autocast to (float32: none).
-        distributed: train with DistributedDataParallel over the initialized ``torch.distributed`` group.
+        dtype: None: float32 on CPU, bfloat16 autocast on CUDA (trained weights and optimizer in float32
+            either way; under autocast the frozen weights stay in the model's dtype, shared with it); or a
+            dtype to autocast to (float32: none).
+        checkpoint: keep only each decoder layer's input for the backward pass and compute its
+            activations again there (one more forward of the layers; a fraction of the memory).
+        distributed: ``True``: train with DistributedDataParallel over the initialized
+            ``torch.distributed`` group; ``"fsdp"``: shard the models over it with FSDP2.
+        max_memory: bytes the run may allocate beyond ``model`` and ``variant`` (default: the default
+            budget of the model's device); the estimate is checked before any work.
         progress: show a progress bar over the steps.
         callbacks: objects with transformers ``TrainerCallback`` methods (``on_train_begin``,
             ``on_step_end``, ``on_log``, ``on_train_end``), called with ``model=`` the variant being
@@ -375,6 +405,8 @@ def heal(
         ArgumentError: an argument of the wrong type or outside its range (an unknown ``method`` or
             ``trainable`` names the accepted ones); a model on the meta device.
         NonFiniteLossError: a loss or gradient that is not finite (the message names the step).
+        MemoryBudgetError: the estimate is over ``max_memory`` (the message names ``batch_size``,
+            ``max_length`` and ``checkpoint``).
 
     Example:
         >>> import torch, headwidget
@@ -413,7 +445,7 @@ def heal(
         else real_number("lr", lr, above=0.0, maximum=10.0, hint="peak learning rate")
     )
     callbacks = _checked_callbacks(callbacks)
-    ranks = Ranks.of(distributed)
+    ranks, sharded = distribution(distributed)
     if batch_size % ranks.world:
         raise ArgumentError(
             f"batch_size={batch_size} does not split evenly over {ranks.world} ranks: give a multiple of "
@@ -433,6 +465,9 @@ def heal(
             f"max_length ≤ {context}"
         )
     device = runner.device
+    if sharded:  # the sharded models run on this rank's GPU (NCCL) or where the model is (gloo)
+        device = mesh_device(device)
+        runner = OutputRunner(runner.kind, device)
     if dtype is None:
         cast = torch.bfloat16 if device.type == "cuda" else None
     else:
@@ -441,6 +476,27 @@ def heal(
 
     def autocast() -> Any:
         return nullcontext() if cast is None else torch.autocast(device.type, dtype=cast)
+
+    # ------------------------------------------------------------------ memory
+    checkpoint = flag("checkpoint", checkpoint)
+    check_healing_budget(
+        HealingMemory.of(
+            variant,
+            model,
+            method=method,
+            trainable=trainable,
+            batch_size=batch_size,
+            max_length=max_length,
+            eval_tokens=eval_tokens,
+            per_layer=per_layer,
+            cast=cast,
+            checkpoint=checkpoint,
+            world=ranks.world,
+            sharded=sharded,
+            device=device,
+        ),
+        optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes"),
+    )
 
     # ------------------------------------------------------------------ texts
     from headwidget.texts import english_sample
@@ -494,24 +550,40 @@ def heal(
     variant_dtype = next(variant.parameters()).dtype
     train_dtype = variant_dtype if variant_dtype in (torch.float32, torch.float64) else torch.float32
     teacher = _working_copy(model, train_dtype if cast is None else next(model.parameters()).dtype)
-    student = copy.deepcopy(variant).eval()
-    if variant_dtype != train_dtype:
-        student = student.to(train_dtype)
     layers = sorted(info.fits)
-    evaluation = _Evaluation(ranks.shard(every_batch), [], runner, ranks, layers, per_layer, autocast)
+    converted = converted_modules(variant, adapter_for(variant), layers)
+    held = next(teacher.parameters()).dtype
+    student = trained_copy(variant, teacher, converted, held, share=mode != "all").eval()
+    heads = _chunked_heads(teacher, student, loss_name, plan, next(teacher.parameters()).device)
+    # under FSDP every rank runs every evaluation batch (a sharded forward is a collective)
+    judge = ONE_PROCESS if sharded else ranks
+    pair = (teacher, student)
+    if sharded:
+        pair = (_sharded_copy(teacher, [], ranks, device), _sharded_copy(student, layers, ranks, device))
+    evaluation = _Evaluation(judge.shard(every_batch), [], runner, judge, layers, per_layer, autocast)
     with torch.no_grad(), autocast():
-        evaluation.reference = [runner(teacher, b) for b in evaluation.batches]
+        evaluation.reference = [runner(pair[0], b) for b in evaluation.batches]
     reference_totals = _totals(runner.kind)
     for out in evaluation.reference:
         _add(reference_totals, out, out)
-    ranks.merge([reference_totals])
+    judge.merge([reference_totals])
     evaluation.reference_nll = _summary(reference_totals).get("nll", math.nan)
-    evaluation.point(teacher, student, 0, 0)
+    evaluation.point(*pair, 0, 0)
 
+    parts = _installed(student, trainable, seed, train_dtype)
+    skeleton, origin = None, teacher
+    if sharded:  # train a sharded copy; the unsharded student receives its trained weights at the end
+        skeleton, teacher, student = student, pair[0], _sharded_copy(student, layers, ranks, device)
+        if heads is not None:
+            heads = (heads[0].on(teacher), heads[1].on(student))
+    del pair
     training = _Training(
         student=student,
         teacher=teacher,
-        parts=TrainableParts.install(student, trainable, seed=seed),
+        parts=parts,
+        skeleton=skeleton,
+        origin=origin,
+        variant=variant,
         plan=plan,
         evaluation=evaluation,
         ranks=ranks,
@@ -521,6 +593,8 @@ def heal(
         peak=peak,
         eval_every=eval_every,
         callbacks=callbacks,
+        heads=heads,
+        checkpoint=checkpoint,
     )
 
     def finished(stopped: bool) -> HealingRun:
@@ -572,6 +646,45 @@ def heal(
 
 class _NonFinite(Exception):
     """A loss or gradient norm that is not finite (turned into NonFiniteLossError with the run so far)."""
+
+
+def _installed(student: nn.Module, trainable: str, seed: int, dtype: torch.dtype) -> TrainableParts:
+    """The trained parameters of ``student`` (:class:`TrainableParts`), each held in ``dtype`` (float32
+    masters where the student holds its frozen weights in bfloat16 or float16, under autocast)."""
+    parts = TrainableParts.install(student, trainable, seed=seed)
+    for p in parts.parameters():
+        if p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return parts
+
+
+def _sharded_copy(model: nn.Module, layers: list[int], ranks: Ranks, device: torch.device) -> nn.Module:
+    """``model`` sharded with FSDP2 (:mod:`headwidget.healing._sharded`): its decoder layers, and the
+    attention of each of ``layers``, FSDP units."""
+    shards = shared_module(model)
+    adapter = adapter_for(shards)
+    units = [adapter.attention_at(layer) for layer in layers]
+    units += LayerBlocks.of(shards, adapter).modules(shards)
+    return sharded(shards, units, ranks.world, device)
+
+
+def _chunked_heads(
+    teacher: nn.Module, student: nn.Module, loss_name: str, plan: TrainingWindows, device: torch.device
+) -> tuple[OutputHead, OutputHead] | None:
+    """The teacher's and the student's heads when the loss can run them in chunks: a language model's
+    loss, and a head that gives the model's own logits on a few tokens of the healing text (else None:
+    the whole logits are formed)."""
+    if loss_name not in ("kd", "lm"):
+        return None
+    heads = OutputHead.of(teacher), OutputHead.of(student)
+    if heads[0] is None or heads[1] is None:
+        return None
+    probe = plan.windows[:1, : min(8, plan.max_length)]
+    if not same_logits(
+        teacher, heads[0], forward_kwargs(teacher, Batch(probe, torch.ones_like(probe)), device)
+    ):
+        return None
+    return heads[0], heads[1]
 
 
 def _hidden(output: Any) -> torch.Tensor:
@@ -649,45 +762,68 @@ class _Training:
     peak: float
     eval_every: int
     callbacks: list[Any]
+    heads: tuple[OutputHead, OutputHead] | None = None
+    checkpoint: bool = False
+    skeleton: nn.Module | None = None  # under FSDP: the unsharded student the trained weights go to
+    origin: nn.Module | None = None  # the unsharded teacher, whose tensors the student borrows
+    variant: nn.Module | None = None  # the variant given, whose tensors the healed model keeps
     losses: list[float] = field(default_factory=list)
     seen: int = 0
 
     def __post_init__(self) -> None:
-        self.params = list(self.parts.parameters())
+        self.params = [p for p in self.student.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=self.peak, betas=BETAS, weight_decay=0.0)
-        self.trained: nn.Module = self.student
-        if self.ranks.world > 1:
+        self.objective = StepLoss(self.student, self.loss_name, self.heads, whole=self.skeleton is not None)
+        self.trained: nn.Module = self.objective
+        if self.ranks.world > 1 and self.skeleton is None:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.trained = DistributedDataParallel(self.student)
+            # what is not trained is left alone: DDP would broadcast rank 0's copy into every rank's
+            # tensors, which are the model's own
+            left = [n for n, p in self.objective.named_parameters() if not p.requires_grad]
+            left += [n for n, _ in self.objective.named_buffers()]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.objective, left)
+            self.trained = DistributedDataParallel(self.objective)
+        blocks = LayerBlocks.of(self.student, adapter_for(self.student)).modules(self.student)
+        self.restore = checkpointed(blocks) if self.checkpoint else lambda: None
         self.state, self.control, self.arguments = _callback_state(
             self.callbacks, self.peak, self.plan.batch_size, self.plan.steps
         )
 
+    def target(self, batch: Batch) -> torch.Tensor | None:
+        """What the student is compared with on ``batch``: the teacher's last hidden states (an encoder,
+        or a chunked head), its logits, or nothing (``lm``); the teacher run without gradients."""
+        if self.loss_name == "lm":
+            return None
+        with torch.no_grad():
+            if self.loss_name == "hidden_mse":
+                return _hidden(self.teacher(**forward_kwargs(self.teacher, batch, self.device)))
+            if self.heads is not None:
+                return self.objective.hidden(self.teacher, batch, self.device)
+            return self.teacher(**forward_kwargs(self.teacher, batch, self.device)).logits
+
     def loss(self, batch: Batch) -> torch.Tensor:
-        """This rank's loss on ``batch`` (the teacher run without gradients)."""
+        """This rank's loss on ``batch``."""
         with self.autocast():
-            if self.loss_name != "lm":
-                with torch.no_grad():
-                    target = self.teacher(**forward_kwargs(self.teacher, batch, self.device))
-            out = self.trained(**forward_kwargs(self.student, batch, self.device))
-            if self.loss_name == "kd":
-                return kd_loss(target.logits, out.logits, batch.attention_mask)
-            if self.loss_name == "lm":
-                return lm_loss(out.logits, batch.input_ids, batch.attention_mask)
-            return hidden_mse(_hidden(target), _hidden(out), batch.attention_mask)
+            target = self.target(batch)
+            kwargs = self.objective.kwargs(batch, self.device)
+            ids, mask = batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
+            return self.trained(kwargs, target, ids, mask)
 
     def step(self, step: int) -> float:
         """One optimizer step; the global mean loss. Raises _NonFinite before changing any weight."""
-        loss = self.loss(self.plan.batch(step, self.ranks.rank, self.ranks.world))
-        value = _global_mean(float(loss.detach()), self.ranks)
-        if not math.isfinite(value):
-            raise _NonFinite(
-                f"the healing loss is {value} at step {step + 1} of {self.plan.steps}: training stopped "
-                "there, and the run up to the step before is on this error (err.run, its model with the "
-                "last good weights). Lower lr, or heal in float32 (dtype=torch.float32)"
-            )
-        loss.backward()
+        # share:g readers read their group's K/V also where the student's body runs without its own
+        # forward (the chunked head) and where checkpoints compute a layer again in the backward pass
+        with teacher_forced_sharing(self.student):
+            loss = self.loss(self.plan.batch(step, self.ranks.rank, self.ranks.world))
+            value = _global_mean(float(loss.detach()), self.ranks)
+            if not math.isfinite(value):
+                raise _NonFinite(
+                    f"the healing loss is {value} at step {step + 1} of {self.plan.steps}: training "
+                    "stopped there, and the run up to the step before is on this error (err.run, its "
+                    "model with the last good weights). Lower lr, or heal in float32 (dtype=torch.float32)"
+                )
+            loss.backward()
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM))
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -760,10 +896,17 @@ class _Training:
         return bool(self.control.should_training_stop)
 
     def finish(self) -> nn.Module:
-        """Write the trained weights back and call ``on_train_end``; the healed model."""
+        """Write the trained weights back and call ``on_train_end``; the healed model, whose frozen tensors
+        are the variant's (:func:`~headwidget.healing._student.handed_over`)."""
+        self.restore()
+        self.restore = lambda: None
+        if self.skeleton is not None:  # FSDP: the trained weights gathered into the unsharded student
+            gather_trained(self.student, self.skeleton)
+            self.student = self.skeleton
         if self.parts.installed:
             self.parts.write_back()
             self.student.headwidget_variant = self.parts.healed_variant()  # type: ignore[assignment]
             for c in self.callbacks:
                 _call(c, "on_train_end", self.arguments, self.state, self.control, model=self.student)
-        return self.student
+        assert self.origin is not None and self.variant is not None
+        return handed_over(self.student, self.origin, self.variant)
