@@ -261,6 +261,7 @@ def evaluate(
         dtype=dtype,
         batch_size=batch_size,
         max_length=max_length,
+        prefill=reading.prefill,
     )
     spare = check_evaluation_budget(need, max_memory)
     runner = runner_for(model, reading)

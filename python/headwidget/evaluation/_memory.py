@@ -13,7 +13,11 @@ An upper bound for batches of ``batch_size × max_length`` tokens, as the sum of
   activations) plus its full ``(B, T, vocab)`` logits, the predicted rows picked out of them for the
   original and the variant, and the measures' float32/float64 work on at most
   :data:`MEASURE_WORK_BYTES` at a time (a quantizer adds its fake-quantized K/V of one layer);
-- ``sweep`` (``per_layer``): one batch's recorded block outputs of every layer.
+- ``sweep`` (``per_layer``): one batch's recorded block outputs of every layer;
+- ``cache`` (``prefill:P``): the KV cache a prefill builds and the scored forward extends, every layer
+  at ``max_length`` tokens (in the model's own KV heads, or its attention heads for an ``mha``
+  variant), one layer's copy while the scored forward appends to it, and, for ``merge``/``xkv``
+  parts, their work on one group of the prefill's tokens.
 
 What adapts to the budget instead of being counted: the original's predicted-position logits are kept
 between variants only while they fit in what the budget leaves (else recomputed per variant), and the
@@ -34,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -44,7 +49,7 @@ from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.variants import Variant, parse_variant, uniform_parts
 from headwidget.capture.memory import ForwardShape, default_budget, format_bytes, forward_bytes
 from headwidget.errors import MemoryBudgetError
-from headwidget.evaluation._model_facts import converted_modules
+from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements
 from headwidget.evaluation.measures import CHUNK_BYTES, chunk_rows
 
 __all__ = ["MEASURE_WORK_BYTES", "EvaluationMemory", "check_evaluation_budget", "estimate_evaluation"]
@@ -79,6 +84,20 @@ def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], 
     )
 
 
+def _cache_bytes(
+    adapter: Adapter, variants: Sequence[Variant], rows: int, length: int, prefill: int, b: int
+) -> int:
+    """The ``cache`` part of the module docstring: ``rows × length`` tokens in ``b`` bytes."""
+    lay = adapter.layout()
+    parts = [p for v in variants for p in uniform_parts(v)]
+    widen = lay.num_heads / lay.num_kv_heads if any(p.mechanism == "mha" for p in parts) else 1.0
+    per_layer = [math.ceil(widen * layer_kv_elements(adapter, i)) for i in range(lay.num_layers)]
+    cache = rows * length * (sum(per_layer) + max(per_layer)) * b
+    groups = [p.cross.group for p in parts if p.cross is not None and p.cross.cache_transform]
+    work = 6 * max(groups) * rows * prefill * max(per_layer) * max(b, 4) if groups else 0
+    return cache + work
+
+
 def _vocab(model: nn.Module) -> int:
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
@@ -111,6 +130,7 @@ class EvaluationMemory:
         dtype: torch.dtype,
         batch_size: int,
         max_length: int,
+        prefill: int | None = None,
     ) -> EvaluationMemory:
         b = _size(dtype)
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
@@ -136,6 +156,8 @@ class EvaluationMemory:
         parts = {"copy": copy, "fits": fits, "variant": variant, "forward": forward}
         if per_layer:
             parts["sweep"] = tokens * lay.hidden_size * lay.num_layers * b
+        if prefill is not None:
+            parts["cache"] = _cache_bytes(adapter, variants, batch_size, max_length, prefill, b)
         device = next(model.parameters()).device
         return cls(parts, device)
 
@@ -177,9 +199,11 @@ def estimate_evaluation(
     dtype: torch.dtype = torch.bfloat16,
     batch_size: int = 8,
     max_length: int = 512,
+    protocol: str = "documents",
 ) -> int:
     """Peak bytes :func:`~headwidget.evaluation.evaluate` with these arguments may allocate on the model's
-    device (the bound it checks against ``max_memory``; see the module docstring).
+    device (the bound it checks against ``max_memory``; see the module docstring). ``protocol``: as
+    evaluate takes it (a window protocol's W is the length; ``prefill:P`` adds the KV cache).
 
     >>> import torch
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -190,12 +214,15 @@ def estimate_evaluation(
     True
     """
     from headwidget.evaluation._arguments import check_evaluate_arguments
+    from headwidget.evaluation._inputs import parse_protocol
     from headwidget.evaluation._model_facts import resolve_layers
 
     adapter = adapter_for(model)
     variants, _, layers, per_layer, dtype, batch_size, max_length, _, _ = check_evaluate_arguments(
         adapter, variants, None, layers, per_layer, dtype, batch_size, max_length, None, False
     )
+    reading = parse_protocol(protocol)
+    max_length = reading.window if reading.window is not None else max_length
     parsed = [parse_variant(v) for v in variants]
     chosen = resolve_layers(adapter, layers)
     return EvaluationMemory.of(
@@ -207,4 +234,5 @@ def estimate_evaluation(
         dtype=dtype,
         batch_size=batch_size,
         max_length=max_length,
+        prefill=reading.prefill,
     ).total
