@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from fractions import Fraction
 
 import pytest
+import torch
 
 from headwidget.analysis.allocation import Span, cheapest_spans, choose_per_layer, choose_spans
-from headwidget.errors import BudgetError
+from headwidget.errors import ArgumentError, BudgetError, UnsupportedConversionError
+from headwidget.evaluation import EvaluationReport, allocate, evaluate
+from headwidget.evaluation._chosen import per_layer_specs
+from tiny_models import three_layer_llama
+
+F64 = torch.float64
 
 
 def covers(spans: list[Span], num_layers: int, at: int = 0) -> list[list[int]]:
@@ -109,3 +116,178 @@ def test_bad_spans_are_refused() -> None:
         choose_spans([Span(1, 2, 0.0, 1)], 2, 10)
     with pytest.raises(BudgetError, match=r"finite"):
         choose_spans([Span(0, 1, math.nan, 1)], 1, 10)
+
+
+# ------------------------------------------------------------------------------ allocate with groups
+
+PREFILL = "prefill:32"
+CROSS = ["share:2", "mqa+share:2", "merge:2", "xkv:8/2"]
+CANDIDATES = ["model", "mqa", *CROSS]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return three_layer_llama(seed=1)
+
+
+@pytest.fixture(scope="module")
+def ids() -> torch.Tensor:
+    return torch.randint(1, 96, (6, 48), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.fixture(scope="module")
+def allocation(llama, ids):
+    return allocate(
+        llama, ids, budget=0.5, candidates=CANDIDATES, refine=1, protocol=PREFILL, dtype=F64, progress=False
+    )
+
+
+def quietly(llama, texts, specs, **options) -> EvaluationReport:
+    """evaluate under the test's protocol, its chosen-on warning silenced (measuring on the tokens an
+    allocation chose on is the point here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return evaluate(llama, texts, specs, protocol=PREFILL, dtype=F64, progress=False, **options)
+
+
+def test_each_group_s_damage_and_bytes_are_evaluate_s_of_that_group_alone(llama, ids, allocation) -> None:
+    alone = {(c, s): f"{c}@{s}-{s + 1}" for c in CROSS for s in (0, 1)}
+    report = quietly(llama, ids, ["model", *alone.values()])
+    for (c, s), spec in alone.items():
+        assert allocation.damage[c][s] == pytest.approx(report.kl[spec], rel=1e-9, abs=1e-13), spec
+        other = report.kv_bytes_per_token["model"] / 3  # the layer outside the group, as the model has it
+        assert allocation.layer_bytes[c][s] == pytest.approx(
+            report.kv_bytes_per_token[spec] - other, rel=1e-12
+        )
+        assert math.isnan(allocation.damage[c][2]) and math.isnan(allocation.layer_bytes[c][2])
+    assert allocation.damage["mqa"][1] == pytest.approx(quietly(llama, ids, ["mqa@1"]).kl["mqa@1"], rel=1e-9)
+
+
+def test_the_chosen_groups_are_measured_as_evaluate_measures_their_spec(llama, ids, allocation) -> None:
+    assert any(n > 1 for _, n, _ in allocation.cells), allocation.table()  # the third axis is chosen
+    assert allocation.kv_bytes_per_token <= allocation.budget == 0.5 * 1536
+    assert allocation.choice == [c for _, n, c in allocation.cells for _ in range(n)]
+    first = allocation.rounds[0]  # the first solve: its prediction is the sum of its cells' damage
+    assert first.spec == allocation.spec and first.predicted == pytest.approx(
+        math.fsum(allocation.damage[c][a] for a, _, c in allocation.cells), abs=1e-12
+    )
+    report = quietly(llama, ids, [r.spec for r in allocation.rounds])
+    for r in allocation.rounds:
+        assert r.measured == pytest.approx(report.kl[r.spec], rel=1e-9, abs=1e-13), r.spec
+        assert r.kv_bytes_per_token == pytest.approx(report.kv_bytes_per_token[r.spec], rel=1e-12), r.spec
+    best = min(r.measured for r in allocation.rounds if r.kv_bytes_per_token <= allocation.budget)
+    assert report.kl[allocation.spec] == pytest.approx(best, rel=1e-9, abs=1e-13)
+    uniform = quietly(llama, ids, ["mqa", "mqa+share:2", "share:2"])  # no better uniform candidate fits
+    for spec in ("mqa", "mqa+share:2", "share:2"):
+        if uniform.kv_bytes_per_token[spec] <= allocation.budget:
+            assert best <= uniform.kl[spec] * (1 + 1e-9) + 1e-15, spec
+
+
+def test_the_refine_sweep_with_groups_equals_evaluate_of_every_swapped_spec(llama, ids) -> None:
+    """Around an allocation with a group, every other cell swapped in (groups broken where a cell cuts
+    into them, their other layers keeping the within-layer conversion): swap_sweep's totals of each
+    swapped spec equal evaluate's, with the groups before the swapped layer replayed."""
+    from headwidget.adapters import adapter_for
+    from headwidget.evaluation._allocate import _Cell, _fit_candidates
+    from headwidget.evaluation._evaluate import protocol_batches
+    from headwidget.evaluation._inputs import parse_protocol
+    from headwidget.evaluation._model_facts import layer_kv_elements
+    from headwidget.evaluation._prefill import PrefillRunner
+    from headwidget.evaluation._sweep import swap_sweep
+
+    adapter = adapter_for(llama)
+    elements = {layer: layer_kv_elements(adapter, layer) for layer in range(3)}
+    fitted, _ = _fit_candidates(adapter, CANDIDATES, None, [0, 1, 2], F64, elements)
+    reading = parse_protocol(PREFILL)
+    batches = protocol_batches(
+        llama, ids, None, reading, batch_size=8, max_length=512, max_tokens=None, min_tokens=2
+    )
+    runner = PrefillRunner.for_model(llama, 32)
+    references = [runner(llama, b) for b in batches]
+    for current in [
+        (_Cell(0, 2, "mqa+share:2"), _Cell(2, 1, "mqa")),
+        (_Cell(0, 1, "model"), _Cell(1, 2, "merge:2")),
+    ]:
+        swaps = {}
+        for cell in fitted.options():
+            if cell not in current:
+                swapped, first = fitted.swapped(current, cell)
+                assert sorted(x for c in swapped for x in range(c.start, c.stop)) == [0, 1, 2]
+                swaps[cell] = (first, fitted.plan(swapped))
+        assert swaps[_Cell(1, 1, "mqa")][0] == (0 if current[0].length == 2 else 1)  # a broken group
+        whole, totals = swap_sweep(llama, batches, references, fitted.plan(current), swaps, runner)
+        specs = [fitted.plan(current).spec, *(plan.spec for _, plan in swaps.values())]
+        report = quietly(llama, ids, specs)
+        for spec, got in [(specs[0], whole), *((plan.spec, totals[k]) for k, (_, plan) in swaps.items())]:
+            assert got.kl == pytest.approx(report.kl[spec], rel=1e-9, abs=1e-13), spec
+            assert got.tokens == report.tokens
+    # the merge of layers 1-2 cut at layer 2: layer 1 keeps its within-layer spec, and differs from 1 on
+    assert fitted.swapped(current, _Cell(2, 1, "mqa")) == (
+        (_Cell(0, 1, "model"), _Cell(1, 1, "model"), _Cell(2, 1, "mqa")),
+        1,
+    )
+
+
+def test_an_allocation_with_groups_is_flagged_on_its_own_tokens_however_written(llama, ids) -> None:
+    alloc = allocate(
+        llama,
+        ids,
+        budget=0.35,
+        candidates=["mqa", "mqa+share:2"],
+        refine=0,
+        protocol=PREFILL,
+        dtype=F64,
+        progress=False,
+    )
+    assert alloc.kv_bytes_per_token == 512 and "mqa+share:2" in alloc.spec
+    with pytest.warns(UserWarning, match=r"\(on 100% of them\) was chosen by headwidget.allocate"):
+        report = evaluate(llama, ids, [alloc.spec], protocol=PREFILL, dtype=F64, progress=False)
+    assert report.chosen_on_these_tokens == [alloc.spec]
+    if alloc.cells[0][1] == 2:  # mqa+share:2@0-1;mqa@2 is what uniform mqa+share:2 does on 3 layers
+        with pytest.warns(UserWarning, match=r"chosen by headwidget.allocate"):
+            evaluate(llama, ids, ["mqa+share:2"], protocol=PREFILL, dtype=F64, progress=False)
+    other = torch.randint(1, 96, (6, 48), generator=torch.Generator().manual_seed(6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        held_out = evaluate(llama, other, [alloc.spec], protocol=PREFILL, dtype=F64, progress=False)
+    assert held_out.chosen_on_these_tokens == []
+
+
+def test_a_layer_alone_in_its_group_is_its_within_layer_spec_to_the_leak_flag() -> None:
+    assert per_layer_specs("mqa+share:2", 3) == per_layer_specs("mqa+share:2@0-1;mqa@2", 3)
+    assert per_layer_specs("share:2@0-2", 3) == per_layer_specs("share:2@0-1", 3)
+    assert per_layer_specs("share:2@1-2", 3) != per_layer_specs("share:2@0-1", 3)
+    assert per_layer_specs("merge:2", 4) == ("merge:2",) * 4
+
+
+def test_cross_layer_candidates_say_what_they_need(llama, ids) -> None:
+    common = {"dtype": F64, "progress": False, "refine": 0}
+    with pytest.raises(UnsupportedConversionError, match=r"merge:2 transforms the KV cache a prefill built"):
+        allocate(llama, ids, budget=0.5, candidates=["model", "merge:2"], **common)
+    with pytest.raises(ArgumentError, match=r"cannot cover all 3 layers"):
+        allocate(llama, ids, budget=0.5, candidates=["share:2"], **common)
+    with pytest.raises(ArgumentError, match=r"groups of 4 adjacent layers, and the model has 3"):
+        allocate(llama, ids, budget=0.5, candidates=["model", "share:4"], **common)
+    forwards = []
+    handle = llama.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        with pytest.raises(BudgetError, match=r"below the cheapest choice, 512 "):  # mqa+share:2 + mqa
+            allocate(llama, ids, budget=500, candidates=["mqa", "mqa+share:2"], **common)
+    finally:
+        handle.remove()
+    assert forwards == []
+
+
+def test_share_is_allocated_in_the_documents_protocol_too(llama, ids) -> None:
+    alloc = allocate(
+        llama, ids, budget=0.5, candidates=["model", "mqa", "share:2"], refine=1, dtype=F64, progress=False
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        report = evaluate(llama, ids, [r.spec for r in alloc.rounds], dtype=F64, progress=False)
+    for r in alloc.rounds:
+        assert r.measured == pytest.approx(report.kl[r.spec], rel=1e-9, abs=1e-13), r.spec
+    again = allocate(
+        llama, ids, budget=0.5, candidates=["model", "mqa", "share:2"], refine=1, dtype=F64, progress=False
+    )
+    assert again.rounds == alloc.rounds and again.cells == alloc.cells

@@ -236,7 +236,7 @@ def choose_spans(spans: Sequence[Span], num_layers: int, budget: float) -> list[
         )
     best = np.full((num_layers + 1, top + 1), np.inf)
     best[0, 0] = 0.0
-    pick = np.full((num_layers + 1, top + 1), -1, dtype=np.int64)
+    pick = np.full((num_layers + 1, top + 1), -1, dtype=np.int32)
     order = sorted(range(len(spans)), key=lambda i: spans[i].start)  # stable: given order within a start
     for i in order:
         span, w = spans[i], cost[i]

@@ -1,7 +1,8 @@
 """Cross-layer K/V mechanisms as pure maths: layer groups, MiniCache's merge, xKV's shared SVD, RoPE.
 
 - :func:`layer_groups`: the groups of ``g`` adjacent layers a cross-layer spec (``share:g``,
-  ``merge:g``, ``xkv:r/g``) acts on, within the layers it applies to.
+  ``merge:g``, ``xkv:r/g``) acts on, within the layers it applies to; :func:`within_layer`: what such a
+  spec does to a layer left alone in its group.
 - :func:`minicache_merge`: MiniCache (Liu et al., arXiv 2405.14366) for one pair of adjacent layers'
   cached states: each (head, token) state vector ``x`` is split into its magnitude ``‖x‖`` and its
   direction; the two layers' directions are merged by SLERP,
@@ -44,6 +45,8 @@ from collections.abc import Sequence
 
 import torch
 
+from headwidget.analysis.variants import VariantSpec
+
 __all__ = [
     "MERGE_GAMMA",
     "MERGE_T",
@@ -52,6 +55,7 @@ __all__ = [
     "minicache_merge",
     "rotate",
     "shared_svd",
+    "within_layer",
     "xkv_elements",
 ]
 
@@ -76,6 +80,19 @@ def layer_groups(layers: Sequence[int], group: int) -> list[list[int]]:
         else:
             runs.append([layer])
     return [run[i : i + group] for run in runs for i in range(0, len(run), group)]
+
+
+def within_layer(spec: VariantSpec) -> str:
+    """The canonical spec of what ``spec`` does within one layer: the conversion before its cross-layer
+    part (``model`` for a cross-layer part alone), which a layer alone in its group keeps.
+
+    >>> from headwidget.analysis.variants import parse_variant
+    >>> [within_layer(parse_variant(s)) for s in ("share:2", "mqa+align+share:2", "gqa:2+xkv:8/2", "mqa")]
+    ['model', 'mqa+align', 'gqa:2', 'mqa']
+    """
+    if spec.cross is None:
+        return spec.text
+    return spec.text[: -len(spec.cross.text)].rstrip("+") or "model"
 
 
 def _work(x: torch.Tensor) -> torch.dtype:
