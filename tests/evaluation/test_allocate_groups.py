@@ -291,3 +291,37 @@ def test_share_is_allocated_in_the_documents_protocol_too(llama, ids) -> None:
         llama, ids, budget=0.5, candidates=["model", "mqa", "share:2"], refine=1, dtype=F64, progress=False
     )
     assert again.rounds == alloc.rounds and again.cells == alloc.cells
+
+
+def test_a_merge_measured_over_the_budget_is_solved_again_below_it(llama, ids, monkeypatch) -> None:
+    """A merge's bytes are its sweep's retention; the allocation's own prefills may retain more. Here
+    the sweep is made to see no retention at all: the first solve takes a merge that measures over the
+    budget, and the solve below the budget by the excess is the allocation."""
+    import headwidget.evaluation._allocate as module
+
+    real, calls = module._sum_retention, []
+
+    def sweep_sees_none(plans, ranks):
+        real(plans, ranks)
+        if not calls:  # the sweep's call
+            for cache in module._merges(plans):
+                cache.retained = {kind: [0, total] for kind, (_, total) in cache.retained.items()}
+        calls.append(1)
+
+    monkeypatch.setattr(module, "_sum_retention", sweep_sees_none)
+    alloc = allocate(
+        llama,
+        ids,
+        budget=1100,
+        candidates=["model", "mqa", "merge:2"],
+        refine=0,
+        protocol=PREFILL,
+        dtype=F64,
+        progress=False,
+    )
+    first, second = alloc.rounds[:2]
+    assert first.kv_bytes_per_token > 1100  # merge:2@0-1;model@2: 576 + 512 = 1088 as the sweep saw it
+    assert alloc.spec == second.spec == "merge:2@0-1;mqa@2" and alloc.kv_bytes_per_token <= 1100
+    report = quietly(llama, ids, [first.spec, second.spec])
+    assert report.kv_bytes_per_token[first.spec] == pytest.approx(first.kv_bytes_per_token, rel=1e-12)
+    assert report.kl[second.spec] == pytest.approx(second.measured, rel=1e-9, abs=1e-13)
