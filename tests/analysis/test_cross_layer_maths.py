@@ -53,7 +53,7 @@ def test_minicache_merge_equals_a_loop_per_state() -> None:
             ]
         )
         d = angle / math.pi
-        want_kept = d < d.min() + (d.max() - d.min()) * 0.2
+        want_kept = d <= d.min() + (d.max() - d.min()) * 0.2  # xKV: merged where Ω > threshold
         assert np.array_equal(kept[row].numpy(), want_kept)
         for g in range(3):
             for i in range(40):
@@ -71,12 +71,33 @@ def test_minicache_merge_equals_a_loop_per_state() -> None:
 
 
 def test_the_parallel_limit_keeps_lengths_and_the_common_direction() -> None:
-    a = torch.tensor([[[[1.0, 2.0, 2.0], [0.0, 1.0, 0.0]]]], dtype=F64)
-    b = torch.tensor([[[[2.0, 4.0, 4.0], [1.0, 0.0, 0.0]]]], dtype=F64)
-    ra, rb, kept = minicache_merge(a, b, gamma=0.0)  # γ = 0: nothing retained
-    assert not bool(kept.any())
-    torch.testing.assert_close(ra[0, 0, 0], a[0, 0, 0], atol=1e-15, rtol=0)
-    torch.testing.assert_close(rb[0, 0, 0], b[0, 0, 0], atol=1e-15, rtol=0)
+    a = torch.tensor([[[[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]], dtype=F64)
+    b = torch.tensor([[[[2.0, 0.0, 0.0], [1.0, 3e-8, 0.0], [1.0, 0.0, 0.0]]]], dtype=F64)
+    ra, rb, kept = minicache_merge(a, b, gamma=0.0)  # γ = 0: only the pairs at d_min = 0 retained
+    assert kept.tolist() == [[[True, False, False]]]
+    angle = float(torch.acos((a[0, 0, 1] @ b[0, 0, 1]) / b[0, 0, 1].norm()))
+    assert 0 < angle < 1e-7  # merged, by SLERP's linear limit
+    direction = 0.4 * a[0, 0, 1] + 0.6 * b[0, 0, 1] / b[0, 0, 1].norm()
+    torch.testing.assert_close(ra[0, 0, 1], direction, atol=1e-15, rtol=0)
+    torch.testing.assert_close(rb[0, 0, 1], direction * b[0, 0, 1].norm(), atol=1e-15, rtol=0)
+    torch.testing.assert_close(ra[0, 0, 0], a[0, 0, 0], atol=0, rtol=0)
+
+
+def test_the_retained_states_are_the_most_similar_pairs_as_xkv_s_code_keeps_them() -> None:
+    """xKV's reimplementation merges the pairs with Ω > Ω_min + (Ω_max − Ω_min)·γ and restores the
+    others: at γ = 0.05 the few most similar pairs stay exact, the distinct ones are merged; a sequence
+    whose pairs are all at one distance keeps them all."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(1, 2, 50, 8, generator=gen, dtype=F64)
+    b = torch.randn(1, 2, 50, 8, generator=gen, dtype=F64)
+    b[0, 1, 7] = 2 * a[0, 1, 7]  # the one parallel pair: the least distance
+    b[0, 0, 3] = -a[0, 0, 3]  # an opposite pair: the largest distance
+    _, rb, kept = minicache_merge(a, b)
+    assert kept[0, 1, 7] and not kept[0, 0, 3]
+    assert int(kept.sum()) < 10  # the low end of the distances, not most of them
+    torch.testing.assert_close(rb[0, 1, 7], b[0, 1, 7], atol=0, rtol=0)
+    same = torch.ones(2, 1, 4, 3, dtype=F64)
+    assert bool(minicache_merge(same, 3 * same)[2].all())
 
 
 def test_shared_svd_is_numpy_s_truncated_svd_of_the_side_by_side_caches() -> None:

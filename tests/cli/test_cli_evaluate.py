@@ -154,6 +154,29 @@ def test_the_protocol_option_is_evaluate_s_protocol(model_dirs, tmp_path, capfd)
     assert "- protocol: stride:32/16\n" in out.read_text(encoding="utf-8")
 
 
+def test_a_prefill_protocol_with_cross_layer_specs_is_evaluate_s(model_dirs, tmp_path, capfd):
+    """--protocol prefill:P runs share, merge and xkv (alone and after a conversion) as evaluate does: the
+    same table, the same numbers and the protocol in the report file; under documents merge is refused."""
+    out = tmp_path / "report.json"
+    specs = ["share:2", "merge:2", "mqa+merge:2", "xkv:4/2"]
+    base = ["evaluate", "--model", str(model_dirs["llama_gqa"]), *TINY, "--no-progress"]
+    argv = [*base, "--protocol", "prefill:16", *(a for spec in specs for a in ("--variant", spec))]
+    argv += ["--out", str(out)]
+    code, stdout, err = run(capfd, argv)
+    assert code == 0, err
+    expected = direct(
+        model_dirs["llama_gqa"], ["model", *specs], inputs=False, per_layer=False, protocol="prefill:16"
+    )
+    assert expected.protocol == "prefill:16" and expected.table() in stdout
+    saved = EvaluationReport.load(out)
+    assert saved.protocol == "prefill:16" and saved.variants == expected.variants
+    for spec in expected.variants:
+        assert saved.kl[spec] == pytest.approx(expected.kl[spec], rel=1e-6, abs=1e-9)
+        assert saved.kv_bytes_per_token[spec] == pytest.approx(expected.kv_bytes_per_token[spec], rel=1e-12)
+    code, _, err = run(capfd, [*base, "--variant", "merge:2", "--out", str(tmp_path / "r.md")])
+    assert code != 0 and "prefill:P" in err  # merge under documents: refused, saying which protocol
+
+
 def test_saved_statistics_are_used_instead_of_a_capture(model_dirs, tmp_path, capfd):
     from transformers import LlamaForCausalLM
 

@@ -143,7 +143,7 @@ def test_share_heals_the_first_layer_s_projections(llama: torch.nn.Module, spec:
 # ---------------------------------------------------------------------------------------------- merge
 def minicache_by_hand(a: np.ndarray, b: np.ndarray, t: float = 0.6, gamma: float = 0.05) -> tuple:
     """MiniCache on one sequence's states a, b (G, T, d), a loop per state: SLERP of the directions at
-    t, magnitudes kept, the states with d < d_min + (d_max − d_min)·γ (d = angle / π) kept exact."""
+    t, magnitudes kept, the states with d ≤ d_min + (d_max − d_min)·γ (d = angle / π) kept exact."""
     heads, tokens, _ = a.shape
     angle = np.zeros((heads, tokens))
     for g in range(heads):
@@ -151,7 +151,7 @@ def minicache_by_hand(a: np.ndarray, b: np.ndarray, t: float = 0.6, gamma: float
             cos = a[g, i] @ b[g, i] / (np.linalg.norm(a[g, i]) * np.linalg.norm(b[g, i]))
             angle[g, i] = math.acos(max(-1.0, min(1.0, cos)))
     d = angle / math.pi
-    kept = d < d.min() + (d.max() - d.min()) * gamma
+    kept = d <= d.min() + (d.max() - d.min()) * gamma
     ra, rb = a.copy(), b.copy()
     for g in range(heads):
         for i in range(tokens):

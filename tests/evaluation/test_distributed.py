@@ -37,8 +37,28 @@ def _run(distributed: bool) -> tuple[EvaluationReport, dict]:
         distributed=distributed,
         progress=False,
     )
-    rounds = [[r.spec, r.predicted, r.measured, r.kv_bytes_per_token] for r in alloc.rounds]
-    return report, {"spec": alloc.spec, "rounds": rounds, "damage": alloc.damage, "tokens": alloc.tokens}
+    grouped = allocate(  # cross-layer groups: a merge's bytes count its retention on every rank's prefills
+        model,
+        ragged_batches(seed=9, lengths=LENGTHS),
+        budget=0.6,
+        candidates=["model", "mqa", "share:2", "merge:2"],
+        refine=1,
+        protocol="prefill:8",
+        batch_size=2,
+        dtype=F64,
+        distributed=distributed,
+        progress=False,
+    )
+    rounds = [
+        [r.spec, r.predicted, r.measured, r.kv_bytes_per_token] for a in (alloc, grouped) for r in a.rounds
+    ]
+    return report, {
+        "spec": alloc.spec,
+        "rounds": rounds,
+        "damage": {**alloc.damage, **{f"{k} grouped": v for k, v in grouped.damage.items()}},
+        "bytes": grouped.layer_bytes,
+        "tokens": alloc.tokens,
+    }
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -74,7 +94,9 @@ def test_two_ranks_give_the_report_and_allocation_of_one_process(tmp_path: Path)
             assert got[0] == want[0] and got[3] == want[3]
             assert got[1:3] == pytest.approx(want[1:3], rel=1e-10, abs=1e-14)
         for spec, row in single_alloc["damage"].items():
-            assert alloc["damage"][spec] == pytest.approx(row, rel=1e-10, abs=1e-14), spec
+            assert alloc["damage"][spec] == pytest.approx(row, rel=1e-10, abs=1e-14, nan_ok=True), spec
+        for spec, row in single_alloc["bytes"].items():
+            assert alloc["bytes"][spec] == pytest.approx(row, rel=1e-12, nan_ok=True), spec
 
 
 def test_distributed_without_a_process_group_says_what_to_do() -> None:

@@ -286,3 +286,36 @@ def test_the_kl_in_the_chunks_own_memory_is_the_textbook_sum(monkeypatch, dtype)
         hits += int((r.argmax(-1) == v.argmax(-1)).sum())
     assert (totals.kl_sum, totals.nll_sum, totals.top1_hits, totals.tokens) == (kl, nll, hits, 40)
     assert kl > 0.1
+
+
+def test_the_prefill_s_kv_cache_is_counted() -> None:
+    """Under prefill:P the KV cache (every layer at max_length tokens) is most of the peak: a model whose
+    cache dominates has a peak within 0.8–1.2 of the estimate (the model and a merge of its prefill)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=16,
+        num_hidden_layers=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=128,
+    )
+    model = LlamaForCausalLM(config).to(torch.float64).eval()
+    batch_size, max_length = 4, 128
+    ids = torch.randint(1, 32, (batch_size, max_length), generator=torch.Generator().manual_seed(1))
+    cache = batch_size * max_length * 64 * 2 * 2 * 128 * 8
+    variants = ["model", "merge:2"]
+    options = {"dtype": torch.float64, "batch_size": batch_size, "max_length": max_length}
+    need = headwidget.estimate_evaluation(model, variants, protocol="prefill:64", **options)
+    documents = headwidget.estimate_evaluation(model, variants, **options)
+    peak = allocated_peak(
+        lambda: evaluate(model, ids, variants, protocol="prefill:64", progress=False, **options)
+    )
+    print(f"\n{variants} under prefill:64: estimate {need / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB")
+    assert need - documents > cache
+    assert peak <= need and 0.8 <= peak / need <= 1.2
+    with pytest.raises(MemoryBudgetError, match=r"cache \d"):  # evaluate checks the same bound
+        evaluate(model, ids, variants, protocol="prefill:64", max_memory=documents + cache // 2, **options)

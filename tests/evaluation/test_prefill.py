@@ -136,8 +136,8 @@ def test_allocate_takes_the_protocol(llama: torch.nn.Module) -> None:
     )
     for spec in ("mqa", "kv:int4"):
         assert alloc.damage[spec] == pytest.approx(report.per_layer[spec], abs=1e-12)
-    with pytest.raises(ArgumentError, match="acts on groups of layers"):
-        headwidget.allocate(llama, x, budget=0.5, candidates=["model", "share:2"], progress=False)
+    with pytest.raises(UnsupportedConversionError, match="protocol='prefill:P'"):  # merge needs a prefill
+        headwidget.allocate(llama, x, budget=0.5, candidates=["model", "merge:2"], progress=False)
 
 
 def test_bad_prefills_are_refused(llama: torch.nn.Module) -> None:

@@ -1,5 +1,6 @@
-"""The exact multiple-choice knapsack behind :func:`headwidget.allocate`: one option per layer, the least
-summed damage within a byte budget.
+"""The exact solvers behind :func:`headwidget.allocate`: the least summed damage within a byte budget, one
+option per layer (:func:`choose_per_layer`) or options that span several adjacent layers
+(:func:`choose_spans`: cross-layer groups beside per-layer options).
 
 Every layer ``ℓ`` has options ``c`` with a damage ``d[ℓ][c]`` and a cost ``w[ℓ][c]`` (K/V bytes per
 token). :func:`choose_per_layer` returns the choice ``c_ℓ`` per layer that minimises ``Σ d[ℓ][c_ℓ]``
@@ -8,6 +9,21 @@ binary fraction), scaled to whole units by their common denominator and greatest
 a dynamic programme over units ``0..budget`` keeps, per layer, the least damage reachable at each
 spend. Ties go to the lower option index, then the lower spend, so the choice is deterministic.
 
+**Spans.** A cross-layer option (``share:g``, ``merge:2``, ``xkv:r/g`` over a group of ``g`` adjacent
+layers) is chosen for its whole group at once, so the choice is no longer one independent option per
+layer. :func:`choose_spans` takes options as :class:`Span` s — layers ``start .. start + length − 1``
+taken together at one damage and one cost (a per-layer option is a span of one layer) — and returns
+spans that cover every layer exactly once with the least summed damage within the budget. It is a
+dynamic programme over layer positions: its state is the first layer not yet covered and the units
+spent so far. From position ``p`` a span that starts at ``p`` leads to ``p + length`` (a group of ``g``
+layers jumps ``g`` positions, so no state has to remember a group chosen earlier: its readers are
+covered by the jump). Positions are processed in order, the spans of one position in the order given,
+and a later arrival at a (position, spend) replaces an earlier one only when its damage is strictly
+less. So ties go, comparing the chosen spans from the last layer backwards, to the span that starts
+earliest (the longer one), then to the one given first; among choices of equal least damage, to the
+lower spend. With spans of one layer only, given layer by layer, it makes the choice of
+:func:`choose_per_layer`.
+
 Example:
     >>> damage = [[0.0, 0.3, 0.9], [0.0, 0.1, 0.2]]   # per layer: model, a mild and a harsh option
     >>> cost = [[4, 2, 1], [4, 2, 1]]
@@ -15,19 +31,32 @@ Example:
     [0, 2]
     >>> choose_per_layer(damage, cost, budget=3.5)
     [1, 2]
+    >>> spans = [Span(0, 1, 0.0, 4), Span(0, 1, 0.3, 2), Span(1, 1, 0.0, 4), Span(1, 1, 0.1, 2),
+    ...          Span(0, 2, 0.15, 4)]                 # the last: both layers as one group, 4 in all
+    >>> choose_spans(spans, 2, budget=5)
+    [4]
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from headwidget.errors import BudgetError
 
-__all__ = ["MAX_UNITS", "BudgetError", "cheapest", "choose_per_layer"]
+__all__ = [
+    "MAX_UNITS",
+    "BudgetError",
+    "Span",
+    "cheapest",
+    "cheapest_spans",
+    "choose_per_layer",
+    "choose_spans",
+]
 
 #: The most budget units the dynamic programme holds per layer (beyond it the costs are too fine-grained
 #: for the budget; no K/V byte count of a real model comes near it).
@@ -115,3 +144,115 @@ def choose_per_layer(
         choice.append(option)
         spend -= units[layer][option]
     return choice[::-1]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One option of :func:`choose_spans`: layers ``start .. start + length − 1`` taken together, at a
+    ``damage`` and a ``cost`` (bytes per token)."""
+
+    start: int
+    length: int
+    damage: float
+    cost: float
+
+    @property
+    def stop(self) -> int:
+        """The first layer after the span."""
+        return self.start + self.length
+
+
+def _check_spans(spans: Sequence[Span], num_layers: int) -> None:
+    for span in spans:
+        if span.length < 1 or span.start < 0 or span.stop > num_layers:
+            raise ValueError(f"{span} is not a run of layers within 0..{num_layers - 1}")
+    values = [float(x) for span in spans for x in (span.damage, span.cost)]
+    if not all(math.isfinite(x) for x in values) or any(span.cost < 0 for span in spans):
+        raise BudgetError("every damage must be finite and every cost finite and ≥ 0")
+
+
+def _least_cover(spans: Sequence[Span], num_layers: int, worst: bool = False) -> Fraction | None:
+    """The least (``worst``: the greatest) exact total cost of spans covering every layer once; None when
+    no choice of spans covers them."""
+    reach: list[Fraction | None] = [Fraction(0)] + [None] * num_layers
+    for p in range(num_layers):
+        here = reach[p]
+        if here is None:
+            continue
+        for span in spans:
+            if span.start == p:
+                total = here + Fraction(span.cost)
+                there = reach[span.stop]
+                if there is None or (total > there if worst else total < there):
+                    reach[span.stop] = total
+    return reach[num_layers]
+
+
+def cheapest_spans(spans: Sequence[Span], num_layers: int) -> float:
+    """The least total cost of spans covering each of ``num_layers`` layers once.
+
+    >>> cheapest_spans([Span(0, 1, 0.0, 4), Span(1, 1, 0.0, 3), Span(0, 2, 0.0, 5)], 2)
+    5.0
+
+    Raises:
+        ValueError: no choice of ``spans`` covers every layer (the message names the first one missed).
+    """
+    _check_spans(spans, num_layers)
+    least = _least_cover(spans, num_layers)
+    if least is None:
+        covered = {layer for span in spans for layer in range(span.start, span.stop)}
+        missed = next((x for x in range(num_layers) if x not in covered), num_layers - 1)
+        raise ValueError(f"no choice of spans covers every layer once (look at layer {missed})")
+    return float(least)
+
+
+def choose_spans(spans: Sequence[Span], num_layers: int, budget: float) -> list[int]:
+    """The indices, in layer order, of the spans that cover each of ``num_layers`` layers exactly once with
+    the least summed damage whose summed cost is at most ``budget`` (see the module docstring; costs are
+    read as exact fractions, as :func:`choose_per_layer` reads them).
+
+    Raises:
+        BudgetError: ``budget`` below :func:`cheapest_spans` (the message says the least possible), a
+            negative or non-finite cost or damage, or costs too fine-grained for the budget (over
+            :data:`MAX_UNITS` units).
+        ValueError: a span outside the layers, or no choice of spans that covers every layer.
+    """
+    least = cheapest_spans(spans, num_layers)
+    if budget < least:
+        raise BudgetError(
+            f"a budget of {budget:g} bytes per token is below the cheapest choice, {least:g} (the cheapest "
+            "candidate at every layer or group); raise the budget or add a cheaper candidate"
+        )
+    units, top = _units([[span.cost for span in spans]], budget)
+    cost = units[0]
+    most = _least_cover(
+        [Span(x.start, x.length, 0.0, w) for x, w in zip(spans, cost, strict=True)], num_layers, True
+    )
+    top = min(top, int(most or 0))  # spending more than the dearest cover is moot
+    if top > MAX_UNITS:
+        raise BudgetError(
+            f"the costs are too fine-grained for this budget ({top} units of their common step); round "
+            "the budget, or use candidates whose bytes per token share a coarser step"
+        )
+    best = np.full((num_layers + 1, top + 1), np.inf)
+    best[0, 0] = 0.0
+    pick = np.full((num_layers + 1, top + 1), -1, dtype=np.int32)
+    order = sorted(range(len(spans)), key=lambda i: spans[i].start)  # stable: given order within a start
+    for i in order:
+        span, w = spans[i], cost[i]
+        if w > top:
+            continue
+        reached = best[span.start, : top + 1 - w] + float(span.damage)
+        there = best[span.stop, w:]
+        better = reached < there  # strict: the span processed first keeps a tie
+        there[better] = reached[better]
+        pick[span.stop, w:][better] = i
+    spend = int(np.argmin(best[num_layers]))  # the least damage; argmin takes the lowest spend among equals
+    chosen = []
+    position = num_layers
+    while position > 0:
+        i = int(pick[position, spend])
+        chosen.append(i)
+        spend -= cost[i]
+        position = spans[i].start
+    return chosen[::-1]

@@ -1,20 +1,27 @@
 """Cross-layer K/V mechanisms as pure maths: layer groups, MiniCache's merge, xKV's shared SVD, RoPE.
 
 - :func:`layer_groups`: the groups of ``g`` adjacent layers a cross-layer spec (``share:g``,
-  ``merge:g``, ``xkv:r/g``) acts on, within the layers it applies to.
+  ``merge:g``, ``xkv:r/g``) acts on, within the layers it applies to; :func:`within_layer`: what such a
+  spec does to a layer left alone in its group.
 - :func:`minicache_merge`: MiniCache (Liu et al., arXiv 2405.14366) for one pair of adjacent layers'
   cached states: each (head, token) state vector ``x`` is split into its magnitude ``‖x‖`` and its
   direction; the two layers' directions are merged by SLERP,
   ``e = sin((1−t)Ω)/sin Ω · x^{l−1}/‖x^{l−1}‖ + sin(tΩ)/sin Ω · x^l/‖x^l‖`` with
   ``Ω = arccos(cos(x^{l−1}, x^l))`` and ``t = 0.6``, and each layer's state is restored as
-  ``e · ‖x‖``. **Retention**, in the form of the paper's equation (and of xKV's public
-  reimplementation of it): with the angular distances ``d = Ω/π`` of one sequence's states, the states
-  with ``d < d_min + (d_max − d_min)·γ`` (``γ = 0.05``) are retained unmerged, both layers exact.
-  (The paper's prose says distinct pairs are kept; its equation, read as written, keeps those at the low
-  end of the sequence's distances. This is the equation.) ``d_min``/``d_max`` are taken over one
-  sequence's states of one kind (all its KV heads and tokens), so a sequence is merged the same
-  whatever it is batched with. Near-parallel pairs (``Ω < 1e-7``) take SLERP's limit, the linear
-  interpolation of the two directions; a zero vector has direction 0.
+  ``e · ‖x‖``. **Retention.** The authors published no code (their repository, AkideLiu/MiniCache,
+  holds the project page only, whose text says "highly distinct state pairs" are kept unmerged but
+  gives no rule). The rule here is the one public code executes: xKV's reimplementation
+  (abdelfattah-lab/xKV, ``xKV/customized_cache/fake_layer_merge_dynamic_cache.py``,
+  ``slerp_merge_rows_batch`` and ``fake_minicache_merge``) marks a state pair "divergent" when
+  ``Ω > Ω_min + (Ω_max − Ω_min)·γ`` (``γ = 0.05``), merges the divergent pairs and restores every other
+  pair exactly. So the states **retained** (exact in both layers) are those at the low end of the
+  angular distances, ``d ≤ d_min + (d_max − d_min)·γ`` with ``d = Ω/π``: the most similar pairs, not the
+  most distinct ones the prose speaks of (whose complement, with this γ, would keep almost every state).
+  Deviations from that code: ``d_min``/``d_max`` are taken over one sequence's states of one kind (all
+  its KV heads and tokens; xKV takes them over the whole batch, which it runs one sequence at a time),
+  so that a sequence is merged the same whatever it is batched with; ``t = 0.6`` where xKV's default
+  is 0.5; near-parallel pairs (``Ω < 1e-7``) that are merged (only possible with γ = 0) take SLERP's
+  limit, the linear interpolation of the two directions; a zero vector has direction 0.
 - :func:`shared_svd`: xKV (Chang et al., arXiv 2503.18893; abdelfattah-lab/xKV,
   ``fake_layer_merge_dynamic_cache.py``): per sequence, the group's caches side by side — a
   (T, g·G·d) matrix, the layers' KV heads in order — are replaced by their rank-``r`` truncated SVD
@@ -38,6 +45,8 @@ from collections.abc import Sequence
 
 import torch
 
+from headwidget.analysis.variants import VariantSpec
+
 __all__ = [
     "MERGE_GAMMA",
     "MERGE_T",
@@ -46,12 +55,13 @@ __all__ = [
     "minicache_merge",
     "rotate",
     "shared_svd",
+    "within_layer",
     "xkv_elements",
 ]
 
-#: MiniCache's SLERP interpolation parameter ``t`` (the paper's default).
+#: MiniCache's SLERP interpolation parameter ``t`` (xKV's reimplementation defaults to 0.5).
 MERGE_T = 0.6
-#: MiniCache's retention threshold ``γ`` (the paper's default).
+#: MiniCache's retention threshold ``γ`` (xKV's reimplementation's default too).
 MERGE_GAMMA = 0.05
 
 
@@ -72,6 +82,19 @@ def layer_groups(layers: Sequence[int], group: int) -> list[list[int]]:
     return [run[i : i + group] for run in runs for i in range(0, len(run), group)]
 
 
+def within_layer(spec: VariantSpec) -> str:
+    """The canonical spec of what ``spec`` does within one layer: the conversion before its cross-layer
+    part (``model`` for a cross-layer part alone), which a layer alone in its group keeps.
+
+    >>> from headwidget.analysis.variants import parse_variant
+    >>> [within_layer(parse_variant(s)) for s in ("share:2", "mqa+align+share:2", "gqa:2+xkv:8/2", "mqa")]
+    ['model', 'mqa+align', 'gqa:2', 'mqa']
+    """
+    if spec.cross is None:
+        return spec.text
+    return spec.text[: -len(spec.cross.text)].rstrip("+") or "model"
+
+
 def _work(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -89,6 +112,9 @@ def minicache_merge(
     >>> rx, ry, kept = minicache_merge(x, y)
     >>> kept.tolist()  # the pair at the smallest distance (identical directions) is retained
     [[[False, False, True]]]
+    >>> same = torch.ones(1, 1, 3, 2, dtype=torch.float64)
+    >>> minicache_merge(same, 2 * same)[2].tolist()  # all at one distance: d ≤ d_min holds for all
+    [[[True, True, True]]]
     >>> [round(v, 4) for v in ry[0, 0, 0].tolist()]  # SLERP at t = 0.6 of 0° and 90°, length 2
     [1.1756, 1.618]
     """
@@ -108,7 +134,7 @@ def minicache_merge(
     rows = distance.reshape(distance.shape[0], -1)
     low = rows.amin(1).reshape(-1, 1, 1)
     high = rows.amax(1).reshape(-1, 1, 1)
-    kept = distance < low + (high - low) * gamma
+    kept = distance <= low + (high - low) * gamma  # xKV: merged where Ω > threshold
     ra = torch.where(kept[..., None], a, direction * na)
     rb = torch.where(kept[..., None], b, direction * nb)
     return ra.to(first.dtype), rb.to(second.dtype), kept

@@ -127,8 +127,9 @@ def add_parser(sub: Any) -> None:
         "--protocol",
         default="documents",
         help="how the texts become scored sequences: documents (each text its own, up to --max-length), "
-        "chunks:W (one stream cut into windows of W tokens) or stride:W/S (windows of W every S tokens, "
-        "each scoring its new tokens) (default: documents)",
+        "chunks:W (one stream cut into windows of W tokens), stride:W/S (windows of W every S tokens, "
+        "each scoring its new tokens) or prefill:P (each text's first P tokens prefill a KV cache that "
+        "merge/xkv/kv: variants transform, the rest is scored from it) (default: documents)",
     )
     ev.add_argument("--batch-size", type=count, default=8, help="texts per forward pass (default: 8)")
     ev.add_argument("--max-length", type=count, default=512, help="tokens per text (default: 512)")

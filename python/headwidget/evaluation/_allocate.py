@@ -4,24 +4,37 @@ Method:
 
 1. **Sweep.** Every candidate is fitted once, for every layer (from ``stats``), and the per-layer sweep
    (:func:`~headwidget.evaluation._sweep.layer_sweep`, which replays the original model's hidden states
-   entering each layer) gives each (layer, candidate) its damage on ``texts`` with only that layer
-   changed: mean KL(model ‖ variant) per predicted token (``objective="kl"``) or ΔNLL
-   (``objective="nll"``). ``model`` costs nothing. Each (layer, candidate) also has its K/V bytes per
-   token (:class:`~headwidget.evaluation._plan.VariantPlan`).
-2. **Solve.** An exact multiple-choice knapsack (:func:`~headwidget.analysis.allocation.choose_per_layer`)
-   picks one candidate per layer with the least summed damage whose summed bytes are within the budget.
-   The sum is a prediction: damage is not additive, so the chosen mixed spec is then **measured** whole
-   on ``texts`` (one evaluation), and so is every uniform candidate within the budget: one that
-   measures better becomes the allocation (a round of its own in ``rounds``), so on ``texts`` an
-   allocation is never worse than the best uniform candidate it could have been.
-3. **Refine** (``refine`` rounds). With the current allocation applied to every other layer, every
-   layer's candidates are measured again, each as the whole model with that one layer swapped, against
-   the original, in one sweep around the allocation
-   (:func:`~headwidget.evaluation._sweep.swap_sweep`: the allocation's hidden states entering the
-   swapped layer are replayed); their damages, less the current allocation's, are the new per-layer
-   costs; the knapsack is solved again and the new spec measured. The better measured spec
-   is kept. ``rounds`` records each round's predicted and measured damage and its spec, so the
-   non-additivity is visible.
+   entering each layer) gives each **cell** its damage on ``texts`` with only that cell changed: mean
+   KL(model ‖ variant) per predicted token (``objective="kl"``) or ΔNLL (``objective="nll"``). A cell
+   of a per-layer candidate is one layer; a cell of a cross-layer candidate (``share:g``, ``mqa+share:2``,
+   and under ``prefill:P`` ``merge:2`` and ``xkv:r/g``) is one group of its ``g`` adjacent layers,
+   starting at any layer where ``g`` layers remain (the groups overlap: ``share:2`` has cells 0-1, 1-2,
+   ...). ``model`` costs nothing. Each cell also has its K/V bytes per token
+   (:class:`~headwidget.evaluation._plan.VariantPlan`: a ``share`` reader's are 0, a merge's count the
+   retention its sweep saw, an xKV basis is spread over the P prefill tokens).
+2. **Solve.** The least summed damage whose summed bytes are within the budget, exactly: with per-layer
+   candidates only, the multiple-choice knapsack
+   (:func:`~headwidget.analysis.allocation.choose_per_layer`, one candidate per layer); with cross-layer
+   ones, the cells that cover every layer once (:func:`~headwidget.analysis.allocation.choose_spans`):
+   a dynamic programme over layer positions whose state is the first layer not yet covered and the
+   bytes spent — a per-layer cell moves it on by one layer, a group by ``g``, so a group's readers never
+   need a state of their own (bytes read on a grid of 1/8 byte, rounded up: a merge's are any
+   fraction). The sum is a prediction: damage is not additive, so the chosen mixed spec is then
+   **measured** whole on ``texts`` (one evaluation), and so is every uniform candidate within the budget
+   (a cross-layer one in groups from layer 0, a layer left over under its within-layer conversion when
+   that is a candidate): one that measures better becomes the allocation (a round of its own in
+   ``rounds``), so on ``texts`` an allocation is never worse than the best uniform candidate it could
+   have been. A measured allocation whose bytes exceed the budget (a merge that retained more states
+   than in its sweep) is solved again with the budget lowered by the excess, up to 4 times.
+3. **Refine** (``refine`` rounds). With the current allocation applied elsewhere, every cell is
+   measured again, each as the whole model with that cell swapped in, against the original, in one
+   sweep around the allocation (:func:`~headwidget.evaluation._sweep.swap_sweep`: the allocation's
+   hidden states entering the first changed layer are replayed). A cell that cuts into a group of the
+   allocation breaks it: the group's other layers keep its within-layer conversion
+   (:func:`~headwidget.analysis.cross_layer.within_layer`; ``model`` for ``share:2``) and the swap
+   starts at the group's first layer. Their damages, less the current allocation's, are the new costs;
+   the solver runs again and the new spec is measured. The better measured spec is kept. ``rounds``
+   records each round's predicted and measured damage and its spec, so the non-additivity is visible.
 
 Choosing never sees the evaluation text: :attr:`Allocation.fingerprint` is the fingerprint of the
 tokens it chose on, and :func:`~headwidget.evaluation.evaluate` flags an allocated spec measured on
@@ -45,6 +58,10 @@ Example:
     ...                              refine=0, dtype=torch.float32, progress=False)
     >>> [a.kv_bytes_per_token <= a.budget for a in frontier], frontier[1].spec == alloc.spec
     ([True, True], True)
+    >>> grouped = allocate(model, ids, budget=0.4, candidates=["model", "mqa", "mqa+share:2"], refine=0,
+    ...                    dtype=torch.float32, progress=False)  # 307.2 bytes: 3 × mqa (384) is too dear
+    >>> grouped.kv_bytes_per_token, sorted(n for _, n, _ in grouped.cells)  # one MQA + CLA pair, one MQA
+    (256, [1, 2])
 """
 
 from __future__ import annotations
@@ -52,26 +69,33 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import nn
 
-from headwidget.adapters import adapter_for
-from headwidget.analysis.allocation import check_budget, choose_per_layer
-from headwidget.analysis.variants import MixedSpec, layer_ranges, parse_variant, uniform_parts
+from headwidget.adapters import Adapter, adapter_for
+from headwidget.analysis.allocation import Span, cheapest_spans, choose_per_layer, choose_spans
+from headwidget.analysis.cross_layer import within_layer
+from headwidget.analysis.variant_fits import LayerFit
+from headwidget.analysis.variants import MixedSpec, VariantSpec, layer_ranges, parse_variant, uniform_parts
 from headwidget.capture.inputs import Batch
 from headwidget.capture.memory import default_budget, format_bytes
 from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
-from headwidget.errors import ArgumentError, MemoryBudgetError
+from headwidget.errors import ArgumentError, BudgetError, MemoryBudgetError
+from headwidget.evaluation._apply import fit_parts
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._chosen import remember, token_pieces
+from headwidget.evaluation._cache_transforms import MergedCache
+from headwidget.evaluation._chosen import per_layer_specs, remember, token_pieces
+from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._evaluate import Progress, _working_copy, prefilling, protocol_batches, runner_for
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
 from headwidget.evaluation._model_facts import check_stats
 from headwidget.evaluation._outputs import OutputRunner
-from headwidget.evaluation._plan import VariantPlan, plan_variant
+from headwidget.evaluation._plan import GroupCell, VariantPlan, plan_variant
+from headwidget.evaluation._quantize import KVQuantizer
+from headwidget.evaluation._report import bytes_text
 from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep, swap_sweep
 from headwidget.evaluation.measures import PredictionTotals, chunk_rows, predicted_positions
 from headwidget.stats import KVStats
@@ -106,7 +130,14 @@ class AllocationRound:
 
 @dataclass
 class Allocation:
-    """What :func:`allocate` chose (see the module docstring)."""
+    """What :func:`allocate` chose (see the module docstring).
+
+    ``choice``: per layer, the candidate it is under (a cross-layer candidate for every layer of its
+    group); ``cells``: the chosen (first layer, layers, candidate) in layer order (a per-layer candidate
+    on one layer, a cross-layer one on its group). ``damage`` and ``layer_bytes``: per candidate and
+    layer, the sweep's damage and the bytes per token of the candidate's cell that starts at that layer
+    (the layer; a cross-layer candidate's group of ``g`` from there, NaN where no group starts).
+    """
 
     spec: str
     choice: list[str]
@@ -120,20 +151,23 @@ class Allocation:
     rounds: list[AllocationRound] = field(default_factory=list)
     fingerprint: str = ""
     tokens: int = 0
+    cells: list[tuple[int, int, str]] = field(default_factory=list)
 
     def table(self) -> str:
         """A Markdown table of the rounds and the chosen spec per layer."""
         title = (
-            f"allocation within {self.budget:g} of {self.model_bytes:g} K/V bytes per token "
-            f"({self.objective}, chosen on {self.tokens} tokens)"
+            f"allocation within {bytes_text(self.budget)} of {bytes_text(self.model_bytes)} K/V bytes per "
+            f"token ({self.objective}, chosen on {self.tokens} tokens)"
         )
         lines = [title, "", "| round | predicted | measured | bytes/token | spec |", "|---|---|---|---|---|"]
         for i, r in enumerate(self.rounds):
             lines.append(
-                f"| {i} | {r.predicted:.4f} | {r.measured:.4f} | {r.kv_bytes_per_token:g} | `{r.spec}` |"
+                f"| {i} | {r.predicted:.4f} | {r.measured:.4f} | {bytes_text(r.kv_bytes_per_token)} | "
+                f"`{r.spec}` |"
             )
-        lines += ["", "| layer | chosen |", "|---|---|"]
-        lines += [f"| {layer} | {c} |" for layer, c in enumerate(self.choice)]
+        lines += ["", "| layers | chosen |", "|---|---|"]
+        cells = self.cells or [(layer, 1, c) for layer, c in enumerate(self.choice)]
+        lines += [f"| {layer_ranges(range(a, a + n))} | {c} |" for a, n, c in cells]
         return "\n".join(lines)
 
 
@@ -167,13 +201,163 @@ def _check_candidates(candidates: Any) -> list[str]:
                 f"candidate {parsed.text!r} is a mixed spec; candidates are uniform specs, and allocate "
                 "mixes them per layer"
             )
-        if parsed.cross is not None:
-            raise ArgumentError(
-                f"candidate {parsed.text!r} acts on groups of layers, and allocate chooses one candidate per "
-                "layer; evaluate cross-layer specs with headwidget.evaluate"
-            )
         out.append(parsed.text)
     return list(dict.fromkeys(out))
+
+
+class _Cell(NamedTuple):
+    """One span of a choice: ``length`` adjacent layers from ``start`` under ``spec`` (a per-layer spec
+    on one layer, or a cross-layer spec on one group of its ``g`` layers)."""
+
+    start: int
+    length: int
+    spec: str
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.length
+
+
+#: A choice: cells covering every layer once, in layer order.
+Choice = tuple[_Cell, ...]
+
+
+def _per_layer(choice: Choice) -> list[str]:
+    """The spec of the cell each layer is in."""
+    return [cell.spec for cell in choice for _ in range(cell.length)]
+
+
+@dataclass
+class _Candidates:
+    """Every candidate fitted once for every layer: per spec, its fits and quantizers (a cross-layer
+    candidate's fits are those of its within-layer conversion, kept under that conversion's spec too);
+    per cross-layer candidate, its group size and its within-layer spec."""
+
+    adapter: Adapter
+    specs: list[str]
+    elements: dict[int, int]
+    fits: dict[str, dict[int, LayerFit]] = field(default_factory=dict)
+    quantizers: dict[str, list[KVQuantizer]] = field(default_factory=dict)
+    group: dict[str, int] = field(default_factory=dict)
+    within: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.elements)
+
+    def options(self) -> list[_Cell]:
+        """Every cell a choice can hold: each per-layer candidate at each layer, each cross-layer
+        candidate's group at each layer where it fits; by first layer, then in the candidates' order."""
+        out = []
+        for start in range(self.num_layers):
+            for spec in self.specs:
+                length = self.group.get(spec, 1)
+                if start + length <= self.num_layers:
+                    out.append(_Cell(start, length, spec))
+        return out
+
+    def plan(self, cells: Sequence[_Cell]) -> VariantPlan:
+        """The plan of ``cells`` (the other layers left as they are), composed from the fits: the same
+        plan :func:`~headwidget.evaluation._plan.plan_variant` makes of its spec, with no fit made again."""
+        layers_of: dict[str, list[int]] = {}
+        for cell in cells:
+            layers_of.setdefault(cell.spec, []).extend(range(cell.start, cell.stop))
+        ordered = sorted(layers_of.items(), key=lambda item: min(item[1]))
+        parsed = parse_variant(";".join(f"{spec}@{layer_ranges(ls)}" for spec, ls in ordered))
+        fits: dict[int, LayerFit] = {}
+        quantizers = []
+        for spec, ls in layers_of.items():
+            fits.update({layer: self.fits[spec][layer] for layer in ls if layer in self.fits.get(spec, {})})
+            for q in self.quantizers.get(spec, []):
+                quantizers.append(replace(q, layers=[x for x in q.layers if x in ls]))
+        cross = cross_layer_parts(self.adapter, parsed, range(self.num_layers), fits)  # readers: 0 bytes
+        return VariantPlan(parsed.text, fits, [q for q in quantizers if q.layers], self.elements, cross)
+
+    def group_cell(self, cell: _Cell) -> tuple[GroupCell, VariantPlan]:
+        """The sweep's cell of one cross-layer group alone, and its plan (which shares its merge, so that
+        the plan's bytes count the retention the sweep saw)."""
+        plan = self.plan([cell])
+        layers = list(range(cell.start, cell.stop))
+        fits = {layer: plan.fits[layer] for layer in layers if layer in plan.fits}
+        return GroupCell(layers, fits, list(plan.cross.sharing), list(plan.cross.caches)), plan
+
+    def uniform(self, spec: str) -> Choice | None:
+        """A candidate on every layer as a choice (a cross-layer candidate's groups from layer 0, the last
+        layers left over under its within-layer conversion when that is a candidate; else None)."""
+        g = self.group.get(spec, 1)
+        whole = self.num_layers - self.num_layers % g
+        cells = [_Cell(start, g, spec) for start in range(0, whole, g)]
+        rest = self.within.get(spec, spec)
+        if whole < self.num_layers and rest not in self.specs:
+            return None
+        return tuple(cells + [_Cell(layer, 1, rest) for layer in range(whole, self.num_layers)])
+
+    def swapped(self, choice: Choice, cell: _Cell) -> tuple[Choice, int]:
+        """``choice`` with ``cell`` in place of what covered its layers, and the first layer that differs.
+        A group that ``cell`` cuts into keeps its other layers under its within-layer conversion (as a group
+        of one layer is left), and differs from its first layer on."""
+        out = [cell]
+        first = cell.start
+        for old in choice:
+            if old.stop <= cell.start or old.start >= cell.stop:
+                out.append(old)
+            elif old.start < cell.start or old.stop > cell.stop:
+                first = min(first, old.start)
+                spare = [x for x in range(old.start, old.stop) if not cell.start <= x < cell.stop]
+                out += [_Cell(x, 1, self.within[old.spec]) for x in spare]
+        return tuple(sorted(out)), first
+
+
+def _fit_candidates(
+    adapter: Adapter,
+    specs: list[str],
+    stats: KVStats | None,
+    layers: list[int],
+    weight_dtype: torch.dtype,
+    elements: dict[int, int],
+) -> tuple[_Candidates, dict[str, VariantPlan]]:
+    """:class:`_Candidates`, and the plans of the per-layer candidates (for the sweep's cells)."""
+    found = _Candidates(adapter, specs, elements)
+    plans = {}
+    for spec in specs:
+        parsed = parse_variant(spec)
+        assert isinstance(parsed, VariantSpec)
+        if parsed.cross is None:
+            if spec != "model":
+                plans[spec] = plan_variant(adapter, parsed, stats, layers, weight_dtype=weight_dtype)
+                found.fits[spec], found.quantizers[spec] = plans[spec].fits, plans[spec].quantizers
+            continue
+        if parsed.cross.group > len(layers):
+            raise ArgumentError(
+                f"candidate {spec!r} acts on groups of {parsed.cross.group} adjacent layers, and the model "
+                f"has {len(layers)}; give a group size of at most {len(layers)}"
+            )
+        found.group[spec] = parsed.cross.group
+        found.within[spec] = within_layer(parsed)
+        found.fits[spec], _ = fit_parts(adapter, parsed, stats, layers, weight_dtype=weight_dtype)
+        if found.within[spec] != "model":  # what a layer of a broken group keeps
+            found.fits.setdefault(found.within[spec], found.fits[spec])
+    return found, plans
+
+
+def _merges(plans: Iterable[VariantPlan]) -> list[MergedCache]:
+    return [c for plan in plans for c in plan.cross.caches if isinstance(c, MergedCache)]
+
+
+def _reset_retention(plans: Iterable[VariantPlan]) -> None:
+    for cache in _merges(plans):
+        cache.retained = {kind: [0, 0] for kind in cache.retained}
+
+
+def _sum_retention(plans: Iterable[VariantPlan], ranks: Ranks) -> None:
+    """A merge's retention over every rank's prefills (what its bytes count)."""
+    caches = _merges(plans)
+    if not caches:
+        return
+    kinds = sorted(caches[0].retained)
+    summed = iter(ranks.sum([v for c in caches for kind in kinds for v in c.retained[kind]]))
+    for cache in caches:
+        cache.retained = {kind: [round(next(summed)), round(next(summed))] for kind in kinds}
 
 
 class _Scorer:
@@ -208,9 +392,10 @@ class _Scorer:
         return totals.kl if self.objective == "kl" else totals.nll - self.model_nll
 
     def damage(self, plan: VariantPlan) -> float:
-        """One plan, full forwards."""
+        """One plan, full forwards (a merge's retention counted over them, on every rank)."""
         totals = PredictionTotals()
         self.tick.grow(len(self.batches))
+        _reset_retention([plan])
         with plan.running(self.base, prefill=prefilling(self.runner)) as variant:
             for ref, batch in zip(self.reference, self.batches, strict=True):
                 out = self.runner(variant, batch)
@@ -218,6 +403,7 @@ class _Scorer:
                 totals.add_rows(ref.values, out.values, out.targets)
                 self.tick(1)
         self.ranks.merge([totals])
+        _sum_retention([plan], self.ranks)
         return self.of(totals)
 
     def swapped(
@@ -238,93 +424,120 @@ class _Scorer:
         return self.of(whole), {key: self.of(t) for key, t in totals.items()}
 
 
-def _compose(choice: Sequence[str], plans: dict[str, VariantPlan], elements: dict[int, int]) -> VariantPlan:
-    """The plan of a per-layer choice: each layer's fit or quantizer taken from its candidate's plan."""
-    parts: dict[str, list[int]] = {}
-    for layer, spec in enumerate(choice):
-        parts.setdefault(spec, []).append(layer)
-    text = ";".join(f"{spec}@{layer_ranges(ls)}" for spec, ls in sorted(parts.items(), key=lambda x: x[1][0]))
-    text = parse_variant(text).text
-    fits = {}
-    quantizers = []
-    for spec, layers in parts.items():
-        if spec == "model":
-            continue
-        plan = plans[spec]
-        fits.update({layer: plan.fits[layer] for layer in layers if layer in plan.fits})
-        quantizers += [replace(q, layers=[x for x in q.layers if x in layers]) for q in plan.quantizers]
-    return VariantPlan(text, fits, [q for q in quantizers if q.layers], elements)
+#: The span solver reads bytes per token rounded up to a multiple of 1/BYTE_GRID (a merge's retained
+#: share and xKV's basis over P tokens make arbitrary fractions, too fine for its exact units).
+BYTE_GRID = 8
+
+
+def _on_grid(value: float) -> float:
+    """``value`` rounded up to a multiple of ``1/BYTE_GRID`` (itself when it is one)."""
+    return math.ceil(value * BYTE_GRID) / BYTE_GRID
+
+
+#: Relative slack on a measured allocation's bytes against its budget (float sums of byte counts).
+_BYTES_SLACK = 1e-12
 
 
 @dataclass
 class _Search:
-    """Steps 2 and 3 of the module docstring for one budget, from the sweep's per-layer ``damage``."""
+    """Steps 2 and 3 of the module docstring for one budget, from the sweep's damage of every cell."""
 
-    specs: list[str]
-    plans: dict[str, VariantPlan]
-    elements: dict[int, int]
-    layer_bytes: dict[str, list[float]]
-    damage: dict[str, list[float]]
+    candidates: _Candidates
+    damage: dict[_Cell, float]
+    cost: dict[_Cell, float]
     scorer: _Scorer
     dtype: torch.dtype
+    prefill: int | None
 
-    def solve(self, costs: dict[str, list[float]], limit: float) -> tuple[list[str], float]:
-        """The knapsack's choice per layer and its predicted (summed) damage."""
-        layers = range(len(self.elements))
-        picked = choose_per_layer(
-            [[costs[s][layer] for s in self.specs] for layer in layers],
-            [[self.layer_bytes[s][layer] for s in self.specs] for layer in layers],
-            limit,
-        )
-        choice = [self.specs[i] for i in picked]
-        return choice, math.fsum(costs[c][layer] for layer, c in enumerate(choice))
+    @property
+    def grouped(self) -> bool:
+        """Whether any cell is a cross-layer group (the span solver then chooses)."""
+        return any(cell.length > 1 for cell in self.cost)
 
-    def plan(self, choice: Sequence[str]) -> VariantPlan:
-        return _compose(choice, self.plans, self.elements)
+    def solver_cost(self, cell: _Cell) -> float:
+        """The bytes the solver reads: the cell's own, on the span solver's grid when it chooses."""
+        return _on_grid(self.cost[cell]) if self.grouped else self.cost[cell]
 
-    def measured(
-        self, choice: Sequence[str], predicted: float, damage: float | None = None
-    ) -> AllocationRound:
-        plan = self.plan(choice)
-        damage = self.scorer.damage(plan) if damage is None else damage
-        return AllocationRound(plan.spec, predicted, damage, plan.kv_bytes_per_token(self.dtype))
-
-    def within(self, limit: float, refine: int) -> tuple[AllocationRound, list[str], list[AllocationRound]]:
-        """The best measured round within ``limit`` bytes, its choice, and every round."""
-        num_layers = len(self.elements)
-        choice, predicted = self.solve(self.damage, limit)
-        rounds = [self.measured(choice, predicted)]
-        best, best_choice = rounds[0], choice
-        for (
-            s
-        ) in self.specs:  # a uniform candidate within the budget that measures better is the start instead
-            uniform = [s] * num_layers
-            if uniform == choice or math.fsum(self.layer_bytes[s]) > limit:
-                continue
-            candidate = self.measured(uniform, math.fsum(self.damage[s]))
-            if candidate.measured < best.measured:
-                best, best_choice = candidate, uniform
-                rounds.append(candidate)
-        for _ in range(refine):
-            swaps = {
-                (layer, s): (layer, self.plan(_swap(best_choice, layer, s)))
-                for layer in range(num_layers)
-                for s in self.specs
-                if s != best_choice[layer]
-            }
-            current, swept = self.scorer.swapped(self.plan(best_choice), swaps)
-            costs: dict[str, list[float]] = {s: [0.0] * num_layers for s in self.specs}
-            for (layer, s), value in swept.items():
-                costs[s][layer] = value - current
-            choice, predicted = self.solve(costs, limit)
-            rounds.append(
-                self.measured(choice, current + predicted, current if choice == best_choice else None)
+    def solve(self, costs: dict[_Cell, float], limit: float) -> tuple[Choice, float]:
+        """The exact least-damage choice within ``limit`` bytes and its predicted (summed) damage: the
+        per-layer knapsack when every cell is one layer, else the span solver."""
+        options = self.candidates.options()
+        if not self.grouped:
+            specs, layers = self.candidates.specs, range(self.candidates.num_layers)
+            picked = choose_per_layer(
+                [[costs[_Cell(layer, 1, s)] for s in specs] for layer in layers],
+                [[self.cost[_Cell(layer, 1, s)] for s in specs] for layer in layers],
+                limit,
             )
-            if rounds[-1].measured < best.measured:
-                best, best_choice = rounds[-1], choice
-            else:
-                break  # no better spec found: another round would solve the same costs
-        return best, best_choice, rounds
+            choice = tuple(_Cell(layer, 1, specs[i]) for layer, i in enumerate(picked))
+        else:
+            spans = [Span(c.start, c.length, costs[c], self.solver_cost(c)) for c in options]
+            choice = tuple(options[i] for i in choose_spans(spans, self.candidates.num_layers, limit))
+        return choice, math.fsum(costs[cell] for cell in choice)
+
+    def measured(self, choice: Choice, predicted: float) -> AllocationRound:
+        plan = self.candidates.plan(choice)
+        damage = self.scorer.damage(plan)
+        return AllocationRound(
+            plan.spec, predicted, damage, plan.kv_bytes_per_token(self.dtype, self.prefill)
+        )
+
+    def within(self, limit: float, refine: int) -> tuple[AllocationRound, Choice, list[AllocationRound]]:
+        """The best measured round within ``limit`` bytes, its choice, and every round."""
+        tried: list[tuple[AllocationRound, Choice]] = []
+
+        def fits(r: AllocationRound) -> bool:
+            return r.kv_bytes_per_token <= limit * (1 + _BYTES_SLACK)
+
+        least = cheapest_spans(
+            [Span(c.start, c.length, 0.0, self.solver_cost(c)) for c in self.cost], self.candidates.num_layers
+        )
+        lowered = limit
+        for _ in range(_RESOLVES):  # a merge may retain more than in its sweep: solved again below the budget
+            choice, predicted = self.solve(self.damage, lowered)
+            tried.append((self.measured(choice, predicted), choice))
+            excess = tried[-1][0].kv_bytes_per_token - limit
+            if fits(tried[-1][0]) or lowered - excess < least:
+                break
+            lowered -= excess
+        best = next(((r, c) for r, c in tried if fits(r)), None)
+        for spec in self.candidates.specs:  # a uniform candidate within the budget that measures better
+            uniform = self.candidates.uniform(spec)
+            if uniform is None or any(uniform == c for _, c in tried):
+                continue
+            if math.fsum(self.cost[cell] for cell in uniform) > limit:
+                continue
+            candidate = self.measured(uniform, math.fsum(self.damage[cell] for cell in uniform))
+            if fits(candidate) and (best is None or candidate.measured < best[0].measured):
+                best = candidate, uniform
+                tried.append(best)
+        if best is None:  # every measured choice over the budget (merges): the one over it least
+            best = min(tried, key=lambda rc: rc[0].kv_bytes_per_token)
+            refine = 0
+        for _ in range(refine):
+            current_choice = best[1]
+            options = self.candidates.options()
+            swaps = {}
+            for cell in options:
+                if cell not in current_choice:
+                    swapped, first = self.candidates.swapped(current_choice, cell)
+                    swaps[cell] = (first, self.candidates.plan(swapped))
+            current, swept = self.scorer.swapped(self.candidates.plan(current_choice), swaps)
+            costs = {cell: swept[cell] - current if cell in swept else 0.0 for cell in options}
+            choice, predicted = self.solve(costs, limit)
+            if choice == current_choice:  # no better spec found: another round would solve the same costs
+                tried.append((replace(best[0], predicted=current + predicted, measured=current), choice))
+                break
+            tried.append((self.measured(choice, current + predicted), choice))
+            if not (fits(tried[-1][0]) and tried[-1][0].measured < best[0].measured):
+                break
+            best = tried[-1]
+        return best[0], best[1], [r for r, _ in tried]
+
+
+#: Solves of one budget when a measured allocation's bytes exceed it (a merge retaining more than in the
+#: sweep): each solves again with the budget lowered by the excess.
+_RESOLVES = 4
 
 
 def forward_working_bytes(model: nn.Module, rows: int, length: int, dtype_bytes: int, *, scores: bool) -> int:
@@ -531,13 +744,6 @@ def estimate_allocation(
     return AllocationMemory.of(model, specs, shapes, dtype=dtype).total
 
 
-def _swap(choice: Sequence[str], layer: int, spec: str) -> list[str]:
-    """``choice`` with ``layer``'s candidate replaced by ``spec``."""
-    out = list(choice)
-    out[layer] = spec
-    return out
-
-
 def allocate(model: nn.Module, texts: Any, *, budget: float | int, **options: Any) -> Allocation:
     """Choose a candidate per layer within ``budget`` K/V bytes per token (see the module docstring).
 
@@ -582,12 +788,14 @@ def allocate_frontier(
             the allocation is then evaluated on.
         budgets: each a float in (0, 1]: a fraction of the model's own K/V bytes per token in ``dtype``,
             or an int: bytes per token.
-        candidates: uniform variant specs (``model`` included for "leave this layer as it is").
+        candidates: uniform variant specs (``model`` included for "leave this layer as it is"), per-layer
+            ones and cross-layer ones (``share:g``, ``mqa+share:2``; under ``prefill:P`` also ``merge:2``
+            and ``xkv:r/g``), each chosen for whole groups of its ``g`` adjacent layers.
         stats: statistics of ``model`` for the candidates that need them (``+align``, data-aware
             LRKV/MLA, ``kv:cq``), as :func:`~headwidget.evaluation.evaluate` takes them.
         objective: ``"kl"`` (mean KL(model ‖ variant) per predicted token) or ``"nll"`` (ΔNLL).
-        refine: refine rounds after the first solve (each: a sweep of every other candidate at every
-            layer, with the current allocation elsewhere).
+        refine: refine rounds after the first solve (each: a sweep of every other cell — a candidate at a
+            layer, or a cross-layer candidate's group — with the current allocation elsewhere).
         dtype, batch_size, max_length, max_tokens, protocol: as for :func:`~headwidget.evaluation.evaluate`
             (choose with the protocol you will evaluate with).
         distributed: share the sweeps and measures over the ranks of ``torch.distributed``, as
@@ -598,10 +806,12 @@ def allocate_frontier(
         progress: show a progress bar (in forwards; each measure and refine round adds to its total).
 
     Raises:
-        BudgetError: a budget below the cheapest candidate at every layer (the message gives the least).
+        BudgetError: a budget below the cheapest candidate at every layer or group (the message gives the
+            least).
         ArgumentError: a budget or ``candidates`` of the wrong type, a mixed spec as a candidate, an
-            unknown objective, a ``refine`` that is not a whole number in 0..16.
-        MemoryBudgetError: the estimate is over ``max_memory``.
+            unknown objective, a ``refine`` that is not a whole number in 0..16, candidates whose groups
+            cannot cover every layer (no per-layer candidate), a group larger than the model.
+        UnsupportedConversionError: a ``merge``/``xkv`` candidate under a protocol without a prefill.
         And what :func:`~headwidget.evaluation.evaluate` raises for a candidate the model cannot take.
     """
     if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Iterable):
@@ -623,6 +833,8 @@ def allocate_frontier(
         adapter, specs, stats, None, False, dtype, batch_size, max_length, max_tokens, False
     )
     reading = parse_protocol(protocol)
+    if reading.prefill is None:
+        refuse_cache_transforms([parse_variant(s) for s in specs], reading.text)
     runner = runner_for(model, reading)
     if runner.kind != "causal-lm":
         raise ArgumentError(
@@ -648,19 +860,29 @@ def allocate_frontier(
     check_allocation_budget(AllocationMemory.of(model, specs, _shapes(batches), dtype=dtype), max_memory)
     base = _working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
-    plans = {
-        s: plan_variant(adapter, parse_variant(s), stats, layers, weight_dtype=weight_dtype)
-        for s in specs
-        if s != "model"
-    }
     model_plan = plan_variant(adapter, parse_variant("model"), None, layers)
-    elements = model_plan.layer_elements
-    layer_bytes = {s: (plans[s] if s != "model" else model_plan).layer_bytes(dtype) for s in specs}
+    fitted, plans = _fit_candidates(adapter, specs, stats, layers, weight_dtype, model_plan.layer_elements)
+    options = fitted.options()
+    groups = {cell: fitted.group_cell(cell) for cell in options if cell.length > 1}
     model_bytes = math.fsum(model_plan.layer_bytes(dtype))
+    per_layer = {
+        s: (plans[s] if s != "model" else model_plan).layer_bytes(dtype) for s in plans.keys() | {"model"}
+    }
+
+    def cell_bytes(cell: _Cell) -> float:
+        if cell.length == 1:
+            return per_layer[cell.spec][cell.start]
+        plan = groups[cell][1]
+        return math.fsum(plan.layer_bytes(dtype, reading.prefill)[cell.start : cell.stop])
+
     limits = [_budget_bytes(b, model_bytes) for b in budgets]
-    for limit in limits:  # every budget checked before any forward
-        check_budget([[layer_bytes[s][layer] for s in specs] for layer in layers], limit)
-    cells = {s: {layer: plan.cell(layer) for layer in layers} for s, plan in plans.items()}
+    grid = _on_grid if len(groups) else float  # the span solver's bytes (module docstring)
+    _check_cover(fitted, [Span(c.start, c.length, 0.0, grid(cell_bytes(c))) for c in options], limits)
+    cells: dict[str, dict[int, LayerFit | KVQuantizer | GroupCell | None]] = {
+        s: {layer: plan.cell(layer) for layer in layers} for s, plan in plans.items()
+    }
+    for cell, (group, _) in groups.items():
+        cells.setdefault(cell.spec, {})[cell.start] = group
     tick = Progress(
         len(batches) * (2 + sum(c is not None for row in cells.values() for c in row.values())),
         progress,
@@ -677,9 +899,11 @@ def allocate_frontier(
             ranks=ranks,
             measure="kl" if objective == "kl" else "delta_nll",
         )
-        damage = {s: [0.0] * num_layers if s == "model" else swept[s] for s in specs}
+        _sum_retention([plan for _, plan in groups.values()], ranks)  # the sweep's merges: their bytes
+        damage = {cell: 0.0 if cell.spec == "model" else swept[cell.spec][cell.start] for cell in options}
+        cost = {cell: cell_bytes(cell) for cell in options}
         scorer = _Scorer(base, batches, runner, objective, tick, ranks)
-        search = _Search(specs, plans, elements, layer_bytes, damage, scorer, dtype)
+        search = _Search(fitted, damage, cost, scorer, dtype, reading.prefill)
         found = [search.within(limit, refine) for limit in limits]
     finally:
         tick.close()
@@ -688,21 +912,50 @@ def allocate_frontier(
     tokens = predicted_count(every)
     out = []
     for limit, (best, best_choice, rounds) in zip(limits, found, strict=True):
-        remember(best_choice, tokens_seen, pieces)
+        chosen = per_layer_specs(best.spec, num_layers)
+        assert chosen is not None
+        remember(chosen, tokens_seen, pieces)
         out.append(
             Allocation(
                 spec=best.spec,
-                choice=best_choice,
+                choice=_per_layer(best_choice),
                 kv_bytes_per_token=best.kv_bytes_per_token,
                 budget=limit,
                 model_bytes=model_bytes,
                 objective=objective,
                 candidates=specs,
-                damage=damage,
-                layer_bytes=layer_bytes,
+                damage=_by_start(damage, specs, num_layers),
+                layer_bytes=_by_start(cost, specs, num_layers),
                 rounds=rounds,
                 fingerprint=tokens_seen,
                 tokens=tokens,
+                cells=[(cell.start, cell.length, cell.spec) for cell in best_choice],
             )
         )
     return out
+
+
+def _by_start(values: dict[_Cell, float], specs: list[str], num_layers: int) -> dict[str, list[float]]:
+    """Per candidate, per layer: the value of its cell that starts there (NaN where none does)."""
+    out = {s: [math.nan] * num_layers for s in specs}
+    for cell, value in values.items():
+        out[cell.spec][cell.start] = value
+    return out
+
+
+def _check_cover(candidates: _Candidates, spans: list[Span], limits: list[float]) -> None:
+    """Refuse candidates that cannot cover every layer, and a budget below the cheapest cover (a merge
+    counted with nothing retained, its least), before any forward."""
+    try:
+        least = cheapest_spans(spans, candidates.num_layers)
+    except ValueError:
+        raise ArgumentError(
+            f"the candidates {candidates.specs} cannot cover all {candidates.num_layers} layers (their "
+            "groups leave a layer over); add a per-layer candidate such as 'model'"
+        ) from None
+    for limit in limits:
+        if limit < least:
+            raise BudgetError(
+                f"a budget of {limit:g} bytes per token is below the cheapest choice, {least:g} (the "
+                "cheapest candidate at every layer or group); raise the budget or add a cheaper candidate"
+            )

@@ -180,6 +180,10 @@ class MergedCache:
             prefilled.set(first, rk1, rv1)
             prefilled.set(second, rk2, rv2)
 
+    def only(self, groups: list[list[int]]) -> MergedCache:
+        """The same merge on ``groups`` only (retention counted afresh)."""
+        return MergedCache(self.spec, groups, self.shapes)
+
     def retained_share(self) -> dict[str, float]:
         """The share of merged (head, token) states kept unmerged so far, per kind (0 before any)."""
         return {kind: kept / total if total else 0.0 for kind, (kept, total) in self.retained.items()}
@@ -217,6 +221,10 @@ class SharedSVDCache:
             values = shared_svd([v for _, v in pairs], self.rank)
             for layer, k, v in zip(group, keys, values, strict=True):
                 prefilled.set(layer, prefilled.keys_after_rope(k), v)
+
+    def only(self, groups: list[list[int]]) -> SharedSVDCache:
+        """The same shared SVD on ``groups`` only."""
+        return SharedSVDCache(self.spec, groups, self.rank, self.shapes)
 
     def layer_elements(self, layer: int, prefill: int | None) -> float:
         """Cached elements per token of ``layer``: its share of the group's token factor and, over a

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from headwidget.analysis.cross_layer import layer_groups, within_layer
 from headwidget.analysis.variants import MixedSpec, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.evaluation.measures import predicted_positions
@@ -243,20 +244,34 @@ def per_layer_specs(
     spec: str, num_layers: int, layers: Sequence[int] | None = None
 ) -> tuple[str, ...] | None:
     """What ``spec`` does to each of ``num_layers`` layers (a uniform spec applied to ``layers``, None:
-    every layer), as canonical uniform specs; None when it names a layer the model does not have.
+    every layer), as canonical uniform specs; None when it names a layer the model does not have. A layer
+    of a cross-layer group has its part's spec (the grouping follows from the parts' layers); a layer
+    left alone in its group has what it keeps (:func:`~headwidget.analysis.cross_layer.within_layer`), so
+    ``share:2@0-2`` and ``share:2@0-1`` on three layers are one spec.
 
     >>> per_layer_specs("KV:INT4", 2), per_layer_specs("kv:int4@1;mqa@0", 3)
     (('kv:int4', 'kv:int4'), ('mqa', 'kv:int4', 'model'))
     >>> per_layer_specs("mqa", 3, layers=[2]), per_layer_specs("mqa@5", 3)
     (('model', 'model', 'mqa'), None)
+    >>> per_layer_specs("mqa+share:2", 3), per_layer_specs("share:2@0-2", 3)
+    (('mqa+share:2', 'mqa+share:2', 'mqa'), ('share:2', 'share:2', 'model'))
     """
     parsed = parse_variant(spec)
     if isinstance(parsed, MixedSpec):
         if any(layer >= num_layers for layer in parsed.layers):
             return None
-        return tuple(parsed.spec_at(layer).text for layer in range(num_layers))
-    on = set(range(num_layers) if layers is None else layers)
-    return tuple(parsed.text if layer in on else "model" for layer in range(num_layers))
+        parts = list(parsed.parts)
+    else:
+        on = range(num_layers) if layers is None else sorted({x for x in layers if x < num_layers})
+        parts = [(parsed, tuple(on))]
+    out = ["model"] * num_layers
+    for part, part_layers in parts:
+        alone: set[int] = set()
+        if part.cross is not None:
+            alone = {g[0] for g in layer_groups(part_layers, part.cross.group) if len(g) == 1}
+        for layer in part_layers:
+            out[layer] = within_layer(part) if layer in alone else part.text
+    return tuple(out)
 
 
 @dataclass(frozen=True)

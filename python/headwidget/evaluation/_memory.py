@@ -11,14 +11,18 @@ An upper bound for batches of ``batch_size × max_length`` tokens (of windows of
 - ``variant``: one converted copy at a time, whose converted layers' attention modules (and the modules
   holding their head projections) are its own;
 - ``forward``: one forward pass (:func:`~headwidget.capture.memory.forward_bytes`: one layer's
-  activations; under ``prefill:P`` the batch's K/V cache as well), the logits of its predicted rows
+  activations), the logits of its predicted rows
   (the head computes no others: :func:`predicted_rows` of ``vocab``) for the variant and for the
   original beside it, a second copy of
   the variant's while a model rescales its head's output (``final_logit_softcapping``,
   ``logit_scale``, ``logits_scaling``), and the measures' work on one chunk of rows
   (:func:`~headwidget.evaluation.measures.measure_work_bytes`; a quantizer adds its fake-quantized
   K/V of one layer);
-- ``sweep`` (``per_layer``): one batch's recorded block outputs of every layer.
+- ``sweep`` (``per_layer``): one batch's recorded block outputs of every layer;
+- ``cache`` (``prefill:P``): the KV cache a prefill builds and the scored forward extends, every layer
+  at ``max_length`` tokens (in the model's own KV heads, or its attention heads for an ``mha``
+  variant), one layer's copy while the scored forward appends to it, and, for ``merge``/``xkv``
+  parts, their work on one group of the prefill's tokens.
 
 What adapts to the budget instead of being counted: the original's predicted-position logits are kept
 between variants only while they fit in what the budget leaves (else recomputed per variant), and the
@@ -39,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -56,7 +61,7 @@ from headwidget.capture.memory import (
 )
 from headwidget.errors import MemoryBudgetError
 from headwidget.evaluation._inputs import Protocol, parse_protocol
-from headwidget.evaluation._model_facts import converted_modules
+from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements
 from headwidget.evaluation.measures import measure_work_bytes
 
 __all__ = ["EvaluationMemory", "check_evaluation_budget", "estimate_evaluation"]
@@ -118,6 +123,20 @@ def predicted_rows(protocol: Protocol, batch_size: int, length: int) -> int:
     return min(every, length - 1 + (batch_size - 1) * protocol.stride)
 
 
+def _cache_bytes(
+    adapter: Adapter, variants: Sequence[Variant], rows: int, length: int, prefill: int, b: int
+) -> int:
+    """The ``cache`` part of the module docstring: ``rows × length`` tokens in ``b`` bytes."""
+    lay = adapter.layout()
+    parts = [p for v in variants for p in uniform_parts(v)]
+    widen = lay.num_heads / lay.num_kv_heads if any(p.mechanism == "mha" for p in parts) else 1.0
+    per_layer = [math.ceil(widen * layer_kv_elements(adapter, i)) for i in range(lay.num_layers)]
+    cache = rows * length * (sum(per_layer) + max(per_layer)) * b
+    groups = [p.cross.group for p in parts if p.cross is not None and p.cross.cache_transform]
+    work = 6 * max(groups) * rows * prefill * max(per_layer) * max(b, 4) if groups else 0
+    return cache + work
+
+
 def _vocab(model: nn.Module) -> int:
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
@@ -175,14 +194,14 @@ class EvaluationMemory:
         shape = ForwardShape.of(model, lay, adapter.mlp_width())
         shape = ForwardShape(**{**shape.__dict__, "dtype_bytes": b})
         forward = forward_bytes(shape, batch_size, length) + logits + measures
-        if protocol.prefill is not None:  # a batch's K/V cache: the prefill's and the scored tokens'
-            forward += tokens * lay.num_layers * lay.num_kv_heads * (lay.head_dim + lay.value_head_dim) * b
         if any(p.quantizer for v in variants for p in uniform_parts(v)):
             forward += 4 * tokens * (lay.num_kv_heads * (lay.head_dim + lay.value_head_dim)) * max(b, 4)
         variant = _converted_bytes(model, adapter, layers, dtype) if converted else 0
         parts = {"copy": copy, "fits": fits, "variant": variant, "forward": forward}
         if per_layer:
             parts["sweep"] = tokens * lay.hidden_size * lay.num_layers * b
+        if protocol.prefill is not None:
+            parts["cache"] = _cache_bytes(adapter, variants, batch_size, length, protocol.prefill, b)
         device = next(model.parameters()).device
         window = f"the {protocol.text} window"
         sizes = f"batch_size or {'max_length' if protocol.window is None else window}"
@@ -231,7 +250,8 @@ def estimate_evaluation(
 ) -> int:
     """Peak bytes :func:`~headwidget.evaluation.evaluate` with these arguments may allocate on the model's
     device (the bound it checks against ``max_memory``; see the module docstring). Under ``chunks:W`` and
-    ``stride:W/S`` a sequence is a window of W tokens (``max_length`` is not read).
+    ``stride:W/S`` a sequence is a window of W tokens (``max_length`` is not read); ``prefill:P`` adds the
+    KV cache.
 
     >>> import torch
     >>> from transformers import GPT2Config, GPT2LMHeadModel

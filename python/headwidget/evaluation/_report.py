@@ -49,7 +49,7 @@ from headwidget.evaluation._report_file import (
 )
 from headwidget.files import atomic_write
 
-__all__ = ["EvaluationReport"]
+__all__ = ["EvaluationReport", "bytes_text"]
 
 
 @dataclass
@@ -181,7 +181,7 @@ class EvaluationReport:
             body = [
                 [
                     v,
-                    str(self.kv_bytes_per_token[v]),
+                    bytes_text(self.kv_bytes_per_token[v]),
                     f"{m['nll']:.4f}",
                     f"{m['perplexity']:.3f}",
                     f"{m['nll'] - base:+.4f}",
@@ -195,7 +195,7 @@ class EvaluationReport:
             body = [
                 [
                     v,
-                    str(self.kv_bytes_per_token[v]),
+                    bytes_text(self.kv_bytes_per_token[v]),
                     f"{self.measures[v]['hidden_rel_error']:.5f}",
                     f"{self.measures[v]['embedding_cosine']:.6f}",
                 ]
@@ -297,6 +297,25 @@ class EvaluationReport:
                 and the field (``measures["mqa"]["kl"]``, ``per_layer["mqa"]``...).
         """
         return cls(**read_report(cls, Path(path)))
+
+
+def bytes_text(value: float) -> str:
+    """A byte count for a table: whole counts as integers (float sums that land within a rounding error
+    of one too), fractional ones to two decimals, trailing zeros dropped.
+
+    >>> bytes_text(512), bytes_text(288.00000000000006), bytes_text(160.33333333333334), bytes_text(76.5)
+    ('512', '288', '160.33', '76.5')
+    >>> bytes_text(1e-3), bytes_text(math.nan)
+    ('0.001', 'nan')
+    """
+    if not math.isfinite(value):
+        return str(value)
+    nearest = round(value)
+    if abs(value - nearest) <= 1e-9 * max(1.0, abs(value)):
+        return str(int(nearest))
+    if abs(value) < 0.01:
+        return f"{value:.3g}"
+    return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
 def _row(cells: list[str]) -> str:

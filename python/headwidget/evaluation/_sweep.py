@@ -27,8 +27,9 @@ predicted tokens (language models), or the last hidden state's relative error (e
 :func:`swap_sweep` is the same idea around a variant instead of the original: every plan it measures
 equals a ``current`` plan (a mixed spec) on the layers before its own layer ``ℓ``, so the current plan's
 output of layer ``ℓ − 1`` is recorded once per batch and replayed, and each plan runs layers ``ℓ..L−1``
-only. It gives each plan's prediction totals against the original's outputs (given): KL(original ‖
-plan), NLL, top-1, as :func:`~headwidget.evaluation.allocate` refines on.
+only, its cross-layer groups there included (``share`` readers, ``merge``/``xkv`` transforms; a group
+may not straddle ``ℓ``). It gives each plan's prediction totals against the original's outputs (given):
+KL(original ‖ plan), NLL, top-1, as :func:`~headwidget.evaluation.allocate` refines on.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_
 from headwidget.evaluation._plan import GroupCell, VariantPlan
 from headwidget.evaluation._prefill import PrefillRunner
 from headwidget.evaluation._quantize import KVQuantizer
+from headwidget.evaluation._sharing import SharedKV
 from headwidget.evaluation.measures import PredictionTotals, chunk_rows, work_dtype
 
 __all__ = ["RECORD_BUDGET", "layer_sweep", "swap_sweep"]
@@ -304,19 +306,34 @@ K = TypeVar("K", bound=Hashable)
 
 @contextmanager
 def _running_from(plan: VariantPlan, base: nn.Module, layer: int, *, prefill: bool) -> Iterator[nn.Module]:
-    """``plan`` on ``base`` for layers ``layer..L−1`` only (the earlier ones are replayed, so their fits
-    and quantizers are left out: a quantizer checks that every layer it holds ran). Plans of uniform
-    per-layer candidates only (no cross-layer parts)."""
+    """``plan`` on ``base`` for layers ``layer..L−1`` only (the earlier ones are replayed, so their fits,
+    quantizers and cross-layer groups are left out: a quantizer or a group checks that every layer it
+    holds ran). A cross-layer group may not straddle ``layer``."""
     fits = {ell: fit for ell, fit in plan.fits.items() if ell >= layer}
     variant = build_variant(base, plan.spec, fits, share=True) if fits else shared_copy(base)
+
+    def later(groups: list[list[int]], spec: str) -> list[list[int]]:
+        kept = [g for g in groups if len(g) > 1 and g[-1] >= layer]
+        if any(g[0] < layer for g in kept):
+            raise ValueError(f"{spec}: a group of {plan.spec} straddles layer {layer}, where the replay ends")
+        return kept
+
     with ExitStack() as stack:
+        for shared in plan.cross.sharing:
+            groups = later(shared.groups, shared.spec)
+            if groups:
+                stack.enter_context(SharedKV(shared.spec, groups).active(variant))
         transforms: list[CacheTransform] = []
+        for cache in plan.cross.caches:
+            groups = later(cache.groups, cache.spec)
+            if groups:
+                transforms.append(cache.only(groups))
         for quantizer in plan.quantizers:
-            later = [ell for ell in quantizer.layers if ell >= layer]
-            if later and prefill:
-                transforms.append(QuantizedCache(quantizer, later))
-            elif later:
-                stack.enter_context(quantizer.active(variant, later))
+            later_layers = [ell for ell in quantizer.layers if ell >= layer]
+            if later_layers and prefill:
+                transforms.append(QuantizedCache(quantizer, later_layers))
+            elif later_layers:
+                stack.enter_context(quantizer.active(variant, later_layers))
         stack.enter_context(transforming_prefill(variant, transforms))
         yield variant
 
