@@ -44,35 +44,31 @@ class _Shape:
 
 
 class _Arena:
-    """Typed views, 64-byte aligned, of one block of bytes per CPU device, sized by a first pass that
-    only counts (``sizes=None``: meta tensors). Buffers on other devices are allocated one by one.
+    """Buffers of a capture: on the CPU typed views, 64-byte aligned, of one block of bytes per device,
+    sized by a first pass that only counts (``sizes=None``: meta tensors); on other devices one
+    allocation per buffer.
 
-    On the CPU, the allocator places blocks below its mmap threshold (tens of MB) in the heap it shares
-    with the model's own tensors; one large block keeps a capture's buffers out of it, so that the
-    forward's tensors come and go from the heap as in a plain forward (where they may be returned to
-    the system and faulted in again, a cost that depends on what else lives in the heap).
+    On the CPU the allocator places blocks below its mmap threshold (up to 32 MB with glibc) in the
+    heap it shares with the model's own tensors, which it may return to the system and fault in again
+    as they come and go; a capture's buffers held in a few large blocks leave that heap to the model
+    as in a plain forward.
     """
 
     ALIGN = 64
 
     def __init__(self, sizes: dict[torch.device, int] | None = None) -> None:
-        self.blocks: dict[torch.device, torch.Tensor] | None = None
-        if sizes is not None:
-            self.blocks = {d: torch.empty(n, dtype=torch.uint8, device=d) for d, n in sizes.items()}
+        self.counting = sizes is None
+        self.blocks = {d: torch.empty(n, dtype=torch.uint8, device=d) for d, n in (sizes or {}).items()}
         self.used: dict[torch.device, int] = {}
 
     def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if self.blocks is None:
-            if device.type == "cpu":
-                nbytes = math.prod(shape) * dtype.itemsize
-                start = self.used.get(device, 0)
-                self.used[device] = start + -(-nbytes // self.ALIGN) * self.ALIGN
-            return torch.empty(shape, dtype=dtype, device="meta")
         if device.type != "cpu":
-            return torch.empty(shape, dtype=dtype, device=device)
+            return torch.empty(shape, dtype=dtype, device="meta" if self.counting else device)
         nbytes = math.prod(shape) * dtype.itemsize
         start = self.used.get(device, 0)
         self.used[device] = start + -(-nbytes // self.ALIGN) * self.ALIGN
+        if self.counting:
+            return torch.empty(shape, dtype=dtype, device="meta")
         return self.blocks[device][start : start + nbytes].view(dtype).view(shape)
 
 
@@ -83,8 +79,11 @@ class StagedFolds:
         self.plan = plan
         self.rows = rows
         kept, scratch = _Arena(), _Arena()
+        if any(s.device.type == "cpu" for s in [*shapes, *plan.cross_shapes().values()]):
+            self._build(shapes, kept, scratch)  # counts what the CPU's two blocks must hold
+            kept, scratch = _Arena(kept.used), _Arena(scratch.used)
+        kept.counting = scratch.counting = False
         self._build(shapes, kept, scratch)
-        self._build(shapes, _Arena(kept.used), _Arena(scratch.used))
 
     def _build(self, shapes: list[FoldShape], kept: _Arena, scratch: _Arena) -> None:
         """Make every buffer: the accumulators from ``kept`` (they outlive the capture, in the returned
@@ -108,7 +107,7 @@ class StagedFolds:
                 self.groups.append(_Group(group, stack))
                 for i, entry in enumerate(group.entries()):
                     self.slots[entry] = (index, i)
-                    if samples and kept.blocks is not None:
+                    if samples and not kept.counting:
                         self.reservoirs[entry] = torch.empty(
                             samples, shape.channels, dtype=torch.float32, device=shape.device
                         )

@@ -69,7 +69,7 @@ class FoldShape:
         """Bytes of the staging buffer and the fold buffers for groups of ``layers`` layers (default:
         :attr:`group_layers`) and ``rows`` rows."""
         entries = len(self.kinds) * (self.group_layers if layers is None else layers)
-        element = torch.empty((), dtype=self.dtype).element_size()
+        element = self.dtype.itemsize
         staged = entries * rows * self.channels * element
         return staged + FoldWork.nbytes(entries, rows, self.channels, self.head_dim, element, self.mode)
 

@@ -2,9 +2,11 @@
 
 The hooks record the key/value projection outputs (and, on request, the attention input and post-RoPE
 keys; with the attention input of a RoPE model also the queries) of each captured layer, select the
-non-padding tokens, and fold them into float64 moments (and the queries' and keys' rotary-pair norm
-sums) on that layer's device. The forward pass stops after the last captured layer's attention, so the
-rest of the network (and the LM head) is never computed.
+non-padding tokens and stage them, on that layer's device; once the last layer of a group has run,
+the staged rows of all its layers and kinds are folded into float64 moments in one set of batched
+calls (:mod:`headwidget.capture.folds`; the groups and what they hold: :mod:`headwidget.capture.plan`).
+The queries' and keys' rotary-pair norm sums are folded layer by layer. The forward pass stops after
+the last captured layer's attention, so the rest of the network (and the LM head) is never computed.
 
 Nothing is changed in the model: hooks are removed on normal exit, on exceptions and on
 KeyboardInterrupt, training flags are never touched, and the computation of every layer is the
@@ -358,9 +360,10 @@ def capture(
             RoPE (``rope:r``) ranks the pairs by.
         cross_layer: layers (or ``True`` for all captured) whose heads get joint statistics, needed
             to compare heads of different layers.
-        max_memory: bytes the capture may allocate per device — statistics, one batch's working
-            memory and the forward pass's activations, as :func:`estimate` counts them (default:
-            half the free memory).
+        max_memory: bytes the capture may allocate per device — statistics, staging and fold buffers,
+            one batch's working memory and the forward pass's activations, as :func:`estimate` counts
+            them (default: half the free memory). Where the default groups of layers do not fit, fewer
+            layers are staged and folded at a time.
         samples: keep a uniform random sample of this many real token rows (float32) of every
             captured (layer, kind), on the layer's device: :meth:`KVStats.samples
             <headwidget.stats.KVStats.samples>`. The same tokens for every (layer, kind); exactly the
@@ -541,11 +544,13 @@ def estimate(
 ) -> int:
     """Peak bytes a :func:`capture` with these options allocates (all devices together).
 
-    An upper bound for batches of ``batch_size × max_length`` tokens (every input is cut to that):
-    the float64 statistics, the working memory of folding one batch into them, and the model's
-    forward activations up to the last captured layer (see :mod:`headwidget.capture.memory`), and
-    with ``samples=R`` the float32 reservoir of ``R`` rows per captured (layer, kind), the rows one
-    batch writes into it and the reservoir's keys on the CPU. The model's weights are not included.
+    For batches of ``batch_size × max_length`` tokens (every input is cut to that): the float64
+    statistics, the buffers the rows are staged and folded in, one kind's rows on their way into
+    staging, and the model's forward activations up to the last captured layer (see
+    :mod:`headwidget.capture.memory`), and with ``samples=R`` the float32 reservoir of ``R`` rows per
+    captured (layer, kind), the rows one batch writes into one and the reservoir's keys on the CPU. The
+    model's weights are not included. It bounds the peak; for the Llama family the peak is 0.8 to 1.0
+    of it.
 
     Example:
         >>> from transformers import BertConfig, BertModel
