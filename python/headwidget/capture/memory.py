@@ -233,9 +233,10 @@ def forward_peak_bytes(shape: ForwardShape, batch_size: int, max_length: int) ->
     Layers run one after another, so this is one layer's working set, per token: the embeddings (which
     the model's forward keeps), the layer's input, the sublayer's normalised input, and the larger of
     two phases. Attention: the query/key/value
-    projections, the rotated queries and keys with one temporary each, the keys and values repeated to
-    every query head (GQA and MQA) and the output with its transposed copy. MLP: one more hidden-size
-    tensor and ``mlp_temporaries`` MLP-wide ones. A 16-bit model's norms add float32 copies. Per
+    projections and, while they are rotated, a rotated copy and one temporary of the queries and keys,
+    and for GQA and MQA the keys and values repeated to every query head (sdpa with a padding mask).
+    MLP: one more hidden-size tensor and
+    ``mlp_temporaries`` MLP-wide ones. A 16-bit model's norms add float32 copies. Per
     batch: the (B, 1, T, T) attention mask (boolean and additive, when there is padding), and the
     attention scores with their softmax where they are certainly materialised (``materialised``: eager
     attention, or sdpa falling back to its math kernel).
@@ -252,7 +253,7 @@ def forward_peak_bytes(shape: ForwardShape, batch_size: int, max_length: int) ->
     b = shape.dtype_bytes
     h, g, d = shape.heads, shape.kv_heads, shape.head_dim
     repeated = 2 * h * d if g < h else 0
-    attention = (h + 2 * g) * d + 2 * (h + g) * d + 2 * h * d + repeated
+    attention = (h + 2 * g) * d + 2 * (h + g) * d + repeated
     mlp = shape.hidden + shape.mlp_temporaries * shape.ffn
     per_token = b * (3 * shape.hidden + max(attention, mlp)) + (8 * shape.hidden if b < 4 else 0)
     mask = batch_size * max_length * max_length * (b + 1)

@@ -5,8 +5,9 @@ keys; with the attention input of a RoPE model also the queries) of each capture
 non-padding tokens and stage them, on that layer's device; once the last layer of a group has run,
 the staged rows of all its layers and kinds are folded into float64 moments in one set of batched
 calls (:mod:`headwidget.capture.folds`; the groups and what they hold: :mod:`headwidget.capture.plan`).
-The queries' and keys' rotary-pair norm sums are folded layer by layer. The forward pass stops after
-the last captured layer's attention, so the rest of the network (and the LM head) is never computed.
+The queries' and keys' rotary-pair norm sums are folded layer by layer. The forward pass stops once
+the last captured layer's K/V have been recorded (after its attention when post-RoPE keys are
+wanted), so the rest of the network (and the LM head) is never computed.
 
 Nothing is changed in the model: hooks are removed on normal exit, on exceptions and on
 KeyboardInterrupt, training flags are never touched, and the computation of every layer is the
@@ -112,20 +113,30 @@ class _Recorder:
         return threading.get_ident() == self.thread and self.forwarding
 
     # ------------------------------------------------------------------ hooks
-    def tap_hook(self, layer: int, tap: Tap) -> Any:
+    def tap_hook(self, layer: int, tap: Tap, complete: frozenset[str] | None = None) -> Any:
+        """Record what ``tap`` sees of ``layer``. With ``complete`` (the last layer's slots, when nothing
+        it needs comes from inside the attention), the forward ends as soon as they are all recorded:
+        the last layer's attention itself is never computed."""
         parts = self.parts[layer]
+
+        def recorded() -> None:
+            if complete is not None and complete <= parts.keys():
+                self.fold_layer(layer)
+                raise _ForwardDone(self)
 
         if tap.on_input:
 
             def record_input(module: nn.Module, args: tuple[Any, ...]) -> None:
                 if self.active():
                     parts[tap.slot] = args[0]
+                    recorded()
 
             return tap.module.register_forward_pre_hook(record_input)
 
         def record_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             if self.active():
                 parts[tap.slot] = output[0] if isinstance(output, tuple) else output
+                recorded()
 
         return tap.module.register_forward_hook(record_output)
 
@@ -451,8 +462,12 @@ def capture(
                 taps.append(adapter.input_tap(attention))
             if plan.plane_norms:
                 taps.extend(adapter.query_taps(attention) or [])
+            # the last layer's taps end the forward once they have all fired, unless post-RoPE keys
+            # (handed over inside the attention) are wanted
+            last = layer == plan.layers[-1] and "key_post" not in plan.kinds
+            complete = frozenset(tap.slot for tap in taps) if last else None
             for tap in taps:
-                stack.callback(recorder.tap_hook(layer, tap).remove)
+                stack.callback(recorder.tap_hook(layer, tap, complete).remove)
             stack.callback(recorder.layer_done_hook(layer, attention).remove)
         # Post-RoPE keys come through AttentionInterface; so does the dropout of attention kernels
         # outside torch (flash attention), which the watcher sets to 0 in this capture's forwards.
