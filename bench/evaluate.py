@@ -17,6 +17,14 @@ two sides are checked to agree on the layers both computed. Target: sweep ÷ nai
 ``--table`` instead prints (and with ``--out`` saves) the evaluation table of ``--variants`` on
 ``--tokens`` evaluation tokens of ``english_sample(split="evaluation")``, with statistics captured
 (``inputs=True, rope="both"``) on ``--calibration-tokens`` of ``split="calibration"``.
+
+``--prefill P`` instead times the ``prefill:P`` protocol against the ``documents`` protocol on the same
+tokens: the same batches (each document with at least P + 2 tokens) and the same scored predictions,
+run by :class:`~headwidget.evaluation._prefill.PrefillRunner` (a prefill of P tokens, then one forward
+of the rest that reads its cache) and by the one-forward runner, interleaved, ``--repeats`` times each
+(the best of each side counts); the two sides' logits are checked to agree. Then, for scale, the same
+batches under the model with ``--variants`` (e.g. ``kv:int4,xkv:64/2``) transforming the prefilled
+cache. Target: prefill ÷ documents ≤ 1.2.
 """
 
 from __future__ import annotations
@@ -27,16 +35,22 @@ import time
 import torch
 from torch.nn.functional import cross_entropy
 
+from headwidget.adapters import adapter_for
+from headwidget.analysis.variants import parse_variant
 from headwidget.capture import capture
 from headwidget.embedded import load_smollm2
 from headwidget.evaluation._apply import build_variant, fit_variant
 from headwidget.evaluation._evaluate import evaluate
 from headwidget.evaluation._inputs import evaluation_batches, forward_kwargs, predicted_count
 from headwidget.evaluation._outputs import OutputRunner
+from headwidget.evaluation._plan import plan_variant
+from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
 from headwidget.evaluation._sweep import layer_sweep
+from headwidget.stats import KVStats
 from headwidget.texts import english_sample
 
 TARGET = 0.6
+PREFILL_TARGET = 1.2
 
 
 @torch.no_grad()
@@ -62,6 +76,8 @@ def main() -> None:
     parser.add_argument("--table", action="store_true", help="print the evaluation table instead")
     parser.add_argument("--per-layer", action="store_true", help="with --table: the per-layer sweep too")
     parser.add_argument("--out", default=None, help="with --table: save the report (.json or .md)")
+    parser.add_argument("--prefill", type=int, default=0, help="time prefill:P against documents instead")
+    parser.add_argument("--repeats", type=int, default=3, help="with --prefill: timed passes per side")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, dtype {args.dtype}")
@@ -82,6 +98,9 @@ def main() -> None:
     )
     print(f"statistics: {stats.tokens} calibration tokens ({time.perf_counter() - t:.1f} s)")
     specs = [s.strip() for s in args.variants.split(",") if s.strip()]
+    if args.prefill:
+        prefill_bench(model, tok, stats, specs, args)
+        return
     if args.table:
         t = time.perf_counter()
         report = evaluate(
@@ -154,6 +173,57 @@ def main() -> None:
     for spec in specs:
         worst_layer = max(layers, key=lambda layer, s=spec: swept[s][layer])
         print(f"  {spec}: most fragile layer {worst_layer} (ΔNLL {swept[spec][worst_layer]:+.4f})")
+
+
+@torch.no_grad()
+def prefill_bench(
+    model: torch.nn.Module, tok: object, stats: KVStats, specs: list[str], args: argparse.Namespace
+) -> None:
+    """``--prefill P``: the prefill:P runner against the one-forward runner on the same batches."""
+    p = int(args.prefill)
+    documents = evaluation_batches(
+        english_sample(split="evaluation"),
+        tok,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_tokens=args.tokens,
+        min_tokens=p + 2,
+    )
+    batches = prefill_batches(documents, p, batch_size=args.batch_size)
+    tokens = sum(int(b.attention_mask.sum()) for b in batches)
+    print(f"{len(batches)} batches, {tokens} tokens, {predicted_count(batches)} scored")
+    whole, prefilled = OutputRunner.for_model(model), PrefillRunner.for_model(model, p)
+    worst = 0.0
+    for batch in batches[:2]:
+        a, b = whole(model, batch), prefilled(model, batch)
+        worst = max(worst, float((a.values.float() - b.values.float()).abs().max()))
+    name = f"prefill:{p}"
+    times: dict[str, list[float]] = {"documents": [], name: []}
+    for _ in range(args.repeats):
+        for side, runner in (("documents", whole), (name, prefilled)):
+            t = time.perf_counter()
+            for batch in batches:
+                runner(model, batch)
+            times[side].append(time.perf_counter() - t)
+    best = {side: min(v) for side, v in times.items()}
+    ratio = best[name] / best["documents"]
+    print(f"\n{f'side (best of {args.repeats})':<40}{'seconds':>9}")
+    for side, seconds in best.items():
+        print(f"{side:<40}{seconds:>9.2f}")
+    verdict = "met" if ratio <= PREFILL_TARGET else "MISSED"
+    agree = f"logits agree to {worst:.0e}"
+    print(f"{name} ÷ documents = {ratio:.3f} (target ≤ {PREFILL_TARGET}: {verdict}); {agree}")
+    adapter = adapter_for(model)
+    layers = list(range(adapter.layout().num_layers))
+    for spec in specs:
+        plan = plan_variant(adapter, parse_variant(spec), stats, layers)
+        t = time.perf_counter()
+        with plan.running(model, prefill=True) as variant:
+            for batch in batches:
+                prefilled(variant, batch)
+        took = time.perf_counter() - t
+        share = took / best["documents"]
+        print(f"  {spec}, transforming the prefilled cache: {took:.2f} s ({share:.2f}× documents)")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,21 @@
 (e) anchors on the same 4096×4096 float32 matrix: a plotly heatmap in an offline HTML file (time to
     the first frame showing it, file size; only when ``plotly`` is installed), and JSON lists
     (encode time, size).
+(f) the layer × layer view (:class:`~headwidget.LayerSimilarityView`) of SmolLM2 in JupyterLab, its
+    statistics captured with every layer's joint moments (keys before and after RoPE, values; 4096
+    tokens; every other layer where the capture's memory estimate is over its budget, and the run
+    says so): the first paint, from Shift+Enter on ``view = LayerSimilarityView(stats); view`` to the
+    frame after its six panels are drawn (the view's construction included: the L × L CKA matrices
+    of keys and values, and the first pair's heads), and of a view built in an earlier cell (its
+    display alone); a click on a cell of the keys' matrix (a layer pair not shown before: the kernel
+    aligns the pair's heads) to the frame after the panels of that pair are drawn, split at the
+    click message's send and the panels' arrival; the same pairs clicked again (kept: frame keys);
+    and the kernel's own times, in the kernel. Target ≤ 100 ms for the first paint and a click.
+    ``--screenshot PATH`` saves the view as JupyterLab shows it.
 
 Run: ``.venv/bin/python bench/render.py`` (after ``npm run build``; needs chromium, playwright and
-jupyterlab as for the browser tests; ``--quick`` for a smaller run).
+jupyterlab as for the browser tests; ``--quick`` for a smaller run; ``--only layer_similarity`` for
+(f) alone, ``--layer-stats FILE`` to read its statistics from a file instead of capturing them).
 """
 
 from __future__ import annotations
@@ -401,6 +413,277 @@ def bench_lab(
     }
 
 
+# ---------------------------------------------------------------------------------------- layer × layer
+#: The capture (f) reads: SmolLM2 over the English sample, keys before and after RoPE, values.
+LAYER_CAPTURE: dict[str, Any] = {"max_tokens": 4096, "max_length": 256, "rope": "both"}
+
+
+def layer_statistics(directory: Path) -> tuple[Path, str]:
+    """SmolLM2's statistics with the joint moments of every layer (every other layer when the
+    capture's estimate is over its memory budget), saved in ``directory``; and the layers in words."""
+    import gc
+
+    import headwidget
+    from headwidget.embedded import load_smollm2
+    from headwidget.errors import MemoryBudgetError
+    from headwidget.texts import english_sample
+
+    model, tok = load_smollm2()
+    layers = int(model.config.num_hidden_layers)
+    for cross, words in ((True, f"all {layers} layers"), (list(range(0, layers, 2)), "every other layer")):
+        need = headwidget.estimate(
+            model, cross_layer=cross, rope=LAYER_CAPTURE["rope"], max_length=LAYER_CAPTURE["max_length"]
+        )
+        print(f"cross-layer capture of {words}: estimate {need / 2**30:.2f} GiB", flush=True)
+        try:
+            stats = headwidget.capture(
+                model, english_sample(), tokenizer=tok, cross_layer=cross, progress=False, **LAYER_CAPTURE
+            )
+        except MemoryBudgetError as err:
+            print(f"  refused: {err}", flush=True)
+            continue
+        path = stats.save(directory / "smollm2_cross_layer.safetensors")
+        del stats
+        gc.collect()
+        return path, f"SmolLM2, {words} cross-layer ({LAYER_CAPTURE['max_tokens']} tokens)"
+    raise SystemExit("no cross-layer capture of SmolLM2 fits this machine's memory: pass --layer-stats FILE")
+
+
+#: JupyterLab's Shift+Enter (the time a cell is asked to run) and clicks, besides LAB_RECORDER's marks.
+RUN_RECORDER = """(() => {
+  const T = window.__bench;
+  T.runs = [];
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && e.shiftKey) T.runs.push(performance.now());
+  }, true);
+})()"""
+
+#: The latest layer similarity view on the page.
+LAYER_ROOT = "const roots = document.querySelectorAll('.hw-root[data-view=\"layer_similarity\"]'); \
+const root = roots[roots.length - 1];"
+
+SHOW_CELL = (
+    """([row, col]) => {
+  """
+    + LAYER_ROOT
+    + """
+  root.querySelector('.hw-panel[data-panel-id="key-layers"]').scrollIntoView({ block: 'center' });
+}"""
+)
+
+CLICK_CELL = (
+    """([row, col, n]) => {
+  """
+    + LAYER_ROOT
+    + """
+  const w = root.querySelector('.hw-panel[data-panel-id="key-layers"]');
+  const p = JSON.parse(w.dataset.plotRect);
+  const r = w.getBoundingClientRect();
+  const at = { clientX: r.left + p.x + (col + 0.5) * p.w / n, clientY: r.top + p.y + (row + 0.5) * p.h / n,
+               bubbles: true };
+  const t = performance.now();
+  root.querySelector('.hw-panels').dispatchEvent(new MouseEvent('click', at));
+  return t;
+}"""
+)
+
+PAINTED = """([since, panels]) => {
+  const T = window.__bench;
+  const run = T.runs.filter((t) => t >= since)[0];
+  const send = T.sends.find(([t]) => t >= run)[0];
+  const draws = T.draws.filter((t) => t > since);
+  const drawn = draws[panels - 1];
+  const frame = T.frames.find((t) => t > drawn);
+  const mark = (name) => performance.getEntriesByName(name, 'mark').map((e) => e.startTime)
+    .filter((t) => t > since && t <= drawn)[0] ?? null;
+  return { run, send, start: mark('headwidget:panels'), drawn, frame };
+}"""
+
+CLICKED = """([since, panels]) => {
+  const T = window.__bench;
+  const send = T.sends.find(([t]) => t >= since)[0];
+  const draws = T.draws.filter((t) => t > since);
+  const drawn = draws[panels - 1];
+  const frame = T.frames.find((t) => t > drawn);
+  const recvs = T.recvs.filter(([t]) => t > send && t <= drawn);
+  const panelsMsg = recvs.reduce((a, b) => (b[1] > a[1] ? b : a));
+  const bytes = recvs.reduce((s, [, n]) => s + n, 0);
+  return { click: since, send, arrive: panelsMsg[0], drawn, frame, bytes };
+}"""
+
+#: The cells of the notebook (f) runs: read the statistics; build and show a view; build one; show it;
+#: and the same for a channel view of one layer (K and V panels of 192 channels), side by side.
+LAYER_CELLS = (
+    "import time\nimport headwidget\nfrom headwidget.stats import KVStats\nstats = KVStats.load({path!r})",
+    "view = headwidget.LayerSimilarityView(stats)\nview",
+    "built = headwidget.LayerSimilarityView(stats)",
+    "built",
+    "channels = headwidget.ChannelView(stats, layer=0, prefetch=False)",
+    "channels",
+)
+#: Pairs of layers clicked (row, column of the keys' matrix), each a pair not shown before.
+LAYER_PAIRS = [(3, 7), (10, 11), (29, 0), (15, 16), (5, 25), (20, 21), (1, 2), (27, 28), (12, 19), (24, 8)]
+#: What the kernel times in itself: a view built (its first grid computed) and a click on a new pair.
+KERNEL_TIMES = """\
+import statistics
+def _ms(f):
+    t = time.perf_counter(); f(); return (time.perf_counter() - t) * 1000
+_built = [_ms(lambda: headwidget.LayerSimilarityView(stats).grid) for _ in range(3)]
+_v = headwidget.LayerSimilarityView(stats)
+_clicks = [_ms(lambda: (_v.select_cell("key-layers", a, b), _v.grid)) for a, b in [(4, 9), (13, 22), (26, 6)]]
+print(round(statistics.median(_built), 1), round(statistics.median(_clicks), 1), len(_v.layers))"""
+
+
+def bench_layer_view(browser: Any, stats_path: Path, runs: int, screenshot: Path | None) -> dict[str, Any]:
+    sys.path.insert(0, str(BROWSER_TESTS))
+    from jupyter_fixtures import LabPage, running_jupyterlab, write_notebook
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root, work = Path(tmp, "notebooks"), Path(tmp, "jupyter")
+        root.mkdir()
+        work.mkdir()
+        cells = [LAYER_CELLS[0].format(path=str(stats_path)), *LAYER_CELLS[1:]]
+        write_notebook(root / "layer_bench.ipynb", *cells)
+        with running_jupyterlab(root, work) as lab:
+            context = browser.new_context(viewport={"width": 1400, "height": 1100})
+            context.add_init_script(LAB_RECORDER)
+            page = context.new_page()
+            page.set_default_timeout(120_000)
+            lp = LabPage(page=page, lab=lab)
+            lp.open("layer_bench.ipynb")
+            page.evaluate(RUN_RECORDER)
+            lp.run_cell(0, timeout_s=300)  # the statistics read (not timed)
+            built, shown, channels = [], [], []
+            for _ in range(runs):
+                for cell, into, panels in ((1, built, 6), (3, shown, 6), (5, channels, 2)):
+                    if cell in (3, 5):
+                        lp.run_cell(cell - 1, timeout_s=60)  # a new view, not yet shown
+                    time.sleep(0.3)
+                    since = page.evaluate("performance.now()")
+                    lp.run_cell(cell, timeout_s=60)
+                    page.wait_for_function(REDRAWN, arg=[since, panels], polling=5)
+                    into.append(page.evaluate(PAINTED, [since, panels]))
+            npanels = page.locator('.hw-root[data-view="layer_similarity"]').last.locator(".hw-panel").count()
+            assert npanels == 6, npanels
+            layers = int(lp.run("print(len(built.layers))").split()[-1])
+            pairs = [(a % layers, b % layers) for a, b in LAYER_PAIRS]
+            first, again = [], []
+            for n, (a, b) in enumerate(pairs + pairs[: len(pairs) // 2]):
+                page.evaluate(SHOW_CELL, [a, b])
+                time.sleep(0.3)  # let the previous update settle
+                since = page.evaluate(CLICK_CELL, [a, b, layers])
+                page.wait_for_function(REDRAWN, arg=[since, npanels], polling=5)
+                (first if n < len(pairs) else again).append(page.evaluate(CLICKED, [since, npanels]))
+            last = pairs[len(pairs) // 2 - 1]
+            check = lp.run("print(built.layer, built.paired, built.error or 'ok')").split()
+            assert check == [str(built_layer) for built_layer in last] + ["ok"], (check, last)
+            kernel = [float(x) for x in lp.run(KERNEL_TIMES, timeout_s=300).split()]
+            if screenshot is not None:
+                page.evaluate(SHOW_CELL, list(last))
+                page.locator(".jp-Cell").nth(3).screenshot(path=str(screenshot))
+            context.close()
+
+    def paint(trials: list[dict[str, float]]) -> dict[str, float]:
+        marked = [t for t in trials if t["start"] is not None]
+        return {
+            "total": median([t["frame"] - t["run"] for t in trials]),
+            "lab_out": median([t["send"] - t["run"] for t in trials]),
+            "kernel": median([t["start"] - t["send"] for t in marked]),
+            "widget": median([t["drawn"] - t["start"] for t in marked]),
+            "frame": median([t["frame"] - t["drawn"] for t in trials]),
+        }
+
+    def clicks(trials: list[dict[str, float]]) -> dict[str, float]:
+        return {
+            "total": median([t["frame"] - t["click"] for t in trials]),
+            "page_out": median([t["send"] - t["click"] for t in trials]),
+            "kernel": median([t["arrive"] - t["send"] for t in trials]),
+            "page": median([t["frame"] - t["arrive"] for t in trials]),
+            "bytes": median([t["bytes"] for t in trials]),
+        }
+
+    return {
+        "built": paint(built),
+        "shown": paint(shown),
+        "channels": paint(channels),
+        "runs": runs,
+        "first": clicks(first),
+        "again": clicks(again),
+        "n_first": len(first),
+        "n_again": len(again),
+        "kernel_built": kernel[0],
+        "kernel_click": kernel[1],
+        "layers": int(kernel[2]),
+    }
+
+
+def layer_rows(f: dict[str, Any], source: str) -> list[tuple[str, str, str, str]]:
+    """The table's rows of (f)."""
+
+    def split(t: dict[str, float]) -> str:
+        return (
+            f"lab {t['lab_out']:.0f} + kernel, wire & lab {t['kernel']:.0f} + widget {t['widget']:.0f} + "
+            f"frame {t['frame']:.0f} ms"
+        )
+
+    rows = [
+        (
+            "(f) layer view: first paint",
+            f"{f['built']['total']:.0f} ms",
+            "≤ 100 ms",
+            f"Shift+Enter on `view = LayerSimilarityView(stats); view` → frame with its 6 panels "
+            f"(n={f['runs']}); {source}, {f['layers']}×{f['layers']} matrices",
+        ),
+        ("", "", "", split(f["built"])),
+        (
+            "    of a view built before",
+            f"{f['shown']['total']:.0f} ms",
+            "≤ 100 ms",
+            f"Shift+Enter on `built` → frame (its display alone): {split(f['shown'])}",
+        ),
+        (
+            "    a channel view built before",
+            f"{f['channels']['total']:.0f} ms",
+            "",
+            f"the same for `ChannelView(stats, layer=0)` (K and V, 192²): {split(f['channels'])}",
+        ),
+        (
+            "    kernel: a view built",
+            f"{f['kernel_built']:.0f} ms",
+            "",
+            "in the kernel: K and V CKA over every cross layer, and the first pair's heads",
+        ),
+    ]
+    for name, key, n in (("a new pair", "first", f["n_first"]), ("a pair again", "again", f["n_again"])):
+        t = f[key]
+        split = f"page → send {t['page_out']:.0f} + kernel&wire {t['kernel']:.0f} + page {t['page']:.0f} ms"
+        rows.append(
+            (
+                f"(f) layer view: click, {name}",
+                f"{t['total']:.0f} ms",
+                "≤ 100 ms",
+                f"{split}; {t['bytes'] / 1e3:.1f} kB received (n={n})",
+            )
+        )
+    rows.append(
+        (
+            "    kernel: a click on a new pair",
+            f"{f['kernel_click']:.0f} ms",
+            "",
+            "in the kernel: select_cell and the grid (K and V heads of the pair aligned)",
+        )
+    )
+    return rows
+
+
+def print_rows(rows: list[tuple[str, str, str, str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    print()
+    print(f"{'quantity':<{widths[0]}}  {'measured':>{widths[1]}}  {'target':<{widths[2]}}  notes")
+    for row in rows:
+        print(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}")
+
+
 # ---------------------------------------------------------------------------------------- anchors
 def bench_json(matrix: np.ndarray) -> dict[str, float]:
     started = time.perf_counter()
@@ -442,6 +725,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6, help="layers of the synthetic statistics")
     parser.add_argument("--revisits", type=int, default=6, help="cached layer changes in JupyterLab")
     parser.add_argument("--quick", action="store_true", help="2048 channels, fewer repeats, no plotly")
+    parser.add_argument("--only", choices=("all", "layer_similarity"), default="all", help="(f) alone")
+    parser.add_argument("--layer-stats", type=Path, default=None, help="(f)'s cross-layer statistics file")
+    parser.add_argument("--screenshot", type=Path, default=None, help="(f): save the view as shown (.png)")
     args = parser.parse_args()
     if args.quick:
         args.channels, args.runs, args.revisits = 2048, 3, 2
@@ -453,6 +739,22 @@ def main() -> None:
     c = args.channels
     print(f"headwidget render bench: C = {c}, {sys.executable} {' '.join(sys.argv)}", flush=True)
     started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.layer_stats is None:
+            stats_path, source = layer_statistics(Path(tmp))
+        else:
+            stats_path, source = args.layer_stats, f"{args.layer_stats.name}"
+        print(f"(f)'s statistics: {source}, {time.perf_counter() - started:.0f} s", flush=True)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            layer_view = bench_layer_view(browser, stats_path, args.runs, args.screenshot)
+            browser.close()
+        print("JupyterLab, layer similarity view: done", flush=True)
+    if args.only == "layer_similarity":
+        print_rows(layer_rows(layer_view, source))
+        print(f"\ncommand: cd {ROOT} && {sys.executable} {' '.join(sys.argv)}")
+        print(f"total {time.perf_counter() - started:.0f} s")
+        return
     stats = synthetic_stats(c, layers=args.layers)
     matrix = stats.channel_corr(0, "key").astype(np.float32)
     print(f"synthetic statistics: {time.perf_counter() - started:.1f} s", flush=True)
@@ -569,11 +871,8 @@ def main() -> None:
     note = "JSON holds the full C×C; headwidget sends what is displayed"
     rows.append(("    JSON / headwidget bytes", f"{js['bytes'] / sent:.0f}×", "", note))
 
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    print()
-    print(f"{'quantity':<{widths[0]}}  {'measured':>{widths[1]}}  {'target':<{widths[2]}}  notes")
-    for row in rows:
-        print(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}")
+    rows += layer_rows(layer_view, source)
+    print_rows(rows)
     print(f"\ncommand: cd {ROOT} && {sys.executable} {' '.join(sys.argv)}")
     print(f"total {time.perf_counter() - started:.0f} s")
 

@@ -10,8 +10,10 @@
 import {
   cropPanel,
   type Frame,
+  frameCharts,
   missingState,
   type PageData,
+  pageProblems,
   type StoredPanel,
   stateKey,
   unpackUpper,
@@ -20,8 +22,8 @@ import {
 type Callback = (...args: unknown[]) => void;
 type DecodedPanel = StoredPanel & { data: DataView };
 
-/** The grid traits a frame sets, besides its panels and its text traits. */
-const FRAME_TRAITS = ["vmin", "vmax", "colormap", "colorbar_label", "columns", "charts"];
+/** The grid traits a frame sets, besides its panels, charts and text traits. */
+const FRAME_TRAITS = ["vmin", "vmax", "colormap", "colorbar_label", "columns"];
 
 function base64Bytes(text: string): Uint8Array<ArrayBuffer> {
   const raw = atob(text);
@@ -49,10 +51,13 @@ export class OfflineModel {
   private readonly decoded = new Map<string, DecodedPanel[]>();
   private readonly window: { trait: string; width: string } | null;
   private readonly textTraits: Record<string, string> = {};
+  /** What is wrong with the page's JSON (said in the error line of every state). */
+  private readonly problems: string[];
   private shown = "";
 
   constructor(private readonly page: PageData) {
     this.state = { ...page.state };
+    this.problems = pageProblems(page);
     const controls = Array.isArray(page.state.controls)
       ? (page.state.controls as Record<string, string>[])
       : [];
@@ -134,13 +139,15 @@ export class OfflineModel {
     this.shown = this.viewKey();
     const key = stateKey(this.page.axes, (t) => this.state[t]);
     const frame = this.page.frames[key];
+    const problems = this.problems.join("\n");
     if (!frame) {
       const missing = missingState(this.page, key, (t) => this.state[t], this.textTraits);
       for (const [k, v] of Object.entries(missing.traits)) set(k, v);
-      set("error", missing.error);
+      set("error", [missing.error, problems].filter((e) => e).join("\n"));
       return;
     }
     for (const trait of FRAME_TRAITS) set(trait, frame[trait]);
+    set("charts", frameCharts(this.page, frame));
     for (const [k, v] of Object.entries(frame.traits ?? {})) set(k, v);
     const panels = this.panels(key, frame);
     const window = this.window;
@@ -152,7 +159,7 @@ export class OfflineModel {
           )
         : panels,
     );
-    set("error", "");
+    set("error", problems);
   }
 }
 

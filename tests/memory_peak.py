@@ -12,7 +12,8 @@ def allocated_peak(fn) -> int:
 
     ``torch.profiler`` with ``profile_memory=True`` records every allocation and free of the c10
     CPU allocator (where all CPU tensors live) with the running total; the largest total is the
-    peak of tensor memory during ``fn``.
+    peak of tensor memory during ``fn``, counted from the total before its first event (the running
+    total carries over what earlier profiled runs allocated and their garbage freed after them).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -22,10 +23,10 @@ def allocated_peak(fn) -> int:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text())["traceEvents"]
-    totals = [
-        e["args"]["Total Allocated"]
-        for e in events
-        if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0
-    ]
-    assert totals, "the profiler recorded no CPU allocations"
-    return max(totals)
+    memory = sorted(
+        (e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
+        key=lambda e: e["ts"],
+    )
+    assert memory, "the profiler recorded no CPU allocations"
+    before = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
+    return max(e["args"]["Total Allocated"] for e in memory) - before

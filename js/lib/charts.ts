@@ -36,6 +36,14 @@ export interface Chart {
   y_reference: number | null;
   /** Explicit x tick positions (empty: chosen from the range). */
   x_ticks: number[];
+  /** The text of each explicit x tick (empty: the values, written out). */
+  x_tick_labels: string[];
+  /** The x-axis' ends before padding (null: the data's); charts over the same steps share it. */
+  x_range: [number, number] | null;
+  /** Whether each point's name is written beside it (false: lines that the legend names). */
+  label_points: boolean;
+  /** What a click on a point does (drawn after the note; empty where a click does nothing). */
+  hint: string;
   series: ChartSeries[];
 }
 
@@ -102,6 +110,20 @@ export function parseCharts(input: unknown): ChartsResult {
       const id = String(raw.id ?? `chart-${i}`);
       if (!Array.isArray(raw.series)) throw new Error(`chart "${id}": "series" must be a list`);
       const ref = raw.y_reference;
+      const ticks = Array.isArray(raw.x_ticks) ? raw.x_ticks : [];
+      const tickLabels = Array.isArray(raw.x_tick_labels) ? raw.x_tick_labels : [];
+      if (tickLabels.length && tickLabels.length !== ticks.length) {
+        throw new Error(
+          `chart "${id}": ${tickLabels.length} x_tick_labels for ${ticks.length} x_ticks`,
+        );
+      }
+      const kept = ticks
+        .map((v, i) => ({ v, label: tickLabels.length ? String(tickLabels[i] ?? "") : null }))
+        .filter(
+          (t): t is { v: number; label: string | null } =>
+            typeof t.v === "number" && Number.isFinite(t.v),
+        );
+      const range = raw.x_range;
       charts.push({
         id,
         title: String(raw.title ?? ""),
@@ -112,9 +134,17 @@ export function parseCharts(input: unknown): ChartsResult {
         x_log: raw.x_log === true,
         y_log: raw.y_log === true,
         y_reference: typeof ref === "number" && Number.isFinite(ref) ? ref : null,
-        x_ticks: Array.isArray(raw.x_ticks)
-          ? raw.x_ticks.filter((v): v is number => typeof v === "number" && Number.isFinite(v))
-          : [],
+        x_ticks: kept.map((t) => t.v),
+        x_tick_labels: tickLabels.length ? kept.map((t) => t.label ?? "") : [],
+        x_range:
+          Array.isArray(range) &&
+          range.length === 2 &&
+          range.every((v) => typeof v === "number" && Number.isFinite(v)) &&
+          (range[0] as number) <= (range[1] as number)
+            ? [range[0] as number, range[1] as number]
+            : null,
+        label_points: raw.label_points !== false,
+        hint: String(raw.hint ?? ""),
         series: raw.series.map((s, k) => parseSeries(s, `chart "${id}" series ${k}`)),
       });
     } catch (e) {
@@ -273,7 +303,7 @@ export function pointLabels(
   plot: Rect,
   measure: Measure,
 ): PointLabel[] {
-  if (points.length === 0 || points.length > MAX_LABELLED_POINTS) return [];
+  if (!chart.label_points || points.length === 0 || points.length > MAX_LABELLED_POINTS) return [];
   const taken: Rect[] = points.map((p) => ({ x: p.x - 3, y: p.y - 3, w: 6, h: 6 }));
   const out: PointLabel[] = [];
   points.forEach((p, k) => {
@@ -333,22 +363,27 @@ export function layoutChart(chart: Chart, width: number, measure: Measure): Char
   const plot: Rect = { x: LEFT_MARGIN, y, w: w - LEFT_MARGIN - PAD - 4, h: CHART_PLOT_H };
   y += plot.h + 4 + 13 + AXIS_LABEL_H + 4;
   const noteY = y + 10;
-  const noteLines = chart.note ? wrapText(chart.note, inner, FONTS.note, measure, 3) : [];
+  const note = [chart.note, chart.hint].filter((t) => t).join(" · ");
+  const noteLines = note ? wrapText(note, inner, FONTS.note, measure, 4) : [];
   y += noteLines.length * NOTE_LINE_H + PAD;
 
-  const xs = chart.series.flatMap((s) => s.x);
+  const xs = chart.x_range ?? chart.series.flatMap((s) => s.x);
   const ys = chart.series.flatMap((s) => s.y);
   const xAxis = axisRange(xs, chart.x_log);
   const yAxis = axisRange(ys, chart.y_log, chart.y_reference === null ? [] : [chart.y_reference]);
   const px = (v: number) => plot.x + axisPos(xAxis, v, plot.w);
   const py = (v: number) => plot.y + plot.h - axisPos(yAxis, v, plot.h);
-  const xValues = chart.x_ticks.length
-    ? chart.x_ticks.filter((v) => drawable(v, chart.x_log) && v >= xAxis.lo && v <= xAxis.hi)
-    : chartTicks(xAxis, Math.max(2, Math.floor(plot.w / 80)));
-  const xTicks = xValues.map((v) => ({
-    pos: axisPos(xAxis, v, plot.w),
-    label: formatChartTick(v),
-  }));
+  const tickText = (v: number, i: number) =>
+    chart.x_tick_labels.length ? chart.x_tick_labels[i] : formatChartTick(v);
+  const xTicks = chart.x_ticks.length
+    ? chart.x_ticks
+        .map((v, i) => ({ v, label: tickText(v, i) }))
+        .filter(({ v }) => drawable(v, chart.x_log) && v >= xAxis.lo && v <= xAxis.hi)
+        .map(({ v, label }) => ({ pos: axisPos(xAxis, v, plot.w), label }))
+    : chartTicks(xAxis, Math.max(2, Math.floor(plot.w / 80))).map((v) => ({
+        pos: axisPos(xAxis, v, plot.w),
+        label: formatChartTick(v),
+      }));
   const yTicks = chartTicks(yAxis, 5).map((v) => ({
     pos: plot.h - axisPos(yAxis, v, plot.h),
     label: formatChartTick(v),

@@ -12,15 +12,9 @@
  * - entry: a text field whose submitted text is set on `trait` (e.g. a spec to add).
  */
 
-export const CONTROL_TYPES = [
-  "slider",
-  "window",
-  "toggles",
-  "select",
-  "checklist",
-  "entry",
-] as const;
-export type ControlType = (typeof CONTROL_TYPES)[number];
+import { CONTROL_TYPES, type ControlType } from "./protocol";
+
+export type { ControlType };
 
 export interface ControlSpec {
   trait: string;
@@ -40,15 +34,10 @@ export interface ControlSpec {
 
 const REFERENCES = ["count", "text", "width", "total", "options", "step"] as const;
 
-/** The references each type cannot do without. */
-const REQUIRED: Record<ControlType, readonly (typeof REFERENCES)[number][]> = {
-  slider: ["count"],
-  window: ["width", "total"],
-  toggles: ["options"],
-  select: ["options"],
-  checklist: ["options"],
-  entry: [],
-};
+/** Whether `type` is a control type this page knows (`protocol.ts`: CONTROL_TYPES). */
+export function isControlType(type: unknown): type is ControlType {
+  return typeof type === "string" && Object.hasOwn(CONTROL_TYPES, type);
+}
 
 function text(value: unknown): string {
   return typeof value === "string" ? value : "";
@@ -62,15 +51,27 @@ function stringMap(value: unknown): Record<string, string> {
   return out;
 }
 
-/** The well-formed entries of a `controls` value, in order; anything else is left out. */
-export function parseControls(value: unknown): ControlSpec[] {
-  if (!Array.isArray(value)) return [];
+export interface ParsedControls {
+  specs: ControlSpec[];
+  /** Why an entry is not in `specs`: a control of an unknown type, or one that lacks a field. */
+  problems: string[];
+}
+
+/** The well-formed entries of a `controls` value, in order, and what is wrong with the others. */
+export function parseControls(value: unknown): ParsedControls {
   const specs: ControlSpec[] = [];
-  for (const entry of value) {
-    if (!entry || typeof entry !== "object") continue;
-    const e = entry as Record<string, unknown>;
-    const type = text(e.type) as ControlType;
-    if (!CONTROL_TYPES.includes(type) || !text(e.trait)) continue;
+  const problems: string[] = [];
+  for (const entry of Array.isArray(value) ? value : []) {
+    const e = (entry && typeof entry === "object" ? entry : {}) as Record<string, unknown>;
+    const type = e.type;
+    const name = text(e.trait) ? `"${text(e.trait)}"` : "without a trait";
+    if (!isControlType(type)) {
+      const known = Object.keys(CONTROL_TYPES).join(", ");
+      problems.push(
+        `control ${name}: unknown control type ${JSON.stringify(type)} (this page knows ${known})`,
+      );
+      continue;
+    }
     const spec: ControlSpec = {
       trait: text(e.trait),
       type,
@@ -84,9 +85,14 @@ export function parseControls(value: unknown): ControlSpec[] {
       labels: stringMap(e.labels),
     };
     if (type === "slider" && e.play === true) spec.play = true;
-    if (REQUIRED[type].every((k) => spec[k] !== "")) specs.push(spec);
+    const missing = [
+      ...(text(e.trait) ? [] : ["trait"]),
+      ...CONTROL_TYPES[type].filter((k) => spec[k] === ""),
+    ];
+    if (missing.length > 0) problems.push(`${type} control ${name} lacks ${missing.join(", ")}`);
+    else specs.push(spec);
   }
-  return specs;
+  return { specs, problems };
 }
 
 /** Every trait the controls set or read, once each: what the bar listens to. */

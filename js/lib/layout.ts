@@ -48,6 +48,11 @@ export const TICK_GAP = 2;
 export const COL_LABEL_H = 13;
 export const NOTE_LINE_H = 13;
 export const MIN_INNER_W = 150;
+/** The room an axis title takes: a line of tick-sized text. */
+export const AXIS_TITLE_H = 14;
+/** Most lines a panel's subtitle and its note wrap to (cut short of that only past it). */
+export const SUBTITLE_LINES = 6;
+export const NOTE_LINES = 10;
 export const GRID_GAP = 12;
 
 export type LayoutPanel = Pick<
@@ -64,7 +69,19 @@ export type LayoutPanel = Pick<
   | "row_step"
   | "col_step"
 > &
-  Partial<Pick<PanelSpec, "row_group" | "col_group">>;
+  Partial<
+    Pick<
+      PanelSpec,
+      | "row_group"
+      | "col_group"
+      | "hint"
+      | "axis_titles"
+      | "row_axis"
+      | "col_axis"
+      | "mark_row"
+      | "mark_col"
+    >
+  >;
 
 export interface PanelBox extends Rect {
   rows: number;
@@ -83,6 +100,13 @@ export interface PanelBox extends Rect {
   colEdges: number[];
   noteLines: string[];
   noteY: number; // baseline of the first note line
+  /** The axes' titles (empty: none): the rows' drawn rotated left of their labels, the columns'
+   * under their labels, both centred on the plot. */
+  rowTitle: string;
+  colTitle: string;
+  /** The displayed row / column outlined (the selected layer); -1: none. */
+  markRow: number;
+  markCol: number;
 }
 
 export interface GridLayout {
@@ -139,8 +163,10 @@ export function layoutPanel(p: LayoutPanel, measure: Measure, side = PLOT_BASE):
   const colAxis = { n: p.cols, labels: p.col_labels, offset: p.col_offset, step: p.col_step };
   const rowTicks = axisTicks(rowAxis, ph, "row", measure, FONTS.tick);
   const colTicks = axisTicks(colAxis, pw, "col", measure, FONTS.tick);
+  const rowTitle = p.axis_titles ? (p.row_axis ?? "") : "";
+  const colTitle = p.axis_titles ? (p.col_axis ?? "") : "";
   const rowLabelW = Math.max(0, ...rowTicks.map((t) => measure(t.label, FONTS.tick)));
-  const left = Math.ceil(rowLabelW) + TICK_LEN + TICK_GAP;
+  const left = Math.ceil(rowLabelW) + TICK_LEN + TICK_GAP + (rowTitle ? AXIS_TITLE_H : 0);
   let right = 0;
   for (const t of colTicks) {
     const overhang = measure(t.label, FONTS.tick) / 2 - (pw - (t.pos * pw) / p.cols);
@@ -151,14 +177,17 @@ export function layoutPanel(p: LayoutPanel, measure: Measure, side = PLOT_BASE):
   const titleY = y + 12;
   y += TITLE_H;
   const subtitleY = y + 11;
-  // A long subtitle (a mechanism's bytes, rank and errors with their basis) wraps to a second line
+  // A long subtitle (a mechanism's bytes, rank and errors with their basis) wraps onto more lines
   // rather than losing its end.
-  const subtitleLines = p.subtitle ? wrapText(p.subtitle, inner, FONTS.subtitle, measure, 2) : [];
+  const subtitleLines = p.subtitle
+    ? wrapText(p.subtitle, inner, FONTS.subtitle, measure, SUBTITLE_LINES)
+    : [];
   y += subtitleLines.length * SUBTITLE_H;
   y += HEADER_GAP;
   const plot: Rect = { x: PAD + left, y, w: pw, h: ph };
-  y += ph + TICK_LEN + TICK_GAP + COL_LABEL_H;
-  const noteLines = p.note ? wrapText(p.note, inner, FONTS.note, measure) : [];
+  y += ph + TICK_LEN + TICK_GAP + COL_LABEL_H + (colTitle ? AXIS_TITLE_H : 0);
+  const note = [p.note, p.hint ?? ""].filter((t) => t).join(" · ");
+  const noteLines = note ? wrapText(note, inner, FONTS.note, measure, NOTE_LINES) : [];
   const noteY = y + 10;
   y += noteLines.length * NOTE_LINE_H + PAD;
   return {
@@ -182,6 +211,10 @@ export function layoutPanel(p: LayoutPanel, measure: Measure, side = PLOT_BASE):
     colEdges: groupEdges(p.cols, p.col_offset, p.col_step, p.col_group ?? 0, pw),
     noteLines,
     noteY,
+    rowTitle,
+    colTitle,
+    markRow: p.mark_row ?? -1,
+    markCol: p.mark_col ?? -1,
   };
 }
 

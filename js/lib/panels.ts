@@ -37,6 +37,13 @@ export interface PanelSpec {
   col_axis: string;
   dtype: Dtype;
   note: string;
+  /** What a click on the panel does (drawn after the note; empty where a click does nothing). */
+  hint: string;
+  /** The displayed row / column outlined (the selected layer); -1: none. */
+  mark_row: number;
+  mark_col: number;
+  /** Whether `row_axis` and `col_axis` are drawn as the axes' titles. */
+  axis_titles: boolean;
   /** What names the cells (equal keys, equal cells; "" where the sender gives none). */
   key: string;
 }
@@ -110,6 +117,10 @@ export function parsePanel(input: unknown, index: number): Panel {
     col_axis: str(r, "col_axis"),
     dtype,
     note: str(r, "note"),
+    hint: str(r, "hint"),
+    mark_row: int(r, "mark_row", -1),
+    mark_col: int(r, "mark_col", -1),
+    axis_titles: r.axis_titles === true,
     key: str(r, "key"),
   };
   if (spec.row_step < 1 || spec.col_step < 1) throw new Error("row_step and col_step must be >= 1");

@@ -42,7 +42,25 @@ export function fitText(text: string, maxWidth: number, f: string, measure: Meas
     : chars.slice(0, lo).join("") + ELLIPSIS;
 }
 
-/** Greedy word wrap to maxWidth; words longer than a line are cut with fitText. */
+/**
+ * A word longer than maxWidth in lines that fit: broken after its commas and semicolons (a long
+ * spec such as `kv:int4@0,2-5;mqa@1`), a piece still too long cut with fitText.
+ */
+export function breakWord(word: string, maxWidth: number, f: string, measure: Measure): string[] {
+  const parts = word.match(/[^,;]*[,;]|[^,;]+/g) ?? [word];
+  const lines: string[] = [];
+  let line = "";
+  for (const part of parts) {
+    if (line && measure(line + part, f) > maxWidth) {
+      lines.push(line);
+      line = part;
+    } else line += part;
+  }
+  if (line) lines.push(line);
+  return lines.map((l) => (measure(l, f) <= maxWidth ? l : fitText(l, maxWidth, f, measure)));
+}
+
+/** Greedy word wrap to maxWidth; a word longer than a line is broken by breakWord. */
 export function wrapText(
   text: string,
   maxWidth: number,
@@ -60,7 +78,9 @@ export function wrapText(
       continue;
     }
     if (line) lines.push(line);
-    line = measure(w, f) <= maxWidth ? w : fitText(w, maxWidth, f, measure);
+    const broken = measure(w, f) <= maxWidth ? [w] : breakWord(w, maxWidth, f, measure);
+    lines.push(...broken.slice(0, -1));
+    line = broken[broken.length - 1] ?? "";
   }
   if (line) lines.push(line);
   if (lines.length > maxLines) {

@@ -25,7 +25,7 @@ export type Orientation = "row" | "col";
  * Widest tick label drawn for explicit labels (longer ones get an ellipsis): a row holds a
  * spec such as "kv:int2/g128" or "mixed 11,424 B" whole.
  */
-export const MAX_LABEL_PX: Record<Orientation, number> = { row: 96, col: 56 };
+export const MAX_LABEL_PX: Record<Orientation, number> = { row: 144, col: 56 };
 
 /** Gap between neighbouring column labels, in px. */
 const COL_LABEL_GAP = 8;

@@ -12,6 +12,7 @@
 
 import {
   type ControlSpec,
+  type ControlType,
   controlTraits,
   longestWindowText,
   parseControls,
@@ -286,11 +287,25 @@ export class EntryControl implements BoundControl {
   destroy(): void {}
 }
 
+/** The control that shows each type (every type of `protocol.ts` has one: tsc says so). */
+const CONTROL_CLASSES: Record<
+  ControlType,
+  new (
+    doc: Document,
+    model: Model,
+    spec: ControlSpec,
+  ) => BoundControl
+> = {
+  slider: SliderControl,
+  window: WindowControl,
+  toggles: OptionsControl,
+  select: OptionsControl,
+  checklist: OptionsControl,
+  entry: EntryControl,
+};
+
 export function makeControl(doc: Document, model: Model, spec: ControlSpec): BoundControl {
-  if (spec.type === "slider") return new SliderControl(doc, model, spec);
-  if (spec.type === "entry") return new EntryControl(doc, model, spec);
-  if (spec.type === "window") return new WindowControl(doc, model, spec);
-  return new OptionsControl(doc, model, spec);
+  return new CONTROL_CLASSES[spec.type](doc, model, spec);
 }
 
 export class Controls {
@@ -299,6 +314,8 @@ export class Controls {
   readonly list: HTMLDivElement;
   readonly exportButton: HTMLButtonElement;
   private bound: BoundControl[] = [];
+  /** What the description holds that the bar cannot show (a control of an unknown type...). */
+  problems: string[] = [];
   private described = "";
   private unbindTraits: () => void = () => {};
   private readonly unbindDescription: () => void;
@@ -307,6 +324,7 @@ export class Controls {
     private readonly doc: Document,
     private readonly model: Model,
     onExport: () => void,
+    private readonly onProblems: (problems: string[]) => void = () => {},
   ) {
     this.exportButton = h(doc, "button", {
       className: "hw-export",
@@ -332,10 +350,12 @@ export class Controls {
 
   /** (Re)build the bar when the description changes; an equal description keeps the controls. */
   private build(): void {
-    const specs = parseControls(this.model.get("controls"));
-    const described = JSON.stringify(specs);
+    const { specs, problems } = parseControls(this.model.get("controls"));
+    const described = JSON.stringify([specs, problems]);
     if (described === this.described) return;
     this.described = described;
+    this.problems = problems;
+    this.onProblems(problems);
     this.unbindTraits();
     for (const c of this.bound) c.destroy();
     this.bound = specs.map((s) => makeControl(this.doc, this.model, s));

@@ -13,11 +13,13 @@
 import { CELL_FONT, type CellLabel } from "../lib/cells";
 import { colorizeWire, type PackedColormap } from "../lib/colormap";
 import {
+  COL_LABEL_H,
   cellRect,
   FONTS,
   NOTE_LINE_H,
   PAD,
   type PanelBox,
+  type Rect,
   SUBTITLE_H,
   TICK_GAP,
   TICK_LEN,
@@ -139,6 +141,7 @@ export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: I
   ctx.strokeStyle = FRAME_COLOR;
   ctx.lineWidth = 1;
   ctx.strokeRect(plot.x - 0.5, plot.y - 0.5, plot.w + 1, plot.h + 1);
+  drawMarks(ctx, box);
 
   ctx.fillStyle = TEXT_COLOR;
   ctx.font = FONTS.tick;
@@ -164,6 +167,25 @@ export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: I
   }
   ctx.stroke();
 
+  ctx.fillStyle = TEXT_COLOR;
+  ctx.font = FONTS.tick;
+  ctx.textAlign = "center";
+  ctx.textBaseline = "alphabetic";
+  if (box.colTitle) {
+    ctx.fillText(
+      box.colTitle,
+      plot.x + plot.w / 2,
+      bottom + TICK_LEN + TICK_GAP + COL_LABEL_H + 11,
+    );
+  }
+  if (box.rowTitle) {
+    ctx.save();
+    ctx.translate(PAD + 10, plot.y + plot.h / 2);
+    ctx.rotate(-Math.PI / 2);
+    ctx.fillText(box.rowTitle, 0, 0);
+    ctx.restore();
+  }
+
   if (box.noteLines.length) {
     ctx.textAlign = "left";
     ctx.textBaseline = "alphabetic";
@@ -173,6 +195,33 @@ export function drawPanel(ctx: CanvasRenderingContext2D, box: PanelBox, image: I
       ctx.fillText(line, PAD, box.noteY + i * NOTE_LINE_H);
     });
   }
+}
+
+/**
+ * The panel's marked row and column (the selected layer): an outline across the plot, dark with a
+ * white line inside, readable on any colour.
+ */
+export function drawMarks(ctx: CanvasRenderingContext2D, box: PanelBox): void {
+  const { plot } = box;
+  const marks: Rect[] = [];
+  if (box.markRow >= 0 && box.markRow < box.rows) {
+    const r = cellRect(box, box.markRow, 0);
+    marks.push({ x: plot.x, y: r.y, w: plot.w, h: r.h });
+  }
+  if (box.markCol >= 0 && box.markCol < box.cols) {
+    const r = cellRect(box, 0, box.markCol);
+    marks.push({ x: r.x, y: plot.y, w: r.w, h: plot.h });
+  }
+  ctx.save();
+  for (const m of marks) {
+    ctx.lineWidth = 2;
+    ctx.strokeStyle = "#000";
+    ctx.strokeRect(m.x, m.y, m.w, m.h);
+    ctx.lineWidth = 1;
+    ctx.strokeStyle = "#fff";
+    ctx.strokeRect(m.x + 1.5, m.y + 1.5, Math.max(0, m.w - 3), Math.max(0, m.h - 3));
+  }
+  ctx.restore();
 }
 
 /** The numbers of a small panel's cells (lib/cells), centred, white on dark colours. */

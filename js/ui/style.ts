@@ -49,7 +49,8 @@ export const CSS = `
 .hw-overlay { pointer-events: none; }
 .hw-tooltip { position: absolute; z-index: 10; pointer-events: none; background: rgba(255,255,255,0.97);
   color: #111; border: 1px solid #999; border-radius: 3px; padding: 4px 7px; font-size: 12px;
-  white-space: nowrap; box-shadow: 0 1px 4px rgba(0,0,0,0.25); }
+  width: max-content; white-space: normal; overflow-wrap: anywhere; box-sizing: border-box;
+  box-shadow: 0 1px 4px rgba(0,0,0,0.25); }
 .hw-tooltip .hw-tt-title { font-weight: 600; }
 .hw-tooltip .hw-tt-value, .hw-tooltip .hw-tt-cell { font-variant-numeric: tabular-nums; }
 .hw-tooltip .hw-tt-index { color: #555; }

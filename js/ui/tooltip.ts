@@ -30,6 +30,19 @@ const PLAIN = ["hw-tt-row", "hw-tt-col", "hw-tt-value"];
 const GROUPED = ["hw-tt-cell", "hw-tt-index"];
 /** Most free lines a chart point's tooltip shows. */
 const MAX_FREE_LINES = 4;
+/** Narrowest a tooltip is made to fit a container, in px. */
+const MIN_WIDTH = 120;
+
+/**
+ * Where a tooltip `size` px long starts along an axis of a container `length` px long, for a
+ * pointer at `at`: after the pointer, else before it, else as far from the container's start as
+ * it must to end inside (never before 0).
+ */
+export function place(at: number, size: number, length: number): number {
+  if (at + OFFSET + size <= length) return at + OFFSET;
+  if (at - OFFSET - size >= 0) return at - OFFSET - size;
+  return Math.max(0, Math.min(at + OFFSET, length - size));
+}
 
 export class Tooltip {
   readonly el: HTMLDivElement;
@@ -63,7 +76,9 @@ export class Tooltip {
   /**
    * Show at pointer position (x, y) inside a container of the given size:
    * right of and below the pointer, flipped left / above when it would
-   * overflow (and there is room on the other side).
+   * overflow (and there is room on the other side), else moved left or up as
+   * far as it must to stay inside.  It is never wider than the container: a
+   * long line (a mechanism's subtitle) wraps.
    */
   show(
     c: TooltipContent,
@@ -82,15 +97,14 @@ export class Tooltip {
       setText(row, rest[i] ?? "");
       setHidden(row, i >= rest.length);
     });
+    if (Number.isFinite(containerWidth) && containerWidth > 0) {
+      this.el.style.maxWidth = `${Math.max(MIN_WIDTH, Math.floor(containerWidth))}px`;
+    }
     setHidden(this.el, false);
     const w = this.el.offsetWidth;
     const hgt = this.el.offsetHeight;
-    const left =
-      x + OFFSET + w > containerWidth && x - OFFSET - w >= 0 ? x - OFFSET - w : x + OFFSET;
-    const top =
-      y + OFFSET + hgt > containerHeight && y - OFFSET - hgt >= 0 ? y - OFFSET - hgt : y + OFFSET;
-    this.el.style.left = `${left}px`;
-    this.el.style.top = `${top}px`;
+    this.el.style.left = `${place(x, w, containerWidth)}px`;
+    this.el.style.top = `${place(y, hgt, containerHeight)}px`;
   }
 
   hide(): void {

@@ -122,6 +122,7 @@ export class View {
   private problems: string[] = [];
   private chartList: Chart[] = [];
   private chartProblems: string[] = [];
+  private controlProblems: string[] = [];
   private textKey = "";
   /** The width measured by the resize observer (0: not measured yet, read the element). */
   private observedWidth = 0;
@@ -142,8 +143,16 @@ export class View {
     this.measure = makeMeasure(doc);
     this.root = h(doc, "div", { className: "hw-root" });
     injectStyle(doc, this.root);
-    this.controls = new Controls(doc, model, () => this.download());
     this.messages = new Messages(doc, model);
+    this.controls = new Controls(
+      doc,
+      model,
+      () => this.download(),
+      (problems) => {
+        this.controlProblems = problems;
+        this.showProblems();
+      },
+    );
     this.grid = new Grid(doc, (p, row, col) =>
       model.send(pageMessage("click", { panel: p.id, row, col })),
     );
@@ -255,7 +264,11 @@ export class View {
   }
 
   private showProblems(): void {
-    this.messages.setLocalProblems([...this.problems, ...this.chartProblems]);
+    this.messages.setLocalProblems([
+      ...this.controlProblems,
+      ...this.problems,
+      ...this.chartProblems,
+    ]);
   }
 
   private onScale(): void {

@@ -30,6 +30,7 @@ from headwidget.analysis import (
     group_heads,
     head_diversity,
     head_weights,
+    layer_similarity,
     mechanism_sweep,
     operator_similarity,
 )
@@ -89,10 +90,12 @@ from headwidget.views import (
     ChannelView,
     ConsequenceView,
     HealingView,
+    LayerSimilarityView,
     MechanismView,
     QuantizationView,
     TimelineView,
     TrendView,
+    present_with,
 )
 
 if TYPE_CHECKING:
@@ -107,6 +110,24 @@ _ON_FIRST_USE = {
     "HeadWidget": "headwidget.widget",
     "LayerTrends": "headwidget.widget",
 }
+
+
+class _NotebookOnFirstUse:
+    """How views are displayed and saved: by :mod:`headwidget.notebook`, imported on a view's first
+    display or save (importing it registers it in this one's place; the views never import it)."""
+
+    def widget(self, view: Any) -> Any:
+        import headwidget.notebook
+
+        return headwidget.notebook.PRESENTER.widget(view)
+
+    def save(self, view: Any, path: Any, **options: Any) -> Any:
+        import headwidget.notebook
+
+        return headwidget.notebook.PRESENTER.save(view, path, **options)
+
+
+present_with(_NotebookOnFirstUse())
 
 
 def __getattr__(name: str) -> Any:
@@ -170,6 +191,7 @@ __all__ = [
     "KVQuantizer",
     "KVStats",
     "LayerIndexError",
+    "LayerSimilarityView",
     "LayerTrends",
     "MechanismSpecError",
     "MechanismView",
@@ -222,6 +244,7 @@ __all__ = [
     "head_diversity",
     "head_weights",
     "heal",
+    "layer_similarity",
     "load_ipython_extension",
     "mechanism_sweep",
     "operator_similarity",

@@ -8,7 +8,9 @@ input get the same treatment everywhere:
 - a number with a range (``minimum`` / ``maximum``) is refused outside it, with the range in the message,
   so a huge value fails before it reaches torch;
 - a flag must be a bool (``"yes"`` and ``1`` are refused: ``bool("no")`` is ``True``);
-- a real number (a learning rate, a budget fraction) must be finite.
+- a real number (a learning rate, a budget fraction) must be finite; numpy's integers and floats are
+  numbers like Python's (``np.int64(4096)`` is a count, ``np.float32(0.5)`` a real);
+- a model must hold its weights (:func:`model_with_weights`: none on PyTorch's meta device).
 
 The error is :class:`~headwidget.errors.ArgumentError` (a ``ValueError`` and a ``TypeError``) naming the
 argument, what was given and what to give.
@@ -42,6 +44,8 @@ __all__ = [
     "flag",
     "layer_index",
     "layer_indices",
+    "model_with_weights",
+    "number",
     "optional_flag",
     "optional_whole_number",
     "real_number",
@@ -67,6 +71,10 @@ def _integral(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def whole_number(
     name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None, hint: str = ""
 ) -> int:
@@ -84,7 +92,7 @@ def whole_number(
         advice = ""
         if isinstance(value, str) and value.strip().lstrip("+-").isdecimal() and value.strip().isascii():
             advice = f"; pass {value.strip()} without quotes"
-        elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        elif _real(value) and math.isfinite(value) and float(value).is_integer():
             advice = f"; pass {int(value)}"
         raise ArgumentError(f"{name} must be an integer, got {_shown(value)}{advice}{tail}")
     number = int(value)
@@ -128,7 +136,7 @@ def real_number(
     headwidget.errors.ArgumentError: lr must be a finite number, got nan (float)
     """
     tail = f" ({hint})" if hint else ""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+    if not _real(value):
         raise ArgumentError(f"{name} must be a number, got {_shown(value)}{tail}")
     number = float(value)
     if not math.isfinite(number):
@@ -140,6 +148,23 @@ def real_number(
     if above is not None and number <= above:
         raise ArgumentError(f"{name} must be greater than {above}, got {number}{tail}")
     return number
+
+
+def number(name: str, value: Any, *, hint: str = "") -> int | float:
+    """An integer (Python's or numpy's) as an ``int``, any other finite real (numpy's too) as a ``float``:
+    for arguments whose meaning depends on which (``allocate``'s budget: a fraction or bytes).
+
+    >>> import numpy as np
+    >>> number("budget", np.int64(300)), number("budget", np.float32(0.5)), number("budget", 2)
+    (300, 0.5, 2)
+    >>> number("budget", "0.5")
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: budget must be a number, got the string '0.5'
+    """
+    if _integral(value):
+        return int(value)
+    return real_number(name, value, hint=hint)
 
 
 def flag(name: str, value: Any) -> bool:
@@ -274,3 +299,32 @@ def layer_indices(name: str, layers: Any, num_layers: int) -> list[int]:
     if not out:
         raise ArgumentError(f"{name} is empty; give at least one layer, or None for every layer ({where})")
     return sorted(out)
+
+
+def model_with_weights(name: str, model: Any) -> None:
+    """Refuse a model whose weights are on PyTorch's meta device (shapes without values: a model made
+    under ``torch.device("meta")`` or accelerate's ``init_empty_weights``), naming the first such tensor.
+    A model dispatched by accelerate (its hooks bring offloaded weights in for each forward) is left to
+    its hooks.
+
+    >>> import torch
+    >>> model_with_weights("model", torch.nn.Linear(2, 2))
+    >>> with torch.device("meta"):
+    ...     empty = torch.nn.Linear(2, 2)
+    >>> model_with_weights("model", empty)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: model has no weights to compute with: its parameter weight is on ...
+    """
+    modules = getattr(model, "modules", None)
+    if not callable(modules) or any(hasattr(m, "_hf_hook") for m in modules()):
+        return
+    for kind in ("parameter", "buffer"):
+        for where, tensor in getattr(model, f"named_{kind}s")():
+            if getattr(tensor, "is_meta", False):
+                raise ArgumentError(
+                    f"{name} has no weights to compute with: its {kind} {where} is on the meta device "
+                    "(a model made under torch.device('meta') or accelerate's init_empty_weights holds "
+                    "shapes only). Load its weights first: from_pretrained without a meta device, or "
+                    "model.to_empty(device='cpu') then load_state_dict"
+                )

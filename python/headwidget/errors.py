@@ -181,3 +181,9 @@ class NonFiniteLossError(NonFiniteActivationError):
     def __init__(self, message: str, run: object = None) -> None:
         super().__init__(message)
         self.run = run
+
+
+class PathRefusedError(HeadwidgetError, OSError):
+    """A path headwidget does not read or write: a symlink where a file must be (a link planted in a
+    shared folder would redirect the read or the write outside it), a name that leaves its folder, a NUL
+    byte, or something other than a regular file."""

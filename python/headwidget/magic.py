@@ -3,11 +3,14 @@
 It registers
 
 - the line magic ``%headwidget NAME [--texts VAR] [--tokenizer VAR] [--view VIEW|all] [--layers 0,1,12]
-  [--max-tokens N] [--rope pre|post|both]``, where ``NAME`` is a model or a
+  [--max-tokens N] [--rope pre|post|both] [--report VAR] [--runs VAR] [--timeline VAR]``, where
+  ``NAME`` is a model or a
   :class:`~headwidget.stats.KVStats` in the notebook's namespace, or one of the embedded models the
   command line takes too (``smollm2-135m``, ``minilm-l6``: :data:`headwidget.embedded.EMBEDDED_MODELS`;
   loaded with their tokenizer, captured over the English sample unless ``--texts`` is given), and
-  ``VIEW`` any registered view (:func:`headwidget.views.view_names`); it returns the widget, so the
+  ``VIEW`` any registered view (:func:`headwidget.views.view_names`; the views of an evaluation report,
+  healing runs or a timeline take the notebook's variable of that name: ``--report``, ``--runs``,
+  ``--timeline``, which the explorer of ``all`` shows in tabs too); it returns the widget, so the
   cell shows it;
 - a display formatter: a ``KVStats`` as the last expression of a cell shows the explorer.
 
@@ -85,6 +88,9 @@ class HeadwidgetMagics(Magics):
     @argument("--layers", default=None, help="comma-separated layers: the first is selected, the rest pinned")
     @argument("--max-tokens", type=int, default=None, help="stop capturing after this many tokens")
     @argument("--rope", default="pre", choices=("pre", "post", "both"), help="which keys to capture")
+    @argument("--report", default=None, help="name of an evaluation report (headwidget.evaluate)")
+    @argument("--runs", default=None, help="name of healing runs (headwidget.heal results, or names → runs)")
+    @argument("--timeline", default=None, help="name of a headwidget.Timeline")
     @line_magic
     def headwidget(self, line: str) -> Any:
         """Show the headwidget explorer (or one view) for a model or saved statistics."""
@@ -96,12 +102,15 @@ class HeadwidgetMagics(Magics):
         source, embedded_tokenizer = self._source(args.source)
         texts = self._lookup(args.texts, "texts")
         tokenizer = self._lookup(args.tokenizer, "tokenizer") or embedded_tokenizer
+        report = self._lookup(args.report, "report")
+        healing = self._lookup(args.runs, "runs")
+        timeline = self._lookup(args.timeline, "timeline")
         model = None if isinstance(source, KVStats) else source
         stats = source if isinstance(source, KVStats) else None
         view = None if args.view == "all" else view_class(args.view)
-        if view is not None and view.sources().main == "model" and model is None:
+        if view is not None and view.sources.main == "model" and model is None:
             raise MagicUsageError(f"the {args.view} view needs a model (its weights), not statistics")
-        if model is not None and (view is None or view.sources().main == "stats"):
+        if model is not None and (view is None or view.sources.main == "stats"):
             options: dict[str, Any] = {"max_tokens": args.max_tokens, "rope": args.rope, "inputs": True}
             if texts is None and embedded_tokenizer is not None:
                 from headwidget.texts import english_sample
@@ -111,14 +120,17 @@ class HeadwidgetMagics(Magics):
                 options["max_length"] = SAMPLE_CAPTURE["max_length"]
             if texts is None:
                 raise MagicUsageError("capturing a model needs --texts NAME (strings need --tokenizer too)")
-            if view is None:
-                return explore(model, texts, tokenizer=tokenizer, **options)
-            options.update(view.capture_options(layers))
-            stats = capture(model, texts, tokenizer=tokenizer, **options)
+            if view is None and timeline is None:
+                return explore(model, texts, tokenizer=tokenizer, report=report, healing=healing, **options)
+            if view is not None:
+                options.update(view.capture_options(layers))
+                stats = capture(model, texts, tokenizer=tokenizer, **options)
         if view is None:
+            if timeline is not None:
+                return explore(timeline, report=report, healing=healing)
             assert stats is not None
-            return explore(stats)
-        return view.create(stats, model, layers=layers)
+            return explore(stats, report=report, healing=healing)
+        return view.create(stats, model, layers=layers, report=report, timeline=timeline, healing=healing)
 
 
 def _stats_bundle(stats: KVStats) -> dict[str, Any]:

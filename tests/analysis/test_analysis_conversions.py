@@ -115,7 +115,7 @@ def test_kv_bytes_by_hand(run: dict) -> None:
         "mha": 2 * h * d_h,
         "gqa:2": 2 * 2 * d_h,
         "mqa": 2 * d_h,
-        "lrkv:4": 2 * (d_h + h * 4),
+        "lrkv:4": 2 * (d_h + g * 4),  # rank-4 coordinates per KV head, not per query head
         "mla:24": 24,
         "model": 2 * g * d_h,
     }
@@ -124,6 +124,60 @@ def test_kv_bytes_by_hand(run: dict) -> None:
         assert c.kv_bytes_per_token() == 2 * elements
         assert c.kv_bytes_per_token(torch.float32) == 4 * elements
     assert mechanism_sweep(run["model"], 0, ["mha"])[0]["kv_bytes_per_token"] == 256
+
+
+def cached_per_token(factors: dict[str, torch.Tensor], x: torch.Tensor, kind: str) -> list[torch.Tensor]:
+    """What an LRKV cache holds for the token ``x`` (d,): the shared head ``shared @ x`` and the rank-r
+    coordinates ``down_h @ x`` of each query head, each distinct tensor once (query heads that read one
+    KV head share it)."""
+    held = [factors[f"{kind}_shared"] @ x]
+    for down in factors[f"{kind}_down"]:
+        coords = down @ x
+        if not any(t.shape == coords.shape and torch.equal(t, coords) for t in held[1:]):
+            held.append(coords)
+    return held
+
+
+def hand_count(model: LlamaForCausalLM, spec: str) -> int:
+    """The K/V elements per token of layer 0 of ``apply(model, spec)``, counted from the tensors its
+    LRKV cache would hold for a random token, after checking that they give the keys and values the
+    converted model computes."""
+    variant = headwidget.apply(model, spec, layers=[0])
+    factors = variant.headwidget_variant.factors[0]
+    attn = variant.model.layers[0].self_attn
+    heads, kv = model.config.num_attention_heads, model.config.num_key_value_heads
+    x = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(3), dtype=F64)
+    total = 0
+    for kind, proj in zip(("k", "v"), (attn.k_proj, attn.v_proj), strict=True):
+        held = cached_per_token(factors, x, kind)
+        computed = (proj.weight.to(F64) @ x).reshape(kv, -1)  # what the converted model computes
+        for h in range(heads):
+            coords = factors[f"{kind}_down"][h] @ x
+            rebuilt = held[0] + factors[f"{kind}_up"][h] @ coords
+            torch.testing.assert_close(rebuilt, computed[h // (heads // kv)], rtol=1e-5, atol=1e-5)
+        total += sum(t.numel() for t in held)
+    assert variant.headwidget_variant.kv_elements[0] == total
+    return total
+
+
+@pytest.mark.parametrize("rank", [0, 3, 16])
+def test_lrkv_bytes_are_what_the_converted_model_caches(run: dict, rank: int) -> None:
+    model = run["model"]
+    counted = hand_count(model, f"lrkv:{rank}")
+    assert counted == 2 * (16 + run["kv"] * rank)
+    c = convert(model, 0, f"lrkv:{rank}")
+    assert c.kv_elements == counted
+    assert c.kv_bytes_per_token() == 2 * counted
+
+
+def test_smollm2_lrkv_8_caches_176_elements_per_layer(smollm2) -> None:
+    model, _ = smollm2
+    c = convert(model, 0, "lrkv:8")
+    assert c.kv_elements == 2 * (64 + 3 * 8) == 176  # 3 KV heads; 272 would count the 9 query heads
+    x = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0), dtype=F64)
+    held = [t for kind in ("k", "v") for t in cached_per_token(c.factors, x, kind)]
+    assert [t.numel() for t in held] == [64, 8, 8, 8] * 2
+    assert mechanism_sweep(model, 0, ["lrkv:8"])[0]["kv_bytes_per_token"] == 2 * 176
 
 
 def test_real_mla_model_reads_as_it_is() -> None:

@@ -198,6 +198,26 @@ def test_trend_points_name_series_layer_and_value_on_hover(lab):
     dot.dispatch_event("mouseout")
 
 
+def test_the_trend_charts_toolbar_covers_neither_its_title_nor_its_plot(lab):
+    """bqplot shows its toolbar over the figure's top right on hover: the title sits above the figure,
+    whole, and the plot starts below the toolbar."""
+    figure = lab.page.locator(".bqplot.figure").first
+    figure.scroll_into_view_if_needed()
+    box = figure.bounding_box()
+    lab.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    toolbar = lab.page.locator(".bqplot .toolbar_div").first
+    toolbar.wait_for(state="visible", timeout=10_000)
+    bar = toolbar.bounding_box()
+    title = lab.page.locator(".hw-trend-title").first
+    words = title.inner_text()
+    assert "Per-layer summary" in words and "head similarity: per-token cosine, auto alignment" in words
+    top = title.bounding_box()
+    assert top["y"] + top["height"] <= bar["y"]  # the title ends above the toolbar
+    plot = lab.page.locator(".bqplot.figure .plotarea_background").first.bounding_box()
+    assert bar["y"] + bar["height"] <= plot["y"] + 1  # the toolbar ends where the plot begins
+    lab.page.mouse.move(0, 0)
+
+
 def test_a_spec_typed_into_the_mechanisms_bar_reaches_the_kernel_and_gets_a_panel(lab):
     """The entry of the mechanisms tab: Enter sends the spec, the kernel adds it, its panel is drawn."""
     lab.page.locator(".lm-TabBar-tab", has_text="Mechanisms").first.click()

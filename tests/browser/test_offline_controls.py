@@ -94,6 +94,9 @@ def make_view(name: str, tiny, report):
         )
     if name == "trends":
         return headwidget.TrendView(stats, layer=1)
+    if name == "layer_similarity":  # the joint statistics of both layers
+        cross = headwidget.capture(model, ragged_batches(), rope="both", cross_layer=True, progress=False)
+        return headwidget.LayerSimilarityView(cross)
     raise AssertionError(f"no test view for {name!r}: add one here")
 
 
@@ -114,7 +117,8 @@ def expected(view, values: dict) -> dict:
                 base64.b64encode(wire["data"]).decode("ascii"),
             ]
         )
-    charts = json.loads(json.dumps([encode_chart(c) for c in grid.charts]))
+    # (what a click does is left out of a page: there is no kernel to answer it)
+    charts = json.loads(json.dumps([{**encode_chart(c), "hint": ""} for c in grid.charts]))
     return {"panels": panels, "charts": charts}
 
 

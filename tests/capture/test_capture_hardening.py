@@ -313,28 +313,42 @@ def tricky_text(seed: int, chars: int) -> str:
     return "".join(out)[:chars]
 
 
+#: The max_length values the long-text tests truncate to (special tokens longer than 2, 3 are refused
+#: elsewhere; 511/512 straddle a power of two; 600 is beyond the models' usual 512).
+LONG_TEXT_LENGTHS = (2, 3, 7, 64, 511, 512, 600)
+
+
+@pytest.fixture(scope="module")
+def long_texts() -> list[str]:
+    return [tricky_text(seed, 40_000) for seed in range(3)]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("cut", ["right", "left"])
 @pytest.mark.parametrize("which", ["minilm", "smollm2"])
-def test_long_text_keeps_the_tokens_whole_text_tokenization_keeps(which, request):
+def test_long_text_keeps_the_tokens_whole_text_tokenization_keeps(which, cut, long_texts, request):
     _, tokenizer = request.getfixturevalue(which)
     side = tokenizer.truncation_side
-    texts = [tricky_text(seed, 40_000) for seed in range(3)]
-    # each text is well past the length tokenized whole, for every max_length below
-    assert min(map(len, texts)) > 2 * inputs._whole_text_limit(600)
     try:
-        for truncation_side in ("right", "left"):
-            tokenizer.truncation_side = truncation_side
-            for text in texts:
-                for max_length in (2, 3, 7, 64, 511, 512, 600):
-                    whole = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
-                    assert inputs.tokenize_truncated(tokenizer, text, max_length) == whole, (
-                        truncation_side,
-                        max_length,
-                    )
+        tokenizer.truncation_side = cut
+        for text in long_texts:
+            for max_length in LONG_TEXT_LENGTHS:
+                # each text twice the length tokenized whole for this max_length: well past it, and no
+                # longer (the reference below tokenizes the whole text)
+                piece = text[: 2 * inputs._whole_text_limit(max_length) + 1]
+                assert len(piece) > 2 * inputs._whole_text_limit(max_length)
+                whole = tokenizer(piece, truncation=True, max_length=max_length)["input_ids"]
+                assert inputs.tokenize_truncated(tokenizer, piece, max_length) == whole, (cut, max_length)
     finally:
         tokenizer.truncation_side = side
-    # through iter_batches, long and short texts mixed in one batch
-    mixed = [texts[0], "A short one.", texts[1]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["minilm", "smollm2"])
+def test_long_and_short_texts_in_one_batch_keep_their_tokens(which, long_texts, request):
+    _, tokenizer = request.getfixturevalue(which)
+    mixed = [long_texts[0], "A short one.", long_texts[1]]
+    assert min(len(long_texts[0]), len(long_texts[1])) > 2 * inputs._whole_text_limit(600)
     batch = next(inputs.iter_batches(mixed, tokenizer, batch_size=3, max_length=40))
     for row, text in zip(batch.input_ids, mixed, strict=True):
         want = tokenizer(text, truncation=True, max_length=40)["input_ids"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from headwidget import KVStats
 from headwidget.cli import main
@@ -128,9 +129,10 @@ def section_names(stdout: str) -> list[str]:
     return [re.fullmatch(r"  (.+?) +\d+\.\d s", line).group(1) for line in timings]
 
 
-# The demo runs as three tests (subprocesses that xdist runs side by side): SmolLM2's statistics and
-# reference figures (--no-evaluation), SmolLM2's evaluation (--no-figures) and MiniLM; together they
-# check everything the whole demo writes.
+# The demo runs as five tests that xdist runs side by side: as subprocesses of the console script,
+# SmolLM2's statistics and reference figures (--no-evaluation) and MiniLM; in this process, SmolLM2's
+# evaluation (--no-figures) in three parts: its variants' table, its per-layer sweep, its K/V
+# quantizers. Together they check everything the whole demo writes.
 def check_smollm2_statistics(result: subprocess.CompletedProcess[str], out) -> None:
     """What every SmolLM2 run prints and saves: the layout, the statistics and their summary table."""
     assert "llama/gqa, 30 layers, H=9 G=3 d_h=64" in result.stdout
@@ -165,48 +167,59 @@ def test_demo_on_smollm2_writes_statistics_and_the_reference_figures(tmp_path):
     ]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # SmolLM2's capture, evaluation, sweep and quantizers: a minute on 2 cores
-def test_demo_on_smollm2_evaluates_its_variants_and_quantizers(tmp_path):
-    flags = ("--no-figures", "--evaluation-tokens", "64", "--sweep-tokens", "16")
-    result = run_demo_command(tmp_path, "smollm2-135m", *flags)
-    check_smollm2_statistics(result, tmp_path)
+#: What the evaluation tests give the demo: SmolLM2 alone, 300 calibration tokens in windows of 64, the
+#: variants on 16 held-out tokens and the sweep on 8 (both given: not a quick run), no figures.
+EVALUATION_RUN = (
+    "--max-tokens",
+    "300",
+    "--max-length",
+    "64",
+    "--evaluation-tokens",
+    "16",
+    "--sweep-tokens",
+    "8",
+)
+
+
+def run_demo_evaluation(out, smollm2, monkeypatch, capsys, *, narrow: str) -> tuple[str, str, dict]:
+    """``headwidget demo --no-figures`` with :data:`EVALUATION_RUN`, in this process (the console script is
+    run by the tests above) on the session's SmolLM2, its stdout and report.
+
+    The evaluation section is checked in three parts, one a test: the variants' table, the per-layer
+    sweep and the K/V quantizers. Here the part ``narrow`` names (``"table"`` or ``"sweep"``) converts
+    layer 0 alone, and the quantizers are not run: what the demo gives them is returned (with the calls
+    of ``evaluate``), and they say what the last test checks."""
+    import headwidget.demo
+    from headwidget.demo import EVALUATION_VARIANTS, SWEEP_VARIANTS
+
+    monkeypatch.setitem(headwidget.demo.MODELS, "smollm2-135m", lambda device=None: smollm2)
+    given: dict = {"evaluate": []}
+    real_evaluate = headwidget.demo.evaluate
+
+    def evaluate(model, texts, variants, **options):
+        given["evaluate"].append({"variants": variants, **options})
+        if options.get("per_layer", False) == (narrow == "sweep"):
+            options["layers"] = [0]
+        return real_evaluate(model, texts, variants, **options)
+
+    def quantizers(out, model, texts, stats, echo, **options):
+        given["quantizers"] = {"out": out, "model": model, "texts": texts, "stats": stats, **options}
+        echo("QUANTIZERS RAN")
+        return ["QUANTIZER LINE"]
+
+    monkeypatch.setattr(headwidget.demo, "evaluate", evaluate)
+    monkeypatch.setattr(headwidget.demo, "quantizer_lines", quantizers)
+    flags = ["demo", "--out", str(out), "--models", "smollm2-135m", "--no-progress", "--no-figures"]
+    assert main([*flags, *EVALUATION_RUN]) == 0
+    stdout = capsys.readouterr().out
+    assert "pydoc_data.topics" in stdout
+    check_smollm2_statistics(subprocess.CompletedProcess([], 0, stdout, ""), out)
+    report = (out / "report.md").read_text()
     # no reference figures, no explorer, none of their tables
     for name in ("channel_correlation.png", "head_alignment.pdf", "explorer.html"):
-        assert not (tmp_path / name).exists()
-    report = (tmp_path / "report.md").read_text()
-    assert "| key | rope |" not in report and "Open the figures" not in result.stdout
-    # the evaluation of SmolLM2's variants on held-out text, and its per-layer sweep
-    from headwidget.demo import EVALUATION_VARIANTS
-    from headwidget.evaluation import EvaluationReport
-
-    assert "## What each variant does to SmolLM2's predictions (held-out text)" in report
-    assert "| spec | KV bytes/token | NLL | perplexity | ΔNLL | KL | top-1 |" in report
-    for spec in EVALUATION_VARIANTS:
-        assert f"| {spec} | " in report
-    assert "| model | 46080 | " in report and "| mla:96+rope:8 | 17280 | " in report  # 30 layers, float32
-    assert "| layer | ΔNLL mqa | ΔNLL mla:128 |" in report and "most fragile layers" in report
-    sweep = EvaluationReport.load(tmp_path / "evaluation.json")
-    assert sweep.variants == ["model", "mqa", "mla:128"] and sweep.layers == list(range(30))
-    assert sweep.kl["model"] == 0.0 and sweep.top1["model"] == 1.0
-    assert sweep.per_layer is not None and len(sweep.per_layer["mqa"]) == 30
-    assert 0 < sweep.tokens <= 16 and sweep.calibration["tokens"] == 300
-    # the evaluation's own charts are drawn: the trade-off chart, the damage map, the quantizers
-    for name in ("tradeoff", "damage_map", "quantization"):
-        assert (tmp_path / f"{name}.png").read_bytes().startswith(b"\x89PNG")
-        assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
-    # the coupling table (from the 300 sampled rows) and the quantizers, with honest bits per channel
-    from headwidget.demo._quantization import QUANTIZER_VARIANTS
-
-    assert "## Channel coupling in bits (SmolLM2, layers [0, 1, 12, 13, 26, 27, 28, 29])" in report
-    assert "| layer | K pre-RoPE c=2/16 bins | K pre-RoPE c=4/4 bins | K post-RoPE c=2/16 bins |" in report
-    assert "from 300 sampled token rows per layer and kind" in report
-    quant = EvaluationReport.load(tmp_path / "quantization.json")
-    assert quant.variants == ["model", *QUANTIZER_VARIANTS]
-    assert "| kv:int4 | 5.00 | 7200 | 0 |" in report  # 2·(192·4/8 + 4·192/32) per layer, 30 layers
-    assert "| kv:cq4c8b | 2.00 | 2880 | " in report and "| kv:cq8c8b | 1.00 | 1440 | " in report
-    assert quant.constant_bytes["kv:cq4c8b"] == 30 * 2 * 48 * 256 * 4 * 2  # fp16 codebooks, K and V
-    # the time of every section; 300 sampled rows and 64 tokens are below the default run's reduction
+        assert not (out / name).exists()
+    assert "| key | rope |" not in report and "Open the figures" not in stdout
+    # the time of every section; 300 sampled rows and 16 tokens are below the default run's reduction
     smol_sections = [
         "load and capture",
         "6 variants",
@@ -214,9 +227,117 @@ def test_demo_on_smollm2_evaluates_its_variants_and_quantizers(tmp_path):
         "channel coupling",
         "K/V quantizers",
     ]
-    assert section_names(result.stdout) == [*(f"smollm2-135m: {s}" for s in smol_sections), "report", "total"]
-    assert "(codebooks from 300 calibration rows)" in result.stdout and "A reduced run" not in result.stdout
-    assert "A quick run" not in report and "A quick run" not in result.stdout  # both counts were given
+    assert section_names(stdout) == [*(f"smollm2-135m: {s}" for s in smol_sections), "report", "total"]
+    assert "A reduced run" not in stdout
+    assert "A quick run" not in report and "A quick run" not in stdout  # both counts were given
+    # what the variants' table, the sweep and the quantizers are given: the run's statistics and options
+    table, sweep = given["evaluate"]
+    options = {"dtype": torch.float32, "batch_size": 8, "max_length": 64, "progress": False}
+    for call, variants, tokens in ((table, EVALUATION_VARIANTS, 16), (sweep, SWEEP_VARIANTS, 8)):
+        assert call["variants"] == variants and call["max_tokens"] == tokens
+        assert {k: call[k] for k in options} == options and call["stats"].tokens == 300
+    assert sweep["per_layer"] is True and "per_layer" not in table
+    return stdout, report, given
+
+
+@pytest.mark.slow
+def test_demo_on_smollm2_evaluates_its_variants(tmp_path, smollm2, monkeypatch, capsys):
+    """The variants' table (the sweep converts layer 0 alone), the coupling table, and what the quantizers
+    are given and where their lines go."""
+    from headwidget.demo import EVALUATION_VARIANTS
+    from headwidget.texts import english_sample
+
+    stdout, report, given = run_demo_evaluation(tmp_path, smollm2, monkeypatch, capsys, narrow="sweep")
+    # the evaluation of SmolLM2's variants on held-out text
+    assert "## What each variant does to SmolLM2's predictions (held-out text)" in report
+    assert "| spec | KV bytes/token | NLL | perplexity | ΔNLL | KL | top-1 |" in report
+    for spec in EVALUATION_VARIANTS:
+        assert f"| {spec} | " in report
+    assert "| model | 46080 | " in report and "| mla:96+rope:8 | 17280 | " in report  # 30 layers, float32
+    # its chart: the trade-off
+    assert (tmp_path / "tradeoff.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "tradeoff.pdf").read_bytes().startswith(b"%PDF")
+    # the coupling table (from the 300 sampled rows)
+    assert "## Channel coupling in bits (SmolLM2, layers [0, 1, 12, 13, 26, 27, 28, 29])" in report
+    assert "| layer | K pre-RoPE c=2/16 bins | K pre-RoPE c=4/4 bins | K post-RoPE c=2/16 bins |" in report
+    assert "from 300 sampled token rows per layer and kind" in report
+    # the K/V quantizers: the run's model, statistics, held-out text and options; their lines under their
+    # heading
+    call = given["quantizers"]
+    assert call["model"] is smollm2[0] and call["texts"] == english_sample(split="evaluation")
+    assert call["stats"].tokens == 300 and call["stats"].samples(0, "key_post").shape == (300, 192)
+    assert call["out"] == tmp_path and call["max_tokens"] == 16 and call["full"] is False
+    assert (call["dtype"], call["batch_size"], call["max_length"]) == (torch.float32, 8, 64)
+    heading = "## K/V quantizers: what 1–5 bits per channel do to SmolLM2 (held-out text)"
+    assert f"{heading}\n\nQUANTIZER LINE" in report and "QUANTIZERS RAN" in stdout
+
+
+@pytest.mark.slow
+def test_demo_on_smollm2_sweeps_every_layer(tmp_path, smollm2, monkeypatch, capsys):
+    """The per-layer sweep over all 30 layers, its table and damage map (the variants' table converts layer
+    0 alone)."""
+    from headwidget.evaluation import EvaluationReport
+
+    _, report, _ = run_demo_evaluation(tmp_path, smollm2, monkeypatch, capsys, narrow="table")
+    assert "| layer | ΔNLL mqa | ΔNLL mla:128 |" in report and "most fragile layers" in report
+    sweep = EvaluationReport.load(tmp_path / "evaluation.json")
+    assert sweep.variants == ["model", "mqa", "mla:128"] and sweep.layers == list(range(30))
+    assert sweep.kl["model"] == 0.0 and sweep.top1["model"] == 1.0
+    assert sweep.per_layer is not None and len(sweep.per_layer["mqa"]) == 30
+    assert 0 < sweep.tokens <= 8 and sweep.calibration["tokens"] == 300
+    assert (tmp_path / "damage_map.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "damage_map.pdf").read_bytes().startswith(b"%PDF")
+
+
+@pytest.mark.slow
+def test_demo_quantizers_on_smollm2(tmp_path, smollm2):
+    """What the demo's K/V quantizer section writes and says, given what the demo gives it (the previous
+    test checks that): statistics captured as the demo captures them, 16 held-out tokens."""
+    from headwidget.demo import _capture, quantizer_lines
+    from headwidget.demo._quantization import QUANTIZER_VARIANTS
+    from headwidget.evaluation import EvaluationReport
+    from headwidget.texts import english_sample
+
+    model, tokenizer = smollm2
+    calibration = english_sample(split="calibration")
+    stats = _capture(
+        "smollm2-135m",
+        model,
+        tokenizer,
+        calibration,
+        batch_size=8,
+        max_length=64,
+        max_tokens=300,
+        progress=False,
+    )
+    said: list[str] = []
+    options = {
+        "tokenizer": tokenizer,
+        "dtype": torch.float32,
+        "batch_size": 8,
+        "max_length": 64,
+        "progress": False,
+    }
+    lines = quantizer_lines(
+        tmp_path,
+        model,
+        english_sample(split="evaluation"),
+        stats,
+        said.append,
+        max_tokens=16,
+        full=False,
+        **options,
+    )
+    report = "\n".join(lines)
+    stdout = "\n".join(said)
+    quant = EvaluationReport.load(tmp_path / "quantization.json")
+    assert quant.variants == ["model", *QUANTIZER_VARIANTS]
+    assert "| kv:int4 | 5.00 | 7200 | 0 |" in report  # 2·(192·4/8 + 4·192/32) per layer, 30 layers
+    assert "| kv:cq4c8b | 2.00 | 2880 | " in report and "| kv:cq8c8b | 1.00 | 1440 | " in report
+    assert quant.constant_bytes["kv:cq4c8b"] == 30 * 2 * 48 * 256 * 4 * 2  # fp16 codebooks, K and V
+    assert (tmp_path / "quantization.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / "quantization.pdf").read_bytes().startswith(b"%PDF")
+    assert "(codebooks from 300 calibration rows)" in stdout and "A reduced run" not in stdout
 
 
 def test_demo_without_figures_or_evaluation_only_captures(tmp_path):

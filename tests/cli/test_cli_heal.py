@@ -3,7 +3,10 @@ mistake is one line on stderr and exit 1 or 2, before the work it would spoil.""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +127,155 @@ def test_mistakes_are_one_line_and_write_nothing(
     assert err.startswith("headwidget heal: ") and err.count("\n") == 1
     assert re.search(message, err), err
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------- specs and numbers
+@pytest.fixture(scope="module")
+def other_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A GPT-2 (fused Conv1D projections, MHA only) and a Llama that has one KV head already."""
+    out = {}
+    for name in ("gpt2", "llama_mqa"):
+        root = tmp_path_factory.mktemp("heal") / name
+        make_model(name, dtype=torch.float32).save_pretrained(root)
+        char_tokenizer().save_pretrained(root)
+        out[name] = root
+    return out
+
+
+def test_lrkv_and_mixed_specs_with_an_lrkv_part_are_healed(model_dir: Path, tmp_path: Path, capfd) -> None:
+    """``lrkv:`` holds ``kv:``: the spec is parsed, not searched for a substring."""
+    out = tmp_path / "heal.json"
+    variants = "lrkv:4,lrkv:4@0;mqa@1"
+    code, stdout, err = run(
+        capfd, ["heal", "--model", str(model_dir), "--variants", variants, *SMALL, "--out", str(out)]
+    )
+    assert code == 0, err
+    runs = load_runs(out)
+    assert list(runs) == ["lrkv:4", "lrkv:4@0;mqa@1"]
+    assert [(r.steps, [p["tokens"] for p in r.curve]) for r in runs.values()] == [(2, [0, 256, 512])] * 2
+    assert f"saved {out}" in stdout
+
+
+def test_a_gpt2_directory_heals_mqa(other_dirs: dict[str, Path], tmp_path: Path, capfd) -> None:
+    out = tmp_path / "heal.json"
+    argv = ["heal", "--model", str(other_dirs["gpt2"]), "--variants", "mqa", *SMALL, "--out", str(out)]
+    code, stdout, err = run(capfd, argv)
+    assert code == 0, err
+    assert list(load_runs(out)) == ["mqa"] and "mqa: healed on 512 tokens (2 steps)" in stdout
+
+
+def test_a_seed_beyond_what_torch_took_before(model_dir: Path, tmp_path: Path, capfd) -> None:
+    out = tmp_path / "heal.json"
+    argv = ["heal", "--model", str(model_dir), "--variants", "gqa:1", *SMALL, "--no-per-layer"]
+    code, _, err = run(capfd, [*argv, "--seed", "99999999999999999", "--out", str(out)])
+    assert code == 0, err
+    assert load_runs(out)["gqa:1"].seed == 99999999999999999
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (["--variants", "mqa@0;kv:int4@1"], 2, r"--variants mqa@0;kv:int4@1: a kv: quantizer fits no weight"),
+        (["--variants", "model@0-1"], 2, r"give at least one conversion to heal"),
+        (
+            ["--variants", "mqa", "--seed", "１"],
+            2,
+            r"--seed: takes a whole number in 0\.\.\d+ in ASCII",
+        ),
+        (["--variants", "mqa", "--seed", "-1"], 2, r"--seed: takes a whole number"),
+        (
+            ["--variants", "mqa", "--seed", str(2**63)],
+            2,
+            r"--seed: .* in 0\.\.9223372036854775807",
+        ),
+        (["--variants", "mqa", "--lr", "１e-3"], 2, r"--lr: takes a finite number in ASCII"),
+        (["--variants", "mqa", "--lr", "nan"], 2, r"--lr: takes a finite number"),
+        (["--variants", "mqa", "--trainable", "lora:８"], 2, r"--trainable lora:８: .* in ASCII digits"),
+    ],
+)
+def test_more_mistakes_are_one_line_and_write_nothing(model_dir, tmp_path, capfd, extra, code, message):
+    out = tmp_path / "x.json"
+    got, _, err = run(capfd, ["heal", "--model", str(model_dir), *SMALL, *extra, "--out", str(out)])
+    assert got == code, err
+    assert err.startswith("headwidget heal: ") and err.count("\n") == 1
+    assert re.search(message, err), err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_conversion_that_changes_nothing_is_an_error(other_dirs, tmp_path: Path, capfd) -> None:
+    out = tmp_path / "heal.json"
+    argv = ["heal", "--model", str(other_dirs["llama_mqa"]), "--variants", "mqa", *SMALL, "--out", str(out)]
+    code, stdout, err = run(capfd, argv)
+    assert code == 1 and err.count("\n") == 1
+    assert "headwidget heal: the 'mqa' variant is the model itself" in err and "nothing to recover" in err
+    assert not out.exists() and "saved" not in stdout
+
+
+# ------------------------------------------------------------------------------------------- Ctrl-C
+DRIVER = """
+import os, signal, sys
+from headwidget import cli
+from headwidget.healing import _heal
+
+where, argv = sys.argv[1], sys.argv[2:]
+if where == "step":  # a real SIGINT at the start of the first variant's second step
+    step = _heal._Training.step
+    calls = []
+
+    def pressed(self, index):
+        calls.append(index)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, index)
+
+    _heal._Training.step = pressed
+else:  # a real SIGINT while the model loads
+    load = cli.load_model
+
+    def pressed_load(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return load(*args, **kwargs)
+
+    cli.load_model = pressed_load
+raise SystemExit(cli.main(argv))
+"""
+
+
+def _interrupted(tmp_path: Path, model_dir: Path, where: str) -> subprocess.CompletedProcess[str]:
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER, encoding="utf-8")
+    out = tmp_path / "heal.json"
+    argv = ["heal", "--model", str(model_dir), "--variants", "mqa,gqa:1", *SMALL, "--tokens", "1024"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(driver), where, *argv, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+
+
+def test_ctrl_c_stops_the_whole_command_and_writes_the_runs_so_far(model_dir: Path, tmp_path: Path) -> None:
+    result = _interrupted(tmp_path, model_dir, "step")
+    assert result.returncode == 130, result.stderr
+    out = tmp_path / "heal.json"
+    assert result.stderr.splitlines() == [
+        f"headwidget heal: interrupted (Ctrl-C): wrote the runs so far to {out} (mqa); not healed in full: "
+        "mqa, gqa:1"
+    ]
+    runs = load_runs(out)
+    assert list(runs) == ["mqa"]  # gqa:1 was not started
+    assert runs["mqa"].stopped_early and runs["mqa"].steps == 2 and runs["mqa"].curve[-1]["step"] == 2
+    assert "mqa: healed on 512 tokens (2 steps)" in result.stdout and "gqa:1" not in result.stdout
+
+
+def test_ctrl_c_before_any_healing_writes_nothing(model_dir: Path, tmp_path: Path) -> None:
+    result = _interrupted(tmp_path, model_dir, "load")
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.splitlines() == [
+        "headwidget heal: interrupted (Ctrl-C): no variant was healed, nothing written; not healed in full: "
+        "mqa, gqa:1"
+    ]
+    assert not (tmp_path / "heal.json").exists()

@@ -14,7 +14,7 @@ import torch
 from headwidget.analysis.allocation import choose_per_layer
 from headwidget.analysis.variants import parse_variant
 from headwidget.errors import ArgumentError, BudgetError, GroupCountError, MechanismSpecError
-from headwidget.evaluation import allocate, evaluate
+from headwidget.evaluation import allocate, allocate_frontier, evaluate
 from tiny_models import ragged_batches, three_layer_llama
 
 F64 = torch.float64
@@ -129,10 +129,11 @@ def test_the_leak_flag_follows_the_tokens_through_protocols_and_mixtures(llama) 
     # other text only: not flagged
     flagged, said = share_flagged(other)
     assert not flagged and said == []
-    # other text whose every row starts with one chosen-on row as a template: not the same text
+    # other text whose every row starts with one chosen-on row as a template: the template's tokens
+    # were chosen on (59 of each row's 119 predicted tokens)
     templated = torch.cat([chosen_on[1:2].expand(4, 60), other], dim=1)
     flagged, said = share_flagged(templated)
-    assert not flagged and said == []
+    assert flagged and len(said) == 1 and "(on 50% of them)" in said[0], said
 
 
 def test_each_layer_damage_is_the_whole_model_kl_with_that_layer_alone(llama, allocation) -> None:
@@ -269,3 +270,20 @@ def test_the_nll_objective_measures_delta_nll_as_evaluate_does(llama) -> None:
         assert alloc.damage[spec][layer] == pytest.approx(
             report.nll[alone] - report.nll["model"], rel=1e-9, abs=1e-13
         )
+
+
+def test_numpy_budgets_are_budgets(llama) -> None:
+    """An np.int64 is bytes per token and an np.float32 a fraction, as int and float are; a numpy array
+    of budgets is a list of them."""
+    import numpy as np
+
+    ids = ragged_batches(seed=7)
+    common = {"candidates": ["model", "mqa", "kv:int4"], "refine": 0, "dtype": F64, "progress": False}
+    for given, plain in [(np.int64(700), 700), (np.float32(0.5), 0.5), (np.float64(0.25), 0.25)]:
+        got, want = allocate(llama, ids, budget=given, **common), allocate(llama, ids, budget=plain, **common)
+        assert type(got.budget) is float and got.budget == want.budget and got.spec == want.spec
+    frontier = allocate_frontier(llama, ids, budgets=np.array([0.5, 0.25]), **common)
+    assert [a.budget for a in frontier] == [0.5 * 1536, 0.25 * 1536]
+    for bad in [np.bool_(True), np.float32("nan"), np.array(0.5), np.int64(0)]:
+        with pytest.raises(ArgumentError, match=r"budget"):
+            allocate(llama, ids, budget=bad, **common)

@@ -167,9 +167,9 @@ def test_every_family_holds_the_mechanisms_weights(name: str, spec: str) -> None
         torch.testing.assert_close(got.k[got.kv_of], want.k_weight, atol=1e-12, rtol=0)
         torch.testing.assert_close(got.v[got.kv_of], want.v_weight, atol=1e-12, rtol=0)
     assert torch.isfinite(logits(out)).all()
-    _, heads, _ = HEADS[name]
+    _, heads, kv = HEADS[name]
     d = 48 // heads
-    per_layer = {"mqa": 2 * d, "lrkv:2": 2 * d + 2 * heads * 2, "mla:16": 16}[spec]
+    per_layer = {"mqa": 2 * d, "lrkv:2": 2 * d + 2 * kv * 2, "mla:16": 16}[spec]  # rank 2 per KV head
     assert out.headwidget_variant.kv_bytes_per_token(torch.float32) == 2 * 4 * per_layer
 
 

@@ -3,8 +3,15 @@ measures are computed in chunks (the same numbers as in one piece)."""
 
 from __future__ import annotations
 
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import headwidget
 import headwidget.evaluation.measures as measures
@@ -34,17 +41,17 @@ def test_estimate_covers_the_measured_peak(name, model_dtype, dtype, variants, p
     need = headwidget.estimate_evaluation(
         model, variants, per_layer=per_layer, dtype=dtype, batch_size=batch_size, max_length=max_length
     )
-    peak = allocated_peak(
-        lambda: evaluate(
-            model,
-            ids,
-            variants,
-            per_layer=per_layer,
-            dtype=dtype,
-            batch_size=batch_size,
-            max_length=max_length,
-            progress=False,
-        )
+    # held to the estimate: nothing is kept beyond it (the original's logits between variants, more
+    # recorded batches for the sweep), which a larger budget would allow
+    peak = measured_peak(
+        model,
+        ids,
+        variants,
+        need,
+        per_layer=per_layer,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_length=max_length,
     )
     print(
         f"\n{name} {model_dtype}→{dtype} {variants}: estimate {need / 2**20:.2f} MiB, measured peak "
@@ -52,6 +59,77 @@ def test_estimate_covers_the_measured_peak(name, model_dtype, dtype, variants, p
     )
     assert peak <= need
     assert need < 10 * peak  # an upper bound, but not a useless one
+
+
+def measured_peak(model, ids, variants, max_memory: int, **kwargs) -> int:
+    gc.collect()  # garbage of earlier tests is not freed inside the measurement
+    return allocated_peak(
+        lambda: evaluate(model, ids, variants, max_memory=max_memory, progress=False, **kwargs)
+    )
+
+
+def large_vocabulary_llama(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=LARGE_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return LlamaForCausalLM(config).eval().to(dtype)
+
+
+LARGE_VOCAB = 16384
+LOGITS_CASES = {
+    "float32": (torch.float32, torch.float32, ["model", "mqa"], {}),
+    "float64": (torch.float64, torch.float64, ["model", "mqa"], {}),
+    "bfloat16 copy": (torch.float32, torch.bfloat16, ["model", "mqa"], {}),
+    "per-layer sweep": (torch.float32, torch.float32, ["model", "mqa"], {"per_layer": True}),
+    "kv:int4": (torch.float32, torch.float32, ["model", "kv:int4"], {}),
+    "stride": (torch.float32, torch.float32, ["model", "mqa"], {"protocol": "stride:64/8"}),
+    "chunks": (torch.float32, torch.float32, ["model", "mqa"], {"protocol": "chunks:128"}),  # > max_length
+    "prefill": (torch.float32, torch.float32, ["model", "mqa"], {"protocol": "prefill:16"}),
+}
+
+
+@pytest.mark.parametrize("case", list(LOGITS_CASES))
+def test_the_estimate_is_the_peak_where_the_logits_dominate(case: str) -> None:
+    """Where the logits dominate (a 16,384-token vocabulary on a tiny model), the estimate is within 20 % of
+    the peak of a run held to it, under every protocol (a window's length, not max_length, sizes it)."""
+    model_dtype, dtype, variants, kwargs = LOGITS_CASES[case]
+    model = large_vocabulary_llama(model_dtype)
+    batch_size, max_length = 4, 64
+    ids = torch.randint(
+        1, LARGE_VOCAB, (3 * batch_size, max_length), generator=torch.Generator().manual_seed(1)
+    )
+    need = headwidget.estimate_evaluation(
+        model, variants, dtype=dtype, batch_size=batch_size, max_length=max_length, **kwargs
+    )
+    peak = measured_peak(
+        model, ids, variants, need, dtype=dtype, batch_size=batch_size, max_length=max_length, **kwargs
+    )
+    print(f"\n{case}: estimate {need / 2**20:.2f} MiB, peak {peak / 2**20:.2f} MiB ({peak / need:.3f})")
+    assert 0.8 * need <= peak <= need
+
+
+def test_the_logits_of_a_whole_batch_are_never_made() -> None:
+    """Under stride:64/2 a window of 64 tokens scores 2: the head computes those rows, never the (B, T, V)
+    logits of the batch (today's and the original's rows, and one chunk's work, are less)."""
+    model = large_vocabulary_llama()
+    batch_size, window = 16, 64
+    ids = torch.randint(1, LARGE_VOCAB, (1, 64 + 31 * 2), generator=torch.Generator().manual_seed(2))
+    peak = measured_peak(
+        model,
+        ids,
+        ["model", "mqa"],
+        2**30,
+        dtype=torch.float32,
+        batch_size=batch_size,
+        protocol=f"stride:{window}/2",
+    )
+    assert peak < batch_size * window * LARGE_VOCAB * 4 / 2
 
 
 def test_the_logits_of_a_large_vocabulary_are_counted() -> None:
@@ -64,18 +142,14 @@ def test_the_logits_of_a_large_vocabulary_are_counted() -> None:
     need = headwidget.estimate_evaluation(
         model, ["model", "mqa"], dtype=torch.float32, batch_size=batch_size, max_length=max_length
     )
-    peak = allocated_peak(
-        lambda: evaluate(
-            model,
-            ids,
-            ["model", "mqa"],
-            dtype=torch.float32,
-            batch_size=batch_size,
-            max_length=max_length,
-            progress=False,
-        )
-    )
+    kwargs = {"dtype": torch.float32, "batch_size": batch_size, "max_length": max_length}
+    peak = measured_peak(model, ids, ["model", "mqa"], need, **kwargs)
     assert batch_size * max_length * 8192 * 4 < peak <= need < 10 * peak
+    # with room beyond the estimate, the original's rows of both batches are kept between variants
+    # (computed once), and the peak stays within the budget
+    rows = 2 * batch_size * (max_length - 1) * 8192 * 4
+    roomy = measured_peak(model, ids, ["model", "mqa"], need + rows, **kwargs)
+    assert need < roomy <= need + rows
 
 
 def test_a_budget_too_small_is_refused_before_any_forward() -> None:
@@ -110,16 +184,20 @@ def test_a_budget_too_small_is_refused_before_any_forward() -> None:
         handle.remove()
 
 
-def test_the_default_budget_is_half_the_free_memory(monkeypatch) -> None:
-    import headwidget.evaluation._memory as memory
+@pytest.mark.parametrize("limit", [None, "RLIMIT_DATA"])
+def test_the_default_budget_is_half_the_free_memory(monkeypatch, limit) -> None:
+    from headwidget.capture import memory
 
     model = make_model("gpt2", dtype=torch.float32)
     need = headwidget.estimate_evaluation(model, ["model"], dtype=torch.float32, batch_size=2, max_length=32)
-    monkeypatch.setattr(memory, "default_budget", lambda device: need - 1)
-    with pytest.raises(MemoryBudgetError, match="half the free memory"):
+    monkeypatch.setattr(memory, "free_memory", lambda device: memory.FreeMemory(2 * (need - 1), limit))
+    said = "half the free memory" + (f" under {limit}" if limit else "")
+    with pytest.raises(MemoryBudgetError, match=rf"over the .* allowed \({said}\)"):
         evaluate(
             model, texts(2, 32), ["model"], dtype=torch.float32, batch_size=2, max_length=32, progress=False
         )
+    monkeypatch.setattr(memory, "free_memory", lambda device: memory.FreeMemory(2 * need, limit))
+    evaluate(model, texts(2, 32), ["model"], dtype=torch.float32, batch_size=2, max_length=32, progress=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -151,3 +229,60 @@ def test_the_estimate_checks_its_arguments() -> None:
         headwidget.estimate_evaluation(model, ["model"], batch_size="8")
     with pytest.raises(headwidget.ArgumentError, match="variants"):
         headwidget.estimate_evaluation(model, "mqa")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status")
+def test_an_address_space_limit_is_refused_before_any_forward() -> None:
+    """Under a 3 GB RLIMIT_AS, a 16 × 512 batch of a 49,152-token vocabulary (1.6 GB of float32 logits)
+    is refused by the default budget with MemoryBudgetError naming the limit, not left to the allocator."""
+    code = """
+        import resource, torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        import headwidget
+        from headwidget.errors import MemoryBudgetError
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+        forwards = []
+        model.register_forward_pre_hook(lambda *_: forwards.append(1))
+        ids = torch.randint(0, 49152, (16, 512), generator=torch.Generator().manual_seed(0))
+        size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+        limit = max(3 * 10**9, size + 2**30)  # 3 GB here; more where the libraries alone take more
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        try:
+            headwidget.evaluate(model, ids, ["model", "mqa"], dtype=torch.float32, batch_size=16,
+                                max_length=512, progress=False)
+        except MemoryBudgetError as err:
+            print("refused", len(forwards), err)
+        """
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("refused 0 "), done.stdout
+    assert "half the free memory under RLIMIT_AS" in done.stdout
+    assert "batch_size or max_length" in done.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_kl_in_the_chunks_own_memory_is_the_textbook_sum(monkeypatch, dtype) -> None:
+    """The KL is computed in the memory of the two log-softmaxes; its sums are bit for bit those of
+    ``exp(ref) * (ref - var)`` (and NLL and top-1 those of the log-softmaxes), chunk by chunk."""
+    monkeypatch.setattr(measures, "CHUNK_BYTES", 4 * 50 * 7)  # 7 rows a chunk
+    gen = torch.Generator().manual_seed(8)
+    ref = (torch.randn(40, 50, generator=gen, dtype=torch.float64) * 4).to(dtype)
+    var = (ref.to(torch.float64) + torch.randn(40, 50, generator=gen, dtype=torch.float64)).to(dtype)
+    targets = torch.randint(0, 50, (40,), generator=gen)
+    totals = measures.PredictionTotals()
+    totals.add_rows(ref, var, targets)
+    work = measures.work_dtype(ref)
+    kl = nll = 0.0
+    hits = 0
+    for start in range(0, 40, 7):
+        r = torch.log_softmax(ref[start : start + 7].to(work), dim=-1)
+        v = torch.log_softmax(var[start : start + 7].to(work), dim=-1)
+        kl += float((r.exp() * (r - v)).sum(-1).to(torch.float64).sum())
+        nll += float((-v.gather(1, targets[start : start + 7, None]).squeeze(1)).to(torch.float64).sum())
+        hits += int((r.argmax(-1) == v.argmax(-1)).sum())
+    assert (totals.kl_sum, totals.nll_sum, totals.top1_hits, totals.tokens) == (kl, nll, hits, 40)
+    assert kl > 0.1

@@ -89,7 +89,7 @@ def test_evaluation_table(calibrated) -> None:
         "model": 3 * 128,
         "mqa": 128,
         "mqa+align": 128,
-        "lrkv:16": 128 + 2 * 9 * 16,
+        "lrkv:16": 128 + 2 * 3 * 16,  # each of the 3 KV heads caches its rank-16 coordinates
         "mla:128": 128,
         "mla:96+rope:8": 96 + 3 * 16,
     }

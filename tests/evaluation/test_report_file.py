@@ -470,6 +470,56 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     assert isinstance(err, ReportFileError) and "FIFO" in str(err) and str(fifo) in str(err)
 
 
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("<script>alert(1)</script>", "which is not a variant spec"),
+        ("my favourite", "which is not a variant spec"),
+        ("MQA", 'not a spec as evaluate writes it ("mqa")'),
+        (" mqa", 'not a spec as evaluate writes it ("mqa")'),
+    ],
+)
+def test_a_variant_that_is_no_spec_is_refused(name: str, problem: str, tmp_path: Path) -> None:
+    """A report names variants by the specs evaluate writes; any other name (a label, HTML, another
+    spelling) is refused by name on load, and cannot be saved."""
+    report = lm_report(per_layer=False, constant=False)
+    tree = json.loads(json.dumps(report.to_json()))
+    tree["variants"][1] = name
+    for table in ("measures", "kv_bytes_per_token"):
+        tree[table][name] = tree[table].pop("mqa")
+    message = refused(write_tree(tmp_path / "r.json", tree))
+    assert f"variants[1] is {json.dumps(name)}, {problem}" in message, message
+    renamed = dataclasses.replace(
+        report, **{k: tree[k] for k in ("variants", "measures", "kv_bytes_per_token")}
+    )
+    with pytest.raises(ReportFileError, match=r"cannot save the evaluation report to .*: variants\[1\] is"):
+        renamed.save(tmp_path / "saved.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_a_symlinked_report_is_neither_read_nor_written_through(tmp_path: Path) -> None:
+    """A report file planted as a link in a shared folder: loading it would read a file from elsewhere,
+    saving over it would overwrite that file."""
+    outside = tmp_path / "outside.json"
+    lm_report().save(outside)
+    before = outside.read_bytes()
+    link = tmp_path / "shared" / "report.json"
+    link.parent.mkdir()
+    link.symlink_to(outside)
+    assert "is a symlink" in refused(link)
+    with pytest.raises(ReportFileError, match=r"cannot save the report: .*report\.json is a symlink"):
+        encoder_report().save(link)
+    assert link.is_symlink() and outside.read_bytes() == before
+
+
+def test_a_nul_byte_in_a_report_path_is_a_report_error(tmp_path: Path) -> None:
+    bad = str(tmp_path / "r\x00.json")
+    for attempt in (lambda: lm_report().save(bad), lambda: EvaluationReport.load(bad)):
+        with pytest.raises(ReportFileError, match=r"holds a NUL byte, which no file name may; remove it"):
+            attempt()
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------- seeded random damage
 VALUES: list[Any] = [
     None,

@@ -70,17 +70,26 @@ def test_png_cells_have_the_widget_colour_of_their_value(tmp_path, colormap_name
     pixels = read_png(path)
     fig = figure(grid, dpi=dpi)
     assert pixels.shape[:2] == fig.canvas.get_width_height()[::-1]
+    # The cells' numbers (as the widget prints them in a 6×6 panel) are not the cell's colour.
+    covered = np.zeros(pixels.shape[:2], dtype=bool)
+    height = pixels.shape[0]
+    for text in fig.findobj(lambda a: getattr(a, "get_gid", lambda: None)() == "cell-label"):
+        box = text.get_window_extent()
+        covered[
+            max(0, math.floor(height - box.y1) - 1) : math.ceil(height - box.y0) + 1,
+            max(0, math.floor(box.x0) - 1) : math.ceil(box.x1) + 1,
+        ] = True
     for k, panel in enumerate(grid.panels):
         for r in range(N):
             for c in range(N):
                 left, top, right, bottom = cell_box(fig, k, r, c)
                 # 3 px in from the edges: the frame (0.6 pt, snapped to pixels) covers edge pixels.
-                inside = pixels[
-                    math.ceil(top) + 3 : math.floor(bottom) - 2, math.ceil(left) + 3 : math.floor(right) - 2
-                ]
-                assert inside.shape[0] > 10 and inside.shape[1] > 10
+                rows = slice(math.ceil(top) + 3, math.floor(bottom) - 2)
+                cols = slice(math.ceil(left) + 3, math.floor(right) - 2)
+                inside = pixels[rows, cols][~covered[rows, cols]]
+                assert inside.shape[0] > 60
                 want = reference_colour(panel.matrix[r, c], grid.vmin, grid.vmax, colormap_name)
-                # Every pixel inside the cell: the cell is one flat colour, the LUT entry of its value.
+                # Every pixel of the cell but its number: one flat colour, the LUT entry of its value.
                 assert (inside.reshape(-1, 3) == want).all(), (k, r, c, panel.matrix[r, c])
 
 
@@ -273,7 +282,8 @@ def test_html_page_data_holds_every_layer_as_the_widget_sends_it(tiny):
         grid = ChannelView(stats, layer=layer, channel_start=0, channel_width=16).grid
         frame = data["frames"][f'[{layer},"key"]']
         assert frame["window"] is True and frame["traits"] == {
-            "layer_label": f"layer {layer} of 0–1 (51 tokens)"
+            "layer_label": f"layer {layer} of 0–1 (51 tokens)",
+            "heading": f"LlamaForCausalLM · layer {layer}",  # what the page heads this state with
         }
         assert [p["id"] for p in frame["panels"]] == [p.id for p in grid.panels]
         for sent, panel in zip(frame["panels"], grid.panels, strict=True):
@@ -539,3 +549,14 @@ def test_save_all_writes_what_separate_saves_write(tmp_path):
     with pytest.raises(ExportError, match=r"'c\.html'.*\.png, \.svg, \.pdf"):
         headwidget.export.save_all(grid, [tmp_path / "c.png", tmp_path / "c.html"])
     assert not (tmp_path / "c.png").exists()  # refused before anything is written
+
+
+def test_a_saved_views_page_is_titled_and_headed_with_the_view_and_its_model(tiny, tmp_path):
+    """The page names the model (its title and heading), and heads each state's panels with what they
+    show (the frames' ``heading``, checked above)."""
+    _, stats = tiny
+    page = save(ChannelView(stats, layer=1), tmp_path / "channels.html").read_text()
+    assert "<title>Channels · LlamaForCausalLM</title>" in page
+    assert "<h1>Channels · LlamaForCausalLM</h1>" in page
+    untitled = save(ChannelView(stats, layer=1), tmp_path / "plain.html", title="").read_text()
+    assert "<h1>" not in untitled and "<title>headwidget</title>" in untitled

@@ -1,19 +1,25 @@
 """Every view's exported figure is laid out: its axes have a usable size, no text leaves the figure and
-no two texts overlap — read from the boxes matplotlib renders (``tests/figure_layout.py``), on the real
-SmolLM2 (its long model name and sample counts are the texts that ran over)."""
+no two texts overlap — read from the boxes matplotlib renders (the PNG) and from the saved SVG and PDF
+files (``tests/figure_layout.py``), on the real SmolLM2 (its long model name and sample counts are the
+texts that ran over), with the longest texts a view writes: allocations' mixed specs, KV bytes in two
+dtypes, a loss logged from a later step than the first snapshot. A figure says nothing of clicks, and
+a panel small enough for the widget to print its cells' values prints them too."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 import headwidget
-from figure_layout import layout_problems
-from headwidget.export import figure, save_all
+from figure_layout import layout_problems, pdf_layout_problems, svg_layout_problems, svg_texts
+from headwidget.export import export_style, figure, save_all
+from headwidget.export._cells import CELL_PT
 from headwidget.texts import english_sample
 
 pytestmark = pytest.mark.slow
@@ -50,7 +56,18 @@ def views(smollm2):
         progress=False,
     )
     mechanisms = ["model", "mqa", "lrkv:16", "mla:128"]
-    timeline = headwidget.Timeline.from_checkpoints(  # two snapshots of one model: the layout is the point
+    cross = headwidget.capture(  # ten layers' joint statistics: two-digit layer ticks and head labels
+        model,
+        english_sample(),
+        tokenizer=tok,
+        max_tokens=256,
+        max_length=128,
+        rope="both",
+        layers=range(10),
+        cross_layer=True,
+        progress=False,
+    )
+    snapshots = headwidget.Timeline.from_checkpoints(  # two snapshots of one model: the layout is the point
         [model, model],
         [0, 1000],
         english_sample(),
@@ -59,18 +76,51 @@ def views(smollm2):
         max_length=128,
         layers=LAYERS,
     )
+    # The trainer's loss, first logged at step 5: the two charts share one step axis.
+    losses = {5: {"loss": 3.1}, 250: {"loss": 2.6}, 500: {"loss": 2.4}, 1000: {"loss": 2.25}}
+    timeline = headwidget.Timeline({step: snapshots[step] for step in snapshots.steps}, logs=losses)
     return {
         "channels": headwidget.ChannelView(stats, layer=0, pinned=[1], channel_width=32),
         "alignment": headwidget.AlignmentView(stats, layer=1),
         "mechanisms": headwidget.MechanismView(model, layer=0, mechanisms=mechanisms, stats=stats),
+        "mechanisms+report": headwidget.MechanismView(
+            model, layer=0, mechanisms=mechanisms, stats=stats, report=report, prefetch=False
+        ),
         "quantization": headwidget.QuantizationView(stats, layer=0),
         "quantization+report": headwidget.QuantizationView(stats, layer=0, report=report),
-        "consequences": headwidget.ConsequenceView(report),
+        "consequences": headwidget.ConsequenceView(with_allocations(report), layer=1),
         "timeline": headwidget.TimelineView(timeline, layer=1),
         "timeline+heads": headwidget.TimelineView({"run A": timeline, "run B": timeline}, show="heads"),
         "healing": headwidget.HealingView({"mqa": _run("mqa", 6.7), "mqa+align": _run("mqa+align", 3.2)}),
         "trends": headwidget.TrendView(stats, model=model, mechanisms=["mqa", "mla:128"]),
+        "layer_similarity": headwidget.LayerSimilarityView(cross, layer=9, paired=0),
+        "layer_similarity+subset": headwidget.LayerSimilarityView(
+            cross, layers=[0, 3, 6, 9], layer=6, paired=3, metric="subspace", kind="key_post"
+        ),
     }
+
+
+#: Two allocations over SmolLM2's 30 layers, as allocate_frontier writes them: the longest row labels
+#: and notes a damage map has.
+ALLOCATIONS = (
+    "kv:int4@0,2-5,7,9-12,14,16-18;kv:int8@1,6,8,13,15,19-29",
+    "kv:int2@0-9;kv:int4@10-19;kv:int8@20-29",
+)
+
+
+def with_allocations(report: headwidget.EvaluationReport) -> headwidget.EvaluationReport:
+    """``report`` with :data:`ALLOCATIONS` as variants, their numbers those of its quantizers scaled
+    (the layout is the point)."""
+    for spec, like, scale in zip(ALLOCATIONS, ("kv:int4", "kv:int2"), (1.4, 1.2), strict=True):
+        measures = {k: v * scale if k != "top1" else v for k, v in report.measures[like].items()}
+        report = dataclasses.replace(
+            report,
+            variants=[*report.variants, spec],
+            measures={**report.measures, spec: measures},
+            kv_bytes_per_token={**report.kv_bytes_per_token, spec: report.kv_bytes_per_token[like] * scale},
+            per_layer={**(report.per_layer or {}), spec: [v * scale for v in (report.per_layer or {})[like]]},
+        )
+    return report
 
 
 def _run(spec: str, untrained: float) -> headwidget.HealingRun:
@@ -113,6 +163,7 @@ CASES = [
     "channels",
     "alignment",
     "mechanisms",
+    "mechanisms+report",
     "quantization",
     "quantization+report",
     "consequences",
@@ -120,7 +171,14 @@ CASES = [
     "timeline+heads",
     "healing",
     "trends",
+    "layer_similarity",
+    "layer_similarity+subset",
 ]
+
+
+#: The cases whose panels are small enough for the widget to print every cell's value (3 KV heads, a
+#: damage map of 5 variants × 3 layers).
+VALUES_IN_CELLS = ("alignment", "consequences", "timeline+heads")
 
 
 def test_every_registered_view_is_among_the_cases():
@@ -138,9 +196,16 @@ def test_exported_figure_is_laid_out(views, case, tmp_path):
         problems = layout_problems(fig)
     assert problems == []
     assert not [w for w in caught if "collapsed" in str(w.message)]
-    paths = [tmp_path / f"{case}{suffix}" for suffix in (".png", ".svg", ".pdf")]
+    _, svg, pdf = paths = [tmp_path / f"{case}{suffix}" for suffix in (".png", ".svg", ".pdf")]
     for path in save_all(view, paths, dpi=100):  # one frozen geometry, written in every format
         assert path.stat().st_size > 2000
+    assert svg_layout_problems(svg) == []
+    assert pdf_layout_problems(pdf, svg) == []
+    _, texts = svg_texts(svg)
+    assert not [t for t, *_ in texts if "click" in t]  # a figure cannot be clicked
+    if case in VALUES_IN_CELLS:  # small panels: every cell's value printed, as the widget prints it
+        shown = sum(int(np.isfinite(p.matrix).sum()) for p in view.full_grid().panels)
+        assert sum(1 for _, size, *_ in texts if size == CELL_PT) == shown
 
 
 def test_the_layout_check_sees_what_it_is_for():
@@ -155,3 +220,28 @@ def test_the_layout_check_sees_what_it_is_for():
     assert any("overlap" in p and "one text here" in p for p in problems)
     assert any("leaves the figure" in p and "running off" in p for p in problems)
     assert any(p.startswith("chart axes") and "0.15×1.60 in" in p for p in problems)
+
+
+def test_the_file_checks_see_what_they_are_for(tmp_path):
+    """The SVG check reads a text off the page and two on each other from the file; the PDF check sees a
+    PDF whose texts are not where the SVG's are."""
+    fig = Figure(figsize=(3, 2), dpi=100)
+    fig.text(0.3, 0.5, "one text here")
+    fig.text(0.32, 0.5, "and another on it")
+    fig.text(0.9, 0.9, "running off the right edge")
+    fig.text(0.02, 0.5, "turned past the top", rotation=90)
+    with export_style():  # (text kept as text in the SVG)
+        fig.savefig(tmp_path / "bad.svg")
+    problems = svg_layout_problems(tmp_path / "bad.svg")
+    assert any("overlap" in p and "one text here" in p for p in problems)
+    assert any("leaves the page" in p and "running off" in p for p in problems)
+    assert any("leaves the page" in p and "turned past" in p for p in problems)
+    fig.texts[0].set_x(0.05)  # the PDF of a figure whose first text moved
+    fig.savefig(tmp_path / "moved.pdf")
+    assert any(
+        "not where the SVG's 'one text here'" in p
+        for p in pdf_layout_problems(tmp_path / "moved.pdf", tmp_path / "bad.svg")
+    )
+    fig.texts[0].set_x(0.3)
+    fig.savefig(tmp_path / "same.pdf")
+    assert pdf_layout_problems(tmp_path / "same.pdf", tmp_path / "bad.svg") == []

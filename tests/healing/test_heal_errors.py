@@ -93,7 +93,7 @@ def test_overlapping_healing_and_evaluation_text(pair: tuple) -> None:
         small_heal(variant, model, texts=texts, eval_texts=held, max_length=64)
     short = texts[:, 500:520]  # a 20-token evaluation sequence found whole in the healing text
     with pytest.raises(
-        HealingInputError, match=r"overlap: 1 run\(s\) of 32 tokens of the evaluation text \(or shorter"
+        HealingInputError, match=r"overlap: 1 run\(s\) of 32 tokens of the evaluation texts \(a text shorter"
     ):
         small_heal(variant, model, texts=texts, eval_texts=short, max_length=64)
 

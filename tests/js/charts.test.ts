@@ -227,3 +227,91 @@ describe("ChartStrip", () => {
     strip.destroy();
   });
 });
+
+describe("what a chart is asked to show beside its points", () => {
+  const raw = (extra: Record<string, unknown>) => {
+    const parsed = parseCharts([
+      {
+        id: "c",
+        title: "t",
+        series: [
+          {
+            name: "s",
+            x: [5, 250, 1000],
+            y: [3, 2.5, 2],
+            labels: ["a", "b", "c"],
+            style: "points+line",
+          },
+        ],
+        ...extra,
+      },
+    ]);
+    expect(parsed.problems).toEqual([]);
+    return parsed.charts[0];
+  };
+
+  it("gives charts over the same steps one axis: a step is at the same place in each", () => {
+    const trend = parseCharts([
+      {
+        id: "trends",
+        x_range: [0, 40],
+        series: [
+          { name: "m", x: [0, 20, 40], y: [0.1, 0.2, 0.3], labels: ["", "", ""], style: "line" },
+          { name: "step 20", x: [20, 20], y: [0.1, 0.3], labels: ["", ""], style: "line" },
+        ],
+      },
+    ]).charts[0];
+    const loss = raw({
+      x_range: [0, 40],
+      series: [
+        { name: "loss", x: [5, 20, 40], y: [3, 2.5, 2], labels: ["", "", ""], style: "line" },
+        { name: "step 20", x: [20, 20], y: [2, 3], labels: ["", ""], style: "line" },
+      ],
+    });
+    const a = layoutChart(trend, 480, approxMeasure);
+    const b = layoutChart(loss, 480, approxMeasure);
+    const marker = (box: typeof a) => box.lines.find((l) => l.series === 1)?.path[0][0];
+    expect(marker(a)).toBeCloseTo(marker(b) as number, 6);
+    expect(a.xAxis).toEqual(b.xAxis);
+    // without the shared range, the loss chart's axis would start at its first logged step
+    const alone = layoutChart({ ...loss, x_range: null }, 480, approxMeasure);
+    expect(Math.abs((marker(alone) as number) - (marker(a) as number))).toBeGreaterThan(10);
+  });
+
+  it("writes its x ticks as given (the untrained point at 0), and names no point on request", () => {
+    const c = raw({
+      series: [
+        {
+          name: "s",
+          x: [2.5, 250, 1000],
+          y: [3, 2.5, 2],
+          labels: ["a", "b", "c"],
+          style: "points+line",
+        },
+      ],
+      x_log: true,
+      x_ticks: [2.5, 250, 1000],
+      x_tick_labels: ["0", "250", "1,000"],
+      label_points: false,
+    });
+    const box = layoutChart(c, 480, approxMeasure);
+    expect(box.xTicks.map((t) => t.label)).toEqual(["0", "250", "1,000"]);
+    expect(box.labels).toEqual([]); // the legend names the lines: nothing printed across them
+    expect(layoutChart({ ...c, label_points: true }, 480, approxMeasure).labels.length).toBe(3);
+    expect(
+      parseCharts([{ id: "x", series: [], x_ticks: [1, 2], x_tick_labels: ["a"] }]).problems,
+    ).toEqual(['chart "x": 1 x_tick_labels for 2 x_ticks']);
+  });
+
+  it("says what a click does after its note, where the sender says it", () => {
+    const box = layoutChart(
+      raw({ note: "layer 3: 0.25", hint: "a click on a point selects its layer" }),
+      480,
+      approxMeasure,
+    );
+    expect(box.noteLines.join(" ")).toBe("layer 3: 0.25 · a click on a point selects its layer");
+    expect(layoutChart(raw({ note: "layer 3: 0.25" }), 480, approxMeasure).noteLines).toEqual([
+      "layer 3: 0.25",
+    ]);
+  });
+});

@@ -7,13 +7,15 @@ import {
   snapWindow,
   windowText,
 } from "../../js/lib/control_spec";
+import { CONTROL_TYPES } from "../../js/lib/protocol";
 
 describe("parseControls", () => {
   it("reads well-formed entries in order and fills absent references with empty strings", () => {
-    const specs = parseControls([
+    const { specs, problems } = parseControls([
       { trait: "layer", type: "slider", label: "Layer", count: "num_layers", text: "layer_label" },
       { trait: "kind", type: "toggles", label: "Kind", options: "kinds_available" },
     ]);
+    expect(problems).toEqual([]);
     expect(specs).toEqual([
       {
         trait: "layer",
@@ -51,16 +53,16 @@ describe("parseControls", () => {
         options: "kinds_available",
         labels: { key: "keys, pre-RoPE", key_post: "keys, post-RoPE", value: 3 },
       },
-    ]);
+    ]).specs;
     expect(spec.labels).toEqual({ key: "keys, pre-RoPE", key_post: "keys, post-RoPE" });
     const [listed] = parseControls([
       { trait: "m", type: "select", label: "M", options: "ms", labels: ["a", "b"] },
-    ]);
+    ]).specs;
     expect(listed.labels).toEqual({});
   });
 
-  it("leaves out unknown types, entries without a trait and entries missing what their type needs", () => {
-    const specs = parseControls([
+  it("leaves out unknown types, entries without a trait and entries missing what their type needs, and says why", () => {
+    const { specs, problems } = parseControls([
       { trait: "x", type: "dial", label: "X", count: "n" },
       { type: "slider", label: "no trait", count: "n" },
       { trait: "layer", type: "slider", label: "Layer" },
@@ -72,14 +74,24 @@ describe("parseControls", () => {
     ]);
     expect(specs.map((s) => s.trait)).toEqual(["ok"]);
     expect(specs[0].count).toBe(""); // a non-string reference is no reference
-    expect(parseControls(undefined)).toEqual([]);
-    expect(parseControls({ trait: "layer" })).toEqual([]);
+    const known = `this page knows ${Object.keys(CONTROL_TYPES).join(", ")}`;
+    expect(problems).toEqual([
+      `control "x": unknown control type "dial" (${known})`, // never dropped without a word
+      "slider control without a trait lacks trait",
+      'slider control "layer" lacks count',
+      'window control "start" lacks total',
+      'select control "metric" lacks options',
+      `control without a trait: unknown control type undefined (${known})`,
+      `control without a trait: unknown control type undefined (${known})`,
+    ]);
+    expect(parseControls(undefined)).toEqual({ specs: [], problems: [] });
+    expect(parseControls({ trait: "layer" })).toEqual({ specs: [], problems: [] });
   });
 });
 
 describe("controlTraits", () => {
   it("lists every trait set or read, once", () => {
-    const specs = parseControls([
+    const { specs } = parseControls([
       { trait: "layer", type: "slider", label: "Layer", count: "num_layers", text: "layer_label" },
       { trait: "start", type: "window", label: "Channels", width: "width", total: "num_layers" },
     ]);
@@ -87,7 +99,7 @@ describe("controlTraits", () => {
   });
 
   it("includes a window's step trait", () => {
-    const specs = parseControls([
+    const { specs } = parseControls([
       { trait: "start", type: "window", label: "C", width: "w", total: "n", step: "head" },
     ]);
     expect(specs[0].step).toBe("head");

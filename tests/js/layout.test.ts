@@ -25,6 +25,7 @@ import {
   plotSize,
   rowLength,
   SUBTITLE_H,
+  SUBTITLE_LINES,
   wantedSide,
 } from "../../js/lib/layout";
 import { approxMeasure } from "../../js/lib/text";
@@ -321,12 +322,21 @@ describe("a cut header", () => {
       approxMeasure,
     );
     const [cut, whole] = l.boxes;
-    expect(cut.subtitleLines.length).toBe(2);
+    expect(cut.subtitleLines.length).toBe(SUBTITLE_LINES);
     expect(cut.headerCut).toBe(true);
     expect(whole.headerCut).toBe(false);
     expect(headerAt(l, cut.x + 5, cut.y + cut.subtitleY)).toBe(0);
     expect(headerAt(l, whole.x + 5, whole.y + 3)).toBe(1);
     expect(headerAt(l, cut.x + cut.plot.x + 2, cut.y + cut.plot.y + 2)).toBeNull(); // the plot itself
+  });
+  it("is never a mechanism's subtitle: three lines of bytes, rank and errors are kept whole", () => {
+    const subtitle =
+      "KV 15,360 B/token over 30 layers (fp32; 512 this layer); 7,680 B/token in bf16 · " +
+      "eff. rank 4.99 · err K 0.000 V 0.704 (data-aware over 4096 tokens)";
+    const box = computeLayout([spec(9, 9, { subtitle })], 400, 1, approxMeasure).boxes[0];
+    expect(box.subtitleLines.length).toBeGreaterThan(2);
+    expect(box.subtitleLines.join(" ")).toBe(subtitle);
+    expect(box.headerCut).toBe(false);
   });
   it("is flagged when the title is cut", () => {
     const l = computeLayout([spec(4, 4, { title: long })], 2000, 1, approxMeasure);

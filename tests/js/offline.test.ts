@@ -2,13 +2,17 @@ import { describe, expect, it } from "vitest";
 import {
   type Axis,
   cropPanel,
+  fieldProblems,
   keyedValue,
   missingState,
+  OFFLINE_RULES,
   type PageData,
+  pageProblems,
   stateKey,
   unpackUpper,
   windowSubtitle,
 } from "../../js/lib/offline";
+import { CONTROL_TYPES } from "../../js/lib/protocol";
 import { OfflineModel } from "../../js/offline";
 
 const layer: Axis = { trait: "layer", type: "slider", label: "Layer", values: [1, 2] };
@@ -38,6 +42,22 @@ describe("stateKey", () => {
     expect(keyedValue(specs, ["typed"])).toEqual(["typed"]);
     expect(keyedValue(specs, "not a list")).toEqual([]);
     expect(keyedValue(kind, "key")).toBe("key");
+  });
+});
+
+describe("the page's rules and fields", () => {
+  it("has rules for every control type of the protocol", () => {
+    expect(Object.keys(OFFLINE_RULES)).toEqual(Object.keys(CONTROL_TYPES));
+  });
+  it("names a missing, an unknown and a mistyped field", () => {
+    const fields = { a: "number", b: "list|null", c: "string?" } as const;
+    expect(fieldProblems({ a: 1, b: null }, fields, "x")).toEqual([]);
+    expect(fieldProblems({ b: 2, c: "", d: 0 }, fields, "x")).toEqual([
+      "x: no a",
+      "x: b is a number, not a list|null",
+      "x: unknown field d",
+    ]);
+    expect(fieldProblems([], fields, "x")).toEqual(["x: expected an object, got list"]);
   });
 });
 
@@ -114,7 +134,7 @@ describe("OfflineModel", () => {
     colormap: "diverging",
     colorbar_label: "r",
     columns: 1,
-    charts: [],
+    charts: [{ ...chart, series: [0] }],
     traits: { layer_label: `${title} read-out` },
     panels: [
       {
@@ -123,14 +143,54 @@ describe("OfflineModel", () => {
         subtitle: "",
         rows: 1,
         cols: 1,
-        dtype: "float16",
-        blob: blobIndex,
-        packed: "",
+        row_labels: null,
+        col_labels: null,
         row_offset: 0,
         col_offset: 0,
+        row_step: 1,
+        col_step: 1,
+        row_group: 0,
+        col_group: 0,
+        axis_prefix: "",
+        row_axis: "",
+        col_axis: "",
+        dtype: "float16",
+        note: "",
+        hint: "",
+        window_subtitle: "",
+        mark_row: -1,
+        mark_col: -1,
+        axis_titles: false,
+        blob: blobIndex,
+        packed: "",
       },
     ],
   });
+  const chart = {
+    id: "trend",
+    title: "Trend",
+    subtitle: "",
+    note: "",
+    x_label: "x",
+    y_label: "y",
+    x_log: false,
+    y_log: false,
+    y_reference: null,
+    x_ticks: [],
+    x_tick_labels: [],
+    x_range: [],
+    label_points: true,
+    hint: "",
+  };
+  const series = {
+    name: "s",
+    x: [0],
+    y: [1],
+    labels: ["a"],
+    style: "line",
+    color: "",
+    dashed: false,
+  };
   const page: PageData = {
     state: {
       controls: [
@@ -160,8 +220,33 @@ describe("OfflineModel", () => {
     },
     errors: {},
     blobs: [blob([0x3c00]), blob([0xbc00])],
+    series: [series],
     bundle: "",
   };
+
+  it("draws a frame's charts with the series the page holds once", () => {
+    expect(pageProblems(page)).toEqual([]);
+    const model = new OfflineModel(page);
+    expect(model.get("charts")).toEqual([{ ...chart, series: [series] }]);
+  });
+
+  it("says what is wrong with a page it cannot read, on every state: never a silent drop", () => {
+    const dial = {
+      ...page,
+      axes: [...page.axes, { trait: "knob", type: "dial", label: "Knob", values: [1] }],
+    };
+    const model = new OfflineModel(dial);
+    expect(String(model.get("error")).split("\n")).toContain(
+      'axis 2 ("knob"): unknown control type "dial"',
+    );
+    const broken = { ...page, series: [], frames: { '[0,"key"]': { ...frame("k0", 5) } } };
+    expect(pageProblems(broken)).toEqual([
+      'frame [0,"key"], panel 0: no blob 5',
+      'frame [0,"key"], chart 0: no series 0',
+    ]);
+    const { axes: _axes, ...noAxes } = page;
+    expect(pageProblems(noAxes)).toEqual(["page: no axes"]);
+  });
 
   it("shows the saved state, then each state a control commits", () => {
     const model = new OfflineModel(page);

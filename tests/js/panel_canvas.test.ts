@@ -61,3 +61,50 @@ describe("drawPanel", () => {
     expect(buildImage(document, panel, 0, 1, packedColormap("magma"))).toBeNull();
   });
 });
+
+describe("what a view marks on a panel", () => {
+  const marked = parsePanel(
+    rawPanel({
+      id: "damage",
+      title: "ΔNLL, one layer converted",
+      note: "layer 1: mqa +0.3",
+      hint: "a click on a cell selects its layer",
+      rows: 2,
+      cols: 3,
+      row_axis: "variant",
+      col_axis: "layer",
+      axis_titles: true,
+      mark_col: 1,
+      data: f32View([1, 2, 3, 4, 5, 6]),
+    }),
+    0,
+  );
+  const markedBox = layoutPanel(marked, approxMeasure);
+
+  it("titles the axes, outlines the selected layer's column and says what a click does", () => {
+    const { ctx, calls } = recorder();
+    drawPanel(ctx, markedBox, null);
+    const drawn = texts(calls);
+    expect(drawn).toContain("variant");
+    expect(drawn).toContain("layer");
+    expect(markedBox.noteLines.join(" ")).toBe(
+      "layer 1: mqa +0.3 · a click on a cell selects its layer",
+    );
+    const column = cellRect(markedBox, 0, 1);
+    const outlines = calls.filter((c) => c.name === "strokeRect" && c.args[0] === column.x);
+    expect(outlines.map((c) => c.args.slice(1))).toEqual([
+      [markedBox.plot.y, column.w, markedBox.plot.h],
+    ]);
+    // the same panel without the fields: no titles, no outline, the note alone
+    const plain = layoutPanel(
+      { ...marked, axis_titles: false, mark_col: -1, hint: "" },
+      approxMeasure,
+    );
+    const bare = recorder();
+    drawPanel(bare.ctx, plain, null);
+    expect(texts(bare.calls)).not.toContain("variant");
+    expect(bare.calls.filter((c) => c.name === "strokeRect").length).toBe(1); // the frame
+    expect(plain.noteLines).toEqual(["layer 1: mqa +0.3"]);
+    expect(markedBox.plot.x).toBeGreaterThan(plain.plot.x); // room for the rows' title
+  });
+});

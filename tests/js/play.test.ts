@@ -39,7 +39,7 @@ describe("play", () => {
   afterEach(() => vi.useRealTimers());
 
   it("reads play from a slider's description only", () => {
-    const specs = parseControls([
+    const { specs } = parseControls([
       ...CONTROLS,
       { trait: "kind", type: "toggles", label: "Kind", options: "kinds", play: true },
       { trait: "head", type: "slider", label: "Head", count: "num_heads", play: "yes" },

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { approxMeasure, fitText, font, fontSize, wrapText } from "../../js/lib/text";
+import { approxMeasure, breakWord, fitText, font, fontSize, wrapText } from "../../js/lib/text";
 
 const f = font(10);
 
@@ -36,5 +36,17 @@ describe("text helpers", () => {
     const many = wrapText("word ".repeat(100), 60, f, approxMeasure, 3);
     expect(many).toHaveLength(3);
     expect(many[2].endsWith("…")).toBe(true);
+  });
+});
+
+describe("a word longer than a line", () => {
+  const f = font(10);
+  it("is broken after its commas and semicolons (a long spec), never cut", () => {
+    const spec = "kv:int4@0,2-5,7,9-12,14;kv:int8@1,6,8,13,15-29";
+    const lines = wrapText(`mixed 59,068.8 B = ${spec}`, 120, f, approxMeasure, 10);
+    expect(lines.join("").replace(/\s/g, "")).toBe(`mixed59,068.8B=${spec}`);
+    expect(lines.every((l) => approxMeasure(l, f) <= 120)).toBe(true);
+    expect(lines.some((l) => l.includes("…"))).toBe(false);
+    expect(breakWord(spec, 120, f, approxMeasure).join("")).toBe(spec);
   });
 });

@@ -1,6 +1,6 @@
 // @vitest-environment jsdom
 import { describe, expect, it } from "vitest";
-import { Tooltip } from "../../js/ui/tooltip";
+import { place, Tooltip } from "../../js/ui/tooltip";
 
 describe("Tooltip", () => {
   it("shows title, row, column and value", () => {
@@ -21,8 +21,18 @@ describe("Tooltip", () => {
     Object.defineProperty(t.el, "offsetHeight", { value: 60 });
     t.show({ title: "a", row: "0", col: "0", value: 1 }, 300, 200, 350, 240);
     expect([t.el.style.left, t.el.style.top]).toEqual(["186px", "126px"]);
+  });
+
+  it("stays inside its container where neither side of the pointer has room", () => {
+    const t = new Tooltip(document);
+    Object.defineProperty(t.el, "offsetWidth", { value: 100 });
+    Object.defineProperty(t.el, "offsetHeight", { value: 60 });
+    // 100 px wide at x = 50 of 120: not after the pointer (ends at 164), not before it (starts
+    // at −64): moved left until it ends at the container's edge, and up likewise.
     t.show({ title: "a", row: "0", col: "0", value: 1 }, 50, 30, 120, 80);
-    expect([t.el.style.left, t.el.style.top]).toEqual(["64px", "44px"]); // no room on the other side
+    expect([t.el.style.left, t.el.style.top]).toEqual(["20px", "20px"]);
+    expect(t.el.style.maxWidth).toBe("120px"); // never wider than the container: a long line wraps
+    expect(place(50, 300, 120)).toBe(0); // wider than the container: from its start
   });
 
   it("says undefined for NaN", () => {

@@ -13,14 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import HeadwidgetError, PathRefusedError
 from headwidget.files import (
     PARTIAL_SUFFIX,
     NotRegularFileError,
     atomic_output,
     atomic_write,
+    checked_path,
+    entry,
     partial_leftovers,
-    real_target,
+    read_regular,
+    regular_file,
 )
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "headwidget"
@@ -65,7 +68,9 @@ def test_a_writer_that_renames_over_the_path_still_commits_with_the_targets_mode
     path.write_bytes(b"old")
     path.chmod(0o640)
     with atomic_output(path) as tmp:
-        assert tmp.name == path.name and tmp.parent.parent == tmp_path  # same name, beside the target
+        assert tmp.name == path.name  # the target's name, in a private folder beside it
+        (beside,) = partial_leftovers(tmp_path)
+        assert beside.name.startswith(".data.bin.") and tmp.samefile(beside / path.name)
         own = tmp.with_name(".writer-temp")
         own.write_bytes(b"new")
         own.chmod(0o600)
@@ -84,9 +89,9 @@ def test_the_content_is_flushed_before_the_rename_and_the_rename_after(
         calls.append("fsync directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
         real_fsync(fd)
 
-    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str], **folders: int) -> None:
         calls.append("replace")
-        real_replace(src, dst)
+        real_replace(src, dst, **folders)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
@@ -127,36 +132,153 @@ def test_problems_with_the_path_name_the_path(tmp_path: Path) -> None:
     loop = tmp_path / "loop"
     loop.symlink_to("loop")
     with pytest.raises(OSError, match=r"symlink loop") as info:
-        real_target(loop)
-    assert info.value.errno == errno.ELOOP and info.value.filename == str(loop)
+        write(loop / "child", b"never")
+    assert info.value.errno == errno.ELOOP and info.value.filename == str(loop / "child")
     file = tmp_path / "file"
     file.write_bytes(b"")
     with pytest.raises(NotADirectoryError) as not_dir:
-        real_target(file / "child")
+        write(file / "child", b"never")
     assert not_dir.value.filename == str(file / "child")
     with pytest.raises(FileNotFoundError, match="create the directory first") as missing:
-        real_target(tmp_path / "missing" / "child")
+        write(tmp_path / "missing" / "child", b"never")
     assert missing.value.filename == str(tmp_path / "missing" / "child")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "loop"]
 
 
-@pytest.mark.parametrize("kind", ["directory", "fifo", "symlink to a directory"])
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
 def test_targets_that_are_not_regular_files_are_refused(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "target"
     if kind == "directory":
         path.mkdir()
     elif kind == "fifo":
         os.mkfifo(path)
-    else:
-        (tmp_path / "dir").mkdir()
-        path.symlink_to("dir")
     with pytest.raises(
         NotRegularFileError, match=r"is (a directory|a FIFO \(named pipe\)), not a regular file"
     ):
         write(path, b"never")
     assert isinstance(NotRegularFileError("x"), OSError) and issubclass(NotRegularFileError, HeadwidgetError)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        {"target", *(["dir"] if "symlink" in kind else [])}
+    assert [p.name for p in tmp_path.iterdir()] == ["target"]
+
+
+@pytest.mark.parametrize("link", ["to a file outside", "to a missing file outside", "to a directory"])
+def test_a_symlink_at_the_target_is_refused_and_what_it_points_to_untouched(
+    tmp_path: Path, link: str
+) -> None:
+    """A link planted where a file will be written (a shared run folder) never redirects the write."""
+    folder, outside = tmp_path / "run", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    if link != "to a missing file outside":
+        victim.write_text("precious")
+    planted = folder / "step-000000020.safetensors"
+    planted.symlink_to(outside if link == "to a directory" else victim)
+    with pytest.raises(PathRefusedError, match=r"step-000000020\.safetensors is a symlink \(to .*outside"):
+        write(planted, b"attack")
+    assert planted.is_symlink() and [p.name for p in folder.iterdir()] == [planted.name]
+    assert sorted(p.name for p in outside.iterdir()) == (
+        [] if link == "to a missing file outside" else ["victim.txt"]
     )
+    if victim.exists():
+        assert victim.read_text() == "precious"
+
+
+def test_a_link_planted_during_the_write_is_never_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    target = tmp_path / "run" / "timeline.json"
+    target.parent.mkdir()
+    target.write_text("old")
+
+    def plant() -> None:
+        target.unlink()
+        target.symlink_to(victim)
+
+    def write_and_plant() -> None:
+        with atomic_write(target, "w") as fh:
+            fh.write("new")
+            plant()  # after the first check: refused at the commit
+
+    with pytest.raises(PathRefusedError, match="is a symlink"):
+        write_and_plant()
+    assert target.is_symlink() and victim.read_text() == "precious"
+    target.unlink()
+    target.write_text("old")
+    real_replace = os.replace
+
+    def replace(src: str, dst: str, **folders: int) -> None:
+        plant()  # after the last check, before the rename: the rename replaces the link itself
+        real_replace(src, dst, **folders)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with atomic_write(target, "w") as fh:
+        fh.write("new")
+    assert not target.is_symlink() and target.read_text() == "new" and victim.read_text() == "precious"
+
+
+def test_a_temporary_folder_swapped_for_a_link_mid_write_leads_nowhere_else(tmp_path: Path) -> None:
+    """Whoever may write in the folder may rename the private temporary folder and put a link to a folder
+    of theirs (or of the victim's) in its place; the writer still writes into the folder it created."""
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("no /proc/self/fd: the temporary folder is reached by its name")
+    target = tmp_path / "run" / "notes.txt"
+    target.parent.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with atomic_output(target) as tmp:
+        (private,) = partial_leftovers(target.parent)
+        private.rename(target.parent / "moved")
+        private.symlink_to(elsewhere)
+        tmp.write_text("new")
+    assert target.read_text() == "new" and list(elsewhere.iterdir()) == []
+
+
+def test_reads_refuse_links_and_what_is_not_a_file_without_waiting(tmp_path: Path) -> None:
+    real = tmp_path / "stats.json"
+    real.write_bytes(b"{}")
+    assert read_regular(real, limit=2) == b"{}"
+    with regular_file(real) as name:
+        assert Path(name).read_bytes() == b"{}"
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    for path, message in [
+        (link, r"link\.json is a symlink \(to .*stats\.json\)"),
+        (fifo, r"pipe\.json is a FIFO \(named pipe\), not a regular file"),
+        (tmp_path, r"is a directory, not a regular file"),
+    ]:
+        with pytest.raises(PathRefusedError, match=message):
+            read_regular(path, limit=10)
+        with pytest.raises(PathRefusedError, match=message), regular_file(path):
+            pass
+    with pytest.raises(PathRefusedError, match=r"holds 2 bytes, more than the 1 it may"):
+        read_regular(real, limit=1)
+    with pytest.raises(FileNotFoundError) as missing:
+        read_regular(tmp_path / "missing.json", limit=10)
+    assert missing.value.filename == str(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("name", ["../escape.json", "/etc/passwd", "sub/step.json", "..", ".", "", "a\x00b"])
+def test_a_name_that_leaves_its_folder_is_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(PathRefusedError, match=r"is not a plain file name inside"):
+        entry(tmp_path, name)
+    assert entry(tmp_path, "step-000000020.safetensors") == tmp_path / "step-000000020.safetensors"
+
+
+def test_a_nul_byte_in_a_path_is_a_clear_refusal(tmp_path: Path) -> None:
+    bad = tmp_path / "a\x00b.json"
+    for attempt in (
+        lambda: checked_path(bad),
+        lambda: write(bad, b"x"),
+        lambda: read_regular(bad, limit=1),
+        lambda: entry(bad, "x"),
+    ):
+        with pytest.raises(PathRefusedError, match=r"holds a NUL byte, which no file name may; remove it"):
+            attempt()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_only_text_and_binary_writing_modes(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ byte for byte and nothing is left beside it.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -202,3 +203,38 @@ def test_the_command_line_takes_the_report_suffixes_that_save_writes(tmp_path: P
         small_report().save(tmp_path / f"r{suffix}")
     with pytest.raises(OSError, match=r"\.json, \.md"):
         small_report().save(tmp_path / "r.txt")
+
+
+# ---------------------------------------------------------------------- every entry point, a NUL byte
+def _nul_attempts(bad: Path) -> dict[str, Callable[[], object]]:
+    import torch
+
+    from headwidget import HealingRun, KVStats, Timeline, Tracker
+
+    return {
+        "KVStats.load": lambda: KVStats.load(f"{bad}.safetensors"),
+        "EvaluationReport.save": lambda: small_report().save(f"{bad}.json"),
+        "EvaluationReport.load": lambda: EvaluationReport.load(f"{bad}.json"),
+        "HealingRun.load": lambda: HealingRun.load(f"{bad}.json"),
+        "HealingRun.load_all": lambda: HealingRun.load_all(f"{bad}.json"),
+        "Timeline.load": lambda: Timeline.load(bad),
+        "Tracker(path=)": lambda: Tracker(torch.ones(1, 4, dtype=torch.long), path=bad),
+        "export.save": lambda: save(grid(2), f"{bad}.png", dpi=30),
+        "save_html": lambda: save_html(grid(2), f"{bad}.html"),
+        "save_tabbed_html": lambda: save_tabbed_html(f"{bad}.html", [("one", "<p>x</p>")], "tabs"),
+        "cli report .md": lambda: write_report(
+            small_report(), Path(f"{bad}.md"), evaluation="t", calibration="n"
+        ),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_nul_attempts(Path("x"))))
+def test_a_nul_byte_in_any_save_or_load_path_is_a_headwidget_error(entry: str, tmp_path: Path) -> None:
+    """Every function that saves or loads a file refuses a path with a NUL byte by saying so (a bare
+    ``ValueError: embedded null byte`` before), and writes nothing. (``KVStats.save``, ``HealingRun.save``
+    and the runs' files are tried in their own tests, with statistics and runs to save.)"""
+    from headwidget.errors import HeadwidgetError
+
+    with pytest.raises(HeadwidgetError, match=r"holds a NUL byte, which no file name may; remove it"):
+        _nul_attempts(tmp_path / "a\x00b")[entry]()
+    assert list(tmp_path.iterdir()) == []

@@ -28,14 +28,15 @@ SMALL_RUN = {
     # training: 20 steps with a snapshot every 10 (the saved outputs are 2,000 steps, every 100)
     "HEADWIDGET_NOTEBOOK_TRAIN_STEPS": "20",
     "HEADWIDGET_NOTEBOOK_TRACK_EVERY": "10",
-    # healing: the three layers above converted, one step of 2×32 tokens a variant, one point after it
-    # on 32 held-out tokens (the saved outputs are every layer, 65,536 tokens in steps of 8×512, a point
-    # every 16,384 on 4,096)
-    "HEADWIDGET_NOTEBOOK_HEAL_TOKENS": "64",
-    "HEADWIDGET_NOTEBOOK_HEAL_EVERY": "64",
-    "HEADWIDGET_NOTEBOOK_HEAL_EVAL_TOKENS": "32",
-    "HEADWIDGET_NOTEBOOK_HEAL_BATCH": "2",
-    "HEADWIDGET_NOTEBOOK_HEAL_LENGTH": "32",
+    # healing: the three layers above converted, one step of 1×16 tokens a variant, one point after it
+    # on 16 held-out tokens (the saved outputs are every layer, 65,536 tokens in steps of 8×512, a point
+    # every 16,384 on 4,096); a forward of SmolLM2 on so few tokens costs what reading its weights costs,
+    # so each of the six runs is its seven forwards and one backward
+    "HEADWIDGET_NOTEBOOK_HEAL_TOKENS": "16",
+    "HEADWIDGET_NOTEBOOK_HEAL_EVERY": "16",
+    "HEADWIDGET_NOTEBOOK_HEAL_EVAL_TOKENS": "16",
+    "HEADWIDGET_NOTEBOOK_HEAL_BATCH": "1",
+    "HEADWIDGET_NOTEBOOK_HEAL_LENGTH": "16",
 }
 
 

@@ -49,7 +49,7 @@ def test_the_pair_really_is_foreign(models):
 
 # Views built from statistics as a plain capture leaves them (not a report, a timeline or healing runs; no
 # token samples)
-FROM_STATS = [n for n in view_names() if view_class(n).sources().main in ("stats", "model")]
+FROM_STATS = [n for n in view_names() if view_class(n).sources.main in ("stats", "model")]
 
 
 @pytest.mark.parametrize("shown", [False, True])

@@ -167,7 +167,7 @@ LOAD_CASES: list[tuple[str, Edit, str]] = [
     (
         "string tokens",
         set_meta("tokens", value="94"),
-        r"meta\.tokens must be an integer, not the string '94'",
+        r'meta\.tokens must be an integer, not the string "94"',
     ),
     ("negative tokens and counts", all_counts(-4), r"meta\.tokens is -4, outside the allowed >= 0"),
     (
@@ -363,7 +363,7 @@ LOAD_CASES: list[tuple[str, Edit, str]] = [
         add_tensor,
         r"tensor layer1\.latent\.mean does not belong to meta\.layers",
     ),
-    ("unknown field", set_meta("colour", value="red"), r"meta has unknown fields \['colour'\]"),
+    ("unknown field", set_meta("colour", value="red"), r'meta has unknown fields "colour" \(known: '),
     (
         "not a torch dtype",
         set_meta("dtype", value="banana"),
@@ -379,7 +379,7 @@ LOAD_CASES: list[tuple[str, Edit, str]] = [
         duplicate_json_key,
         r"header field meta is not valid JSON \(the key 'tokens' appears twice\)",
     ),
-    ("deeply nested JSON", deep_nesting, r"header field meta is nested too deeply"),
+    ("deeply nested JSON", deep_nesting, r"header field meta is JSON nested too deeply"),
     ("missing format version", set_header("format_version", None), r"header field format_version is missing"),
 ]
 
@@ -419,29 +419,54 @@ def test_untouched_file_still_loads_with_sound_numbers(stats: KVStats, good: Pat
 def test_load_names_a_directory_and_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.safetensors"
     os.mkfifo(fifo)
-    for path in (tmp_path, fifo):  # opening the FIFO would block: it must be refused before
-        with pytest.raises(StatsFileError, match=rf"{re.escape(str(path))} is not a regular file"):
+    for path, what in ((tmp_path, "a directory"), (fifo, r"a FIFO \(named pipe\)")):
+        # opening the FIFO would block: it must be refused before
+        with pytest.raises(StatsFileError, match=rf"{re.escape(str(path))} is {what}, not a regular file"):
             KVStats.load(path)
 
 
+def test_load_refuses_a_symlink_even_to_a_good_file(good: Path, tmp_path: Path) -> None:
+    """A statistics file planted as a link (to statistics elsewhere, another run's) is not read."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    link = folder / "stats.safetensors"
+    link.symlink_to(good)
+    with pytest.raises(
+        StatsFileError, match=rf"cannot load statistics: {re.escape(str(link))} is a symlink \(to .*\)"
+    ):
+        KVStats.load(link)
+    assert KVStats.load(good).tokens > 0
+
+
+def test_a_nul_byte_in_a_path_is_a_statistics_error(stats: KVStats, tmp_path: Path) -> None:
+    bad = str(tmp_path / "a\x00b.safetensors")
+    for attempt in (lambda: stats.save(bad), lambda: KVStats.load(bad)):
+        with pytest.raises(StatsFileError, match=r"holds a NUL byte, which no file name may; remove it"):
+            attempt()
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------- saving
-def test_save_through_a_symlink_keeps_the_link(stats: KVStats, tmp_path: Path) -> None:
-    real = tmp_path / "real.safetensors"
-    real.write_bytes(b"old")
+@pytest.mark.parametrize("dangling", [False, True])
+def test_save_refuses_a_symlink_and_leaves_what_it_leads_to(
+    stats: KVStats, tmp_path: Path, dangling: bool
+) -> None:
+    """A link planted where statistics are saved (a shared folder) would make the save overwrite, or create,
+    a file elsewhere that its user may write: it is refused, the link and its target untouched."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    if not dangling:
+        victim.write_bytes(b"precious")
     link = tmp_path / "link.safetensors"
-    link.symlink_to(real.name)
-    stats.save(link)
-    assert link.is_symlink() and os.readlink(link) == real.name
-    assert KVStats.load(real).tokens == stats.tokens
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.safetensors", "real.safetensors"]
-
-
-def test_save_through_a_dangling_symlink_creates_its_target(stats: KVStats, tmp_path: Path) -> None:
-    link = tmp_path / "link.safetensors"
-    link.symlink_to("sub/target.safetensors")
-    (tmp_path / "sub").mkdir()
-    stats.save(link)
-    assert link.is_symlink() and (tmp_path / "sub" / "target.safetensors").is_file()
+    link.symlink_to(victim)
+    with pytest.raises(
+        StatsFileError, match=rf"cannot save statistics: {re.escape(str(link))} is a symlink \(to .*victim"
+    ):
+        stats.save(link)
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["link.safetensors", "outside"]
+    assert [p.name for p in outside.iterdir()] == ([] if dangling else ["victim.txt"])
+    assert dangling or victim.read_bytes() == b"precious"
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o600])
@@ -492,7 +517,7 @@ def test_save_refuses_targets_that_are_not_regular_files(stats: KVStats, tmp_pat
     elif target == "symlink to /dev/null":
         path = tmp_path / "null.safetensors"
         path.symlink_to("/dev/null")
-        check, what = path.is_symlink, "a character device"
+        check, what = path.is_symlink, r"a symlink \(to /dev/null\)"
     else:
         path = _device_node(tmp_path)
         check, what = path.is_char_device, "a character device"

@@ -235,9 +235,23 @@ def test_a_run_that_starts_before_the_last_snapshot_is_told(tmp_path) -> None:
             lambda ix: ix["snapshots"].insert(0, {"step": 9, "file": _store.snapshot_name(9)}),
             r"does not follow",
         ),
-        (lambda ix: ix["snapshots"].append({"step": -1, "file": "x"}), r"step must be a whole number"),
-        (lambda ix: ix["logs"].update({"3": {"loss": "low"}}), r"must be a finite number"),
-        (lambda ix: ix.update(extra=1), r"must hold exactly"),
+        (
+            lambda ix: ix["snapshots"].append({"step": -1, "file": "x"}),
+            r"snapshots\[1\]\.step is -1, outside",
+        ),
+        (
+            lambda ix: ix["logs"].update({"3": {"loss": "low"}}),
+            r'logs\["3"\]\["loss"\] must be a number, not',
+        ),
+        (lambda ix: ix.update(extra=1), r'the file has unknown fields "extra"'),
+        (lambda ix: ix["snapshots"].append({"step": 3, "file": "/etc/passwd"}), r"\.file must be"),
+        (
+            lambda ix: ix["snapshots"].append({"step": 3, "file": "sub/../step-000000003.safetensors"}),
+            r"\.file",
+        ),
+        (lambda ix: ix.update(model=None), r"model is null, but the index names snapshots"),
+        (lambda ix: ix["logs"].update({"3": {"loss": 10**120}}), r'logs\["3"\]\["loss"\] is a number of 121'),
+        (lambda ix: ix["logs"].update({"x": {}}), r'logs\["x"\] must be keyed by a step'),
     ],
 )
 def test_a_crafted_index_is_refused_naming_the_field(change, message, tmp_path) -> None:

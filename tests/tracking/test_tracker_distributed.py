@@ -1,16 +1,22 @@
 """``Tracker`` under torch.distributed (gloo, two CPU processes): each rank captures its share of the probe
-batches, the snapshot is their sum, equal to one process's capture of all of them, only rank 0 writes, and
-every rank continues an existing folder at the same step."""
+batches, the snapshot is their sum, equal to one process's capture of all of them, only rank 0 writes,
+every rank continues an existing folder at the same step, and a folder error on rank 0 is raised on every
+rank as the same headwidget error."""
 
 from __future__ import annotations
 
+import json
+import os
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from headwidget import Timeline, Tracker
+from headwidget.tracking._store import INDEX, snapshot_name
 from ports import free_port, run_ranks
 from tiny_models import VOCAB
 
@@ -66,3 +72,57 @@ def test_two_ranks_snapshot_what_one_process_captures(tmp_path: Path) -> None:
             torch.testing.assert_close(a.token_gram(), b.token_gram(), rtol=1e-5, atol=1e-5 * b.count)
     files = sorted(p.name for p in (tmp_path / "run.track").iterdir())
     assert files == ["step-000000000.safetensors", "step-000000001.safetensors", "timeline.json"]
+
+
+def _failing_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Each folder error rank 0 meets, as every rank sees it (a rank left waiting would time out)."""
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=30)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout
+    )
+    root, seen = Path(out), {}
+
+    def plant_index_link() -> Tracker:
+        tracker = _tracker(root / "logs.track")
+        if rank == 0:  # while the run goes on, someone links the index to a file outside
+            (root / "logs.track" / INDEX).unlink()
+            (root / "logs.track" / INDEX).symlink_to(root / "victim.txt")
+        dist.barrier()
+        return tracker
+
+    cases = {
+        "a folder that is a file": lambda: _tracker(root / "victim.txt"),
+        "a snapshot linked outside": lambda: _tracker(root / "run.track").snapshot(_model(), 1),
+        "an index linked outside": lambda: plant_index_link().on_log(
+            None, SimpleNamespace(global_step=3), None, logs={"loss": 1.0}
+        ),
+    }
+    try:
+        for case, attempt in cases.items():
+            try:
+                attempt()
+                seen[case] = "no error"
+            except Exception as err:
+                seen[case] = f"{type(err).__module__}.{type(err).__name__}: {err}"
+    finally:
+        (root / f"rank{rank}.json").write_text(json.dumps(seen))
+        dist.destroy_process_group()
+
+
+def test_a_folder_error_on_rank_0_is_raised_on_every_rank(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    _tracker(tmp_path / "run.track").snapshot(_model(), 0)
+    (tmp_path / "run.track" / snapshot_name(1)).symlink_to(victim)
+    run_ranks(_failing_worker, (2, free_port(), str(tmp_path)))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1], ranks
+    seen = ranks[0]
+    assert seen["a folder that is a file"].startswith("headwidget.errors.TimelineFileError: ")
+    assert "is a file; a timeline is a folder" in seen["a folder that is a file"]
+    assert seen["a snapshot linked outside"].startswith("headwidget.errors.StatsFileError: ")
+    assert "step-000000001.safetensors is a symlink" in seen["a snapshot linked outside"]
+    assert seen["an index linked outside"].startswith("headwidget.errors.TimelineFileError: ")
+    assert "timeline.json is a symlink" in seen["an index linked outside"]
+    assert victim.read_text() == "precious" and os.path.islink(tmp_path / "run.track" / snapshot_name(1))

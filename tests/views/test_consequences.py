@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from headwidget.core.charts import Chart, ChartError, Series, encode_chart, pare
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.evaluation import EvaluationReport, evaluate
 from headwidget.export import ExportError, page_data, save
+from headwidget.export._cells import cell_format
 from headwidget.views import ConsequenceView, ViewSourceError
 from headwidget.views.consequences import UnknownDamageMeasureError
 from tiny_models import make_model
@@ -179,9 +181,14 @@ def test_the_damage_map_is_the_per_layer_sweep(tiny_report):
     assert (view.grid.vmin, view.grid.vmax) == (-peak, peak)
     assert panel.col_offset == report.layers[0] == 0
     assert (panel.row_axis, panel.col_axis) == ("variant", "layer")  # what the tooltip names them
+    assert panel.axis_titles  # ... and what the axes are titled
+    # The selected layer's column is outlined; what a click does is a hint (the live widget says it,
+    # a figure and a saved page do not), never the note.
+    assert (panel.mark_col, panel.mark_row) == (report.layers.index(view.layer), -1)
+    assert panel.hint == "a click on a cell selects its layer" and "click" not in panel.note
     # the note names the selected layer's values and the most fragile layer, by hand
     view.select_cell("damage", 1, 1)
-    assert view.layer == 1
+    assert view.layer == 1 and view.grid.panels[0].mark_col == report.layers.index(1)
     col = report.layers.index(1)
     expect = ", ".join(f"{v} {report.per_layer[v][col]:+.4f}" for v in specs)
     assert panel.note != view.grid.panels[0].note  # recomputed for the new layer
@@ -254,14 +261,23 @@ def test_exports_draw_the_chart_and_the_map(tiny_report, tmp_path):
     svg = save(view, tmp_path / "c.svg").read_text()
     assert 'id="tradeoff"' in svg and 'id="damage"' in svg and "KV bytes against damage" in svg
     assert "mqa+align" in svg  # points are labelled by spec in a static figure
+    assert "click" not in svg  # a figure cannot be clicked
+    # Each damage-map cell carries its value, as the widget prints it (two decimals of the largest).
+    (panel,) = view.grid.panels
+    write = cell_format(float(np.nanmax(np.abs(panel.matrix))))
+    cells = re.findall(r"font-size: 6px[^>]*>([^<]*)</text>", svg)
+    assert sorted(cells) == sorted(write(v) for v in panel.matrix.ravel())
     pdf = save(view, tmp_path / "c.pdf").read_bytes()
     assert pdf.startswith(b"%PDF")
     chart_only = ConsequenceView(made_up_report())
     assert 'id="damage"' not in save(chart_only, tmp_path / "o.svg").read_text()
     data = page_data(view)
     frame = data["frames"][str(next(iter(data["frames"])))]
-    assert frame["charts"][0]["series"][0]["labels"] == view.grid.charts[0].series[0].labels
-    assert data["state"]["charts"] == frame["charts"]
+    charts = [
+        {**c, "series": [data["series"][i] for i in c["series"]]} for c in frame["charts"]
+    ]  # (held once)
+    assert charts[0]["series"][0]["labels"] == view.grid.charts[0].series[0].labels
+    assert data["state"]["charts"] == charts
     with pytest.raises(ExportError, match="no panels or charts"):
         save(PanelGrid([], 0.0, 1.0, "magma", ""), tmp_path / "e.png")
 
@@ -270,3 +286,12 @@ def test_a_grid_of_panels_alone_exports_as_before(tmp_path):
     grid = PanelGrid([Panel("k", "Keys", np.eye(3))], -1.0, 1.0, "diverging", "r")
     svg = save(grid, tmp_path / "k.svg").read_text()
     assert 'id="k"' in svg and "tradeoff" not in svg
+
+
+def test_a_dashboard_with_a_tab_without_a_layer_slider_saves_its_page_over_the_layers(tiny_report, tmp_path):
+    """``Dashboard.save(..., layers=[...])`` gives the layers to the tabs that have a layer slider; the
+    consequences tab has none, and the save used to be refused ("has no layer slider")."""
+    model, report = tiny_report
+    stats = headwidget.capture(model, torch.randint(0, 96, (2, 16)), progress=False)
+    (page,) = headwidget.explore(stats, report=report).save(tmp_path / "dash.html", layers=[1])
+    assert page.read_text().count("<iframe") == 4  # the trends and three tabs

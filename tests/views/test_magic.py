@@ -53,6 +53,21 @@ def test_the_quantization_view_captures_the_samples_it_needs(shell):
     assert [s.name for s in view.grid.charts[0].series][2] == "K post-RoPE · joint"
 
 
+def test_the_views_of_a_report_and_of_runs_take_the_notebooks_variables(shell):
+    """--report and --runs name the sources of the consequences and healing views (and the tabs of
+    the explorer), as the command line's options do."""
+    report = headwidget.evaluate(
+        shell.user_ns["model"], ragged_batches(), ["model", "mqa"], per_layer=True, progress=False
+    )
+    shell.user_ns["report"] = report
+    view = shell.run_line_magic("headwidget", "stats --view consequences --report report --layers 1")
+    assert isinstance(view, headwidget.ConsequenceView) and view.report is report and view.layer == 1
+    dash = shell.run_line_magic("headwidget", "stats --report report")
+    assert isinstance(dash, Dashboard) and dash.consequences is not None
+    with pytest.raises(headwidget.HeadwidgetError, match="'runs' is not defined"):
+        shell.run_line_magic("headwidget", "stats --view healing --runs runs")
+
+
 def test_usage_errors_name_the_problem(shell):
     with pytest.raises(headwidget.HeadwidgetError, match="'nothing' is not defined"):
         shell.run_line_magic("headwidget", "nothing")

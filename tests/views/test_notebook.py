@@ -66,6 +66,10 @@ def test_the_widget_sends_the_views_panels_and_controls(llama):
     view.layer = 0  # from Python: the widget follows
     assert [p["id"] for p in widget.panels] == ["key-0", "value-0"] and widget.layer == 0
     assert widget.heading == f"{model_name} · layer 0" and widget.layer_label.startswith("layer 0 of")
+    view.layer = 9  # a layer the model has not: the error says so, the heading still says what is shown
+    assert "layer 9 is out of range" in widget.error and widget.panels[0]["title"] == "Keys · layer 0"
+    assert widget.heading == view.caption == f"{model_name} · layer 0"
+    view.layer = 0
     window = stats.channel_corr(0, "value")[3:12, 3:12]
     np.testing.assert_array_equal(decode(widget.panels[1]), window.astype("<f2").astype(np.float64))
     widget.layer = 1  # what the slider's commit does
@@ -215,7 +219,7 @@ def test_explore_links_the_layer_across_tabs():
     assert list(dash.views) == [  # every view but the trends, which the dashboard draws above the tabs
         n
         for n in views.view_names()
-        if views.view_class(n).sources().main in ("stats", "model")
+        if views.view_class(n).sources.main in ("stats", "model")
         and views.view_class(n).shows(dash.stats)
         and n != "trends"
     ]
@@ -232,21 +236,24 @@ def test_the_dashboard_in_marimo_is_the_trend_chart_over_tabs_of_the_views_widge
     dash = Dashboard(stats, model)
     trend = dash.trend_widget
     assert trend is dash.trend_widget and trend.view == "trends" and trend.panels == []
-    expected = trend_charts(dash.trends.trend_series, stats.layers, dash.trends.figure.title)
+    expected = trend_charts(dash.trends.trend_series, stats.layers, dash.trends.subtitle)
     assert [c["id"] for c in trend.charts] == [c.id for c in expected] == ["trend-means"]
     assert trend.charts[0]["x_ticks"] == [float(layer) for layer in stats.layers]  # ticks at layers
-    for sent, series in zip(trend.charts[0]["series"], expected[0].series, strict=True):
+    *lines, marker = trend.charts[0]["series"]
+    for sent, series in zip(lines, expected[0].series, strict=True):
         assert sent["name"] == series.name and sent["y"] == series.y == dash.trends.series[series.name]
+    assert (marker["name"], marker["x"]) == ("layer 0 (selected)", [0.0, 0.0])  # the selected layer
     # A click on a point selects its layer in every tab (the trends' layer is linked to them).
     trend._handle_message(trend, {"type": "chart_click", "chart": "trend-means", "series": 0, "point": 1}, [])
     assert dash.channels.layer == dash.alignment.layer == dash.trends.layer == 1
     assert dash.channels.widget.layer == 1
+    assert trend.charts[0]["series"][-1]["x"] == [1.0, 1.0]  # the marker moved with it
     trend._handle_message(trend, {"type": "chart_click", "chart": "trend-means", "series": 0, "point": 7}, [])
     assert dash.channels.layer == 1  # no such layer: nothing moves
     # The alignment tab's method moves the chart's similarity series, as it moves the bqplot chart's.
     dash.alignment.alignment = "orthogonal"
     assert dash.trends.alignment == "orthogonal" and "orthogonal" in trend.charts[0]["subtitle"]
-    drawn = {s["name"]: s["y"] for s in trend.charts[0]["series"]}
+    drawn = {s["name"]: s["y"] for s in trend.charts[0]["series"][:-1]}  # (the last: the marker)
     assert drawn == {name: list(values) for name, values in dash.trends.series.items()}
     shown = try_format(dash)  # what a marimo cell whose last expression is the dashboard shows
     assert shown.mimetype == "text/html" and "<marimo-tabs" in shown.data
@@ -261,7 +268,7 @@ def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
     assert dash.tabs.titles == tuple(
         views.view_class(n).title
         for n in views.view_names()
-        if views.view_class(n).sources().main == "stats"
+        if views.view_class(n).sources.main == "stats"
         and views.view_class(n).shows(stats)
         and n != "trends"  # drawn above the tabs
     )
@@ -269,7 +276,7 @@ def test_explore_of_statistics_has_no_tab_that_needs_weights(llama):
 
 
 def test_the_trend_chart_follows_the_alignment_tabs_method_and_metric(llama):
-    from headwidget.widget.trends import layer_series
+    from headwidget.views.trends import layer_series
 
     _, stats = llama
     dash = Dashboard(stats)
@@ -280,12 +287,12 @@ def test_the_trend_chart_follows_the_alignment_tabs_method_and_metric(llama):
     expected = layer_series(stats, alignment="orthogonal", metric="pearson", similarity_only=True)
     for name, values in expected.items():
         np.testing.assert_allclose(dash.trends.series[name], values)
-    assert "Pearson" in dash.trends.figure.title and "orthogonal" in dash.trends.figure.title
+    assert "Pearson" in dash.trends.subtitle and "orthogonal" in dash.trends.title.value
     metric = next(c for c in dash.alignment.widget.controls if c["trait"] == "metric")
     assert dict(metric["labels"])["token_cosine"] == "per-token cosine"  # the drop-down's words, too
     dash.alignment.metric = "cka"  # rotation-invariant: the chart stays on the metric it names
     assert dash.alignment.error == "" and dash.trends.metric == "pearson"
-    assert "Pearson" in dash.trends.figure.title
+    assert "Pearson" in dash.trends.subtitle
 
 
 def test_dashboard_saves_every_tab(llama, tmp_path):
@@ -296,24 +303,37 @@ def test_dashboard_saves_every_tab(llama, tmp_path):
     model, stats = llama
     dash = Dashboard(stats, model)
     pngs = dash.save(tmp_path / "dash.png", dpi=40)
-    assert [p.name for p in pngs] == ["dash-channels.png", "dash-alignment.png", "dash-mechanisms.png"]
+    assert [p.name for p in pngs] == [
+        "dash-channels.png",
+        "dash-alignment.png",
+        "dash-mechanisms.png",
+        "dash-layer_similarity.png",  # (the statistics hold cross-layer moments)
+    ]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
     svgs = dash.save(tmp_path / "dash.svg")
     for svg, view in zip(svgs, dash.views.values(), strict=True):
         text = svg.read_text()
         assert view.caption in text and view.grid.panels[0].title in text
+    (small,) = dash.save(tmp_path / "small.html", layers=[0, 1], max_states=2)  # what the page advises
+    assert "holds 2 of the" in html.unescape(small.read_text()) and "max_states=" in html.unescape(
+        small.read_text()
+    )
+    with pytest.raises(headwidget.export.ExportError, match=r"max_states= applies to \.html"):
+        dash.save(tmp_path / "dash.png", max_states=2)
     (page,) = dash.save(tmp_path / "dash.html", layers=[0, 1])
     text = page.read_text()
     summary, *frames = [html.unescape(m) for m in re.findall(r'srcdoc="([^"]*)"', text)]
-    assert len(frames) == len(dash.views) == 3
+    assert len(frames) == len(dash.views) == 4
     # the trend chart, offline: every series of the notebook's bqplot chart, the same numbers
     blob = summary.split('<script type="application/json" id="headwidget-data">')[1].split("</script>")[0]
     charts = json.loads(blob)["state"]["charts"]
     drawn = {s["name"]: s["y"] for c in charts for s in c["series"]}
+    assert drawn.pop("layer 0 (selected)")  # the selected layer's marker
     assert drawn.keys() == dash.trends.series.keys()
+    assert all(c["hint"] == "" and "click" not in c["note"] for c in charts)  # a page's click selects nothing
     for name, values in dash.trends.series.items():
         assert drawn[name] == pytest.approx(values, abs=0, nan_ok=True)
-    assert all(s["x"] == [float(x) for x in stats.layers] for c in charts for s in c["series"])
+    assert all(s["x"] == [float(x) for x in stats.layers] for c in charts for s in c["series"][:-1])
     for frame, view in zip(frames, dash.views.values(), strict=True):
         data = frame.split('<script type="application/json" id="headwidget-data">')[1].split("</script>")[0]
         assert (

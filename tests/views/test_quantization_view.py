@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
 import headwidget
 from headwidget.evaluation import EvaluationReport
@@ -120,7 +121,7 @@ def made_up_report() -> EvaluationReport:
         "mqa": 128,
     }
     return EvaluationReport(
-        model="tiny",
+        model="LlamaForCausalLM",  # (the statistics' model: a view refuses sources of two)
         kind="causal-lm",
         variants=list(m),
         measures=m,
@@ -153,10 +154,13 @@ def test_bits_are_per_channel_of_the_quantized_layers_when_some_are_left_as_they
     assert bits_per_channel(report, "kv:int2") == pytest.approx(8 * quantized / 64, abs=1e-12)  # 2.5 bits
     assert bits_per_channel(report, "model") == pytest.approx(16.0, abs=1e-12)
     assert report.scope() == "layers 0–5 of 30" and not report.converts_every_layer
+    config = make_model("llama_gqa").config
+    config.num_hidden_layers = 30  # the report's model (a view refuses the sources of two models)
     stats = headwidget.capture(
-        make_model("llama_gqa", dtype=torch.float32),
+        LlamaForCausalLM(config).float().eval(),
         torch.randint(0, 96, (2, 16)),
         samples=16,
+        layers=[0],
         progress=False,
     )
     bits = next(c for c in QuantizationView(stats, report=report).grid.charts if c.id == "bits")

@@ -12,8 +12,9 @@ import traitlets
 import headwidget
 from headwidget.analysis import convert, head_diversity, operator_similarity
 from headwidget.analysis.alignment import align
-from headwidget.views import AlignmentView, ChannelView
-from headwidget.widget import LayerTrends, layer_series
+from headwidget.views import AlignmentView, ChannelView, TrendView
+from headwidget.views.trends import layer_series
+from headwidget.widget import LayerTrends
 from headwidget.widget.trends import padded_range
 from tiny_models import make_model, ragged_batches
 
@@ -39,7 +40,7 @@ def test_layer_trends_numbers_and_linking(llama):
     rank = head_diversity(operator_similarity(convert(model, 0, "mqa", stats), 0, "qk"))["effective_rank"]
     assert series["eff. rank · mqa"][0] == pytest.approx(rank, abs=1e-12)
     view = ChannelView(stats, layer=0)
-    trends = LayerTrends(stats, layer=0)
+    trends = LayerTrends(TrendView(stats, layer=0))
     traitlets.link((view, "layer"), (trends, "layer"))
     trends.points[0].selected = [1]  # a click on layer 1's point in the chart
     assert trends.layer == 1 and view.layer == 1 and trends.rule.x.tolist() == [1.0, 1.0]
@@ -50,7 +51,7 @@ def test_layer_trends_numbers_and_linking(llama):
 
 def test_y_range_follows_the_data_with_a_margin(llama):
     _, stats = llama
-    trends = LayerTrends(stats)
+    trends = LayerTrends(TrendView(stats))
     left = [v for name, vs in trends.series.items() if not name.startswith("eff. rank") for v in vs]
     lo, hi = min(left), max(left)
     span = hi - lo
@@ -65,17 +66,17 @@ def test_y_range_follows_the_data_with_a_margin(llama):
 
 def test_rank_axis_spans_the_ranks(llama):
     model, stats = llama
-    trends = LayerTrends(stats, model=model, mechanisms=["mqa"])
+    trends = LayerTrends(TrendView(stats, model=model, mechanisms=["mqa"]))
     ranks = trends.series["eff. rank · mqa"]
     assert trends.rank_scale.min < min(ranks) <= max(ranks) < trends.rank_scale.max
 
 
 def test_legend_sits_beside_the_plot_and_names_every_series(llama):
     _, stats = llama
-    trends = LayerTrends(stats)
+    trends = LayerTrends(TrendView(stats))
     assert not any(getattr(m, "display_legend", False) for m in trends.figure.marks)
-    (row,) = trends.children
-    assert list(row.children) == [trends.figure, trends.legend]
+    title, row = trends.children
+    assert title is trends.title and list(row.children) == [trends.figure, trends.legend]
     for name in trends.series:
         assert html.escape(name) in trends.legend.value
     assert trends.legend.value.count("stroke-dasharray") == sum("before" in n for n in trends.series)
@@ -83,7 +84,7 @@ def test_legend_sits_beside_the_plot_and_names_every_series(llama):
 
 def test_points_show_series_layer_and_value_on_hover(llama):
     _, stats = llama
-    trends = LayerTrends(stats)
+    trends = LayerTrends(TrendView(stats))
     for name, dots in trends.dots.items():
         assert dots.interactions == {"click": "select", "hover": "tooltip"}
         assert dots.tooltip.fields == ["x", "y"]
@@ -95,8 +96,9 @@ def test_points_show_series_layer_and_value_on_hover(llama):
 
 def test_trend_follows_the_alignment_views_method_and_metric(llama):
     _, stats = llama
-    trends = LayerTrends(stats)
-    assert trends.figure.title.endswith("head similarity: per-token cosine, auto alignment")
+    trends = LayerTrends(TrendView(stats))
+    assert trends.subtitle == "head similarity: per-token cosine, auto alignment"
+    assert trends.figure.title == ""  # (above the figure: bqplot's toolbar covers the end of its own)
     view = AlignmentView(stats, layer=0)
     traitlets.link((view, "alignment"), (trends, "alignment"))
     traitlets.link((view, "metric"), (trends, "metric"))
@@ -106,7 +108,10 @@ def test_trend_follows_the_alignment_views_method_and_metric(llama):
     after = key.shown[~np.eye(len(key.shown), dtype=bool)].mean()
     assert trends.series["K head similarity · after"][1] == pytest.approx(after, abs=1e-12)
     assert trends.dots["K head similarity · after"].y[1] == pytest.approx(after, abs=1e-12)
-    assert trends.figure.title.endswith("head similarity: Pearson, orthogonal alignment")
+    assert (
+        trends.subtitle == "head similarity: Pearson, orthogonal alignment"
+        and trends.subtitle in trends.title.value
+    )
     left = [v for vs in trends.series.values() for v in vs]
     assert trends.y_scale.min < min(left) and trends.y_scale.max > max(left)
     view.alignment = "none"  # nothing aligned: after is before
@@ -121,7 +126,7 @@ def test_the_layer_axis_ticks_at_layers_and_the_saved_page_keeps_the_colours(lla
     from headwidget.views.trends import trend_charts
 
     model, stats = llama
-    trends = LayerTrends(stats, model=model, mechanisms=["mqa"])
+    trends = LayerTrends(TrendView(stats, model=model, mechanisms=["mqa"]))
     layer_axis = trends.figure.axes[0]
     assert layer_axis.label == "layer" and list(layer_axis.tick_values) == [0.0, 1.0]
     drawn = {s.name: s.color for c in trend_charts(trends.trend_series, stats.layers, "") for s in c.series}
@@ -131,8 +136,7 @@ def test_the_layer_axis_ticks_at_layers_and_the_saved_page_keeps_the_colours(lla
 
 def test_every_series_says_what_it_measures_and_is_drawn_by_that(llama):
     """A series' role, not its name, picks its axis, its line style and its chart on the saved page."""
-    from headwidget.views.trends import trend_charts
-    from headwidget.widget.trends import layer_trends
+    from headwidget.views.trends import layer_trends, trend_charts
 
     model, stats = llama
     found = layer_trends(stats, model=model, mechanisms=["mqa", "lrkv:1"])
@@ -148,7 +152,7 @@ def test_every_series_says_what_it_measures_and_is_drawn_by_that(llama):
         "eff. rank · lrkv:1": "effective_rank",
     }
     assert {s.name: s.values for s in found} == layer_series(stats, model=model, mechanisms=["mqa", "lrkv:1"])
-    trends = LayerTrends(stats, model=model, mechanisms=["mqa", "lrkv:1"])
+    trends = LayerTrends(TrendView(stats, model=model, mechanisms=["mqa", "lrkv:1"]))
     assert trends.roles == roles
     for name, line in trends.lines.items():
         on_ranks = line.scales["y"] is trends.rank_scale
@@ -164,7 +168,7 @@ def test_every_series_says_what_it_measures_and_is_drawn_by_that(llama):
 def test_the_unaligned_series_are_the_statistics_summary(llama, metric):
     """One function behind the demo's table, a timeline's series and the trend chart: the chart's
     channel-correlation and before-alignment series are ``KVStats.summary``'s numbers, exactly."""
-    from headwidget.widget.trends import layer_trends
+    from headwidget.views.trends import layer_trends
 
     _, stats = llama
     rows = stats.summary(metric)
@@ -193,7 +197,7 @@ def test_the_trend_view_draws_the_bqplot_charts_numbers_for_every_alignment_and_
     the notebook's bqplot chart draws, for every method and metric it offers; the ranks on a chart of
     their own; the selected layer's values in the note."""
     from headwidget.views import TrendView, view_class
-    from headwidget.widget.trends import layer_trends
+    from headwidget.views.trends import layer_trends
 
     model, stats = llama
     assert view_class("trends") is TrendView is headwidget.TrendView
@@ -208,13 +212,26 @@ def test_the_trend_view_draws_the_bqplot_charts_numbers_for_every_alignment_and_
                 stats, model=model, mechanisms=["mqa"], alignment=alignment, metric=metric
             )
             means, ranks = view.grid.charts
-            drawn = [(s.name, s.y, s.dashed) for c in (means, ranks) for s in c.series]
+            # each chart's last series: the marker of the selected layer
+            drawn = [(s.name, s.y, s.dashed) for c in (means, ranks) for s in c.series[:-1]]
             assert drawn == [(s.name, s.values, s.dashed) for s in expected]
-            assert [s.name for s in ranks.series] == ["eff. rank · mqa"]
-            trends = LayerTrends(stats, alignment=alignment, metric=metric)
-            assert means.subtitle == trends.figure.title
-            assert {s.name: s.y for s in means.series} == trends.series
+            assert [s.name for s in ranks.series[:-1]] == ["eff. rank · mqa"]
+            trends = LayerTrends(TrendView(stats, alignment=alignment, metric=metric))
+            assert trends.subtitle == means.subtitle and html.escape(means.subtitle) in trends.title.value
+            assert {s.name: s.y for s in means.series[:-1]} == trends.series
     view.select_point("trend-means", 0, 1)
+    assert view.layer == 1
+    for chart in view.grid.charts:  # the selected layer is marked in each chart, across its values
+        marker = chart.series[-1]
+        lines = [y for s in chart.series[:-1] for y in s.y]
+        assert (marker.name, marker.x, marker.style, marker.dashed) == (
+            "layer 1 (selected)",
+            [1.0, 1.0],
+            "line",
+            True,
+        )
+        assert marker.y == [min(lines), max(lines)]
+    view.select_point("trend-means", len(view.grid.charts[0].series) - 1, 0)  # the marker: nothing
     assert view.layer == 1
     note = view.grid.charts[0].note
     after = next(s for s in view.grid.charts[0].series if s.name == "K head similarity · after")
@@ -276,7 +293,7 @@ def test_the_bqplot_chart_draws_its_trend_views_series_computed_once(llama, monk
     grid = dash.trend_grid()
     assert calls == [False]  # the page's charts: the same series, not computed again
     means = grid.charts[0]
-    assert [(s.name, list(s.y)) for s in means.series] == [
+    assert [(s.name, list(s.y)) for s in means.series[:-1]] == [  # (the last: the layer's marker)
         (n, list(v)) for n, v in dash.trends.series.items()
     ]
     dash.trends.alignment = "none"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +17,13 @@ from headwidget.views import (
     AlignmentView,
     ChannelView,
     Control,
+    LayerState,
     LayerView,
     MechanismView,
     View,
     ViewSourceError,
+    ViewSources,
+    ViewState,
     _registry,
     register_view,
     select,
@@ -31,6 +35,16 @@ from headwidget.views import (
 )
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "headwidget"
+
+
+@pytest.fixture(scope="module")
+def llama_stats():
+    import torch
+
+    import headwidget
+    from tiny_models import make_model, ragged_batches
+
+    return headwidget.capture(make_model("llama_gqa", dtype=torch.float32), ragged_batches(), progress=False)
 
 
 def test_the_built_in_views_are_registered_in_their_order():
@@ -84,9 +98,13 @@ def test_each_view_declares_its_state_and_controls_once():
                 assert view.class_traits()[name].metadata.get("sync") is True, (view, name)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScaledState(LayerState):
+    factor: float = state(1.0, select("Factor", options="factors"))
+
+
 def test_a_new_view_is_registered_with_its_controls_and_recomputes_on_its_state():
-    class Scaled(LayerView):
-        factor = state(t.Float(1.0), select("Factor", options="factors"))
+    class Scaled(LayerView[ScaledState]):
         factors = t.List(t.Unicode()).tag(sync=True)
 
         def compute(self, state, resolution=None) -> PanelGrid:
@@ -172,35 +190,57 @@ def test_views_import_no_widget_or_plotting_library():
     assert not outside & {"anywidget", "ipywidgets", "bqplot", "matplotlib", "IPython"}
 
 
-def test_what_each_view_is_built_from_is_read_off_its_one_constructor():
-    """Every built-in view: the first argument of its constructor names its source, and ``create``
-    (the command line's, the magic's and explore's way in) is the base's, for all of them."""
+def test_what_each_view_is_built_from_is_declared_once():
+    """Every built-in view: its ``sources`` names what it is built from, and ``create`` (the command
+    line's, the magic's and explore's way in) is the base's, for all of them."""
     expected = {
         "channels": ("stats", (), "pinned", True),
         "alignment": ("stats", (), "layers", False),
-        "mechanisms": ("model", ("stats",), "layer", True),
+        "mechanisms": ("model", ("stats", "report"), "layer", True),
         "consequences": ("report", (), "layer", False),
         "healing": ("healing", (), "layer", False),
         "quantization": ("stats", ("report",), "layer", False),
         "timeline": ("timeline", (), "layer", True),
         "trends": ("stats", ("model",), "layer", False),
     }
-    for name in view_names():
+    for name in expected:
         cls = view_class(name)
-        made = cls.sources()
+        made = cls.sources
         assert (made.main, made.optional, made.layers, made.prefetch) == expected[name], name
         assert "create" not in vars(cls) and "__init__" in vars(cls), name  # one constructor of its own
 
 
-def test_a_constructor_that_names_no_source_is_refused_when_registered():
-    class Misnamed(View):
-        def __init__(self, runs, *, layer: int = 0) -> None:
-            super().__init__()
+def test_a_view_names_its_sources_and_renaming_a_parameter_changes_nothing(llama_stats):
+    """What a view is built from is its ``sources``, never its constructor's parameter names: a view
+    whose first parameter is called anything is built from what it declares; a source that is not
+    one, or a ``sources`` that is not a ViewSources, is refused when declared or registered."""
 
-    with pytest.raises(
-        TypeError, match=r"Misnamed.__init__ must name what the view is built from .* not 'runs'"
-    ):
-        register_view("misnamed-test")(Misnamed)
+    class Renamed(LayerView[LayerState]):
+        sources = ViewSources("stats", layers="layer")
+
+        def __init__(self, captured, *, layer: int = 0) -> None:
+            self.captured = captured
+            super().__init__()
+            self.set_up(LayerState(layer=layer), num_layers=2)
+
+        def compute(self, state, resolution=None) -> PanelGrid:
+            return PanelGrid([Panel("m", "m", np.eye(2) * state.layer)], -1.0, 1.0, "diverging", "")
+
+    try:
+        register_view("renamed-test")(Renamed)
+        view = view_class("renamed-test").create(llama_stats, layers=[1])
+        assert view.captured is llama_stats and view.layer == 1
+    finally:
+        _registry._VIEWS.pop("renamed-test", None)
+        _registry._ORDER.pop("renamed-test", None)
+    with pytest.raises(ValueError, match="built from one of stats, model, report, timeline, healing"):
+        ViewSources("runs")
+
+    class Unsaid(View[ViewState]):
+        sources = "stats"  # type: ignore[assignment]
+
+    with pytest.raises(TypeError, match=r"Unsaid.sources must say what the view is built from"):
+        register_view("misnamed-test")(Unsaid)
     assert "misnamed-test" not in view_names()
 
 
@@ -209,7 +249,9 @@ def test_create_maps_the_named_layers_and_sources_onto_the_constructor():
     is built from positionally, the optional sources it takes when given, the first layer, the rest
     as pinned, ``interactive`` as ``prefetch``; sources it does not take are ignored."""
 
-    class Recorded(LayerView):
+    class Recorded(LayerView[LayerState]):
+        sources = ViewSources("report", ("model",), "pinned", prefetch=True)
+
         def __init__(self, report, *, layer=0, pinned=(), model=None, prefetch=True, flavour="plain"):
             self.given = {"report": report, "layer": layer, "pinned": pinned, "model": model}
             self.given.update(prefetch=prefetch, flavour=flavour)
@@ -218,7 +260,7 @@ def test_create_maps_the_named_layers_and_sources_onto_the_constructor():
         def compute(self, state, resolution=None) -> PanelGrid:
             return PanelGrid([Panel("m", "m", np.eye(2))], -1.0, 1.0, "diverging", "")
 
-    made = Recorded.sources()
+    made = Recorded.sources
     assert (made.main, made.optional, made.layers, made.prefetch) == ("report", ("model",), "pinned", True)
     view = Recorded.create("stats", "model", layers=[3, 1, 2], interactive=False, report="r", timeline="x")
     assert view.given == {

@@ -160,6 +160,17 @@ def test_the_loss_chart_is_the_trainers_log(gqa):
     assert loss.series[-1].x == [6.0, 6.0]
 
 
+def test_the_trend_and_loss_charts_share_one_step_axis(gqa):
+    """A loss logged from step 5 (the snapshots from 0): both charts span steps 0 to 6, so the step
+    shown is marked at the same place in each (the front end and the figure pad the same range alike)."""
+    late = Timeline({s: gqa[s] for s in gqa.steps}, logs={s: v for s, v in gqa.logs.items() if s >= 5})
+    trends, loss = TimelineView(late, prefetch=False).grid.charts
+    assert loss.series[0].x == [5.0, 6.0] and trends.series[0].x == [0.0, 3.0, 6.0]
+    assert trends.x_range == loss.x_range == [0.0, 6.0]
+    assert trends.series[-1].x == loss.series[-1].x == [0.0, 0.0]  # the markers of step 0
+    assert "click" not in trends.note + loss.note and "click" in trends.hint and "click" in loss.hint
+
+
 def test_no_loss_chart_without_a_logged_loss(gqa):
     bare = Timeline({step: gqa[step] for step in gqa.steps})
     assert [c.id for c in TimelineView(bare, prefetch=False).grid.charts] == ["trends"]
@@ -378,3 +389,43 @@ def test_the_offline_page_holds_every_step(gqa, tmp_path):
     assert len(held) < 24 and "every position of “Step” is held first" in one["state"]["status"]
     with pytest.raises(ExportError, match="more than 0 MiB of panel data"):
         page_data(view, progress=False, max_bytes=1_000)
+
+
+def test_a_step_outside_the_snapshots_is_said_at_assignment_in_every_widget(gqa):
+    """Issue 44, defect 7: ``view.step = 99`` or ``-1`` is the error line over the last good panels, as
+    a layer outside the model is for the layer views, and a widget shown afterwards says it too (it
+    used to clear the view's error: the researcher saw nothing)."""
+    for view in (TimelineView(gqa, prefetch=False), ChannelView(gqa[0], prefetch=False)):
+        trait = "step" if isinstance(view, TimelineView) else "layer"
+        grid = view.grid
+        for bad in (99, -1):
+            said = f"{trait} {'index ' if trait == 'step' else ''}{bad} is out of range"
+            setattr(view, trait, bad)
+            assert said in view.error and view.grid is grid
+            widget = view.widget  # (first made after the bad value) it says so, and so does the view
+            assert said in widget.error and widget.error == view.error and getattr(widget, trait) == bad
+        with pytest.raises(ExportError, match="cannot show its current state"):
+            page_data(view, progress=False)
+        setattr(view, trait, 0)
+        assert view.error == "" and view.widget.error == ""
+        view.close()
+
+
+def test_a_timeline_of_600_snapshots_saves_its_page_with_the_charts_once(gqa, tmp_path):
+    """Issue 44, defect 12: every state of a timeline's page held the trend charts again (600 steps of
+    six lines each), so a page of ~450 snapshots or more was refused; the page holds each series once."""
+    snapshot, steps = gqa[0], list(range(0, 6000, 10))
+    timeline = Timeline(dict.fromkeys(steps, snapshot), logs={s: {"loss": 5.0 - s / 6000} for s in steps})
+    view = TimelineView(timeline, layer=0, prefetch=False)
+    page = save(view, tmp_path / "long.html")  # (refused before: "more than 64 MiB of panel data")
+    assert page.stat().st_size < 16 * 2**20
+    text = page.read_text(encoding="utf-8").split('<script type="application/json" id="headwidget-data">')[1]
+    data = json.loads(text.split("</script>")[0])
+    assert {json.loads(key)[0] for key in data["frames"]} == set(range(600))  # every step
+    trend_lines = 6 + 1  # the six metrics and the loss, each once; a marker per step
+    assert len(data["series"]) == trend_lines + 600 * 2
+    frame = data["frames"]['[599,0,"channels","key"]']
+    chart = frame["charts"][0]
+    lines = [data["series"][i] for i in chart["series"]]
+    assert [s["name"] for s in lines[:6]] == list(SUMMARY_METRICS.values())
+    assert lines[0]["y"] == view.grid.charts[0].series[0].y and lines[-1]["x"] == [5990.0, 5990.0]

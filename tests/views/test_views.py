@@ -150,6 +150,24 @@ def test_mechanism_view_matches_conversion(llama):
     assert view.error == "" and "gqa:5 needs a divisor of the 6 query heads" in view.grid.panels[0].subtitle
 
 
+def test_mechanism_view_counts_kv_bytes_in_its_reports_dtype_with_bf16_beside(llama):
+    """One convention with the consequences view: a report's dtype (float32 here) where there is one,
+    bf16 (evaluate's default) beside it; elements × bytes by hand."""
+    model, stats = llama
+    report = headwidget.evaluate(
+        model, ragged_batches(), ["model", "mqa"], stats=stats, dtype=torch.float32, progress=False
+    )
+    view = MechanismView(model, layer=1, mechanisms=["mqa"], stats=stats, report=report, prefetch=False)
+    elements = convert(model, 1, "mqa").kv_elements  # K and V values a token caches at this layer
+    assert view.grid.panels[0].subtitle.startswith(
+        f"KV {2 * 4 * elements} B/token over 2 layers (fp32; {4 * elements} this layer) · "
+        f"{2 * 2 * elements} B/token in bf16 · eff. rank "
+    )
+    # ... what the consequences view's trade-off chart puts mqa at
+    assert report.kv_bytes_per_token["mqa"] == 2 * 4 * elements
+    assert headwidget.ConsequenceView(report).grid.charts[0].x_label.endswith("float32; log)")
+
+
 def test_mechanism_view_of_several_real_models():
     models = {"llama gqa": make_model("llama_gqa"), "llama mqa": make_model("llama_mqa")}
     view = MechanismView(models, layer=0)
@@ -214,8 +232,8 @@ def test_create_without_what_the_view_needs_says_so(llama):
         MechanismView.create(stats)
     with pytest.raises(headwidget.HeadwidgetError, match="the channels view needs captured statistics"):
         ChannelView.create(model=model)
-    assert (MechanismView.sources().main, MechanismView.sources().takes("stats")) == ("model", True)
-    assert (ChannelView.sources().takes("model"), AlignmentView.sources().main) == (False, "stats")
+    assert (MechanismView.sources.main, MechanismView.sources.takes("stats")) == ("model", True)
+    assert (ChannelView.sources.takes("model"), AlignmentView.sources.main) == (False, "stats")
 
 
 def test_initial_state_is_computed_once(llama, monkeypatch):
@@ -290,7 +308,7 @@ def test_every_view_refuses_an_impossible_initial_state_with_its_own_error(llama
 
     model, stats = llama
     make = view_class
-    built_from_a_capture = [n for n in view_names() if view_class(n).sources().main in ("stats", "model")]
+    built_from_a_capture = [n for n in view_names() if view_class(n).sources.main in ("stats", "model")]
     for name in (n for n in built_from_a_capture if view_class(n).shows(stats)):
         with pytest.raises(headwidget.LayerIndexError, match="layer 99 is out of range"):
             make(name).create(stats, model, layers=[99], interactive=False)

@@ -12,6 +12,7 @@ from headwidget.analysis.entropy import (
     channel_entropy_of,
 )
 from headwidget.analysis.grouping import group_heads, within_group_mean
+from headwidget.analysis.layer_similarity import LAYER_METRICS, cross_layer_bytes, layer_similarity
 from headwidget.analysis.operator_space import CIRCUITS, operator_gram, operator_similarity
 from headwidget.analysis.quantizers import Codebooks, fit_codebooks, quantize_int_keys, quantize_int_values
 from headwidget.analysis.weights import HeadWeights, head_weights
@@ -24,6 +25,7 @@ __all__ = [
     "CIRCUITS",
     "DOWNSAMPLE_RULES",
     "HEAD_METRICS",
+    "LAYER_METRICS",
     "AlignmentResult",
     "ChannelEntropy",
     "ChannelEntropyError",
@@ -37,6 +39,7 @@ __all__ = [
     "channel_entropy_of",
     "convert",
     "corr_from_comoment",
+    "cross_layer_bytes",
     "downsample",
     "fit_codebooks",
     "fit_group_rotations",
@@ -44,6 +47,7 @@ __all__ = [
     "head_diversity",
     "head_similarity_from_moments",
     "head_weights",
+    "layer_similarity",
     "mechanism_sweep",
     "operator_gram",
     "operator_similarity",

@@ -9,11 +9,16 @@ spec          effective per-head K (and V alike)               cached elements p
 ``mha``       every query head keeps its own K/V               ``H·(d_h + d_v)``
 ``gqa:G``     mean over contiguous groups of ``H/G`` heads    ``G·(d_h + d_v)``
 ``mqa``       mean over all heads (``gqa:1``)                  ``d_h + d_v``
-``lrkv:r``    shared mean + rank-r truncation of each          ``d_h + d_v + 2·H·r``
+``lrkv:r``    shared mean + rank-r truncation of each          ``d_h + d_v + 2·G·r``
               head's residual ``W_h − mean``
 ``mla:d_c``   rank-``d_c`` factorisation of the stacked        ``d_c`` (+ ``d_h^R``: 0 here)
               ``[W_K^1; …; W_K^H; W_V^1; …; W_V^H]``
 ============  ==============================================  ================================
+
+``H`` counts the query heads, ``G`` the KV heads the layer has (``G = H`` for MHA). LRKV caches the
+shared head's K and V and each KV head's rank-r coordinates ``D_g x`` of K and of V: the query heads of
+one group read the same KV head, so its residual factors exist once per KV head (the LRKV paper's ``H``
+is the KV heads of an MHA model). ``r`` above a head size caches that head size.
 
 Fidelity is ``‖(W − Ŵ) Σ_x^{1/2}‖_F / ‖W Σ_x^{1/2}‖_F`` over the stacked per-query-head weights.
 With ``stats`` holding kind ``"input"`` for the layer, ``Σ_x = E[x xᵀ]`` is the uncentred second moment
@@ -116,7 +121,8 @@ class Conversion:
     kv_elements: int
     weighting: str
     #: The mechanism's own factors, per query head: LRKV ``k_shared`` (d_h, d), ``k_up`` (H, d_h, r),
-    #: ``k_down`` (H, r, d) with ``k_weight[h] = k_shared + k_up[h] @ k_down[h]`` (``v_…`` alike); MLA
+    #: ``k_down`` (H, r, d) with ``k_weight[h] = k_shared + k_up[h] @ k_down[h]`` (``v_…`` alike; the
+    #: query heads of one KV head hold the same factors, fitted once per KV head); MLA
     #: ``down`` (d_c, d), ``k_up`` (H, d_h, d_c), ``v_up`` (H, d_v, d_c) with ``k_weight[h] =
     #: k_up[h] @ down``. Empty for the other specs.
     factors: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -399,7 +405,8 @@ def convert(
             raise RankRangeError(f"lrkv:{rank}: r must lie in 0..{max(d_h, d_v)} (the head size)")
         (k_hat, kf), (v_hat, vf) = (_shared_plus_low_rank(t, sqrt, rank, w.kv_of) for t in (w.k, w.v))
         factors = {f"{kind}_{name}": t for kind, f in (("k", kf), ("v", vf)) for name, t in f.items()}
-        elements = d_h + d_v + 2 * heads * rank
+        # per token: the shared K and V, and each KV head's coordinates down @ x of K and of V
+        elements = d_h + d_v + w.num_kv_heads * (int(kf["down"].shape[-2]) + int(vf["down"].shape[-2]))
     elif name == "mla":
         rank, top = int(arg or 0), heads * (d_h + d_v)
         if not 1 <= rank <= top:

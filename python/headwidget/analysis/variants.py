@@ -18,10 +18,23 @@ spec                   meaning
                        groups of ``n`` channels (default ``n`` = 32)
 ``kv:cq{c}c{b}b``      coupled quantization: every ``c`` contiguous channels → the nearest of ``2**b``
                        k-means centroids (1 ≤ b ≤ 12; ``b/c`` bits per channel)
+``share:g``            cross-layer sharing (CLA): in each group of ``g`` adjacent layers the first layer's
+                       K/V are read by the others, whose own K/V are never used (0 bytes)
+``merge:g``            MiniCache: the group's prefilled K/V merged after prefill (``g`` = 2: pairs)
+``xkv:r/g``            xKV: one shared rank-``r`` SVD of the group's prefilled K (pre-RoPE) and V
 =====================  ===============================================================================
 
-Quantizers (``kv:...``) combine with nothing else: ``kv:int4+align`` is refused. The numbers in a spec
-are ASCII digits (``gqa:２`` is refused) of at most :data:`SPEC_NUMBER_MAX`.
+A cross-layer part (``share:g``, ``merge:g``, ``xkv:r/g``) stands alone or ends a conversion, joined by
+``+``: ``mqa+share:2`` converts every layer to MQA and shares each pair's K/V (CLA's MQA + CLA),
+``mla:128+xkv:64/2`` compresses the MLA-converted layers' caches. The groups are the layers a spec
+applies to, sorted, cut into runs of adjacent layers, each run into groups of ``g`` (a last shorter
+group keeps what is left; a group of one layer is left as the conversion made it):
+:func:`~headwidget.analysis.cross_layer.layer_groups`. ``merge`` and ``xkv`` transform a prefilled cache
+and exist only under ``protocol="prefill:P"``; ``share`` is exact in any protocol.
+
+Quantizers (``kv:...``) combine with nothing else: ``kv:int4+align`` and ``kv:int4+share:2`` are
+refused. The numbers in a spec are ASCII digits (``gqa:２`` is refused) of at most
+:data:`SPEC_NUMBER_MAX`.
 
 **Mixed specs** give layers different specs: ``spec@layers`` parts joined by ``;``, the layers a list
 of indices and ranges (``"mla:64@0-9;mla:128@10-29"``, ``"model@0,1;mqa+align@2-29"``,
@@ -43,24 +56,31 @@ Example:
     >>> mixed = parse_variant("mla:128@10-11 ; MLA:64@0-4,5,6-9")
     >>> mixed.text, mixed.spec_at(10).text, mixed.spec_at(12).text
     ('mla:64@0-9;mla:128@10-11', 'mla:128', 'model')
+    >>> cla = parse_variant("MQA+Share:2")
+    >>> cla.text, cla.mechanism, cla.cross
+    ('mqa+share:2', 'mqa', CrossLayer(kind='share', group=2, rank=None))
+    >>> parse_variant("xkv:64/4").text, parse_variant("xkv:64/4").base
+    ('xkv:64/4', 'model')
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from headwidget.errors import MechanismSpecError
 
 __all__ = [
     "CQ_BITS",
+    "CROSS_LAYER_KINDS",
     "INT_BITS",
     "INT_GROUP",
     "LAYER_MAX",
     "SPEC_ARGUMENTS",
     "SPEC_NUMBER_MAX",
     "VARIANT_FORMS",
+    "CrossLayer",
     "MixedSpec",
     "Variant",
     "VariantSpec",
@@ -77,7 +97,14 @@ __all__ = [
 
 VARIANT_FORMS = (
     "model, mha, gqa:G, mqa, lrkv:r, mla:d_c, gqa:G+align, mqa+align, rope:r, mla:d_c+rope:r, "
-    "kv:int{b}, kv:int{b}/g{n}, kv:cq{c}c{b}b, or spec@layers parts joined by ';' (mla:64@0-9;mla:128@10-29)"
+    "kv:int{b}, kv:int{b}/g{n}, kv:cq{c}c{b}b, a cross-layer share:g, merge:g or xkv:r/g alone or after "
+    "a conversion (mqa+share:2), or spec@layers parts joined by ';' (mla:64@0-9;mla:128@10-29)"
+)
+#: The cross-layer mechanisms: ``share`` changes the model, ``merge`` and ``xkv`` a prefilled cache.
+CROSS_LAYER_KINDS = ("share", "merge", "xkv")
+# a cross-layer part: at the end of a spec, alone or after '+'
+_CROSS = re.compile(
+    r"(?:^|\+)(?P<cross>(?P<kind>share|merge):(?P<g>[0-9]+)|xkv:(?P<r>[0-9]+)/(?P<xg>[0-9]+))$"
 )
 #: Bits of ``kv:int{b}`` (inclusive range).
 INT_BITS = (1, 16)
@@ -164,6 +191,30 @@ def spec_number(
 
 
 @dataclass(frozen=True)
+class CrossLayer:
+    """A cross-layer part of a spec: ``kind`` (``"share"``, ``"merge"``, ``"xkv"``) over groups of
+    ``group`` adjacent layers; ``rank``: xKV's shared rank ``r``.
+
+    >>> CrossLayer("xkv", 4, 64).text, CrossLayer("share", 2).cache_transform
+    ('xkv:64/4', False)
+    """
+
+    kind: str
+    group: int
+    rank: int | None = None
+
+    @property
+    def text(self) -> str:
+        """The canonical form (``share:2``, ``merge:2``, ``xkv:64/4``)."""
+        return f"xkv:{self.rank}/{self.group}" if self.kind == "xkv" else f"{self.kind}:{self.group}"
+
+    @property
+    def cache_transform(self) -> bool:
+        """Whether it transforms a prefilled cache (``merge``, ``xkv``), rather than the model (``share``)."""
+        return self.kind != "share"
+
+
+@dataclass(frozen=True)
 class VariantSpec:
     """One parsed variant spec (see the module docstring); ``text`` is its canonical form."""
 
@@ -176,6 +227,13 @@ class VariantSpec:
     bits: int | None = field(default=None, repr=False)
     #: Quantizers: the token / channel group size (``kv:int``) or the channels per codeword (``kv:cq``).
     group: int | None = field(default=None, repr=False)
+    #: The cross-layer part (``share:g``, ``merge:g``, ``xkv:r/g``), None for a spec within layers.
+    cross: CrossLayer | None = field(default=None, repr=False)
+
+    @property
+    def unchanged(self) -> bool:
+        """Whether the spec leaves a layer as the model has it (``model``, with no cross-layer part)."""
+        return self.mechanism == "model" and self.cross is None
 
     @property
     def quantizer(self) -> bool:
@@ -256,7 +314,7 @@ class MixedSpec:
     @property
     def converted(self) -> dict[str, tuple[int, ...]]:
         """The conversions' canonical specs and their layers (``model`` parts and quantizers left out)."""
-        return {p.text: ls for p, ls in self.parts if p.mechanism != "model" and not p.quantizer}
+        return {p.text: ls for p, ls in self.parts if not p.unchanged and not p.quantizer}
 
     @property
     def quantized(self) -> dict[str, tuple[int, ...]]:
@@ -405,6 +463,9 @@ def parse_variant(spec: str) -> Variant:
 
 
 def _parse_single(spec: str, text: str) -> VariantSpec:
+    m = _CROSS.search(text)
+    if m is not None:
+        return _parse_cross(spec, text, m)
     if text.startswith("kv:"):
         return _parse_quantizer(spec, text)
     m = _GRAMMAR.fullmatch(text)
@@ -438,6 +499,48 @@ def _parse_single(spec: str, text: str) -> VariantSpec:
 
 
 _MODEL = VariantSpec("model", "model", None)
+
+
+def _parse_cross(spec: str, text: str, m: re.Match[str]) -> VariantSpec:
+    """A spec ending in a cross-layer part: the conversion before it (``model`` when alone), and it."""
+    head = text[: m.start()]
+    what = "the group size of {kind}:g (layers per group)"
+    if m.group("kind") is not None:
+        kind = m.group("kind")
+        group = spec_number(spec, m.group("g"), what.format(kind=kind), "g", 1)
+        cross = CrossLayer(kind, group)
+    else:
+        rank = spec_number(spec, m.group("r"), "the shared rank of xkv:r/g", "r", 1)
+        group = spec_number(spec, m.group("xg"), what.format(kind="xkv:r/g"), "g", 1)
+        cross = CrossLayer("xkv", group, rank)
+    if group < 2:
+        raise MechanismSpecError(
+            f"{short(spec)}: {cross.kind} acts across the layers of each group of g, so g ≥ 2 (a group of "
+            f"one layer shares nothing); write e.g. {CrossLayer(cross.kind, 2, cross.rank).text!r}"
+        )
+    if cross.kind == "merge" and group != 2:
+        raise MechanismSpecError(
+            f"{short(spec)}: MiniCache merges the caches of pairs of adjacent layers (its SLERP "
+            "interpolates two directions), so merge:g takes g = 2 only; write 'merge:2'"
+        )
+    if not head:
+        return VariantSpec(cross.text, "model", None, cross=cross)
+    if head.startswith("kv:") or _CROSS.search(head) is not None:
+        raise MechanismSpecError(
+            f"{short(spec)}: a cross-layer part ({cross.text}) follows a conversion (e.g. 'mqa+share:2', "
+            "'mla:128+xkv:64/2'), once; a K/V quantizer or a second cross-layer part combines with it "
+            "in no spec: evaluate them as separate variants"
+        )
+    within = _parse_single(spec, head)
+    if within.mechanism == "model":
+        raise MechanismSpecError(f"{short(spec)}: write the cross-layer part alone: {cross.text!r}")
+    if cross.cache_transform and within.mechanism in ("lrkv", "mla"):
+        raise MechanismSpecError(
+            f"{short(spec)}: {cross.kind} transforms a cache of per-head keys and values, and "
+            f"{within.mechanism} caches factors or a latent instead; combine {cross.text} with mha, gqa:G, "
+            "mqa (+align) or rope:r, or share the latent with share:g"
+        )
+    return replace(within, text=f"{within.text}+{cross.text}", cross=cross)
 
 
 def _parse_quantizer(spec: str, text: str) -> VariantSpec:

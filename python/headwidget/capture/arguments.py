@@ -4,7 +4,9 @@ Counts go through :mod:`headwidget.checks`: a float (even ``2.0``), a bool, a st
 NaN or a huge value is an :class:`~headwidget.errors.ArgumentError` naming the argument, never rounded
 or parsed; flags must be bools (``bool("no")`` is ``True``); ``layers`` and ``cross_layer`` are lists
 of integer layer indices (one integer is one layer; a string is refused). ``rope`` and ``samples`` are
-checked by :class:`~headwidget.capture.plan.CapturePlan`, ``sample_seed`` by :func:`capture` itself.
+checked by :class:`~headwidget.capture.plan.CapturePlan`, ``sample_seed`` by :func:`capture` itself. A
+model on the meta device (shapes, no weights) is refused for a capture; :func:`~headwidget.estimate`
+takes it.
 
 Example:
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -24,7 +26,7 @@ import numbers
 from typing import Any, NamedTuple
 
 from headwidget.adapters import Adapter
-from headwidget.checks import flag, layer_indices, optional_whole_number, whole_number
+from headwidget.checks import flag, layer_indices, model_with_weights, optional_whole_number, whole_number
 
 __all__ = [
     "CaptureArguments",
@@ -102,9 +104,11 @@ def check_capture_arguments(
     """The arguments of :func:`~headwidget.capture` checked (see the module docstring).
 
     Raises:
-        ArgumentError: an argument of the wrong type or outside its range (the message names it).
+        ArgumentError: an argument of the wrong type or outside its range (the message names it), a
+            model without its weights (on the meta device).
         LayerIndexError: a layer outside the model.
     """
+    model_with_weights("model", adapter.model)
     batch, length = _counts(batch_size, max_length)
     return CaptureArguments(
         layers=checked_layers(adapter, "layers", layers),

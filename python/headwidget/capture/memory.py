@@ -19,6 +19,10 @@ With ``samples=R`` the token samples add their float32 reservoir of ``R`` rows p
 (:func:`sample_update_bytes`, in place of the staging rows when larger), and the reservoir's float64
 keys on the CPU (:func:`reservoir_key_bytes`).
 
+When ``max_memory`` is not given, the budget is half the free memory of the device
+(:func:`default_budget`): on the host, the smaller of the machine's available memory and what the
+process's limits leave it (a container's or pod's cgroup, ``RLIMIT_AS``, ``RLIMIT_DATA``).
+
 The parts were checked against the CPU allocator's peak (``torch.profiler`` memory events) for every
 supported family: the estimate bounds it, and for the Llama family (the shapes of SmolLM2, Llama 3,
 LLaMA 2) the peak is 0.8 to 1.0 of it; ``tests/capture/test_capture_memory.py`` and
@@ -36,22 +40,27 @@ import torch
 from torch import nn
 
 from headwidget.core.layout import AttentionLayout
+from headwidget.core.memory_limits import memory_headroom
 from headwidget.moments import Moments
 
 __all__ = [
     "ForwardShape",
+    "FreeMemory",
     "available_bytes",
     "default_budget",
+    "default_budget_source",
     "format_bytes",
     "forward_bytes",
     "forward_peak_bytes",
+    "free_memory",
     "plane_norm_update_bytes",
     "reservoir_bytes",
     "reservoir_key_bytes",
     "sample_update_bytes",
 ]
 
-#: Share of the free memory of a device that a capture may take when ``max_memory`` is not given.
+#: Share of the free memory of a device (:func:`free_memory`) that a capture or an evaluation may take
+#: when ``max_memory`` is not given.
 DEFAULT_FRACTION = 0.5
 
 
@@ -68,11 +77,17 @@ def format_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
-def available_bytes(device: torch.device) -> int:
-    """Free memory on ``device`` now (CUDA: ``mem_get_info``; CPU: MemAvailable)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+@dataclass(frozen=True)
+class FreeMemory:
+    """What a new allocation on a device can count on now: ``bytes``, and ``limit``, the words of the
+    process limit that leaves less than the device has free (None: the device's free memory)."""
+
+    bytes: int
+    limit: str | None = None
+
+
+def _host_available() -> int:
+    """The machine's available memory (MemAvailable; elsewhere the free pages)."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -83,8 +98,46 @@ def available_bytes(device: torch.device) -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
+def free_memory(device: torch.device) -> FreeMemory:
+    """Free memory on ``device`` now. CUDA: ``mem_get_info`` (the GPU's own memory, which no host limit
+    bounds). Host memory (CPU, MPS): the smaller of the machine's available memory and what the
+    process's limits leave it (:func:`~headwidget.core.memory_limits.memory_headroom`: a container's or
+    pod's cgroup ``memory.max`` / ``memory.limit_in_bytes``, ``RLIMIT_AS``, ``RLIMIT_DATA``).
+
+    >>> free = free_memory(torch.device("cpu"))
+    >>> free.bytes > 0, free.limit in (None, "RLIMIT_AS", "RLIMIT_DATA", "the cgroup's memory.max",
+    ...                                "the cgroup's memory.limit_in_bytes")
+    (True, True)
+    """
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return FreeMemory(int(free))
+    available = _host_available()
+    headroom = memory_headroom()
+    if headroom is not None and headroom.bytes < available:
+        return FreeMemory(headroom.bytes, headroom.limit)
+    return FreeMemory(available)
+
+
+def available_bytes(device: torch.device) -> int:
+    """The bytes of :func:`free_memory` on ``device``."""
+    return free_memory(device).bytes
+
+
 def default_budget(device: torch.device) -> int:
+    """What a capture or an evaluation may allocate on ``device`` when no ``max_memory`` is given: half
+    of :func:`free_memory`."""
     return int(available_bytes(device) * DEFAULT_FRACTION)
+
+
+def default_budget_source(device: torch.device) -> str:
+    """Where :func:`default_budget` comes from, in words for a message.
+
+    >>> default_budget_source(torch.device("cpu")).startswith("half the free memory")
+    True
+    """
+    limit = free_memory(device).limit
+    return "half the free memory" + (f" under {limit}" if limit else "")
 
 
 def accumulator_bytes(shapes: Iterable[tuple[int, int | None]]) -> int:

@@ -1,4 +1,11 @@
-"""``headwidget figure``: a view's figure from saved statistics, as PNG, SVG, PDF or standalone HTML.
+"""``headwidget figure``: a view's figure from saved files, as PNG, SVG, PDF or standalone HTML.
+
+Each view draws what it is built from (its ``sources``): statistics (the positional file, from
+``headwidget capture``), a model's weights (``--model``), an evaluation report (``--report``, from
+``headwidget evaluate``), healing runs (``--runs``, from ``headwidget heal``, read by
+:meth:`HealingRun.load_all <headwidget.HealingRun.load_all>`) or a training run's timeline
+(``--timeline``, a :class:`~headwidget.Tracker`'s folder). A view asked for without what it is built
+from is refused with the option that gives it; the files given must be of one model.
 
 Example:
     >>> COMMAND.name
@@ -8,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +33,36 @@ __all__ = ["COMMAND"]
 
 def add_parser(sub: Any) -> None:
     """Declare ``figure`` and its options on the subparsers ``sub`` (the views from the registry)."""
-    from headwidget.views import view_names
+    from headwidget.views import view_class, view_names
 
     names = view_names()
     fig = sub.add_parser(
         "figure",
-        help="draw a reference-style figure from saved statistics",
-        description=f"Draw a view's figure ({', '.join(names)}) from a statistics file and save it as "
-        ".png, .svg, .pdf or a standalone .html.",
+        help="draw a view's figure from saved statistics, reports, healing runs or a timeline",
+        description=f"Draw a view's figure ({', '.join(names)}) and save it as .png, .svg, .pdf or a "
+        "standalone .html. Each view reads what it is built from: "
+        + "; ".join(f"{name}: {_needs(view_class(name))}" for name in names)
+        + ".",
     )
-    fig.add_argument("stats", type=Path, help="statistics file written by `headwidget capture`")
+    fig.add_argument(
+        "stats",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="statistics file written by `headwidget capture` (the views of statistics)",
+    )
+    fig.add_argument(
+        "--report", type=Path, default=None, help="evaluation report (.json) written by `headwidget evaluate`"
+    )
+    fig.add_argument(
+        "--runs",
+        type=Path,
+        default=None,
+        help="healing runs (.json) written by `headwidget heal` (read by headwidget.HealingRun.load_all)",
+    )
+    fig.add_argument(
+        "--timeline", type=Path, default=None, help="timeline folder written by a headwidget.Tracker"
+    )
     fig.add_argument("--view", default=names[0], choices=names, help=f"which view (default: {names[0]})")
     fig.add_argument(
         "--layers",
@@ -76,27 +104,92 @@ def _figure_state(view: type[View], args: argparse.Namespace) -> dict[str, Any]:
     return state
 
 
-def run(args: argparse.Namespace, load: Loader) -> int:
-    """Check the options and ``--out``, read the statistics, draw the view and save it."""
-    from headwidget.export import save
+#: Each source a view may be built from: the option that gives it, and what that is.
+OPTIONS = {
+    "stats": ("STATS", "statistics file (`headwidget capture`)"),
+    "model": ("--model", "the weights of the model the statistics come from"),
+    "report": ("--report", "an evaluation report written by `headwidget evaluate`"),
+    "healing": ("--runs", "healing runs written by `headwidget heal`"),
+    "timeline": ("--timeline", "a timeline folder written by a headwidget.Tracker"),
+}
+
+
+def _needs(view: type[View]) -> str:
+    """What ``view`` reads, as options: ``"--report"``, ``"STATS [--report]"``."""
+    made = view.sources
+    main = [OPTIONS[made.main][0]] if made.main else []
+    return " ".join([*main, *(f"[{OPTIONS[s][0]}]" for s in made.optional)])
+
+
+def _given(args: argparse.Namespace) -> dict[str, Path | str | None]:
+    return {
+        "stats": args.stats,
+        "model": args.model,
+        "report": args.report,
+        "healing": args.runs,
+        "timeline": args.timeline,
+    }
+
+
+def _check_sources(view: type[View], name: str, given: dict[str, Path | str | None]) -> None:
+    """Refuse a view without the file it is built from, or with a file it does not read."""
+    made = view.sources
+    if made.main and given[made.main] is None:
+        option, what = OPTIONS[made.main]
+        give = "a statistics file" if made.main == "stats" else option
+        raise UsageError(f"--view {name} needs {give} ({what})")
+    unread = [OPTIONS[s][0] for s, v in given.items() if v is not None and not made.takes(s)]
+    if unread:
+        raise UsageError(f"--view {name} reads {_needs(view)}, not {', '.join(unread)}")
+    stats = given["stats"]
+    if isinstance(stats, Path) and not stats.is_file():
+        raise UsageError(f"{stats}: no such statistics file")
+    for source in ("report", "healing"):
+        path = given[source]
+        if isinstance(path, Path) and not path.is_file():
+            raise UsageError(f"{OPTIONS[source][0]} {path}: no such file ({OPTIONS[source][1]})")
+    timeline = given["timeline"]
+    if isinstance(timeline, Path) and not timeline.is_dir():
+        raise UsageError(f"--timeline {timeline}: no such folder ({OPTIONS['timeline'][1]})")
+
+
+def _read(given: dict[str, Path | str | None], load: Loader) -> dict[str, Any]:
+    """The sources given, read (a model loaded on the CPU)."""
+    from headwidget.evaluation import EvaluationReport
+    from headwidget.healing import HealingRun
     from headwidget.stats import KVStats
+    from headwidget.tracking import Timeline
+
+    readers: dict[str, Callable[[Path | str], Any]] = {
+        "stats": KVStats.load,
+        "report": EvaluationReport.load,
+        "healing": HealingRun.load_all,
+        "timeline": Timeline.load,
+    }
+    read: dict[str, Any] = {s: None if v is None else readers[s](v) for s, v in given.items() if s in readers}
+    model = given["model"]
+    read["model"] = None if model is None else load(str(model), device="cpu", tokenizer=False)[0]
+    return read
+
+
+def run(args: argparse.Namespace, load: Loader) -> int:
+    """Check the options and ``--out``, read what the view is built from, draw the view and save it."""
+    from headwidget.export import save
     from headwidget.views import view_class
 
-    if not args.stats.is_file():
-        raise UsageError(f"{args.stats}: no such statistics file")
+    cls = view_class(args.view)
+    given = _given(args)
+    _check_sources(cls, args.view, given)
     if args.out.suffix.lower() not in (".png", ".svg", ".pdf", ".html"):
         raise UsageError(f"--out {args.out}: the extension must be .png, .svg, .pdf or .html")
-    cls = view_class(args.view)
-    needs_model = cls.sources().main == "model"
-    if needs_model and args.model is None:
-        raise UsageError(f"--view {args.view} needs --model (the weights of the model the stats come from)")
     layers = int_list(args.layers, "--layers")
     state = _figure_state(cls, args)
     check_output_file(args.out)
-    stats = KVStats.load(args.stats)
-    layers = layers or stats.layers[:1]
-    model = load(args.model, device="cpu", tokenizer=False)[0] if needs_model else None
-    view = cls.create(stats, model, layers=layers, interactive=False, **state)
+    read = _read(given, load)
+    stats = read["stats"]
+    if not layers and stats is not None:
+        layers = stats.layers[:1]
+    view = cls.create(layers=layers or (), interactive=False, **read, **state)
     if view.error:
         raise FigureError(view.error)
     save(view, args.out, dpi=args.dpi)

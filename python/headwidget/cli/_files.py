@@ -22,6 +22,8 @@ def read_texts(path: Path, option: str = "--texts") -> list[str]:
     """Paragraphs of a UTF-8 text file (blank-line separated), whitespace-normalised.
 
     A missing, unreadable, non-UTF-8 or empty file, or a directory, is a :class:`UsageError` (exit 2).
+    What is not a regular file but can be read (a pipe such as ``<(zcat texts.gz)``, ``/dev/stdin``) is
+    read as one; ``/dev/null`` is an empty file.
 
     Example:
         >>> import pathlib, tempfile
@@ -32,7 +34,7 @@ def read_texts(path: Path, option: str = "--texts") -> list[str]:
     """
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory; give a UTF-8 text file")
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"{option} {path}: no such file")
     try:
         raw = path.read_bytes()
@@ -48,7 +50,8 @@ def read_texts(path: Path, option: str = "--texts") -> list[str]:
     paragraphs = [" ".join(p.split()) for p in text.split("\n\n")]
     texts = [p for p in paragraphs if p]
     if not texts:
-        raise UsageError(f"{option} {path}: the file holds no text")
+        what = "it is empty" if not raw else "only whitespace"
+        raise UsageError(f"{option} {path}: the file holds no text ({what}); give a UTF-8 text file")
     return texts
 
 
@@ -69,8 +72,8 @@ def _probe_directory(directory: Path, option: str, path: Path) -> None:
 def check_output_file(path: Path, option: str = "--out") -> None:
     """Refuse, before any work, an output file that cannot be written (a :class:`UsageError`).
 
-    Its directory must exist and be writable; an existing target (followed through symlinks) must be
-    a regular file we may write.
+    Its directory must exist and be writable; an existing target must be a regular file we may write,
+    not a symlink (headwidget never writes through one: :mod:`headwidget.files`).
 
     Example:
         >>> import pathlib, tempfile
@@ -82,6 +85,8 @@ def check_output_file(path: Path, option: str = "--out") -> None:
         ...     print(str(err).split(";")[1].strip())
         create it first
     """
+    if path.is_symlink():
+        raise UsageError(f"{option} {path}: is a symlink; give the path of the file itself")
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory; give the path of a file in it")

@@ -13,7 +13,20 @@ import re
 
 from headwidget.cli._errors import UsageError
 
-__all__ = ["DPI_RANGE", "DTYPES", "MAX_COUNT", "MAX_GIB", "ascii_int", "count", "dpi", "gib", "int_list"]
+__all__ = [
+    "DPI_RANGE",
+    "DTYPES",
+    "MAX_COUNT",
+    "MAX_GIB",
+    "MAX_SEED",
+    "ascii_int",
+    "count",
+    "dpi",
+    "gib",
+    "int_list",
+    "real",
+    "seed",
+]
 
 #: ``--dpi`` range of ``figure``: beyond it a page-sized PNG needs gigabytes of memory.
 DPI_RANGE = (1, 1200)
@@ -23,6 +36,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 MAX_COUNT = 2**53
 #: The largest ``--max-memory`` in GiB (2**53 bytes).
 MAX_GIB = 2**23
+#: The largest ``--seed`` (what ``torch.Generator.manual_seed`` and ``heal`` take).
+MAX_SEED = 2**63 - 1
 #: An integer written in ASCII digits: ``int()`` also reads ``"１２"``, ``"1_000"`` and ``" +3 "``.
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -41,14 +56,15 @@ def ascii_int(text: str) -> int | None:
 
 
 def gib(text: str) -> float:
-    """``--max-memory``: a finite number of GiB > 0 (ASCII digits: ``float()`` also reads ``"４"``).
+    """``--max-memory``: a finite number of GiB > 0 (ASCII digits, no ``_``: ``float()`` also reads
+    ``"４"`` and ``"1_0"``).
 
     Example:
         >>> gib("4")
         4.0
     """
     try:
-        value = float(text) if text.isascii() else math.nan
+        value = float(text) if text.isascii() and "_" not in text else math.nan
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and 0 < value <= MAX_GIB):
@@ -113,5 +129,38 @@ def count(text: str) -> int:
     if value is None or not 1 <= value <= MAX_COUNT:
         raise argparse.ArgumentTypeError(
             f"takes a whole number ≥ 1 in ASCII digits (at most {MAX_COUNT}), got {text!r}"
+        )
+    return value
+
+
+def seed(text: str) -> int:
+    """``--seed``: a whole number in 0..:data:`MAX_SEED` in ASCII digits.
+
+    Example:
+        >>> seed("99999999999999999")
+        99999999999999999
+    """
+    value = ascii_int(text)
+    if value is None or not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(
+            f"takes a whole number in 0..{MAX_SEED} in ASCII digits, got {text!r}"
+        )
+    return value
+
+
+def real(text: str) -> float:
+    """A finite number in ASCII (``float()`` also reads ``"１e-3"``); its range is the command's to check.
+
+    Example:
+        >>> real("1e-3"), real(" 0.5 ")
+        (0.001, 0.5)
+    """
+    try:
+        value = float(text) if text.isascii() and "_" not in text else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(
+            f"takes a finite number in ASCII (like 1e-3 or 0.0003), got {text!r}"
         )
     return value

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from headwidget.core.protocol import CHART_FIELDS, SERIES_FIELDS
+
 __all__ = ["SERIES_STYLES", "Chart", "ChartError", "Series", "encode_chart", "pareto_front"]
 
 SeriesStyle = Literal["points", "line", "points+line"]
@@ -91,6 +93,31 @@ class Chart:
     #: Whether a saved figure writes each point's name beside it (False: curves whose legend names them;
     #: the page's hover names every point either way).
     label_points: bool = True
+    #: What a click on a point does, said only where a click does it (the live widget; a saved page
+    #: and a figure leave it out).
+    hint: str = ""
+    #: The text of each of ``x_ticks`` (empty: the values, written out), e.g. "untrained" at the
+    #: position a log axis draws its 0 at.
+    x_tick_labels: list[str] = field(default_factory=list)
+    #: The x-axis' ends before padding, (low, high) (empty: the data's): charts drawn one above the
+    #: other over the same steps give the same, so that a step is at the same place in each.
+    x_range: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.x_ticks = [float(v) for v in self.x_ticks]
+        self.x_range = [float(v) for v in self.x_range]
+        self.x_tick_labels = [str(v) for v in self.x_tick_labels]
+        if self.x_tick_labels and len(self.x_tick_labels) != len(self.x_ticks):
+            raise ChartError(
+                f"chart {self.id!r}: x_tick_labels must name each of the {len(self.x_ticks)} x_ticks, "
+                f"got {len(self.x_tick_labels)}"
+            )
+        if self.x_range and not (
+            len(self.x_range) == 2
+            and all(math.isfinite(v) for v in self.x_range)
+            and self.x_range[0] <= self.x_range[1]
+        ):
+            raise ChartError(f"chart {self.id!r}: x_range must be (low, high), finite, got {self.x_range!r}")
 
 
 def _finite_or_none(values: list[float]) -> list[float | None]:
@@ -98,31 +125,20 @@ def _finite_or_none(values: list[float]) -> list[float | None]:
 
 
 def encode_chart(chart: Chart) -> dict[str, Any]:
-    """The chart as the JSON the front end reads (non-finite values become ``null``)."""
-    return {
-        "id": chart.id,
-        "title": chart.title,
-        "subtitle": chart.subtitle,
-        "note": chart.note,
-        "x_label": chart.x_label,
-        "y_label": chart.y_label,
-        "x_log": chart.x_log,
-        "y_log": chart.y_log,
-        "y_reference": chart.y_reference,
-        "x_ticks": [float(v) for v in chart.x_ticks if math.isfinite(v)],
-        "series": [
-            {
-                "name": s.name,
-                "x": _finite_or_none(s.x),
-                "y": _finite_or_none(s.y),
-                "labels": s.labels,
-                "style": s.style,
-                "color": s.color,
-                "dashed": s.dashed,
-            }
-            for s in chart.series
-        ],
+    """The chart as the JSON the front end reads, its fields in the protocol's order (non-finite values
+    become ``null``)."""
+    series = [
+        {f: _finite_or_none(getattr(s, f)) if f in ("x", "y") else getattr(s, f) for f in SERIES_FIELDS}
+        for s in chart.series
+    ]
+    kept = [i for i, v in enumerate(chart.x_ticks) if math.isfinite(v)]
+    computed = {
+        "series": series,
+        "x_ticks": [float(chart.x_ticks[i]) for i in kept],
+        "x_tick_labels": [str(chart.x_tick_labels[i]) for i in kept] if chart.x_tick_labels else [],
+        "x_range": [float(v) for v in chart.x_range],
     }
+    return {f: computed[f] if f in computed else getattr(chart, f) for f in CHART_FIELDS}
 
 
 def pareto_front(costs: list[float], damages: list[float]) -> list[int]:

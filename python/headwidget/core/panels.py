@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from headwidget.core.charts import Chart
+from headwidget.core.protocol import PANEL_FIELDS
 
 __all__ = ["Panel", "PanelGrid", "encode_ahead", "encode_panel", "frame_key"]
 
@@ -54,6 +55,10 @@ class Panel:
     ``window_subtitle``: for a panel of a window of indices (the channel view's), the subtitle with
     ``{first}`` and ``{last}`` where it names the window's first and last index, so that a saved page
     cropping the panel to another window says which (empty: the subtitle names no window).
+    ``hint``: what a click on the panel does ("a click on a row selects its layer"), said only where a
+    click does it (the live widget; a saved page and a figure leave it out). ``mark_row`` /
+    ``mark_col``: the displayed row / column outlined (the selected layer), -1 for none.
+    ``axis_titles``: draw ``row_axis`` and ``col_axis`` as the axes' titles.
     """
 
     id: str
@@ -73,6 +78,10 @@ class Panel:
     row_axis: str = ""
     col_axis: str = ""
     window_subtitle: str = ""
+    hint: str = ""
+    mark_row: int = -1
+    mark_col: int = -1
+    axis_titles: bool = False
 
 
 @dataclass
@@ -188,29 +197,14 @@ def encode_panel(panel: Panel, *, vmin: float, vmax: float) -> dict[str, Any]:
     if panel.row_group < 0 or panel.col_group < 0:
         raise ValueError(f"panel {panel.id!r}: row_group and col_group must be >= 0 (0: no heads)")
     dtype, data, key = _wire(matrix, vmin, vmax)
-    return {
-        "id": panel.id,
-        "title": panel.title,
-        "subtitle": panel.subtitle,
+    wire = {
         "rows": int(matrix.shape[0]),
         "cols": int(matrix.shape[1]),
-        "row_labels": panel.row_labels,
-        "col_labels": panel.col_labels,
-        "row_offset": panel.row_offset,
-        "col_offset": panel.col_offset,
-        "row_step": panel.row_step,
-        "col_step": panel.col_step,
-        "row_group": panel.row_group,
-        "col_group": panel.col_group,
-        "axis_prefix": panel.axis_prefix,
-        "row_axis": panel.row_axis,
-        "col_axis": panel.col_axis,
         "dtype": dtype,
         "data": data,
         "key": key,
-        "note": panel.note,
-        "window_subtitle": panel.window_subtitle,
     }
+    return {f: wire[f] if f in wire else getattr(panel, f) for f in PANEL_FIELDS}  # the protocol's order
 
 
 def encode_ahead(grid: PanelGrid) -> None:

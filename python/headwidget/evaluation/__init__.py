@@ -13,6 +13,9 @@
   (``"mla:64@0-9;kv:int4@10-29"``).
 - :func:`allocate`: the mixed spec with the least damage on calibration text within a K/V byte budget
   (an exact per-layer knapsack over candidates, refined with the whole spec applied).
+- Cross-layer variants (``share:g``, ``merge:2``, ``xkv:r/g``) and the ``prefill:P`` protocol, under
+  which a prefill builds the cache that the variant transforms and the rest is scored from it
+  (:mod:`headwidget.evaluation._prefill`, :mod:`headwidget.evaluation._cache_transforms`).
 """
 
 from headwidget.analysis.quantizers import Codebooks, fit_codebooks, quantize_int_keys, quantize_int_values

@@ -25,8 +25,9 @@ Method:
 
 Choosing never sees the evaluation text: :attr:`Allocation.fingerprint` is the fingerprint of the
 tokens it chose on, and :func:`~headwidget.evaluation.evaluate` flags an allocated spec measured on
-those tokens, whatever protocol cut them and whatever other text is beside them (a sketch of their
-n-grams: :mod:`headwidget.evaluation._chosen`).
+those tokens, however the spec is written, whatever protocol cut the tokens, however often they repeat
+and whatever other text is beside them (runs of 32 tokens shared with the chosen-on text:
+:mod:`headwidget.evaluation._chosen`).
 
 Example:
     >>> import torch
@@ -49,7 +50,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -60,12 +61,12 @@ from headwidget.adapters import adapter_for
 from headwidget.analysis.allocation import check_budget, choose_per_layer
 from headwidget.analysis.variants import MixedSpec, layer_ranges, parse_variant
 from headwidget.capture.inputs import Batch
-from headwidget.checks import flag, whole_number
+from headwidget.checks import flag, model_with_weights, number, whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._chosen import remember, token_sketch
+from headwidget.evaluation._chosen import remember, token_pieces
 from headwidget.evaluation._distributed import Ranks
-from headwidget.evaluation._evaluate import Progress, _working_copy, protocol_batches
+from headwidget.evaluation._evaluate import Progress, _working_copy, prefilling, protocol_batches, runner_for
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
 from headwidget.evaluation._model_facts import check_stats
 from headwidget.evaluation._outputs import OutputRunner
@@ -127,13 +128,11 @@ class Allocation:
 
 
 def _budget_bytes(budget: Any, model_bytes: float) -> float:
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise ArgumentError(
-            f"budget must be a fraction of the model's K/V bytes (a float in (0, 1]) or bytes per token (an "
-            f"int), got {budget!r} ({type(budget).__name__})"
-        )
+    """A budget in bytes per token: an integer (numpy's too) is bytes, any other real a fraction."""
+    hint = "a fraction of the model's K/V bytes as a float in (0, 1], or bytes per token as an int"
+    budget = number("budget", budget, hint=hint)
     if isinstance(budget, float):
-        if not math.isfinite(budget) or not 0 < budget <= 1:
+        if not 0 < budget <= 1:
             raise ArgumentError(
                 f"a float budget is a fraction of the model's {model_bytes:g} K/V bytes per token, in "
                 f"(0, 1]; got {budget!r} (give bytes per token as an int)"
@@ -157,6 +156,11 @@ def _check_candidates(candidates: Any) -> list[str]:
             raise ArgumentError(
                 f"candidate {parsed.text!r} is a mixed spec; candidates are uniform specs, and allocate "
                 "mixes them per layer"
+            )
+        if parsed.cross is not None:
+            raise ArgumentError(
+                f"candidate {parsed.text!r} acts on groups of layers, and allocate chooses one candidate per "
+                "layer; evaluate cross-layer specs with headwidget.evaluate"
             )
         out.append(parsed.text)
     return list(dict.fromkeys(out))
@@ -197,7 +201,7 @@ class _Scorer:
         """One plan, full forwards."""
         totals = PredictionTotals()
         self.tick.grow(len(self.batches))
-        with plan.running(self.base) as variant:
+        with plan.running(self.base, prefill=prefilling(self.runner)) as variant:
             for ref, batch in zip(self.reference, self.batches, strict=True):
                 out = self.runner(variant, batch)
                 assert out.targets is not None
@@ -381,11 +385,15 @@ def allocate_frontier(
             unknown objective, a ``refine`` that is not a whole number in 0..16.
         And what :func:`~headwidget.evaluation.evaluate` raises for a candidate the model cannot take.
     """
-    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Sequence) or not budgets:
+    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, Iterable):
         raise ArgumentError(
             f"budgets must be a non-empty list of budgets such as [0.5, 0.25], got {budgets!r}"
         )
+    budgets = list(budgets)  # a numpy array too
+    if not budgets:
+        raise ArgumentError("budgets is empty; give a list of budgets such as [0.5, 0.25]")
     adapter = adapter_for(model)
+    model_with_weights("model", model)
     specs = _check_candidates(candidates)
     if objective not in OBJECTIVES:
         raise ArgumentError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -395,7 +403,8 @@ def allocate_frontier(
     _, stats, _, _, dtype, batch_size, max_length, max_tokens, _ = check_evaluate_arguments(
         adapter, specs, stats, None, False, dtype, batch_size, max_length, max_tokens, False
     )
-    runner = OutputRunner.for_model(model)
+    reading = parse_protocol(protocol)
+    runner = runner_for(model, reading)
     if runner.kind != "causal-lm":
         raise ArgumentError(
             f"allocate measures next-token damage, so it takes a causal LM, not {runner.kind}"
@@ -403,7 +412,6 @@ def allocate_frontier(
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
     num_layers = adapter.layout().num_layers
     layers = list(range(num_layers))
-    reading = parse_protocol(protocol)
     length = max_length if reading.window is None else reading.window
     batches = protocol_batches(
         model,
@@ -455,11 +463,11 @@ def allocate_frontier(
     finally:
         tick.close()
     tokens_seen = fingerprint(every)
-    sketch = token_sketch(every)
+    pieces = token_pieces(every, stream=reading.kind != "documents").pieces
     tokens = predicted_count(every)
     out = []
     for limit, (best, best_choice, rounds) in zip(limits, found, strict=True):
-        remember(best.spec, tokens_seen, sketch)
+        remember(best_choice, tokens_seen, pieces)
         out.append(
             Allocation(
                 spec=best.spec,

@@ -28,6 +28,11 @@ original weights) and written into a copy by the model's adapter:
   forward of the whole text (``use_cache=False``). The quantizing forward belongs to the copy
   ``apply`` returned: ``nn.DataParallel`` replicas of it are not supported. Applying a spec to a model
   that already quantizes is refused (it would quantize twice): apply one mixed spec to the original.
+- **Cross-layer parts** (``share:g``, ``merge:2``, ``xkv:r/g``; :mod:`headwidget.evaluation._cross_layer`)
+  change no weight either: every forward of the copy lets each ``share`` group's readers read their first
+  layer's K/V (:class:`~headwidget.evaluation._sharing.SharedForward`), and a forward that starts a KV
+  cache (a ``generate`` call's prefill) has it merged or compressed before it returns
+  (:class:`~headwidget.evaluation._cache_transforms.CacheTransformForward`). No checkpoint holds them.
 
 **Saving.** A variant's ``save_pretrained`` (and ``push_to_hub``, which saves through it) first asks
 :func:`save_blocker` whether the family's own ``from_pretrained`` would give the same model back; where
@@ -70,6 +75,12 @@ from headwidget.errors import (
     VariantSaveError,
 )
 from headwidget.evaluation._arguments import check_apply_arguments
+from headwidget.evaluation._cache_transforms import (
+    GroupTransform,
+    install_cache_transforms,
+    installed_cache_transforms,
+)
+from headwidget.evaluation._cross_layer import CrossLayerParts, cross_layer_parts
 from headwidget.evaluation._model_facts import (
     check_stats,
     converted_modules,
@@ -82,6 +93,7 @@ from headwidget.evaluation._quantize import (
     installed_quantizers,
     quantizer_for,
 )
+from headwidget.evaluation._sharing import SharedKV, install_sharing, installed_sharing
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -105,7 +117,9 @@ class AppliedVariant:
     elements per token of every layer as the model holds them (a quantized layer keeps its own);
     ``fits`` the per-layer fits of the converted layers (their ``factors``, merged ``groups``,
     ``rope_keep`` and ``kept_planes``; the written weights are in the model, not kept here);
-    ``quantizers`` the fitted ``kv:`` quantizers that run in every forward of the model.
+    ``quantizers`` the fitted ``kv:`` quantizers that run in every forward of the model; ``sharing``
+    the ``share:g`` groups whose readers read their first layer's K/V in every forward;
+    ``cache_transforms`` the ``merge``/``xkv`` transforms of every cache a prefill of the model builds.
     """
 
     spec: str
@@ -113,6 +127,13 @@ class AppliedVariant:
     kv_elements: dict[int, int]
     fits: dict[int, LayerFit] = field(repr=False, default_factory=dict)
     quantizers: list[KVQuantizer] = field(repr=False, default_factory=list)
+    sharing: list[SharedKV] = field(repr=False, default_factory=list)
+    cache_transforms: list[GroupTransform] = field(repr=False, default_factory=list)
+
+    @property
+    def readers(self) -> dict[int, int]:
+        """Each ``share`` reader and the layer whose K/V it reads."""
+        return {r: s for shared in self.sharing for r, s in shared.readers.items()}
 
     @property
     def factors(self) -> dict[int, dict[str, torch.Tensor]]:
@@ -125,8 +146,13 @@ class AppliedVariant:
         <headwidget.evaluation._plan.VariantPlan.layer_bytes>` counts them for evaluate)."""
         size = torch.empty((), dtype=dtype).element_size()
         by_quantizer = {layer: q for q in self.quantizers for layer in q.layers}
+        by_cache = {layer: c for c in self.cache_transforms for g in c.groups if len(g) > 1 for layer in g}
         return [
-            by_quantizer[layer].layer_bytes_per_token(layer) if layer in by_quantizer else size * elements
+            by_quantizer[layer].layer_bytes_per_token(layer)
+            if layer in by_quantizer
+            else size * by_cache[layer].layer_elements(layer, None)
+            if layer in by_cache
+            else size * elements
             for layer, elements in sorted(self.kv_elements.items())
         ]
 
@@ -179,6 +205,12 @@ def _quantizers_of(model: nn.Module) -> list[KVQuantizer]:
 
 def _refuse_quantized_model(model: nn.Module) -> None:
     info = getattr(model, "headwidget_variant", None)
+    if installed_sharing(model) or installed_cache_transforms(model):
+        held = info.spec if isinstance(info, AppliedVariant) else "cross-layer parts"
+        raise UnsupportedConversionError(
+            f"this model already shares or transforms its K/V across layers ({held}): a variant of it would "
+            "do it twice. Apply one mixed spec with every part to the original model instead"
+        )
     quantizers = _quantizers_of(model)
     if quantizers:
         held = info.spec if isinstance(info, AppliedVariant) else ", ".join(q.spec for q in quantizers)
@@ -306,9 +338,11 @@ def build_variant(
     *,
     quantizers: Sequence[KVQuantizer] = (),
     share: bool = False,
+    cross: CrossLayerParts | None = None,
 ) -> nn.Module:
     """A copy of ``model`` with the fitted layers written in (see the module docstring), whose every
-    forward runs ``quantizers`` (:class:`~headwidget.evaluation._quantize.QuantizedForward`).
+    forward runs ``quantizers`` (:class:`~headwidget.evaluation._quantize.QuantizedForward`) and the
+    cross-layer parts of ``cross`` (sharing in every forward, cache transforms after a prefill).
 
     ``share=True`` copies only the converted layers' attention modules (and the modules holding their
     head projections) and shares every other parameter with ``model`` (for evaluation; never hand such
@@ -335,9 +369,14 @@ def build_variant(
     }
     kept = {layer: replace(fit, weights=None) for layer, fit in fits.items()}  # written: not kept twice
     changed = sorted({*layers, *(layer for q in quantizers for layer in q.layers)})
+    cross = cross or CrossLayerParts()
+    grouped = [layer for group, _ in cross.groups() for layer in group]
+    changed = sorted({*changed, *grouped})
     out.headwidget_variant = AppliedVariant(  # type: ignore[assignment]
-        parse_variant(spec).text, changed, kv_elements, kept, list(quantizers)
+        parse_variant(spec).text, changed, kv_elements, kept, list(quantizers), cross.sharing, cross.caches
     )
+    install_sharing(out, cross.sharing)
+    install_cache_transforms(out, cross.caches)
     install_quantizers(out, quantizers)
     for method in _SAVING:
         if callable(getattr(type(out), method, None)):
@@ -372,7 +411,17 @@ def save_blocker(model: nn.Module) -> str | None:
 
 
 def _save_problem(model: nn.Module) -> tuple[str, str] | None:
-    """``(what, why)`` for :func:`save_blocker`: ``what`` is ``"kv"``, ``"rope"`` or ``"kv_heads"``."""
+    """``(what, why)`` for :func:`save_blocker`: ``what`` is ``"kv"``, ``"cross"``, ``"rope"`` or
+    ``"kv_heads"``."""
+    crossing = [p.spec for p in installed_sharing(model)] + [
+        t.spec for t in installed_cache_transforms(model)
+    ]
+    if crossing:
+        return "cross", (
+            f"it shares or transforms its K/V across layers ({', '.join(crossing)}) while it runs, which no "
+            f"checkpoint of {type(model).__name__} can hold (its config gives every layer its own K/V and "
+            "cache): the model loaded from it would run without them and give other logits"
+        )
     quantizers = _quantizers_of(model)
     if quantizers:
         parts = "; ".join(f"{q.spec} on {_layer_list(q.layers)}" for q in quantizers)
@@ -421,6 +470,8 @@ def _save_refusal(model: nn.Module, method: str, what: str, reason: str) -> Vari
         )
     elif what == "rope":
         other = "variants without rope:r (mqa, gqa:G, lrkv:r, mla:d_c) save as ordinary checkpoints"
+    elif what == "cross":
+        other = "the spec without its share/merge/xkv parts saves as an ordinary checkpoint"
     elif chosen:
         other = (
             f"converting every layer (headwidget.apply(model, {spec!r}, stats=stats)) gives one that saves"
@@ -479,7 +530,9 @@ def apply(
         model: a supported transformers model.
         spec: a variant spec: ``model``, ``mha``, ``gqa:G``, ``mqa``, ``lrkv:r``, ``mla:d_c``,
             ``gqa:G+align``, ``mqa+align``, ``rope:r``, ``mla:d_c+rope:r``, or a K/V quantizer
-            ``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b`` (:mod:`headwidget.analysis.variants`),
+            ``kv:int{b}``, ``kv:int{b}/g{n}``, ``kv:cq{c}c{b}b``, or a cross-layer ``share:g``,
+            ``merge:2``, ``xkv:r/g`` alone or after a conversion (``mqa+share:2``)
+            (:mod:`headwidget.analysis.variants`),
             or a mixed spec of them that names each part's layers (``"mla:64@0-9;kv:int4@10-29"``;
             the layers it names none of stay as they are).
         stats: statistics of ``model``: ``+align`` needs its keys and values; ``rope:r`` and data-aware
@@ -527,8 +580,10 @@ def apply(
     refuse_layers_with_mixed([parsed], layers)
     stats, layers = check_apply_arguments(adapter, stats, layers)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
-    fits, quantizers = fit_parts(adapter, parsed, stats, resolve_layers(adapter, layers))
-    return build_variant(model, parsed.text, fits, quantizers=quantizers)
+    chosen = resolve_layers(adapter, layers)
+    fits, quantizers = fit_parts(adapter, parsed, stats, chosen)
+    cross = cross_layer_parts(adapter, parsed, chosen, fits)
+    return build_variant(model, parsed.text, fits, quantizers=quantizers, cross=cross)
 
 
 def part_layers(parsed: Variant, chosen: Sequence[int]) -> list[tuple[VariantSpec, list[int]]]:
@@ -539,8 +594,8 @@ def part_layers(parsed: Variant, chosen: Sequence[int]) -> list[tuple[VariantSpe
     [('mqa', [1, 2])]
     """
     if isinstance(parsed, VariantSpec):
-        return [] if parsed.mechanism == "model" else [(parsed, list(chosen))]
-    return [(part, list(layers)) for part, layers in parsed.parts if part.mechanism != "model"]
+        return [] if parsed.unchanged else [(parsed, list(chosen))]
+    return [(part, list(layers)) for part, layers in parsed.parts if not part.unchanged]
 
 
 def fit_parts(

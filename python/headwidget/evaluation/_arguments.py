@@ -29,7 +29,14 @@ from torch import nn
 from headwidget.adapters import Adapter
 from headwidget.capture.inputs import Batch
 from headwidget.capture.session import _check_ids, _vocab_size  # capture's own token-id check
-from headwidget.checks import flag, layer_indices, optional_whole_number, text_list, whole_number
+from headwidget.checks import (
+    flag,
+    layer_indices,
+    model_with_weights,
+    optional_whole_number,
+    text_list,
+    whole_number,
+)
 from headwidget.errors import ArgumentError
 from headwidget.stats import KVStats
 
@@ -146,9 +153,11 @@ def check_apply_arguments(adapter: Adapter, stats: Any, layers: Any) -> tuple[KV
     """``(stats, layers)`` of :func:`~headwidget.evaluation.apply` checked (the spec is parsed there).
 
     Raises:
-        ArgumentError: ``stats`` is not statistics, or ``layers`` is not a list of layer indices.
+        ArgumentError: ``stats`` is not statistics, ``layers`` is not a list of layer indices, or the
+            model has no weights (on the meta device).
         LayerIndexError: a layer outside the model.
     """
+    model_with_weights("model", adapter.model)
     return checked_stats(stats), checked_layers(adapter, layers)
 
 

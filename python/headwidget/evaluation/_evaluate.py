@@ -29,7 +29,7 @@ Example:
     >>> ids = torch.randint(0, 64, (4, 24), generator=torch.Generator().manual_seed(0))
     >>> report = evaluate(model, ids, ["model", "mqa", "lrkv:4"], dtype=torch.float32, progress=False)
     >>> report.kl["model"], report.top1["model"], report.kv_bytes_per_token
-    (0.0, 1.0, {'model': 256, 'mqa': 128, 'lrkv:4': 384})
+    (0.0, 1.0, {'model': 256, 'mqa': 128, 'lrkv:4': 256})
     >>> report.tokens, report.nll["mqa"] > report.nll["model"] - 1.0
     (92, True)
     >>> q = evaluate(model, ids, ["kv:int8", "kv:int2"], dtype=torch.float32, progress=False)
@@ -50,11 +50,13 @@ from torch import nn
 from headwidget.adapters import adapter_for
 from headwidget.analysis.variants import MixedSpec, parse_variant
 from headwidget.capture.inputs import Batch
-from headwidget.checks import optional_whole_number
+from headwidget.checks import model_with_weights, optional_whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation._apply import refuse_layers_with_mixed, shared_copy
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
+from headwidget.evaluation._cache_transforms import MergedCache
 from headwidget.evaluation._chosen import FLAG_SHARE, chosen_shares
+from headwidget.evaluation._cross_layer import refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import (
     Protocol,
@@ -70,12 +72,13 @@ from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_bud
 from headwidget.evaluation._model_facts import check_stats, layer_kv_elements, resolve_layers
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
 from headwidget.evaluation._plan import VariantPlan, plan_variant
+from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
 from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals
 from headwidget.stats import KVStats
 
-__all__ = ["LOGITS_BUDGET", "evaluate"]
+__all__ = ["LOGITS_BUDGET", "evaluate", "prefilling", "protocol_batches", "runner_for"]
 
 #: Bytes of reference logits kept between variants (beyond it they are recomputed per variant).
 LOGITS_BUDGET = 4 * 2**30
@@ -185,7 +188,14 @@ def evaluate(
             SVD-LLM, with W = 2048 in their tables); ``"stride:W/S"``: the same stream read by windows
             of W tokens starting every S tokens, each scoring only the tokens no earlier window reached
             (the sliding window of the transformers perplexity guide; every token but the first scored
-            once, causal LMs only); ``max_length`` is then unused.
+            once, causal LMs only); ``max_length`` is then unused. ``"prefill:P"``: each document
+            (up to ``max_length`` tokens, at least P + 2) prefills a KV cache with its first P tokens,
+            the variant's cache transforms act on it (``merge``, ``xkv``, and the ``kv:`` quantizers,
+            which then quantize the prefilled cache only, as a deployed cache does), and its tokens
+            from P + 1 on are scored by one forward that reads it, their own K/V cached exactly
+            (:mod:`headwidget.evaluation._prefill`; causal LMs only). ``merge`` and ``xkv`` run under
+            this protocol only; without a transform it gives the ``documents`` numbers of the same
+            predictions.
         max_memory: bytes the evaluation may allocate on the model's device (default: half its free
             memory); the estimate (:mod:`headwidget.evaluation._memory`) is checked before any work.
         distributed: share the work over the ranks of ``torch.distributed`` (under ``torchrun``, after
@@ -218,15 +228,24 @@ def evaluate(
         )
     )
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
+    model_with_weights("model", model)
     ranks = Ranks.of(distributed)
     reading = parse_protocol(protocol)
     if reading.window is not None:
         check_window(reading, model_context(model))
         max_length = reading.window
+    if reading.prefill is not None and reading.prefill + 2 > max_length:
+        raise ArgumentError(
+            f"protocol {reading.text} prefills {reading.prefill} tokens and scores from token "
+            f"{reading.prefill + 1} on, so it needs max_length ≥ {reading.prefill + 2} (got {max_length}); "
+            "raise max_length or use a shorter prefill"
+        )
     parsed = {p.text: p for p in (parse_variant(v) for v in variants)}
     specs = list(parsed)
     if not specs:
         raise ValueError("give at least one variant, e.g. ['model', 'mqa']")
+    if reading.prefill is None:
+        refuse_cache_transforms(list(parsed.values()), reading.text)
     refuse_layers_with_mixed(list(parsed.values()), given_layers)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
     chosen = resolve_layers(adapter, layers)
@@ -242,11 +261,12 @@ def evaluate(
         dtype=dtype,
         batch_size=batch_size,
         max_length=max_length,
+        protocol=reading,
     )
     spare = check_evaluation_budget(need, max_memory)
-    runner = OutputRunner.for_model(model)
+    runner = runner_for(model, reading)
     lm = runner.kind == "causal-lm"
-    if reading.kind == "stride" and not lm:
+    if reading.kind in ("stride", "prefill") and not lm:
         raise ArgumentError(
             f"protocol {reading.text} scores next-token predictions, and {type(model).__name__} makes none; "
             "evaluate an encoder with protocol='documents' or 'chunks:W'"
@@ -271,7 +291,10 @@ def evaluate(
         if s != "model"
     }
     base_adapter = adapter_for(base)
-    sweep_cells = sum(1 for plan in plans.values() for layer in chosen if plan.cell(layer) is not None)
+    sweep_cells = sum(
+        len({id(c) for c in (plan.cell(layer) for layer in chosen) if c is not None})
+        for plan in plans.values()
+    )
     sweep_forwards = len(batches) * (1 + sweep_cells) if per_layer else 0
     tick = Progress(len(batches) * (1 + len(plans)) + sweep_forwards, progress)
     try:
@@ -286,6 +309,7 @@ def evaluate(
             width += out.values.numel() * out.values.element_size()
             cached = None if cached is None or width > min(LOGITS_BUDGET, spare) else [*cached, out]
             tick(1)
+            del out  # not held through the next batch's forward, nor the variants' (the cache holds it)
         ranks.merge([reference_totals])
         measures: dict[str, dict[str, float]] = {}
         size = torch.empty((), dtype=dtype).element_size()
@@ -300,7 +324,7 @@ def evaluate(
                 continue
             plan = plans[spec]
             measures[spec] = _measure_plan(base, plan, batches, cached, runner, tick, ranks)
-            kv_bytes[spec] = plan.kv_bytes_per_token(dtype)
+            kv_bytes[spec] = plan.kv_bytes_per_token(dtype, reading.prefill)
             if plan.quantizers:
                 constant[spec] = plan.constant_bytes
             if not per_layer:
@@ -324,7 +348,7 @@ def evaluate(
         tick.close()
     calibration = {} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)}
     tokens_seen = fingerprint(every)
-    shares = chosen_shares(specs, tokens_seen, every)
+    shares = chosen_shares(specs, tokens_seen, every, stream=reading.kind != "documents", layers=chosen)
     leaked = [s for s in specs if shares.get(s, 0.0) >= FLAG_SHARE]
     if leaked:
         said = ", ".join(f"{s} (on {shares[s]:.0%} of them)" for s in leaked)
@@ -366,7 +390,18 @@ def protocol_batches(
     max_tokens: int | None,
     min_tokens: int,
 ) -> list[Batch]:
-    """The evaluation batches of a protocol: documents, ``chunks:W`` or ``stride:W/S`` windows."""
+    """The evaluation batches of a protocol: documents, ``chunks:W`` or ``stride:W/S`` windows, or the
+    documents of ``prefill:P`` (:func:`~headwidget.evaluation._prefill.prefill_batches`)."""
+    if reading.prefill is not None:
+        documents = evaluation_batches(
+            texts,
+            tokenizer,
+            batch_size=batch_size,
+            max_length=max_length,
+            max_tokens=max_tokens,
+            min_tokens=reading.prefill + 2,
+        )
+        return prefill_batches(documents, reading.prefill, batch_size=batch_size)
     if reading.window is None:
         return evaluation_batches(
             texts,
@@ -394,6 +429,18 @@ def protocol_batches(
         max_tokens=max_tokens,
         context=model_context(model),
     )
+
+
+def runner_for(model: nn.Module, reading: Protocol) -> OutputRunner:
+    """How a protocol runs a batch: one forward, or (``prefill:P``) a prefill and a scored forward."""
+    if reading.prefill is not None:
+        return PrefillRunner.for_model(model, reading.prefill)
+    return OutputRunner.for_model(model)
+
+
+def prefilling(runner: OutputRunner) -> bool:
+    """Whether ``runner`` prefills a cache first (the variants' cache transforms then run)."""
+    return isinstance(runner, PrefillRunner)
 
 
 def model_context(model: nn.Module) -> int | None:
@@ -424,7 +471,10 @@ def _measure_plan(
 ) -> dict[str, float]:
     """The measures of ``base`` run as ``plan``'s variant, against the reference (summed over ``ranks``)."""
     totals = _totals(runner.kind)
-    with plan.running(base) as variant:
+    for cache in plan.cross.caches:
+        if isinstance(cache, MergedCache):  # its bytes: the retention of these prefills
+            cache.retained = {kind: [0, 0] for kind in cache.retained}
+    with plan.running(base, prefill=prefilling(runner)) as variant:
         for b, batch in enumerate(batches):
             ref = cached[b] if cached is not None else runner(base, batch)
             out = runner(variant, batch)
@@ -432,5 +482,13 @@ def _measure_plan(
                 raise_non_finite(variant, batch, runner.device, plan.spec, _changed(plan))
             _add(totals, ref, out)
             tick(1)
+            del ref, out  # not held through the next batch's forwards
     ranks.merge([totals])
+    for cache in plan.cross.caches:  # a merge's retention over every rank's prefills (its bytes)
+        if isinstance(cache, MergedCache):
+            kinds = sorted(cache.retained)
+            summed = ranks.sum([v for kind in kinds for v in cache.retained[kind]])
+            cache.retained = {
+                kind: [round(summed[2 * i]), round(summed[2 * i + 1])] for i, kind in enumerate(kinds)
+            }
     return _summary(totals)

@@ -91,8 +91,9 @@ def evaluation_batches(
 
 #: What :func:`parse_protocol` reads.
 PROTOCOL_FORMS = (
-    "'documents', 'chunks:W' (W a whole number of tokens, e.g. 'chunks:2048') or 'stride:W/S' (windows of W "
-    "tokens moved S at a time, e.g. 'stride:1024/512')"
+    "'documents', 'chunks:W' (W a whole number of tokens, e.g. 'chunks:2048'), 'prefill:P' (each "
+    "document's first P tokens prefill a KV cache, the rest are scored from it, e.g. 'prefill:256') or "
+    "'stride:W/S' (windows of W tokens moved S at a time, e.g. 'stride:1024/512')"
 )
 #: The text between documents when strings are joined into one stream (``chunks:W``, ``stride:W/S``).
 CHUNK_SEPARATOR = "\n\n"
@@ -101,12 +102,14 @@ CHUNK_SEPARATOR = "\n\n"
 @dataclass(frozen=True)
 class Protocol:
     """How the evaluation texts become scored sequences: ``documents`` (each text its own sequences, up
-    to ``max_length``), ``chunks:W`` (one stream cut into windows of W) or ``stride:W/S`` (windows of W
-    every S tokens, each scoring its new tokens)."""
+    to ``max_length``), ``chunks:W`` (one stream cut into windows of W), ``stride:W/S`` (windows of W
+    every S tokens, each scoring its new tokens) or ``prefill:P`` (documents whose first P tokens
+    prefill a KV cache: :mod:`headwidget.evaluation._prefill`)."""
 
     kind: str
     window: int | None = None
     stride: int | None = None
+    prefill: int | None = None
 
     @property
     def text(self) -> str:
@@ -115,6 +118,8 @@ class Protocol:
             return "documents"
         if self.kind == "chunks":
             return f"chunks:{self.window}"
+        if self.kind == "prefill":
+            return f"prefill:{self.prefill}"
         return f"stride:{self.window}/{self.stride}"
 
 
@@ -124,7 +129,9 @@ def parse_protocol(protocol: Any) -> Protocol:
     >>> parse_protocol("chunks:2048").window, parse_protocol("documents").text
     (2048, 'documents')
     >>> parse_protocol(" Stride:1024/256 ")
-    Protocol(kind='stride', window=1024, stride=256)
+    Protocol(kind='stride', window=1024, stride=256, prefill=None)
+    >>> parse_protocol("prefill:256").text
+    'prefill:256'
     """
     if isinstance(protocol, str):
         text = protocol.strip().lower()
@@ -133,6 +140,9 @@ def parse_protocol(protocol: Any) -> Protocol:
         m = re.fullmatch(r"chunks:([0-9]{1,9})", text)
         if m and int(m.group(1)) >= 2:
             return Protocol("chunks", int(m.group(1)))
+        m = re.fullmatch(r"prefill:([0-9]{1,9})", text)
+        if m and int(m.group(1)) >= 1:
+            return Protocol("prefill", prefill=int(m.group(1)))
         m = re.fullmatch(r"stride:([0-9]{1,9})/([0-9]{1,9})", text)
         if m:
             window, stride = int(m.group(1)), int(m.group(2))
@@ -142,7 +152,7 @@ def parse_protocol(protocol: Any) -> Protocol:
                 f"protocol {protocol!r}: a stride:W/S window needs W ≥ 2 and 1 ≤ S ≤ W (S tokens are new in "
                 f"each window of W), got W = {window}, S = {stride}"
             )
-    raise ArgumentError(f"protocol must be {PROTOCOL_FORMS}, with W ≥ 2; got {protocol!r}")
+    raise ArgumentError(f"protocol must be {PROTOCOL_FORMS}, with W ≥ 2 and P ≥ 1; got {protocol!r}")
 
 
 def _stream(texts: Any, tokenizer: Any, max_tokens: int | None) -> torch.Tensor:
@@ -225,15 +235,21 @@ def stride_batches(
 ) -> list[Batch]:
     """``texts`` as one token stream read by a sliding window (the perplexity guide of transformers):
     windows of ``window`` tokens starting every ``stride`` tokens, the last one ending at the stream's
-    end; the first window scores all its tokens, each later one only the tokens no earlier window
-    reached (its last ``stride``, fewer at the end). So every token but the stream's first is scored
-    exactly once, from up to ``window − 1`` tokens of context. Rows are right-padded; ``scored`` marks
-    the scored tokens.
+    end; the first window scores all its tokens but its first, each later one only the tokens no earlier
+    window reached (its last ``stride``, fewer at the end). So every token but the stream's first is
+    scored exactly once, from up to ``window − 1`` tokens of context. With ``stride == window`` a window
+    would start at its first new token, which has no context there (the guide leaves it unscored): each
+    window after the first starts one token earlier instead, so windows start every ``window − 1``
+    tokens. Rows are right-padded; ``scored`` marks the scored tokens.
 
     >>> batches = stride_batches(torch.arange(1, 8).reshape(1, 7), None, 4, 2, batch_size=8,
     ...                          max_tokens=None, context=None)
     >>> batches[0].input_ids.tolist(), batches[0].scored.tolist()
     ([[1, 2, 3, 4], [3, 4, 5, 6], [5, 6, 7, 0]], [[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 1, 0]])
+    >>> batches = stride_batches(torch.arange(1, 8).reshape(1, 7), None, 3, 3, batch_size=8,
+    ...                          max_tokens=None, context=None)
+    >>> batches[0].input_ids.tolist(), batches[0].scored.tolist()
+    ([[1, 2, 3], [3, 4, 5], [5, 6, 7]], [[0, 1, 1], [0, 1, 1], [0, 1, 1]])
 
     Raises:
         EvaluationInputError: a window longer than the model's context (``context``), or texts with
@@ -248,13 +264,14 @@ def stride_batches(
             "(the first token is never predicted): give more text or raise max_tokens"
         )
     rows: list[tuple[torch.Tensor, int]] = []  # a window's ids and the index of its first scored token
-    reached = 0
-    for begin in range(0, n, stride):
+    begin = reached = 0
+    while True:
         end = min(begin + window, n)
         rows.append((stream[begin:end], max(reached - begin, 1)))
         reached = end
         if end == n:
             break
+        begin = min(begin + stride, reached - 1)  # S = W: one token of context for the first new one
     out = []
     for i in range(0, len(rows), batch_size):
         group = rows[i : i + batch_size]

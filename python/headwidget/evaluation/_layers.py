@@ -29,7 +29,7 @@ from torch import nn
 
 from headwidget.adapters import Adapter
 
-__all__ = ["LayerBlocks", "Replay", "first_tensor"]
+__all__ = ["LayerBlocks", "Replay", "ReplayFeed", "first_tensor"]
 
 
 def first_tensor(output: Any) -> torch.Tensor | None:
@@ -92,8 +92,25 @@ class LayerBlocks:
                 handle.remove()
 
 
+class ReplayFeed:
+    """Recorded block outputs of several forwards of one batch (a prefill and a scored forward): a
+    :class:`Replay` whose slot holds a feed returns the output of the forward in progress, which
+    :meth:`next_forward` (a forward pre-hook of the model) moves on."""
+
+    def __init__(self, outputs: list[Any]) -> None:
+        self.outputs = outputs
+        self.index = -1
+
+    def next_forward(self) -> None:
+        self.index += 1
+
+    def current(self) -> Any:
+        return self.outputs[self.index]
+
+
 class Replay(nn.Module):
-    """Stands in for a layer block: returns ``slot[0]`` (a recorded block output) without computing.
+    """Stands in for a layer block: returns ``slot[0]`` (a recorded block output, or the current output
+    of a :class:`ReplayFeed`) without computing.
 
     Attribute reads it does not have fall through to the block it replaces (some models read a
     block's attributes, such as its attention type, in their forward).
@@ -105,7 +122,8 @@ class Replay(nn.Module):
         object.__setattr__(self, "_slot", slot)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._slot[0]
+        value = self._slot[0]
+        return value.current() if isinstance(value, ReplayFeed) else value
 
     def __getattr__(self, name: str) -> Any:
         try:

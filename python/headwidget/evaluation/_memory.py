@@ -1,6 +1,7 @@
 """How much memory an evaluation will allocate on the model's device, and the refusal when it is too much.
 
-An upper bound for batches of ``batch_size × max_length`` tokens, as the sum of:
+An upper bound for batches of ``batch_size × max_length`` tokens (of windows of W tokens under
+``chunks:W`` and ``stride:W/S``), as the sum of:
 
 - ``copy``: the working copy of the model in ``dtype`` (nothing when the model already is in ``dtype``:
   the copy then shares its weights); a copy in another dtype holds the deep copy in the model's own dtype
@@ -10,9 +11,13 @@ An upper bound for batches of ``batch_size × max_length`` tokens, as the sum of
 - ``variant``: one converted copy at a time, whose converted layers' attention modules (and the modules
   holding their head projections) are its own;
 - ``forward``: one forward pass (:func:`~headwidget.capture.memory.forward_bytes`: one layer's
-  activations) plus its full ``(B, T, vocab)`` logits, the predicted rows picked out of them for the
-  original and the variant, and the measures' float32/float64 work on at most
-  :data:`MEASURE_WORK_BYTES` at a time (a quantizer adds its fake-quantized K/V of one layer);
+  activations; under ``prefill:P`` the batch's K/V cache as well), the logits of its predicted rows
+  (the head computes no others: :func:`predicted_rows` of ``vocab``) for the variant and for the
+  original beside it, a second copy of
+  the variant's while a model rescales its head's output (``final_logit_softcapping``,
+  ``logit_scale``, ``logits_scaling``), and the measures' work on one chunk of rows
+  (:func:`~headwidget.evaluation.measures.measure_work_bytes`; a quantizer adds its fake-quantized
+  K/V of one layer);
 - ``sweep`` (``per_layer``): one batch's recorded block outputs of every layer.
 
 What adapts to the budget instead of being counted: the original's predicted-position logits are kept
@@ -42,16 +47,25 @@ from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.variants import Variant, parse_variant, uniform_parts
-from headwidget.capture.memory import ForwardShape, default_budget, format_bytes, forward_bytes
+from headwidget.capture.memory import (
+    ForwardShape,
+    default_budget,
+    default_budget_source,
+    format_bytes,
+    forward_bytes,
+)
 from headwidget.errors import MemoryBudgetError
+from headwidget.evaluation._inputs import Protocol, parse_protocol
 from headwidget.evaluation._model_facts import converted_modules
-from headwidget.evaluation.measures import CHUNK_BYTES, chunk_rows
+from headwidget.evaluation.measures import measure_work_bytes
 
-__all__ = ["MEASURE_WORK_BYTES", "EvaluationMemory", "check_evaluation_budget", "estimate_evaluation"]
+__all__ = ["EvaluationMemory", "check_evaluation_budget", "estimate_evaluation"]
 
-#: The measures' work on one chunk of rows: its two log-softmaxes, the exponential, the KL product and
-#: casts, each at most twice :data:`~headwidget.evaluation.measures.CHUNK_BYTES` (float64 logits).
-MEASURE_WORK_BYTES = 12 * CHUNK_BYTES
+#: Config fields of a scale a model applies to its head's output (out of place: a second copy of the
+#: logits), with the value that means none.
+HEAD_RESCALES = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0}
+
+DOCUMENTS = Protocol("documents")
 
 
 def _tensor_bytes(module: nn.Module, dtype: torch.dtype | None = None) -> int:
@@ -79,6 +93,31 @@ def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], 
     )
 
 
+def _rescales_logits(model: nn.Module) -> bool:
+    """Whether the model rescales its head's output (Gemma 2's soft-capping, Cohere's and Granite's
+    scales), which holds two copies of the logits for a moment."""
+    config = getattr(model, "config", None)
+    return any(getattr(config, name, none) not in (none, None) for name, none in HEAD_RESCALES.items())
+
+
+def predicted_rows(protocol: Protocol, batch_size: int, length: int) -> int:
+    """The most predicted rows one batch of ``batch_size`` sequences of ``length`` tokens has under
+    ``protocol``: every token but a sequence's first, under ``stride:W/S`` the first window's W − 1
+    and S in each later one, under ``prefill:P`` those after the prefill's P.
+
+    >>> predicted_rows(DOCUMENTS, 8, 512), predicted_rows(Protocol("stride", 1024, 256), 8, 1024)
+    (4088, 2815)
+    >>> predicted_rows(Protocol("prefill", prefill=256), 8, 512)
+    2040
+    """
+    every = batch_size * max(length - 1, 1)
+    if protocol.prefill is not None:  # the tokens after the prefill's
+        return batch_size * max(length - protocol.prefill - 1, 1)
+    if protocol.stride is None:
+        return every
+    return min(every, length - 1 + (batch_size - 1) * protocol.stride)
+
+
 def _vocab(model: nn.Module) -> int:
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
@@ -94,6 +133,8 @@ class EvaluationMemory:
 
     parts: dict[str, int]
     device: torch.device
+    #: The arguments that size a batch, for a message.
+    sizes: str = "batch_size or max_length"
 
     @property
     def total(self) -> int:
@@ -111,8 +152,10 @@ class EvaluationMemory:
         dtype: torch.dtype,
         batch_size: int,
         max_length: int,
+        protocol: Protocol = DOCUMENTS,
     ) -> EvaluationMemory:
         b = _size(dtype)
+        length = protocol.window or max_length  # a window is as long as the protocol says
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
         copy = 0 if own == dtype else _tensor_bytes(model) + _tensor_bytes(model, dtype)
         attentions = [adapter.attention_at(layer) for layer in layers]
@@ -122,14 +165,18 @@ class EvaluationMemory:
         ]
         fits = (len(converted) * attention + attention * 8 // b) if converted else 0
         lay = adapter.layout()
-        tokens = batch_size * max_length
+        tokens = batch_size * length
         vocab = _vocab(model)
-        logits = tokens * vocab * b  # the model's (B, T, V) output, and the rows picked out of it
-        rows = min(tokens, chunk_rows(vocab))  # the rows of one chunk of the measures
-        measures = 2 * tokens * vocab * b + min(MEASURE_WORK_BYTES, 6 * rows * max(vocab, 1) * max(b, 4))
+        rows = predicted_rows(protocol, batch_size, length)
+        # the variant's rows (twice while the model rescales them) and the original's
+        copies = 3 if _rescales_logits(model) else 2
+        logits = copies * rows * vocab * b
+        measures = measure_work_bytes(rows, vocab, b) if vocab else 0
         shape = ForwardShape.of(model, lay, adapter.mlp_width())
         shape = ForwardShape(**{**shape.__dict__, "dtype_bytes": b})
-        forward = forward_bytes(shape, batch_size, max_length) + logits + measures
+        forward = forward_bytes(shape, batch_size, length) + logits + measures
+        if protocol.prefill is not None:  # a batch's K/V cache: the prefill's and the scored tokens'
+            forward += tokens * lay.num_layers * lay.num_kv_heads * (lay.head_dim + lay.value_head_dim) * b
         if any(p.quantizer for v in variants for p in uniform_parts(v)):
             forward += 4 * tokens * (lay.num_kv_heads * (lay.head_dim + lay.value_head_dim)) * max(b, 4)
         variant = _converted_bytes(model, adapter, layers, dtype) if converted else 0
@@ -137,10 +184,13 @@ class EvaluationMemory:
         if per_layer:
             parts["sweep"] = tokens * lay.hidden_size * lay.num_layers * b
         device = next(model.parameters()).device
-        return cls(parts, device)
+        window = f"the {protocol.text} window"
+        sizes = f"batch_size or {'max_length' if protocol.window is None else window}"
+        return cls(parts, device, sizes)
 
     def budget(self, max_memory: int | None) -> int:
-        """``max_memory``, or half the device's free memory now."""
+        """``max_memory``, or half the device's free memory now (on the host: under the process's limits,
+        :func:`~headwidget.capture.memory.free_memory`)."""
         return max_memory if max_memory is not None else default_budget(self.device)
 
 
@@ -157,12 +207,12 @@ def check_evaluation_budget(need: EvaluationMemory, max_memory: int | None) -> i
     """
     allowed = need.budget(max_memory)
     if need.total > allowed:
-        source = "max_memory" if max_memory is not None else "half the free memory"
+        source = "max_memory" if max_memory is not None else default_budget_source(need.device)
         parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.parts.items() if v)
         raise MemoryBudgetError(
             f"evaluate would allocate {format_bytes(need.total)} on {need.device} ({parts}), over the "
-            f"{format_bytes(allowed)} allowed ({source}). Use a smaller batch_size or max_length (the logits "
-            "of one forward are batch_size × max_length × vocabulary), fewer converted layers (layers=[...]) "
+            f"{format_bytes(allowed)} allowed ({source}). Use a smaller {need.sizes} (the logits of one "
+            "forward are its predicted tokens × vocabulary), fewer converted layers (layers=[...]) "
             "or variants per call, or raise max_memory= (bytes) if the memory is there."
         )
     return allowed - need.total
@@ -177,9 +227,11 @@ def estimate_evaluation(
     dtype: torch.dtype = torch.bfloat16,
     batch_size: int = 8,
     max_length: int = 512,
+    protocol: str = "documents",
 ) -> int:
     """Peak bytes :func:`~headwidget.evaluation.evaluate` with these arguments may allocate on the model's
-    device (the bound it checks against ``max_memory``; see the module docstring).
+    device (the bound it checks against ``max_memory``; see the module docstring). Under ``chunks:W`` and
+    ``stride:W/S`` a sequence is a window of W tokens (``max_length`` is not read).
 
     >>> import torch
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -207,4 +259,5 @@ def estimate_evaluation(
         dtype=dtype,
         batch_size=batch_size,
         max_length=max_length,
+        protocol=parse_protocol(protocol),
     ).total

@@ -4,6 +4,14 @@ A causal language model gives the logits of its predicted positions (position t 
 of the same row, both real) and their targets; an encoder (BERT/MiniLM: no language-model head) its
 last hidden states with the attention mask.
 
+The language-model head computes only the predicted positions: while the runner's forward runs, a
+hook on the model's output embeddings (in the runner's thread only) hands the head the hidden states
+of those rows, so the forward returns their ``(N, V)`` logits and no ``(B, T, V)`` logits of the whole
+batch exist, nor a copy of the rows picked out of them (under ``stride:W/S``, where a window scores S
+of its W tokens, that is W/S times less). What the model does to the head's output (a logit scale,
+soft-capping) still applies, row by row. A model whose head is not called on the ``(B, T, d)`` hidden
+states gets its full logits, and the rows are picked out of them.
+
 Example:
     >>> import torch
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -17,7 +25,11 @@ Example:
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,7 +41,7 @@ from headwidget.evaluation._inputs import forward_kwargs
 from headwidget.evaluation._layers import LayerBlocks, first_tensor
 from headwidget.evaluation.measures import predicted_positions
 
-__all__ = ["BatchOutput", "OutputRunner", "raise_non_finite"]
+__all__ = ["BatchOutput", "OutputRunner", "predicted_logits", "raise_non_finite"]
 
 
 @dataclass
@@ -79,15 +91,61 @@ class OutputRunner:
 
     @torch.no_grad()
     def __call__(self, model: nn.Module, batch: Batch) -> BatchOutput:
-        out = model(**forward_kwargs(model, batch, self.device))
-        if self.kind == "causal-lm":
-            keep = predicted_positions(batch.attention_mask, batch.scored).to(self.device)
-            targets = batch.input_ids.to(self.device)[:, 1:][keep]
-            return BatchOutput(out.logits[:, :-1][keep], targets)
-        hidden = getattr(out, "last_hidden_state", None)
-        if hidden is None:
-            hidden = out[0]
-        return BatchOutput(hidden, None, batch.attention_mask)
+        if self.kind != "causal-lm":
+            out = model(**forward_kwargs(model, batch, self.device))
+            hidden = getattr(out, "last_hidden_state", None)
+            if hidden is None:
+                hidden = out[0]
+            return BatchOutput(hidden, None, batch.attention_mask)
+        keep = predicted_positions(batch.attention_mask, batch.scored).to(self.device)
+        targets = batch.input_ids.to(self.device)[:, 1:][keep]
+        return BatchOutput(predicted_logits(model, forward_kwargs(model, batch, self.device), keep), targets)
+
+
+def predicted_logits(model: nn.Module, kwargs: dict[str, Any], keep: torch.Tensor) -> torch.Tensor:
+    """The logits (N, V) of the positions ``keep`` (B, T − 1) marks, of ``model(**kwargs)`` on T tokens a
+    row: its head computes those rows alone (module docstring)."""
+    with _head_on_rows(model, keep) as picked:
+        logits = model(**kwargs).logits
+    if picked and logits.shape[:2] == (1, int(keep.sum())):
+        return logits[0]
+    if picked:  # the model reshaped what its head gave: run it whole
+        logits = model(**kwargs).logits
+    return logits[:, :-1][keep]
+
+
+@contextmanager
+def _head_on_rows(model: nn.Module, keep: torch.Tensor) -> Iterator[list[bool]]:
+    """Inside, the output embeddings of ``model`` (its LM head), called in this thread on hidden states
+    (B, T, d) with ``keep`` (B, T − 1), get the predicted rows (1, N, d) instead; the list it yields
+    says whether they did."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    picked: list[bool] = []
+    if not isinstance(head, nn.Module):
+        yield picked
+        return
+    thread = threading.get_ident()
+    rows, width = keep.shape
+
+    def pick(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        hidden = args[0] if args else None
+        if (
+            threading.get_ident() != thread
+            or picked
+            or not isinstance(hidden, torch.Tensor)
+            or hidden.ndim != 3
+            or tuple(hidden.shape[:2]) != (rows, width + 1)
+        ):
+            return None
+        picked.append(True)
+        return (hidden[:, :-1][keep.to(hidden.device)].unsqueeze(0), *args[1:])
+
+    handle = head.register_forward_pre_hook(pick)
+    try:
+        yield picked
+    finally:
+        handle.remove()
 
 
 @torch.no_grad()

@@ -5,9 +5,12 @@ A uniform spec (``"mqa"``, ``"kv:int4"``) applies to every chosen layer; a mixed
 layers, one uniform spec each, and leaves the others as the model has them. Either becomes one
 :class:`VariantPlan`: per layer, a :class:`~headwidget.analysis.variant_fits.LayerFit` (a converted
 layer), a :class:`~headwidget.evaluation._quantize.KVQuantizer` (a layer whose K/V are fake-quantized)
-or nothing. Evaluation runs a plan (:meth:`VariantPlan.running`), the per-layer sweep takes one layer
-of it at a time (:meth:`VariantPlan.cell`), and its K/V bytes per token are the sum over layers of each
-layer's own (:meth:`VariantPlan.layer_bytes`).
+or nothing, and its cross-layer parts (:mod:`headwidget.evaluation._cross_layer`: ``share`` groups, and
+the ``merge``/``xkv`` cache transforms). Evaluation runs a plan (:meth:`VariantPlan.running`; with
+``prefill=True`` its quantizers quantize the prefilled cache, as a deployed cache does, and its cache
+transforms run), the per-layer sweep takes one cell of it at a time (:meth:`VariantPlan.cell`: a layer,
+or the group a cross-layer layer belongs to), and its K/V bytes per token are the sum over layers of
+each layer's own (:meth:`VariantPlan.layer_bytes`).
 
 Example:
     >>> import torch
@@ -37,12 +40,49 @@ from torch import nn
 from headwidget.adapters import Adapter
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.analysis.variants import Variant
+from headwidget.errors import UnsupportedConversionError
 from headwidget.evaluation._apply import build_variant, fit_parts, shared_copy
+from headwidget.evaluation._cache_transforms import (
+    CacheTransform,
+    GroupTransform,
+    MergedCache,
+    QuantizedCache,
+    SharedSVDCache,
+    transforming_prefill,
+)
+from headwidget.evaluation._cross_layer import CrossLayerParts, cross_layer_parts
 from headwidget.evaluation._model_facts import layer_kv_elements
 from headwidget.evaluation._quantize import KVQuantizer
+from headwidget.evaluation._sharing import SharedKV
 from headwidget.stats import KVStats
 
-__all__ = ["VariantPlan", "plan_variant", "reusing_plans"]
+__all__ = ["GroupCell", "VariantPlan", "plan_variant", "reusing_plans"]
+
+
+@dataclass
+class GroupCell:
+    """One group of one variant alone: its layers' fits, and its sharing or cache transform."""
+
+    layers: list[int]
+    fits: dict[int, LayerFit]
+    sharing: list[SharedKV] = field(default_factory=list)
+    caches: list[GroupTransform] = field(default_factory=list)
+
+    @contextmanager
+    def running(self, base: nn.Module, spec: str, *, prefill: bool) -> Iterator[nn.Module]:
+        """Inside, ``base`` with this group converted (every other parameter shared)."""
+        variant = build_variant(base, spec, self.fits, share=True) if self.fits else shared_copy(base)
+        with ExitStack() as stack:
+            for shared in self.sharing:
+                stack.enter_context(shared.active(variant))
+            if self.caches:
+                if not prefill:
+                    names = ", ".join(c.spec for c in self.caches)
+                    raise UnsupportedConversionError(
+                        f"{names} transform a prefilled cache: run under prefill:P"
+                    )
+                stack.enter_context(transforming_prefill(variant, self.caches))
+            yield variant
 
 
 @dataclass
@@ -57,34 +97,70 @@ class VariantPlan:
     fits: dict[int, LayerFit]
     quantizers: list[KVQuantizer]
     layer_elements: dict[int, int] = field(repr=False)
+    cross: CrossLayerParts = field(default_factory=CrossLayerParts, repr=False)
+    _groups: dict[int, GroupCell] | None = field(default=None, repr=False)
 
     @property
     def layers(self) -> list[int]:
-        """The layers the variant changes (converted or quantized), sorted."""
-        return sorted({*self.fits, *(layer for q in self.quantizers for layer in q.layers)})
+        """The layers the variant changes (converted, quantized or in a cross-layer group), sorted."""
+        grouped = (layer for group, _ in self.cross.groups() for layer in group)
+        return sorted({*self.fits, *(layer for q in self.quantizers for layer in q.layers), *grouped})
 
-    def cell(self, layer: int) -> LayerFit | KVQuantizer | None:
-        """What the variant does to ``layer`` alone: its fit, its quantizer, or None (left as it is)."""
-        if layer in self.fits:
-            return self.fits[layer]
+    def _group_cells(self) -> dict[int, GroupCell]:
+        if self._groups is None:
+            cells: dict[int, GroupCell] = {}
+            for shared in self.cross.sharing:
+                for group in (g for g in shared.groups if len(g) > 1):
+                    cell = GroupCell(group, self._fits_of(group), sharing=[SharedKV(shared.spec, [group])])
+                    cells.update(dict.fromkeys(group, cell))
+            for cache in self.cross.caches:
+                for group in (g for g in cache.groups if len(g) > 1):
+                    one = (
+                        MergedCache(cache.spec, [group], cache.shapes)
+                        if isinstance(cache, MergedCache)
+                        else SharedSVDCache(cache.spec, [group], cache.rank, cache.shapes)
+                    )
+                    cell = GroupCell(group, self._fits_of(group), caches=[one])
+                    cells.update(dict.fromkeys(group, cell))
+            self._groups = cells
+        return self._groups
+
+    def _fits_of(self, group: list[int]) -> dict[int, LayerFit]:
+        return {layer: self.fits[layer] for layer in group if layer in self.fits}
+
+    def cell(self, layer: int) -> LayerFit | KVQuantizer | GroupCell | None:
+        """What the variant does to ``layer`` alone: its fit, its quantizer, the group it belongs to (the
+        same :class:`GroupCell` for every layer of the group), or None (left as it is)."""
+        group = self._group_cells().get(layer)
+        if group is not None:
+            return group
+        fit = self.fits.get(layer)
+        if fit is not None and (fit.weights is not None or fit.rope_keep is not None):
+            return fit  # (a cross-layer part's layer left alone in its group has nothing to measure)
         return next((q for q in self.quantizers if layer in q.layers), None)
 
-    def layer_bytes(self, dtype: torch.dtype) -> list[float]:
-        """K/V bytes per token of each layer: a quantized layer by its quantizer's formula, a converted one
-        by its mechanism's elements in ``dtype``, any other as the model holds it, in ``dtype``."""
+    def layer_bytes(self, dtype: torch.dtype, prefill: int | None = None) -> list[float]:
+        """K/V bytes per token of each layer: a quantized layer by its quantizer's formula, a layer of a
+        ``merge``/``xkv`` group by what its cache holds (``prefill``: the prefill length that an xKV
+        basis is spread over; a merge's retention as measured so far), a converted one by its
+        mechanism's elements in ``dtype`` (a ``share`` reader: 0), any other as the model holds it."""
         size = torch.empty((), dtype=dtype).element_size()
+        by_cache = {layer: c for c in self.cross.caches for g in c.groups if len(g) > 1 for layer in g}
         out: list[float] = []
         for layer, elements in sorted(self.layer_elements.items()):
-            cell = self.cell(layer)
-            if isinstance(cell, KVQuantizer):
-                out.append(cell.layer_bytes_per_token(layer))
+            quantizer = next((q for q in self.quantizers if layer in q.layers), None)
+            if quantizer is not None:
+                out.append(quantizer.layer_bytes_per_token(layer))
+            elif layer in by_cache:
+                out.append(size * by_cache[layer].layer_elements(layer, prefill))
             else:
-                out.append(size * (cell.kv_elements if cell is not None else elements))
+                fit = self.fits.get(layer)
+                out.append(size * (fit.kv_elements if fit is not None else elements))
         return out
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> float:
+    def kv_bytes_per_token(self, dtype: torch.dtype, prefill: int | None = None) -> float:
         """The sum of :meth:`layer_bytes` (an int when whole)."""
-        total = math.fsum(self.layer_bytes(dtype))
+        total = math.fsum(self.layer_bytes(dtype, prefill))
         return int(total) if float(total).is_integer() else total
 
     @property
@@ -93,13 +169,29 @@ class VariantPlan:
         return sum(q.constant_bytes for q in self.quantizers)
 
     @contextmanager
-    def running(self, base: nn.Module) -> Iterator[nn.Module]:
+    def running(self, base: nn.Module, *, prefill: bool = False) -> Iterator[nn.Module]:
         """Inside, a model that is ``base`` with this variant: the converted layers' blocks its own (every
-        other parameter shared with ``base``), the quantized layers' K/V fake-quantized."""
+        other parameter shared with ``base``), the ``share`` readers reading their group's K/V, the
+        quantized layers' K/V fake-quantized in every forward — or, with ``prefill``, the prefilled
+        cache quantized once and the ``merge``/``xkv`` transforms run on it.
+
+        Raises:
+            UnsupportedConversionError: ``merge``/``xkv`` parts without ``prefill``.
+        """
         variant = build_variant(base, self.spec, self.fits, share=True) if self.fits else shared_copy(base)
+        if self.cross.caches and not prefill:
+            names = ", ".join(c.spec for c in self.cross.caches)
+            raise UnsupportedConversionError(f"{names} transform a prefilled cache: run under prefill:P")
         with ExitStack() as stack:
+            for shared in self.cross.sharing:
+                stack.enter_context(shared.active(variant))
+            transforms: list[CacheTransform] = list(self.cross.caches)
             for quantizer in self.quantizers:
-                stack.enter_context(quantizer.active(variant))
+                if prefill:
+                    transforms.append(QuantizedCache(quantizer))
+                else:
+                    stack.enter_context(quantizer.active(variant))
+            stack.enter_context(transforming_prefill(variant, transforms))
             yield variant
 
 
@@ -125,8 +217,9 @@ def plan_variant(
         if model is adapter.model and of_stats is stats:
             return plan
     fits, quantizers = fit_parts(adapter, parsed, stats, chosen, weight_dtype=weight_dtype)
+    cross = cross_layer_parts(adapter, parsed, chosen, fits)
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(adapter.layout().num_layers)}
-    plan = VariantPlan(parsed.text, fits, quantizers, elements)
+    plan = VariantPlan(parsed.text, fits, quantizers, elements, cross)
     if reused is not None:  # the model and statistics are held, so their ids stay theirs
         reused[key] = (adapter.model, stats, plan)
     return plan

@@ -34,9 +34,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as fields_of
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from headwidget.errors import EncoderMeasureError, ReportFileError
+from headwidget.core.stored import Stored, stored
+from headwidget.errors import EncoderMeasureError, PathRefusedError, ReportFileError
 from headwidget.evaluation._report_file import (
     ENCODER_MEASURES,
     FORMAT,
@@ -46,7 +47,7 @@ from headwidget.evaluation._report_file import (
     read_report,
     report_text,
 )
-from headwidget.files import NotRegularFileError, atomic_write
+from headwidget.files import atomic_write
 
 __all__ = ["EvaluationReport"]
 
@@ -62,20 +63,21 @@ class EvaluationReport:
 
     model: str
     kind: str
-    variants: list[str]
+    variants: Annotated[list[str], Stored(unique=True)]
     measures: dict[str, dict[str, float]]
-    kv_bytes_per_token: dict[str, float]
-    tokens: int
-    sequences: int
+    kv_bytes_per_token: Annotated[dict[str, float], Stored(minimum=0.0)]
+    tokens: Annotated[int, Stored(minimum=1)]
+    sequences: Annotated[int, Stored(minimum=1)]
     fingerprint: str
     dtype: str
-    layers: list[int] = field(default_factory=list)
+    layers: list[int] = stored(default_factory=list, minimum=0, unique="layer")
     per_layer: dict[str, list[float]] | None = None
     per_layer_measure: str | None = None
     calibration: dict[str, Any] = field(default_factory=dict)
-    constant_bytes: dict[str, int] = field(default_factory=dict)
-    num_layers: int = 0
-    converted_kv_bytes: float = 0.0
+    constant_bytes: dict[str, int] = stored(default_factory=dict, minimum=0)
+    #: The model's layer count (0: not recorded).
+    num_layers: int = stored(default=0, minimum=0)
+    converted_kv_bytes: float = stored(default=0.0, minimum=0.0)
     #: Variants chosen by :func:`~headwidget.allocate` on (at least 1 % of) these tokens (their numbers
     #: are not held-out: the table marks them).
     chosen_on_these_tokens: list[str] = field(default_factory=list)
@@ -268,7 +270,7 @@ class EvaluationReport:
         try:
             with atomic_write(target, "w", encoding="utf-8") as fh:
                 fh.write(text)
-        except NotRegularFileError as err:
+        except PathRefusedError as err:
             raise ReportFileError(f"cannot save the report: {err}") from err
         except OSError as err:
             raise ReportFileError(

@@ -12,7 +12,14 @@ share one copy of the model per chunk, their :class:`Replay` modules put in and 
 
 K/V quantizers (``kv:int``, ``kv:cq``; :mod:`headwidget.evaluation._quantize`) fit the same scheme: their
 copy shares every parameter (no weight changes), only layer ``ℓ``'s K/V are fake-quantized while it
-runs, and the replayed layers ``0..ℓ − 1`` are the original's, as for a conversion.
+runs (under ``prefill:P``: its prefilled cache quantized), and the replayed layers ``0..ℓ − 1`` are the
+original's, as for a conversion. A cross-layer group (``share``, ``merge``, ``xkv``;
+:class:`~headwidget.evaluation._plan.GroupCell`) is one cell: measured once, with the layers before its
+first one replayed, and its number given to every layer of the group.
+
+Under ``prefill:P`` (:class:`~headwidget.evaluation._prefill.PrefillRunner`) each batch runs two forwards,
+both recorded; a replayed block returns the output of the forward in progress
+(:class:`~headwidget.evaluation._layers.ReplayFeed`).
 
 The measure per (variant, layer) is ``ΔNLL = nll(variant at ℓ) − nll(original)`` over the same
 predicted tokens (language models), or the last hidden state's relative error (encoders).
@@ -38,11 +45,13 @@ from headwidget.adapters import adapter_for
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.capture.inputs import Batch
 from headwidget.evaluation._apply import build_variant, shared_copy
+from headwidget.evaluation._cache_transforms import CacheTransform, QuantizedCache, transforming_prefill
 from headwidget.evaluation._distributed import ONE_PROCESS, Ranks
 from headwidget.evaluation._inputs import predicted_count
-from headwidget.evaluation._layers import LayerBlocks, Replay
+from headwidget.evaluation._layers import LayerBlocks, Replay, ReplayFeed
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
-from headwidget.evaluation._plan import VariantPlan
+from headwidget.evaluation._plan import GroupCell, VariantPlan
+from headwidget.evaluation._prefill import PrefillRunner
 from headwidget.evaluation._quantize import KVQuantizer
 from headwidget.evaluation.measures import PredictionTotals, chunk_rows, work_dtype
 
@@ -88,36 +97,67 @@ class _Sums:
     b: float = 0.0
 
 
-#: What one variant does to one layer alone: a fitted conversion, a quantizer, or nothing.
-Cell = LayerFit | KVQuantizer | None
+#: What one variant does to one layer alone: a fitted conversion, a quantizer, a cross-layer group, or
+#: nothing.
+Cell = LayerFit | KVQuantizer | GroupCell | None
 
 
 @contextmanager
 def _cell(
-    base: nn.Module, spec: str, layer: int, cell: LayerFit | KVQuantizer, shared: nn.Module | None = None
+    base: nn.Module,
+    spec: str,
+    layer: int,
+    cell: LayerFit | KVQuantizer | GroupCell,
+    shared: nn.Module | None = None,
+    *,
+    prefill: bool = False,
 ) -> Iterator[nn.Module]:
-    """The model of one (variant, layer) cell: layer ``layer`` converted, or its K/V quantized inside
-    (in ``shared``, a :func:`shared_copy` of ``base`` that the cells reuse, when given)."""
-    if isinstance(cell, KVQuantizer):
-        variant = shared_copy(base) if shared is None else shared
-        with cell.active(variant, [layer]):
+    """The model of one (variant, layer) cell: layer ``layer`` converted, its K/V quantized inside
+    (in ``shared``, a :func:`shared_copy` of ``base`` that the cells reuse, when given; under
+    ``prefill``, its prefilled cache), or the cell's group converted."""
+    if isinstance(cell, GroupCell):
+        with cell.running(base, spec, prefill=prefill) as variant:
             yield variant
+    elif isinstance(cell, KVQuantizer):
+        variant = shared_copy(base) if shared is None else shared
+        if prefill:
+            with transforming_prefill(variant, [QuantizedCache(cell, [layer])]):
+                yield variant
+        else:
+            with cell.active(variant, [layer]):
+                yield variant
     else:
         yield build_variant(base, spec, {layer: cell}, share=True)
 
 
 @contextmanager
 def _replaying(blocks: LayerBlocks, variant: nn.Module, layer: int, slot: list[object]) -> Iterator[None]:
-    """Inside, the blocks of layers ``0..layer − 1`` of ``variant`` return ``slot[0]`` (put back on exit)."""
+    """Inside, the blocks of layers ``0..layer − 1`` of ``variant`` return ``slot[0]`` (put back on exit);
+    a :class:`ReplayFeed` there moves on at every forward of ``variant``."""
     container = blocks.container(variant)
     replaced = [(i, container[i]) for i in blocks.index[:layer]]
     for i, block in replaced:
         container[i] = Replay(block, slot)
+
+    def advance(_m: nn.Module, _a: object) -> None:
+        if isinstance(slot[0], ReplayFeed):
+            slot[0].next_forward()
+
+    handle = variant.register_forward_pre_hook(advance)
     try:
         yield
     finally:
+        handle.remove()
         for i, block in replaced:
             container[i] = block
+
+
+def _feed(recorded: list[object], layer: int, blocks: int, forwards: int) -> object:
+    """What the replayed blocks before ``layer`` return for one batch: the recorded output of layer
+    ``layer − 1``, or, for a batch of several forwards, a :class:`ReplayFeed` of it per forward."""
+    if forwards == 1:
+        return recorded[layer - 1]
+    return ReplayFeed([recorded[f * blocks + layer - 1] for f in range(forwards)])
 
 
 @torch.no_grad()
@@ -148,6 +188,8 @@ def layer_sweep(
     kl = {spec: {layer: PredictionTotals() for layer in layers} for spec in cells} if measure == "kl" else {}
     specs = list(cells)
     quantized = any(isinstance(c, KVQuantizer) for row in cells.values() for c in row.values())
+    prefill = isinstance(runner, PrefillRunner)
+    forwards = 2 if prefill else 1
     adapter = adapter_for(base)
     blocks = LayerBlocks.of(base, adapter)
     lay = adapter.layout()
@@ -157,49 +199,56 @@ def layer_sweep(
     reference = _Sums()
     for chunk in _chunks(batches, per_token, record_budget):
         recorded: list[list[object]] = []
-        originals: list[BatchOutput] = []
+        originals: list[BatchOutput | None] = []  # the original's outputs, where a measure reads them
         for batch in chunk:
             sink: list[object] = []
             with blocks.recording(base, sink):
                 out = runner(base, batch)
             recorded.append(sink)
-            originals.append(out)
+            originals.append(out if kl or runner.kind != "causal-lm" else None)
             if runner.kind == "causal-lm":
                 reference.a += _nll_sum(out)
             tick(1)
+            del out  # not held through the next forward
         shared = shared_copy(base) if quantized else None  # for every quantizer cell of the chunk
         for spec in specs:
             for layer in layers:
                 what = cells[spec].get(layer)
-                if what is None:
-                    continue
+                if what is None or (isinstance(what, GroupCell) and layer != _first_of(what, layers)):
+                    continue  # a group is measured at its first layer
+                start = min(what.layers) if isinstance(what, GroupCell) else layer
                 slot: list[object] = [None]
                 with (
-                    _cell(base, spec, layer, what, shared) as variant,
-                    _replaying(blocks, variant, layer, slot),
+                    _cell(base, spec, layer, what, shared, prefill=prefill) as variant,
+                    _replaying(blocks, variant, start, slot),
                 ):
                     cell = sums[spec][layer]
                     for b, batch in enumerate(chunk):
-                        if layer > 0:
-                            slot[0] = recorded[b][layer - 1]
+                        if start > 0:
+                            slot[0] = _feed(recorded[b], start, len(blocks.index), forwards)
                         out = runner(variant, batch)
                         if not out.finite():
-                            with _cell(base, spec, layer, what) as fresh:
-                                raise_non_finite(
-                                    fresh, batch, runner.device, spec, f"only layer {layer} converted"
+                            with _cell(base, spec, layer, what, prefill=prefill) as fresh:
+                                what_ran = (
+                                    f"only layers {what.layers} converted"
+                                    if isinstance(what, GroupCell)
+                                    else f"only layer {layer} converted"
                                 )
+                                raise_non_finite(fresh, batch, runner.device, spec, what_ran)
+                        ref = originals[b]
                         if kl:
-                            assert out.targets is not None
-                            kl[spec][layer].add_rows(originals[b].values, out.values, out.targets)
+                            assert out.targets is not None and ref is not None
+                            kl[spec][layer].add_rows(ref.values, out.values, out.targets)
                         elif runner.kind == "causal-lm":
                             cell.a += _nll_sum(out)
                         else:
-                            ref = originals[b]
+                            assert ref is not None
                             real = batch.attention_mask.bool().to(runner.device)
                             diff = (out.values.to(F64) - ref.values.to(F64))[real]
                             cell.a += float((diff * diff).sum())
                             cell.b += float((ref.values.to(F64)[real] ** 2).sum())
                         tick(1)
+                        del out, ref  # not held through the next forward
                     del variant
     counted = _Sums()
     counted.a = predicted_count(list(batches))
@@ -211,9 +260,18 @@ def layer_sweep(
             *(t for row in kl.values() for t in row.values()),
         ]
     )
+
+    def measured(spec: str, layer: int) -> int:
+        """The layer whose sums hold ``layer``'s cell (a group's first layer)."""
+        what = cells[spec].get(layer)
+        return _first_of(what, layers) if isinstance(what, GroupCell) else layer
+
     if kl:
         return {
-            spec: [kl[spec][layer].kl if cells[spec].get(layer) is not None else 0.0 for layer in layers]
+            spec: [
+                kl[spec][measured(spec, layer)].kl if cells[spec].get(layer) is not None else 0.0
+                for layer in layers
+            ]
             for spec in specs
         }
     if runner.kind == "causal-lm":
@@ -221,12 +279,14 @@ def layer_sweep(
         base_nll = reference.a / tokens
 
         def delta(spec: str, layer: int) -> float:
-            return sums[spec][layer].a / tokens - base_nll if cells[spec].get(layer) is not None else 0.0
+            if cells[spec].get(layer) is None:
+                return 0.0
+            return sums[spec][measured(spec, layer)].a / tokens - base_nll
 
         return {spec: [delta(spec, layer) for layer in layers] for spec in specs}
 
     def error(spec: str, layer: int) -> float:
-        cell = sums[spec][layer]
+        cell = sums[spec][measured(spec, layer)]
         if cells[spec].get(layer) is None:
             return 0.0
         return (cell.a / cell.b) ** 0.5 if cell.b > 0 else float("nan")
@@ -234,20 +294,30 @@ def layer_sweep(
     return {spec: [error(spec, layer) for layer in layers] for spec in specs}
 
 
+def _first_of(group: GroupCell, layers: Sequence[int]) -> int:
+    """The first of ``layers`` in ``group`` (where the sweep measures the group)."""
+    return next(layer for layer in layers if layer in group.layers)
+
+
 K = TypeVar("K", bound=Hashable)
 
 
 @contextmanager
-def _running_from(plan: VariantPlan, base: nn.Module, layer: int) -> Iterator[nn.Module]:
+def _running_from(plan: VariantPlan, base: nn.Module, layer: int, *, prefill: bool) -> Iterator[nn.Module]:
     """``plan`` on ``base`` for layers ``layer..L−1`` only (the earlier ones are replayed, so their fits
-    and quantizers are left out: a quantizer checks that every layer it holds ran)."""
+    and quantizers are left out: a quantizer checks that every layer it holds ran). Plans of uniform
+    per-layer candidates only (no cross-layer parts)."""
     fits = {ell: fit for ell, fit in plan.fits.items() if ell >= layer}
     variant = build_variant(base, plan.spec, fits, share=True) if fits else shared_copy(base)
     with ExitStack() as stack:
+        transforms: list[CacheTransform] = []
         for quantizer in plan.quantizers:
             later = [ell for ell in quantizer.layers if ell >= layer]
-            if later:
+            if later and prefill:
+                transforms.append(QuantizedCache(quantizer, later))
+            elif later:
                 stack.enter_context(quantizer.active(variant, later))
+        stack.enter_context(transforming_prefill(variant, transforms))
         yield variant
 
 
@@ -279,6 +349,8 @@ def swap_sweep(
     adapter = adapter_for(base)
     blocks = LayerBlocks.of(base, adapter)
     per_token = next(base.parameters()).element_size() * adapter.layout().hidden_size * len(blocks.index)
+    prefill = isinstance(runner, PrefillRunner)
+    forwards = 2 if prefill else 1
     whole = PredictionTotals()
     totals = {key: PredictionTotals() for key in swaps}
     done = 0
@@ -286,7 +358,7 @@ def swap_sweep(
         refs = references[done : done + len(chunk)]
         done += len(chunk)
         recorded: list[list[object]] = []
-        with current.running(base) as variant:
+        with current.running(base, prefill=prefill) as variant:
             for batch, ref in zip(chunk, refs, strict=True):
                 sink: list[object] = []
                 with blocks.recording(variant, sink):
@@ -297,20 +369,25 @@ def swap_sweep(
                 whole.add_rows(ref.values, out.values, out.targets)
                 recorded.append(sink)
                 tick(1)
+                del out  # not held through the next forward
         for key, (layer, plan) in swaps.items():
             slot: list[object] = [None]
-            with _running_from(plan, base, layer) as variant, _replaying(blocks, variant, layer, slot):
+            with (
+                _running_from(plan, base, layer, prefill=prefill) as variant,
+                _replaying(blocks, variant, layer, slot),
+            ):
                 for b, (batch, ref) in enumerate(zip(chunk, refs, strict=True)):
                     if layer > 0:
-                        slot[0] = recorded[b][layer - 1]
+                        slot[0] = _feed(recorded[b], layer, len(blocks.index), forwards)
                     out = runner(variant, batch)
                     if not out.finite():
-                        with plan.running(base) as fresh:
+                        with plan.running(base, prefill=prefill) as fresh:
                             raise_non_finite(
                                 fresh, batch, runner.device, plan.spec, f"swapped at layer {layer}"
                             )
                     assert out.targets is not None
                     totals[key].add_rows(ref.values, out.values, out.targets)
                     tick(1)
+                    del out  # not held through the next forward
     ranks.merge([whole, *totals.values()])
     return whole, totals

@@ -9,7 +9,8 @@ of the same sequence, so a sequence's first token is never predicted and padding
 
 Sums are float64; the log-softmax and KL of each row run in float32, or in float64 when the logits are
 float64 (``evaluate(..., dtype=torch.float64)`` is float64 throughout), on chunks of
-:data:`CHUNK_BYTES` of rows, so the work memory does not grow with the batch.
+:data:`CHUNK_BYTES` of rows, so the work memory does not grow with the batch: two log-softmaxes of a
+chunk, the KL computed in their memory (:func:`measure_work_bytes`).
 
 For encoders without an LM head, over every real token and sentence:
 
@@ -40,6 +41,7 @@ __all__ = [
     "EncoderTotals",
     "PredictionTotals",
     "chunk_rows",
+    "measure_work_bytes",
     "predicted_positions",
     "work_dtype",
 ]
@@ -67,6 +69,20 @@ def chunk_rows(vocab: int) -> int:
     (85, 1)
     """
     return max(1, CHUNK_BYTES // (4 * max(1, vocab)))
+
+
+def measure_work_bytes(rows: int, vocab: int, logits_bytes: int) -> int:
+    """Peak bytes of the measures' work on ``rows`` predicted rows of ``vocab`` logits of
+    ``logits_bytes`` each (:meth:`PredictionTotals.add_rows`): one chunk's two log-softmaxes in the work
+    dtype, and a float32 cast of the variant's chunk from a narrower dtype while the reference's is held.
+
+    >>> measure_work_bytes(1000, 49152, 4) == 2 * chunk_rows(49152) * 49152 * 4  # float32: no cast
+    True
+    >>> measure_work_bytes(10, 100, 2), measure_work_bytes(10, 100, 8)  # bf16: 3 float32 chunks
+    (12000, 16000)
+    """
+    chunk = min(rows, chunk_rows(vocab)) * vocab * max(logits_bytes, 4)
+    return (2 if logits_bytes >= 4 else 3) * chunk
 
 
 def predicted_positions(attention_mask: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
@@ -106,6 +122,7 @@ class PredictionTotals:
         targets = input_ids.to(original_logits.device)[:, 1:][keep]
         self.add_rows(original_logits[:, :-1][keep], variant_logits[:, :-1][keep], targets)
 
+    @torch.no_grad()
     def add_rows(self, original: torch.Tensor, variant: torch.Tensor, targets: torch.Tensor) -> None:
         """Add predicted positions already picked out: logits (N, V) and the tokens they predict (N,).
 
@@ -124,10 +141,14 @@ class PredictionTotals:
             ref = torch.log_softmax(original[rows].to(variant.device, work), dim=-1)
             var = torch.log_softmax(variant[rows].to(work), dim=-1)
             nll = -var.gather(1, targets[rows, None]).squeeze(1)
-            kl = (ref.exp() * (ref - var)).sum(-1)
             self.nll_sum += float(nll.to(F64).sum())
-            self.kl_sum += float(kl.to(F64).sum())
             self.top1_hits += int((ref.argmax(-1) == var.argmax(-1)).sum())
+            # KL = Σ p_ref·(ref − var), in the two chunks' own memory: var − ref is −(ref − var) exactly
+            # and so is every product and sum taken of it (rounding is symmetric), so the sum is the
+            # same number as that of ref.exp() * (ref - var)
+            kl = -var.sub_(ref).mul_(ref.exp_()).sum(-1)
+            self.kl_sum += float(kl.to(F64).sum())
+            del ref, var  # freed before the next chunk's
         self.tokens += int(targets.numel())
 
     @property

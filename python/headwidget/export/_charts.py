@@ -78,6 +78,26 @@ def _log_axis(axis: object, values: list[float], length_in: float) -> None:
     axis.set_minor_formatter(NullFormatter())  # type: ignore[attr-defined]
 
 
+def _padded(ends: list[float], log: bool) -> tuple[float, float]:
+    """An axis' ends widened as ``js/lib/charts.ts``'s ``axisRange`` widens them: 5 % of the span on
+    each side (linear; ±10 % of the value when it is one point), a twentieth of the decades (at least
+    0.1 decade) on a log axis.
+
+    >>> _padded([0.0, 100.0], False), _padded([10.0, 1000.0], True)
+    ((-5.0, 105.0), (7.943282347242816, 1258.9254117941675))
+    """
+    lo, hi = ends
+    if log and lo > 0:
+        a, b = math.log10(lo), math.log10(hi)
+        pad = max(0.05 * (b - a), 0.1)
+        return 10 ** (a - pad), 10 ** (b + pad)
+    if hi == lo:
+        d = abs(lo) * 0.1 if lo else 1.0
+        return lo - d, hi + d
+    pad = 0.05 * (hi - lo)
+    return lo - pad, hi + pad
+
+
 #: Inches of a chart's text width taken by its y tick labels and y label, left of the plot.
 AXIS_LABELS_IN = 0.5
 #: Legend geometry (in units of its font size), as :meth:`Axes.legend` is called below.
@@ -155,8 +175,10 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
         _log_axis(ax.xaxis, xs_all, text_w)
     else:
         ax.xaxis.set_major_formatter(FuncFormatter(tick_label))
+    if chart.x_range:  # the axis charts share (the timeline's steps), padded as the widget pads it
+        ax.set_xlim(*_padded(chart.x_range, chart.x_log))
     if chart.x_ticks:
-        ax.set_xticks(chart.x_ticks)
+        ax.set_xticks(chart.x_ticks, [printable(t) for t in chart.x_tick_labels] or None)
         ax.xaxis.set_minor_formatter(NullFormatter())
     if chart.y_log:
         ax.set_yscale("log")

@@ -34,6 +34,7 @@ from matplotlib.ticker import MaxNLocator
 
 from headwidget.core.charts import Chart
 from headwidget.core.panels import Panel, PanelGrid
+from headwidget.export._cells import label_cells, mark_cells
 from headwidget.export._charts import (
     AXIS_LABELS_IN,
     CHART_IN,
@@ -50,6 +51,7 @@ __all__ = ["PANEL_LABEL", "export_style", "figure", "group_edges"]
 
 TEXT_COLOR, MUTED_COLOR, FRAME_COLOR = "#1f1f1f", "#5f5f5f", "#444444"
 TITLE_PT, SUBTITLE_PT, TICK_PT, NOTE_PT, LABEL_PT = 9.0, 7.5, 7.0, 6.5, 8.0
+AXIS_TITLE_PT = 7.5
 PLOT_IN = 2.2  # longest plot side on an automatically sized figure (the widget's 320 px)
 COLORBAR_IN = 0.75  # colorbar, its ticks and one label line
 STYLE = {
@@ -97,6 +99,8 @@ def _printable_grid(grid: PanelGrid) -> PanelGrid:
             title=printable(p.title),
             subtitle=printable(p.subtitle),
             note=printable(p.note),
+            row_axis=printable(p.row_axis),
+            col_axis=printable(p.col_axis),
             row_labels=labels(p.row_labels),
             col_labels=labels(p.col_labels),
         )
@@ -157,6 +161,9 @@ def _auto_size(grid: PanelGrid, nrows: int, ncols: int, title: str | None) -> tu
         wrap_w = text_w - label_w - 0.1
         lines = len(wrap(p.subtitle, wrap_w, SUBTITLE_PT)), len(wrap(p.note, wrap_w, NOTE_PT, style="italic"))
         text_h = TITLE_PT * 1.4 + SUBTITLE_PT * 1.25 * lines[0] + TICK_PT * 2 + NOTE_PT * 1.3 * lines[1]
+        if p.axis_titles:  # a line for the column axis' title, a rotated one left of the row labels
+            text_h += AXIS_TITLE_PT * 1.6
+            text_w += AXIS_TITLE_PT * 1.6 / 72
         widths[k % ncols] = max(widths[k % ncols], text_w + 0.1)
         heights[k // ncols] = max(heights[k // ncols], plot_h + text_h / 72 + 0.1)
     label = len(wrap(grid.colorbar_label, 0.85 * (sum(heights) - 0.5), LABEL_PT))
@@ -232,8 +239,25 @@ def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: flo
             fontsize=SUBTITLE_PT,
             color=MUTED_COLOR,
         )
-    if panel.note:
-        note = "\n".join(wrap(panel.note, text_w, NOTE_PT, style="italic"))
+    note = "\n".join(wrap(panel.note, text_w, NOTE_PT, style="italic"))
+    if panel.axis_titles and panel.row_axis:
+        ax.set_ylabel(panel.row_axis, fontsize=AXIS_TITLE_PT, labelpad=2)
+    if panel.axis_titles and panel.col_axis:
+        ax.set_xlabel(panel.col_axis, fontsize=AXIS_TITLE_PT, labelpad=2)
+        if note:  # under the axis title, from the plot's left edge
+            ax.annotate(
+                note,
+                xy=(0, 0),
+                xycoords=("axes fraction", ax.xaxis.label),
+                xytext=(0, -3),
+                textcoords="offset points",
+                ha="left",
+                va="top",
+                fontsize=NOTE_PT,
+                style="italic",
+                color=MUTED_COLOR,
+            )
+    elif note:
         ax.set_xlabel(note, loc="left", fontsize=NOTE_PT, style="italic", color=MUTED_COLOR, labelpad=3)
     ax.set_label(PANEL_LABEL.format(index))
     ax.set_gid(panel.id)  # the panel's <g id> in SVG
@@ -359,4 +383,8 @@ def figure(
     fig.set_layout_engine("none")  # frozen: every later draw, at any dpi, has this geometry
     if charts:
         place_point_labels(fig)  # on the final geometry
+    for index, panel in enumerate(grid.panels):  # (the cells' sizes are those of the final geometry)
+        ax = next(a for a in fig.axes if a.get_label() == PANEL_LABEL.format(index))
+        label_cells(ax, panel, grid)
+        mark_cells(ax, panel)
     return fig

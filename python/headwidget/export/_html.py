@@ -1,14 +1,16 @@
 """A standalone, offline HTML page of a view: the widget's own front end over precomputed panels.
 
 The page holds everything it needs: the built bundle (``static/widget.js``, base64) and the panels
-(wire format of :func:`~headwidget.core.panels.encode_panel`, base64) in one JSON blob, and a small
+(wire format of :func:`~headwidget.core.panels.encode_panel`, base64) in one JSON blob
+(:mod:`._frames`), and a small
 model (``static/offline.js``, built from ``js/offline.ts``) that stands in for the kernel. Hover, the
 tooltip, the colorbar, the PNG button and every control but a text entry work as in the notebook:
 the page holds the view's panels for each state its controls reach, keyed by state (see
 :func:`._source.collect_frames`), and a control looks its new state up. A view with a channel window
 (up to :data:`._source.MAX_WINDOW_CHANNELS` channels) keeps each state's whole matrices, which the
 page crops to the window. Each distinct matrix is stored once (``blobs``: the value panels under both
-key toggles are the same), a symmetric one as its upper triangle. A Content-Security-Policy forbids
+key toggles are the same), a symmetric one as its upper triangle, and each distinct chart series once
+(``series``: a timeline's trend lines are the same at every step). A Content-Security-Policy forbids
 every network request, so the page shows the same thing offline, and runs no script but its own (by
 hash: :func:`script_hash`) and the bundle.
 """
@@ -24,13 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from headwidget.checks import flag, whole_number
 from headwidget.core.bundle import bundle_path, offline_path
 from headwidget.export._labels import printable
 from headwidget.export._source import DEFAULT_MAX_STATES, GridSource, collect_frames
 from headwidget.files import atomic_write
+from headwidget.views import View
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -81,18 +82,19 @@ def page_data(
     max_states: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """The JSON the page embeds: ``state`` (the model's traits at the saved state), ``axes`` (each
-    control the page holds frames for: its trait, type and the values held), ``frames`` by state key
-    (:func:`~headwidget.export._source.state_key` of the axes' values), ``errors`` (the view's message
-    for a state it cannot show), ``blobs`` (the panels' matrices: a panel names its own by ``blob``),
-    ``bundle``.
+    """The JSON the page embeds (``core/protocol.py``: ``PAGE_FIELDS``): ``state`` (the model's traits
+    at the saved state), ``axes`` (each control the page holds frames for: its trait, type and the
+    values held), ``frames`` by state key (:func:`~headwidget.export._frames.state_key` of the axes'
+    values), ``errors`` (the view's message for a state it cannot show), ``blobs`` (the panels'
+    matrices: a panel names its own by ``blob``), ``series`` (the charts' series: a chart names its
+    own by index), ``bundle``.
 
     Example:
         >>> import numpy as np
         >>> from headwidget.core.panels import Panel, PanelGrid
         >>> data = page_data(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
         >>> sorted(data), list(data["frames"]), data["frames"]["[]"]["panels"][0]["title"]
-        (['axes', 'blobs', 'bundle', 'errors', 'frames', 'state'], ['[]'], 'A')
+        (['axes', 'blobs', 'bundle', 'errors', 'frames', 'series', 'state'], ['[]'], 'A')
         >>> data["frames"]["[]"]["panels"][0]["packed"]  # symmetric: stored as its upper triangle
         'upper'
     """
@@ -104,51 +106,19 @@ def page_data(
     frames = collect_frames(source, layers, max_bytes, states, progress=flag("progress", progress))
     # The status line says what the page leaves out (a window too wide to crop, a text entry...).
     state = {**frames.state, "error": "", "status": frames.note}
-    first = frames.frames[str(state.pop("opening", "[]"))]
-    state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns", "charts")})
-    state["panels"] = []
-    pool = _BlobPool()
+    opening = str(state.pop("opening", "[]"))
+    first = frames.frames[opening]
+    state.update({k: first[k] for k in ("vmin", "vmax", "colormap", "colorbar_label", "columns")})
+    state.update(panels=[], charts=frames.charts(opening))
     return {
         "state": state,
         "axes": [axis.to_json() for axis in frames.axes],
-        "frames": pool.frames(frames.frames),
+        "frames": frames.frames,
         "errors": dict(frames.errors),
-        "blobs": pool.blobs,
+        "blobs": frames.blobs,
+        "series": frames.series,
         "bundle": base64.b64encode(bundle_path().read_bytes()).decode("ascii"),
     }
-
-
-class _BlobPool:
-    """Panels' matrices stored once each (base64), a symmetric square one as its upper triangle."""
-
-    def __init__(self) -> None:
-        self.blobs: list[str] = []
-        self._index: dict[str, int] = {}
-
-    def frames(self, frames: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        return {k: {**f, "panels": [self._panel(p) for p in f["panels"]]} for k, f in frames.items()}
-
-    def _panel(self, panel: dict[str, Any]) -> dict[str, Any]:
-        raw = base64.b64decode(panel["data"])
-        packed = _upper_triangle(raw, panel)
-        text = base64.b64encode(raw if packed is None else packed).decode("ascii")
-        if text not in self._index:
-            self._index[text] = len(self.blobs)
-            self.blobs.append(text)
-        out = {k: v for k, v in panel.items() if k != "data"}
-        out.update(blob=self._index[text], packed="upper" if packed is not None else "")
-        return out
-
-
-def _upper_triangle(raw: bytes, panel: dict[str, Any]) -> bytes | None:
-    """The row-major upper triangle (diagonal included) of a bitwise-symmetric square panel, else None."""
-    n = int(panel["rows"])
-    if n != int(panel["cols"]) or n < 2:
-        return None
-    bits = np.frombuffer(raw, dtype=np.uint16 if panel["dtype"] == "float16" else np.uint32).reshape(n, n)
-    if not np.array_equal(bits, bits.T):
-        return None
-    return bits[np.triu_indices(n)].tobytes()
 
 
 def _script_json(data: dict[str, Any]) -> str:
@@ -177,7 +147,8 @@ def page_html(
     max_states: int | None = None,
     progress: bool = True,
 ) -> str:
-    """The standalone page :func:`save_html` writes, as text.
+    """The standalone page :func:`save_html` writes, as text: titled and headed ``title`` (default:
+    :func:`default_title`, the view and its model; ``""``: no heading).
 
     Example:
         >>> import numpy as np
@@ -187,15 +158,31 @@ def page_html(
         (True, True)
     """
     data = page_data(source, layers=layers, max_bytes=max_bytes, max_states=max_states, progress=progress)
-    name = printable(title or "headwidget")
+    name = printable(default_title(source) if title is None else title)
     script = offline_script()
     return TEMPLATE.format(
         csp=page_csp(),
-        title=html.escape(name),
-        heading=f"<h1>{html.escape(name)}</h1>\n" if title else "",
+        title=html.escape(name or "headwidget"),
+        heading=f"<h1>{html.escape(name)}</h1>\n" if name else "",
         data=_script_json(data),
         script=script,
     )
+
+
+def default_title(source: GridSource) -> str:
+    """A page's title (and heading) when none is given: a view's title and what it is of, the model
+    (``"Channels · SmolLM2-135M"``; the panels of each state are headed by what they show); a grid's:
+    none.
+
+    Example:
+        >>> import numpy as np
+        >>> from headwidget.core.panels import Panel, PanelGrid
+        >>> default_title(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
+        ''
+    """
+    if not isinstance(source, View):
+        return ""
+    return " · ".join(part for part in (source.title or source.view_name, source.subject) if part)
 
 
 def offline_script() -> str:

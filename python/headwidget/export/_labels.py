@@ -12,6 +12,7 @@ indices ``offset + i * step`` are, at least a label's width apart.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Literal
@@ -116,9 +117,9 @@ def _greedy(pieces: list[str], sep: str, fits: Callable[[str], bool]) -> list[st
 def wrap(
     text: str, width: float, size: float, *, weight: str = "normal", style: FontStyle = "normal"
 ) -> list[str]:
-    """``text`` in lines at most ``width`` inches wide, broken at " · " first, then at spaces.
-
-    A word longer than ``width`` keeps a line of its own.
+    """``text`` in lines at most ``width`` inches wide, broken at " · " first, then at spaces, then
+    (a word longer than ``width``: a long spec) after its commas and semicolons, else between
+    characters: no line runs past ``width`` unless one character does.
 
     Example:
         >>> wrap("64 B/token · eff. rank 4.99 · err K 0.000 V 0.704", 1.8, 7.5)
@@ -132,12 +133,23 @@ def wrap(
 
     lines: list[str] = []
     for line in _greedy(text.split(" · "), " · ", fits):
-        lines.extend([line] if fits(line) else _greedy(line.split(), " ", fits))
+        if fits(line):
+            lines.append(line)
+            continue
+        for piece in _greedy(line.split(), " ", fits):
+            lines.extend([piece] if fits(piece) else _greedy(_parts(piece), "", fits))
     return lines
 
 
+def _parts(word: str) -> list[str]:
+    """``word`` cut after each ``,`` and ``;`` (where a long spec such as ``kv:int4@0,2-5;mqa@1`` may
+    break across lines), or into its characters when it has neither."""
+    parts = re.findall(r"[^,;]*[,;]|[^,;]+", word)
+    return parts if len(parts) > 1 else list(word)
+
+
 #: Longest tick label, in characters, before it is cut with an ellipsis (rows, columns).
-MAX_LABEL_CHARS = {"row": 12, "col": 9}
+MAX_LABEL_CHARS = {"row": 24, "col": 9}
 COL_LABEL_GAP_PT = 6.0
 
 

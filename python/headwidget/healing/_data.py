@@ -7,9 +7,10 @@ predicted tokens, and a step's loss is the mean over all of them. Each epoch vis
 order drawn from the seed; a step takes ``batch_size`` windows; the run takes as many steps as it needs
 to see ``tokens`` tokens.
 
-Overlap: every run of :data:`OVERLAP_TOKENS` consecutive tokens of the evaluation sequences (a shorter
-sequence: the whole sequence) is looked up among those of the healing stream; one shared run refuses
-the healing (the curve would not be held out).
+Overlap: every run of :data:`OVERLAP_TOKENS` consecutive tokens of the evaluation sequences is looked up
+among those of the healing stream; one shared run refuses the healing (the curve would not be held out).
+A sequence that ``max_length`` cuts shorter than a run is judged by the first :data:`OVERLAP_TOKENS`
+tokens of its text (:func:`judged_rows`); a text shorter than that, whole.
 
 Example:
     >>> stream = torch.arange(100)
@@ -39,6 +40,7 @@ __all__ = [
     "OVERLAP_TOKENS",
     "TrainingWindows",
     "held_out_paragraphs",
+    "judged_rows",
     "overlap_runs",
     "shared_runs",
     "stream_fingerprint",
@@ -98,7 +100,7 @@ class TrainingWindows:
 
     def order(self, epoch: int) -> torch.Tensor:
         """The windows' order in ``epoch`` (a permutation drawn from the seed and the epoch)."""
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % 2**64)
         return torch.randperm(int(self.windows.shape[0]), generator=generator)
 
     def batch(self, step: int, rank: int = 0, world: int = 1) -> Batch:
@@ -136,6 +138,33 @@ def overlap_runs(stream: torch.Tensor, batches: Sequence[Batch]) -> int:
         ids[mask.bool()] for b in batches for ids, mask in zip(b.input_ids, b.attention_mask, strict=True)
     ]
     return shared_runs(stream, [r for r in rows if r.numel()])
+
+
+def judged_rows(scored: Sequence[Batch], longer: Sequence[Batch]) -> list[Batch]:
+    """The evaluation sequences the overlap is judged on when ``max_length`` cuts them shorter than
+    :data:`OVERLAP_TOKENS`: each sequence of ``scored`` as the row of ``longer`` (the same texts read up
+    to that many tokens) that begins with it, else as it is. Two tokens of a text say nothing about
+    whether the text is shared; its first 32 do.
+
+    >>> ids = torch.arange(40).reshape(1, 40)
+    >>> rows = judged_rows([Batch(ids[:, :2], torch.ones(1, 2))], [Batch(ids[:, :32], torch.ones(1, 32))])
+    >>> [int(b.attention_mask.sum()) for b in rows]
+    [32]
+    """
+    rows = [ids[mask.bool()] for b in longer for ids, mask in zip(b.input_ids, b.attention_mask, strict=True)]
+    wanted = [
+        ids[mask.bool()] for b in scored for ids, mask in zip(b.input_ids, b.attention_mask, strict=True)
+    ]
+    by_prefix: dict[tuple[int, ...], torch.Tensor] = {}
+    for size in sorted({int(w.numel()) for w in wanted}):
+        for row in rows:
+            if row.numel() >= size:
+                by_prefix.setdefault(tuple(row[:size].tolist()), row)
+    out = []
+    for row in wanted:
+        whole = by_prefix.get(tuple(row.tolist()), row)
+        out.append(Batch(whole.reshape(1, -1), torch.ones(1, whole.numel(), dtype=torch.long)))
+    return out
 
 
 def held_out_paragraphs(paragraphs: Sequence[str], tokenizer: Any, batches: Sequence[Batch]) -> list[str]:

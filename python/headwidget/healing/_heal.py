@@ -4,7 +4,9 @@ The run, in order:
 
 1. **Checks** before any work: ``variant`` must be a copy of ``model`` built by :func:`headwidget.apply`
    (every parameter outside its converted layers equal to ``model``'s), with a conversion to train (a
-   K/V quantizer fits no weight: refused); the healing and evaluation texts must share no run of
+   K/V quantizer fits no weight, and a conversion that left the model as it was has nothing to recover:
+   refused); both models hold their weights (not on the meta device); token ids are in the vocabulary;
+   ``max_length`` is within the model's context; the healing and evaluation texts must share no run of
    :data:`~headwidget.healing._data.OVERLAP_TOKENS` tokens.
 2. **The untrained point**: the variant as given against the original on the evaluation text (the numbers
    :func:`headwidget.evaluate` gives for the variant's spec on the same tokens and dtype).
@@ -19,13 +21,18 @@ The run, in order:
    ``per_layer``, each converted layer's teacher-forced attention-output error.
 5. The trained weights are written back (factors multiplied in float64) and the healed copy is returned
    on ``run.model``: the variant's class and structure (its KV-head count, its factors' ranks, its
-   partial-RoPE mask), ``variant`` and ``model`` untouched.
+   partial-RoPE mask), and the variant's own ``requires_grad`` flags and train/eval modes, so it can be
+   trained further as the variant could; ``variant`` and ``model`` untouched.
+
+Healing turns gradients on for itself: it may be called under ``torch.no_grad()`` or
+``torch.inference_mode()``, which are in force again when it returns.
 
 An interrupt (Ctrl-C, the Jupyter stop button) ends the run at the next step boundary and returns it
 (``run.stopped_early``), with the model as of the last completed step; a second interrupt stops at once,
-still with the weights of the last completed step. A loss or gradient that is not finite raises
-:class:`~headwidget.errors.NonFiniteLossError` naming the step, the run up to the step before on the
-error (``err.run``).
+still with the weights of the last completed step, and a further one while that point is measured ends
+the curve at its last whole point: no interrupt loses the run (one while the run is being made waits
+for it). A loss or gradient that is not finite raises :class:`~headwidget.errors.NonFiniteLossError`
+naming the step, the run up to the step before on the error (``err.run``).
 
 Under ``torchrun`` (``distributed=True``), the variant's copy is wrapped in ``DistributedDataParallel``:
 each rank trains on its share of each global batch (``batch_size`` rows split evenly), DDP averages the
@@ -36,31 +43,34 @@ rank returns the same run.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
 
 from headwidget.adapters import adapter_for
 from headwidget.capture.inputs import Batch
-from headwidget.checks import flag, real_number, whole_number
-from headwidget.errors import ArgumentError, HealingInputError, NonFiniteLossError
+from headwidget.checks import flag, model_with_weights, real_number, whole_number
+from headwidget.errors import ArgumentError, CaptureInputError, HealingInputError, NonFiniteLossError
 from headwidget.evaluation._apply import AppliedVariant
-from headwidget.evaluation._arguments import checked_dtype
+from headwidget.evaluation._arguments import check_token_ids, checked_dtype
 from headwidget.evaluation._distributed import Ranks
-from headwidget.evaluation._evaluate import _add, _summary, _totals, _working_copy
+from headwidget.evaluation._evaluate import _add, _summary, _totals, _working_copy, model_context
 from headwidget.evaluation._inputs import _stream, evaluation_batches, fingerprint, forward_kwargs
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner
+from headwidget.evaluation._sharing import teacher_forced_sharing
 from headwidget.healing._data import (
     OVERLAP_TOKENS,
     TrainingWindows,
     held_out_paragraphs,
+    judged_rows,
     overlap_runs,
     stream_fingerprint,
 )
@@ -104,6 +114,8 @@ def _applied(variant: nn.Module, model: nn.Module) -> AppliedVariant:
             raise ArgumentError(
                 f"{name} must be a transformers model (an nn.Module), got {type(value).__name__}"
             )
+    model_with_weights("variant", variant)
+    model_with_weights("model", model)
     info = getattr(variant, "headwidget_variant", None)
     if variant is model or not isinstance(info, AppliedVariant):
         raise HealingInputError(
@@ -116,6 +128,12 @@ def _applied(variant: nn.Module, model: nn.Module) -> AppliedVariant:
             f"({', '.join(q.spec for q in info.quantizers)}): "
             "a quantizer fits no weight, so healing has nothing to train. Heal the spec without its kv: "
             "parts, then apply the kv: parts to the healed model"
+        )
+    if info.cache_transforms:
+        raise HealingInputError(
+            f"the {info.spec!r} variant transforms the cache a prefill builds "
+            f"({', '.join(t.spec for t in info.cache_transforms)}): a whole-window forward, as healing "
+            "trains and measures, never reads it. Heal the spec without its merge/xkv parts"
         )
     if not info.fits:
         raise HealingInputError(
@@ -131,17 +149,36 @@ def _applied(variant: nn.Module, model: nn.Module) -> AppliedVariant:
     names = {id(m): n for n, m in variant.named_modules()}
     converted = tuple(names[id(adapter.attention_at(layer))] + "." for layer in info.fits)
     theirs = dict(model.named_parameters())
+    unchanged = all(fit.rope_keep is None for fit in info.fits.values()) and not info.sharing
     for name, p in variant.named_parameters():
-        if name.startswith(converted):
-            continue
         other = theirs.get(name)
-        if other is None or other.shape != p.shape or other.dtype != p.dtype or not torch.equal(other, p):
+        same = (
+            other is not None and other.shape == p.shape and other.dtype == p.dtype and torch.equal(other, p)
+        )
+        if name.startswith(converted):
+            unchanged = unchanged and same
+        elif not same:
             raise HealingInputError(
                 f"variant's {name} differs from model's, outside the layers {sorted(info.fits)} it converts: "
                 "variant is not a converted copy of this model (built from another model, or trained "
                 "since). Build it with headwidget.apply(model, spec, stats)"
             )
+    if unchanged:  # e.g. mqa of a model with one KV head: nothing to recover, nothing to train
+        raise HealingInputError(
+            f"the {info.spec!r} variant is the model itself: its layers {sorted(info.fits)} hold the model's "
+            "own weights (the model already has that mechanism), so healing has nothing to recover. Heal a "
+            "conversion that changes the model"
+        )
     return info
+
+
+def _check_ids(model: nn.Module, batches: list[Batch], texts: str) -> None:
+    """Token ids outside ``model``'s vocabulary (or negative) refused before any work, naming ``texts``."""
+    try:
+        check_token_ids(model, batches)
+    except CaptureInputError as err:
+        said = str(err).removeprefix("batch 0: ") if len(batches) == 1 else str(err)
+        raise CaptureInputError(f"{texts}: {said}") from None
 
 
 def _checked_callbacks(callbacks: Any) -> list[Any]:
@@ -164,14 +201,16 @@ def _checked_callbacks(callbacks: Any) -> list[Any]:
 
 # ---------------------------------------------------------------------------------------------- interrupts
 class _Interrupts:
-    """SIGINT during healing: the first asks for a stop at the next step boundary; a second raises
-    KeyboardInterrupt at once, except inside an optimizer update (then at its end). Installed only in the
-    main thread (other threads never receive SIGINT)."""
+    """SIGINT during healing: the first asks for a stop at the next step boundary; each later one raises
+    KeyboardInterrupt at once (a step or a measurement is dropped), except inside an optimizer update or
+    while the run is being made (then it is only noted). Installed only in the main thread (other
+    threads never receive SIGINT)."""
 
     def __init__(self) -> None:
         self.requested = 0
         self.updating = False
         self.deferred = False
+        self.depth = 0
 
     def handler(self, _signum: int, _frame: Any) -> None:
         self.requested += 1
@@ -183,13 +222,16 @@ class _Interrupts:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
+        """The handler installed inside (once: an inner ``installed`` keeps the outer one's)."""
+        if self.depth or threading.current_thread() is not threading.main_thread():
             yield
             return
         previous = signal.signal(signal.SIGINT, self.handler)
+        self.depth += 1
         try:
             yield
         finally:
+            self.depth -= 1
             signal.signal(signal.SIGINT, previous)
 
     @contextmanager
@@ -243,17 +285,34 @@ class _Evaluation:
         self.rows.append({"tokens": tokens, "step": step, **row})
         if self.per_layer:
             errors = AttentionErrors(self.layers)
-            with self.autocast():
+            with self.autocast(), teacher_forced_sharing(student):  # share:g readers read their group's K/V
                 errors.measure(teacher, student, self.batches)
             if self.ranks.world > 1:
                 errors.merge(self.ranks.sum(errors.flat()))
             self.layer_rows.append(errors.values())
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _with_grad(function: Callable[P, R]) -> Callable[P, R]:
+    """``function`` run with gradients on, also when called under ``torch.no_grad()`` or
+    ``torch.inference_mode()`` (training needs them); the caller's mode is back when it returns."""
+
+    @functools.wraps(function)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with torch.inference_mode(False), torch.enable_grad():
+            return function(*args, **kwargs)
+
+    return run
+
+
 def _model_name(model: nn.Module) -> str:
     return str(getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__)
 
 
+@_with_grad
 def heal(
     variant: nn.Module,
     model: nn.Module,
@@ -309,10 +368,12 @@ def heal(
 
     Raises:
         HealingInputError: ``variant`` is not a converted copy of ``model``; a quantized variant; a
-            variant that converts nothing; ``method="lm"`` (or any ``"kd"`` of logits) on a model without
-            an LM head; ``tokens`` below one batch; healing and evaluation texts that overlap.
+            variant that converts nothing, or whose conversion left the model as it was; ``method="lm"``
+            (or any ``"kd"`` of logits) on a model without an LM head; ``tokens`` below one batch;
+            ``max_length`` beyond the model's context; healing and evaluation texts that overlap.
+        CaptureInputError: token ids of ``texts`` or ``eval_texts`` outside the vocabulary, or negative.
         ArgumentError: an argument of the wrong type or outside its range (an unknown ``method`` or
-            ``trainable`` names the accepted ones).
+            ``trainable`` names the accepted ones); a model on the meta device.
         NonFiniteLossError: a loss or gradient that is not finite (the message names the step).
 
     Example:
@@ -365,6 +426,12 @@ def heal(
             f"method='lm' needs next-token predictions, and {type(model).__name__} has no language-model "
             "head; heal an encoder with method='kd' (the MSE of its last hidden states)"
         )
+    context = model_context(model)
+    if context is not None and max_length > context:
+        raise HealingInputError(
+            f"max_length={max_length} is longer than the model's context of {context} positions; give "
+            f"max_length ≤ {context}"
+        )
     device = runner.device
     if dtype is None:
         cast = torch.bfloat16 if device.type == "cuda" else None
@@ -385,6 +452,8 @@ def heal(
         )
     if eval_texts is None:
         eval_texts = english_sample(split="evaluation")
+    elif not isinstance(eval_texts, (str, list, tuple, torch.Tensor)):
+        eval_texts = list(eval_texts)  # dict batches from an iterator: read twice below
     shortest = 2 if runner.kind == "causal-lm" else 1
     every_batch = evaluation_batches(
         eval_texts,
@@ -394,16 +463,30 @@ def heal(
         max_tokens=eval_tokens,
         min_tokens=shortest,
     )
+    _check_ids(model, every_batch, "eval_texts")
+    judged = every_batch
+    if max_length < OVERLAP_TOKENS:  # windows shorter than a run: judge the texts they come from
+        longer = evaluation_batches(
+            eval_texts,
+            tokenizer,
+            batch_size=batch_size,
+            max_length=OVERLAP_TOKENS,
+            max_tokens=eval_tokens * math.ceil(OVERLAP_TOKENS / max_length),
+            min_tokens=1,
+        )
+        judged = judged_rows(every_batch, longer)
     if texts is None:
-        texts = held_out_paragraphs(english_sample(split="calibration"), tokenizer, every_batch)
+        texts = held_out_paragraphs(english_sample(split="calibration"), tokenizer, judged)
     stream = _stream(texts, tokenizer, None)
+    if stream.numel():
+        _check_ids(model, [Batch(stream.reshape(1, -1), torch.ones(1, stream.numel()))], "texts")
     plan = TrainingWindows.of(stream, max_length=max_length, batch_size=batch_size, tokens=tokens, seed=seed)
-    shared = overlap_runs(plan.windows.reshape(-1), every_batch)
+    shared = overlap_runs(plan.windows.reshape(-1), judged)
     if shared:
         raise HealingInputError(
             f"the healing and evaluation texts overlap: {shared} run(s) of {OVERLAP_TOKENS} tokens of the "
-            "evaluation text (or shorter evaluation sequences, whole) also occur in the healing text, so "
-            "the curve would not be held out. Heal on other text (english_sample(split='calibration') for "
+            "evaluation texts (a text shorter than that: whole) also occur in the healing text, so the "
+            "curve would not be held out. Heal on other text (english_sample(split='calibration') for "
             "healing, split='evaluation' for the curve)"
         )
 
@@ -444,6 +527,9 @@ def heal(
         healed = training.finish()
         if variant_dtype != train_dtype:
             healed = healed.to(variant_dtype)
+        modes = {name: m.training for name, m in variant.named_modules()}
+        for name, m in healed.named_modules():  # trained in eval mode; back to the variant's modes
+            m.training = modes.get(name, m.training)
         return HealingRun(
             model_name=_model_name(model),
             spec=info.spec,
@@ -472,11 +558,16 @@ def heal(
             model=healed,
         )
 
-    try:
-        stopped = training.run(progress)
-    except _NonFinite as err:
-        raise NonFiniteLossError(str(err), finished(True)) from None
-    return finished(stopped)
+    interrupts = _Interrupts()
+    with interrupts.installed():  # from the first step to the run returned: no press loses the run
+        try:
+            stopped = training.run(progress, interrupts)
+        except _NonFinite as err:
+            with interrupts.update():
+                run = finished(True)
+            raise NonFiniteLossError(str(err), run) from None
+        with interrupts.update():  # writing the weights back and making the run: a press waits
+            return finished(stopped)
 
 
 class _NonFinite(Exception):
@@ -613,11 +704,11 @@ class _Training:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def run(self, progress: bool) -> bool:
-        """Train every step (or until interrupted); whether it stopped early."""
+    def run(self, progress: bool, interrupts: _Interrupts) -> bool:
+        """Train every step (or until interrupted); whether it stopped early. ``interrupts`` must be
+        installed around it (and around what makes the run of it: see :func:`heal`)."""
         for c in self.callbacks:
             _call(c, "on_train_begin", self.arguments, self.state, self.control, model=self.student)
-        interrupts = _Interrupts()
         bar = _Bar(self.plan.steps, progress)
         stopped = False
         try:
@@ -647,7 +738,10 @@ class _Training:
         finally:
             bar.close()
         if stopped and self.evaluation.rows[-1]["step"] != len(self.losses):
-            self.evaluation.point(self.teacher, self.student, self.seen, len(self.losses))
+            try:
+                self.evaluation.point(self.teacher, self.student, self.seen, len(self.losses))
+            except KeyboardInterrupt:  # a further press: the curve ends at its last whole point
+                self.evaluation.trim()
         return stopped
 
     def due(self) -> bool:

@@ -7,6 +7,14 @@ measures against the original model on the evaluation text (a language model: ``
 entry per converted layer (``layers``): the teacher-forced relative attention-output error
 (:mod:`headwidget.healing._layers`). ``losses`` is the training loss of every step.
 
+A run file is checked field by field on load and before every save, as statistics files are: each
+field against its type and bounds (:class:`~headwidget.core.stored.StoredReader`), then against the
+others (:class:`RunCheck`): a method, loss, spec, trainable and dtype that heal gives, steps of
+``batch_size × max_length`` tokens, as many as ``tokens`` plans (fewer only when stopped early), one
+loss a step, a curve from the untrained point (step 0, 0 tokens) to at most the last step with
+``delta_nll = nll − reference_nll``. :meth:`HealingRun.load_all` reads the file ``headwidget heal``
+writes (a run per variant).
+
 Example:
     >>> import pathlib, tempfile
     >>> run = HealingRun(model_name="tiny", spec="mqa", kind="causal-lm", method="kd", loss="kd",
@@ -22,32 +30,36 @@ Example:
     True
     >>> print(summary_table({"mqa": run}).splitlines()[2])
     | mqa | 64 | +0.5000 | +0.2000 | 50.0% |
-    >>> load_runs(save_runs({"mqa": run}, pathlib.Path(tempfile.mkdtemp()) / "runs.json")) == {"mqa": run}
+    >>> runs = save_runs({"mqa": run}, pathlib.Path(tempfile.mkdtemp()) / "runs.json")
+    >>> HealingRun.load_all(runs) == {"mqa": run}
     True
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from torch import nn
 
-from headwidget.errors import ReportFileError
+from headwidget.core.stored import Stored, describe, key, saved_fields, some, unsaved
+from headwidget.errors import ArgumentError, PathRefusedError, ReportFileError
 from headwidget.evaluation._report_file import (
-    MEASURE_RANGES,
     ReportCheck,
+    dtype_problem,
     read_json,
-    read_report,
     report_text,
+    spec_problem,
 )
-from headwidget.files import NotRegularFileError, atomic_write
+from headwidget.files import atomic_write
+from headwidget.healing._loss import LOSS_NAMES
+from headwidget.healing._trainable import parse_trainable
 
-__all__ = ["CURVE_MEASURES", "HealingRun", "load_runs", "save_runs", "summary_table"]
+__all__ = ["CURVE_MEASURES", "HealingRun", "RunCheck", "load_runs", "save_runs", "summary_table"]
 
 #: The measures of a curve row, by kind of model (besides ``tokens`` and ``step``).
 CURVE_MEASURES = {
@@ -55,6 +67,11 @@ CURVE_MEASURES = {
     "encoder": ("hidden_rel_error", "embedding_cosine"),
 }
 RUN_SUFFIXES = (".json", ".md")
+#: The format of a file of several runs (``headwidget heal --variants a,b``), one per variant.
+RUNS_FORMAT = "headwidget-healing-runs"
+#: How far below 0 rounding may take a loss (the KL of nearly equal distributions, in float32).
+_LOSS_SLACK = 1e-5
+_FINGERPRINT = re.compile(r"[0-9a-f]{1,64}")
 
 
 @dataclass
@@ -67,25 +84,35 @@ class HealingRun:
     method: str
     loss: str
     trainable: str
-    lr: float
-    batch_size: int
-    max_length: int
-    tokens: int
-    seed: int
+    lr: Annotated[float, Stored(minimum=0.0, maximum=10.0)]
+    batch_size: Annotated[int, Stored(minimum=1, maximum=1 << 20)]
+    max_length: Annotated[int, Stored(minimum=2, maximum=1 << 24)]
+    tokens: Annotated[int, Stored(minimum=1)]
+    seed: Annotated[int, Stored(minimum=0, maximum=2**63 - 1)]
     dtype: str
-    steps: int
-    tokens_seen: int
-    reference_nll: float
-    kv_bytes_per_token: float
-    layers: list[int]
+    steps: Annotated[int, Stored(minimum=0)]
+    tokens_seen: Annotated[int, Stored(minimum=0)]
+    #: The original's NLL on the evaluation text; None for an encoder, which predicts no tokens (a NaN
+    #: given for one is taken as None, so that the run equals itself saved and loaded).
+    reference_nll: Annotated[float | None, Stored(minimum=0.0)]
+    kv_bytes_per_token: Annotated[float, Stored(minimum=0.0)]
+    layers: Annotated[list[int], Stored(minimum=0, unique="layer")]
     curve: list[dict[str, float]]
     per_layer: list[list[float]] | None
-    losses: list[float]
+    losses: Annotated[list[float], Stored(minimum=-_LOSS_SLACK)]
     healing_fingerprint: str
     evaluation_fingerprint: str
-    evaluation_tokens: int
+    evaluation_tokens: Annotated[int, Stored(minimum=1)]
     stopped_early: bool = False
-    model: nn.Module | None = field(default=None, compare=False, repr=False)
+    model: nn.Module | None = unsaved()
+
+    def __post_init__(self) -> None:
+        if (
+            self.kind == "encoder"
+            and isinstance(self.reference_nll, float)
+            and math.isnan(self.reference_nll)
+        ):
+            self.reference_nll = None
 
     # ------------------------------------------------------------------ reading it
     def measure(self) -> str:
@@ -133,10 +160,7 @@ class HealingRun:
                 f"cannot save the healing run to {target.name!r}: the suffix must be one of "
                 f"{', '.join(RUN_SUFFIXES)} (JSON that HealingRun.load reads, or a markdown table)"
             )
-        content = {f.name: getattr(self, f.name) for f in _saved_fields()}
-        text = report_text(
-            type(self), {"format": RunCheck.format, "version": RunCheck.version, **content}, target, RunCheck
-        )
+        text = report_text(HealingRun, _document(self), target, RunCheck)
         if suffix == ".md":
             text = (
                 f"{self.model_name}, variant {self.spec}: healed with {self.method} ({self.loss}) on "
@@ -144,35 +168,63 @@ class HealingRun:
                 f"lr {self.lr:g}; "
                 f"evaluated on {self.evaluation_tokens:,} held-out tokens\n\n{self.table()}\n"
             )
-        try:
-            with atomic_write(target, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        except NotRegularFileError as err:
-            raise ReportFileError(f"cannot save the healing run: {err}") from err
-        except OSError as err:
-            raise ReportFileError(
-                f"cannot save the healing run to {target}: {err.strerror or err}; the file there before, if "
-                "any, is unchanged"
-            ) from err
-        return target
+        return _write(target, text, "healing run")
 
     @classmethod
     def load(cls, path: str | Path) -> HealingRun:
-        """Read a run :meth:`save` wrote as JSON, every field checked (``run.model`` is None).
+        """Read a run :meth:`save` wrote as JSON, every field checked (``run.model`` is None); the file of
+        several runs that ``headwidget heal`` writes is read by :meth:`load_all`.
 
         Raises:
-            ReportFileError: a missing, unreadable or damaged file; the message names the field.
+            ReportFileError: a missing, unreadable, symlinked or damaged file; the message names the field.
         """
-        return cls(**read_report(cls, Path(path), RunCheck))
+        source = Path(path)
+        data = read_json(source, RunCheck)
+        if isinstance(data, dict) and data.get("format") == RUNS_FORMAT:
+            names = [key(n) for n in data["runs"]] if isinstance(data.get("runs"), dict) else []
+            raise ReportFileError(
+                f"{source} holds {len(names)} healing run(s) ({some(names)}), as `headwidget heal` writes "
+                "them: read it with HealingRun.load_all(path), a mapping of variant to run"
+            )
+        return cls(**RunCheck(cls, str(source)).report(data))
+
+    @classmethod
+    def load_all(cls, path: str | Path) -> dict[str, HealingRun]:
+        """The runs in the file ``headwidget heal`` writes (variant → run, every run's fields checked); a
+        file of one run (:meth:`save`) gives ``{run.spec: run}``. ``HealingView(runs)`` draws them.
+
+        Raises:
+            ReportFileError: a missing, unreadable, symlinked or damaged file (the message names the run
+                and the field).
+        """
+        source = Path(path)
+        data = read_json(source, RunCheck)
+        if isinstance(data, dict) and data.get("format") == RunCheck.format:
+            run = cls(**RunCheck(cls, str(source)).report(data))
+            return {run.spec: run}
+        how = "write one with `headwidget heal`, or save a run with run.save(path)"
+        fields = RunCheck(cls, str(source)).document(
+            data, _RunsFile, tag=RUNS_FORMAT, version=1, noun="file of healing runs", how_to_save=how
+        )
+        where = f"{source} is corrupt or incomplete"
+        if not fields["runs"]:
+            raise ReportFileError(f"{where}: runs is empty; a file of healing runs holds at least one")
+        return {
+            spec: cls(**RunCheck(cls, str(source), where=f"{where}: runs[{key(spec)}]").report(entry))
+            for spec, entry in fields["runs"].items()
+        }
 
 
-def _saved_fields() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(HealingRun) if f.name != "model"]
+@dataclass
+class _RunsFile:
+    """The body of a file of several runs: variant → run (each then read by :class:`RunCheck`)."""
+
+    runs: dict[str, Any]
 
 
 class RunCheck(ReportCheck):
-    """:class:`ReportCheck` for healing runs: the types from :class:`HealingRun`'s annotations, and what
-    they cannot say (kinds, methods, ranges, one per-layer entry per layer and a row per point)."""
+    """:class:`ReportCheck` for healing runs: the types and bounds of :class:`HealingRun`'s fields, and what
+    fields cannot say (see the module docstring)."""
 
     format = "headwidget-healing-run"
     version = 1
@@ -180,58 +232,132 @@ class RunCheck(ReportCheck):
     how_to_save = "save one with run.save(path)"
     repair = "the file was damaged or edited after HealingRun.save() wrote it; heal again or restore a copy"
 
-    def __init__(self, report_class: type, source: str, where: str, repair: str) -> None:
-        super().__init__(report_class, source, where, repair)
-        self.fields = {f.name: f for f in _saved_fields()}
+    def report(self, data: object) -> dict[str, Any]:
+        if isinstance(data, dict) and data.get("kind") == "encoder":  # written when it was NaN
+            nll = data.get("reference_nll")
+            data = {**data, "reference_nll": None} if isinstance(nll, float) and math.isnan(nll) else data
+        fields = self.document(
+            data,
+            self.report_class,
+            tag=self.format,
+            version=self.version,
+            noun=self.noun,
+            how_to_save=self.how_to_save,
+        )
+        self.meaning(fields)
+        return fields
 
     def meaning(self, f: dict[str, Any]) -> None:
-        kind = f["kind"]
+        kind, method = f["kind"], f["method"]
         if kind not in CURVE_MEASURES:
             self.fail("kind", f"is {kind!r}; it must be one of {', '.join(map(repr, CURVE_MEASURES))}")
-        if f["method"] not in ("kd", "lm"):
-            self.fail("method", f"is {f['method']!r}; it must be 'kd' or 'lm'")
-        for name in ("batch_size", "max_length", "tokens", "steps"):
-            if f[name] < 1:
-                self.fail(name, f"is {f[name]}; it must be ≥ 1")
-        if not math.isfinite(f["lr"]) or f["lr"] <= 0:
-            self.fail("lr", f"is {f['lr']!r}; it must be a finite number > 0")
-        if len(f["losses"]) != f["steps"]:
-            self.fail("losses", f"has {len(f['losses'])} entries for {f['steps']} steps")
-        curve = f["curve"]
+        loss = LOSS_NAMES.get((method, kind))
+        if loss is None:
+            methods = " or ".join(repr(m) for m, k in LOSS_NAMES if k == kind)
+            self.fail("method", f"is {describe(method)}; a {kind} model is healed with {methods}")
+        if f["loss"] != loss:
+            self.fail(
+                "loss",
+                f"is {describe(f['loss'])}, but method {method!r} on a {kind} model minimises {loss!r}",
+            )
+        for name, problem in (("spec", spec_problem(f["spec"])), ("dtype", dtype_problem(f["dtype"]))):
+            if problem is not None:
+                self.fail(name, problem)
+        self.trainable(f["trainable"])
+        if not f["lr"] > 0:
+            self.fail("lr", f"is {f['lr']!r}; a learning rate is > 0")
+        self.steps(f)
+        if (f["reference_nll"] is None) != (kind == "encoder"):
+            why = "an encoder predicts no tokens: it must be null" if kind == "encoder" else "it is measured"
+            self.fail("reference_nll", f"is {describe(f['reference_nll'])}, but {why}")
+        layers = f["layers"]
+        if not layers or layers != sorted(layers):
+            self.fail(
+                "layers", f"is {layers[:8]}; a run converts at least one layer, listed in increasing order"
+            )
+        self.curve(f)
+        self.layer_errors(f["per_layer"], len(f["curve"]), len(layers))
+        for name in ("healing_fingerprint", "evaluation_fingerprint"):
+            if _FINGERPRINT.fullmatch(f[name]) is None:
+                self.fail(name, f"is {describe(f[name])}, which is not a hexadecimal fingerprint")
+
+    def trainable(self, text: str) -> None:
+        try:
+            mode, rank = parse_trainable(text)
+        except ArgumentError:
+            self.fail("trainable", f"is {describe(text)}; it must be 'kv', 'attention', 'all' or 'lora:r'")
+        canonical = mode if rank is None else f"lora:{rank}"
+        if canonical != text:
+            self.fail("trainable", f"is {describe(text)}, not as heal writes it ({canonical!r})")
+
+    def steps(self, f: dict[str, Any]) -> None:
+        """Steps of ``batch_size × max_length`` tokens, as many as ``tokens`` plans (fewer only when stopped
+        early), one loss each."""
+        steps, per_step = f["steps"], f["batch_size"] * f["max_length"]
+        planned = -(-f["tokens"] // per_step)
+        if steps > planned or (steps < planned and not f["stopped_early"]):
+            self.fail(
+                "steps",
+                f"is {steps}, but tokens = {f['tokens']} at batch_size × max_length = {per_step} a step plan "
+                f"{planned} steps (fewer only in a run stopped early)",
+            )
+        if f["tokens_seen"] != steps * per_step:
+            seen = steps * per_step
+            self.fail(
+                "tokens_seen", f"is {f['tokens_seen']}, but {steps} steps of {per_step} tokens see {seen}"
+            )
+        if len(f["losses"]) != steps:
+            self.fail("losses", f"has {len(f['losses'])} entries for {steps} steps (one loss a step)")
+
+    def curve(self, f: dict[str, Any]) -> None:
+        curve, kind, per_step = f["curve"], f["kind"], f["batch_size"] * f["max_length"]
         if not curve:
             self.fail("curve", "is empty; a run has at least its untrained point")
         wanted = ("tokens", "step", *CURVE_MEASURES[kind])
-        last = -1.0
         for i, row in enumerate(curve):
-            self.entries(row, f"curve[{i}]", wanted, "entries", "a row of this kind has")
+            here = f"curve[{i}]"
+            self.keys(row, here, wanted, "a row of this kind has")
             for name in wanted:
                 if name not in row:
-                    self.fail(f"curve[{i}]", f"lacks {name!r}")
-                value = row[name]
-                if name in ("tokens", "step"):
-                    if not float(value).is_integer() or value < 0:
-                        self.fail(f"curve[{i}][{name!r}]", f"is {value!r}; it must be a whole number ≥ 0")
-                else:
-                    problem = MEASURE_RANGES[name].problem(float(value))
-                    if problem is not None:
-                        self.fail(f"curve[{i}][{name!r}]", problem)
-            if row["tokens"] <= last:
-                self.fail(f"curve[{i}]", "does not come after the row before it (tokens must increase)")
-            last = row["tokens"]
-        per_layer = f.get("per_layer")
-        if per_layer is not None:
-            if len(per_layer) != len(curve):
-                self.fail("per_layer", f"has {len(per_layer)} rows for {len(curve)} curve points")
-            for i, row in enumerate(per_layer):
-                if len(row) != len(f["layers"]):
-                    self.fail(f"per_layer[{i}]", f"has {len(row)} entries for {len(f['layers'])} layers")
-                for j, value in enumerate(row):
-                    if not (math.isnan(value) or (math.isfinite(value) and value >= 0)):
-                        self.fail(f"per_layer[{i}][{j}]", f"is {value!r}; it must be a finite number ≥ 0")
+                    self.fail(f"{here}[{key(name)}]", "is missing")
+                if name in ("tokens", "step") and not (float(row[name]).is_integer() and row[name] >= 0):
+                    self.fail(f"{here}[{key(name)}]", f"is {row[name]!r}; it must be a whole number >= 0")
+                elif name not in ("tokens", "step"):
+                    self.in_range(row[name], name, f"{here}[{key(name)}]")
+            step, tokens = row["step"], row["tokens"]
+            if i == 0 and (step, tokens) != (0, 0):
+                self.fail(
+                    here, f"is at step {step}, {tokens} tokens; a curve starts untrained, at step 0, 0 tokens"
+                )
+            if i and step <= curve[i - 1]["step"]:
+                self.fail(
+                    f'{here}["step"]', f"is {step}, not after the row before it ({curve[i - 1]['step']})"
+                )
+            if step > f["steps"]:
+                self.fail(f'{here}["step"]', f"is {step}, past the run's last step ({f['steps']})")
+            if tokens != step * per_step:
+                self.fail(
+                    f'{here}["tokens"]',
+                    f"is {tokens}, but {step} steps of {per_step} tokens see {step * per_step}",
+                )
+            if kind == "causal-lm":
+                nll, reference = row["nll"], f["reference_nll"]
+                if abs(row["delta_nll"] - (nll - reference)) > 1e-9 * max(1.0, abs(nll), abs(reference)):
+                    self.fail(
+                        f'{here}["delta_nll"]',
+                        f"is {row['delta_nll']!r}, but nll − reference_nll is {nll - reference!r}",
+                    )
 
-
-#: The format of a file of several runs (``headwidget heal --variants a,b``), one per variant.
-RUNS_FORMAT = "headwidget-healing-runs"
+    def layer_errors(self, table: list[list[float]] | None, points: int, layers: int) -> None:
+        if table is None:
+            return
+        if len(table) != points:
+            self.fail("per_layer", f"has {len(table)} rows for {points} curve points")
+        for i, row in enumerate(table):
+            if len(row) != layers:
+                self.fail(f"per_layer[{i}]", f"has {len(row)} entries for {layers} layers")
+            for j, value in enumerate(row):
+                self.in_range(value, "hidden_rel_error", f"per_layer[{i}][{j}]")  # a relative error too
 
 
 def summary_table(runs: dict[str, HealingRun]) -> str:
@@ -258,8 +384,8 @@ def summary_table(runs: dict[str, HealingRun]) -> str:
 
 
 def save_runs(runs: dict[str, HealingRun], path: str | Path) -> Path:
-    """Write several runs (variant → run) to one file: JSON that :func:`load_runs` reads (each run as
-    :meth:`HealingRun.save` writes it), or markdown (the :func:`summary_table`, then each run's table).
+    """Write several runs (variant → run) to one file: JSON that :meth:`HealingRun.load_all` reads (each
+    run as :meth:`HealingRun.save` writes it), or markdown (the :func:`summary_table`, then each run's table).
 
     Raises:
         ReportFileError: another suffix, a run that cannot be saved, a failed write (nothing changed).
@@ -276,47 +402,35 @@ def save_runs(runs: dict[str, HealingRun], path: str | Path) -> Path:
         parts += [f"## {spec}\n\n{run.table()}" for spec, run in runs.items()]
         text = "\n\n".join(parts) + "\n"
     else:
-        each = {}
-        for spec, run in runs.items():
-            content = {f.name: getattr(run, f.name) for f in _saved_fields()}
-            fields = {"format": RunCheck.format, "version": RunCheck.version, **content}
-            each[spec] = json.loads(report_text(HealingRun, fields, target, RunCheck))
+        each = {
+            spec: json.loads(report_text(HealingRun, _document(run), target, RunCheck))
+            for spec, run in runs.items()
+        }
         text = json.dumps({"format": RUNS_FORMAT, "version": 1, "runs": each}, indent=1, allow_nan=True)
+    return _write(target, text, "healing runs")
+
+
+def _document(run: HealingRun) -> dict[str, Any]:
+    """What the file of ``run`` holds: the format, its version and the saved fields."""
+    fields = {f.name: getattr(run, f.name) for f in saved_fields(HealingRun)}
+    return {"format": RunCheck.format, "version": RunCheck.version, **fields}
+
+
+def _write(target: Path, text: str, what: str) -> Path:
+    """``text`` written to ``target`` atomically (:mod:`headwidget.files`), failures named."""
     try:
         with atomic_write(target, "w", encoding="utf-8") as fh:
             fh.write(text)
+    except PathRefusedError as err:
+        raise ReportFileError(f"cannot save the {what}: {err}") from err
     except OSError as err:
         raise ReportFileError(
-            f"cannot save the healing runs to {target}: {getattr(err, 'strerror', None) or err}; the file "
-            "there before, if any, is unchanged"
+            f"cannot save the {what} to {target}: {err.strerror or err}; the file there before, if any, is "
+            "unchanged"
         ) from err
     return target
 
 
 def load_runs(path: str | Path) -> dict[str, HealingRun]:
-    """Read :func:`save_runs`' JSON (variant → run, every run's fields checked); a file of one run
-    (:meth:`HealingRun.save`) gives ``{spec: run}``.
-
-    Raises:
-        ReportFileError: a missing, unreadable or damaged file (the message names the run and field).
-    """
-    source = Path(path)
-    data = read_json(source, RunCheck)
-    where = f"{source} is corrupt or incomplete"
-    if isinstance(data, dict) and data.get("format") == RunCheck.format:
-        run = HealingRun(**RunCheck(HealingRun, str(source), where, RunCheck.repair).report(data))
-        return {run.spec: run}
-    if not isinstance(data, dict) or data.get("format") != RUNS_FORMAT or data.get("version") != 1:
-        raise ReportFileError(
-            f"{source} is not a file of headwidget healing runs (its format must be {RUNS_FORMAT!r} "
-            f"version 1, or {RunCheck.format!r}); write one with headwidget.healing.save_runs or "
-            "`headwidget heal`"
-        )
-    runs = data.get("runs")
-    if not isinstance(runs, dict) or not runs or set(data) != {"format", "version", "runs"}:
-        raise ReportFileError(f"{where}: runs must be a non-empty object of variant → run, and nothing else")
-    out = {}
-    for spec, entry in runs.items():
-        check = RunCheck(HealingRun, str(source), f"{where}: runs[{json.dumps(spec)}]", RunCheck.repair)
-        out[spec] = HealingRun(**check.report(entry))
-    return out
+    """:meth:`HealingRun.load_all` (its name before it was public)."""
+    return HealingRun.load_all(path)

@@ -8,7 +8,9 @@ K/V weights, so the healed model is still that mechanism:
 - ``lrkv:r`` trains the shared part and each KV head's rank-r factors (``K_g = S + U_g D_g``);
 - ``mla:d_c`` trains the down projection and the up projections (``K_g = U^K_g D``, ``V_g = U^V_g D``),
   so the stacked K/V map keeps rank ≤ d_c; ``mla:d_c+rope:r`` also the rotary key rows it keeps;
-- ``rope:r`` (no weight changed) trains the layer's K/V rows as they are.
+- ``rope:r`` (no weight changed) trains the layer's K/V rows as they are;
+- ``share:g`` trains the K/V of each group's first layer, which the group's other layers read (theirs
+  are never used, so they are not trained), through the first layer's own mechanism.
 
 Each of these :class:`Source` tensors is an ``nn.Parameter`` (or, with ``lora:r``, a frozen base plus a
 rank-r update ``B A``). The projection modules read them through ``torch.nn.utils.parametrize``: their
@@ -37,8 +39,8 @@ Example:
     >>> sorted(parts.sources[1])
     ['down', 'k_up', 'v_up']
     >>> parts.write_back()
-    >>> variant.model.layers[1].self_attn.k_proj.weight.requires_grad
-    False
+    >>> variant.model.layers[1].self_attn.k_proj.weight.requires_grad  # as apply gave it
+    True
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from headwidget.evaluation._apply import AppliedVariant
 __all__ = ["TRAINABLE_FORMS", "Source", "TrainableParts", "parse_trainable"]
 
 F64 = torch.float64
-TRAINABLE_FORMS = "'kv', 'attention', 'all' or 'lora:r' (r a whole number ≥ 1, e.g. 'lora:8')"
+TRAINABLE_FORMS = "'kv', 'attention', 'all' or 'lora:r' (r a whole number ≥ 1 in ASCII digits, e.g. 'lora:8')"
 
 
 def parse_trainable(trainable: object) -> tuple[str, int | None]:
@@ -75,11 +77,15 @@ def parse_trainable(trainable: object) -> tuple[str, int | None]:
     Traceback (most recent call last):
     ...
     headwidget.errors.ArgumentError: trainable='lora:0' is not one of 'kv', 'attention', 'all' or 'lora:r' ...
+    >>> parse_trainable("lora:８")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headwidget.errors.ArgumentError: trainable='lora:８' is not one of ...
     """
     text = trainable.strip().lower() if isinstance(trainable, str) else None
     if text in ("kv", "attention", "all"):
         return text, None
-    m = re.fullmatch(r"lora:(\d{1,6})", text or "")
+    m = re.fullmatch(r"lora:([0-9]{1,6})", text or "")  # ASCII digits: \d also reads "８"
     if m and int(m.group(1)) >= 1:
         return "lora", int(m.group(1))
     raise ArgumentError(f"trainable={trainable!r} is not one of {TRAINABLE_FORMS}")
@@ -328,11 +334,12 @@ class TrainableParts:
     sources: dict[int, nn.ModuleDict] = field(default_factory=dict)
     _parametrized: list[tuple[nn.Module, str]] = field(default_factory=list)
     _layers: dict[int, _LayerSources] = field(default_factory=dict)
+    _requires_grad: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
     def install(cls, model: nn.Module, trainable: str, *, seed: int = 0) -> TrainableParts:
         """Parametrize ``model`` (a variant built by :func:`headwidget.apply`, changed in place) for
-        ``trainable``; every other parameter gets ``requires_grad=False``."""
+        ``trainable``; every other parameter gets ``requires_grad=False`` (until :meth:`write_back`)."""
         mode, rank = parse_trainable(trainable)
         info = getattr(model, "headwidget_variant", None)
         fits: dict[int, LayerFit] = dict(getattr(info, "fits", {}))
@@ -340,10 +347,13 @@ class TrainableParts:
         dtype = next(model.parameters()).dtype
         generator = torch.Generator().manual_seed(int(seed))
         parts = cls(model, mode, rank)
+        parts._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         for p in model.parameters():
             p.requires_grad_(mode == "all")
+        readers = dict(getattr(info, "readers", {}))  # share:g readers use their first layer's K/V
         for layer in sorted(fits):
-            parts._install_layer(adapter, layer, fits[layer], dtype, generator)
+            if layer not in readers:
+                parts._install_layer(adapter, layer, fits[layer], dtype, generator)
         return parts
 
     def _install_layer(
@@ -434,7 +444,8 @@ class TrainableParts:
     @torch.no_grad()
     def write_back(self) -> None:
         """Write the trained weights into the model's own parameters (factors multiplied in float64)
-        and remove every parametrization; every parameter gets ``requires_grad=False``."""
+        and remove every parametrization; every parameter gets back the ``requires_grad`` it had before
+        :meth:`install`, so the model trains further as the variant would."""
         values = []
         for module, name in self._parametrized:
             values.append(self._final(module, name))
@@ -443,8 +454,8 @@ class TrainableParts:
                 parametrize.remove_parametrizations(module, name, leave_parametrized=False)
             getattr(module, name).copy_(value)
         self._parametrized.clear()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(self._requires_grad.get(name, True))
 
     def _final(self, module: nn.Module, name: str) -> torch.Tensor:
         """The parametrized tensor ``module.name`` computed in float64, in its own dtype."""

@@ -186,13 +186,14 @@ class Moments:
     def select(self, index: torch.Tensor) -> Moments:
         """The moments of a subset of channels (``index``: LongTensor of channel positions)."""
         index = index.to(self.mean.device)
+        rows, cols = index[:, None], index[None, :]  # one gather: no (k, C) rows copied on the way
         gram = None
         if self.norm_gram is not None:
-            gram = self.norm_gram.index_select(1, index).index_select(2, index)
+            gram = self.norm_gram[:, rows, cols]
         return Moments(
             count=self.count,
             mean=self.mean.index_select(0, index),
-            m2=self.m2.index_select(0, index).index_select(1, index),
+            m2=self.m2[rows, cols],
             head_dim=self.head_dim,
             norm_gram=gram,
             split_count=self.split_count,

@@ -1,57 +1,46 @@
-"""``explore``: every registered view of one model in tabs, sharing the selected layer (and, for a
-timeline, its snapshots over training)."""
+"""``explore``: every registered view of one model, the trends above a tab per view, sharing the
+selected layer (and, for a timeline, its snapshots over training)."""
 
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import ipywidgets
-import traitlets
 from torch import nn
 
-from headwidget.analysis.alignment import ALIGN_METRICS
 from headwidget.checks import flag
-from headwidget.core.panels import PanelGrid
-from headwidget.errors import ArgumentError, HeadwidgetError
+from headwidget.errors import ArgumentError
 from headwidget.evaluation import EvaluationReport
 from headwidget.export import ExportError, page_html, save, save_tabbed_html
+from headwidget.notebook._compose import compose, drawing, share
 from headwidget.stats import KVStats
 from headwidget.tracking import Timeline
-from headwidget.views import (
-    AlignmentView,
-    ChannelView,
-    ConsequenceView,
-    HealingView,
-    MechanismView,
-    QuantizationView,
-    TimelineView,
-    TrendView,
-    View,
-    check_sources,
-    view_class,
-    view_names,
-)
+from headwidget.views import TrendView, View, check_same_models, check_sources, view_class, view_names
 from headwidget.views.healing import checked_runs
 from headwidget.views.timeline import checked_timelines
-from headwidget.widget import HeadWidget, LayerTrends
+from headwidget.widget import HeadWidget
 
 __all__ = ["Dashboard", "explore"]
 
 
-class Dashboard(ipywidgets.VBox):
-    """A :class:`LayerTrends` chart over one tab per registered view (the views that need a model's
-    weights only when ``model`` is given; it must be the model the statistics come from; the
-    consequences tab only with an evaluation ``report``; the views of a training run, such as the
-    timeline tab, only with a ``timeline``: a :class:`~headwidget.Timeline`, or names → timelines). The
-    layer is shared: moving it in one tab, clicking a layer in the chart, or a cell of the damage map,
-    moves it everywhere.
+class Dashboard:
+    """Every registered view of one capture: those placed above the tabs (the per-layer trends) over
+    one tab per other view (the views that need a model's weights only when ``model`` is given; it
+    must be the model the statistics come from; the consequences tab only with an evaluation
+    ``report``; the views of a training run, such as the timeline tab, only with a ``timeline``: a
+    :class:`~headwidget.Timeline`, or names → timelines). The fields the views' states declare shared
+    move together (:func:`~headwidget.notebook._compose.share`): moving the layer in one tab, clicking
+    a layer in the trend chart, or a cell of the damage map, moves it everywhere; the alignment tab's
+    method and metric move the trends'.
 
-    ``views`` holds the tabs' views by name; ``channels``, ``alignment`` and ``mechanisms`` are the
-    built-in ones (``mechanisms`` is None without a model). ``options`` gives a view, by name, extra
-    initial state (``{"channels": {"channel_width": 64}}``).
+    ``views`` holds the tabs' views by name, and ``dash.<name>`` is one of them (None: not shown, as
+    ``mechanisms`` without a model); ``trend_view`` is the trends' view and ``trends`` its Jupyter
+    drawing (bqplot). ``options`` gives a view, by name, extra initial state
+    (``{"channels": {"channel_width": 64}}``). Displayed, the dashboard is :func:`compose`'s layout for
+    the host: in Jupyter ``widget``, in marimo the trend view's own widget over marimo tabs.
     """
 
     def __init__(
@@ -68,58 +57,72 @@ class Dashboard(ipywidgets.VBox):
         """``model`` must be the model ``stats`` were captured from (else
         :class:`~headwidget.errors.StatsMismatchError`, before any tab is built); ``timeline`` must
         hold snapshots (else :class:`~headwidget.views.ViewSourceError`, before any tab is built);
-        ``healing``: :func:`headwidget.heal` results (one run, a list, or names → runs) for the healing
-        tab."""
+        ``healing``: :func:`headwidget.heal` results (one run, or names → runs) for the healing tab.
+        Every source must be of one model (the tabs share the selected layer): a report, runs or a
+        timeline of another raise :class:`~headwidget.errors.StatsMismatchError`, naming both."""
         check_sources(stats, model, "dashboard")
         if timeline is not None:
             checked_timelines(timeline)
         if healing is not None:
-            checked_runs(healing)
+            healing = checked_runs(healing)
+        given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
+        # The tabs share a layer: one model's layers (a timeline named first: its snapshot is the stats;
+        # the statistics and the model are one by the weights' fingerprint, checked above).
+        others = {"report": report, "healing": healing}
+        check_same_models({"timeline": timeline, "stats": stats, **others}, "dashboard")
+        check_same_models({"model": model, "timeline": timeline, **others}, "dashboard")
         self.stats = stats
         self.model = model
-        self.views: dict[str, View] = {}
-        options = options or {}
-        first_layer = stats.layers[0]
-        given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
+        chosen = {name: dict(values) for name, values in (options or {}).items()}
+        built: dict[str, View[Any]] = {}
         for name in view_names():
             cls = view_class(name)
-            if cls is TrendView:  # drawn above the tabs, not in one
-                continue
-            main = cls.sources().main
+            main = cls.sources.main
             if main and given[main] is None:  # e.g. no report: no consequences tab
                 continue
             if main in ("stats", "model", "") and not cls.shows(stats):  # e.g. quantization without samples
                 continue
-            self.views[name] = cls.create(layers=[first_layer], **given, **options.get(name, {}))
-        mechanisms = self.mechanisms
-        specs = mechanisms.mechanisms if mechanisms is not None and mechanisms_trend else ()
-        self.trends = LayerTrends(stats, model=model, mechanisms=specs, layer=first_layer)
-        tabs = list(self.views.values())
-        self.tabs = ipywidgets.Tab(children=[v.widget for v in tabs], titles=[v.title for v in tabs])
-        super().__init__(children=[self.trends, self.tabs])
-        layered = [v for v in tabs if v.has_trait("layer")]
-        self._links = [
-            traitlets.link((layered[0], "layer"), (v, "layer")) for v in [*layered[1:], self.trends]
-        ]
-        alignment = self.alignment
-        if alignment is not None and self.trends.has_trait("alignment") and self.trends.has_trait("metric"):
-            alignment.observe(self._follow_alignment, names=["alignment", "metric"])
-            self._follow_alignment()
+            if name == "trends" and mechanisms_trend and "mechanisms" in built:
+                shown = built["mechanisms"].current_state()
+                chosen.setdefault(name, {}).setdefault("mechanisms", list(getattr(shown, "mechanisms", ())))
+            built[name] = cls.create(layers=[stats.layers[0]], **given, **chosen.get(name, {}))
+        #: The views shown above the tabs, and the tabs' views, by name.
+        self.above = {name: view for name, view in built.items() if view.placement == "above"}
+        self.views = {name: view for name, view in built.items() if view.placement != "above"}
+        #: The per-layer trends as a view: what marimo and a saved page draw.
+        self.trend_view = typing.cast(TrendView, self.above["trends"])
+        self._untie = share(list(built.values()))
+        drawings = {name: drawing(view) for name, view in self.above.items()}
+        #: The trends' Jupyter drawing (bqplot), above the tabs.
+        self.trends = drawings["trends"]
+        #: What Jupyter shows: the views above over a tab per view.
+        self.widget = compose(list(drawings.values()), {v.title: v.widget for v in self.views.values()})
+        self.tabs = self.widget.children[-1]
 
-    def _follow_alignment(self, change: dict[str, Any] | None = None) -> None:
-        """The trend chart's head-similarity series follow the alignment tab's method and metric (its
-        title names them). A metric the chart cannot align (``cka``, rotation-invariant) leaves the
-        chart on its last one, named in its title."""
-        view, trends = self.alignment, self.trends
-        metric = view.metric if view.metric in ALIGN_METRICS else trends.metric
-        try:
-            with trends.hold_trait_notifications():
-                trends.alignment, trends.metric = view.alignment, metric
-        except HeadwidgetError:
-            return
+    def __getattr__(self, name: str) -> Any:
+        """``dash.channels``...: the tab of a registered view (None when the dashboard has none)."""
+        if name in view_names() and name != "views":
+            return self.__dict__.get("views", {}).get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """What Jupyter displays: :attr:`widget`."""
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def _display_(self) -> Any:
+        """What marimo shows (it runs anywidgets, not ipywidgets' containers or bqplot): the trend
+        chart drawn by the front end (:attr:`trend_widget`) over one tab per view, each the view's
+        widget; the layer is shared across the tabs as in Jupyter."""
+        tabs = {view.title: view.widget for view in self.views.values()}
+        return compose([drawing(view, "marimo") for view in self.above.values()], tabs, "marimo")
 
     def save(
-        self, path: str | os.PathLike[str], *, dpi: float = 200, layers: Sequence[int] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dpi: float = 200,
+        layers: Sequence[int] | None = None,
+        max_states: int | None = None,
     ) -> list[Path]:
         """Save every tab; returns the paths written.
 
@@ -127,7 +130,9 @@ class Dashboard(ipywidgets.VBox):
           page: the trend chart's series drawn by the widget's charts, its alignment and metric
           selects working offline) and each tab's standalone page (as
           :func:`headwidget.export.save_html` writes it: hover, colorbar and the layer slider over
-          ``layers``, default every layer).
+          ``layers``, default every layer; each tab's other controls over at most ``max_states``
+          states, default :data:`~headwidget.export._source.DEFAULT_MAX_STATES`). A click on a saved page
+          selects nothing (the tabs are pages of their own): the pages do not say it does.
         - ``.png``, ``.svg``, ``.pdf``: one figure per tab, named after the tab:
           ``dash.png`` → ``dash-channels.png``, ``dash-alignment.png``, ``dash-mechanisms.png``, each
           titled with its model and layer.
@@ -146,9 +151,10 @@ class Dashboard(ipywidgets.VBox):
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix != ".html":
-            if layers is not None:
+            if layers is not None or max_states is not None:
+                what = "layers=" if layers is not None else "max_states="
                 raise ExportError(
-                    "layers= applies to .html exports; a figure shows each tab's current panels"
+                    f"{what} applies to .html exports; a figure shows each tab's current panels"
                 )
             if suffix not in (".png", ".svg", ".pdf"):
                 raise ExportError(
@@ -160,26 +166,27 @@ class Dashboard(ipywidgets.VBox):
             ]
         model = self.stats.meta.model_name or self.stats.meta.model_class
         summary = self.trend_view
-        pages = [(summary.title, page_html(summary, title=f"{summary.title} · {model}"))]
+        pages = [
+            (summary.title, page_html(summary, title=f"{summary.title} · {model}", max_states=max_states))
+        ]
+        sliding = {v for v in self.views.values() if any(c.trait == "layer" for c in v.view_controls())}
         pages += [
             # The page's slider moves through the layers: its heading names the model, not a layer.
-            (view.title, page_html(view, title=f"{view.title} · {model}", layers=layers))
+            (
+                view.title,
+                page_html(
+                    view,
+                    title=f"{view.title} · {model}",
+                    layers=layers if view in sliding else None,
+                    max_states=max_states,
+                ),
+            )
             for view in self.views.values()
         ]
         save_tabbed_html(path, pages, title=f"headwidget · {model}")
         return [path]
 
-    # ------------------------------------------------------------------ the trends as a view
-    @property
-    def trend_view(self) -> TrendView:
-        """The trend chart as a :class:`~headwidget.views.TrendView`: what marimo and a saved page
-        draw, with the front end's charts. In Jupyter, :attr:`trends` draws this view's series with
-        bqplot (they are computed once, in the view), and the two share their alignment, metric and
-        layer (so the alignment tab's method and metric, and every tab's layer)."""
-        view: TrendView = self.trends.view
-        return view
-
-    def trend_grid(self) -> PanelGrid:
+    def trend_grid(self) -> Any:
         """The charts of :attr:`trend_view` now: the trend chart's series as the front end draws them."""
         return self.trend_view.grid
 
@@ -189,61 +196,6 @@ class Dashboard(ipywidgets.VBox):
         point selects its layer in every tab."""
         widget: HeadWidget = self.trend_view.widget
         return widget
-
-    def _display_(self) -> Any:
-        """What marimo shows (it runs anywidgets, not ipywidgets' containers or bqplot): the trend
-        chart drawn by the front end (:attr:`trend_widget`) over one tab per view, each the view's
-        widget; the layer is shared across the tabs as in Jupyter."""
-        import marimo as mo
-
-        tabs = mo.ui.tabs({view.title: view.widget for view in self.views.values()})
-        return mo.vstack([self.trend_widget, tabs])
-
-    def _view(self, name: str, cls: type[View]) -> Any:
-        view = self.views.get(name)
-        return view if isinstance(view, cls) else None
-
-    @property
-    def channels(self) -> ChannelView:
-        """The channel-correlation tab."""
-        view: ChannelView = self._view("channels", ChannelView)
-        return view
-
-    @property
-    def alignment(self) -> AlignmentView:
-        """The head-alignment tab."""
-        view: AlignmentView = self._view("alignment", AlignmentView)
-        return view
-
-    @property
-    def mechanisms(self) -> MechanismView | None:
-        """The mechanisms tab (None: no model was given)."""
-        view: MechanismView | None = self._view("mechanisms", MechanismView)
-        return view
-
-    @property
-    def quantization(self) -> QuantizationView | None:
-        """The quantization tab (None: the statistics hold no token samples)."""
-        view: QuantizationView | None = self._view("quantization", QuantizationView)
-        return view
-
-    @property
-    def consequences(self) -> ConsequenceView | None:
-        """The consequences tab (None: no evaluation report was given)."""
-        view: ConsequenceView | None = self._view("consequences", ConsequenceView)
-        return view
-
-    @property
-    def timeline(self) -> TimelineView | None:
-        """The timeline tab (None: no timeline was given)."""
-        view: TimelineView | None = self._view("timeline", TimelineView)
-        return view
-
-    @property
-    def healing(self) -> HealingView | None:
-        """The healing tab (None: no healing runs were given)."""
-        view: HealingView | None = self._view("healing", HealingView)
-        return view
 
 
 def explore(
@@ -266,8 +218,8 @@ def explore(
       statistics are, and the timeline tab (every snapshot, a step slider and the trends over steps).
 
     ``report`` (from :func:`headwidget.evaluate`) adds the consequences tab: KV bytes against damage
-    per variant, and the per-layer damage map. ``healing`` (:func:`headwidget.heal` results: one run, a
-    list, or names → runs) adds the healing tab: recovery curves and the per-layer recovery map.
+    per variant, and the per-layer damage map. ``healing`` (:func:`headwidget.heal` results: one run, or
+    names → runs) adds the healing tab: recovery curves and the per-layer recovery map.
 
     ``mechanisms_trend=True`` adds, per layer, the heads' effective rank under each mechanism of the
     mechanism tab to the trend chart (a conversion per layer and mechanism: about 15 s for SmolLM2 on
@@ -289,7 +241,8 @@ def explore(
             f"report must be an EvaluationReport (headwidget.evaluate), got {type(report).__name__}"
         )
     if healing is not None:
-        checked_runs(healing)  # before any capture
+        healing = checked_runs(healing)  # before any capture
+    check_same_models({"report": report, "healing": healing}, "dashboard")
     if isinstance(model_or_stats, KVStats):
         return Dashboard(model_or_stats, report=report, healing=healing)
     if isinstance(model_or_stats, Timeline):
@@ -307,6 +260,9 @@ def explore(
         capture_options.setdefault("max_length", 256)
     if texts is None:
         raise ArgumentError("explore(model) needs texts to capture: explore(model, texts, tokenizer=...)")
+    check_same_models(
+        {"model": model, "report": report, "healing": healing}, "dashboard"
+    )  # (before capturing)
     capture_options.setdefault("inputs", True)
     stats = capture(model, texts, tokenizer=tokenizer, **capture_options)
     return Dashboard(stats, model, mechanisms_trend=mechanisms_trend, report=report, healing=healing)

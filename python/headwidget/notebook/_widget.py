@@ -12,9 +12,10 @@ about 512 × 512 block means, and a larger plot (a wider window, a zoom) asks fo
 Saving uses the full resolution.
 
 The shell class of a view class is made once (:func:`shell_class`): its traits are the view's
-synced trait names, holding whatever the view holds (the view validates them). Importing this module
-registers the shell and :func:`headwidget.export.save` as how views are displayed and saved
-(:func:`~headwidget.views.present_with`).
+synced trait names, holding whatever the view holds (the view validates them); the page sets the
+view's inputs (its state and entries), never ``error``, which only the view says. Importing this module
+registers :data:`PRESENTER`, the shell and :func:`headwidget.export.save`, as how views are displayed
+and saved (:func:`~headwidget.views.present_with`).
 
 Example:
     >>> import torch, headwidget
@@ -47,16 +48,16 @@ from headwidget.export import save
 from headwidget.views import View, present_with, reduced
 from headwidget.widget import HeadWidget
 
-__all__ = ["ViewShell", "shell_class"]
+__all__ = ["PRESENTER", "ViewShell", "shell_class"]
 
 #: The shell class of each view class (made once: ipywidgets syncs the traits a class declares).
-_SHELLS: dict[type[View], type[ViewShell]] = {}
+_SHELLS: dict[type[View[Any]], type[ViewShell]] = {}
 
 
 class ViewShell(HeadWidget):
     """The widget of one view: its synced traits mirrored, its grids sent, clicks passed back."""
 
-    def __init__(self, view: View) -> None:
+    def __init__(self, view: View[Any]) -> None:
         """Show ``view`` (an instance of the view class this shell class was made for)."""
         names = mirrored_traits(type(view))
         self._view = view
@@ -67,14 +68,14 @@ class ViewShell(HeadWidget):
             **{name: getattr(view, name) for name in names},
         )
         view.observe(self._from_view, names=names)
-        self.observe(self._from_page, names=names)
+        self.observe(self._from_page, names=[n for n in names if n != "error"])  # (the view's to say)
         self.on_click(self._clicked)
         self.on_drawn(view.page_drew)
         view.attach(self)
         self.shown(view.grid)
 
     @property
-    def shows(self) -> View:
+    def shows(self) -> View[Any]:
         """The view this widget shows."""
         return self._view
 
@@ -85,7 +86,8 @@ class ViewShell(HeadWidget):
 
     def together(self) -> contextlib.AbstractContextManager[Any]:
         """The view's labels, its grid and the end of "computing" in one message to the page."""
-        return self.hold_sync()
+        held: contextlib.AbstractContextManager[Any] = self.hold_sync()
+        return held
 
     def drawn_by_page(self) -> bool:
         """Whether a page draws this widget: one has reported its plot size."""
@@ -162,7 +164,7 @@ class ViewShell(HeadWidget):
         return type(self._view).__name__
 
 
-def mirrored_traits(view: type[View]) -> list[str]:
+def mirrored_traits(view: type[View[Any]]) -> list[str]:
     """The traits of ``view`` that a widget mirrors: every synced one (state and what controls read).
 
     Example:
@@ -173,7 +175,7 @@ def mirrored_traits(view: type[View]) -> list[str]:
     return sorted(view.class_trait_names(sync=True))
 
 
-def shell_class(view: type[View]) -> type[ViewShell]:
+def shell_class(view: type[View[Any]]) -> type[ViewShell]:
     """The widget class that shows instances of ``view`` (made once per view class)."""
     made = _SHELLS.get(view)
     if made is None:
@@ -187,11 +189,13 @@ def shell_class(view: type[View]) -> type[ViewShell]:
 class _NotebookPresenter:
     """Views are displayed by their shell and saved by :func:`headwidget.export.save`."""
 
-    def widget(self, view: View) -> ViewShell:
+    def widget(self, view: View[Any]) -> ViewShell:
         return shell_class(type(view))(view)
 
-    def save(self, view: View, path: str | os.PathLike[str], **options: Any) -> Path:
+    def save(self, view: View[Any], path: str | os.PathLike[str], **options: Any) -> Path:
         return save(view, path, **options)
 
 
-present_with(_NotebookPresenter())
+#: How views are displayed and saved once this layer is imported.
+PRESENTER = _NotebookPresenter()
+present_with(PRESENTER)

@@ -6,23 +6,19 @@ and :meth:`KVStats.load <headwidget.stats.KVStats.load>` call; see those for exa
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import MISSING
 from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, NoReturn, Union, get_args, get_origin, get_type_hints
 
 import torch
 
 from headwidget.core.kinds import Kind
 from headwidget.core.layout import AttentionLayout, mechanism_of
-from headwidget.core.stored import bounds, expects
-from headwidget.errors import StatsFileError
-from headwidget.files import NotRegularFileError, atomic_output
+from headwidget.core.stored import StoredReader, describe, parse_json
+from headwidget.errors import PathRefusedError, StatsFileError
+from headwidget.files import atomic_output, regular_file
 from headwidget.moments import Moments
 from headwidget.stats._meta import FORMAT, FORMAT_VERSION, StatsMeta
 from headwidget.stats._plane_norms import PlaneNorms
@@ -60,7 +56,7 @@ def write_stats(
     try:
         with atomic_output(path) as tmp:
             save_file(tensors, str(tmp), metadata=header)
-    except NotRegularFileError as err:
+    except PathRefusedError as err:
         raise StatsFileError(f"cannot save statistics: {err}") from err
     except OSError as err:
         raise StatsFileError(f"cannot save statistics to {path}: {err.strerror or err}") from err
@@ -82,14 +78,8 @@ def read_stats(
     dict[int, PlaneNorms],
 ]:
     """The metadata, moments, token samples and plane norms (on the CPU) of the file at ``path``, every
-    field checked. A file without plane norms (written before they were recorded) gives none."""
-    if not path.exists():
-        raise StatsFileError(f"no statistics file at {path}")
-    if not path.is_file():
-        raise StatsFileError(
-            f"{path} is not a regular file (a directory, FIFO or device?); statistics files are "
-            "written by KVStats.save()"
-        )
+    field checked. A file without plane norms (written before they were recorded) gives none. A symlink,
+    a directory, FIFO or device is refused unread (:mod:`headwidget.files`)."""
     header, tensors = _read_safetensors(path)
     check = _FileCheck(path)
     meta = check.header(header)
@@ -126,66 +116,21 @@ def _read_safetensors(path: Path) -> tuple[dict[str, str] | None, dict[str, torc
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(path), framework="pt") as fh:
+        with regular_file(path) as name, safe_open(name, framework="pt") as fh:
             header = fh.metadata()
             tensors = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118
+    except FileNotFoundError:
+        raise StatsFileError(f"no statistics file at {path}") from None
+    except PathRefusedError as err:
+        raise StatsFileError(
+            f"cannot load statistics: {err}; statistics files are written by KVStats.save()"
+        ) from err
     except (SafetensorError, OSError, ValueError, TypeError, RuntimeError, OverflowError) as err:
         raise StatsFileError(
             f"{path} is not a readable safetensors file ({err}); statistics files are written by "
             "KVStats.save()"
         ) from err
     return header, tensors
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {key!r} appears twice")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _describe(value: object) -> str:
-    """A JSON value as a message shows it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        text = repr(value)
-        return f"the number {text if len(text) <= 40 else text[:37] + '...'}"
-    if isinstance(value, str):
-        text = repr(value)
-        return f"the string {text if len(text) <= 40 else text[:37] + '...'}"
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    return "an object"
-
-
-def _shallow_match(value: object, kind: Any) -> bool:
-    """Whether a JSON value has the outer shape of type ``kind`` (a list for ``list[...]``, a string for a
-    ``Literal``, a mapping of strings to strings for ``dict[str, str]``...), its items unchecked but for
-    a mapping's."""
-    origin = get_origin(kind)
-    if origin is list:
-        return isinstance(value, list)
-    if origin is dict:
-        value_type = get_args(kind)[1]
-        return isinstance(value, dict) and all(
-            isinstance(k, str) and _shallow_match(v, value_type) for k, v in value.items()
-        )
-    if origin is Literal or kind is str:
-        return isinstance(value, str)
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, dict)
 
 
 def _parts(head_dim: int | None) -> tuple[str, ...]:
@@ -204,7 +149,7 @@ def _first(mask: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(i) for i in mask.nonzero()[0])
 
 
-class _FileCheck:
+class _FileCheck(StoredReader):
     """Builds the contents of one statistics file, refusing every value that cannot be true.
 
     Each problem raises :class:`StatsFileError` naming the file and the field (``meta.layout.head_dim``,
@@ -212,59 +157,15 @@ class _FileCheck:
     """
 
     def __init__(self, path: Path) -> None:
+        super().__init__(StatsFileError, str(path), _REPAIR)
         self.path = path
 
-    def fail(self, field: str, problem: str) -> NoReturn:
-        raise StatsFileError(f"{self.path} is corrupt or incomplete: {field} {problem}; {_REPAIR}")
-
-    # ------------------------------------------------------------------ JSON values
-    def integer(self, value: object, field: str, low: int | None = None, high: int | None = None) -> int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            self.fail(field, f"must be an integer, not {_describe(value)}")
-        if (low is not None and value < low) or (high is not None and value > high):
-            allowed = f">= {low}" if high is None else f"{low}..{high}"
-            self.fail(field, f"is {value}, outside the allowed {allowed}")
-        return value
-
-    def string(self, value: object, field: str, choices: Sequence[str] | None = None) -> str:
-        if not isinstance(value, str):
-            self.fail(field, f"must be a string, not {_describe(value)}")
-        if choices is not None and value not in choices:
-            self.fail(field, f"is {value!r}; it must be one of {', '.join(map(repr, choices))}")
-        return value
-
-    def boolean(self, value: object, field: str) -> bool:
-        if not isinstance(value, bool):
-            self.fail(field, f"must be true or false, not {_describe(value)}")
-        return value
-
-    def obj(
-        self, value: object, field: str, required: Sequence[str], optional: Sequence[str]
-    ) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            self.fail(field, f"must be an object, not {_describe(value)}")
-        unknown = sorted(set(value) - {*required, *optional})
-        if unknown:
-            self.fail(field, f"has unknown fields {unknown} (known: {', '.join([*required, *optional])})")
-        for key in required:
-            if key not in value:
-                self.fail(f"{field}.{key}", "is missing")
-        return value
-
-    def layer_list(self, value: object, field: str, num_layers: int, min_len: int) -> list[int]:
-        if not isinstance(value, list):
-            self.fail(field, f"must be a list of layer indices, not {_describe(value)}")
-        if len(value) < min_len:
-            self.fail(field, f"lists {len(value)} layers; it needs at least {min_len}")
-        layers = [
-            self.integer(item, f"{field}[{i}]", 0, num_layers - 1) for i, item in enumerate(value)
-        ]  # the range is the model's layers, meta.layout.num_layers
-        seen: set[int] = set()
-        for layer in layers:
-            if layer in seen:
-                self.fail(field, f"lists layer {layer} twice")
-            seen.add(layer)
-        return layers
+    def layer_list(self, layers: list[int], field: str, num_layers: int, min_len: int) -> None:
+        """Layers of the model (``meta.layout.num_layers``), at least ``min_len`` of them."""
+        if len(layers) < min_len:
+            self.fail(field, f"lists {len(layers)} layers; it needs at least {min_len}")
+        for i, layer in enumerate(layers):
+            self.integer(layer, f"{field}[{i}]", 0, num_layers - 1)
 
     # ------------------------------------------------------------------ the header
     def header(self, header: dict[str, str] | None) -> StatsMeta:
@@ -286,16 +187,10 @@ class _FileCheck:
         text = header.get("meta")
         if text is None:
             self.fail("header field meta", "is missing")
-        try:
-            data = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-        except RecursionError:
-            self.fail("header field meta", "is nested too deeply to be statistics metadata")
-        except ValueError as err:
-            self.fail("header field meta", f"is not valid JSON ({err})")
-        return self.meta(data)
+        return self.meta(parse_json(text, lambda problem: self.fail("header field meta", problem)))
 
     def meta(self, data: object) -> StatsMeta:
-        meta = StatsMeta(**self.fields(data, StatsMeta, "meta"))
+        meta = self.read(data, StatsMeta, "meta")
         self.layout(meta.layout)
         layout = meta.layout
         self.layer_list(meta.layers, "meta.layers", layout.num_layers, min_len=1)
@@ -318,61 +213,9 @@ class _FileCheck:
             )
         return meta
 
-    # ------------------------------------------------------------------ dataclasses from their types
-    def fields(self, value: object, cls: type, path: str) -> dict[str, Any]:
-        """The fields of dataclass ``cls`` in the JSON object ``value``, each checked against its annotated
-        type and its :func:`~headwidget.core.stored.stored` bounds (a field left out takes the class's
-        default; a field the class lacks is refused)."""
-        hints = get_type_hints(cls)
-        known = dataclasses.fields(cls)
-        required = [f.name for f in known if f.default is MISSING and f.default_factory is MISSING]
-        obj = self.obj(value, path, required, [f.name for f in known if f.name not in required])
-        return {
-            f.name: self.typed(obj[f.name], hints[f.name], f"{path}.{f.name}", f)
-            for f in known
-            if f.name in obj
-        }
-
-    def typed(self, value: object, kind: Any, path: str, spec: dataclasses.Field[Any] | None = None) -> Any:
-        """``value`` as type ``kind`` (see :mod:`headwidget.core.stored` for the types a field may have)."""
-        said = None if spec is None else expects(spec)
-        origin, args = get_origin(kind), get_args(kind)
-        if origin in (Union, UnionType):  # X | None
-            if value is None:
-                return None
-            inner = next(a for a in args if a is not type(None))
-            if said is not None and not _shallow_match(value, inner):
-                self.fail(path, f"{said}, not {_describe(value)}")
-            return self.typed(value, inner, path, spec)
-        if said is not None and not _shallow_match(value, kind):
-            self.fail(path, f"{said}, not {_describe(value)}")
-        if origin is Literal:
-            return self.string(value, path, args)
-        if origin is list:
-            if not isinstance(value, list):
-                self.fail(path, f"must be a list, not {_describe(value)}")
-            return [self.typed(item, args[0], f"{path}[{i}]") for i, item in enumerate(value)]
-        if origin is dict:
-            if not isinstance(value, dict):
-                self.fail(path, f"must be an object, not {_describe(value)}")
-            return {key: self.typed(item, args[1], f"{path}[{key!r}]") for key, item in value.items()}
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            return kind(**self.fields(value, kind, path))
-        if kind is bool:
-            return self.boolean(value, path)
-        if kind is int:
-            low, high = (None, None) if spec is None else bounds(spec)
-            return self.integer(value, path, low, high)
-        if kind is str:
-            return self.string(value, path)
-        raise TypeError(f"{path}: a stored field cannot have the type {kind!r}")
-
     def kinds(self, kinds: list[Kind], layout: AttentionLayout) -> None:
         if not kinds:
             self.fail("meta.kinds", "must be a non-empty list of kinds, not a list of 0")
-        for i, kind in enumerate(kinds):
-            if kind in kinds[:i]:
-                self.fail("meta.kinds", f"lists {kind!r} twice")
         if "latent" in kinds and layout.latent_dim is None:
             self.fail("meta.kinds", "lists 'latent' but meta.layout.latent_dim is null")
 
@@ -386,7 +229,7 @@ class _FileCheck:
         if (mechanism == "mla") != (layout.latent_dim is not None):
             self.fail(
                 f"{f}.latent_dim",
-                f"is {_describe(layout.latent_dim)}, but only an 'mla' model (here {mechanism!r}) has a "
+                f"is {describe(layout.latent_dim)}, but only an 'mla' model (here {mechanism!r}) has a "
                 "latent",
             )
         if mechanism != "mla" and mechanism != mechanism_of(heads, kv):

@@ -235,6 +235,22 @@ class KVStats:
         index = torch.cat([torch.arange(width) + cross.index(layer) * width for layer in layers])
         return self._cross[kind].select(index)
 
+    def cross_moments(self, kind: Kind = "key") -> tuple[Moments, list[int]]:
+        """The joint moments of every cross layer for ``kind`` (the stored ones, not a copy: never change
+        them) and the cross layers, in the order their channels are stacked (layer-major).
+
+        Raises:
+            CrossLayerMissingError: the statistics hold no cross-layer moments of ``kind``.
+        """
+        kind = self._check_kind(kind)
+        cross = list(self.meta.cross_layers or [])
+        if kind not in self._cross or not cross:
+            raise CrossLayerMissingError(
+                f"these statistics hold no cross-layer moments of kind {kind!r} (captured cross_layer="
+                f"{cross or None}); capture with cross_layer=True, or a list of the layers to compare"
+            )
+        return self._cross[kind], cross
+
     def head_similarity(
         self, layer: int | Sequence[int], kind: Kind = "key", metric: str = "token_cosine"
     ) -> np.ndarray:
@@ -373,10 +389,9 @@ class KVStats:
         """Write the statistics as safetensors (tensors) with JSON metadata; never pickle.
 
         The write is atomic (see :mod:`headwidget.files`): the file at ``path`` is either the old one or
-        the complete new one, a symlink at ``path`` keeps pointing to the file that gets the content, and
-        an existing file keeps its permissions. A ``path`` that is a directory, FIFO or device, a missing
-        or read-only directory, or a full disk raise :class:`~headwidget.errors.StatsFileError` naming
-        ``path``; nothing is left behind.
+        the complete new one, and an existing file keeps its permissions. A ``path`` that is a symlink
+        (never written through), a directory, FIFO or device, a missing or read-only directory, or a full
+        disk raise :class:`~headwidget.errors.StatsFileError` naming ``path``; nothing is left behind.
 
         Example:
             >>> import pathlib, shutil, tempfile
@@ -414,8 +429,8 @@ class KVStats:
         co-moment allows one token to be. Rotary-pair norm sums of queries and keys (files written
         without them load as statistics without them) must be float64 sums over ``meta.tokens`` tokens,
         for every captured layer or none, of a model with rotary planes, never negative, and each key
-        sum within what the key moments allow. Any problem raises
-        :class:`~headwidget.errors.StatsFileError` naming the file and the field.
+        sum within what the key moments allow. ``path`` must be the file itself: a symlink is refused
+        unread. Any problem raises :class:`~headwidget.errors.StatsFileError` naming the file and the field.
 
         Example:
             >>> import json, pathlib, shutil, tempfile
@@ -435,7 +450,7 @@ class KVStats:
             >>> KVStats.load(path)
             Traceback (most recent call last):
             ...
-            headwidget.errors.StatsFileError: ...: meta.tokens must be an integer, not the string '12'; ...
+            headwidget.errors.StatsFileError: ...: meta.tokens must be an integer, not the string "12"; ...
             >>> shutil.rmtree(folder)
         """
         meta, moments, cross, samples, planes = read_stats(Path(path))

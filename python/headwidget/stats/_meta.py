@@ -31,12 +31,14 @@ class StatsMeta:
     model_name: str
     model_class: str
     layout: AttentionLayout
-    layers: list[int] = stored(expects="must be a list of layer indices")
-    kinds: list[Kind] = stored(expects="must be a non-empty list of kinds")
+    layers: list[int] = stored(minimum=0, unique="layer", expects="must be a list of layer indices")
+    kinds: list[Kind] = stored(unique=True, expects="must be a non-empty list of kinds")
     tokens: int = stored(default=0, minimum=0)
     dtype: str = "float32"
     skip_first_token: bool = False
-    cross_layers: list[int] | None = stored(default=None, expects="must be a list of layer indices")
+    cross_layers: list[int] | None = stored(
+        default=None, minimum=0, unique="layer", expects="must be a list of layer indices"
+    )
     config_fingerprint: str = ""
     #: 16 hexadecimal digits identifying the captured layers' weights
     #: (:func:`~headwidget.adapters.fingerprint.weight_fingerprint`), so that statistics of a base model

@@ -2,7 +2,9 @@
 
 Snapshots live in memory (a tracker without a path) or in a timeline folder
 (:mod:`headwidget.tracking._store`), where each is read only when asked for and at most
-:data:`KEEP_LOADED` stay in memory, so a timeline of hundreds of snapshots opens at once.
+:data:`KEEP_LOADED` stay in memory, so a timeline of hundreds of snapshots opens at once. Every snapshot
+is of one model (its class, config fingerprint and attention layout: the folder's index says which, or
+else the first snapshot): one of another model is refused naming its step, never drawn.
 
 Example:
     >>> import torch, headwidget
@@ -24,7 +26,7 @@ import math
 import numbers
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,11 @@ from torch import nn
 from headwidget.analysis.alignment import align
 from headwidget.capture import capture
 from headwidget.checks import whole_number
-from headwidget.errors import ArgumentError, TrackingError
+from headwidget.errors import ArgumentError, PathRefusedError, TimelineFileError, TrackingError
+from headwidget.files import checked_path, entry
 from headwidget.moments import effective_rank, off_diagonal_mean
 from headwidget.stats import KVStats
-from headwidget.tracking._store import read_index
+from headwidget.tracking._store import TimelineModel, read_index
 
 __all__ = ["KEEP_LOADED", "SUMMARY_METRICS", "SUMMARY_RANKS", "Timeline"]
 
@@ -61,20 +64,62 @@ SUMMARY_METRICS: dict[str, str] = {
 SUMMARY_RANKS: dict[str, str] = {"key_eff_rank": "K effective rank", "value_eff_rank": "V effective rank"}
 
 
+def finite(value: object) -> float | None:
+    """``value`` as a float when it is a finite real number (an int too large for a float is not)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _checked_logs(logs: Mapping[int, Mapping[str, float]] | None) -> dict[int, dict[str, float]]:
+    if logs is not None and not isinstance(logs, Mapping):
+        raise ArgumentError(f"logs must map steps to the numbers logged there, got {type(logs).__name__}")
+    out: dict[int, dict[str, float]] = {}
+    for step, values in (logs or {}).items():
+        at = whole_number("a step of logs", step, minimum=0, hint="a training step")
+        if not isinstance(values, Mapping):
+            raise ArgumentError(f"logs[{at}] must map names to numbers, got {type(values).__name__}")
+        out[at] = {}
+        for name, value in values.items():
+            number = finite(value)
+            if not isinstance(name, str) or number is None:
+                what = f"an integer of {value.bit_length()} bits" if type(value) is int else repr(value)[:40]
+                raise ArgumentError(
+                    f"logs[{at}][{name!r}] is {what}; a logged number is a finite float, named by a string"
+                )
+            out[at][name] = number
+    return dict(sorted(out.items()))
+
+
 class Timeline:
     """Statistics by training step (see the module docstring): ``timeline[step]`` is a
-    :class:`~headwidget.stats.KVStats`, ``timeline.logs[step]`` the trainer's logged numbers there."""
+    :class:`~headwidget.stats.KVStats`, ``timeline.logs[step]`` the trainer's logged numbers there.
+
+    Raises:
+        ArgumentError: ``logs`` with a value that is no finite float, or a step that is no whole number.
+        TrackingError: snapshots of different models.
+    """
 
     def __init__(
         self,
         snapshots: dict[int, KVStats | Path],
         logs: dict[int, dict[str, float]] | None = None,
         path: Path | None = None,
+        *,
+        model: TimelineModel | None = None,
     ) -> None:
         self._snapshots = dict(sorted(snapshots.items()))
         self._loaded: OrderedDict[int, KVStats] = OrderedDict()
-        self.logs: dict[int, dict[str, float]] = dict(sorted((logs or {}).items()))
+        self.logs: dict[int, dict[str, float]] = _checked_logs(logs)
         self.path = path
+        self._model = model
+        for step, held in self._snapshots.items():
+            if isinstance(held, KVStats):
+                self._check_model(step, held)
         self._summary: list[dict[str, Any]] | None = None
         self._lock = threading.Lock()
 
@@ -105,11 +150,29 @@ class Timeline:
             stats = self._loaded.get(step)
             if stats is None:
                 stats = KVStats.load(held)
+                self._check_model(step, stats, held)
                 self._loaded[step] = stats
                 while len(self._loaded) > KEEP_LOADED:
                     self._loaded.popitem(last=False)
             self._loaded.move_to_end(step)
             return stats
+
+    def _check_model(self, step: int, stats: KVStats, file: Path | None = None) -> None:
+        """Refuse ``stats`` as the snapshot of ``step`` unless it is of this timeline's model."""
+        facts = TimelineModel.of(stats)
+        if self._model is None:
+            self._model = facts
+        elif facts != self._model:
+            if file is None:
+                raise TrackingError(
+                    f"the snapshot of step {step} is of {facts}, but this timeline's first is of "
+                    f"{self._model}: a timeline holds the snapshots of one model"
+                )
+            raise TimelineFileError(
+                f"{self.path}: the snapshot of step {step} ({file.name}) is of {facts}, but the folder's "
+                f"index says its snapshots are of {self._model}; the file was replaced since the Tracker "
+                "wrote it: restore it, or take the snapshots again in a new folder"
+            )
 
     def summary(self) -> list[dict[str, Any]]:
         """Per step and captured layer: mean |channel correlation| of K and V and mean head similarity
@@ -166,13 +229,18 @@ class Timeline:
         snapshot is read (and checked, as ``KVStats.load`` checks) when first asked for.
 
         Raises:
-            TimelineFileError: not a timeline folder, or a corrupt index.
+            TimelineFileError: not a timeline folder, a corrupt or symlinked index; when a snapshot is
+                read, a symlinked one (:class:`~headwidget.errors.StatsFileError`) or one of another model
+                than the index's.
         """
-        folder = Path(path)
+        try:
+            folder = checked_path(path)
+        except PathRefusedError as err:
+            raise TimelineFileError(f"cannot load a timeline: {err}") from err
         index = read_index(folder)
-        snapshots: dict[int, KVStats | Path] = {e["step"]: folder / e["file"] for e in index["snapshots"]}
-        logs = {int(step): values for step, values in index["logs"].items()}
-        return cls(snapshots, logs, folder)
+        snapshots: dict[int, KVStats | Path] = {e.step: entry(folder, e.file) for e in index.snapshots}
+        logs = {int(step): values for step, values in index.logs.items()}
+        return cls(snapshots, logs, folder, model=index.model)
 
     @classmethod
     def from_checkpoints(
@@ -191,7 +259,10 @@ class Timeline:
         ``capture_options`` go to :func:`~headwidget.capture` (``progress`` is off unless given).
 
         Raises:
-            ArgumentError: ``steps`` not whole numbers from 0, not increasing, or not one per checkpoint.
+            ArgumentError: ``steps`` not whole numbers from 0, not increasing, or not one per checkpoint;
+                an entry of ``models_or_dirs`` that is neither a model nor a folder.
+            TrackingError: a folder that ``from_pretrained`` cannot load, or checkpoints of different
+                models.
         """
         if isinstance(models_or_dirs, (str, Path, nn.Module)) or not isinstance(models_or_dirs, Sequence):
             raise ArgumentError("models_or_dirs must be a list of models or checkpoint folders")
@@ -208,19 +279,35 @@ class Timeline:
             raise ArgumentError(f"steps must increase, got {checked}")
         options = {"progress": False, **capture_options}
         snapshots: dict[int, KVStats | Path] = {}
-        for step, source in zip(checked, models_or_dirs, strict=True):
-            model = source if isinstance(source, nn.Module) else _load_checkpoint(source)
+        for i, (step, source) in enumerate(zip(checked, models_or_dirs, strict=True)):
+            model = source if isinstance(source, nn.Module) else _load_checkpoint(i, source)
             snapshots[step] = capture(model, probe_texts, tokenizer=tokenizer, **options)
         return cls(snapshots)
 
 
-def _load_checkpoint(folder: str | Path) -> nn.Module:
+def _load_checkpoint(i: int, source: object) -> nn.Module:
+    """The model in the checkpoint folder ``models_or_dirs[i]`` (a folder here, never a Hub model id)."""
     from transformers import AutoModel, AutoModelForCausalLM
 
+    name = f"models_or_dirs[{i}]"
+    if not isinstance(source, (str, Path)):
+        raise ArgumentError(f"{name} is a {type(source).__name__}; give a model or a checkpoint folder")
     try:
-        return AutoModelForCausalLM.from_pretrained(folder).eval()
-    except (ValueError, KeyError):  # an encoder: no causal-LM head class for its config
-        return AutoModel.from_pretrained(folder).eval()
+        folder = checked_path(source)
+    except PathRefusedError as err:
+        raise ArgumentError(f"{name}: {err}") from err
+    if not folder.is_dir():
+        raise ArgumentError(
+            f"{name} is {str(source)!r}, which is no folder: give a model, or a checkpoint folder that "
+            "save_pretrained or a Trainer wrote (a Hub model id is not downloaded here)"
+        )
+    try:
+        try:
+            return AutoModelForCausalLM.from_pretrained(folder).eval()
+        except (ValueError, KeyError):  # an encoder: no causal-LM head class for its config
+            return AutoModel.from_pretrained(folder).eval()
+    except (OSError, ValueError, KeyError) as err:
+        raise TrackingError(f"cannot load the checkpoint {name} ({folder}): {err}") from err
 
 
 def _aligned_and_ranks(stats: KVStats, layer: int) -> dict[str, float]:

@@ -9,7 +9,9 @@ run has the same losses with the tracker as without it.
 
 Under ``torch.distributed`` every rank captures its share of the probe batches and the statistics are
 summed over the ranks (:meth:`KVStats.all_reduce <headwidget.stats.KVStats.all_reduce>`); only rank 0
-writes the folder.
+writes the folder, and tells every rank how it went: an error there (a planted link, a full disk,
+another model's folder) is raised on every rank as the same headwidget error, so no rank waits for the
+process group's timeout.
 
 Example:
     >>> import torch
@@ -25,10 +27,10 @@ Example:
 
 from __future__ import annotations
 
-import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 from torch import nn
@@ -37,18 +39,47 @@ from transformers import TrainerCallback
 from headwidget.capture import adapter_for, capture
 from headwidget.capture.inputs import first_tokens, length_batches
 from headwidget.checks import optional_whole_number, whole_number
-from headwidget.errors import ArgumentError, TrackingError
+from headwidget.errors import ArgumentError, HeadwidgetError, TimelineFileError, TrackingError
 from headwidget.stats import KVStats
-from headwidget.tracking._store import INDEX, TimelineStore, read_index, snapshot_name
-from headwidget.tracking._timeline import Timeline
+from headwidget.tracking._store import TimelineIndex, TimelineModel, TimelineStore, snapshot_name
+from headwidget.tracking._timeline import Timeline, finite
 
 __all__ = ["Tracker"]
+
+T = TypeVar("T")
 
 
 def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _on_rank_zero(action: Callable[[], T], folder: Path) -> T:
+    """``action()`` run by rank 0 alone, its result given to every rank. When it fails there, every rank
+    raises the same headwidget error (another error becomes a :class:`TimelineFileError` on the others),
+    instead of waiting at the next collective for a rank that has stopped."""
+    rank, world = _rank_and_world()
+    if world == 1:
+        return action()
+    outcome: list[Any] = [None]
+    failure: BaseException | None = None
+    if rank == 0:
+        try:
+            outcome[0] = (True, action())
+        except BaseException as err:  # an interrupt too: the other ranks must not wait for it
+            failure = err
+            known = isinstance(err, HeadwidgetError)
+            said = str(err) if known else f"rank 0 could not write {folder}: {type(err).__name__}: {err}"
+            outcome[0] = (False, (type(err) if known else TimelineFileError, said))
+    dist.broadcast_object_list(outcome, src=0)
+    done, value = outcome[0]
+    if done:
+        return value
+    if failure is not None:
+        raise failure
+    kind, said = value
+    raise kind(said)
 
 
 class Tracker(TrainerCallback):
@@ -127,22 +158,24 @@ class Tracker(TrainerCallback):
         self._store: TimelineStore | None = None
         self._timeline: Timeline | None = None
         self._path = None if path is None else Path(path)
-        if self._path is not None:
-            if _rank_and_world()[0] == 0:
-                self._store = TimelineStore(self._path)
-                index = self._store.index
-            else:  # the same steps on every rank, so every rank decides alike when a snapshot is due
-                empty: dict[str, Any] = {"snapshots": [], "logs": {}}
-                index = read_index(self._path) if (self._path / INDEX).exists() else empty
-            self._snapshots = {e["step"]: self._path / e["file"] for e in index["snapshots"]}
-            self._logs = {int(s): v for s, v in index["logs"].items()}
+        self._index: TimelineIndex | None = None
+        if self._path is not None:  # rank 0 opens it; every rank gets its steps, so all decide alike
+            index = _on_rank_zero(self._open_store, self._path)
+            self._index = index if self._store is None else self._store.index  # rank 0: the store's own
+            self._snapshots = {e.step: self._path / e.file for e in index.snapshots}
+            self._logs = {int(s): v for s, v in index.logs.items()}
+
+    def _open_store(self) -> TimelineIndex:
+        assert self._path is not None
+        self._store = TimelineStore(self._path)
+        return self._store.index
 
     @property
     def timeline(self) -> Timeline:
         """The snapshots so far (a folder's are read when asked for, the last few kept)."""
         if self._timeline is None:
-            where = None if self._store is None else self._store.path
-            self._timeline = Timeline(self._snapshots, self._logs, where)
+            model = None if self._index is None else self._index.model
+            self._timeline = Timeline(self._snapshots, self._logs, self._path, model=model)
         return self._timeline
 
     def snapshot(self, model: nn.Module, step: int) -> KVStats:
@@ -173,16 +206,21 @@ class Tracker(TrainerCallback):
         stats = capture(model, batches, **options)
         if world > 1:
             stats.all_reduce()
-        if self._store is not None:  # written: the timeline reads it back when asked, never holds them all
-            self._snapshots[step] = self._store.add(step, stats)
-        if world > 1 and self._path is not None:  # no rank names a file before rank 0 has written it
-            dist.barrier()
         if self._path is None:
+            if self._snapshots:  # of the model of the first, as a folder's (the timeline refuses others)
+                Timeline({**self._snapshots, step: stats})
             self._snapshots[step] = stats
-        elif self._store is None:  # another rank: rank 0 wrote the file
+        else:  # written by rank 0 (every rank waits for it): the timeline reads it back when asked
+            _on_rank_zero(lambda: self._write(step, stats), self._path)
             self._snapshots[step] = self._path / snapshot_name(step)
+            if self._index is not None and self._index.model is None:
+                self._index.model = TimelineModel.of(stats)
         self._timeline = None
         return stats
+
+    def _write(self, step: int, stats: KVStats) -> Path:
+        assert self._store is not None
+        return self._store.add(step, stats)
 
     def _due(self, step: int) -> bool:
         return not self._snapshots or step > max(self._snapshots)
@@ -217,12 +255,14 @@ class Tracker(TrainerCallback):
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        numbers = {
-            k: float(v) for k, v in (logs or {}).items() if type(v) in (int, float) and math.isfinite(v)
-        }
-        if not numbers:
+        numbers = {k: v for k, v in ((k, finite(v)) for k, v in (logs or {}).items()) if v is not None}
+        if not numbers:  # non-finite numbers and ints too large for a float are not recorded
             return
         self._logs.setdefault(state.global_step, {}).update(numbers)
         self._timeline = None
-        if self._store is not None:
-            self._store.set_logs(self._logs)
+        if self._path is not None:
+            _on_rank_zero(self._write_logs, self._path)
+
+    def _write_logs(self) -> None:
+        assert self._store is not None
+        self._store.set_logs(self._logs)

@@ -1,12 +1,14 @@
 """Views: a user's state (layer, kind, channel window, mechanisms…) turned into panels.
 
-Each view is a ``traitlets.HasTraits`` class in one module of this package: it declares its state
-traits once, with the control that shows each (:func:`state`, :mod:`._controls`), implements
-``compute() -> PanelGrid`` and registers by name (:func:`register_view`). Every public module here is
-imported when the package is, so a new view is one file. Views do not draw, yet a view is what a user
-displays (``view`` as a cell's last line, ``view.widget`` in containers) and saves (``view.save``):
-:mod:`headwidget.notebook` registers the widget shell that shows any view, and
-:mod:`headwidget.export` writes the files (:func:`present_with`).
+Each view is a class in one module of this package: it declares its state as a frozen dataclass whose
+fields carry the control that shows each (:class:`ViewState`, :func:`state`, :mod:`._controls`) and
+names it as its parameter (``View[ChannelState]``: the state traits are made from it), names what it is
+built from (``sources``, a :class:`ViewSources`), implements ``compute(state) -> PanelGrid`` and
+registers by name (:func:`register_view`). Every public module here is imported when the package is,
+so a new view is one file. Views do not draw, yet a view is what a user displays (``view`` as a
+cell's last line, ``view.widget`` in containers) and saves (``view.save``): the package registers
+:mod:`headwidget.notebook`, the widget shell that shows any view, and :mod:`headwidget.export`, which
+writes the files (:func:`present_with`).
 
 Example:
     >>> view_names()[:3]
@@ -20,23 +22,26 @@ import pkgutil
 
 from headwidget.views._base import (
     STATE_ERRORS,
+    LayerState,
     LayerView,
     Presenter,
     View,
     ViewScreen,
     ViewSourceError,
-    ViewState,
     check_sources,
     present_with,
     reduced,
-    state,
 )
 from headwidget.views._controls import Control, ControlType, checklist, entry, select, slider, toggles, window
+from headwidget.views._models import check_same_models
 from headwidget.views._registry import UnknownViewError, register_view, view_class, view_names
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import ViewState, WholeNumber, shared_fields, state
 from headwidget.views.alignment import AlignmentView
 from headwidget.views.channels import ChannelView, ChannelWindowError
 from headwidget.views.consequences import ConsequenceView
 from headwidget.views.healing import HealingView
+from headwidget.views.layer_similarity import LayerSimilarityView
 from headwidget.views.mechanisms import MechanismView, default_mechanisms
 from headwidget.views.quantization import QuantizationView
 from headwidget.views.timeline import StepIndexError, TimelineStepsError, TimelineView
@@ -51,6 +56,8 @@ __all__ = [
     "Control",
     "ControlType",
     "HealingView",
+    "LayerSimilarityView",
+    "LayerState",
     "LayerView",
     "MechanismView",
     "Presenter",
@@ -63,7 +70,10 @@ __all__ = [
     "View",
     "ViewScreen",
     "ViewSourceError",
+    "ViewSources",
     "ViewState",
+    "WholeNumber",
+    "check_same_models",
     "check_sources",
     "checklist",
     "default_mechanisms",
@@ -72,6 +82,7 @@ __all__ = [
     "reduced",
     "register_view",
     "select",
+    "shared_fields",
     "slider",
     "state",
     "toggles",

@@ -1,18 +1,21 @@
-"""``View``: a user's state as traits, turned into panels by :meth:`View.compute`.
+"""``View``: a user's state, declared as data, turned into panels by :meth:`View.compute`.
 
-A view declares each state trait once, with :func:`state`: a change of it (from Python, or from the
-browser when the view is shown by its widget) recomputes the panels, and its control, if any, is what
-the control bar shows for it. A view built with a state it cannot show (a layer that was not captured,
-say) raises that error; a later change to such a state (from Python, or from the browser) is
-reported in ``error`` instead, and the last good panels stay.
+A view class names its state (:mod:`~headwidget.views._state`: a frozen dataclass, one field per
+thing a user chooses, each with the control that shows it) as its parameter, ``View[ChannelState]``,
+and what it is built from as its ``sources`` (:mod:`~headwidget.views._sources`). The state's fields
+are the view's state traits: a change of one (from Python, or from the browser when the view is shown
+by its widget) recomputes the panels. A view built with a state it cannot show (a layer that was not
+captured, say) raises that error; a later change to such a state is reported in ``error`` instead,
+and the last good panels stay.
 
-The state traits together are one frozen value, :meth:`View.current_state` (an instance of the
-view's :meth:`View.state_class`), and :meth:`View.compute` is a function of it: it reads the view's
-sources (statistics, a model, a report: fixed when the view is built) and its state argument, never
-the state traits, and sets nothing. So the panels of any state can be computed without moving the
-view (what a saved page does for every state its controls reach), and the base class alone decides
-when to compute: on a change, ahead of time for the :meth:`View.neighbours` of the state shown
-(:mod:`~headwidget.views._prefetch`), and what text traits follow a state (:meth:`View.labels`).
+:meth:`View.compute` is a function of a state (:meth:`View.current_state`, the traits' values as one
+value) and of the view's sources (statistics, a model, a report: fixed when the view is built): it
+reads no trait and sets nothing, so the panels of any state can be computed without moving the view
+(what a saved page does for every state its controls reach). The base class alone decides when to
+compute: it keeps the most recent grids by (state, resolution) (:data:`GRIDS_KEPT` of them, safe to
+share with the thread that computes ahead), computes the :meth:`View.neighbours` of the state shown
+ahead of time (:mod:`~headwidget.views._prefetch`), and sets the text traits that follow a state
+(:meth:`View.labels`).
 
 A view shown on a screen computes its panels for that screen: ``resolution`` is the most cells a
 panel side needs there (the widget sets it from the page's plot size in device pixels), and a view
@@ -21,24 +24,24 @@ with more cells than that (the channel view's 4096 channels) sends block means. 
 pages hold.
 
 Views do not draw and import no widget library, yet a view is what a user displays and saves: the
-layer that shows views (:mod:`headwidget.notebook`) registers itself with :func:`present_with`, and a
-view displayed in a notebook (``_repr_mimebundle_``, marimo's ``_display_``) shows its
-:attr:`View.widget`, a generic shell that mirrors the view's synced traits and is told of each grid
-(:class:`ViewScreen`); :meth:`View.save` goes through the same presenter to
-:func:`headwidget.export.save`. There is one class per view name.
+package registers how (:func:`present_with`: ``import headwidget`` registers the notebook layer, which
+is imported on a view's first display or save), and a view displayed in a notebook
+(``_repr_mimebundle_``, marimo's ``_display_``) shows its :attr:`View.widget`; :meth:`View.save`
+writes it through the same presenter.
 
 Example:
     >>> import numpy as np
-    >>> import traitlets as t
     >>> from headwidget.core.panels import Panel, PanelGrid
-    >>> class Scaled(View):
-    ...     factor = state(t.Float(1.0))
-    ...     def compute(self, state, resolution=None) -> PanelGrid:
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class ScaledState(ViewState):
+    ...     factor: float = 1.0
+    >>> class Scaled(View[ScaledState]):
+    ...     def compute(self, state: ScaledState, resolution: int | None = None) -> PanelGrid:
     ...         return PanelGrid([Panel("m", "scaled", state.factor * np.eye(2))], -1.0, 1.0, "diverging", "")
     >>> view = Scaled()
     >>> view.factor = 0.5
     >>> view.grid.panels[0].matrix[0, 0], Scaled.state_traits(), view.current_state()
-    (np.float64(0.5), ['factor'], Scaled.State(factor=0.5))
+    (np.float64(0.5), ['factor'], ScaledState(factor=0.5))
     >>> view.compute(view.current_state().replace(factor=2.0)).panels[0].matrix[0, 0], view.factor
     (np.float64(2.0), 0.5)
 """
@@ -47,11 +50,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import os
-from collections.abc import Iterator, Sequence
+import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import traitlets as t
 from torch import nn
@@ -61,94 +64,35 @@ from headwidget.core.panels import PanelGrid, encode_ahead
 from headwidget.errors import HeadwidgetError, LayerIndexError
 from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
+from headwidget.views._memo import Memo
+from headwidget.views._models import check_same_models
 from headwidget.views._prefetch import Prefetcher
-from headwidget.views._sources import ViewSources, missing_source, view_sources
+from headwidget.views._sources import ViewSources, missing_source
+from headwidget.views._state import ViewState, field_controls, frozen, state, state_traits
 
 __all__ = [
+    "GRIDS_KEPT",
     "STATE_ERRORS",
+    "LayerState",
     "LayerView",
     "Presenter",
     "View",
     "ViewScreen",
     "ViewSourceError",
-    "ViewState",
-    "WholeNumber",
     "check_sources",
     "check_view_layer",
     "present_with",
     "reduced",
-    "state",
     "stats_model_name",
 ]
 
-T = TypeVar("T", bound="t.TraitType[Any, Any]")
-V = TypeVar("V", bound="View")
+S = TypeVar("S", bound=ViewState)
+V = TypeVar("V", bound="View[Any]")
 
 #: What :meth:`View.compute` raises for a state it cannot show (reported in ``error`` once built).
 STATE_ERRORS: tuple[type[Exception], ...] = (HeadwidgetError, ValueError, IndexError, KeyError)
-
-
-class WholeNumber(t.Int):
-    """An integer trait that refuses bools too (``True`` is not a layer or a channel, though Python's
-    ``bool`` is an ``int``); floats and strings are refused as by ``traitlets.Int``.
-
-    Example:
-        >>> class Counted(t.HasTraits):
-        ...     n = WholeNumber(0)
-        >>> Counted(n=3).n
-        3
-        >>> Counted(n=True)  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        traitlets.traitlets.TraitError: The 'n' trait of a Counted instance expected an int, not the bool...
-    """
-
-    def validate(self, obj: Any, value: Any) -> Any:
-        if isinstance(value, bool):
-            self.error(obj, value)
-        return super().validate(obj, value)
-
-
-def state(trait: T, control: Control | None = None) -> T:
-    """Declare ``trait`` as state of a view, shown by ``control`` (none: no control of its own).
-
-    State traits are synced to the browser when the view is shown by its widget.
-
-    Example:
-        >>> from headwidget.views import toggles
-        >>> kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available"))
-        >>> kind.metadata["state"], kind.metadata["control"].type
-        (True, 'toggles')
-    """
-    return trait.tag(sync=True, state=True, control=control)
-
-
-@dataclasses.dataclass(frozen=True)
-class ViewState:
-    """Base of every view's frozen state (:meth:`View.state_class` makes one per view class): its
-    fields are the view's state traits, lists held as tuples, so that a state is hashable (a cache
-    key) and cannot change under a computation."""
-
-    def replace(self: S, **changes: Any) -> S:
-        """This state with some fields changed (lists become tuples, as in every state)."""
-        return dataclasses.replace(self, **{k: frozen(v) for k, v in changes.items()})
-
-    def values(self) -> dict[str, Any]:
-        """The fields as trait values (tuples back to lists)."""
-        return {f.name: thawed(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-
-S = TypeVar("S", bound=ViewState)
-
-
-def frozen(value: Any) -> Any:
-    """A trait value as a state holds it: a list (of lists) as a tuple (of tuples)."""
-    return tuple(frozen(v) for v in value) if isinstance(value, list | tuple) else value
-
-
-def thawed(value: Any) -> Any:
-    """A state's value as its trait holds it: tuples back to lists."""
-    return [thawed(v) for v in value] if isinstance(value, tuple) else value
+#: The grids a view keeps, by (state, resolution): the most recently shown or computed ahead.
+GRIDS_KEPT = 16
 
 
 class ViewSourceError(HeadwidgetError, ValueError):
@@ -160,10 +104,9 @@ def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "v
 
     Statistics carry the class, config fingerprint and weight fingerprint of the model they were
     captured from: a view that combines them with another model's weights (a fine-tune's, say) would
-    show numbers of neither. Either may be
-    None (nothing to combine). Raises :class:`~headwidget.errors.StatsMismatchError`, and
-    :class:`ViewSourceError` when ``stats`` is not a :class:`~headwidget.stats.KVStats` or ``model``
-    not a torch module.
+    show numbers of neither. Either may be None (nothing to combine). Raises
+    :class:`~headwidget.errors.StatsMismatchError`, and :class:`ViewSourceError` when ``stats`` is not a
+    :class:`~headwidget.stats.KVStats` or ``model`` not a torch module.
 
     Example:
         >>> import torch, headwidget
@@ -209,13 +152,13 @@ class ViewScreen(Protocol):
 
 
 class Presenter(Protocol):
-    """How views are displayed and saved: registered by the layer that draws them
-    (:mod:`headwidget.notebook`), so that views import no widget library."""
+    """How views are displayed and saved: registered by the package (the notebook layer draws them),
+    so that views import no widget library."""
 
-    def widget(self, view: View) -> Any:
+    def widget(self, view: View[Any]) -> Any:
         """A new widget that shows ``view`` (it attaches itself with :meth:`View.attach`)."""
 
-    def save(self, view: View, path: str | os.PathLike[str], **options: Any) -> Path:
+    def save(self, view: View[Any], path: str | os.PathLike[str], **options: Any) -> Path:
         """Write what ``view`` shows to ``path`` (the suffix picks the format)."""
 
 
@@ -223,108 +166,90 @@ _presenter: list[Presenter] = []
 
 
 def present_with(presenter: Presenter) -> None:
-    """Register how views are displayed and saved (the notebook layer does it when imported)."""
+    """Register how views are displayed and saved (``import headwidget`` registers the notebook layer)."""
     _presenter[:] = [presenter]
 
 
 def presenter() -> Presenter:
-    """The registered :class:`Presenter`: the notebook layer's, imported on the first display or save
-    (``import headwidget`` leaves the widget libraries out until a view is shown)."""
-    if not _presenter:
-        importlib.import_module("headwidget.notebook")  # registers itself; the name keeps views below it
+    """The registered :class:`Presenter`."""
     if not _presenter:
         raise RuntimeError("no presenter is registered: import headwidget.notebook (it registers one)")
     return _presenter[0]
 
 
-class View(t.HasTraits):
-    """Base of every view: state traits in, a :class:`PanelGrid` out. Subclasses implement
-    :meth:`compute` and one constructor, whose first argument names what the view is built from
-    (:meth:`sources`); ``view_name`` is set by :func:`~headwidget.views.register_view`."""
+class _ViewClass(t.MetaHasTraits):
+    """Makes a view class's state traits from the state dataclass it names (``View[SomeState]``)."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> Any:
+        named = [a for b in namespace.get("__orig_bases__", ()) for a in typing.get_args(b)]
+        for state_class in (a for a in named if isinstance(a, type) and issubclass(a, ViewState)):
+            namespace["State"] = state_class
+            for field, trait in state_traits(state_class).items():
+                namespace.setdefault(field, trait)
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+
+class View(t.HasTraits, Generic[S], metaclass=_ViewClass):
+    """Base of every view: a state of type ``S`` in, a :class:`PanelGrid` out. Subclasses implement
+    :meth:`compute` and one constructor, whose first argument is their ``sources.main``;
+    ``view_name`` is set by :func:`~headwidget.views.register_view`."""
 
     #: The registry name (``"channels"``...), set by ``register_view``.
     view_name: ClassVar[str] = ""
     #: What a tab showing the view is called.
     title: ClassVar[str] = ""
-    #: The class :meth:`state_class` made (per class: a subclass with more state makes its own).
-    _state_class: ClassVar[type[ViewState] | None] = None
+    #: The view's state class (the parameter of ``View[...]``): its fields are the state traits.
+    State: ClassVar[type[ViewState]] = ViewState
+    #: What the view is built from (:class:`~headwidget.views._sources.ViewSources`).
+    sources: ClassVar[ViewSources] = ViewSources()
+    #: Where a dashboard shows the view: in a tab of its own, or above the tabs (the trends).
+    placement: ClassVar[str] = "tab"
 
     error = t.Unicode("").tag(sync=True)
     #: Whether the panels of :meth:`neighbours` are computed in the background (views that have
     #: neighbours take ``prefetch=`` in their constructor).
     prefetch: bool = False
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self) -> None:
         self._grid: PanelGrid | None = None
+        self._state_shown: S | None = None
         self._setting_up = False
         self._screens: list[ViewScreen] = []
         self._widget: Any = None
         #: The most cells a panel side needs where the view is shown (None: no screen to fit, the
         #: view's own limit); set by the widget from the page, passed to ``compute``.
         self.resolution: int | None = None
+        self._grids: Memo[PanelGrid] = Memo(self.compute, size=GRIDS_KEPT)
         self._prefetcher = Prefetcher()
-        super().__init__(**kwargs)
+        super().__init__()
         self.observe(self._on_state_change, names=self.state_traits())
 
     # ------------------------------------------------------------------ what the view declares
     @classmethod
     def state_traits(cls) -> list[str]:
         """Names of the traits whose change recomputes the panels (sorted)."""
-        return sorted(cls.class_trait_names(state=True))
+        return sorted(f.name for f in dataclasses.fields(cls.State))
 
-    @classmethod
-    def state_class(cls) -> type[ViewState]:
-        """The frozen dataclass of the view's state: one field per state trait (made once per class).
-
-        Example:
-            >>> from headwidget.views import view_class
-            >>> [f.name for f in dataclasses.fields(view_class("channels").state_class())]
-            ['channel_start', 'channel_width', 'kind', 'layer', 'pinned']
-        """
-        made: type[ViewState] | None = cls.__dict__.get("_state_class")  # this class's own
-        if made is None:
-            fields = [(name, Any) for name in cls.state_traits()]
-            made = dataclasses.make_dataclass(
-                "State", fields, bases=(ViewState,), frozen=True, namespace={"__module__": cls.__module__}
-            )
-            made.__qualname__ = f"{cls.__name__}.State"
-            cls._state_class = made
-        return made
-
-    def current_state(self) -> Any:
-        """The state shown now: the state traits' values, frozen (see :meth:`state_class`)."""
-        return self.state_class()(**{name: frozen(getattr(self, name)) for name in self.state_traits()})
+    def current_state(self) -> S:
+        """The state shown now: the state traits' values, frozen (an instance of ``State``)."""
+        values = {name: frozen(getattr(self, name)) for name in self.state_traits()}
+        return typing.cast(S, self.State(**values))
 
     @classmethod
     def view_controls(cls) -> list[Control]:
-        """The controls of the view's state traits, in declaration order (base classes first).
+        """The controls of the view's state fields, in field order, then those of traits that only
+        take input (an entry whose text the view consumes).
 
         Example:
             >>> from headwidget.views import view_class
             >>> [(c.trait, c.type) for c in view_class("channels").view_controls()]
             [('layer', 'slider'), ('channel_start', 'window'), ('kind', 'toggles')]
         """
-        found: dict[str, Control | None] = {}
-        for klass in reversed(cls.__mro__):
-            for name, value in vars(klass).items():
-                # State traits, and traits that only take input (an entry whose text the view consumes)
-                if isinstance(value, t.TraitType) and (
-                    value.metadata.get("state") or value.metadata.get("control")
-                ):
-                    found[name] = value.metadata.get("control")
-        return [control.bind(name) for name, control in found.items() if control is not None]
-
-    @classmethod
-    def sources(cls) -> ViewSources:
-        """What the view is built from and what it does with the layers a user names, read off its
-        constructor (:mod:`~headwidget.views._sources`).
-
-        Example:
-            >>> from headwidget.views import view_class
-            >>> view_class("consequences").sources().main, view_class("quantization").sources().optional
-            ('report', ('report',))
-        """
-        return view_sources(cls)
+        inputs = cls.class_traits(state=None, control=lambda c: isinstance(c, Control))
+        return [
+            *field_controls(cls.State),
+            *(trait.metadata["control"].bind(n) for n, trait in inputs.items()),
+        ]
 
     @classmethod
     def create(
@@ -339,17 +264,17 @@ class View(t.HasTraits):
         healing: Any = None,
         **state: Any,
     ) -> V:
-        """The view of whichever sources it takes, for the layers a user named: the command line,
-        the magic and ``explore`` build every view through this, one function for all views (a view
-        has one constructor, which this calls).
+        """The view of whichever sources it takes (its ``sources``), for the layers a user named: the
+        command line, the magic and ``explore`` build every view through this, one function for all
+        views (a view has one constructor, which this calls).
 
         Sources the view does not take are ignored; the one it is built from must be there
         (:class:`ViewSourceError` says how to get it), and statistics given with a model must come
         from that model. ``layers``: the first is selected; the rest are pinned beside it or shown
-        with it, where the view's constructor takes ``pinned`` or ``layers``; none: the view's
-        default. ``interactive=False`` skips work that only speeds up exploring (prefetching
-        neighbours). ``state``: the constructor's other arguments (initial values of state traits);
-        a ``layer`` among them wins over ``layers``.
+        with it, as the view's ``sources.layers`` says; none: the view's default.
+        ``interactive=False`` skips work that only speeds up exploring (prefetching neighbours).
+        ``state``: the constructor's other arguments (initial values of state fields); a ``layer``
+        among them wins over ``layers``.
 
         Example:
             >>> import torch, headwidget
@@ -362,12 +287,15 @@ class View(t.HasTraits):
             (1, [0], False)
         """
         given = {"stats": stats, "model": model, "report": report, "timeline": timeline, "healing": healing}
-        made = cls.sources()
+        made = cls.sources
         name = cls.view_name or cls.__name__
         if made.main and given[made.main] is None:
             raise ViewSourceError(missing_source(name, made.main))
-        if made.takes("stats") and not made.takes("model"):  # (a view taking both checks them itself)
-            check_sources(stats, model, f"{name} view")
+        if made.takes("stats") and not made.takes("model"):  # (a view taking both checks them itself,
+            check_sources(stats, model, f"{name} view")  # by the weights' fingerprint first)
+            check_same_models({s: v for s, v in given.items() if made.takes(s)}, f"{name} view")
+        elif not made.takes("stats"):
+            check_same_models({s: v for s, v in given.items() if made.takes(s)}, f"{name} view")
         arguments = {source: given[source] for source in made.optional if given[source] is not None}
         chosen = made.arguments(tuple(layers), interactive)
         if "layer" in state:  # an explicit layer wins over the named layers
@@ -394,33 +322,70 @@ class View(t.HasTraits):
         check_sources(stats, model, f"{cls.view_name or cls.__name__} view")
         return stats
 
-    @property
-    def caption(self) -> str:
-        """What the panels are of, in words: the model and the layer(s) (``""``: nothing to add).
-
-        The export titles a saved figure with it unless given another ``title``.
-        """
+    def describe(self, state: S) -> str:
+        """What the panels of ``state`` are of, in words: the model (or models) first, then `` · `` and
+        which part of it, the layer(s) (``""``: nothing to add). Views override this; it reads
+        ``state`` and the view's sources only."""
         return ""
 
+    @property
+    def subject(self) -> str:
+        """What the view shows whatever its state: the model (or models), as :meth:`describe` begins
+        (a saved page's title; each state's panels are headed by their own :meth:`describe`)."""
+        return self.caption.split(" · ", 1)[0]
+
+    @property
+    def caption(self) -> str:
+        """:meth:`describe` of the state shown (:meth:`shown_state`): the widget's heading, and the
+        title of a saved figure unless given another ``title`` (a saved page heads each state's
+        panels with that state's)."""
+        return self.describe(self.shown_state())
+
+    def shown_state(self) -> S:
+        """The state whose panels the view shows: that of its last computed grid (a state set since
+        that it cannot show leaves the panels, and what describes them, as they were), else the
+        current state."""
+        return self.current_state() if self._state_shown is None else self._state_shown
+
     # ------------------------------------------------------------------ computing panels
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
-        """The panels of ``state`` (an instance of :meth:`state_class`), at most ``resolution`` cells
-        a side where the view can reduce them (None: the view's own limit). Views override this; it
-        reads ``state`` and the view's sources, never the state traits, and changes nothing."""
+    def compute(self, state: S, resolution: int | None = None) -> PanelGrid:
+        """The panels of ``state``, at most ``resolution`` cells a side where the view can reduce
+        them (None: the view's own limit). Views override this; it reads ``state`` and the view's
+        sources, never the state traits, and changes nothing."""
         raise NotImplementedError
 
-    def labels(self, state: Any) -> dict[str, Any]:
+    def labels(self, state: S) -> dict[str, Any]:
         """The text traits that follow ``state`` (the layer read-out...), set with its panels."""
         return {}
 
-    def neighbours(self, state: Any) -> Sequence[Any]:
+    def neighbours(self, state: S) -> Sequence[S]:
         """The states a user is likely to move to from ``state`` (computed ahead with ``prefetch``)."""
         return ()
 
-    def ready(self, state: Any, resolution: int | None = None) -> bool:
-        """Whether the panels of ``state`` are at hand (from parts the view keeps: computing them
-        takes no noticeable time), so that a screen need not say "computing" (default: no)."""
-        return False
+    def ready(self, state: S, resolution: int | None = None) -> bool:
+        """Whether the panels of ``state`` are at hand (kept, or computed ahead), so that a screen
+        need not say "computing"."""
+        return self._grids.holds(state, resolution)
+
+    def set_state(self, **changes: Any) -> None:
+        """Change state fields as controls do (the panels are computed once, for all of them)."""
+        with self.hold_trait_notifications():
+            for name, value in changes.items():
+                setattr(self, name, value)
+
+    def set_up(self, state: S, **traits: Any) -> None:
+        """Show ``state`` first, once ``traits`` (what its controls read: a layer count, options...)
+        are set: the panels are computed once. A state the view cannot show raises its error here
+        (the view is not built): the :class:`~headwidget.errors.LayerIndexError` of a layer outside
+        the model, say, rather than a view that shows nothing and reports it later."""
+        self._setting_up = True
+        try:
+            with self.hold_trait_notifications():
+                for name, value in {**traits, **state.values()}.items():
+                    setattr(self, name, value)
+        finally:
+            self._setting_up = False
+        self.refresh(strict=True)
 
     def refresh(self, *, strict: bool = False) -> None:
         """Recompute the panels; on a bad state, report it in ``error`` and keep the last panels.
@@ -429,18 +394,15 @@ class View(t.HasTraits):
         show its initial state is not built).
         """
         state, resolution = self.current_state(), self.resolution
-        key = (state, resolution)
-        self._prefetcher.drop_others(key)
-        # A screen is told of the computing only when there is some: not for panels at hand
-        # (computed ahead, or from parts the view keeps), which a revisit of a state usually is.
-        busy = not (self._prefetcher.ready(key) or self.ready(state, resolution))
+        self._prefetcher.drop_others((state, resolution))
+        # A screen is told of the computing only when there is some: not for panels at hand.
+        busy = not self.ready(state, resolution)
         if busy:
             for screen in self._screens:
                 screen.computing(True)
         try:
-            grid = self._prefetcher.take(key)
-            if grid is None:
-                grid = self.compute(state, resolution)
+            self._prefetcher.take((state, resolution))  # (being computed ahead now: waited for)
+            grid = self._grids(state, resolution)
             labels = self.labels(state)
         except BaseException as err:
             self._computed(busy)
@@ -455,7 +417,10 @@ class View(t.HasTraits):
                 together.enter_context(screen.together())
             for name, value in labels.items():
                 setattr(self, name, value)
-            self._set_grid(grid)
+            self._grid, self._state_shown = grid, state
+            self.error = ""
+            for screen in self._screens:
+                screen.shown(grid)
             self._computed(busy)
         self.compute_ahead()
 
@@ -465,9 +430,8 @@ class View(t.HasTraits):
         them is dropped). :meth:`refresh` calls it, and the widget when the page's size changes."""
         if self.prefetch:
             state, resolution = self.current_state(), self.resolution
-            self._prefetcher.queue(
-                {(n, resolution): self._ahead(n, resolution) for n in self.neighbours(state)}
-            )
+            ahead = [n for n in self.neighbours(state) if not self.ready(n, resolution)]
+            self._prefetcher.queue({(n, resolution): self._ahead(n, resolution) for n in ahead})
 
     def page_drew(self) -> None:
         """A page has drawn the grid shown now: the states ahead may be computed."""
@@ -478,19 +442,13 @@ class View(t.HasTraits):
             for screen in self._screens:
                 screen.computing(False)
 
-    def _ahead(self, state: Any, resolution: int | None) -> Any:
+    def _ahead(self, state: S, resolution: int | None) -> Callable[[], PanelGrid]:
         def compute_and_encode() -> PanelGrid:
-            grid = self.compute(state, resolution)
+            grid = self._grids(state, resolution)
             encode_ahead(grid)  # (showing it then costs no encoding)
             return grid
 
         return compute_and_encode
-
-    def _set_grid(self, grid: PanelGrid) -> None:
-        self._grid = grid
-        self.error = ""
-        for screen in self._screens:
-            screen.shown(grid)
 
     # ------------------------------------------------------------------ where the view is shown
     def attach(self, screen: ViewScreen) -> None:
@@ -536,22 +494,6 @@ class View(t.HasTraits):
             raise RuntimeError(f"nothing to show: {self.error}")
         return self._grid
 
-    @contextlib.contextmanager
-    def initial_state(self) -> Iterator[None]:
-        """Set a new view's state traits together: the panels are computed once, when the block ends.
-
-        A state the view cannot show raises its error here (the view is not built): the
-        :class:`~headwidget.errors.LayerIndexError` of a layer outside the model, say, rather than a
-        view that shows nothing and reports it later.
-        """
-        self._setting_up = True
-        try:
-            with self.hold_trait_notifications():
-                yield
-        finally:
-            self._setting_up = False
-        self.refresh(strict=True)
-
     def full_grid(self) -> PanelGrid:
         """The panels of the current state at the view's own limit (what a saved figure or page
         shows), whatever ``resolution`` the screen asked for; the view is not changed. A state the
@@ -560,8 +502,8 @@ class View(t.HasTraits):
         Example:
             >>> import numpy as np
             >>> from headwidget.core.panels import Panel
-            >>> class Sized(View):
-            ...     def compute(self, state, resolution=None) -> PanelGrid:
+            >>> class Sized(View[ViewState]):
+            ...     def compute(self, state: ViewState, resolution: int | None = None) -> PanelGrid:
             ...         n = min(8, resolution or 8)
             ...         panel = Panel("m", "m", np.zeros((n, n)), row_step=8 // n, col_step=8 // n)
             ...         return PanelGrid([panel], -1.0, 1.0, "diverging", "")
@@ -571,9 +513,7 @@ class View(t.HasTraits):
             >>> view.full_grid().panels[0].matrix.shape, view.grid.panels[0].matrix.shape
             ((8, 8), (2, 2))
         """
-        if self.resolution is None and self._grid is not None and not self.error:
-            return self._grid
-        return self.compute(self.current_state(), None)
+        return self._grids(self.current_state(), None)
 
     def _on_state_change(self, change: dict[str, Any]) -> None:
         if not self._setting_up:
@@ -642,10 +582,20 @@ def stats_model_name(stats: KVStats) -> str:
     return stats.meta.model_name or stats.meta.model_class
 
 
-class LayerView(View):
+@dataclasses.dataclass(frozen=True)
+class LayerState(ViewState):
+    """The state of a view of one selected layer at a time: the layer, on the layer slider, shared
+    by a dashboard's views."""
+
+    layer: int = state(0, slider("Layer", count="num_layers", text="layer_label"), shared=True)
+
+
+LS = TypeVar("LS", bound=LayerState)
+
+
+class LayerView(View[LS]):
     """A view of one selected layer at a time, with the layer slider."""
 
-    layer = state(WholeNumber(0), slider("Layer", count="num_layers", text="layer_label"))
     num_layers = t.Int(0).tag(sync=True)
     layer_label = t.Unicode("").tag(sync=True)
 
@@ -654,11 +604,11 @@ class LayerView(View):
         from 0, so "of 30" would read as if a 30th layer existed)."""
         return f"layer {layer} of 0–{self.num_layers - 1}"
 
-    def labels(self, state: Any) -> dict[str, Any]:
+    def labels(self, state: LS) -> dict[str, Any]:
         """The layer read-out beside the slider."""
         return {"layer_label": self.layer_text(state.layer)}
 
-    def layer_neighbours(self, state: Any) -> list[Any]:
+    def layer_neighbours(self, state: LS) -> list[LS]:
         """``state`` at the layers next to its own (those the model has): the slider's next steps."""
         return [
             state.replace(layer=n) for n in (state.layer + 1, state.layer - 1) if 0 <= n < self.num_layers

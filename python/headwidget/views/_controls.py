@@ -27,26 +27,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from headwidget.checks import flag
+from headwidget.core.protocol import CONTROL_FIELDS, CONTROL_TYPES
 
-__all__ = [
-    "CONTROL_TYPES",
-    "Control",
-    "ControlType",
-    "checklist",
-    "entry",
-    "select",
-    "slider",
-    "toggles",
-    "window",
-]
+__all__ = ["Control", "ControlType", "checklist", "entry", "select", "slider", "toggles", "window"]
 
+#: The kinds of control: ``core/protocol.py``'s ``CONTROL_TYPES``, as a type (a test keeps them equal).
 ControlType = Literal["slider", "window", "toggles", "select", "checklist", "entry"]
-CONTROL_TYPES: tuple[ControlType, ...] = get_args(ControlType)
 #: The fields of a control that name other traits it reads.
-REFERENCES = ("count", "text", "width", "total", "options", "step")
+REFERENCES = tuple(f for f, kind in CONTROL_FIELDS.items() if kind == "string?")
 
 
 @dataclass(frozen=True)
@@ -73,6 +64,9 @@ class Control:
     def __post_init__(self) -> None:
         if self.type not in CONTROL_TYPES:
             raise ValueError(f"unknown control type {self.type!r}; the types are {', '.join(CONTROL_TYPES)}")
+        missing = [f for f in CONTROL_TYPES[self.type] if not getattr(self, f)]
+        if missing:
+            raise ValueError(f"a {self.type} control names the traits it reads: {', '.join(missing)}")
         if self.play is not True and self.play is not False:
             raise ValueError(f"play must be True or False, got {self.play!r}")
         if self.play and self.type != "slider":
@@ -100,13 +94,9 @@ class Control:
             >>> control.to_json()["labels"], control.to_json()["options"]
             ({'key_post': 'post-RoPE'}, 'kinds')
         """
-        data: dict[str, Any] = {"trait": self.trait, "type": self.type, "label": self.label}
-        data.update({f: getattr(self, f) for f in REFERENCES if getattr(self, f)})
-        if self.labels:
-            data["labels"] = dict(self.labels)
-        if self.play:
-            data["play"] = True
-        return data
+        values = {f: getattr(self, f) for f in CONTROL_FIELDS}
+        values["labels"] = dict(self.labels)
+        return {f: v for f, v in values.items() if v or f in ("trait", "type", "label")}
 
 
 def slider(label: str, *, count: str, text: str = "", play: bool = False) -> Control:

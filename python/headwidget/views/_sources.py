@@ -1,34 +1,34 @@
-"""What a view is built from, read off its one constructor.
+"""What a view is built from, as the view declares it (its class attribute ``sources``).
 
-A view has one constructor, its ``__init__``. Its first argument says what the view is built from,
-by name: ``stats`` (captured statistics), ``model`` (a model's weights), ``report`` (an evaluation
-report), ``timeline`` (a training run's snapshots) or ``healing`` (healing runs); the other sources it
-takes by keyword are the ones it uses when they are there (the mechanisms view's ``stats``, the
-trends' ``model``, the quantization view's ``report``). What a constructor does with the layers a
-user names is read off it too: ``pinned`` takes the layers after the first, ``layers`` takes them all
-when there are several, ``layer`` the first. And ``prefetch`` is what ``interactive`` sets.
+A view names what it is built from: ``main``, the one source it cannot do without (``stats``,
+captured statistics; ``model``, a model's weights; ``report``, an evaluation report; ``timeline``, a
+training run's snapshots; ``healing``, healing runs; ``""``: nothing), its constructor's first
+argument; ``optional``, the other sources it takes by keyword when they are there (the mechanisms
+view's ``stats`` and ``report``, the trends' ``model``, the quantization view's ``report``);
+``layers``, what it does with the layers a user names (``pinned``: the first selected, the rest
+pinned beside it; ``layers``: all of them shown together when there are several; ``layer``: the
+first selected); and whether its constructor takes ``prefetch``, which ``interactive`` sets. The
+sources a view is built from must be of one model (:mod:`~headwidget.views._models`).
 
 So :meth:`View.create <headwidget.views.View.create>`, which the command line, the magic and
 ``explore`` build every view through, is written once, for every view, from these facts.
 
 Example:
     >>> from headwidget.views import view_class
-    >>> view_sources(view_class("mechanisms"))
-    ViewSources(main='model', optional=('stats',), layers='layer', prefetch=True)
-    >>> view_sources(view_class("channels")).layers
+    >>> view_class("mechanisms").sources
+    ViewSources(main='model', optional=('stats', 'report'), layers='layer', prefetch=True)
+    >>> view_class("channels").sources.layers
     'pinned'
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 from typing import Any, Literal
 
-__all__ = ["SOURCE_NAMES", "ViewSources", "missing_source", "view_sources"]
+__all__ = ["SOURCE_NAMES", "ViewSources", "missing_source"]
 
-#: What views are built from, by the name a constructor gives its argument.
+#: What views are built from (a view's constructor takes its main source first, the others by keyword).
 SOURCE_NAMES = ("stats", "model", "report", "timeline", "healing")
 
 #: What each source is, and how a user gets one (the end of the message when a view lacks it).
@@ -46,19 +46,26 @@ _WHAT: dict[str, str] = {
 
 @dataclasses.dataclass(frozen=True)
 class ViewSources:
-    """What a view's constructor takes, by its parameters' names.
+    """What a view is built from and takes (see the module docstring); a name that is not a source
+    is refused when the class is declared.
 
-    ``main``: the source it is built from (its first argument; ``""``: none); ``optional``: the
-    other sources it takes by keyword; ``layers``: what it does with the layers a user names
-    (``"pinned"``: the first selected, the rest pinned beside it; ``"layers"``: several shown
-    together; ``"layer"``: the first selected; ``""``: it has no layer); ``prefetch``: whether it
-    computes neighbours ahead.
+    >>> ViewSources("weights")
+    Traceback (most recent call last):
+    ...
+    ValueError: a view is built from one of stats, model, report, timeline, healing (or ""), not 'weights'
     """
 
-    main: str
-    optional: tuple[str, ...]
-    layers: Literal["pinned", "layers", "layer", ""]
-    prefetch: bool
+    main: str = ""
+    optional: tuple[str, ...] = ()
+    layers: Literal["pinned", "layers", "layer", ""] = ""
+    prefetch: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ((self.main,) if self.main else ()) + self.optional:
+            if name not in SOURCE_NAMES:
+                raise ValueError(
+                    f'a view is built from one of {", ".join(SOURCE_NAMES)} (or ""), not {name!r}'
+                )
 
     def takes(self, source: str) -> bool:
         """Whether the view uses ``source`` (its main source or an optional one)."""
@@ -83,41 +90,6 @@ class ViewSources:
         if self.prefetch:
             found["prefetch"] = interactive
         return found
-
-
-@functools.cache
-def view_sources(cls: type) -> ViewSources:
-    """The :class:`ViewSources` of view class ``cls``, read off its ``__init__``.
-
-    A constructor whose first positional argument is not one of :data:`SOURCE_NAMES` is a
-    programming error, a TypeError (``register_view`` calls this, so it shows when the module is
-    imported); one with no positional argument builds the view from nothing.
-    """
-    init = next(vars(k)["__init__"] for k in cls.__mro__ if "__init__" in vars(k))  # the one it runs
-    parameters = list(inspect.signature(init).parameters.values())[1:]  # after self
-    positional = [
-        p.name
-        for p in parameters
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    first = positional[0] if positional else ""  # "": built from nothing (a demonstration view)
-    if first and first not in SOURCE_NAMES:
-        raise TypeError(
-            f"{cls.__qualname__}.__init__ must name what the view is built from as its first argument: "
-            f"one of {', '.join(SOURCE_NAMES)}, not {first!r}"
-        )
-    names = {p.name for p in parameters[1:] if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    layers: Literal["pinned", "layers", "layer", ""] = (
-        "pinned"
-        if {"layer", "pinned"} <= names
-        else "layers"
-        if "layers" in names
-        else "layer"
-        if "layer" in names
-        else ""
-    )
-    optional = tuple(name for name in SOURCE_NAMES if name in names)
-    return ViewSources(first, optional, layers, "prefetch" in names)
 
 
 def missing_source(view: str, source: str) -> str:

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,15 +36,26 @@ import traitlets as t
 
 from headwidget.analysis.alignment import AlignmentResult, align
 from headwidget.checks import optional_flag, optional_whole_number, whole_numbers
+from headwidget.core.charts import Chart
 from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, state, stats_model_name
+from headwidget.views._base import LayerState, LayerView, stats_model_name
 from headwidget.views._controls import select, toggles
+from headwidget.views._memo import Memo
 from headwidget.views._registry import register_view
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import state
 from headwidget.views.channels import check_key_kind
 
-__all__ = ["METRIC_LABELS", "AlignmentView", "alignment_method"]
+__all__ = [
+    "METRIC_LABELS",
+    "AlignmentState",
+    "AlignmentView",
+    "alignment_method",
+    "head_panel",
+    "similarity_grid",
+]
 
 #: ``cka`` (linear CKA) is invariant under rotations of either head: both panels show one matrix.
 ROTATION_INVARIANT = ("cka",)
@@ -73,19 +85,53 @@ def alignment_method(kind: str, alignment: str) -> str | None:
     return None if alignment == "auto" else alignment
 
 
+def head_panel(panel_id: str, title: str, matrix: np.ndarray, subtitle: str, labels: list[str]) -> Panel:
+    """A head × head similarity panel."""
+    return Panel(
+        panel_id,
+        title,
+        matrix,
+        subtitle=subtitle,
+        row_labels=labels,
+        col_labels=labels,
+        row_axis="head",
+        col_axis="head",
+    )
+
+
+def similarity_grid(panels: list[Panel], columns: int, charts: list[Chart] | None = None) -> PanelGrid:
+    """Head similarity panels on the paper's 0..1 scale (magma); a panel with scores below 0, which
+    the scale draws as 0, says so in its note and the colour bar's label."""
+    label = "head similarity"
+    for panel in panels:
+        lowest = float(np.nanmin(panel.matrix)) if np.isfinite(panel.matrix).any() else 0.0
+        if lowest < 0:  # say so rather than clip silently
+            panel.note = f"lowest score {lowest:.3f}, drawn as 0"
+            label = "head similarity (scores below 0 drawn as 0)"
+    return PanelGrid(panels, 0.0, 1.0, "magma", label, columns=columns, charts=charts or [])
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignmentState(LayerState):
+    """The selected layer, the kind of keys, the similarity metric and the key alignment (the last two
+    shared by a dashboard's views: the trends follow them)."""
+
+    kind: str = state("key", toggles("Kind", options="kinds_available", labels=KIND_LABELS))
+    metric: str = state(
+        "token_cosine", select("Metric", options="metrics_available", labels=METRIC_LABELS), shared=True
+    )
+    alignment: str = state("auto", select("Alignment", options="alignments_available"), shared=True)
+
+
 @register_view("alignment", order=20)
-class AlignmentView(LayerView):
+class AlignmentView(LayerView[AlignmentState]):
     """Keys/values × before/after head similarity over one layer or a flattened layer set."""
 
     title = "Head alignment"
+    sources = ViewSources("stats", layers="layers")
 
-    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available", labels=KIND_LABELS))
     kinds_available = t.List(t.Unicode()).tag(sync=True)
-    metric = state(
-        t.Unicode("token_cosine"), select("Metric", options="metrics_available", labels=METRIC_LABELS)
-    )
     metrics_available = t.List(t.Unicode()).tag(sync=True)
-    alignment = state(t.Unicode("auto"), select("Alignment", options="alignments_available"))
     alignments_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(
@@ -98,7 +144,6 @@ class AlignmentView(LayerView):
         metric: str = "token_cosine",
         alignment: str = "auto",
         heldout: bool | None = None,
-        **kwargs: Any,
     ) -> None:
         """``layers``: a flattened set of layers (no slider); ``heldout``: None lets ``align`` choose."""
         stats = self._stats(stats)
@@ -108,72 +153,70 @@ class AlignmentView(LayerView):
             whole_numbers("layers", layers, hint="one flattened set") if layers is not None else None
         )
         self.heldout = optional_flag("heldout", heldout)
-        self._results: dict[tuple[Any, ...], AlignmentResult] = {}
-        self._invariants: dict[tuple[Any, ...], np.ndarray] = {}
+        self._results = Memo(self._align, size=64)
+        self._invariants = Memo(self._similarity, size=64)
         uses_rope = stats.meta.layout.rope.uses_rope
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
-        super().__init__(**kwargs)
-        with self.initial_state():
-            self.num_layers = 0 if self.fixed_layers else stats.meta.layout.num_layers
-            self.layer = stats.layers[0] if layer is None else layer
-            self.kinds_available = key_kinds if len(key_kinds) > 1 else []
-            self.kind = kind
-            self.metrics_available = METRICS
-            self.metric = metric
-            self.alignments_available = ["auto", *(["rope"] if uses_rope else []), "orthogonal", "none"]
-            self.alignment = alignment
+        super().__init__()
+        self.set_up(
+            AlignmentState(
+                layer=stats.layers[0] if layer is None else layer,
+                kind=kind,
+                metric=metric,
+                alignment=alignment,
+            ),
+            num_layers=0 if self.fixed_layers else stats.meta.layout.num_layers,
+            kinds_available=key_kinds if len(key_kinds) > 1 else [],
+            metrics_available=METRICS,
+            alignments_available=["auto", *(["rope"] if uses_rope else []), "orthogonal", "none"],
+        )
 
     @classmethod
     def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:
         """Several layers are compared head to head: their joint (cross-layer) statistics."""
         return {"cross_layer": list(layers)} if len(layers) > 1 else {}
 
-    def labels(self, state: Any) -> dict[str, Any]:
+    def labels(self, state: AlignmentState) -> dict[str, Any]:
         """The layer read-out (the flattened layers, for a fixed set)."""
         if self.fixed_layers:
             return {"layer_label": f"layers {self.fixed_layers}"}
         return super().labels(state)
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: AlignmentState) -> str:
         """The model and the layer (or the flattened layers) whose heads are compared."""
         if self.fixed_layers:
             return f"{stats_model_name(self.stats)} · layers {', '.join(map(str, self.fixed_layers))}"
-        return f"{stats_model_name(self.stats)} · layer {self.layer}"
+        return f"{stats_model_name(self.stats)} · layer {state.layer}"
 
-    def result(self, kind: str, state: Any = None) -> AlignmentResult:
+    def result(self, kind: str, state: AlignmentState | None = None) -> AlignmentResult:
         """The alignment result behind the panels of ``kind`` in ``state`` (default: the current
-        one), cached per state."""
+        one), kept per layer, kind, method and metric."""
         state = self.current_state() if state is None else state
-        layers = self.fixed_layers or [state.layer]
-        method = alignment_method(kind, state.alignment)
-        key = (tuple(layers), kind, method, state.metric, self.heldout)
-        if key not in self._results:
-            self._results[key] = align(
-                self.stats,
-                layers,
-                kind=check_kind(kind),
-                method=method,
-                metric=state.metric,
-                heldout=self.heldout,
-            )
-        return self._results[key]
+        layers = tuple(self.fixed_layers or [state.layer])
+        return self._results(layers, kind, alignment_method(kind, state.alignment), state.metric)
 
-    def _invariant(self, kind: str, state: Any) -> tuple[np.ndarray, list[str], int]:
+    def _align(self, layers: tuple[int, ...], kind: str, method: str | None, metric: str) -> AlignmentResult:
+        return align(
+            self.stats,
+            list(layers),
+            kind=check_kind(kind),
+            method=method,
+            metric=metric,
+            heldout=self.heldout,
+        )
+
+    def _similarity(self, layers: tuple[int, ...], kind: str, metric: str) -> np.ndarray:
+        return self.stats.head_similarity(layers if len(layers) > 1 else layers[0], check_kind(kind), metric)
+
+    def _invariant(self, kind: str, state: AlignmentState) -> tuple[np.ndarray, list[str], int]:
         """A rotation-invariant metric's matrix (the same before and after alignment), its labels
         and token count."""
         layers = self.fixed_layers or [state.layer]
-        key = (tuple(layers), kind, state.metric)
-        if key not in self._invariants:
-            matrix = self.stats.head_similarity(
-                layers if len(layers) > 1 else layers[0], check_kind(kind), state.metric
-            )
-            self._invariants[key] = matrix
         groups = self.stats.meta.num_kv_heads
         labels = [f"L{layer}·H{g}" for layer in layers for g in range(groups)]
-        return self._invariants[key], labels, self.stats.tokens
+        return self._invariants(tuple(layers), kind, state.metric), labels, self.stats.tokens
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: AlignmentState, resolution: int | None = None) -> PanelGrid:
         """Keys then values, each before and after alignment, on the 0..1 scale."""
         check_key_kind(state.kind, self.stats, "alignment view")
         if not self.fixed_layers:
@@ -196,33 +239,9 @@ class AlignmentView(LayerView):
                 after_title = f"{title} · after ({res.method})"
                 after_subtitle = f"{metric}, {res.scoring if aligned else 'in-sample'} scores"
             panels.append(
-                Panel(
-                    f"{kind}-before",
-                    f"{title} · before",
-                    before,
-                    subtitle=f"{metric}, {tokens} tokens",
-                    row_labels=labels,
-                    col_labels=labels,
-                    row_axis="head",
-                    col_axis="head",
+                head_panel(
+                    f"{kind}-before", f"{title} · before", before, f"{metric}, {tokens} tokens", labels
                 )
             )
-            panels.append(
-                Panel(
-                    f"{kind}-after",
-                    after_title,
-                    after,
-                    subtitle=after_subtitle,
-                    row_labels=labels,
-                    col_labels=labels,
-                    row_axis="head",
-                    col_axis="head",
-                )
-            )
-        label = "head similarity"
-        for panel in panels:
-            lowest = float(np.nanmin(panel.matrix)) if np.isfinite(panel.matrix).any() else 0.0
-            if lowest < 0:  # the paper's 0..1 scale draws it as 0: say so rather than clip silently
-                panel.note = f"lowest score {lowest:.3f}, drawn as 0"
-                label = "head similarity (scores below 0 drawn as 0)"
-        return PanelGrid(panels, vmin=0.0, vmax=1.0, colormap="magma", colorbar_label=label, columns=2)
+            panels.append(head_panel(f"{kind}-after", after_title, after, after_subtitle, labels))
+        return similarity_grid(panels, columns=2)

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,12 +35,14 @@ from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError, UnknownKindError
 from headwidget.stats import KVStats
-from headwidget.views._base import STATE_ERRORS, LayerView, WholeNumber, state, stats_model_name
+from headwidget.views._base import LayerState, LayerView, stats_model_name
 from headwidget.views._controls import toggles, window
 from headwidget.views._memo import Memo
 from headwidget.views._registry import register_view
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import state
 
-__all__ = ["ChannelView", "ChannelWindowError"]
+__all__ = ["ChannelState", "ChannelView", "ChannelWindowError", "channel_panel"]
 
 KIND_TITLES = {"key": "Keys", "key_post": "Keys (post-RoPE)", "value": "Values"}
 
@@ -57,6 +60,27 @@ def downsampled_note(channels: int, shown: int, block: int) -> str:
     return f"downsampled {channels}→{shown}: mean of {block}×{block} blocks (NaN cells ignored)"
 
 
+def channel_panel(
+    stats: KVStats, kind: str, window: tuple[int, int], shown: tuple[np.ndarray, int], **text: str
+) -> Panel:
+    """The panel of the channel correlation of ``kind`` over the channels ``window`` (start, stop):
+    ``shown``, the matrix and its block size; ``text``: its id, title, subtitle, window_subtitle."""
+    (start, stop), (matrix, block) = window, shown
+    head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
+    return Panel(
+        matrix=matrix,
+        row_offset=start,
+        col_offset=start,
+        row_step=block,
+        col_step=block,
+        note=downsampled_note(stop - start, matrix.shape[0], block),
+        row_group=head_dim,
+        col_group=head_dim,
+        axis_prefix="V" if kind == "value" else "K",
+        **text,  # type: ignore[arg-type]
+    )
+
+
 class ChannelWindowError(HeadwidgetError, IndexError):
     """A channel window (``channel_start``, ``channel_width``) that holds no channel of the layer."""
 
@@ -71,22 +95,30 @@ def check_key_kind(kind: str, stats: KVStats, what: str) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ChannelState(LayerState):
+    """The selected layer, the channel window ``[channel_start, channel_start + channel_width)``, the
+    kind of keys, and the layers pinned beside the selected one."""
+
+    channel_start: int = state(
+        0, window("Channels", width="channel_width", total="num_channels", step="channel_step")
+    )
+    channel_width: int = 0
+    kind: str = state("key", toggles("Kind", options="kinds_available", labels=KIND_LABELS))
+    pinned: tuple[int, ...] = ()
+
+
 @register_view("channels", order=10)
-class ChannelView(LayerView):
+class ChannelView(LayerView[ChannelState]):
     """K and V channel correlation for the selected layer (and pinned layers), one window."""
 
     title = "Channels"
+    sources = ViewSources("stats", layers="pinned", prefetch=True)
 
-    channel_start = state(
-        WholeNumber(0), window("Channels", width="channel_width", total="num_channels", step="channel_step")
-    )
-    channel_width = state(WholeNumber(0))
     num_channels = t.Int(0).tag(sync=True)
     #: The window sliders snap to multiples of this (the head size; 1: no snapping).
     channel_step = t.Int(1).tag(sync=True)
-    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available", labels=KIND_LABELS))
     kinds_available = t.List(t.Unicode()).tag(sync=True)
-    pinned = state(t.List(WholeNumber()))
 
     def __init__(
         self,
@@ -99,7 +131,6 @@ class ChannelView(LayerView):
         channel_width: int | None = None,
         max_cells: int = 1024,
         prefetch: bool = True,
-        **kwargs: Any,
     ) -> None:
         """``channel_width=None``: every key channel; ``prefetch``: compute neighbouring layers ahead."""
         stats = self._stats(stats)
@@ -114,19 +145,24 @@ class ChannelView(LayerView):
         self.prefetch = flag("prefetch", prefetch)
         channels = stats.meta.layout.channels_of("key")
         key_kinds: list[str] = [k for k in ("key", "key_post") if k in stats.kinds]
-        # What panels show (at most max_cells² floats each): revisits and prefetched layers are free.
+        # What panels show (at most max_cells² floats each), shared by the grids of every kind and
+        # pinned layer that show the window.
         self._shown = Memo(self._window_matrix, size=64)
-        super().__init__(**kwargs)
-        with self.initial_state():
-            self.num_layers = stats.meta.layout.num_layers
-            self.num_channels = channels
-            self.channel_step = stats.meta.layout.head_dim
-            self.kinds_available = key_kinds if len(key_kinds) > 1 else []
-            self.kind = kind
-            self.layer = stats.layers[0] if layer is None else layer
-            self.pinned = list(pinned)
-            self.channel_start = channel_start
-            self.channel_width = channels if channel_width is None else channel_width
+        super().__init__()
+        first = ChannelState(
+            layer=stats.layers[0] if layer is None else layer,
+            channel_start=channel_start,
+            channel_width=channels if channel_width is None else channel_width,
+            kind=kind,
+            pinned=tuple(pinned),
+        )
+        self.set_up(
+            first,
+            num_layers=stats.meta.layout.num_layers,
+            num_channels=channels,
+            channel_step=stats.meta.layout.head_dim,
+            kinds_available=key_kinds if len(key_kinds) > 1 else [],
+        )
 
     def _window_matrix(
         self, layer: int, kind: str, start: int, stop: int, max_cells: int
@@ -155,14 +191,7 @@ class ChannelView(LayerView):
             return self.max_cells
         return max(1, min(self.max_cells, resolution))
 
-    def ready(self, state: Any, resolution: int | None = None) -> bool:
-        """Whether every window matrix of ``state`` is kept (a revisit): no computing to announce."""
-        try:
-            return all(self._shown.holds(*window) for window in self._windows(state, resolution))
-        except STATE_ERRORS:  # a state it cannot show: compute says why
-            return False
-
-    def _windows(self, state: Any, resolution: int | None) -> list[tuple[int, str, int, int, int]]:
+    def _windows(self, state: ChannelState, resolution: int | None) -> list[tuple[int, str, int, int, int]]:
         """(layer, kind, start, stop, cells) of each panel of ``state``, K panels over V panels, one
         column per shown layer: what a panel's window matrix is asked for with."""
         layers = sorted({state.layer, *state.pinned})
@@ -173,23 +202,23 @@ class ChannelView(LayerView):
             for layer in layers
         ]
 
-    def neighbours(self, state: Any) -> list[Any]:
+    def neighbours(self, state: ChannelState) -> list[ChannelState]:
         """The layers next to the selected one (same window, kind and pinned layers)."""
         return [n for n in self.layer_neighbours(state) if n.layer in self.stats.layers]
 
-    def labels(self, state: Any) -> dict[str, Any]:
+    def labels(self, state: ChannelState) -> dict[str, Any]:
         """The layer read-out, with the number of tokens the correlations are over."""
         return {"layer_label": f"{self.layer_text(state.layer)} ({self.stats.tokens} tokens)"}
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: ChannelState) -> str:
         """The model and the layers shown (selected and pinned)."""
-        layers = sorted({self.layer, *self.pinned})
+        shown = state
+        layers = sorted({shown.layer, *shown.pinned})
         where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(map(str, layers))}"
         return f"{stats_model_name(self.stats)} · {where}"
 
     @staticmethod
-    def _window(state: Any, total: int) -> tuple[int, int]:
+    def _window(state: ChannelState, total: int) -> tuple[int, int]:
         start, width = state.channel_start, state.channel_width
         if width < 1:
             raise ChannelWindowError(f"channel_width must be ≥ 1, got {width}")
@@ -200,7 +229,7 @@ class ChannelView(LayerView):
             )
         return start, min(start + width, total)
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: ChannelState, resolution: int | None = None) -> PanelGrid:
         """K panels over V panels, one column per shown layer (selected and pinned), one window."""
         stats = self.stats
         check_key_kind(state.kind, stats, "channel view")
@@ -208,26 +237,19 @@ class ChannelView(LayerView):
         for layer in layers:
             self.check_layer(layer)
         panels = []
+        window_subtitle = f"channels {{first}}–{{last}} · Pearson over {stats.tokens} tokens"
         for layer, kind, start, stop, cells in self._windows(state, resolution):
-            matrix, block = self._shown(layer, kind, start, stop, cells)
-            head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
-            note = downsampled_note(stop - start, matrix.shape[0], block)
-            window_subtitle = f"channels {{first}}–{{last}} · Pearson over {stats.tokens} tokens"
+            shown = self._shown(layer, kind, start, stop, cells)
             panels.append(
-                Panel(
+                channel_panel(
+                    stats,
+                    kind,
+                    (start, stop),
+                    shown,
                     id=f"{kind}-{layer}",
                     title=f"{KIND_TITLES[kind]} · layer {layer}",
                     subtitle=window_subtitle.format(first=start, last=stop - 1),
                     window_subtitle=window_subtitle,
-                    matrix=matrix,
-                    row_offset=start,
-                    col_offset=start,
-                    row_step=block,
-                    col_step=block,
-                    note=note,
-                    row_group=head_dim,
-                    col_group=head_dim,
-                    axis_prefix="V" if kind == "value" else "K",
                 )
             )
         return PanelGrid(

@@ -11,9 +11,9 @@ Drawn from an :class:`~headwidget.evaluation.EvaluationReport` (:func:`headwidge
    allocations at several budgets) are joined by a line in order of bytes.
 2. with a per-layer sweep (``per_layer=True``), the damage map: one row per variant, one column per
    layer, colour the ΔNLL (encoders: hidden-state relative error) with only that layer converted, on a
-   diverging scale centred on 0 (a layer whose conversion helps is blue). A click on a cell selects
-   its layer (``layer``), which moves the other views of a dashboard; the note names the selected
-   layer's values and the most fragile layer.
+   diverging scale centred on 0 (a layer whose conversion helps is blue). The selected layer's column
+   is outlined; a click on a cell selects its layer (``layer``), which moves the other views of a
+   dashboard; the note names the selected layer's values and the most fragile layer.
 
 Example:
     >>> from headwidget.evaluation import EvaluationReport
@@ -38,9 +38,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import traitlets as t
@@ -52,11 +52,19 @@ from headwidget.core.kv_bytes import kv_bytes_text
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
-from headwidget.views._base import View, ViewSourceError, WholeNumber, state
+from headwidget.views._base import View, ViewSourceError
 from headwidget.views._controls import toggles
 from headwidget.views._registry import register_view
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import ViewState, state
 
-__all__ = ["DAMAGE_MEASURES", "ConsequenceView", "UnknownDamageMeasureError", "short_names"]
+__all__ = [
+    "DAMAGE_MEASURES",
+    "ConsequenceState",
+    "ConsequenceView",
+    "UnknownDamageMeasureError",
+    "short_names",
+]
 
 
 #: Damage measures by report kind: name → (axis label, value from a variant's measures).
@@ -120,18 +128,27 @@ def short_names(specs: Sequence[str], kv_bytes: dict[str, float]) -> dict[str, s
     return names
 
 
+@dataclasses.dataclass(frozen=True)
+class ConsequenceState(ViewState):
+    """The damage measure, and the selected layer (a click on the damage map sets it; a dashboard
+    shares it with its other views)."""
+
+    measure: str = state("nll", toggles("Damage", options="measures_available", labels=MEASURE_LABELS))
+    layer: int = state(0, shared=True)
+
+
 @register_view("consequences", order=40)
-class ConsequenceView(View):
+class ConsequenceView(View[ConsequenceState]):
     """Bytes saved against damage done, per variant, and the per-layer damage map."""
 
     title = "Consequences"
+    sources = ViewSources("report", layers="layer")
 
-    measure = state(t.Unicode("nll"), toggles("Damage", options="measures_available", labels=MEASURE_LABELS))
-    #: The selected layer (a click on the damage map sets it; a dashboard links it to its other views).
-    layer = state(WholeNumber(0))
     measures_available = t.List(t.Unicode()).tag(sync=True)
 
-    def __init__(self, report: EvaluationReport, *, measure: str | None = None, layer: int | None = None):
+    def __init__(
+        self, report: EvaluationReport, *, measure: str | None = None, layer: int | None = None
+    ) -> None:
         """``report``: from :func:`headwidget.evaluate` (or ``EvaluationReport.load``)."""
         if not isinstance(report, EvaluationReport):
             raise ViewSourceError(
@@ -144,13 +161,13 @@ class ConsequenceView(View):
         measures = list(DAMAGE_MEASURES.get(report.kind, {}))
         if not measures:
             raise ViewSourceError(f"the report's kind {report.kind!r} is neither 'causal-lm' nor 'encoder'")
-        with self.initial_state():
-            self.measures_available = measures
-            self.measure = measures[0] if measure is None else measure
-            self.layer = (report.layers[0] if report.layers else 0) if layer is None else layer
+        first = ConsequenceState(
+            measure=measures[0] if measure is None else measure,
+            layer=(report.layers[0] if report.layers else 0) if layer is None else layer,
+        )
+        self.set_up(first, measures_available=measures)
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: ConsequenceState) -> str:
         """The model and what the variants were measured on (the charts below have their own titles:
         the figure's title does not repeat one)."""
         report = self.report
@@ -160,7 +177,7 @@ class ConsequenceView(View):
     def damage(self, spec: str, measure: str | None = None) -> float:
         """One variant's ``measure`` (default: the one shown; 0 for the original model)."""
         m = self.report.measures[spec]
-        key = DAMAGE_MEASURES[self.report.kind][measure or self.measure][1]
+        key = DAMAGE_MEASURES[self.report.kind][measure or self.current_state().measure][1]
         if key == "delta_nll":
             return (
                 m["nll"] - self.report.measures["model"]["nll"]
@@ -274,8 +291,7 @@ class ConsequenceView(View):
         if finite.size:
             i, j = np.unravel_index(np.nanargmax(matrix), matrix.shape)
             notes.append(f"most fragile: layer {r.layers[j]} under {names[specs[i]]} ({matrix[i, j]:+.4f})")
-        notes.append("a click selects the layer")
-        notes += [f"{names[v]} = {v}" for v in specs if names[v] != v]  # last: long, and cut first
+        notes += [f"{names[v]} = {v}" for v in specs if names[v] != v]  # last: long
         panel = Panel(
             "damage",
             title,
@@ -287,10 +303,13 @@ class ConsequenceView(View):
             note=" · ".join(notes),
             row_axis="variant",
             col_axis="layer",
+            axis_titles=True,
+            hint="a click on a cell selects its layer",
+            mark_col=r.layers.index(layer) if layer in r.layers else -1,
         )
         return panel, peak if peak > 0 else 1.0
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: ConsequenceState, resolution: int | None = None) -> PanelGrid:
         """The trade-off chart and, with a per-layer sweep, the damage map."""
         if state.measure not in DAMAGE_MEASURES[self.report.kind]:
             raise UnknownDamageMeasureError(
@@ -308,4 +327,4 @@ class ConsequenceView(View):
     def select_cell(self, panel: str, row: int, col: int) -> None:
         """A click on a damage-map cell selects its layer."""
         if panel == "damage" and 0 <= col < len(self.report.layers):
-            self.layer = self.report.layers[col]
+            self.set_state(layer=self.report.layers[col])

@@ -2,14 +2,15 @@
 
 Drawn from :class:`~headwidget.healing.HealingRun` objects (:func:`headwidget.heal`), by name:
 
-1. the recovery curves: healing tokens seen (log axis; the untrained point drawn at the left edge,
-   half the first evaluation's tokens, and named so on hover) against the damage ``measure`` (KL to the
-   original, ΔNLL, or top-1 disagreement; an encoder: the hidden-state relative error), one line per run,
-   the original model's 0 drawn as a reference;
-2. the per-layer recovery map of the run ``run`` (a toggle among the runs): its converted layers × its
-   evaluation points, colour the teacher-forced relative attention-output error of the layer
-   (:mod:`headwidget.healing._layers`); the note names the layer that recovers last (the largest share
-   of its untrained error left at the end). A click on a row selects that layer (``layer``), which
+1. the recovery curves: healing tokens seen (log axis; the untrained point drawn left of the first
+   evaluation, at half its tokens, under a tick that says 0, and named so on hover) against the
+   damage ``measure`` (KL to the original, ΔNLL, or top-1 disagreement; an encoder: the hidden-state
+   relative error), one line per run, the original model's 0 drawn as a reference;
+2. the per-layer recovery map of the run ``run`` (a toggle among the runs): its evaluation points ×
+   its converted layers (a strip, as the damage map's variants × layers), colour the teacher-forced
+   relative attention-output error of the layer (:mod:`headwidget.healing._layers`); the note names
+   the layer that recovers last (the largest share of its untrained error left at the end). The
+   selected layer's column is outlined; a click on a column selects that layer (``layer``), which
    moves the other tabs of a dashboard.
 
 Example:
@@ -27,16 +28,19 @@ Example:
     >>> [s.name for s in chart.series], chart.series[0].x, chart.series[0].y
     (['mqa', 'mqa+align'], [16.0, 32.0], [0.4, 0.2])
     >>> view.grid.panels[0].matrix.tolist(), view.grid.panels[0].note.split(" · ")[0]
-    ([[0.3, 0.1], [0.2, 0.15]], 'recovers last: layer 1 (75% of its untrained error left)')
-    >>> view.select_cell("layers", 1, 0)
-    >>> view.layer
-    1
+    ([[0.3, 0.2], [0.1, 0.15]], 'recovers last: layer 1 (75% of its untrained error left)')
+    >>> chart.x_ticks, chart.x_tick_labels
+    ([16.0, 32.0], ['0', '32'])
+    >>> view.select_cell("layers", 0, 1)
+    >>> view.layer, view.grid.panels[0].mark_col
+    (1, 1)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -44,13 +48,16 @@ import traitlets as t
 
 from headwidget.core.charts import Chart, Series
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.healing._run import HealingRun
+from headwidget.errors import LayerIndexError
+from headwidget.healing import HealingRun
 from headwidget.stats import KVStats
-from headwidget.views._base import View, ViewSourceError, WholeNumber, state
+from headwidget.views._base import View, ViewSourceError
 from headwidget.views._controls import toggles
 from headwidget.views._registry import register_view
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import ViewState, state
 
-__all__ = ["RECOVERY_MEASURES", "HealingView", "checked_runs"]
+__all__ = ["RECOVERY_MEASURES", "HealingState", "HealingView", "checked_runs"]
 
 
 #: Recovery measures by kind of model: name → (toggle label, axis label).
@@ -82,20 +89,21 @@ def _hover(name: str, row: dict[str, float], value: str) -> str:
 
 
 def checked_runs(runs: Any) -> dict[str, HealingRun]:
-    """``runs`` as names → runs: one :class:`HealingRun` (named by its spec), a list of them (by spec),
-    or a mapping; every run of the same kind of model.
+    """``runs`` as names → runs: one :class:`HealingRun` (named by its spec) or a mapping of names to
+    runs; every run of the same kind of model. A list is refused: two runs of one spec (another
+    learning rate, say) would be named alike, and the toggles and the saved page tell runs by name.
 
     Raises:
         ViewSourceError: anything else, no run, or runs of an LM and of an encoder together.
     """
     if isinstance(runs, HealingRun):
         runs = {runs.spec: runs}
-    elif isinstance(runs, Sequence) and not isinstance(runs, str):
-        runs = {r.spec if isinstance(r, HealingRun) else str(i): r for i, r in enumerate(runs)}
     if not isinstance(runs, Mapping) or not runs:
+        listed = isinstance(runs, list | tuple) and runs
         raise ViewSourceError(
-            "the healing view needs healing runs: one headwidget.heal(...) result, a list of them, or "
-            f"names → runs ({{'mqa': run_a, 'mqa+align': run_b}}), got {type(runs).__name__}"
+            "the healing view needs healing runs: one headwidget.heal(...) result, or names → runs "
+            "({'mqa': run_a, 'mqa+align': run_b}), got "
+            + ("a list: name each run, {run.spec: run for run in runs}" if listed else type(runs).__name__)
         )
     out: dict[str, HealingRun] = {}
     for name, run in runs.items():
@@ -115,54 +123,64 @@ def checked_runs(runs: Any) -> dict[str, HealingRun]:
     return out
 
 
-@register_view("healing", order=45)
-class HealingView(View):
-    """Recovery curves of healed variants, and the per-layer recovery map of one run."""
+@dataclasses.dataclass(frozen=True)
+class HealingState(ViewState):
+    """The damage measure, the run whose layers the map shows, and the selected layer (a click on the
+    map sets it; a dashboard shares it with its other views)."""
 
-    title = "Healing"
-
-    measure = state(
-        t.Unicode("kl"),
+    measure: str = state(
+        "kl",
         toggles(
             "Damage",
             options="measures_available",
             labels={name: label for kind in RECOVERY_MEASURES.values() for name, (label, _) in kind.items()},
         ),
     )
-    run = state(t.Unicode(""), toggles("Layers of", options="runs_available"))
-    #: The selected layer (a click on the map sets it; a dashboard links it to its other views).
-    layer = state(WholeNumber(0))
+    run: str = state("", toggles("Layers of", options="runs_available"))
+    layer: int = state(0, shared=True)
+
+
+@register_view("healing", order=45)
+class HealingView(View[HealingState]):
+    """Recovery curves of healed variants, and the per-layer recovery map of one run."""
+
+    title = "Healing"
+    sources = ViewSources("healing", layers="layer")
+
     measures_available = t.List(t.Unicode()).tag(sync=True)
     runs_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(
         self,
-        healing: HealingRun | Sequence[HealingRun] | Mapping[str, HealingRun],
+        healing: HealingRun | Mapping[str, HealingRun],
         *,
         measure: str | None = None,
         run: str | None = None,
         layer: int | None = None,
     ) -> None:
-        """``healing``: :func:`headwidget.heal` results by name (one run, or a list: named by their
-        specs)."""
+        """``healing``: :func:`headwidget.heal` results by name (or one run, named by its spec);
+        ``layer``: the selected layer, one of the layers up to the last a run converts (default: the
+        first run's first)."""
         self.runs = checked_runs(healing)
         super().__init__()
         first = next(iter(self.runs.values()))
         measures = list(RECOVERY_MEASURES[first.kind])
-        with self.initial_state():
-            self.measures_available = measures
-            self.runs_available = list(self.runs)
-            self.measure = measures[0] if measure is None else measure
-            self.run = next(iter(self.runs)) if run is None else run
-            self.layer = (first.layers[0] if first.layers else 0) if layer is None else layer
+        #: The layers a layer can be selected among: 0 up to the last that a run converts.
+        self.num_layers = 1 + max((i for r in self.runs.values() for i in r.layers), default=0)
+        chosen = HealingState(
+            measure=measures[0] if measure is None else measure,
+            run=next(iter(self.runs)) if run is None else run,
+            layer=(first.layers[0] if first.layers else 0) if layer is None else layer,
+        )
+        self.set_up(chosen, measures_available=measures, runs_available=list(self.runs))
 
     @classmethod
     def shows(cls, stats: KVStats | None) -> bool:
         """Never from one capture's statistics alone: the view needs healing runs."""
         return False
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: HealingState) -> str:
+        """The model, the runs and what they were measured on."""
         first = next(iter(self.runs.values()))
         count = f"{len(self.runs)} healed variant{'s' if len(self.runs) > 1 else ''}"
         return f"{first.model_name} · {count} · {first.evaluation_tokens:,} held-out tokens"
@@ -191,26 +209,30 @@ class HealingView(View):
             ys = [self.damage(row, measure) for row in r.curve]
             hovers = [_hover(name, row, f"{label} {y:.4f}") for row, y in zip(r.curve, ys, strict=True)]
             series.append(Series(name, xs, ys, hovers, style="points+line"))
-        ticks = sorted(
-            {edge, *(row["tokens"] for r in self.runs.values() for row in r.curve if row["tokens"] > 0)}
+        evaluated = sorted(
+            {row["tokens"] for r in self.runs.values() for row in r.curve if row["tokens"] > 0}
         )
         closed = ", ".join(  # of what is drawn: 1 − last / untrained
             f"{line.name} {1 - line.y[-1] / line.y[0]:.0%}" if line.y[0] else f"{line.name} n/a"
             for line in series
         )
+        method = first.method if first.loss == first.method else f"{first.method} ({first.loss})"
         return Chart(
             "recovery",
             "Recovery while healing",
-            "healing tokens (log; leftmost point: untrained)",
+            "healing tokens (log; 0: untrained)",
             axis,
             series,
             subtitle=(
-                f"{first.model_name} · {first.method} ({first.loss}), trainable {first.trainable} · "
+                f"{first.model_name} · {method}, trainable {first.trainable} · "
                 f"{first.evaluation_tokens:,} held-out tokens · lower is better, 0 is the original"
             ),
             x_log=True,
             y_reference=0.0,
-            x_ticks=ticks,
+            # The untrained point sits left of the first evaluation, where a log axis has room for
+            # it: its tick says 0, the others the tokens seen.
+            x_ticks=[edge, *evaluated],
+            x_tick_labels=["0", *(f"{int(n):,}" for n in evaluated)],
             label_points=False,  # the legend names the runs; hover names each point
             note=f"share of the untrained {label} closed at the end: {closed}",
         )
@@ -219,8 +241,8 @@ class HealingView(View):
         r = self.runs[name]
         if not r.per_layer or not r.layers:
             return None
-        matrix = np.array(r.per_layer, dtype=np.float64).T  # layers × points
-        left = matrix[:, -1] / np.where(matrix[:, 0] > 0, matrix[:, 0], np.nan)
+        matrix = np.array(r.per_layer, dtype=np.float64)  # points × layers
+        left = matrix[-1] / np.where(matrix[0] > 0, matrix[0], np.nan)
         notes = []
         if np.isfinite(left).any():
             worst = int(np.nanargmax(left))
@@ -229,26 +251,32 @@ class HealingView(View):
             )
         if layer in r.layers:
             i = r.layers.index(layer)
-            notes.append(f"layer {layer}: {matrix[i, 0]:.3f} untrained → {matrix[i, -1]:.3f}")
-        notes.append("a click selects the layer")
+            notes.append(f"layer {layer}: {matrix[0, i]:.3f} untrained → {matrix[-1, i]:.3f}")
         contiguous = r.layers == list(range(r.layers[0], r.layers[0] + len(r.layers)))
         panel = Panel(
             "layers",
-            f"Attention-output error per layer · {name}",
+            f"Per-layer error · {name}",
             matrix,
-            subtitle=f"{r.model_name} · converted layers × healing tokens (teacher-forced)",
-            row_labels=None if contiguous else [str(layer) for layer in r.layers],
-            row_offset=r.layers[0] if contiguous else 0,
-            col_labels=[_tokens(row["tokens"]) for row in r.curve],
+            subtitle=f"{r.model_name} · attention output, teacher-forced, at each evaluation",
+            row_labels=[_tokens(row["tokens"]) for row in r.curve],
+            col_labels=None if contiguous else [str(layer) for layer in r.layers],
+            col_offset=r.layers[0] if contiguous else 0,
             note=" · ".join(notes),
-            row_axis="layer",
-            col_axis="tokens",
+            row_axis="healing tokens",
+            col_axis="layer",
+            axis_titles=True,
+            hint="a click on a column selects its layer",
+            mark_col=r.layers.index(layer) if layer in r.layers else -1,
         )
         finite = matrix[np.isfinite(matrix)]
         return panel, float(finite.max()) if finite.size else 1.0
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: HealingState, resolution: int | None = None) -> PanelGrid:
         """The recovery chart and the per-layer map of ``state.run``."""
+        if not 0 <= state.layer < self.num_layers:
+            raise LayerIndexError(
+                f"layer {state.layer} is out of range: the runs convert layers up to {self.num_layers - 1}"
+            )
         first = next(iter(self.runs.values()))
         if state.measure not in RECOVERY_MEASURES[first.kind]:
             raise ViewSourceError(
@@ -278,7 +306,7 @@ class HealingView(View):
         return max(values, default=0.0)
 
     def select_cell(self, panel: str, row: int, col: int) -> None:
-        """A click on a row of the map selects its layer."""
-        layers = self.runs[self.run].layers
-        if panel == "layers" and 0 <= row < len(layers):
-            self.layer = layers[row]
+        """A click on a column of the map selects its layer."""
+        layers = self.runs[self.shown_state().run].layers
+        if panel == "layers" and 0 <= col < len(layers):
+            self.set_state(layer=layers[col])

@@ -3,8 +3,9 @@
 Reference: the low-rank KV paper's figure (MHA, LRKV r=16, LRKV r=64, MQA, MLA side by side, colour
 −1..1). Each panel is the (H × H) correlation of the heads' QK forms ``W_Q^h ᵀ W_K^{g(h)}`` (or OV
 forms ``W_O^h W_V^{g(h)}``, ``circuit="ov"``) after converting the layer's K/V projections to that
-mechanism, centred across heads. Under each title: the KV-cache bytes per token (bf16, over all
-layers as if each were converted so, and this layer's own),
+mechanism, centred across heads. Under each title: the KV-cache bytes per token (over all layers as
+if each were converted so, and this layer's own; in bf16, or with a ``report`` in the dtype it was
+evaluated in, as its trade-off chart counts them, with bf16 beside),
 the entropy effective rank of the heads, and the K/V reconstruction errors (``err K … V …``), labelled
 as what they are: weight-space errors, or data-aware ones over the statistics' N tokens (when the
 statistics hold the attention input). The figure's caption (its title when saved) and the layer
@@ -34,11 +35,12 @@ Example:
 
 from __future__ import annotations
 
-import threading
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 import traitlets as t
 from torch import nn
 
@@ -60,12 +62,26 @@ from headwidget.errors import (
     UnknownCircuitError,
     UnsupportedConversionError,
 )
+from headwidget.evaluation import EvaluationReport
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, ViewSourceError, check_sources, state
+from headwidget.views._base import LayerState, LayerView, ViewSourceError, check_sources
 from headwidget.views._controls import checklist, entry, select
+from headwidget.views._memo import Memo
+from headwidget.views._models import check_same_models
 from headwidget.views._registry import register_view
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import state
 
-__all__ = ["CIRCUITS", "SPEC_ERRORS", "MechanismView", "default_mechanisms", "model_name"]
+__all__ = [
+    "CIRCUITS",
+    "KV_DTYPE",
+    "SPEC_ERRORS",
+    "MechanismState",
+    "MechanismView",
+    "default_mechanisms",
+    "kv_dtype",
+    "model_name",
+]
 
 CIRCUITS = ["qk", "ov"]
 #: What a spec the layer cannot take raises: shown in that spec's panel, the others still drawn.
@@ -100,17 +116,38 @@ def model_name(model: object) -> str:
 
 #: A cached panel body: the (H, H) correlation, its effective rank and the conversion, or the error.
 Result = tuple[np.ndarray, float, Conversion] | Exception
+#: The dtype KV bytes are counted in without a report: :func:`headwidget.evaluate`'s default.
+KV_DTYPE = torch.bfloat16
+
+
+def kv_dtype(name: str) -> torch.dtype:
+    """A report's ``dtype`` (``"torch.float32"``) as a torch dtype.
+
+    >>> kv_dtype("torch.float32"), kv_dtype("bfloat16")
+    (torch.float32, torch.bfloat16)
+    """
+    found = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ViewSourceError(f"the report's dtype {name!r} is not a floating-point torch dtype")
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class MechanismState(LayerState):
+    """The selected layer, the circuit (``qk`` or ``ov``) and the mechanism specs shown."""
+
+    circuit: str = state("qk", select("Circuit", options="circuits_available"))
+    mechanisms: tuple[str, ...] = state((), checklist("Mechanisms", options="mechanisms_available"))
 
 
 @register_view("mechanisms", order=30)
-class MechanismView(LayerView):
+class MechanismView(LayerView[MechanismState]):
     """One head-correlation panel per mechanism spec (or per real model)."""
 
     title = "Mechanisms"
+    sources = ViewSources("model", ("stats", "report"), layers="layer", prefetch=True)
 
-    circuit = state(t.Unicode("qk"), select("Circuit", options="circuits_available"))
     circuits_available = t.List(t.Unicode()).tag(sync=True)
-    mechanisms = state(t.List(t.Unicode()), checklist("Mechanisms", options="mechanisms_available"))
     mechanisms_available = t.List(t.Unicode()).tag(sync=True)
     #: Set to a spec (``"gqa:2"``) to offer it and show it; read back as "" once it is added. The
     #: control bar's field sets it; it is input, not state: the spec joins ``mechanisms``.
@@ -124,15 +161,21 @@ class MechanismView(LayerView):
         mechanisms: Sequence[str] | None = None,
         circuit: str = "qk",
         stats: KVStats | None = None,
+        report: EvaluationReport | None = None,
         prefetch: bool = True,
-        **kwargs: Any,
     ) -> None:
         """``mechanisms=None``: :func:`default_mechanisms`; a dict of models shows each as it is.
 
         ``stats`` must come from the model (from each model of a dict): statistics of another model
         raise :class:`~headwidget.errors.StatsMismatchError`, as :func:`~headwidget.convert` does.
+        ``report``: an evaluation of the model (:func:`headwidget.evaluate`): the KV bytes are counted
+        in its dtype, as its trade-off chart counts them (without one: bf16, ``evaluate``'s default).
         ``prefetch``: compute the neighbouring layers and the other circuit in the background.
         """
+        if report is not None and not isinstance(report, EvaluationReport):
+            raise ViewSourceError(
+                f"report must be an EvaluationReport (headwidget.evaluate), got {type(report).__name__}"
+            )
         self.prefetch = flag("prefetch", prefetch)
         layer = whole_number("layer", layer)
         if mechanisms is not None:
@@ -140,42 +183,42 @@ class MechanismView(LayerView):
         self.models = dict(model) if isinstance(model, Mapping) else None
         if self.models is not None and not self.models:
             raise ViewSourceError("the mechanism view needs at least one model; got an empty dict")
-        sources: list[tuple[str | None, Any]] = (
-            [(None, model)] if self.models is None else [*self.models.items()]
-        )
-        for name, each in sources:
-            what = "mechanism view" if name is None else f"mechanism view (model {name!r})"
+        #: The shown models by name (one model: ``""``).
+        self._models: dict[str, nn.Module] = self.models or {"": model}  # type: ignore[dict-item]
+        for name, each in self._models.items():
+            what = f"mechanism view (model {name!r})" if name else "mechanism view"
             if each is None:
                 raise ViewSourceError(f"the {what} needs a model (its weights), got None")
             try:
                 check_sources(stats, each, what)
             except StatsMismatchError as err:
-                if name is None:
+                if not name:
                     raise
                 raise StatsMismatchError(f"model {name!r}: {err}") from err
-        self.model = next(iter(self.models.values())) if self.models else model
+        first = self.model = next(iter(self._models.values()))
+        # (the statistics are the model's by the weights' fingerprint, checked above)
+        for source in ({"model": first}, {"stats": stats}):
+            check_same_models({**source, "report": report}, "mechanism view")
         self.stats = stats
-        self._lock = threading.Lock()
-        self._weights: dict[tuple[int, int], Any] = {}
-        self._conversions: dict[tuple[int, int, str], Conversion | Exception] = {}
-        self._results: dict[tuple[int, int, str, str], Result] = {}
-        super().__init__(**kwargs)
-        first = self.model
-        assert isinstance(first, nn.Module)
+        #: The dtype the KV bytes are counted in: the report's, else bf16.
+        self.kv_dtype = KV_DTYPE if report is None else kv_dtype(report.dtype)
+        # A layer's weights, its conversions, and a panel's correlation (or why there is none).
+        self._weights = Memo(lambda name, layer: head_weights(self._models[name], layer), size=64)
+        self._conversions = Memo(self._conversion, size=256)
+        self._results = Memo(self._result, size=256)
+        super().__init__()
         self.num_heads = adapter_for(first).layout().num_heads
         #: Each shown model's number of layers (its KV bytes are counted over all of them).
-        self._model_layers = {
-            id(m): adapter_for(m).layout().num_layers for m in (self.models or {"": first}).values()
-        }
-        with self.initial_state():
-            self.num_layers = min(self._model_layers.values())
-            self.layer = layer
-            self.circuits_available = CIRCUITS
-            self.circuit = circuit
-            if self.models is None:
-                specs = list(mechanisms) if mechanisms is not None else default_mechanisms(first)
-                self.mechanisms_available = list(dict.fromkeys(specs))
-                self.mechanisms = specs
+        self._model_layers = {name: adapter_for(m).layout().num_layers for name, m in self._models.items()}
+        specs = (
+            [] if self.models else list(mechanisms) if mechanisms is not None else default_mechanisms(first)
+        )
+        self.set_up(
+            MechanismState(layer=layer, circuit=circuit, mechanisms=tuple(specs)),
+            num_layers=min(self._model_layers.values()),
+            circuits_available=CIRCUITS,
+            mechanisms_available=list(dict.fromkeys(specs)),
+        )
 
     # ------------------------------------------------------------------ offered specs
     @t.observe("mechanisms")
@@ -190,72 +233,50 @@ class MechanismView(LayerView):
         spec = change["new"].strip()
         if not spec:
             return
-        if spec not in self.mechanisms:
-            self.mechanisms = [*self.mechanisms, spec]
+        shown = self.current_state().mechanisms
+        if spec not in shown:
+            self.set_state(mechanisms=[*shown, spec])
         self.add_mechanism = ""
 
-    # ------------------------------------------------------------------ cached computation
-    def _source(self, model: nn.Module, layer: int) -> Any:
-        key = (id(model), layer)
-        with self._lock:
-            found = self._weights.get(key)
-        if found is None:
-            found = head_weights(model, layer)
-            with self._lock:
-                self._weights[key] = found
-        return found
+    # ------------------------------------------------------------------ kept computation
+    def _conversion(self, name: str, layer: int, spec: str) -> Conversion | Exception:
+        try:
+            return convert(self._weights(name, layer), layer, spec, self.stats)
+        except SPEC_ERRORS as err:
+            return err
 
-    def _conversion(self, model: nn.Module, layer: int, spec: str) -> Conversion | Exception:
-        key = (id(model), layer, spec)
-        with self._lock:
-            found = self._conversions.get(key)
-        if found is None:
-            try:
-                found = convert(self._source(model, layer), layer, spec, self.stats)
-            except SPEC_ERRORS as err:
-                found = err
-            with self._lock:
-                self._conversions[key] = found
-        return found
-
-    def _result(self, model: nn.Module, layer: int, spec: str, circuit: str) -> Result:
-        """The correlation, effective rank and conversion of one panel (or why there is none), cached."""
-        key = (id(model), layer, spec, circuit)
-        with self._lock:
-            found = self._results.get(key)
-        if found is not None:
-            return found
-        conversion = self._conversion(model, layer, spec)
-        result: Result
+    def _result(self, name: str, layer: int, spec: str, circuit: str) -> Result:
+        """The correlation, effective rank and conversion of one panel (or why there is none)."""
+        conversion = self._conversions(name, layer, spec)
         if isinstance(conversion, Exception):
-            result = conversion
-        else:
-            try:
-                sim = operator_similarity(conversion, layer, circuit)
-                sim.setflags(write=False)  # shared by every revisit (and its wire encoding cached)
-                result = (sim, float(head_diversity(sim)["effective_rank"]), conversion)
-            except SPEC_ERRORS as err:
-                result = err
-        with self._lock:
-            self._results[key] = result
-        return result
+            return conversion
+        try:
+            sim = operator_similarity(conversion, layer, circuit)
+        except SPEC_ERRORS as err:
+            return err
+        sim.setflags(write=False)  # shared by every revisit (and its wire encoding kept)
+        return sim, float(head_diversity(sim)["effective_rank"]), conversion
 
-    def _bytes(self, model: nn.Module, conversion: Conversion) -> str:
+    def _bytes(self, name: str, conversion: Conversion) -> str:
         """The conversion's KV bytes as every view says them: over all layers (as if each were
-        converted so), this layer's beside them, bf16."""
-        per_layer = conversion.kv_bytes_per_token()
-        layers = self._model_layers[id(model)]
-        return kv_bytes_text(per_layer * layers, layers, "bf16", this_layer=per_layer)
+        converted so), this layer's beside them, in :attr:`kv_dtype` (and in bf16 beside them when
+        that is another)."""
+        per_layer = conversion.kv_bytes_per_token(self.kv_dtype)
+        layers = self._model_layers[name]
+        text = kv_bytes_text(per_layer * layers, layers, self.kv_dtype, this_layer=per_layer)
+        if self.kv_dtype == KV_DTYPE:
+            return text
+        return f"{text} · {conversion.kv_bytes_per_token(KV_DTYPE) * layers:,} B/token in bf16"
 
     def _errors_label(self, conversion: Conversion) -> str:
         if conversion.weighting == "data-aware" and self.stats is not None:
             return f"data-aware over {self.stats.tokens} tokens"
         return "weight-space: no statistics" if self.stats is None else "weight-space: no attention input"
 
-    def _panel(self, state: Any, panel_id: str, title: str, model: nn.Module, spec: str) -> Panel:
-        result = self._result(model, state.layer, spec, state.circuit)
+    def _panel(self, state: MechanismState, panel_id: str, title: str, name: str, spec: str) -> Panel:
+        result = self._results(name, state.layer, spec, state.circuit)
         if isinstance(result, Exception):
-            heads = adapter_for(model).layout().num_heads
+            heads = adapter_for(self._models[name]).layout().num_heads
             labels = [f"H{h}" for h in range(heads)]
             reason = f"cannot build: {result}" if spec in str(result) else f"cannot build {spec}: {result}"
             empty = np.full((heads, heads), np.nan)
@@ -265,7 +286,7 @@ class MechanismView(LayerView):
         sim, rank, conversion = result
         err = conversion.reconstruction_error
         subtitle = (
-            f"{self._bytes(model, conversion)} · eff. rank {rank:.2f} · "
+            f"{self._bytes(name, conversion)} · eff. rank {rank:.2f} · "
             f"err K {err['key']:.3f} V {err['value']:.3f} ({self._errors_label(conversion)})"
         )
         labels = [f"H{h}" for h in range(sim.shape[0])]
@@ -280,14 +301,13 @@ class MechanismView(LayerView):
             col_axis="head",
         )
 
-    def _shown_specs(self, state: Any) -> list[tuple[str, str, nn.Module, str]]:
-        """(panel id, title, model, spec) of every panel, in order."""
+    def _shown_specs(self, state: MechanismState) -> list[tuple[str, str, str, str]]:
+        """(panel id, title, model name, spec) of every panel, in order."""
         if self.models is not None:
-            return [(name, name, m, "model") for name, m in self.models.items()]
-        assert isinstance(self.model, nn.Module)
-        return [(spec, spec, self.model, spec) for spec in state.mechanisms]
+            return [(name, name, name, "model") for name in self.models]
+        return [(spec, spec, "", spec) for spec in state.mechanisms]
 
-    def neighbours(self, state: Any) -> list[Any]:
+    def neighbours(self, state: MechanismState) -> list[MechanismState]:
         """The next layer first (what a slider move asks for most), the previous one, then the other
         circuit of this layer."""
         other = next((c for c in CIRCUITS if c != state.circuit), state.circuit)
@@ -296,16 +316,15 @@ class MechanismView(LayerView):
     def _model_names(self) -> str:
         return model_name(self.model) if self.models is None else ", ".join(self.models)
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: MechanismState) -> str:
         """What the figure shows: the model (or models) and the layer."""
-        return f"{self._model_names()} · layer {self.layer}"
+        return f"{self._model_names()} · layer {state.layer}"
 
-    def labels(self, state: Any) -> dict[str, Any]:
+    def labels(self, state: MechanismState) -> dict[str, Any]:
         """The layer read-out, with the model (or models) shown."""
         return {"layer_label": f"{self.layer_text(state.layer)} · {self._model_names()}"}
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: MechanismState, resolution: int | None = None) -> PanelGrid:
         """One panel per mechanism spec (or per real model), in order, colour −1..1."""
         if state.circuit not in CIRCUITS:
             raise UnknownCircuitError(f"unknown circuit {state.circuit!r}; choose 'qk' or 'ov'")

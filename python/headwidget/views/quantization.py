@@ -36,9 +36,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 import traitlets as t
@@ -53,11 +53,15 @@ from headwidget.core.panels import PanelGrid
 from headwidget.errors import HeadwidgetError
 from headwidget.evaluation import EvaluationReport
 from headwidget.stats import KVStats
-from headwidget.views._base import LayerView, ViewSourceError, check_view_layer, state, stats_model_name
+from headwidget.views._base import LayerState, LayerView, ViewSourceError, check_view_layer, stats_model_name
 from headwidget.views._controls import toggles
+from headwidget.views._memo import Memo
+from headwidget.views._models import check_same_models
 from headwidget.views._registry import register_view
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import state
 
-__all__ = ["COUPLING_KINDS", "QuantizationView", "bits_per_channel"]
+__all__ = ["COUPLING_KINDS", "QuantizationState", "QuantizationView", "bits_per_channel"]
 
 
 #: The kinds the coupling chart shows, with their names and colours.
@@ -143,13 +147,20 @@ class QuantizationViewError(HeadwidgetError, ValueError):
     """A quantization view asked of statistics without token samples, or with a bad option."""
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantizationState(LayerState):
+    """The selected layer and the damage measure of the bits-against-damage chart."""
+
+    damage: str = state("nll", toggles("Damage", options="damages_available", labels=DAMAGE_LABELS))
+
+
 @register_view("quantization", order=50)
-class QuantizationView(LayerView):
+class QuantizationView(LayerView[QuantizationState]):
     """Joint against summed marginal entropy of coupled channels per layer, and bits against damage."""
 
     title = "Quantization"
+    sources = ViewSources("stats", ("report",), layers="layer")
 
-    damage = state(t.Unicode("nll"), toggles("Damage", options="damages_available", labels=DAMAGE_LABELS))
     damages_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(
@@ -162,7 +173,6 @@ class QuantizationView(LayerView):
         group_sizes: Sequence[int] = (1, 2, 4, 8),
         miller_madow: bool = False,
         damage: str = "nll",
-        **kwargs: Any,
     ) -> None:
         """``bins`` per channel, channel ``group_sizes`` and the Miller–Madow correction as
         :func:`~headwidget.analysis.entropy.channel_entropy` takes them."""
@@ -174,6 +184,7 @@ class QuantizationView(LayerView):
             )
         if report is not None and not isinstance(report, EvaluationReport):
             raise ViewSourceError(f"report must be an EvaluationReport, got {type(report).__name__}")
+        check_same_models({"stats": stats, "report": report}, "quantization view")
         self.stats, self.report = stats, report
         layer = optional_whole_number("layer", layer)
         self.bins = whole_number("bins", bins, minimum=1, maximum=BINS_MAX, hint="bins per channel")
@@ -182,17 +193,15 @@ class QuantizationView(LayerView):
         )
         self.miller_madow = flag("miller_madow", miller_madow)
         self.kinds = [k for k in COUPLING_KINDS if k in stats.kinds]
-        self._entropy = lru_cache(maxsize=256)(self._layer_entropy)
-        self._control = lru_cache(maxsize=256)(self._layer_control)
-        super().__init__(**kwargs)
-        with self.initial_state():
-            self.num_layers = stats.meta.layout.num_layers
-            quantizers = self._quantizers()
-            self.damages_available = (
-                list(DAMAGES) if quantizers and report and report.kind == "causal-lm" else []
-            )
-            self.damage = damage
-            self.layer = stats.layers[0] if layer is None else layer
+        self._entropy = Memo(self._layer_entropy, size=256)
+        self._control = Memo(self._layer_control, size=256)
+        super().__init__()
+        quantizers = self._quantizers()
+        self.set_up(
+            QuantizationState(layer=stats.layers[0] if layer is None else layer, damage=damage),
+            num_layers=stats.meta.layout.num_layers,
+            damages_available=list(DAMAGES) if quantizers and report and report.kind == "causal-lm" else [],
+        )
 
     @classmethod
     def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:
@@ -204,10 +213,9 @@ class QuantizationView(LayerView):
         """Whether the view can be built from ``stats``: it needs their token samples."""
         return stats is not None and bool(stats.meta.sample_size)
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: QuantizationState) -> str:
         """The model and the layer."""
-        return f"{stats_model_name(self.stats)} · layer {self.layer}"
+        return f"{stats_model_name(self.stats)} · layer {state.layer}"
 
     # ------------------------------------------------------------------ numbers
     def _layer_entropy(self, layer: int, kind: Kind) -> ChannelEntropy:
@@ -359,7 +367,7 @@ class QuantizationView(LayerView):
             ),
         )
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: QuantizationState, resolution: int | None = None) -> PanelGrid:
         """The coupling chart of the selected layer, and the bits-against-damage chart with a report."""
         check_view_layer(state.layer, self.num_layers, self.stats.layers)
         if self.damages_available and state.damage not in DAMAGES:

@@ -13,8 +13,9 @@ Above the panels, the trend chart of the selected layer: per step, the numbers o
 :meth:`Timeline.summary <headwidget.Timeline.summary>` (mean |channel correlation| of K and V, mean head
 similarity of K and V before and after alignment; :meth:`Timeline.layer_series
 <headwidget.Timeline.layer_series>`), with the step
-shown marked; when the trainer logged a loss, a second chart draws it over the same steps. A click on
-a point of a chart moves the step slider to that step.
+shown marked; when the trainer logged a loss, a second chart draws it over the same steps, on the
+same step axis (the step shown is marked at the same place in both). A click on a point of a chart
+moves the step slider to that step.
 
 Two timelines side by side (``TimelineView({"MHA": t1, "GQA": t2})``) share the step slider, so they
 must hold the same steps; each has its own panels, and its lines in the charts (the second dashed).
@@ -41,9 +42,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,20 +60,16 @@ from headwidget.errors import HeadwidgetError, TrackingError, UnknownOptionError
 from headwidget.stats import KVStats
 from headwidget.tracking import Timeline
 from headwidget.tracking._timeline import SUMMARY_METRICS
-from headwidget.views._base import (
-    View,
-    ViewSourceError,
-    WholeNumber,
-    check_view_layer,
-    state,
-    stats_model_name,
-)
+from headwidget.views._base import View, ViewSourceError, check_view_layer, stats_model_name
 from headwidget.views._controls import slider, toggles
 from headwidget.views._memo import Memo
 from headwidget.views._registry import register_view
-from headwidget.views.channels import KIND_TITLES, check_key_kind, downsampled_note
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import ViewState, state
+from headwidget.views.alignment import head_panel, similarity_grid
+from headwidget.views.channels import KIND_TITLES, channel_panel, check_key_kind
 
-__all__ = ["SHOW_LABELS", "StepIndexError", "TimelineStepsError", "TimelineView"]
+__all__ = ["SHOW_LABELS", "StepIndexError", "TimelineState", "TimelineStepsError", "TimelineView"]
 
 #: What the view can show at a step, and what its toggles call each.
 SHOW_LABELS = {"channels": "channel correlation", "heads": "head similarity"}
@@ -160,22 +157,30 @@ def _span(steps: Sequence[int]) -> str:
     return f"{len(steps)} steps ({shown})"
 
 
+@dataclasses.dataclass(frozen=True)
+class TimelineState(ViewState):
+    """The step shown (an index among the timeline's steps), the layer (shared by a dashboard's views),
+    what the panels show (``channels`` or ``heads``) and the kind of keys."""
+
+    step: int = state(0, slider("Step", count="num_steps", text="step_label", play=True))
+    layer: int = state(0, slider("Layer", count="num_layers", text="layer_label"), shared=True)
+    matrices: str = state("channels", toggles("Show", options="shows_available", labels=SHOW_LABELS))
+    kind: str = state("key", toggles("Kind", options="kinds_available", labels=KIND_LABELS))
+
+
 @register_view("timeline", order=60)
-class TimelineView(View):
+class TimelineView(View[TimelineState]):
     """One training step's K and V panels (channel correlation or head similarity) of one or two
     timelines, beside the selected layer's trend over every step (see the module docstring)."""
 
     title = "Over training"
+    sources = ViewSources("timeline", layers="layer", prefetch=True)
 
-    step = state(WholeNumber(0), slider("Step", count="num_steps", text="step_label", play=True))
     num_steps = t.Int(0).tag(sync=True)
     step_label = t.Unicode("").tag(sync=True)
-    layer = state(WholeNumber(0), slider("Layer", count="num_layers", text="layer_label"))
     num_layers = t.Int(0).tag(sync=True)
     layer_label = t.Unicode("").tag(sync=True)
-    matrices = state(t.Unicode("channels"), toggles("Show", options="shows_available", labels=SHOW_LABELS))
     shows_available = t.List(t.Unicode()).tag(sync=True)
-    kind = state(t.Unicode("key"), toggles("Kind", options="kinds_available", labels=KIND_LABELS))
     kinds_available = t.List(t.Unicode()).tag(sync=True)
 
     def __init__(
@@ -188,7 +193,6 @@ class TimelineView(View):
         kind: str = "key",
         max_cells: int = 1024,
         prefetch: bool = True,
-        **kwargs: Any,
     ) -> None:
         """``timeline``: one :class:`~headwidget.Timeline`, or ``{"name": timeline, ...}`` side by side.
         ``step``: the index of the step shown among ``timeline.steps`` (0: the first snapshot);
@@ -206,22 +210,24 @@ class TimelineView(View):
         self.prefetch = flag("prefetch", prefetch)
         self.steps: list[int] = next(iter(self.timelines.values())).steps
         firsts = [tl[self.steps[0]] for tl in self.timelines.values()]
-        # shared with the background thread computing the next step
-        self._results: Memo[AlignmentResult] = Memo(self._align, size=KEEP_RESULTS)
-        # What channel panels show (at most max_cells² floats each): a played timeline revisits them.
-        self._channel_matrix: Callable[..., tuple[np.ndarray, int]] = lru_cache(maxsize=64)(self._correlation)
-        self._series: dict[tuple[str, int], dict[str, list[float]]] = {}
-        super().__init__(**kwargs)
-        with self.initial_state():
-            self.num_steps = len(self.steps)
-            self.num_layers = min(s.meta.layout.num_layers for s in firsts)
-            self.shows_available = list(SHOW_LABELS)
-            both = all("key_post" in s.kinds for s in firsts)
-            self.kinds_available = ["key", "key_post"] if both else []
-            self.step = step
-            self.layer = firsts[0].layers[0] if layer is None else layer
-            self.matrices = show
-            self.kind = kind
+        # Parts of the panels and charts (a played timeline revisits them): alignments, channel
+        # matrices (at most max_cells² floats each) and a layer's trend lines.
+        self._results = Memo(self._align, size=KEEP_RESULTS)
+        self._channel_matrix = Memo(self._correlation, size=64)
+        self._series = Memo(lambda name, layer: self.timelines[name].layer_series(layer), size=64)
+        self._lines = Memo(self._trend_lines, size=64)
+        self._losses = Memo(self._loss_lines, size=1)
+        super().__init__()
+        both = all("key_post" in s.kinds for s in firsts)
+        self.set_up(
+            TimelineState(
+                step=step, layer=firsts[0].layers[0] if layer is None else layer, matrices=show, kind=kind
+            ),
+            num_steps=len(self.steps),
+            num_layers=min(s.meta.layout.num_layers for s in firsts),
+            shows_available=list(SHOW_LABELS),
+            kinds_available=["key", "key_post"] if both else [],
+        )
 
     @classmethod
     def shows(cls, stats: KVStats | None) -> bool:
@@ -255,14 +261,14 @@ class TimelineView(View):
         steps = self.steps
         return f"step {steps[index]} ({index + 1} of {len(steps)}: steps {steps[0]}–{steps[-1]})"
 
-    def labels(self, state: Any) -> dict[str, Any]:
+    def labels(self, state: TimelineState) -> dict[str, Any]:
         """The step and layer read-outs."""
         return {
             "step_label": self.step_text(state.step),
             "layer_label": f"layer {state.layer} of 0–{self.num_layers - 1}",
         }
 
-    def neighbours(self, state: Any) -> list[Any]:
+    def neighbours(self, state: TimelineState) -> list[TimelineState]:
         """The next step (what play shows next) and the next layer."""
         ahead = []
         if state.step + 1 < len(self.steps):
@@ -276,8 +282,7 @@ class TimelineView(View):
         """The most cells a channel panel side shows (fixed when the view is built)."""
         return self._max_cells
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: TimelineState) -> str:
         """The model(s), the layer and the step shown."""
         models = [
             f"{name}: {stats_model_name(self.stats_at(name, 0))}"
@@ -285,8 +290,8 @@ class TimelineView(View):
             else stats_model_name(self.stats_at(name, 0))
             for name in self.timelines
         ]
-        step = self.steps[self.step] if 0 <= self.step < len(self.steps) else self.step
-        return f"{' vs '.join(models)} · layer {self.layer} · step {step}"
+        step = self.steps[state.step] if 0 <= state.step < len(self.steps) else state.step
+        return f"{' vs '.join(models)} · layer {state.layer} · step {step}"
 
     # ------------------------------------------------------------------ panels
     def _correlation(
@@ -312,35 +317,26 @@ class TimelineView(View):
     def _title(name: str, *parts: str) -> str:
         return " · ".join(p for p in (name, *parts) if p)
 
-    def _channel_panels(self, state: Any, step: int, cells: int) -> list[Panel]:
+    def _channel_panels(self, state: TimelineState, step: int, cells: int) -> list[Panel]:
         panels = []
         for kind in (state.kind, "value"):
             for name in self.timelines:
                 stats = self.stats_at(name, state.step)
-                matrix, block = self._channel_matrix(name, state.step, state.layer, kind, cells)
+                shown = self._channel_matrix(name, state.step, state.layer, kind, cells)
                 channels = stats.moments(state.layer, check_kind(kind)).channels
-                note = downsampled_note(channels, matrix.shape[0], block)
-                head_dim = stats.meta.layout.head_dim_of(check_kind(kind)) or 0
+                subtitle = (
+                    f"layer {state.layer} · channels 0–{channels - 1} · Pearson over {stats.tokens} tokens"
+                )
+                title = self._title(name, KIND_TITLES[kind], f"step {step}")
+                panel_id = f"{name}:{kind}" if name else kind
                 panels.append(
-                    Panel(
-                        id=f"{name}:{kind}" if name else kind,
-                        title=self._title(name, KIND_TITLES[kind], f"step {step}"),
-                        subtitle=(
-                            f"layer {state.layer} · channels 0–{channels - 1} · Pearson over "
-                            f"{stats.tokens} tokens"
-                        ),
-                        matrix=matrix,
-                        row_step=block,
-                        col_step=block,
-                        note=note,
-                        row_group=head_dim,
-                        col_group=head_dim,
-                        axis_prefix="V" if kind == "value" else "K",
+                    channel_panel(
+                        stats, kind, (0, channels), shown, id=panel_id, title=title, subtitle=subtitle
                     )
                 )
         return panels
 
-    def _head_panels(self, state: Any, step: int) -> list[Panel]:
+    def _head_panels(self, state: TimelineState, step: int) -> list[Panel]:
         panels = []
         for kind in (state.kind, "value"):
             for name in self.timelines:
@@ -353,21 +349,13 @@ class TimelineView(View):
                     ("before", res.before, f"{res.token_count} tokens"),
                     ("after", res.shown if aligned else res.before, scoring),
                 ):
+                    panel_id = f"{name}:{kind}-{suffix}" if name else f"{kind}-{suffix}"
                     panels.append(
-                        Panel(
-                            id=f"{name}:{kind}-{suffix}" if name else f"{kind}-{suffix}",
-                            title=f"{title} · {suffix}",
-                            subtitle=f"{subtitle}, {scores}",
-                            matrix=matrix,
-                            row_labels=labels,
-                            col_labels=labels,
-                            row_axis="head",
-                            col_axis="head",
-                        )
+                        head_panel(panel_id, f"{title} · {suffix}", matrix, f"{subtitle}, {scores}", labels)
                     )
         return panels
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: TimelineState, resolution: int | None = None) -> PanelGrid:
         """The panels of the step and layer of ``state`` under the trend chart(s) of the layer: K beside
         V for one timeline; for several, a K row over a V row, a column per timeline (two for heads:
         before and after)."""
@@ -387,74 +375,42 @@ class TimelineView(View):
             return PanelGrid(
                 panels, -1.0, 1.0, "diverging", "Pearson correlation", columns=columns, charts=charts
             )
-        panels, label = self._head_panels(state, step), "head similarity"
-        for panel in panels:
-            lowest = float(np.nanmin(panel.matrix)) if np.isfinite(panel.matrix).any() else 0.0
-            if lowest < 0:  # the 0..1 scale draws it as 0: say so, as the alignment view does
-                panel.note = f"lowest score {lowest:.3f}, drawn as 0"
-                label = "head similarity (scores below 0 drawn as 0)"
-        return PanelGrid(panels, 0.0, 1.0, "magma", label, columns=2 * count, charts=charts)
+        return similarity_grid(self._head_panels(state, step), columns=2 * count, charts=charts)
 
     # ------------------------------------------------------------------ trends
     def series(self, name: str, layer: int) -> dict[str, list[float]]:
         """The trend lines of ``layer`` in timeline ``name``
         (:meth:`Timeline.layer_series <headwidget.Timeline.layer_series>`, kept once read)."""
-        key = (name, layer)
-        if key not in self._series:
-            self._series[key] = self.timelines[name].layer_series(layer)
-        return self._series[key]
+        return self._series(name, layer)
 
-    def _marker(self, step: int, values: list[float]) -> Series:
-        """A dashed vertical line at ``step`` over the range of ``values`` (0..1 when none is finite)."""
-        finite = [v for v in values if math.isfinite(v)]
-        low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    @staticmethod
+    def _marker(step: int, span: list[float]) -> Series:
+        """A dashed vertical line at ``step`` from the lowest to the highest value of ``span``."""
+        label = f"step {step} (shown)"
         return Series(
-            f"step {step}",
-            [step, step],
-            [low, high],
-            [f"step {step} (shown)"] * 2,
-            style="line",
-            color=MARKER_COLOR,
-            dashed=True,
+            f"step {step}", [step, step], span, [label] * 2, style="line", color=MARKER_COLOR, dashed=True
         )
 
-    def trend_charts(self, state: Any) -> list[Chart]:
-        """The trend chart of the layer of ``state`` (one line per metric and timeline, the step shown
-        marked) and, when a trainer logged a loss, the loss chart."""
-        step = self.steps[state.step]
+    @staticmethod
+    def _span(lines: list[Series]) -> list[float]:
+        """The lowest and highest finite value of ``lines`` (0 and 1 when none is finite)."""
+        finite = [v for s in lines for v in s.y if math.isfinite(v)]
+        return [min(finite), max(finite)] if finite else [0.0, 1.0]
+
+    def _trend_lines(self, layer: int) -> tuple[list[Series], list[float]]:
+        """The trend lines of ``layer`` (one per metric and timeline) and their span: the same at
+        every step (kept: a played timeline draws them at every step)."""
         lines: list[Series] = []
         for i, name in enumerate(self.timelines):
-            for metric, values in self.series(name, state.layer).items():
+            for metric, values in self.series(name, layer).items():
                 words = self._title(name, SUMMARY_METRICS[metric])
-                lines.append(
-                    Series(
-                        words,
-                        list(self.steps),
-                        values,
-                        _hover(words, self.steps, values),
-                        style="points+line",
-                        color=METRIC_COLORS[metric],
-                        dashed=i > 0,
-                    )
-                )
-        lines.append(self._marker(step, [v for s in lines for v in s.y]))
-        charts = [
-            Chart(
-                "trends",
-                f"Layer {state.layer} over training",
-                "training step",
-                "mean over pairs",
-                lines,
-                subtitle="mean |channel correlation|; mean head similarity before and after alignment",
-                note="a click on a point shows its step",
-            )
-        ]
-        loss = self._loss_chart(step)
-        if loss is not None:
-            charts.append(loss)
-        return charts
+                hover = _hover(words, self.steps, values)
+                colour = METRIC_COLORS[metric]
+                lines.append(Series(words, list(self.steps), values, hover, "points+line", colour, i > 0))
+        return lines, self._span(lines)
 
-    def _loss_chart(self, step: int) -> Chart | None:
+    def _loss_lines(self) -> tuple[list[Series], list[float]]:
+        """The trainer's logged loss of each timeline (none logged: no line) and its span."""
         lines: list[Series] = []
         for i, (name, timeline) in enumerate(self.timelines.items()):
             steps, values = timeline.log_series("loss")
@@ -464,18 +420,44 @@ class TimelineView(View):
                 lines.append(
                     Series(words, xs, values, _hover(words, steps, values), style="line", dashed=i > 0)
                 )
-        if not lines:
-            return None
-        lines.append(self._marker(step, [v for s in lines for v in s.y]))
-        return Chart(
-            "loss",
-            "Trainer's loss",
-            "training step",
-            "loss",
-            lines,
-            subtitle="as the trainer logged it",
-            note="a click on a point shows the nearest snapshot",
-        )
+        return lines, self._span(lines)
+
+    def trend_charts(self, state: TimelineState) -> list[Chart]:
+        """The trend chart of the layer of ``state`` (one line per metric and timeline, the step shown
+        marked) and, when a trainer logged a loss, the loss chart."""
+        step = self.steps[state.step]
+        lines, span = self._lines(state.layer)
+        loss, loss_span = self._losses()
+        # One step axis for both charts: a step (and the marker of the one shown) is at the same
+        # place in each, whichever starts later (a loss first logged at step 5, snapshots from 0).
+        steps = [*self.steps, *(x for line in loss for x in line.x)]
+        axis = [float(min(steps)), float(max(steps))]
+        charts = [
+            Chart(
+                "trends",
+                f"Layer {state.layer} over training",
+                "training step",
+                "mean over pairs",
+                [*lines, self._marker(step, span)],
+                subtitle="mean |channel correlation|; mean head similarity before and after alignment",
+                hint="a click on a point shows its step",
+                x_range=axis,
+            )
+        ]
+        if loss:
+            charts.append(
+                Chart(
+                    "loss",
+                    "Trainer's loss",
+                    "training step",
+                    "loss",
+                    [*loss, self._marker(step, loss_span)],
+                    subtitle="as the trainer logged it",
+                    hint="a click on a point shows the nearest snapshot",
+                    x_range=axis,
+                )
+            )
+        return charts
 
     def select_point(self, chart: str, series: int, point: int) -> None:
         """A click on point ``point`` of series ``series`` of chart ``chart``: show the snapshot nearest
@@ -486,4 +468,4 @@ class TimelineView(View):
         xs = shown.series[series].x
         if not 0 <= point < len(xs):
             return
-        self.step = int(np.argmin([abs(s - xs[point]) for s in self.steps]))
+        self.set_state(step=int(np.argmin([abs(s - xs[point]) for s in self.steps])))

@@ -13,8 +13,9 @@ Lines (:func:`layer_trends`, one value per captured layer, each series with its 
 The means are those of :meth:`~headwidget.KVStats.summary`, the one function that the demo's table and
 the timelines read too. Drawn by the front end's charts (in a notebook, in marimo, on a saved page,
 where the two selects work offline) and by matplotlib in a saved figure; Jupyter's dashboard draws the
-same series with bqplot (:class:`~headwidget.widget.LayerTrends`). A click on a point selects its layer
-(``layer``), which moves the other views of a dashboard.
+same series with bqplot (:class:`~headwidget.widget.LayerTrends`). The selected layer (``layer``) is
+marked by a dashed vertical line in each chart; a click on a point selects its layer, which moves the
+other views of a dashboard.
 
 Example:
     >>> import torch, headwidget
@@ -33,9 +34,10 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import traitlets as t
@@ -51,19 +53,25 @@ from headwidget.core.panels import PanelGrid
 from headwidget.errors import ArgumentError, UnknownMetricError
 from headwidget.moments import off_diagonal_mean
 from headwidget.stats import KVStats
-from headwidget.views._base import View, WholeNumber, check_view_layer, state, stats_model_name
+from headwidget.views._base import View, check_view_layer, stats_model_name
 from headwidget.views._controls import select
+from headwidget.views._memo import Memo
 from headwidget.views._registry import register_view
+from headwidget.views._sources import ViewSources
+from headwidget.views._state import ViewState, state
 from headwidget.views.alignment import METRIC_LABELS, alignment_method
 
 __all__ = [
     "ALIGNMENTS",
     "COLOURS",
+    "MARKER_COLOR",
     "RANK_ROLES",
     "SIMILARITY_ROLES",
     "SeriesRole",
     "TrendSeries",
+    "TrendState",
     "TrendView",
+    "layer_marker",
     "layer_series",
     "layer_ticks",
     "layer_trends",
@@ -207,12 +215,36 @@ def _series(trend: TrendSeries, layers: Sequence[int], colour: str) -> Series:
     return Series(name, xs, list(values), labels, style="points+line", dashed=trend.dashed, color=colour)
 
 
+#: The marker of the selected layer (a dashed vertical line), in every chart of the layers.
+MARKER_COLOR = "#5f5f5f"
+
+
+def layer_marker(layer: int, lines: Sequence[Series]) -> Series:
+    """A dashed vertical line at ``layer`` from the lowest to the highest finite value of ``lines``
+    (0 to 1 when none is finite), named as the legend shows it.
+
+    >>> layer_marker(3, [Series("s", [0.0, 3.0], [0.2, float("nan")], ["a", "b"])]).y
+    [0.2, 0.2]
+    """
+    finite = [v for s in lines for v in s.y if np.isfinite(v)]
+    span = [min(finite), max(finite)] if finite else [0.0, 1.0]
+    label = f"layer {layer} (selected)"
+    return Series(label, [layer, layer], span, [label] * 2, style="line", color=MARKER_COLOR, dashed=True)
+
+
 def trend_charts(
-    series: Sequence[TrendSeries], layers: Sequence[int], subtitle: str, note: str = ""
+    series: Sequence[TrendSeries],
+    layers: Sequence[int],
+    subtitle: str,
+    note: str = "",
+    *,
+    layer: int | None = None,
+    hint: str = "",
 ) -> list[Chart]:
     """The means chart and (if any series is an effective rank) the ranks chart of ``series``; the
     i-th series in the i-th colour of :data:`COLOURS`, as in the notebook's bqplot chart; ``note``
-    under the means chart.
+    under the means chart; ``layer``: marked in each chart by a dashed vertical line (the last
+    series); ``hint``: what a click on a point does (:attr:`~headwidget.core.charts.Chart.hint`).
 
     Example:
         >>> series = [TrendSeries("K mean |channel corr|", "channel_corr", [0.2, 0.3]),
@@ -226,6 +258,11 @@ def trend_charts(
     ranks = [s for s in series if s.role in RANK_ROLES]
     means = [s for s in series if s.role not in RANK_ROLES]
     charts = []
+
+    def lines(shown: Sequence[TrendSeries]) -> list[Series]:
+        drawn = [_series(s, layers, colours[s.name]) for s in shown]
+        return drawn if layer is None else [*drawn, layer_marker(layer, drawn)]
+
     if means:
         charts.append(
             Chart(
@@ -233,11 +270,12 @@ def trend_charts(
                 "Per-layer summary",
                 "layer",
                 "mean |corr| / similarity",
-                [_series(s, layers, colours[s.name]) for s in means],
+                lines(means),
                 subtitle=subtitle,
                 note=note,
                 x_ticks=ticks,
                 label_points=False,  # the legend names the lines
+                hint=hint,
             )
         )
     if ranks:
@@ -247,30 +285,39 @@ def trend_charts(
                 "Head diversity per mechanism",
                 "layer",
                 "effective rank (QK operators)",
-                [_series(s, layers, colours[s.name]) for s in ranks],
+                lines(ranks),
                 subtitle="entropy effective rank of the heads",
                 x_ticks=ticks,
                 label_points=False,
+                hint=hint,
             )
         )
     return charts
 
 
+@dataclasses.dataclass(frozen=True)
+class TrendState(ViewState):
+    """The key alignment and the metric of the head-similarity lines, and the selected layer (a click
+    on a point sets it); a dashboard shares all three with its other views."""
+
+    alignment: str = state("auto", select("Alignment", options="alignments_available"), shared=True)
+    metric: str = state(
+        "token_cosine", select("Metric", options="metrics_available", labels=METRIC_LABELS), shared=True
+    )
+    layer: int = state(0, shared=True)
+
+
 @register_view("trends", order=70)
-class TrendView(View):
+class TrendView(View[TrendState]):
     """The per-layer trends of a capture: channel correlation, head similarity before and after
     alignment, and (with a model) head diversity per mechanism."""
 
     title = "Per-layer summary"
+    sources = ViewSources("stats", ("model",), layers="layer")
+    placement = "above"
 
-    alignment = state(t.Unicode("auto"), select("Alignment", options="alignments_available"))
     alignments_available = t.List(t.Unicode()).tag(sync=True)
-    metric = state(
-        t.Unicode("token_cosine"), select("Metric", options="metrics_available", labels=METRIC_LABELS)
-    )
     metrics_available = t.List(t.Unicode()).tag(sync=True)
-    #: The selected layer (a click on a point sets it; a dashboard links it to its other views).
-    layer = state(WholeNumber(0))
 
     def __init__(
         self,
@@ -296,59 +343,66 @@ class TrendView(View):
         layer = optional_whole_number("layer", layer)
         _check_choice(alignment, metric)
         self.stats, self.model, self.mechanisms = stats, model, list(mechanisms)
-        self._fixed: list[TrendSeries] | None = None
-        self._order: list[str] = []
-        self._similarity: dict[tuple[str, str], list[TrendSeries]] = {}
+        #: Every series under the first alignment and metric, and then the head similarities under
+        #: each other one: the series that do not depend on them are computed once.
+        self._first = (alignment, metric)
+        self._trends = Memo(self._layer_trends, size=16)
         super().__init__()
-        with self.initial_state():
-            rope = stats.meta.layout.rope.uses_rope
-            self.alignments_available = ["auto", *(["rope"] if rope else []), "orthogonal", "none"]
-            self.metrics_available = list(ALIGN_METRICS)
-            self.alignment, self.metric = alignment, metric
-            self.layer = stats.layers[0] if layer is None else layer
+        rope = stats.meta.layout.rope.uses_rope
+        self.set_up(
+            TrendState(alignment=alignment, metric=metric, layer=stats.layers[0] if layer is None else layer),
+            alignments_available=["auto", *(["rope"] if rope else []), "orthogonal", "none"],
+            metrics_available=list(ALIGN_METRICS),
+        )
 
-    @property
-    def caption(self) -> str:
+    def describe(self, state: TrendState) -> str:
         """The model, and how many layers the points are."""
         return f"{stats_model_name(self.stats)} · {len(self.stats.layers)} layers"
 
-    def series(self, state: Any = None) -> list[TrendSeries]:
+    def _layer_trends(self, alignment: str, metric: str) -> list[TrendSeries]:
+        everything = (alignment, metric) == self._first
+        return layer_trends(
+            self.stats,
+            model=self.model if everything else None,
+            mechanisms=self.mechanisms if everything else (),
+            alignment=alignment,
+            metric=metric,
+            similarity_only=not everything,
+        )
+
+    def series(self, state: TrendState | None = None) -> list[TrendSeries]:
         """The series of ``state`` (default: the current one), in :func:`layer_trends`' order; those
         that do not depend on the alignment are computed once, the head similarities once per method
         and metric."""
         state = self.current_state() if state is None else state
         _check_choice(state.alignment, state.metric)
-        key = (state.alignment, state.metric)
-        if self._fixed is None:
-            found = layer_trends(
-                self.stats,
-                model=self.model,
-                mechanisms=self.mechanisms,
-                alignment=state.alignment,
-                metric=state.metric,
-            )
-            self._order = [s.name for s in found]
-            self._fixed = [s for s in found if s.role not in SIMILARITY_ROLES]
-            self._similarity[key] = [s for s in found if s.role in SIMILARITY_ROLES]
-        if key not in self._similarity:
-            self._similarity[key] = layer_trends(
-                self.stats, alignment=state.alignment, metric=state.metric, similarity_only=True
-            )
-        by_name = {s.name: s for s in [*self._fixed, *self._similarity[key]]}
-        return [by_name[name] for name in self._order]
+        found = self._trends(*self._first)
+        similar = {
+            s.name: s for s in self._trends(state.alignment, state.metric) if s.role in SIMILARITY_ROLES
+        }
+        return [similar.get(s.name, s) for s in found]
 
-    def compute(self, state: Any, resolution: int | None = None) -> PanelGrid:
+    def compute(self, state: TrendState, resolution: int | None = None) -> PanelGrid:
         """The means chart (and the ranks chart with mechanisms); no heatmap. The note gives the
         selected layer's means."""
         check_view_layer(state.layer, self.stats.meta.layout.num_layers, self.stats.layers)
         series = self.series(state)
         at = self.stats.layers.index(state.layer)
         values = ", ".join(f"{s.name} {s.values[at]:.3f}" for s in series if s.role not in RANK_ROLES)
-        note = f"layer {state.layer}: {values} · a click on a point selects its layer"
-        charts = trend_charts(series, self.stats.layers, trend_subtitle(state.alignment, state.metric), note)
+        charts = trend_charts(
+            series,
+            self.stats.layers,
+            trend_subtitle(state.alignment, state.metric),
+            f"layer {state.layer}: {values}",
+            layer=state.layer,
+            hint="a click on a point selects its layer",
+        )
         return PanelGrid([], 0.0, 1.0, "diverging", "", charts=charts)
 
     def select_point(self, chart: str, series: int, point: int) -> None:
-        """A click on a point selects its layer."""
+        """A click on a point of a trend line selects its layer (the marker's ends do nothing)."""
+        shown = next((c for c in self.grid.charts if c.id == chart), None)
+        if shown is not None and not 0 <= series < len(shown.series) - 1:  # the last series: the marker
+            return
         if 0 <= point < len(self.stats.layers):
-            self.layer = self.stats.layers[point]
+            self.set_state(layer=self.stats.layers[point])

@@ -5,6 +5,6 @@ a ``HeadWidget``. This package never imports the export (which imports views, no
 """
 
 from headwidget.widget.base import HeadWidget
-from headwidget.widget.trends import LayerTrends, layer_series
+from headwidget.widget.trends import LayerTrends
 
-__all__ = ["HeadWidget", "LayerTrends", "layer_series"]
+__all__ = ["HeadWidget", "LayerTrends"]

@@ -1,32 +1,35 @@
-"""``LayerTrends``: per-layer summaries in a bqplot figure, linked to the heatmap views' layer.
+"""``LayerTrends``: the Jupyter drawing of a :class:`~headwidget.views.TrendView`'s series, in bqplot.
 
-The series are :func:`headwidget.views.trends.layer_trends`' (the :class:`~headwidget.views.TrendView`
-draws the same ones with the front end's charts: in marimo, on a saved page, in a figure).
+The view computes the series (:func:`headwidget.views.trends.layer_trends`, one point per captured
+layer) and holds the state; this chart draws them, and follows and sets the view's state: its
+alignment method and metric pick the head-similarity lines (the title names them), its layer is
+marked by a vertical rule, and a click on a point selects that layer in the view. The same series
+are drawn by the front end's charts (the view's own widget: in marimo, on a saved page, in a figure).
+The title and what the head-similarity lines are sit above the chart, left-aligned (bqplot's own title
+is centred where its toolbar covers the end of it).
 
-Lines, one point per captured layer:
+Lines:
 
 - mean |channel correlation| (off-diagonal) of K and of V;
 - mean head similarity (off-diagonal) of K and V before alignment, and after alignment (the scores the
-  alignment view shows: held-out when few tokens), under the alignment method and metric of the
-  ``alignment`` and ``metric`` traits (the alignment view's traits of the same names, so that
-  ``traitlets.link`` makes the chart follow that tab); the title names them;
+  alignment view shows: held-out when few tokens);
 - optionally, for a model, the effective rank of the heads' QK operator correlation under each mechanism
   spec (on a second axis; diversity per mechanism).
 
 The y-axes span the data (with a margin), the legend sits beside the plot rather than over it, and
-hovering a point shows its series, layer and value. The current layer is marked by a vertical rule.
-Clicking a point selects that layer; ``layer`` is a trait, so ``traitlets.link`` ties it to any view
-(``explore`` does this).
+hovering a point shows its series, layer and value. ``layer``, ``alignment`` and ``metric`` mirror the
+view's.
 
 Example:
     >>> import torch, headwidget
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=3, n_head=4)).eval()
-    >>> trends = LayerTrends(headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False))
+    >>> stats = headwidget.capture(model, torch.randint(0, 64, (4, 24)), progress=False)
+    >>> trends = LayerTrends(headwidget.TrendView(stats))
     >>> sorted(trends.series)[:2], trends.layer
     (['K head similarity · after', 'K head similarity · before'], 0)
-    >>> trends.figure.title
-    'head similarity: per-token cosine, auto alignment'
+    >>> trends.subtitle, trends.subtitle in trends.title.value
+    ('head similarity: per-token cosine, auto alignment', True)
 """
 
 from __future__ import annotations
@@ -39,9 +42,7 @@ import bqplot as bq
 import ipywidgets
 import numpy as np
 import traitlets as t
-from torch import nn
 
-from headwidget.stats import KVStats
 from headwidget.views.trends import (
     COLOURS,
     RANK_ROLES,
@@ -49,24 +50,15 @@ from headwidget.views.trends import (
     SeriesRole,
     TrendSeries,
     TrendView,
-    layer_series,
     layer_ticks,
-    layer_trends,
     trend_subtitle,
 )
 
-__all__ = [
-    "COLOURS",
-    "RANK_ROLES",
-    "SIMILARITY_ROLES",
-    "LayerTrends",
-    "SeriesRole",
-    "TrendSeries",
-    "layer_series",
-    "layer_ticks",
-    "layer_trends",
-    "padded_range",
-]
+__all__ = ["LayerTrends", "padded_range"]
+
+#: What the chart mirrors of the view it draws.
+MIRRORED = ("alignment", "metric", "layer")
+
 
 #: Fraction of the data's span added below and above it on each y-axis.
 MARGIN = 0.08
@@ -105,34 +97,20 @@ def _legend_html(entries: Sequence[tuple[str, str, bool]]) -> str:
     return '<div class="hw-trend-legend" style="font-size:12px;line-height:1.6">' + "".join(rows) + "</div>"
 
 
-class LayerTrends(ipywidgets.VBox):
-    """A bqplot line chart of per-layer summaries; ``layer`` follows clicks and moves the marker;
-    ``alignment`` and ``metric`` choose the head-similarity series."""
+class LayerTrends(ipywidgets.VBox):  # type: ignore[misc]  # (ipywidgets has no types)
+    """A bqplot line chart of a :class:`~headwidget.views.TrendView`'s series; ``layer`` follows
+    clicks and moves the marker; ``alignment`` and ``metric`` choose the head-similarity series."""
 
     layer = t.Int(0)
     alignment = t.Unicode("auto")
     metric = t.Unicode("token_cosine")
 
-    def __init__(
-        self,
-        stats: KVStats,
-        *,
-        model: nn.Module | None = None,
-        mechanisms: Sequence[str] = (),
-        layer: int | None = None,
-        alignment: str = "auto",
-        metric: str = "token_cosine",
-    ) -> None:
-        """``mechanisms``: specs whose effective rank is drawn (needs ``model``); ``layer``: the marked
-        layer (default: the first captured); ``alignment``, ``metric``: as the alignment view's."""
-        self.stats = stats
-        #: The view whose series this chart draws (the numbers are computed there, once): what the
-        #: front end's charts draw in marimo and on a saved page. Its alignment, metric and layer
-        #: follow this chart's.
-        self.view = TrendView(
-            stats, model=model, mechanisms=mechanisms, alignment=alignment, metric=metric, layer=layer
-        )
-        found = self.view.series()
+    def __init__(self, view: TrendView) -> None:
+        """Draw ``view``'s series."""
+        #: The view whose series this chart draws (the numbers are computed there, once).
+        self.view = view
+        self.stats = stats = view.stats
+        found = view.series()
         #: Each series' values by name, and what it measures (:data:`SeriesRole`).
         self.series = {s.name: s.values for s in found}
         self.roles: dict[str, SeriesRole] = {s.name: s.role for s in found}
@@ -189,30 +167,33 @@ class LayerTrends(ipywidgets.VBox):
         ]
         if any(role in RANK_ROLES for role in self.roles.values()):
             axes.append(bq.Axis(scale=self.rank_scale, side="right", label="effective rank"))
+        # The title sits above the figure, left-aligned, in the page's own text: bqplot centres its
+        # title where its toolbar (top right, on hover) covers the end of a long one.
         self.figure = bq.Figure(
             marks=marks,
             axes=axes,
-            title="Per-layer summary",
-            fig_margin={"top": 50, "bottom": 50, "left": 60, "right": 60},
+            title="",
+            fig_margin={"top": 64, "bottom": 50, "left": 60, "right": 60},  # (the toolbar: over no point)
             layout=ipywidgets.Layout(flex="1 1 auto", min_width="360px"),
         )
+        #: The chart's title and what its head-similarity lines are (:attr:`subtitle`), above it.
+        self.title = ipywidgets.HTML(layout=ipywidgets.Layout(margin="0 0 0 60px"))
         #: The legend, beside the plot so that it never covers a point.
         self.legend = ipywidgets.HTML(_legend_html(legend), layout=ipywidgets.Layout(flex="0 0 auto"))
         self._fit_scales()
         super().__init__(
             children=[
+                self.title,
                 ipywidgets.HBox(
                     [self.figure, self.legend], layout=ipywidgets.Layout(align_items="center", width="100%")
-                )
+                ),
             ]
         )
-        self.alignment, self.metric = alignment, metric
+        self._links = [t.link((view, name), (self, name)) for name in MIRRORED]
         self.observe(self._move_rule, names=["layer"])
         self.observe(self._on_alignment, names=["alignment", "metric"])
         self._name_figure()
-        self.layer = self.view.layer
         self._move_rule()
-        self._links = [t.link((self, name), (self.view, name)) for name in ("alignment", "metric", "layer")]
 
     @property
     def trend_series(self) -> list[TrendSeries]:
@@ -232,12 +213,20 @@ class LayerTrends(ipywidgets.VBox):
             with self.rank_scale.hold_trait_notifications():
                 self.rank_scale.min, self.rank_scale.max = rlo, rhi
 
+    @property
+    def subtitle(self) -> str:
+        """What the head-similarity lines are now (the alignment method and metric)."""
+        return trend_subtitle(self.alignment, self.metric)
+
     def _name_figure(self) -> None:
-        # Short enough to fit a narrow cell: bqplot centres the title and cuts what overflows.
-        self.figure.title = trend_subtitle(self.alignment, self.metric)
+        self.title.value = (
+            '<div class="hw-trend-title" style="line-height:1.35">'
+            '<span style="font-weight:600;font-size:13px">Per-layer summary</span><br>'
+            f'<span style="font-size:12px;color:#5f5f5f">{html.escape(self.subtitle)}</span></div>'
+        )
 
     def _on_alignment(self, change: dict[str, Any]) -> None:
-        """Recompute the head-similarity series for the new alignment method or metric."""
+        """Draw the head-similarity series of the view's new alignment method or metric."""
         state = self.view.current_state().replace(alignment=self.alignment, metric=self.metric)
         for found in self.view.series(state):
             if found.role not in SIMILARITY_ROLES:

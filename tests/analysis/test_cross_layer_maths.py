@@ -1,0 +1,124 @@
+"""The cross-layer maths (``headwidget.analysis.cross_layer``) against numpy loops and closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from headwidget.analysis.cross_layer import (
+    layer_groups,
+    merge_elements,
+    minicache_merge,
+    rotate,
+    shared_svd,
+    xkv_elements,
+)
+
+F64 = torch.float64
+
+
+def test_layer_groups_cut_runs_of_adjacent_layers() -> None:
+    assert layer_groups(range(30), 2)[-1] == [28, 29]
+    assert layer_groups([0, 1, 2, 3, 4], 3) == [[0, 1, 2], [3, 4]]
+    assert layer_groups([9, 1, 2, 5, 6, 7], 2) == [[1, 2], [5, 6], [7], [9]]
+
+
+def test_minicache_merge_equals_a_loop_per_state() -> None:
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 3, 40, 8, generator=gen, dtype=F64)
+    b = a + 0.8 * torch.randn(2, 3, 40, 8, generator=gen, dtype=F64)
+    b[1, 0, 0] = a[1, 0, 0] * 3  # parallel: the linear limit, and the smallest distance of row 1
+    ra, rb, kept = minicache_merge(a, b, t=0.6, gamma=0.2)
+    for row in range(2):
+        angle = np.array(
+            [
+                [
+                    math.acos(
+                        max(
+                            -1.0,
+                            min(
+                                1.0,
+                                float(
+                                    a[row, g, i] @ b[row, g, i] / (a[row, g, i].norm() * b[row, g, i].norm())
+                                ),
+                            ),
+                        )
+                    )
+                    for i in range(40)
+                ]
+                for g in range(3)
+            ]
+        )
+        d = angle / math.pi
+        want_kept = d < d.min() + (d.max() - d.min()) * 0.2
+        assert np.array_equal(kept[row].numpy(), want_kept)
+        for g in range(3):
+            for i in range(40):
+                x, y = a[row, g, i].numpy(), b[row, g, i].numpy()
+                if want_kept[g, i]:
+                    ex, ey = x, y
+                else:
+                    w = angle[g, i]
+                    ux, uy = x / np.linalg.norm(x), y / np.linalg.norm(y)
+                    e = math.sin(0.4 * w) / math.sin(w) * ux + math.sin(0.6 * w) / math.sin(w) * uy
+                    ex, ey = e * np.linalg.norm(x), e * np.linalg.norm(y)
+                np.testing.assert_allclose(ra[row, g, i].numpy(), ex, atol=1e-12)
+                np.testing.assert_allclose(rb[row, g, i].numpy(), ey, atol=1e-12)
+    assert bool(kept[1, 0, 0])
+
+
+def test_the_parallel_limit_keeps_lengths_and_the_common_direction() -> None:
+    a = torch.tensor([[[[1.0, 2.0, 2.0], [0.0, 1.0, 0.0]]]], dtype=F64)
+    b = torch.tensor([[[[2.0, 4.0, 4.0], [1.0, 0.0, 0.0]]]], dtype=F64)
+    ra, rb, kept = minicache_merge(a, b, gamma=0.0)  # γ = 0: nothing retained
+    assert not bool(kept.any())
+    torch.testing.assert_close(ra[0, 0, 0], a[0, 0, 0], atol=1e-15, rtol=0)
+    torch.testing.assert_close(rb[0, 0, 0], b[0, 0, 0], atol=1e-15, rtol=0)
+
+
+def test_shared_svd_is_numpy_s_truncated_svd_of_the_side_by_side_caches() -> None:
+    gen = torch.Generator().manual_seed(1)
+    caches = [torch.randn(2, g, 12, 4, generator=gen, dtype=F64) for g in (2, 1, 2)]
+    out = shared_svd(caches, 3)
+    for row in range(2):
+        joint = np.concatenate([c[row].transpose(0, 1).reshape(12, -1).numpy() for c in caches], axis=1)
+        u, s, vh = np.linalg.svd(joint, full_matrices=False)
+        approx = (u[:, :3] * s[:3]) @ vh[:3]
+        got = np.concatenate([o[row].transpose(0, 1).reshape(12, -1).numpy() for o in out], axis=1)
+        np.testing.assert_allclose(got, approx, atol=1e-12)
+    full = shared_svd(caches, 100)
+    for c, o in zip(caches, full, strict=True):
+        torch.testing.assert_close(o, c, atol=1e-12, rtol=0)
+
+
+def test_rotate_back_is_the_exact_inverse_even_for_rounded_angles() -> None:
+    """Angles whose cosine and sine were rounded in float32 (c² + s² ≠ 1): turning back and again gives
+    the keys as turned by those angles, to float64 rounding."""
+    gen = torch.Generator().manual_seed(2)
+    keys = torch.randn(1, 2, 5, 8, generator=gen, dtype=F64)
+    angles = torch.rand(1, 5, 2, generator=gen) * 7
+    cos = torch.cat([angles.cos(), angles.cos()], -1).to(F64)
+    sin = torch.cat([angles.sin(), angles.sin()], -1).to(F64)
+    planes = [(2, 4), (3, 5)]  # half pairing of a rotary part of 4 dims starting at dim 2
+    turned = rotate(keys, cos, sin, planes, offset=2)
+    torch.testing.assert_close(
+        rotate(rotate(turned, cos, sin, planes, 2, inverse=True), cos, sin, planes, 2),
+        turned,
+        atol=1e-15,
+        rtol=0,
+    )
+    assert torch.equal(turned[..., [0, 1, 6, 7]], keys[..., [0, 1, 6, 7]])
+    c, s = cos[0, 3, 0], sin[0, 3, 0]
+    want = keys[0, 1, 3, 2] * c - keys[0, 1, 3, 4] * s
+    assert float(turned[0, 1, 3, 2]) == pytest.approx(float(want), abs=1e-15)
+
+
+def test_cached_elements_per_token() -> None:
+    # MiniCache pair: half the merged direction per layer, a magnitude per head, retained states exact
+    assert merge_elements({"key": 128, "value": 64}, 2, {"key": 0.25, "value": 0.0}) == 64 + 32 + 4 + 32
+    # xKV group of 4: r/4 of the token factor per kind, the basis r·C spread over the prefill
+    assert xkv_elements({"key": 128, "value": 128}, 32, 4, 1024) == 2 * (8 + 32 * 128 / 1024)
+    assert xkv_elements({"key": 128, "value": 128}, 32, 4, None) == 16

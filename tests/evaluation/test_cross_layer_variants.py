@@ -1,0 +1,286 @@
+"""``share:g``, ``merge:2``, ``xkv:r/g``, each against a model or a cache built by hand for one group."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache
+
+import headwidget
+from headwidget.analysis.variants import parse_variant
+from headwidget.errors import (
+    HealingInputError,
+    MechanismSpecError,
+    UnsupportedConversionError,
+    VariantSaveError,
+)
+from healing_cases import held_out, small_heal
+from tiny_models import record_attention_inputs, reference_kv, three_layer_llama
+
+F64 = torch.float64
+P = 8
+D_H = 16
+G = 2
+
+
+@pytest.fixture(scope="module")
+def llama() -> torch.nn.Module:
+    return three_layer_llama(seed=7)
+
+
+def ids(rows: int = 3, length: int = 18, seed: int = 1) -> torch.Tensor:
+    return torch.randint(1, 96, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+@contextmanager
+def reading_layer_0(model: torch.nn.Module) -> Iterator[None]:
+    """CLA built by hand: layer 1's key and value projections output layer 0's (on layer 0's input);
+    layer 1 applies RoPE itself at the same positions, so it attends to layer 0's keys and values."""
+    held: dict[str, torch.Tensor] = {}
+    attn0, attn1 = model.model.layers[0].self_attn, model.model.layers[1].self_attn
+    handles = []
+    for name in ("k_proj", "v_proj"):
+        handles.append(
+            getattr(attn0, name).register_forward_hook(lambda m, a, out, n=name: held.__setitem__(n, out))
+        )
+        handles.append(getattr(attn1, name).register_forward_hook(lambda m, a, out, n=name: held[n]))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def nll_of_logits(logits: torch.Tensor, x: torch.Tensor, first: int) -> float:
+    out = torch.log_softmax(logits.to(F64), -1)
+    return float(-out.gather(-1, x[:, first:, None]).mean())
+
+
+def prefilled_nll(model: torch.nn.Module, x: torch.Tensor, edit: Callable[[DynamicCache], None]) -> float:
+    """NLL of the targets from P + 1 on, scored from a cache of the first P tokens that ``edit`` changed."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(x[:, :P], cache=cache, use_cache=True)
+        edit(cache)
+        logits = model(x[:, P:], cache=cache, use_cache=True, attention_mask=torch.ones_like(x)).logits
+    return nll_of_logits(logits[:, :-1], x, P + 1)
+
+
+# ---------------------------------------------------------------------------------------------- share
+@pytest.mark.parametrize("within", ["", "mqa+"])
+def test_share_is_the_hand_built_cla_model_in_every_protocol(llama: torch.nn.Module, within: str) -> None:
+    x = ids()
+    spec = f"{within}share:2@0-1"
+    hand = headwidget.apply(llama, "mqa@0-1") if within else llama
+    with torch.no_grad(), reading_layer_0(hand):
+        want_logits = hand(x).logits
+    variant = headwidget.apply(llama, spec)
+    with torch.no_grad():
+        torch.testing.assert_close(variant(x).logits, want_logits, atol=1e-12, rtol=0)
+    with reading_layer_0(hand):
+        want_prefill = prefilled_nll(hand, x, lambda cache: None)
+    report = headwidget.evaluate(llama, x, [spec], protocol="prefill:8", dtype=F64, progress=False)
+    documents = headwidget.evaluate(llama, x, [spec], dtype=F64, progress=False)
+    assert report.nll[spec] == pytest.approx(want_prefill, abs=1e-12)
+    assert documents.nll[spec] == pytest.approx(nll_of_logits(want_logits[:, :-1], x, 1), abs=1e-12)
+    per_layer_elements = G * 2 * D_H if not within else 2 * D_H  # a reader caches nothing
+    assert report.kv_bytes_per_token[spec] == 8 * (per_layer_elements + 0 + G * 2 * D_H)
+    assert variant.headwidget_variant.readers == {1: 0}
+
+
+def test_share_groups_are_cut_within_the_layers_a_part_names(llama: torch.nn.Module) -> None:
+    parsed = parse_variant("mqa@0;mqa+share:2@1-2")
+    variant = headwidget.apply(llama, parsed.text)
+    assert variant.headwidget_variant.readers == {2: 1}
+    assert variant.headwidget_variant.kv_elements == {0: 2 * D_H, 1: 2 * D_H, 2: 0}
+    whole = headwidget.apply(llama, "share:2")  # layers 0-1 a pair, layer 2 alone
+    assert whole.headwidget_variant.readers == {1: 0}
+    assert whole.headwidget_variant.kv_bytes_per_token(torch.float32) == 4 * 2 * G * 2 * D_H
+
+
+def test_per_layer_gives_each_layer_its_group_s_number(llama: torch.nn.Module) -> None:
+    x = ids()
+    mixed = "mqa@0;share:2@1-2"
+    report = headwidget.evaluate(
+        llama, x, ["model", mixed, "merge:2"], protocol="prefill:8", dtype=F64, progress=False, per_layer=True
+    )
+    base = report.nll["model"]
+    alone = headwidget.evaluate(
+        llama, x, ["mqa@0", "share:2@1-2", "merge:2@0-1"], protocol="prefill:8", dtype=F64, progress=False
+    )
+    assert report.per_layer[mixed][0] == pytest.approx(alone.nll["mqa@0"] - base, abs=1e-12)
+    group = alone.nll["share:2@1-2"] - base
+    assert report.per_layer[mixed][1:] == pytest.approx([group, group], abs=1e-12)
+    pair = alone.nll["merge:2@0-1"] - base
+    assert report.per_layer["merge:2"] == pytest.approx([pair, pair, 0.0], abs=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["share:2", "mqa+share:2"])
+def test_share_heals_the_first_layer_s_projections(llama: torch.nn.Module, spec: str) -> None:
+    """Plain ``share:2`` changes no weight and still changes the model: it heals like a conversion."""
+    variant = headwidget.apply(llama, spec)
+    run = small_heal(variant, llama, trainable="kv")
+    first = headwidget.evaluate(
+        llama, held_out(), [spec], dtype=F64, batch_size=4, max_length=16, max_tokens=120, progress=False
+    )
+    assert run.curve[0]["nll"] == pytest.approx(first.nll[spec], rel=1e-12)
+    assert run.kv_bytes_per_token == first.kv_bytes_per_token[spec]
+    healed = run.model
+    for layer, trained in ((0, True), (1, False), (2, True)):
+        a, b = healed.model.layers[layer].self_attn, variant.model.layers[layer].self_attn
+        for name in ("k_proj", "v_proj"):
+            assert torch.equal(getattr(a, name).weight, getattr(b, name).weight) is not trained
+        assert torch.equal(a.q_proj.weight, b.q_proj.weight)
+    assert healed.headwidget_variant.readers == {1: 0}
+    assert run.curve[-1]["kl"] < run.curve[0]["kl"]
+
+
+# ---------------------------------------------------------------------------------------------- merge
+def minicache_by_hand(a: np.ndarray, b: np.ndarray, t: float = 0.6, gamma: float = 0.05) -> tuple:
+    """MiniCache on one sequence's states a, b (G, T, d), a loop per state: SLERP of the directions at
+    t, magnitudes kept, the states with d < d_min + (d_max − d_min)·γ (d = angle / π) kept exact."""
+    heads, tokens, _ = a.shape
+    angle = np.zeros((heads, tokens))
+    for g in range(heads):
+        for i in range(tokens):
+            cos = a[g, i] @ b[g, i] / (np.linalg.norm(a[g, i]) * np.linalg.norm(b[g, i]))
+            angle[g, i] = math.acos(max(-1.0, min(1.0, cos)))
+    d = angle / math.pi
+    kept = d < d.min() + (d.max() - d.min()) * gamma
+    ra, rb = a.copy(), b.copy()
+    for g in range(heads):
+        for i in range(tokens):
+            if kept[g, i]:
+                continue
+            w = angle[g, i]
+            ua, ub = a[g, i] / np.linalg.norm(a[g, i]), b[g, i] / np.linalg.norm(b[g, i])
+            e = math.sin((1 - t) * w) / math.sin(w) * ua + math.sin(t * w) / math.sin(w) * ub
+            ra[g, i] = e * np.linalg.norm(a[g, i])
+            rb[g, i] = e * np.linalg.norm(b[g, i])
+    return ra, rb, kept
+
+
+def test_merge_is_minicache_on_the_prefilled_pair(llama: torch.nn.Module) -> None:
+    x = ids()
+    kept_counts = {"key": [0, 0], "value": [0, 0]}
+
+    def edit(cache: DynamicCache) -> None:
+        for kind in ("keys", "values"):
+            first, second = getattr(cache.layers[0], kind), getattr(cache.layers[1], kind)
+            new_first, new_second = first.clone(), second.clone()
+            for row in range(first.shape[0]):
+                ra, rb, kept = minicache_by_hand(first[row].numpy(), second[row].numpy())
+                new_first[row], new_second[row] = torch.from_numpy(ra), torch.from_numpy(rb)
+                name = "key" if kind == "keys" else "value"
+                kept_counts[name][0] += int(kept.sum())
+                kept_counts[name][1] += kept.size
+            setattr(cache.layers[0], kind, new_first)
+            setattr(cache.layers[1], kind, new_second)
+
+    want = prefilled_nll(llama, x, edit)
+    spec = "merge:2@0-1"
+    report = headwidget.evaluate(llama, x, [spec], protocol="prefill:8", dtype=F64, progress=False)
+    assert report.nll[spec] == pytest.approx(want, abs=1e-12)
+    share = {k: kept / total for k, (kept, total) in kept_counts.items()}
+    assert 0 < share["key"] < 0.5
+    pair = (G * D_H + G * D_H) / 2 + 2 * G + share["key"] * G * D_H + share["value"] * G * D_H
+    assert report.kv_bytes_per_token[spec] == pytest.approx(8 * (2 * pair + 2 * G * D_H), abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- xKV
+def rope_as_llama(k: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """HF half-split RoPE of (T, G, d) keys at positions 0..T−1, with the angles' cosines and sines
+    formed in float32 as transformers' Llama forms them (then widened), so that the reference rotates
+    exactly as the model's cache does."""
+    inv = 1.0 / theta ** (torch.arange(0, D_H, 2, dtype=torch.int64).float() / D_H)
+    angles = torch.arange(k.shape[0]).float()[:, None] * inv[None, :]
+    emb = torch.cat([angles, angles], -1)
+    cos, sin = emb.cos().to(F64)[:, None, :], emb.sin().to(F64)[:, None, :]
+    half = D_H // 2
+    rotated = torch.cat([-k[..., half:], k[..., :half]], -1)
+    return k * cos + rotated * sin
+
+
+def test_xkv_is_one_svd_of_the_group_s_pre_rope_keys_and_values(llama: torch.nn.Module) -> None:
+    """The group's prefilled keys before RoPE (recomputed from each layer's attention input and
+    weights) and values, each side by side per sequence, truncated to rank 5 by numpy's SVD; the keys
+    rotated again; written into the cache; the scored tokens read it."""
+    x = ids()
+    rank = 5
+    inputs = record_attention_inputs(llama, [{"input_ids": x[:, :P], "attention_mask": torch.ones(3, P)}])
+    modules = [llama.model.layers[i].self_attn for i in (0, 1)]
+
+    def edit(cache: DynamicCache) -> None:
+        for row in range(x.shape[0]):
+            kv = [reference_kv("llama_gqa", llama, m, inputs[i][0][row]) for i, m in enumerate(modules)]
+            for kind in ("key", "value"):
+                joint = np.concatenate([kv[i][kind].reshape(P, -1).numpy() for i in (0, 1)], axis=1)
+                u, s, vh = np.linalg.svd(joint, full_matrices=False)
+                approx = (u[:, :rank] * s[:rank]) @ vh[:rank]
+                for i, part in enumerate(np.split(approx, 2, axis=1)):
+                    block = torch.from_numpy(part.copy()).reshape(P, G, D_H)
+                    if kind == "key":
+                        block = rope_as_llama(block)
+                        cache.layers[i].keys[row] = block.transpose(0, 1)
+                    else:
+                        cache.layers[i].values[row] = block.transpose(0, 1)
+
+    want = prefilled_nll(llama, x, edit)
+    spec = f"xkv:{rank}/2@0-1"
+    report = headwidget.evaluate(llama, x, [spec], protocol="prefill:8", dtype=F64, progress=False)
+    assert report.nll[spec] == pytest.approx(want, abs=1e-12)
+    per_layer = 2 * (rank / 2 + rank * G * D_H / P)  # token factor share + basis over the prefill
+    assert report.kv_bytes_per_token[spec] == pytest.approx(8 * (2 * per_layer + 2 * G * D_H), abs=1e-9)
+
+
+def test_an_applied_xkv_model_compresses_its_prefill_in_generate(llama: torch.nn.Module) -> None:
+    """``apply``'s model transforms the cache its first (prefill) forward builds: its next forward reads
+    what evaluate's prefill:P reads; a forward without a cache is the model's."""
+    x = ids(rows=2)
+    variant = headwidget.apply(llama, "xkv:3/2")
+    with torch.no_grad():
+        torch.testing.assert_close(variant(x).logits, llama(x).logits, atol=0, rtol=0)
+        cache = DynamicCache(config=llama.config)
+        variant(x[:, :P], cache=cache, use_cache=True)
+        logits = variant(x[:, P:], cache=cache, use_cache=True, attention_mask=torch.ones_like(x)).logits
+    report = headwidget.evaluate(llama, x, ["xkv:3/2"], protocol="prefill:8", dtype=F64, progress=False)
+    assert report.nll["xkv:3/2"] == pytest.approx(nll_of_logits(logits[:, :-1], x, P + 1), abs=1e-12)
+    generated = variant.generate(x, max_new_tokens=2, do_sample=False, attention_mask=torch.ones_like(x))
+    assert generated.shape == (2, 20)
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def test_no_checkpoint_holds_a_cross_layer_variant(llama: torch.nn.Module, tmp_path: object) -> None:
+    from pathlib import Path
+
+    for spec in ("share:2", "mqa+merge:2", "xkv:4/2@1-2"):
+        variant = headwidget.apply(llama, spec)
+        out = Path(str(tmp_path)) / spec.replace(":", "_").replace("/", "_").replace("@", "_")
+        with pytest.raises(VariantSaveError, match="across layers") as err:
+            variant.save_pretrained(out)
+        assert "without its share/merge/xkv parts saves" in str(err.value)
+        assert not out.exists()
+
+
+def test_cross_layer_specs_say_what_they_need(llama: torch.nn.Module) -> None:
+    for bad, match in (
+        ("merge:3", "g = 2 only"),
+        ("share:1", "g ≥ 2"),
+        ("mla:16+xkv:4/2", "caches factors or a latent"),
+        ("kv:int4+share:2", "follows a conversion"),
+    ):
+        with pytest.raises(MechanismSpecError, match=match):
+            parse_variant(bad)
+    x = ids()
+    with pytest.raises(UnsupportedConversionError, match="protocol='prefill:P'"):
+        headwidget.evaluate(llama, x, ["merge:2"], progress=False)
+    merged = headwidget.apply(llama, "mqa+merge:2")
+    with pytest.raises(HealingInputError, match="transforms the cache a prefill builds"):
+        small_heal(merged, llama)
+    with pytest.raises(UnsupportedConversionError, match="already shares or transforms"):
+        headwidget.apply(headwidget.apply(llama, "share:2"), "mqa")

@@ -1,0 +1,55 @@
+"""A model on the meta device (shapes without weights) is refused with a sentence by every function that
+computes with it, before any work; the estimates, which need shapes only, still take it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import headwidget
+from headwidget.errors import ArgumentError
+from tiny_models import VOCAB, make_model, three_layer_llama
+
+MESSAGE = (
+    r"model has no weights to compute with: its parameter model\.embed_tokens\.weight is on the meta "
+    r"device .* Load its weights first"
+)
+
+
+@pytest.fixture(scope="module")
+def meta() -> torch.nn.Module:
+    with torch.device("meta"):
+        return make_model("llama_gqa", dtype=torch.float32)
+
+
+IDS = torch.randint(1, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
+CALLS = {
+    "capture": lambda m: headwidget.capture(m, IDS, progress=False),
+    "evaluate": lambda m: headwidget.evaluate(m, IDS, ["model", "mqa"], progress=False),
+    "apply": lambda m: headwidget.apply(m, "mqa"),
+    "allocate": lambda m: headwidget.allocate(m, IDS, budget=0.5, candidates=["mqa"], progress=False),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_meta_model_is_refused(meta, name) -> None:
+    with pytest.raises(ArgumentError, match=MESSAGE):
+        CALLS[name](meta)
+
+
+def test_healing_a_meta_model_or_variant_is_refused(meta) -> None:
+    model = three_layer_llama(seed=0)
+    variant = headwidget.apply(model, "mqa")
+    with pytest.raises(ArgumentError, match=r"model has no weights to compute with"):
+        headwidget.heal(variant, meta, IDS, eval_texts=IDS, progress=False)
+    variant.to("meta")
+    with pytest.raises(ArgumentError, match=r"variant has no weights to compute with"):
+        headwidget.heal(variant, model, IDS, eval_texts=IDS, progress=False)
+
+
+def test_the_estimates_still_take_a_meta_model(meta) -> None:
+    real = make_model("llama_gqa", dtype=torch.float32)
+    assert headwidget.estimate(meta) == headwidget.estimate(real)
+    assert headwidget.estimate_evaluation(meta, ["model", "mqa"]) == headwidget.estimate_evaluation(
+        real, ["model", "mqa"]
+    )

@@ -1,0 +1,157 @@
+"""``protocol="prefill:P"``: a prefill builds the cache, the rest is scored from it (float64 references)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import headwidget
+from headwidget.analysis.quantizers import quantize_int_keys, quantize_int_values
+from headwidget.capture.inputs import Batch
+from headwidget.errors import ArgumentError, EvaluationInputError, UnsupportedConversionError
+from headwidget.evaluation._outputs import OutputRunner
+from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
+from tiny_models import make_model, ragged_batches, three_layer_llama
+
+F64 = torch.float64
+P = 6
+
+
+@pytest.fixture(scope="module")
+def llama() -> torch.nn.Module:
+    return three_layer_llama(seed=5)
+
+
+def ids(rows: int = 4, length: int = 20, seed: int = 0) -> torch.Tensor:
+    return torch.randint(1, 96, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+def brute_measures(model: torch.nn.Module, variant: torch.nn.Module, x: torch.Tensor, first: int) -> dict:
+    """NLL (of the variant), KL(model ‖ variant) and top-1 over the targets from ``first`` on, from one
+    forward of each over the whole rows (the documents protocol), in float64."""
+    with torch.no_grad():
+        ref = torch.log_softmax(model(x).logits[:, first - 1 : -1].to(F64), -1)
+        out = torch.log_softmax(variant(x).logits[:, first - 1 : -1].to(F64), -1)
+    targets = x[:, first:]
+    nll = float(-out.gather(-1, targets[..., None]).mean())
+    kl = float((ref.exp() * (ref - out)).sum(-1).mean())
+    top1 = float((ref.argmax(-1) == out.argmax(-1)).double().mean())
+    return {"nll": nll, "kl": kl, "top1": top1, "tokens": targets.numel()}
+
+
+def test_without_a_transform_it_is_the_documents_protocol_on_the_scored_tokens(
+    llama: torch.nn.Module,
+) -> None:
+    x = ids()
+    report = headwidget.evaluate(
+        llama, x, ["model", "mqa", "share:2"], protocol="prefill:6", dtype=F64, progress=False
+    )
+    assert report.protocol == "prefill:6"
+    assert report.tokens == 4 * (20 - P - 1)
+    for spec in ("model", "mqa", "share:2"):
+        want = brute_measures(llama, headwidget.apply(llama, spec), x, P + 1)
+        assert report.nll[spec] == pytest.approx(want["nll"], abs=1e-12)
+        assert report.kl[spec] == pytest.approx(want["kl"], abs=1e-12)
+        assert report.top1[spec] == pytest.approx(want["top1"], abs=1e-12)
+
+
+def test_the_runner_s_logits_are_the_whole_forward_s_for_ragged_rows(llama: torch.nn.Module) -> None:
+    """Right-padded rows of different lengths (shorter than P + 2: left out), and a row given left-padded."""
+    batches = [
+        Batch(b["input_ids"], b["attention_mask"]) for b in ragged_batches(seed=2, lengths=((13, 7, 10),))
+    ]
+    left = torch.tensor([[0, 0, 5, 6, 7, 8, 9, 10, 11, 12, 13]])
+    batches.append(Batch(left, (left > 0).long()))
+    prefilled = prefill_batches(batches, P, batch_size=3)
+    assert [int(m.sum()) for b in prefilled for m in b.attention_mask] == [13, 10, 9]
+    runner = PrefillRunner.for_model(llama, P)
+    for batch in prefilled:
+        got = runner(llama, batch)
+        whole = OutputRunner.for_model(llama)(llama, batch)
+        torch.testing.assert_close(got.values, whole.values, atol=1e-12, rtol=0)
+        assert torch.equal(got.targets, whole.targets)
+        assert got.targets.numel() == sum(int(m.sum()) - P - 1 for m in batch.attention_mask)
+
+
+def test_kv_int_quantizes_the_prefilled_cache_only(llama: torch.nn.Module) -> None:
+    """The deployed reading: a cache built by hand (the prefill's K/V, keys quantized per channel in whole
+    groups of 4 tokens with the last P mod 4 kept exact, values per token; the scored tokens' own K/V
+    exact) gives evaluate's numbers; the whole-forward reading differs."""
+    x = ids(rows=2)
+    spec = "kv:int3/g4"
+    report = headwidget.evaluate(llama, x, [spec], protocol="prefill:6", dtype=F64, progress=False)
+    whole = headwidget.evaluate(llama, x, [spec], dtype=F64, progress=False, max_tokens=None)
+    cache = DynamicCache(config=llama.config)
+    with torch.no_grad():
+        llama(x[:, :P], cache=cache, use_cache=True)
+        for entry in cache.layers:
+            k, v = entry.keys, entry.values
+            qk = quantize_int_keys(k[:, :, :4], 3, 4)
+            qv = quantize_int_values(v[:, :, :4], 3, 4)
+            entry.keys = torch.cat([qk, k[:, :, 4:]], 2)
+            entry.values = torch.cat([qv, v[:, :, 4:]], 2)
+        logits = llama(x[:, P:], cache=cache, use_cache=True, attention_mask=torch.ones_like(x)).logits
+    out = torch.log_softmax(logits[:, :-1], -1)
+    nll = float(-out.gather(-1, x[:, P + 1 :, None]).mean())
+    assert report.nll[spec] == pytest.approx(nll, abs=1e-12)
+    assert report.kv_bytes_per_token[spec] == whole.kv_bytes_per_token[spec]
+    assert not math.isclose(report.nll[spec], brute_measures(llama, llama, x, P + 1)["nll"], abs_tol=1e-9)
+
+
+def test_per_layer_cells_replay_both_forwards(llama: torch.nn.Module) -> None:
+    """Each per-layer cell (layers before it replayed in the prefill and in the scored forward) equals
+    the whole-model evaluation of that layer alone."""
+    x = ids(rows=3)
+    specs = ["mqa", "kv:int2/g4"]
+    report = headwidget.evaluate(
+        llama, x, ["model", *specs], protocol="prefill:6", dtype=F64, progress=False, per_layer=True
+    )
+    for spec in specs:
+        for layer in range(3):
+            alone = f"{spec}@{layer}"
+            one = headwidget.evaluate(llama, x, [alone], protocol="prefill:6", dtype=F64, progress=False)
+            assert report.per_layer[spec][layer] == pytest.approx(
+                one.nll[alone] - report.nll["model"], abs=1e-12
+            )
+
+
+def test_allocate_takes_the_protocol(llama: torch.nn.Module) -> None:
+    x = ids(rows=3, seed=4)
+    alloc = headwidget.allocate(
+        llama,
+        x,
+        budget=0.5,
+        candidates=["model", "mqa", "kv:int4"],
+        objective="nll",
+        refine=1,
+        protocol="prefill:6",
+        dtype=F64,
+        progress=False,
+    )
+    report = headwidget.evaluate(
+        llama, x, ["mqa", "kv:int4"], protocol="prefill:6", dtype=F64, progress=False, per_layer=True
+    )
+    for spec in ("mqa", "kv:int4"):
+        assert alloc.damage[spec] == pytest.approx(report.per_layer[spec], abs=1e-12)
+    with pytest.raises(ArgumentError, match="acts on groups of layers"):
+        headwidget.allocate(llama, x, budget=0.5, candidates=["model", "share:2"], progress=False)
+
+
+def test_bad_prefills_are_refused(llama: torch.nn.Module) -> None:
+    x = ids(rows=2, length=8)
+    with pytest.raises(ArgumentError, match=r"needs max_length ≥ 12"):
+        headwidget.evaluate(llama, x, ["model"], protocol="prefill:10", max_length=11, progress=False)
+    with pytest.raises(EvaluationInputError, match="at least 9 tokens"):
+        headwidget.evaluate(llama, x, ["model"], protocol="prefill:7", progress=False)
+    with pytest.raises(ArgumentError, match="protocol must be"):
+        headwidget.evaluate(llama, x, ["model"], protocol="prefill:0", progress=False)
+    with pytest.raises(UnsupportedConversionError, match="protocol='prefill:P'"):
+        headwidget.evaluate(llama, x, ["xkv:4/2"], protocol="chunks:4", progress=False)
+    bert = make_model("bert")
+    with pytest.raises(ArgumentError, match="makes none"):
+        headwidget.evaluate(
+            bert, torch.randint(1, 90, (2, 12)), ["model"], protocol="prefill:4", progress=False
+        )
