@@ -222,7 +222,8 @@ class CapturePlan:
         shapes = []
         for device in dict.fromkeys(self.devices):
             layers = tuple(layer for layer, d in zip(self.layers, self.devices, strict=True) if d == device)
-            cap = FOLD_BYTES_CPU if device.type == "cpu" else FOLD_BYTES
+            # a model on the meta device (shapes only, for an estimate) is counted as on the CPU
+            cap = FOLD_BYTES_CPU if device.type in ("cpu", "meta") else FOLD_BYTES
             for (channels, head_dim), kinds in widths.items():
                 mode, dtype = self.gram_mode(device), self.staged_dtype(device)
                 shape = FoldShape(device, channels, head_dim, tuple(kinds), layers, mode, dtype)
