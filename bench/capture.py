@@ -13,12 +13,16 @@
     streaming (per-batch centred float32 Gram merged in float64) vs uncentred float32 sums, and the
     GPU's tensor-core split (bfloat16 hi + lo parts; its products emulated exactly here) on the same
     data in bfloat16.
+(d) cross-layer statistics of all 30 of SmolLM2's layers (``cross_layer=True``: the joint moments of
+    every layer's keys, and of every layer's values, 30 × 192 = 5,760 channels each) against the same
+    capture without them, 8×256 tokens, side by side: each round's capture with them ÷ its capture
+    without them (target ≤ 1.3), and the time inside the cross-layer folds.
 
 The GPU's part (capture ÷ forward for the SmolLM2, Llama-3-8B and LLaMA-2-7B shapes, and (c) on the
 device) is ``bench/capture_gpu.py``, which ``bench/gpu_check.py`` runs.
 
 Run: ``.venv/bin/python bench/capture.py`` (``--quick`` for a short smoke run, ``--only a`` for one part,
-``--rounds N`` rounds of (a)).
+``--rounds N`` rounds of (a) and (d)).
 """
 
 from __future__ import annotations
@@ -151,6 +155,69 @@ def bench_overhead(repeats: int, batch: int, length: int) -> None:
         f"time inside the hooks that stage and fold (K,V): {folds:.3f} s = {folds / base:.1%} of the "
         "forward to the last attention"
     )
+
+
+def bench_cross_layer(repeats: int, batch: int, length: int) -> None:
+    """(d): capture of every layer with cross-layer statistics of all of them ÷ the same without."""
+    from headwidget.capture.folds import StagedFolds
+    from headwidget.embedded import load_smollm2
+
+    model, _ = load_smollm2()
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (batch, length))
+    layers = int(model.config.num_hidden_layers)
+
+    def run_capture(**options: object) -> Callable[[], None]:
+        def go() -> None:
+            headwidget.capture(model, ids, batch_size=batch, max_length=length, progress=False, **options)  # type: ignore[arg-type]
+
+        return go
+
+    routes = {
+        "capture K,V all layers": run_capture(),
+        f"the same + cross_layer=True ({layers} layers)": run_capture(cross_layer=True),
+    }
+    in_cross = [0.0]
+    original = StagedFolds.fold_cross
+
+    def timed_cross(self: StagedFolds, *args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        out = original(self, *args, **kwargs)  # type: ignore[arg-type]
+        in_cross[0] += time.perf_counter() - start
+        return out
+
+    for fn in routes.values():  # warm-up
+        fn()
+    wall: dict[str, list[float]] = {name: [] for name in routes}
+    cpu: dict[str, list[float]] = {name: [] for name in routes}
+    cross_share: list[float] = []
+    StagedFolds.fold_cross = timed_cross  # type: ignore[method-assign]
+    try:
+        for _ in range(repeats):
+            for name, fn in routes.items():
+                in_cross[0] = 0.0
+                seconds, cpu_seconds = _timed(fn)
+                wall[name].append(seconds)
+                cpu[name].append(cpu_seconds)
+            cross_share.append(in_cross[0])
+    finally:
+        StagedFolds.fold_cross = original  # type: ignore[method-assign]
+    reference = next(iter(routes))
+    print(
+        f"\n(d) cross-layer statistics, SmolLM2-135M, {batch}×{length} tokens, CPU "
+        f"({torch.get_num_threads()} threads), {repeats} interleaved rounds; each round's own ratio "
+        "(median, IQR); target ≤ 1.3"
+    )
+    print(f"{'route':44s} {'median s':>9s} {'wall ÷ without':>22s} {'CPU ÷ without':>22s}")
+    for name in routes:
+        m = statistics.median(wall[name])
+        print(
+            f"{name:44s} {m:9.3f} {_ratio_spread(wall[name], wall[reference]):>22s} "
+            f"{_ratio_spread(cpu[name], cpu[reference]):>22s}"
+        )
+    folds = statistics.median(cross_share)
+    base = statistics.median(wall[reference])
+    print(f"time inside the cross-layer folds: {folds:.3f} s = {folds / base:.1%} of the capture without")
 
 
 def _activations(tokens: int, channels: int, seed: int = 0) -> np.ndarray:
@@ -293,20 +360,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (smoke run)")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds of (a) (default 9)")
-    parser.add_argument("--only", choices=["a", "b", "c"], help="run one part")
+    parser.add_argument("--only", choices=["a", "b", "c", "d"], help="run one part")
     args = parser.parse_args()
-    parts = [args.only] if args.only else ["a", "b", "c"]
+    parts = [args.only] if args.only else ["a", "b", "c", "d"]
     if args.quick:
         runs = {
             "a": lambda: bench_overhead(repeats=1, batch=2, length=64),
             "b": lambda: bench_streaming(tokens=50_000, channels=128, batch=2048, repeats=1),
             "c": lambda: bench_accuracy(tokens=20_000, channels=64, batch=2048),
+            "d": lambda: bench_cross_layer(repeats=1, batch=2, length=64),
         }
     else:
         runs = {
             "a": lambda: bench_overhead(repeats=args.rounds, batch=8, length=256),
             "b": lambda: bench_streaming(tokens=60_000, channels=1024, batch=2048, repeats=3),
             "c": lambda: bench_accuracy(tokens=200_000, channels=128, batch=2048),
+            "d": lambda: bench_cross_layer(repeats=args.rounds, batch=8, length=256),
         }
     for part in parts:
         runs[part]()

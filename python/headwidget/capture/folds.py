@@ -178,12 +178,17 @@ class StagedFolds:
         for kind, staged in self.cross_staged.items():
             if len(staged) == len(self.plan.cross_layers or []):
                 staged.clear()
-                buffers = self.cross_shapes[kind]
-                rows = buffers.staged[:, : selection.count]
-                flags = self.cross[kind].stack.fold(rows, selection.split_a, buffers.work)
-                if flags is not None:
-                    checks.append(([f"cross-layer {kind} of layers {self.plan.cross_layers}"], flags))
+                checks.extend(self.fold_cross(kind, selection))
         return checks
+
+    def fold_cross(self, kind: Kind, selection: TokenSelection) -> list[Checks]:
+        """Fold the staged rows of every cross layer's ``kind``, side by side, into the joint moments."""
+        buffers = self.cross_shapes[kind]
+        rows = buffers.staged[:, : selection.count]
+        flags = self.cross[kind].stack.fold(rows, selection.split_a, buffers.work)
+        if flags is None:
+            return []
+        return [([f"cross-layer {kind} of layers {self.plan.cross_layers}"], flags)]
 
     def fold_group(self, g: int, selection: TokenSelection, step: ReservoirStep | None) -> Checks:
         group = self.groups[g]
