@@ -11,7 +11,8 @@ The arithmetic: each batch is centred on its float64 mean rounded to the rows' d
 and added straight into the float64 accumulators, and the batch merged with Chan et al.'s pairwise
 update. A Gram is formed by block rows (:func:`gram_blocks`): the upper triangle's blocks of rows
 ``[s, e)`` and columns ``[s, C)``, the lower triangle added as their transpose (from 128 channels on,
-0.56 to 0.63 of the products of the full square).
+0.52 to 0.63 of the products of the full square: the more blocks, the fewer products, while each
+block row stays a large product).
 
 Two ways to form the Gram blocks (:class:`GramMode`):
 
@@ -85,12 +86,17 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 def gram_blocks(channels: int) -> list[tuple[int, int]]:
     """The row blocks ``[s, e)`` a Gram of ``channels`` channels is formed by (see the module docstring).
 
-    One block below 128 channels; from 128 on, ``min(8, channels // 32)`` blocks of equal width.
+    One block below 128 channels; from 128 on, ``min(channels // 32, max(8, channels // 256))`` blocks
+    of equal width: up to 8 of at least 32 channels, and one per 256 channels beyond 2048 (the joint
+    Gram of many cross layers: 22 blocks of 262 channels for 5,760, 0.52 of the square's products
+    instead of 0.56 with 8).
 
     >>> gram_blocks(64), gram_blocks(192)
     ([(0, 64)], [(0, 32), (32, 64), (64, 96), (96, 128), (128, 160), (160, 192)])
+    >>> len(gram_blocks(2048)), len(gram_blocks(4096)), len(gram_blocks(5760))
+    (8, 16, 22)
     """
-    count = 1 if channels < 128 else min(8, channels // 32)
+    count = 1 if channels < 128 else min(channels // 32, max(8, channels // 256))
     width = -(-channels // count)
     return [(start, min(start + width, channels)) for start in range(0, channels, width)]
 
