@@ -95,7 +95,7 @@ def bench_overhead(repeats: int, batch: int, length: int) -> None:
 
     def run_capture(**options: object) -> Callable[[], None]:
         def go() -> None:
-            headwidget.capture(model, ids, batch_size=batch, max_length=length, progress=False, **options)  # type: ignore[arg-type]
+            headwidget.capture(model, ids, batch_size=batch, max_length=length, progress=False, **options)
 
         return go
 
@@ -104,11 +104,11 @@ def bench_overhead(repeats: int, batch: int, length: int) -> None:
             self.parts[layer].clear()
 
         current = capture_session._Recorder.fold_layer
-        capture_session._Recorder.fold_layer = skip  # type: ignore[method-assign]
+        capture_session._Recorder.fold_layer = skip
         try:
             run_capture()()
         finally:
-            capture_session._Recorder.fold_layer = current  # type: ignore[method-assign]
+            capture_session._Recorder.fold_layer = current
 
     routes = {
         "plain forward (full, logits)": plain_full,
@@ -122,7 +122,7 @@ def bench_overhead(repeats: int, batch: int, length: int) -> None:
     wall: dict[str, list[float]] = {name: [] for name in routes}
     cpu: dict[str, list[float]] = {name: [] for name in routes}
     hook_share: list[float] = []
-    capture_session._Recorder.fold_layer = timed_fold  # type: ignore[method-assign]
+    capture_session._Recorder.fold_layer = timed_fold
     try:
         for _ in range(repeats):
             for name, fn in routes.items():
@@ -133,7 +133,7 @@ def bench_overhead(repeats: int, batch: int, length: int) -> None:
                 if name == "capture K,V all layers":
                     hook_share.append(in_hooks[0])
     finally:
-        capture_session._Recorder.fold_layer = original  # type: ignore[method-assign]
+        capture_session._Recorder.fold_layer = original
     reference = "plain forward to last attention"
     base = statistics.median(wall[reference])
     full = statistics.median(wall["plain forward (full, logits)"])
@@ -169,7 +169,7 @@ def bench_cross_layer(repeats: int, batch: int, length: int) -> None:
 
     def run_capture(**options: object) -> Callable[[], None]:
         def go() -> None:
-            headwidget.capture(model, ids, batch_size=batch, max_length=length, progress=False, **options)  # type: ignore[arg-type]
+            headwidget.capture(model, ids, batch_size=batch, max_length=length, progress=False, **options)
 
         return go
 
@@ -182,7 +182,7 @@ def bench_cross_layer(repeats: int, batch: int, length: int) -> None:
 
     def timed_cross(self: StagedFolds, *args: object, **kwargs: object) -> object:
         start = time.perf_counter()
-        out = original(self, *args, **kwargs)  # type: ignore[arg-type]
+        out = original(self, *args, **kwargs)
         in_cross[0] += time.perf_counter() - start
         return out
 
@@ -191,7 +191,7 @@ def bench_cross_layer(repeats: int, batch: int, length: int) -> None:
     wall: dict[str, list[float]] = {name: [] for name in routes}
     cpu: dict[str, list[float]] = {name: [] for name in routes}
     cross_share: list[float] = []
-    StagedFolds.fold_cross = timed_cross  # type: ignore[method-assign]
+    StagedFolds.fold_cross = timed_cross
     try:
         for _ in range(repeats):
             for name, fn in routes.items():
@@ -201,7 +201,7 @@ def bench_cross_layer(repeats: int, batch: int, length: int) -> None:
                 cpu[name].append(cpu_seconds)
             cross_share.append(in_cross[0])
     finally:
-        StagedFolds.fold_cross = original  # type: ignore[method-assign]
+        StagedFolds.fold_cross = original
     reference = next(iter(routes))
     print(
         f"\n(d) cross-layer statistics, SmolLM2-135M, {batch}×{length} tokens, CPU "

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -99,7 +100,7 @@ def _model(fields: dict[str, int], layers: int | None, device: torch.device, sma
     """A random-init Llama of these shapes on ``device``, in bfloat16 on a GPU (float32 on the CPU)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = dict(fields)
+    config: dict[str, Any] = dict(fields)
     if layers is not None:
         config["num_hidden_layers"] = layers
     if small:  # the same kind of model, tiny
@@ -198,12 +199,13 @@ def capture_section(
     for name, fields, shape, target in SHAPES:
         many = None if name.startswith("SmolLM2") else layers
         model = _model(fields, many, device, small)
-        vocab = int(model.config.vocab_size)
+        config: Any = model.config
+        vocab = int(config.vocab_size)
         b, t = (2, 32) if small else shape
         ids = torch.randint(0, vocab, (b, t), device=device, generator=torch.Generator(device).manual_seed(0))
         plan_mode = "split" if device.type == "cuda" else "exact"
         ratio, low, high, forward = _ratio(model, ids, device, rounds)
-        n = int(model.config.num_hidden_layers)
+        n = int(config.num_hidden_layers)
         report(
             f"{name} shape ({n} layers, {b}×{t} tokens), capture ÷ forward",
             ratio,
