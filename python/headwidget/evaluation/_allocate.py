@@ -89,7 +89,6 @@ from headwidget.evaluation._cache_transforms import MergedCache
 from headwidget.evaluation._chosen import per_layer_specs, remember, token_pieces
 from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
-from headwidget.evaluation._evaluate import Progress, _working_copy, prefilling, protocol_batches, runner_for
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
 from headwidget.evaluation._model_facts import check_stats
 from headwidget.evaluation._outputs import OutputRunner
@@ -98,6 +97,14 @@ from headwidget.evaluation._quantize import KVQuantizer
 from headwidget.evaluation._report import bytes_text
 from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep, swap_sweep
 from headwidget.evaluation.measures import PredictionTotals, chunk_rows, predicted_positions
+from headwidget.evaluation.running import (
+    Progress,
+    forward_working_bytes,
+    prefilling,
+    protocol_batches,
+    runner_for,
+    working_copy,
+)
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -108,7 +115,6 @@ __all__ = [
     "allocate",
     "allocate_frontier",
     "estimate_allocation",
-    "forward_working_bytes",
 ]
 
 #: The candidates of :func:`allocate` when none are given.
@@ -540,30 +546,6 @@ class _Search:
 _RESOLVES = 4
 
 
-def forward_working_bytes(model: nn.Module, rows: int, length: int, dtype_bytes: int, *, scores: bool) -> int:
-    """The working memory of one forward of ``model``'s layers under ``no_grad`` (the head left out): about
-    ``4·D + 3·F`` elements a token (hidden size D, MLP width F: one layer's residual, normed input and
-    MLP activations at a time; ``5·F`` for a GELU written out in Python, GPT-2's ``gelu_new``), and with
-    ``scores`` (eager attention, or ``sdpa`` given a padding mask) the (heads × length) attention scores
-    and their softmax. Fitted to the CPU allocator's peak on Llama-family and GPT-2 models.
-
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=384,
-    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
-    >>> forward_working_bytes(model, 4, 64, 4, scores=False)  # (4·128 + 3·384) × 4 bytes × 256 tokens
-    1703936
-    """
-    adapter = adapter_for(model)
-    lay = adapter.layout()
-    config = getattr(model, "config", None)
-    act = getattr(config, "activation_function", None) or getattr(config, "hidden_act", None)
-    mlp = 5 if act in ("gelu_new", "gelu_fast", "quick_gelu") else 3
-    per_token = (4 * lay.hidden_size + mlp * adapter.mlp_width()) * dtype_bytes
-    if scores:
-        per_token += 3 * lay.num_heads * length * max(dtype_bytes, 4) // 2
-    return rows * length * per_token
-
-
 @dataclass(frozen=True)
 class AllocationMemory:
     """The parts (bytes) of an allocation's peak on the model's device:
@@ -858,7 +840,7 @@ def allocate_frontier(
     every, batches = batches, ranks.shard(batches)
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
     check_allocation_budget(AllocationMemory.of(model, specs, _shapes(batches), dtype=dtype), max_memory)
-    base = _working_copy(model, dtype)
+    base = working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     model_plan = plan_variant(adapter, parse_variant("model"), None, layers)
     fitted, plans = _fit_candidates(adapter, specs, stats, layers, weight_dtype, model_plan.layer_elements)

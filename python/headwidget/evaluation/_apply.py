@@ -64,8 +64,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from headwidget.adapters import Adapter, adapter_for
-from headwidget.adapters._partial_rope import partial_rope_mask
+from headwidget.adapters import Adapter, adapter_for, partial_rope_mask
 from headwidget.analysis.variant_fits import LayerFit, alignments, fit_layer
 from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, parse_uniform, parse_variant
 from headwidget.errors import (

@@ -75,15 +75,27 @@ from headwidget.errors import (
     HealingInputError,
     NonFiniteLossError,
 )
-from headwidget.evaluation._apply import AppliedVariant
-from headwidget.evaluation._arguments import check_token_ids, checked_dtype
-from headwidget.evaluation._distributed import ONE_PROCESS, Ranks
-from headwidget.evaluation._evaluate import _add, _summary, _totals, _working_copy, model_context
-from headwidget.evaluation._inputs import _stream, evaluation_batches, fingerprint, forward_kwargs
-from headwidget.evaluation._layers import LayerBlocks
-from headwidget.evaluation._model_facts import converted_modules
-from headwidget.evaluation._outputs import BatchOutput, OutputRunner
-from headwidget.evaluation._sharing import teacher_forced_sharing
+from headwidget.evaluation import AppliedVariant
+from headwidget.evaluation.running import (
+    ONE_PROCESS,
+    BatchOutput,
+    LayerBlocks,
+    OutputRunner,
+    Ranks,
+    check_token_ids,
+    checked_dtype,
+    converted_modules,
+    evaluation_batches,
+    fingerprint,
+    forward_kwargs,
+    measure,
+    model_context,
+    reference_pass,
+    summary,
+    teacher_forced_sharing,
+    token_stream,
+    working_copy,
+)
 from headwidget.healing._chunked import OutputHead, same_logits
 from headwidget.healing._data import (
     OVERLAP_TOKENS,
@@ -289,12 +301,8 @@ class _Evaluation:
             del self.rows[len(self.layer_rows) :]
 
     def point(self, teacher: nn.Module, student: nn.Module, tokens: int, step: int) -> None:
-        totals = _totals(self.runner.kind)
         with torch.no_grad(), self.autocast():
-            for batch, ref in zip(self.batches, self.reference, strict=True):
-                _add(totals, ref, self.runner(student, batch))
-        self.ranks.merge([totals])
-        measures = _summary(totals)
+            measures = summary(measure(teacher, student, self.batches, self.reference, self.runner, self.ranks))
         if self.runner.kind == "causal-lm":
             row = {
                 "nll": measures["nll"],
@@ -533,7 +541,7 @@ def heal(
         judged = judged_rows(every_batch, longer)
     if texts is None:
         texts = held_out_paragraphs(english_sample(split="calibration"), tokenizer, judged)
-    stream = _stream(texts, tokenizer, None)
+    stream = token_stream(texts, tokenizer, None)
     if stream.numel():
         _check_ids(model, [Batch(stream.reshape(1, -1), torch.ones(1, stream.numel()))], "texts")
     plan = TrainingWindows.of(stream, max_length=max_length, batch_size=batch_size, tokens=tokens, seed=seed)
@@ -549,7 +557,7 @@ def heal(
     # ------------------------------------------------------------------ models
     variant_dtype = next(variant.parameters()).dtype
     train_dtype = variant_dtype if variant_dtype in (torch.float32, torch.float64) else torch.float32
-    teacher = _working_copy(model, train_dtype if cast is None else next(model.parameters()).dtype)
+    teacher = working_copy(model, train_dtype if cast is None else next(model.parameters()).dtype)
     layers = sorted(info.fits)
     converted = converted_modules(variant, adapter_for(variant), layers)
     held = next(teacher.parameters()).dtype
@@ -562,12 +570,9 @@ def heal(
         pair = (_sharded_copy(teacher, [], ranks, device), _sharded_copy(student, layers, ranks, device))
     evaluation = _Evaluation(judge.shard(every_batch), [], runner, judge, layers, per_layer, autocast)
     with torch.no_grad(), autocast():
-        evaluation.reference = [runner(pair[0], b) for b in evaluation.batches]
-    reference_totals = _totals(runner.kind)
-    for out in evaluation.reference:
-        _add(reference_totals, out, out)
-    judge.merge([reference_totals])
-    evaluation.reference_nll = _summary(reference_totals).get("nll", math.nan)
+        reference, kept = reference_pass(pair[0], evaluation.batches, runner, judge)
+    assert kept is not None
+    evaluation.reference, evaluation.reference_nll = kept, summary(reference).get("nll", math.nan)
     evaluation.point(*pair, 0, 0)
 
     parts = _installed(student, trainable, seed, train_dtype)

@@ -62,7 +62,7 @@ from headwidget.analysis.variants import MixedSpec, VariantSpec, parse_variant, 
 from headwidget.capture.memory import default_budget, format_bytes
 from headwidget.errors import MemoryBudgetError, UnsupportedModelError
 from headwidget.evaluation import AppliedVariant
-from headwidget.evaluation._allocate import forward_working_bytes
+from headwidget.evaluation.running import forward_working_bytes
 from headwidget.evaluation.measures import CHUNK_BYTES
 from headwidget.healing import _chunked
 from headwidget.healing._trainable import parse_trainable
@@ -357,7 +357,7 @@ def estimate_healing(
     True
     """
     from headwidget.checks import flag, whole_number
-    from headwidget.evaluation._arguments import checked_dtype
+    from headwidget.evaluation.running import checked_dtype
 
     batch_size = whole_number("batch_size", batch_size, minimum=1, maximum=1 << 20, hint="windows a step")
     max_length = whole_number("max_length", max_length, minimum=2, maximum=1 << 24, hint="tokens a window")

@@ -48,7 +48,7 @@ from torch import nn
 
 from headwidget.core.stored import Stored, describe, key, saved_fields, some, unsaved
 from headwidget.errors import ArgumentError, PathRefusedError, ReportFileError
-from headwidget.evaluation._report_file import (
+from headwidget.evaluation.report_file import (
     ReportCheck,
     dtype_problem,
     read_json,
