@@ -85,7 +85,6 @@ from headwidget.checks import flag, model_with_weights, number, optional_whole_n
 from headwidget.errors import ArgumentError, BudgetError, MemoryBudgetError
 from headwidget.evaluation._apply import fit_parts
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._cache_transforms import MergedCache
 from headwidget.evaluation._chosen import per_layer_specs, remember, token_pieces
 from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
@@ -100,9 +99,13 @@ from headwidget.evaluation.measures import PredictionTotals, chunk_rows, predict
 from headwidget.evaluation.running import (
     Progress,
     forward_working_bytes,
+    measure,
     prefilling,
     protocol_batches,
+    reference_pass,
+    reset_retention,
     runner_for,
+    sum_retention,
     working_copy,
 )
 from headwidget.stats import KVStats
@@ -346,26 +349,6 @@ def _fit_candidates(
     return found, plans
 
 
-def _merges(plans: Iterable[VariantPlan]) -> list[MergedCache]:
-    return [c for plan in plans for c in plan.cross.caches if isinstance(c, MergedCache)]
-
-
-def _reset_retention(plans: Iterable[VariantPlan]) -> None:
-    for cache in _merges(plans):
-        cache.retained = {kind: [0, 0] for kind in cache.retained}
-
-
-def _sum_retention(plans: Iterable[VariantPlan], ranks: Ranks) -> None:
-    """A merge's retention over every rank's prefills (what its bytes count)."""
-    caches = _merges(plans)
-    if not caches:
-        return
-    kinds = sorted(caches[0].retained)
-    summed = iter(ranks.sum([v for c in caches for kind in kinds for v in c.retained[kind]]))
-    for cache in caches:
-        cache.retained = {kind: [round(next(summed)), round(next(summed))] for kind in kinds}
-
-
 class _Scorer:
     """Whole-model damage of plans on fixed batches against the original's outputs."""
 
@@ -380,18 +363,10 @@ class _Scorer:
     ):
         self.base, self.batches, self.runner, self.objective = base, batches, runner, objective
         self.tick, self.ranks = tick, ranks
-        self.reference = []
-        for batch in batches:
-            self.reference.append(runner(base, batch))
-            tick(1)
-        self.model_nll = math.nan
-        if objective == "nll":  # the original's own NLL, what a variant's is measured against
-            model = PredictionTotals()
-            for ref in self.reference:
-                assert ref.targets is not None
-                model.add_rows(ref.values, ref.values, ref.targets)
-            ranks.merge([model])
-            self.model_nll = model.nll
+        totals, kept = reference_pass(base, batches, runner, ranks, tick=tick)
+        assert isinstance(totals, PredictionTotals) and kept is not None
+        self.reference = kept
+        self.model_nll = totals.nll  # the original's own NLL, what a variant's is measured against
 
     def of(self, totals: PredictionTotals) -> float:
         """The objective from a plan's totals: its mean KL, or its NLL less the original's."""
@@ -399,17 +374,14 @@ class _Scorer:
 
     def damage(self, plan: VariantPlan) -> float:
         """One plan, full forwards (a merge's retention counted over them, on every rank)."""
-        totals = PredictionTotals()
         self.tick.grow(len(self.batches))
-        _reset_retention([plan])
+        reset_retention([plan])
         with plan.running(self.base, prefill=prefilling(self.runner)) as variant:
-            for ref, batch in zip(self.reference, self.batches, strict=True):
-                out = self.runner(variant, batch)
-                assert out.targets is not None
-                totals.add_rows(ref.values, out.values, out.targets)
-                self.tick(1)
-        self.ranks.merge([totals])
-        _sum_retention([plan], self.ranks)
+            totals = measure(
+                self.base, variant, self.batches, self.reference, self.runner, self.ranks, tick=self.tick
+            )
+        sum_retention([plan], self.ranks)
+        assert isinstance(totals, PredictionTotals)
         return self.of(totals)
 
     def swapped(
@@ -881,7 +853,7 @@ def allocate_frontier(
             ranks=ranks,
             measure="kl" if objective == "kl" else "delta_nll",
         )
-        _sum_retention([plan for _, plan in groups.values()], ranks)  # the sweep's merges: their bytes
+        sum_retention([plan for _, plan in groups.values()], ranks)  # the sweep's merges: their bytes
         damage = {cell: 0.0 if cell.spec == "model" else swept[cell.spec][cell.start] for cell in options}
         cost = {cell: cell_bytes(cell) for cell in options}
         scorer = _Scorer(base, batches, runner, objective, tick, ranks)

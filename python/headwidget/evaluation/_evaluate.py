@@ -51,9 +51,9 @@ from headwidget.analysis.variants import MixedSpec, Variant, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.checks import model_with_weights, optional_whole_number
 from headwidget.errors import ArgumentError
+from headwidget.evaluation import running
 from headwidget.evaluation._apply import refuse_layers_with_mixed
 from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
-from headwidget.evaluation._cache_transforms import MergedCache
 from headwidget.evaluation._chosen import FLAG_SHARE, chosen_shares
 from headwidget.evaluation._cross_layer import refuse_cache_transforms
 from headwidget.evaluation._inputs import Protocol, check_window, parse_protocol, predicted_count
@@ -62,22 +62,6 @@ from headwidget.evaluation._model_facts import check_stats, layer_kv_elements
 from headwidget.evaluation._plan import VariantPlan, plan_variant
 from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep
-from headwidget.evaluation.running import (
-    BatchOutput,
-    OutputRunner,
-    Progress,
-    Ranks,
-    check_token_ids,
-    fingerprint,
-    measure,
-    model_context,
-    prefilling,
-    protocol_batches,
-    reference_pass,
-    runner_for,
-    summary,
-    working_copy,
-)
 from headwidget.stats import KVStats
 
 __all__ = ["LOGITS_BUDGET", "evaluate"]
@@ -167,10 +151,13 @@ def evaluate(
         NonFiniteLogitsError: a variant's outputs are not finite (the message names it and the layer).
     """
     adapter = adapter_for(model)
-    args, max_memory, ranks, reading, parsed = _checked(
-        model, adapter, variants, stats, allow_other_weights, layers, per_layer, dtype, batch_size,
-        max_length, max_tokens, max_memory, protocol, distributed, progress,
-    )  # fmt: skip
+    args = check_evaluate_arguments(
+        adapter, variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress
+    )
+    max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
+    model_with_weights("model", model)
+    ranks = running.Ranks.of(distributed)
+    args, reading, parsed = _checked(model, adapter, args, protocol, layers, allow_other_weights)
     need = EvaluationMemory.of(
         model,
         adapter,
@@ -183,10 +170,10 @@ def evaluate(
         protocol=reading,
     )
     spare = check_evaluation_budget(need, max_memory)
-    runner = runner_for(model, reading, adapter)
+    runner = running.runner_for(model, reading, adapter)
     every = _batches(model, texts, tokenizer, runner, reading, args)
     batches = ranks.shard(every)
-    base = working_copy(model, args.dtype)
+    base = running.working_copy(model, args.dtype)
     weight_dtype = next(base.parameters()).dtype
     plans = {
         s: plan_variant(adapter, p, args.stats, args.layers, weight_dtype=weight_dtype)
@@ -194,7 +181,9 @@ def evaluate(
         if s != "model"
     }
     cells = sum(len({id(c) for c in map(plan.cell, args.layers) if c is not None}) for plan in plans.values())
-    tick = Progress(len(batches) * (1 + len(plans) + (1 + cells if args.per_layer else 0)), args.progress)
+    tick = running.Progress(
+        len(batches) * (1 + len(plans) + (1 + cells if args.per_layer else 0)), args.progress
+    )
     try:
         measures, kv_bytes = _variants(
             base, plans, batches, runner, ranks, tick, min(LOGITS_BUDGET, spare), args, reading.prefill
@@ -213,34 +202,13 @@ def evaluate(
 
 
 def _checked(
-    model: nn.Module,
-    adapter: Adapter,
-    variants: Any,
-    stats: Any,
-    allow_other_weights: bool,
-    layers: Any,
-    per_layer: Any,
-    dtype: Any,
-    batch_size: Any,
-    max_length: Any,
-    max_tokens: Any,
-    max_memory: Any,
-    protocol: Any,
-    distributed: Any,
-    progress: Any,
-) -> tuple[EvaluateArguments, int | None, Ranks, Protocol, dict[str, Variant]]:
-    """evaluate's arguments checked, before any work: the arguments (``max_length`` a window's under
-    ``chunks``/``stride``), ``max_memory``, the ranks, the protocol and the parsed variants by spec."""
-    given_layers = layers
-    args = check_evaluate_arguments(
-        adapter, variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress
-    )
-    max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
-    model_with_weights("model", model)
-    ranks = Ranks.of(distributed)
+    model: nn.Module, adapter: Adapter, args: EvaluateArguments, protocol: Any, given_layers: Any, other: bool
+) -> tuple[EvaluateArguments, Protocol, dict[str, Variant]]:
+    """The checks of evaluate's protocol and variants, before any work: the arguments (``max_length`` a
+    window's under ``chunks``/``stride``), the protocol and the parsed variants by spec."""
     reading = parse_protocol(protocol)
     if reading.window is not None:
-        check_window(reading, model_context(model))
+        check_window(reading, running.model_context(model))
         args = args._replace(max_length=reading.window)
     if reading.prefill is not None and reading.prefill + 2 > args.max_length:
         raise ArgumentError(
@@ -252,18 +220,18 @@ def _checked(
     if reading.prefill is None:
         refuse_cache_transforms(list(parsed.values()), reading.text)
     refuse_layers_with_mixed(list(parsed.values()), given_layers)
-    check_stats(model, adapter, args.stats, allow_other_weights=allow_other_weights)
+    check_stats(model, adapter, args.stats, allow_other_weights=other)
     for p in parsed.values():
         if isinstance(p, MixedSpec):
             p.check_layers(adapter.layout().num_layers)
-    return args, max_memory, ranks, reading, parsed
+    return args, reading, parsed
 
 
 def _batches(
     model: nn.Module,
     texts: Any,
     tokenizer: Any,
-    runner: OutputRunner,
+    runner: running.OutputRunner,
     reading: Protocol,
     args: EvaluateArguments,
 ) -> list[Batch]:
@@ -274,7 +242,7 @@ def _batches(
             f"protocol {reading.text} scores next-token predictions, and {type(model).__name__} makes none; "
             "evaluate an encoder with protocol='documents' or 'chunks:W'"
         )
-    batches = protocol_batches(
+    batches = running.protocol_batches(
         model,
         texts,
         tokenizer,
@@ -284,7 +252,7 @@ def _batches(
         max_tokens=args.max_tokens,
         min_tokens=2 if lm else 1,
     )
-    check_token_ids(model, batches)
+    running.check_token_ids(model, batches)
     return batches
 
 
@@ -292,9 +260,9 @@ def _variants(
     base: nn.Module,
     plans: dict[str, VariantPlan],
     batches: list[Batch],
-    runner: OutputRunner,
-    ranks: Ranks,
-    tick: Progress,
+    runner: running.OutputRunner,
+    ranks: running.Ranks,
+    tick: running.Progress,
     keep: int,
     args: EvaluateArguments,
     prefill: int | None,
@@ -302,8 +270,8 @@ def _variants(
     """The reference pass (its outputs kept while they fit ``keep`` bytes), then each variant measured
     against it: the measures by spec (``"model"``: the reference's own), and each variant's KV bytes per
     token and constant bytes (a quantizer's; else None). A plan measured is dropped, but for the sweep."""
-    reference, kept = reference_pass(base, batches, runner, ranks, keep=keep, tick=tick)
-    measures, kv_bytes = {"model": summary(reference)}, {}
+    reference, kept = running.reference_pass(base, batches, runner, ranks, keep=keep, tick=tick)
+    measures, kv_bytes = {"model": running.summary(reference)}, {}
     for spec, plan in list(plans.items()):
         measures[spec] = _measure_plan(base, plan, batches, kept, runner, tick, ranks)
         kv_bytes[spec] = (
@@ -318,7 +286,7 @@ def _variants(
 def _report(
     model: nn.Module,
     adapter: Adapter,
-    runner: OutputRunner,
+    runner: running.OutputRunner,
     args: EvaluateArguments,
     reading: Protocol,
     every: list[Batch],
@@ -333,7 +301,7 @@ def _report(
     num_layers = adapter.layout().num_layers
     layer_bytes = [size * layer_kv_elements(adapter, i) for i in range(num_layers)]
     kv_bytes["model"] = sum(layer_bytes), None
-    stats, tokens_seen = args.stats, fingerprint(every)
+    stats, tokens_seen = args.stats, running.fingerprint(every)
     shares = chosen_shares(specs, tokens_seen, every, stream=reading.kind != "documents", layers=args.layers)
     leaked = [s for s in specs if shares.get(s, 0.0) >= FLAG_SHARE]
     if leaked:
@@ -380,24 +348,16 @@ def _measure_plan(
     base: nn.Module,
     plan: VariantPlan,
     batches: list[Batch],
-    kept: list[BatchOutput] | None,
-    runner: OutputRunner,
-    tick: Progress,
-    ranks: Ranks,
+    kept: list[running.BatchOutput] | None,
+    runner: running.OutputRunner,
+    tick: running.Progress,
+    ranks: running.Ranks,
 ) -> dict[str, float]:
     """The measures of ``base`` run as ``plan``'s variant, against the reference (summed over ``ranks``)."""
-    for cache in plan.cross.caches:
-        if isinstance(cache, MergedCache):  # its bytes: the retention of these prefills
-            cache.retained = {kind: [0, 0] for kind in cache.retained}
-    with plan.running(base, prefill=prefilling(runner)) as variant:
-        totals = measure(
+    running.reset_retention([plan])  # a merge's bytes: the retention of these prefills, on every rank
+    with plan.running(base, prefill=running.prefilling(runner)) as variant:
+        totals = running.measure(
             base, variant, batches, kept, runner, ranks, tick=tick, named=(plan.spec, _changed(plan))
         )
-    for cache in plan.cross.caches:  # a merge's retention over every rank's prefills (its bytes)
-        if isinstance(cache, MergedCache):
-            kinds = sorted(cache.retained)
-            summed = ranks.sum([v for kind in kinds for v in cache.retained[kind]])
-            cache.retained = {
-                kind: [round(summed[2 * i]), round(summed[2 * i + 1])] for i, kind in enumerate(kinds)
-            }
-    return summary(totals)
+    running.sum_retention([plan], ranks)
+    return running.summary(totals)

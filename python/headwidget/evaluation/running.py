@@ -10,7 +10,7 @@
   :func:`forward_working_bytes` (what one forward holds).
 - **Totals**: :func:`reference_pass` (the original on every batch, its outputs kept) and :func:`measure`
   (a model against them), summed over the :class:`Ranks` of a distributed run; :func:`summary` reads
-  the measures off the totals.
+  the measures off the totals; a merge's retention (its bytes) summed likewise (:func:`sum_retention`).
 
 Example:
     >>> import torch
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from headwidget.adapters import Adapter, adapter_for
 from headwidget.capture.inputs import Batch
 from headwidget.evaluation._apply import shared_copy
 from headwidget.evaluation._arguments import check_token_ids, checked_dtype
+from headwidget.evaluation._cache_transforms import MergedCache
 from headwidget.evaluation._distributed import ONE_PROCESS, Ranks
 from headwidget.evaluation._inputs import (
     Protocol,
@@ -53,6 +54,7 @@ from headwidget.evaluation._inputs import (
 from headwidget.evaluation._layers import LayerBlocks, first_tensor
 from headwidget.evaluation._model_facts import converted_modules
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
+from headwidget.evaluation._plan import VariantPlan
 from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
 from headwidget.evaluation._sharing import teacher_forced_sharing
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals
@@ -78,7 +80,9 @@ __all__ = [
     "prefilling",
     "protocol_batches",
     "reference_pass",
+    "reset_retention",
     "runner_for",
+    "sum_retention",
     "summary",
     "teacher_forced_sharing",
     "token_stream",
@@ -104,17 +108,20 @@ def working_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 class Progress:
-    """A progress bar in forwards (nothing when not ``enabled``); ``grow`` adds forwards to its total."""
+    """A progress bar in forwards, or another ``unit`` (nothing when not ``enabled``); a call advances it
+    (and shows ``postfix``), ``grow`` adds to its total."""
 
-    def __init__(self, total: int, enabled: bool, desc: str = "evaluate") -> None:
+    def __init__(self, total: int, enabled: bool, desc: str = "evaluate", unit: str = "fwd") -> None:
         self.bar: Any = None
         if enabled:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, unit="fwd", desc=desc)
+            self.bar = tqdm(total=total, unit=unit, desc=desc)
 
-    def __call__(self, n: int) -> None:
+    def __call__(self, n: int, **postfix: str) -> None:
         if self.bar is not None:
+            if postfix:
+                self.bar.set_postfix(**postfix)
             self.bar.update(n)
 
     def grow(self, n: int) -> None:
@@ -203,6 +210,27 @@ def measure(
         del ref, out  # not held through the next batch's forwards
     ranks.merge([totals])
     return totals
+
+
+def _merges(plans: Iterable[VariantPlan]) -> list[MergedCache]:
+    return [c for plan in plans for c in plan.cross.caches if isinstance(c, MergedCache)]
+
+
+def reset_retention(plans: Iterable[VariantPlan]) -> None:
+    """Zero what each merge of ``plans`` retains, before the batches whose prefills its bytes count."""
+    for cache in _merges(plans):
+        cache.retained = {kind: [0, 0] for kind in cache.retained}
+
+
+def sum_retention(plans: Iterable[VariantPlan], ranks: Ranks) -> None:
+    """A merge's retention over every rank's prefills (what its bytes count)."""
+    caches = _merges(plans)
+    if not caches:
+        return
+    kinds = sorted(caches[0].retained)
+    summed = iter(ranks.sum([v for c in caches for kind in kinds for v in c.retained[kind]]))
+    for cache in caches:
+        cache.retained = {kind: [round(next(summed)), round(next(summed))] for kind in kinds}
 
 
 def protocol_batches(

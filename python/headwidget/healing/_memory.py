@@ -62,8 +62,8 @@ from headwidget.analysis.variants import MixedSpec, VariantSpec, parse_variant, 
 from headwidget.capture.memory import default_budget, format_bytes
 from headwidget.errors import MemoryBudgetError, UnsupportedModelError
 from headwidget.evaluation import AppliedVariant
-from headwidget.evaluation.running import forward_working_bytes
 from headwidget.evaluation.measures import CHUNK_BYTES
+from headwidget.evaluation.running import forward_working_bytes
 from headwidget.healing import _chunked
 from headwidget.healing._trainable import parse_trainable
 
