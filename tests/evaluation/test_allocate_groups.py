@@ -189,11 +189,11 @@ def test_the_refine_sweep_with_groups_equals_evaluate_of_every_swapped_spec(llam
     swapped spec equal evaluate's, with the groups before the swapped layer replayed."""
     from headwidget.adapters import adapter_for
     from headwidget.evaluation._allocate import _Cell, _fit_candidates
-    from headwidget.evaluation.running import protocol_batches
     from headwidget.evaluation._inputs import parse_protocol
     from headwidget.evaluation._model_facts import layer_kv_elements
     from headwidget.evaluation._prefill import PrefillRunner
     from headwidget.evaluation._sweep import swap_sweep
+    from headwidget.evaluation.running import protocol_batches
 
     adapter = adapter_for(llama)
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(3)}

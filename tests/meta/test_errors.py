@@ -182,7 +182,7 @@ def test_estimate_grows_with_options(model):
     from headwidget.capture.memory import ForwardShape, forward_bytes, update_bytes
 
     fold = 1 * 16 * (4 + 4) + update_bytes(1, 16, 2)
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     shape = ForwardShape.of(model, adapter.layout(), adapter.mlp_width())
     assert headwidget.estimate(model, batch_size=1, max_length=1) == accum + fold + forward_bytes(shape, 1, 1)
     assert headwidget.estimate(model, batch_size=4, max_length=64) > headwidget.estimate(model, max_length=32)
