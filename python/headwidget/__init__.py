@@ -91,7 +91,7 @@ from headwidget.views import (
 
 if TYPE_CHECKING:
     from headwidget.notebook import explore
-    from headwidget.widget import HeadWidget, LayerTrends
+    from headwidget.widget import HeadWidget
 
 #: What ``headwidget.<name>`` imports on first use: the notebook layer and the widgets (ipywidgets, bqplot,
 #: pandas, matplotlib) are imported when first asked for, or when a view is first displayed or saved, so
@@ -99,7 +99,6 @@ if TYPE_CHECKING:
 _ON_FIRST_USE = {
     "explore": "headwidget.notebook",
     "HeadWidget": "headwidget.widget",
-    "LayerTrends": "headwidget.widget",
 }
 
 
@@ -175,7 +174,6 @@ __all__ = [
     "KVStats",
     "LayerIndexError",
     "LayerSimilarityView",
-    "LayerTrends",
     "MechanismSpecError",
     "MechanismView",
     "MemoryBudgetError",

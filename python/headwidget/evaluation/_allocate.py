@@ -83,6 +83,7 @@ from headwidget.capture.inputs import Batch
 from headwidget.capture.memory import default_budget, format_bytes
 from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
 from headwidget.errors import ArgumentError, BudgetError, MemoryBudgetError
+from headwidget.evaluation import running
 from headwidget.evaluation._apply import fit_parts
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import per_layer_specs, remember, token_pieces
@@ -96,18 +97,6 @@ from headwidget.evaluation._quantize import KVQuantizer
 from headwidget.evaluation._report import bytes_text
 from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep, swap_sweep
 from headwidget.evaluation.measures import PredictionTotals, chunk_rows, predicted_positions
-from headwidget.evaluation.running import (
-    Progress,
-    forward_working_bytes,
-    measure,
-    prefilling,
-    protocol_batches,
-    reference_pass,
-    reset_retention,
-    runner_for,
-    sum_retention,
-    working_copy,
-)
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -358,12 +347,12 @@ class _Scorer:
         batches: list[Batch],
         runner: OutputRunner,
         objective: str,
-        tick: Progress,
+        tick: running.Progress,
         ranks: Ranks,
     ):
         self.base, self.batches, self.runner, self.objective = base, batches, runner, objective
         self.tick, self.ranks = tick, ranks
-        totals, kept = reference_pass(base, batches, runner, ranks, tick=tick)
+        totals, kept = running.reference_pass(base, batches, runner, ranks, tick=tick)
         assert isinstance(totals, PredictionTotals) and kept is not None
         self.reference = kept
         self.model_nll = totals.nll  # the original's own NLL, what a variant's is measured against
@@ -375,12 +364,12 @@ class _Scorer:
     def damage(self, plan: VariantPlan) -> float:
         """One plan, full forwards (a merge's retention counted over them, on every rank)."""
         self.tick.grow(len(self.batches))
-        reset_retention([plan])
-        with plan.running(self.base, prefill=prefilling(self.runner)) as variant:
-            totals = measure(
+        running.reset_retention([plan])
+        with plan.running(self.base, prefill=running.prefilling(self.runner)) as variant:
+            totals = running.measure(
                 self.base, variant, self.batches, self.reference, self.runner, self.ranks, tick=self.tick
             )
-        sum_retention([plan], self.ranks)
+        running.sum_retention([plan], self.ranks)
         assert isinstance(totals, PredictionTotals)
         return self.of(totals)
 
@@ -593,7 +582,7 @@ class AllocationMemory:
             logits = predicted * vocab * b  # the head computes the predicted rows alone
             measures = 5 * min(predicted, chunk_rows(vocab)) * vocab * max(b, 4)
             padded = predicted < rows * (length - 1)
-            work = forward_working_bytes(model, rows, length, b, scores=impl == "eager" or padded)
+            work = running.forward_working_bytes(model, rows, length, b, scores=impl == "eager" or padded)
             forward = max(forward, work + 2 * logits, predicted * vocab * b + measures)
         recorded = [rows * length * lay.hidden_size * lay.num_layers * b for rows, length, _ in shapes]
         chunks: list[list[int]] = [[]]  # the batches of each chunk, as the sweeps form them
@@ -673,7 +662,7 @@ def estimate_allocation(
     reading = parse_protocol(protocol)
     length = max_length if reading.window is None else reading.window
     if texts is not None:
-        batches = protocol_batches(
+        batches = running.protocol_batches(
             model,
             texts,
             tokenizer,
@@ -789,7 +778,7 @@ def allocate_frontier(
     reading = parse_protocol(protocol)
     if reading.prefill is None:
         refuse_cache_transforms([parse_variant(s) for s in specs], reading.text)
-    runner = runner_for(model, reading)
+    runner = running.runner_for(model, reading, adapter)
     if runner.kind != "causal-lm":
         raise ArgumentError(
             f"allocate measures next-token damage, so it takes a causal LM, not {runner.kind}"
@@ -798,7 +787,7 @@ def allocate_frontier(
     num_layers = adapter.layout().num_layers
     layers = list(range(num_layers))
     length = max_length if reading.window is None else reading.window
-    batches = protocol_batches(
+    batches = running.protocol_batches(
         model,
         texts,
         tokenizer,
@@ -812,7 +801,7 @@ def allocate_frontier(
     every, batches = batches, ranks.shard(batches)
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
     check_allocation_budget(AllocationMemory.of(model, specs, _shapes(batches), dtype=dtype), max_memory)
-    base = working_copy(model, dtype)
+    base = running.working_copy(model, dtype)
     weight_dtype = next(base.parameters()).dtype
     model_plan = plan_variant(adapter, parse_variant("model"), None, layers)
     fitted, plans = _fit_candidates(adapter, specs, stats, layers, weight_dtype, model_plan.layer_elements)
@@ -837,7 +826,7 @@ def allocate_frontier(
     }
     for cell, (group, _) in groups.items():
         cells.setdefault(cell.spec, {})[cell.start] = group
-    tick = Progress(
+    tick = running.Progress(
         len(batches) * (2 + sum(c is not None for row in cells.values() for c in row.values())),
         progress,
         desc="allocate",
@@ -853,7 +842,7 @@ def allocate_frontier(
             ranks=ranks,
             measure="kl" if objective == "kl" else "delta_nll",
         )
-        sum_retention([plan for _, plan in groups.values()], ranks)  # the sweep's merges: their bytes
+        running.sum_retention([plan for _, plan in groups.values()], ranks)  # the sweep's merges: their bytes
         damage = {cell: 0.0 if cell.spec == "model" else swept[cell.spec][cell.start] for cell in options}
         cost = {cell: cell_bytes(cell) for cell in options}
         scorer = _Scorer(base, batches, runner, objective, tick, ranks)

@@ -273,7 +273,12 @@ def _variants(
     reference, kept = running.reference_pass(base, batches, runner, ranks, keep=keep, tick=tick)
     measures, kv_bytes = {"model": running.summary(reference)}, {}
     for spec, plan in list(plans.items()):
-        measures[spec] = _measure_plan(base, plan, batches, kept, runner, tick, ranks)
+        running.reset_retention([plan])  # a merge's bytes: the retention of these prefills, on every rank
+        with plan.running(base, prefill=running.prefilling(runner)) as variant:
+            named = (plan.spec, _changed(plan))
+            totals = running.measure(base, variant, batches, kept, runner, ranks, tick=tick, named=named)
+        running.sum_retention([plan], ranks)
+        measures[spec] = running.summary(totals)
         kv_bytes[spec] = (
             plan.kv_bytes_per_token(args.dtype, prefill),
             plan.constant_bytes if plan.quantizers else None,
@@ -342,22 +347,3 @@ def _changed(plan: VariantPlan) -> str:
     if quantized:
         parts.append(f"K/V of layers {quantized} quantized")
     return ", ".join(parts) or "nothing changed"
-
-
-def _measure_plan(
-    base: nn.Module,
-    plan: VariantPlan,
-    batches: list[Batch],
-    kept: list[running.BatchOutput] | None,
-    runner: running.OutputRunner,
-    tick: running.Progress,
-    ranks: running.Ranks,
-) -> dict[str, float]:
-    """The measures of ``base`` run as ``plan``'s variant, against the reference (summed over ``ranks``)."""
-    running.reset_retention([plan])  # a merge's bytes: the retention of these prefills, on every rank
-    with plan.running(base, prefill=running.prefilling(runner)) as variant:
-        totals = running.measure(
-            base, variant, batches, kept, runner, ranks, tick=tick, named=(plan.spec, _changed(plan))
-        )
-    running.sum_retention([plan], ranks)
-    return running.summary(totals)

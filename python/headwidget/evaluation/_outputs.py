@@ -82,7 +82,7 @@ class OutputRunner:
     device: torch.device
 
     @classmethod
-    def for_model(cls, model: nn.Module, adapter: Adapter | None = None) -> OutputRunner:
+    def for_model(cls, model: nn.Module, *, adapter: Adapter | None = None) -> OutputRunner:
         adapter = adapter or adapter_for(model)
         get_head = getattr(model, "get_output_embeddings", None)
         has_head = callable(get_head) and get_head() is not None

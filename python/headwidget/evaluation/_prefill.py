@@ -105,8 +105,10 @@ class PrefillRunner(OutputRunner):
     prefill: int = 0
 
     @classmethod
-    def for_model(cls, model: nn.Module, prefill: int = 0, adapter: Adapter | None = None) -> PrefillRunner:
-        plain = OutputRunner.for_model(model, adapter)
+    def for_model(
+        cls, model: nn.Module, prefill: int = 0, *, adapter: Adapter | None = None
+    ) -> PrefillRunner:
+        plain = OutputRunner.for_model(model, adapter=adapter)
         return cls(plain.kind, plain.device, prefill)
 
     @torch.no_grad()

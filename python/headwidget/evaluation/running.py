@@ -289,8 +289,8 @@ def runner_for(model: nn.Module, reading: Protocol, adapter: Adapter | None = No
     """How a protocol runs a batch: one forward, or (``prefill:P``) a prefill and a scored forward
     (``adapter``: ``model``'s, when the caller has it)."""
     if reading.prefill is not None:
-        return PrefillRunner.for_model(model, reading.prefill, adapter)
-    return OutputRunner.for_model(model, adapter)
+        return PrefillRunner.for_model(model, reading.prefill, adapter=adapter)
+    return OutputRunner.for_model(model, adapter=adapter)
 
 
 def prefilling(runner: OutputRunner) -> bool:

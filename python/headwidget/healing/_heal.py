@@ -54,14 +54,13 @@ with FSDP2 instead (:mod:`headwidget.healing._sharded`): a model too large for o
 
 from __future__ import annotations
 
-import functools
 import math
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import InitVar, dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -87,8 +86,8 @@ from headwidget.healing._data import (
 )
 from headwidget.healing._layers import AttentionErrors
 from headwidget.healing._loss import LOSS_NAMES
-from headwidget.healing._memory import HealingMemory, check_healing_budget
-from headwidget.healing._run import HealingRun
+from headwidget.healing._memory import HealingMemory, autocast_dtype, check_healing_budget
+from headwidget.healing._run import CURVE_MEASURES, HealingRun
 from headwidget.healing._sharded import distribution, gather_trained, mesh_device, sharded, shared_module
 from headwidget.healing._student import StepLoss, checkpointed, handed_over, trained_copy
 from headwidget.healing._trainable import TrainableParts, parse_trainable
@@ -270,8 +269,6 @@ class _Evaluation:
     per_layer: bool
     autocast: Any
     reference_nll: float = math.nan
-    fingerprint: str = ""
-    tokens: int = 0
     rows: list[dict[str, float]] = field(default_factory=list)
     layer_rows: list[list[float]] = field(default_factory=list)
 
@@ -285,16 +282,10 @@ class _Evaluation:
             measures = running.summary(
                 running.measure(teacher, student, self.batches, self.reference, self.runner, self.ranks)
             )
-        if self.runner.kind == "causal-lm":
-            row = {
-                "nll": measures["nll"],
-                "kl": measures["kl"],
-                "top1": measures["top1"],
-                "delta_nll": measures["nll"] - self.reference_nll,
-            }
-        else:
-            row = {k: measures[k] for k in ("hidden_rel_error", "embedding_cosine")}
-        self.rows.append({"tokens": tokens, "step": step, **row})
+        measures["delta_nll"] = measures.get("nll", math.nan) - self.reference_nll
+        self.rows.append(
+            {"tokens": tokens, "step": step, **{k: measures[k] for k in CURVE_MEASURES[self.runner.kind]}}
+        )
         if self.per_layer:
             errors = AttentionErrors(self.layers)
             with (
@@ -307,27 +298,12 @@ class _Evaluation:
             self.layer_rows.append(errors.values())
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _with_grad(function: Callable[P, R]) -> Callable[P, R]:
-    """``function`` run with gradients on, also when called under ``torch.no_grad()`` or
-    ``torch.inference_mode()`` (training needs them); the caller's mode is back when it returns."""
-
-    @functools.wraps(function)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        with torch.inference_mode(False), torch.enable_grad():
-            return function(*args, **kwargs)
-
-    return run
-
-
 def _model_name(model: nn.Module) -> str:
     return str(getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__)
 
 
-@_with_grad
+@torch.inference_mode(False)  # gradients on, also under no_grad() or inference_mode(): training needs
+@torch.enable_grad()  # them; the caller's mode is back when it returns
 def heal(
     variant: nn.Module,
     model: nn.Module,
@@ -550,10 +526,7 @@ class _Settings:
             )
         if self.sharded:  # the sharded models run on this rank's GPU (NCCL) or where the model is (gloo)
             self.runner = running.OutputRunner(self.runner.kind, mesh_device(self.runner.device))
-        cast = None if self.dtype is None else running.checked_dtype(self.dtype)
-        if self.dtype is None:
-            cast = torch.bfloat16 if self.device.type == "cuda" else None
-        self.cast = None if cast == torch.float32 else cast
+        self.cast = autocast_dtype(self.dtype, self.device)
         self.checkpoint = flag("checkpoint", self.checkpoint)
 
     @property
@@ -658,18 +631,7 @@ def _prepared(
         skeleton, teacher, student = student, pair[0], _sharded_copy(student, layers, s.ranks, s.device)
         if heads is not None:
             heads = (heads[0].on(teacher), heads[1].on(student))
-    return _Training(
-        student=student,
-        teacher=teacher,
-        parts=parts,
-        skeleton=skeleton,
-        origin=origin,
-        variant=variant,
-        plan=plan,
-        evaluation=evaluation,
-        s=s,
-        heads=heads,
-    )
+    return _Training(student, teacher, parts, plan, evaluation, s, heads, skeleton, origin, variant)
 
 
 def _train_dtype(variant: nn.Module) -> torch.dtype:
