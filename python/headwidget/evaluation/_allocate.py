@@ -548,9 +548,10 @@ class AllocationMemory:
         *,
         dtype: torch.dtype,
         record_budget: int = RECORD_BUDGET,
+        adapter: Adapter | None = None,
     ) -> AllocationMemory:
-        """``shapes``: per batch (rows, length, predicted tokens)."""
-        adapter = adapter_for(model)
+        """``shapes``: per batch (rows, length, predicted tokens); ``adapter``: ``model``'s, when known."""
+        adapter = adapter or adapter_for(model)
         lay = adapter.layout()
         b = torch.empty((), dtype=dtype).element_size()
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
@@ -582,7 +583,9 @@ class AllocationMemory:
             logits = predicted * vocab * b  # the head computes the predicted rows alone
             measures = 5 * min(predicted, chunk_rows(vocab)) * vocab * max(b, 4)
             padded = predicted < rows * (length - 1)
-            work = running.forward_working_bytes(model, rows, length, b, scores=impl == "eager" or padded)
+            work = running.forward_working_bytes(
+                model, rows, length, b, scores=impl == "eager" or padded, adapter=adapter
+            )
             forward = max(forward, work + 2 * logits, predicted * vocab * b + measures)
         recorded = [rows * length * lay.hidden_size * lay.num_layers * b for rows, length, _ in shapes]
         chunks: list[list[int]] = [[]]  # the batches of each chunk, as the sweeps form them
@@ -800,8 +803,10 @@ def allocate_frontier(
     check_token_ids(model, batches)
     every, batches = batches, ranks.shard(batches)
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
-    check_allocation_budget(AllocationMemory.of(model, specs, _shapes(batches), dtype=dtype), max_memory)
-    base = running.working_copy(model, dtype)
+    check_allocation_budget(
+        AllocationMemory.of(model, specs, _shapes(batches), dtype=dtype, adapter=adapter), max_memory
+    )
+    base = running.working_copy(model, dtype, adapter)
     weight_dtype = next(base.parameters()).dtype
     model_plan = plan_variant(adapter, parse_variant("model"), None, layers)
     fitted, plans = _fit_candidates(adapter, specs, stats, layers, weight_dtype, model_plan.layer_elements)

@@ -173,7 +173,7 @@ def evaluate(
     runner = running.runner_for(model, reading, adapter)
     every = _batches(model, texts, tokenizer, runner, reading, args)
     batches = ranks.shard(every)
-    base = running.working_copy(model, args.dtype)
+    base = running.working_copy(model, args.dtype, adapter)
     weight_dtype = next(base.parameters()).dtype
     plans = {
         s: plan_variant(adapter, p, args.stats, args.layers, weight_dtype=weight_dtype)

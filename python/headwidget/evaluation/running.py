@@ -94,8 +94,9 @@ __all__ = [
 Totals = PredictionTotals | EncoderTotals
 
 
-def working_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """An eval-mode copy of ``model``'s modules in ``dtype``, never ``model`` itself.
+def working_copy(model: nn.Module, dtype: torch.dtype, adapter: Adapter | None = None) -> nn.Module:
+    """An eval-mode copy of ``model``'s modules in ``dtype``, never ``model`` itself (``adapter``:
+    ``model``'s, when the caller has it).
 
     When ``model`` is already in ``dtype`` the copy shares every parameter and buffer with it (no weight
     is copied); its modules are its own, so hooks on them see only this run's forwards and another
@@ -103,7 +104,7 @@ def working_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """
     floating = [p for p in (*model.parameters(), *model.buffers()) if p.is_floating_point()]
     if all(p.dtype == dtype for p in floating):
-        return shared_copy(model).eval()
+        return shared_copy(model, adapter).eval()
     return copy.deepcopy(model).to(dtype).eval()
 
 
@@ -304,12 +305,21 @@ def model_context(model: nn.Module) -> int | None:
     return context if isinstance(context, int) and not isinstance(context, bool) else None
 
 
-def forward_working_bytes(model: nn.Module, rows: int, length: int, dtype_bytes: int, *, scores: bool) -> int:
+def forward_working_bytes(
+    model: nn.Module,
+    rows: int,
+    length: int,
+    dtype_bytes: int,
+    *,
+    scores: bool,
+    adapter: Adapter | None = None,
+) -> int:
     """The working memory of one forward of ``model``'s layers under ``no_grad`` (the head left out): about
     ``4·D + 3·F`` elements a token (hidden size D, MLP width F: one layer's residual, normed input and
     MLP activations at a time; ``5·F`` for a GELU written out in Python, GPT-2's ``gelu_new``), and with
     ``scores`` (eager attention, or ``sdpa`` given a padding mask) the (heads × length) attention scores
-    and their softmax. Fitted to the CPU allocator's peak on Llama-family and GPT-2 models.
+    and their softmax. Fitted to the CPU allocator's peak on Llama-family and GPT-2 models (``adapter``:
+    ``model``'s, when the caller has it).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=384,
@@ -317,7 +327,7 @@ def forward_working_bytes(model: nn.Module, rows: int, length: int, dtype_bytes:
     >>> forward_working_bytes(model, 4, 64, 4, scores=False)  # (4·128 + 3·384) × 4 bytes × 256 tokens
     1703936
     """
-    adapter = adapter_for(model)
+    adapter = adapter or adapter_for(model)
     lay = adapter.layout()
     config = getattr(model, "config", None)
     act = getattr(config, "activation_function", None) or getattr(config, "hidden_act", None)

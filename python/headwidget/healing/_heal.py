@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwidget.adapters import adapter_for
+from headwidget.adapters import Adapter, adapter_for
 from headwidget.capture.inputs import Batch
 from headwidget.checks import flag, model_with_weights, optional_whole_number, real_number, whole_number
 from headwidget.errors import (
@@ -395,6 +395,7 @@ def heal(
     info = _applied(variant, model)
     s = _Settings(
         model,
+        adapter_for(model),
         tokens,
         batch_size,
         max_length,
@@ -426,6 +427,7 @@ def heal(
             world=s.ranks.world,
             sharded=s.sharded,
             device=s.device,
+            adapter=s.adapter,
         ),
         optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes"),
     )
@@ -454,6 +456,7 @@ class _Settings:
     the loss, the ranks, the peak learning rate and the autocast dtype."""
 
     model: InitVar[nn.Module]
+    adapter: Adapter
     tokens: int
     batch_size: int
     max_length: int
@@ -511,7 +514,7 @@ class _Settings:
                 f"batch_size={self.batch_size} does not split evenly over {self.ranks.world} ranks: give a "
                 f"multiple of {self.ranks.world} (each rank trains on batch_size / world windows a step)"
             )
-        self.runner = running.OutputRunner.for_model(model)
+        self.runner = running.OutputRunner.for_model(model, adapter=self.adapter)
         loss_name = LOSS_NAMES.get((self.method, self.runner.kind))
         if loss_name is None:
             raise HealingInputError(
@@ -604,7 +607,8 @@ def _prepared(
     """The teacher and the trained student (sharded under FSDP), the reference pass and the untrained
     point measured: the training, ready to run."""
     train_dtype = _train_dtype(variant)
-    teacher = running.working_copy(model, train_dtype if s.cast is None else next(model.parameters()).dtype)
+    copy_dtype = train_dtype if s.cast is None else next(model.parameters()).dtype
+    teacher = running.working_copy(model, copy_dtype, s.adapter)
     layers = sorted(info.fits)
     converted = running.converted_modules(variant, adapter_for(variant), layers)
     held = next(teacher.parameters()).dtype

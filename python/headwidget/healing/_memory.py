@@ -194,8 +194,9 @@ class HealingMemory:
         world: int = 1,
         sharded: bool = False,
         device: torch.device | None = None,
+        adapter: Adapter | None = None,
     ) -> HealingMemory:
-        adapter = adapter_for(model)
+        adapter = adapter or adapter_for(model)
         lay = adapter.layout()
         mode, rank = parse_trainable(trainable)
         conversion = _Conversion.of(variant, model, adapter)
@@ -257,7 +258,7 @@ class HealingMemory:
         e_length = min(max_length, eval_tokens)
         e_rows = min(batch_size, -(-eval_tokens // e_length))
         e_tokens = e_rows * e_length
-        working = forward_working_bytes(model, e_rows, e_length, a_b, scores=impl == "eager")
+        working = forward_working_bytes(model, e_rows, e_length, a_b, scores=impl == "eager", adapter=adapter)
         if vocab:
             logits = e_tokens * vocab * a_b
             measures = 5 * min(e_tokens, max(1, CHUNK_BYTES // (4 * vocab))) * vocab * max(a_b, 4)
