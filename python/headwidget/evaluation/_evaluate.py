@@ -158,17 +158,7 @@ def evaluate(
     model_with_weights("model", model)
     ranks = running.Ranks.of(distributed)
     args, reading, parsed = _checked(model, adapter, args, protocol, layers, allow_other_weights)
-    need = EvaluationMemory.of(
-        model,
-        adapter,
-        list(parsed.values()),
-        args.layers,
-        per_layer=args.per_layer,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        protocol=reading,
-    )
+    need = EvaluationMemory.of(model, adapter, list(parsed.values()), args, reading)
     spare = check_evaluation_budget(need, max_memory)
     runner = running.runner_for(model, reading, adapter)
     every = _batches(model, texts, tokenizer, runner, reading, args)
