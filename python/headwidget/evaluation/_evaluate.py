@@ -157,11 +157,20 @@ def evaluate(
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
     model_with_weights("model", model)
     ranks = running.Ranks.of(distributed)
-    args, reading, parsed = _checked(model, adapter, args, protocol, layers, allow_other_weights)
+    args, reading, parsed, runner = _checked(model, adapter, args, protocol, layers, allow_other_weights)
     need = EvaluationMemory.of(model, adapter, list(parsed.values()), args, reading)
     spare = check_evaluation_budget(need, max_memory)
-    runner = running.runner_for(model, reading, adapter)
-    every = _batches(model, texts, tokenizer, runner, reading, args)
+    every = running.protocol_batches(
+        model,
+        texts,
+        tokenizer,
+        reading,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_tokens=args.max_tokens,
+        min_tokens=2 if runner.kind == "causal-lm" else 1,
+    )
+    running.check_token_ids(model, every)
     batches = ranks.shard(every)
     base = running.working_copy(model, args.dtype, adapter)
     weight_dtype = next(base.parameters()).dtype
@@ -193,9 +202,9 @@ def evaluate(
 
 def _checked(
     model: nn.Module, adapter: Adapter, args: EvaluateArguments, protocol: Any, given_layers: Any, other: bool
-) -> tuple[EvaluateArguments, Protocol, dict[str, Variant]]:
+) -> tuple[EvaluateArguments, Protocol, dict[str, Variant], running.OutputRunner]:
     """The checks of evaluate's protocol and variants, before any work: the arguments (``max_length`` a
-    window's under ``chunks``/``stride``), the protocol and the parsed variants by spec."""
+    window's under ``chunks``/``stride``), the protocol, the parsed variants by spec and the runner."""
     reading = parse_protocol(protocol)
     if reading.window is not None:
         check_window(reading, running.model_context(model))
@@ -214,36 +223,13 @@ def _checked(
     for p in parsed.values():
         if isinstance(p, MixedSpec):
             p.check_layers(adapter.layout().num_layers)
-    return args, reading, parsed
-
-
-def _batches(
-    model: nn.Module,
-    texts: Any,
-    tokenizer: Any,
-    runner: running.OutputRunner,
-    reading: Protocol,
-    args: EvaluateArguments,
-) -> list[Batch]:
-    """Every rank's evaluation batches (all of them: each rank measures its shard), token ids checked."""
-    lm = runner.kind == "causal-lm"
-    if reading.kind in ("stride", "prefill") and not lm:
+    runner = running.runner_for(model, reading, adapter)
+    if reading.kind in ("stride", "prefill") and runner.kind != "causal-lm":
         raise ArgumentError(
             f"protocol {reading.text} scores next-token predictions, and {type(model).__name__} makes none; "
             "evaluate an encoder with protocol='documents' or 'chunks:W'"
         )
-    batches = running.protocol_batches(
-        model,
-        texts,
-        tokenizer,
-        reading,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        max_tokens=args.max_tokens,
-        min_tokens=2 if lm else 1,
-    )
-    running.check_token_ids(model, batches)
-    return batches
+    return args, reading, parsed, runner
 
 
 def _variants(
