@@ -191,3 +191,21 @@ def test_an_encoder_is_measured_by_its_hidden_states_and_a_decoder_by_its_predic
 
     assert OutputRunner.for_model(make_model("bert")).kind == "encoder"
     assert OutputRunner.for_model(make_model("gpt2")).kind == "causal-lm"
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_the_forward_ends_once_the_last_layers_kv_are_recorded(name):
+    """The last layer's attention runs to its end only when post-RoPE keys are wanted (they are handed
+    over inside it); otherwise the forward stops at its K/V projections."""
+    model = make_model(name)
+    finished: list[int] = []
+    last = attention_modules(model)[-1]
+    handle = last.register_forward_hook(lambda *_: finished.append(1))
+    try:
+        headwidget.capture(model, ragged_batches(), progress=False)
+        assert finished == []
+        if name in ROPE_FAMILIES:
+            headwidget.capture(model, ragged_batches(), rope="both", progress=False)
+            assert finished == [1, 1]  # one per batch
+    finally:
+        handle.remove()

@@ -178,13 +178,17 @@ def test_estimate_grows_with_options(model):
     assert headwidget.estimate(model, layers=[0]) < base
     # accumulators: per layer K and V (C = 2·8 = 16 channels): mean + m2 + two normalised Grams
     accum = 2 * 2 * 8 * (16 + 3 * 16 * 16)
-    # one batch's working memory: folding 1 token of 16 channels (2 heads) in float32, and the forward
-    from headwidget.capture.memory import ForwardShape, forward_bytes, update_bytes
+    # K and V of both layers staged as float32 rows of 1 token, the buffers that fold them (2 heads), a
+    # kind's rows on their way into staging, and the forward
+    from headwidget.capture.memory import ForwardShape, forward_peak_bytes
+    from headwidget.moments import FoldWork
 
-    fold = 1 * 16 * (4 + 4) + update_bytes(1, 16, 2)
+    staging = 4 * 1 * 16 * 4 + FoldWork.nbytes(4, rows=1, channels=16, head_dim=8, element=4)
+    working = 2 * 1 * 16 * 4
     adapter = headwidget.adapters.adapter_for(model)
     shape = ForwardShape.of(model, adapter.layout(), adapter.mlp_width())
-    assert headwidget.estimate(model, batch_size=1, max_length=1) == accum + fold + forward_bytes(shape, 1, 1)
+    need = accum + staging + working + forward_peak_bytes(shape, 1, 1)
+    assert headwidget.estimate(model, batch_size=1, max_length=1) == need
     assert headwidget.estimate(model, batch_size=4, max_length=64) > headwidget.estimate(model, max_length=32)
 
 

@@ -111,22 +111,26 @@ def test_merging_different_shapes_is_refused():
         Moments.empty(4).merge(Moments.empty(5))
 
 
-@pytest.mark.parametrize("channels", [127, 128, 192, 385])
+@pytest.mark.parametrize("channels", [127, 128, 192, 385, 2311])
 def test_wide_grams_are_formed_by_blocks_and_equal_the_float64_product(channels):
-    from headwidget.moments.streaming import _add_gram
+    from headwidget.moments.folding import _add_gram, _same_dtype_products, gram_blocks
 
     rng = np.random.default_rng(channels)
     x = (rng.normal(size=(300, channels)) * rng.uniform(0.1, 10, size=channels)).astype(np.float32)
-    got = torch.zeros(channels, channels, dtype=torch.float64)
-    diag = _add_gram(got, torch.from_numpy(x))  # formed in float32, added into float64
-    assert torch.equal(diag.double(), torch.diagonal(got))
-    h = channels // 2
-    if channels >= 128:  # formed by blocks: the lower-left block is the upper-right one transposed
-        assert torch.equal(got[h:, :h], got[:h, h:].T)
+    got = torch.zeros(1, channels, channels, dtype=torch.float64)
+    rows = torch.from_numpy(x)[None]
+    largest = _add_gram(got, [(rows, rows)], torch.empty(channels * channels), _same_dtype_products)
+    assert (
+        largest is not None and largest.item() == torch.diagonal(got[0]).max().item()
+    )  # formed in float32, added into float64
+    blocks = gram_blocks(channels)
+    assert len(blocks) == (1 if channels < 128 else min(channels // 32, max(8, channels // 256)))
+    for start, stop in blocks[:-1]:  # formed by block rows: the lower triangle is the upper one transposed
+        assert torch.equal(got[0, stop:, start:stop], got[0, start:stop, stop:].T)
     reference = x.astype(np.float64).T @ x.astype(np.float64)
     # float32 products of 300 terms: |error| ≤ 300·eps32·Σ|x_i||x_j| (the bound, with headroom)
     bound = 300 * np.finfo(np.float32).eps * (np.abs(x).T @ np.abs(x))
-    assert np.all(np.abs(got.numpy() - reference) <= bound)
+    assert np.all(np.abs(got[0].numpy() - reference) <= bound)
 
 
 def test_off_diagonal_mean_against_a_loop():

@@ -496,8 +496,9 @@ def test_load_refuses_impossible_samples_naming_them(
 
 
 # ----------------------------------------------------------------------------- memory
-def test_estimate_counts_the_reservoirs(llama: nn.Module) -> None:
-    size, batch_size, max_length = 300, 4, 32
+@pytest.mark.parametrize("size", [300, 3000])
+def test_estimate_counts_the_reservoirs(llama: nn.Module, size: int) -> None:
+    batch_size, max_length = 4, 32
     tokens, channels, layer_kinds = batch_size * max_length, 16, 2 * 2  # keys and values of 2 layers
     plain = headwidget.estimate(llama, batch_size=batch_size, max_length=max_length)
     sampled = headwidget.estimate(llama, batch_size=batch_size, max_length=max_length, samples=size)
@@ -508,7 +509,11 @@ def test_estimate_counts_the_reservoirs(llama: nn.Module) -> None:
     assert sample_update_bytes(size, tokens, channels, 8) == max(write, size * channels * 4)
     keys = 8 * (5 * size + 4 * tokens)
     assert reservoir_key_bytes(size, tokens) == keys
-    assert sampled - plain == reservoirs + max(write, size * channels * 4) + keys
+    # the rows written into the reservoirs (or one reservoir reordered) are working memory beside the
+    # larger of a kind's rows on their way into staging: the recorded tensor and its selected rows
+    staging = 2 * tokens * channels * 8
+    extra = max(write, size * channels * 4) - staging
+    assert sampled - plain == reservoirs + max(extra, 0) + keys
 
 
 def allocated_peak(fn: Callable[[], object]) -> int:

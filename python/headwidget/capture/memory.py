@@ -1,26 +1,32 @@
 """How much memory a capture will allocate, and the default budget it must stay within.
 
-A capture's peak on a device is the sum of three parts, each an upper bound for one batch of
-``batch_size × max_length`` tokens:
+A capture's peak on a device is the sum of these parts, for batches of ``batch_size × max_length``
+tokens:
 
 - the float64 accumulators (:func:`accumulator_bytes`);
-- the working memory of folding one batch into them (:func:`update_bytes`: the selected rows, their
-  float32 copies, the batch co-moment and Grams in float32 and float64; with ``inputs=True`` on a RoPE
-  model also the rotary-pair norms of queries and keys, :func:`plane_norm_update_bytes`), and for
-  cross-layer statistics the per-layer rows kept until the last cross layer and their concatenation;
-- the model's own forward pass up to the last captured layer (:func:`forward_bytes`: one layer's
-  activations, the attention mask and, for eager attention, the attention scores).
+- the staging buffer of each width of rows and the buffers that fold them
+  (:meth:`FoldShape.staging_bytes <headwidget.capture.plan.FoldShape.staging_bytes>`; see
+  :mod:`headwidget.capture.plan`), and for cross-layer statistics the same for all cross layers'
+  channels side by side;
+- one kind's rows on their way into staging (the recorded tensor reshaped, a copy when it is a strided
+  slice, and its selected rows in the model's dtype), or on a RoPE model with ``inputs=True`` the
+  rotary-pair norms of queries and keys (:func:`plane_norm_update_bytes`), whichever is larger;
+- the model's own forward pass up to the last captured layer (:func:`forward_peak_bytes`: one layer's
+  activations, the attention mask and, where they are materialised, the attention scores).
 
 With ``samples=R`` the token samples add their float32 reservoir of ``R`` rows per (layer, kind)
-(:func:`reservoir_bytes`), the rows one batch writes into it or the final reordering of one reservoir
-(:func:`sample_update_bytes`), and the reservoir's float64 keys on the CPU (:func:`reservoir_key_bytes`).
+(:func:`reservoir_bytes`), the rows one batch writes into one of them or the final reordering of one
+(:func:`sample_update_bytes`, in place of the staging rows when larger), and the reservoir's float64
+keys on the CPU (:func:`reservoir_key_bytes`).
 
 When ``max_memory`` is not given, the budget is half the free memory of the device
 (:func:`default_budget`): on the host, the smaller of the machine's available memory and what the
 process's limits leave it (a container's or pod's cgroup, ``RLIMIT_AS``, ``RLIMIT_DATA``).
 
-The bounds were checked against the CPU allocator's peak (``torch.profiler`` memory events) for
-every supported family; ``tests/capture/test_capture_hardening.py`` keeps checking them.
+The parts were checked against the CPU allocator's peak (``torch.profiler`` memory events) for every
+supported family: the estimate bounds it, and for the Llama family (the shapes of SmolLM2, Llama 3,
+LLaMA 2) the peak is 0.8 to 1.0 of it; ``tests/capture/test_capture_memory.py`` and
+``tests/capture/test_capture_hardening.py`` keep checking.
 """
 
 from __future__ import annotations
@@ -45,12 +51,12 @@ __all__ = [
     "default_budget_source",
     "format_bytes",
     "forward_bytes",
+    "forward_peak_bytes",
     "free_memory",
     "plane_norm_update_bytes",
     "reservoir_bytes",
     "reservoir_key_bytes",
     "sample_update_bytes",
-    "update_bytes",
 ]
 
 #: Share of the free memory of a device (:func:`free_memory`) that a capture or an evaluation may take
@@ -139,21 +145,6 @@ def accumulator_bytes(shapes: Iterable[tuple[int, int | None]]) -> int:
     return sum(Moments.nbytes(c, hd) for c, hd in shapes)
 
 
-def update_bytes(rows: int, channels: int, heads: int, work_bytes: int = 4) -> int:
-    """Peak working memory of folding ``rows`` token vectors into :class:`Moments`.
-
-    ``work_bytes`` is the element size the rows are folded in (4: float32, 8: float64 models). The
-    rows themselves (selected and converted), their float64 sum, the centred and per-head-normalised
-    copies (``3 × rows × channels`` elements in all), the per-head norms, and the batch co-moment
-    and Grams (float32 products and their float64 sums: 24 bytes per channel pair).
-
-    >>> update_bytes(rows=100, channels=8, heads=2)
-    15936
-    """
-    vectors = rows * channels
-    return 4 * work_bytes * vectors + 2 * work_bytes * rows * heads + 24 * channels * channels
-
-
 def plane_norm_update_bytes(
     rows: int, heads: tuple[int, int], head_dim: int, planes: int, dtype_bytes: int = 4, work_bytes: int = 4
 ) -> int:
@@ -208,6 +199,11 @@ def reservoir_key_bytes(samples: int, rows: int) -> int:
     return 8 * (5 * samples + 4 * rows)
 
 
+#: Activations whose transformers implementation is several elementwise ops (each a temporary as wide as
+#: the MLP), not one kernel.
+MULTI_OP_ACTIVATIONS = ("gelu_new", "gelu_fast", "gelu_python", "quick_gelu", "gelu_accurate")
+
+
 @dataclass(frozen=True)
 class ForwardShape:
     """What the working memory of a model's forward pass depends on."""
@@ -219,18 +215,24 @@ class ForwardShape:
     head_dim: int
     dtype_bytes: int
     scores: bool  # whether attention may materialise the (heads × T × T) scores
+    materialised: bool = True  # whether it certainly does (eager, or sdpa's math kernel)
+    mlp_temporaries: int = 3  # MLP-wide tensors alive at once (gated: gate·act, up, product)
 
     @classmethod
     def of(cls, model: nn.Module, layout: AttentionLayout, mlp_width: int) -> ForwardShape:
         """The shape of ``model``'s forward: ``layout`` and ``mlp_width`` from its adapter
         (:meth:`~headwidget.adapters.Adapter.mlp_width`, which reads the family's own config field)."""
         config: Any = getattr(model, "config", None)
-        dtype_bytes = 4
+        dtype_bytes, device = 4, torch.device("cpu")
         for p in model.parameters():
             if p.is_floating_point():
-                dtype_bytes = p.element_size()
+                dtype_bytes, device = p.element_size(), p.device
                 break
         impl = str(getattr(config, "_attn_implementation", None) or "eager")
+        activation = getattr(config, "hidden_act", None) or getattr(config, "activation_function", None)
+        # eager always materialises the scores; sdpa only when torch falls back to its math kernel: key
+        # and value heads of different sizes (MLA), or float64 off the CPU; flash kernels never do
+        fallback = layout.value_head_dim != layout.head_dim or (dtype_bytes >= 8 and device.type != "cpu")
         return cls(
             hidden=layout.hidden_size,
             ffn=mlp_width,
@@ -241,6 +243,8 @@ class ForwardShape:
             # eager always does; sdpa does whenever torch falls back to its math kernel (float64,
             # unequal key/value head sizes, broadcast multi-query keys...); flash kernels never do
             scores=not impl.startswith(("flash", "flex")),
+            materialised=impl == "eager" or (impl == "sdpa" and fallback),
+            mlp_temporaries=4 if activation in MULTI_OP_ACTIVATIONS else 3,
         )
 
     @property
@@ -250,7 +254,8 @@ class ForwardShape:
 
 
 def forward_bytes(shape: ForwardShape, batch_size: int, max_length: int) -> int:
-    """Upper bound of the activations one forward pass holds at a time, under ``no_grad``.
+    """Upper bound of the activations one forward pass holds at a time, under ``no_grad`` (a looser one
+    than :func:`forward_peak_bytes`: evaluation's).
 
     Layers run one after another, so this is one layer's working set: the residual stream and
     normalised input, the query/key/value projections with their rotated and transposed copies,
@@ -271,5 +276,41 @@ def forward_bytes(shape: ForwardShape, batch_size: int, max_length: int) -> int:
     mask = batch_size * max_length * max_length * (b + 1)
     scores = 0
     if shape.scores:
+        scores = 3 * max(b, 4) * batch_size * shape.heads * max_length * max_length
+    return tokens * per_token + mask + scores
+
+
+def forward_peak_bytes(shape: ForwardShape, batch_size: int, max_length: int) -> int:
+    """The activations one forward pass holds at its peak, under ``no_grad``: what a capture counts.
+
+    Layers run one after another, so this is one layer's working set, per token: the embeddings (which
+    the model's forward keeps), the layer's input, the sublayer's normalised input, and the larger of
+    two phases. Attention: the query/key/value
+    projections and, while they are rotated, a rotated copy and one temporary of the queries and keys,
+    and for GQA and MQA the keys and values repeated to every query head (sdpa with a padding mask).
+    MLP: one more hidden-size tensor and
+    ``mlp_temporaries`` MLP-wide ones. A 16-bit model's norms add float32 copies. Per
+    batch: the (B, 1, T, T) attention mask (boolean and additive, when there is padding), and the
+    attention scores with their softmax where they are certainly materialised (``materialised``: eager
+    attention, or sdpa falling back to its math kernel).
+
+    Measured against the CPU allocator's peak of the forward to the last attention (Llama-family
+    models, sdpa): about 0.9 of this bound, the mask aside.
+
+    >>> shape = ForwardShape(hidden=64, ffn=256, heads=4, kv_heads=4, head_dim=16, dtype_bytes=4,
+    ...                      scores=True)
+    >>> forward_peak_bytes(shape, batch_size=2, max_length=10)
+    92520
+    """
+    tokens = batch_size * max_length
+    b = shape.dtype_bytes
+    h, g, d = shape.heads, shape.kv_heads, shape.head_dim
+    repeated = 2 * h * d if g < h else 0
+    attention = (h + 2 * g) * d + 2 * (h + g) * d + repeated
+    mlp = shape.hidden + shape.mlp_temporaries * shape.ffn
+    per_token = b * (3 * shape.hidden + max(attention, mlp)) + (8 * shape.hidden if b < 4 else 0)
+    mask = batch_size * max_length * max_length * (b + 1)
+    scores = 0
+    if shape.materialised:
         scores = 3 * max(b, 4) * batch_size * shape.heads * max_length * max_length
     return tokens * per_token + mask + scores

@@ -1,13 +1,23 @@
-"""What a capture will record: layers, kinds, devices, and the memory that takes.
+"""What a capture will record: layers, kinds, devices, how the rows are staged and folded, and the
+memory that takes.
 
 Validating a request here, before any hook is installed, means bad options fail fast and leave the
 model untouched.
+
+Each captured layer's rows are staged, per kind, into a buffer shared by the kinds of one width on one
+device (a :class:`FoldShape`), and folded into the statistics a group of layers at a time
+(:class:`FoldGroup`): one set of batched calls for all the layers and kinds of a group
+(:class:`~headwidget.moments.MomentStack`). On the CPU a group holds what its caches hold (about
+:data:`FOLD_BYTES_CPU` of rows and buffers: one SmolLM2 layer at 8×256 tokens), so that a layer is
+folded while its rows are still in them; on a GPU up to :data:`FOLD_BYTES` (all of SmolLM2's layers,
+six of Llama-3-8B's at 8×512 tokens), so that launches are few. A GPU folds the rows of a 16-bit model
+on its tensor cores (:data:`~headwidget.moments.GramMode` ``"split"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -19,21 +29,66 @@ from headwidget.capture.memory import (
     accumulator_bytes,
     default_budget,
     format_bytes,
-    forward_bytes,
+    forward_peak_bytes,
     plane_norm_update_bytes,
     reservoir_bytes,
     reservoir_key_bytes,
     sample_update_bytes,
-    update_bytes,
 )
 from headwidget.core.kinds import Kind
 from headwidget.core.layout import AttentionLayout
 from headwidget.errors import CaptureInputError, LayerIndexError, MemoryBudgetError, RopeCaptureError
+from headwidget.moments import FoldWork, GramMode
 from headwidget.stats import PlaneNorms
 
-__all__ = ["CapturePlan", "module_device"]
+__all__ = ["FOLD_BYTES", "FOLD_BYTES_CPU", "CapturePlan", "FoldGroup", "FoldShape", "module_device"]
 
 ROPE_MODES = ("pre", "post", "both")
+
+#: Bytes of staged rows and fold buffers one shape's group of layers may hold on a GPU.
+FOLD_BYTES = 512 * 2**20
+#: The same on the CPU: about what its caches hold, so that rows are folded while they are in them.
+FOLD_BYTES_CPU = 2 * 2**20
+
+
+@dataclass(frozen=True)
+class FoldShape:
+    """The kinds of one width (and head size) captured on one device, and the layers there: they share a
+    staging buffer and fold buffers, and are folded in groups of :attr:`group_layers` layers."""
+
+    device: torch.device
+    channels: int
+    head_dim: int | None
+    kinds: tuple[Kind, ...]
+    layers: tuple[int, ...]
+    mode: GramMode
+    dtype: torch.dtype  # of the staged rows
+    group_layers: int = 1
+
+    def staging_bytes(self, rows: int, layers: int | None = None) -> int:
+        """Bytes of the staging buffer and the fold buffers for groups of ``layers`` layers (default:
+        :attr:`group_layers`) and ``rows`` rows."""
+        entries = len(self.kinds) * (self.group_layers if layers is None else layers)
+        element = self.dtype.itemsize
+        staged = entries * rows * self.channels * element
+        return staged + FoldWork.nbytes(entries, rows, self.channels, self.head_dim, element, self.mode)
+
+    def groups(self) -> list[FoldGroup]:
+        """The groups of consecutive layers folded together, in layer order."""
+        k = self.group_layers
+        return [FoldGroup(self, self.layers[i : i + k]) for i in range(0, len(self.layers), k)]
+
+
+@dataclass(frozen=True)
+class FoldGroup:
+    """Layers of one :class:`FoldShape` whose rows are folded in one set of calls, once the last has run."""
+
+    shape: FoldShape
+    layers: tuple[int, ...]
+
+    def entries(self) -> list[tuple[int, Kind]]:
+        """(layer, kind) of each staged slot, layer-major."""
+        return [(layer, kind) for layer in self.layers for kind in self.shape.kinds]
 
 
 def module_device(module: nn.Module) -> torch.device:
@@ -52,6 +107,7 @@ class CapturePlan:
     attention: list[nn.Module]  # one per captured layer
     devices: list[torch.device]  # one per captured layer
     forward: ForwardShape
+    dtype: torch.dtype  # the model's floating-point dtype
     samples: int = 0  # token rows sampled per (layer, kind)
     #: Whether the token sums of every rotary pair's query/key norms are kept (inputs=True, RoPE
     #: models whose adapter gives the queries): partial RoPE's ranking.
@@ -133,7 +189,8 @@ class CapturePlan:
         devices = [module_device(t) for t in taps]
         forward = ForwardShape.of(adapter.model, layout, adapter.mlp_width())
         plane_norms = inputs and layout.rope.uses_rope and adapter.query_taps(attention[0]) is not None
-        plan = cls(layout, chosen, kinds, cross, attention, devices, forward, int(samples))
+        dtype = next((p.dtype for p in adapter.model.parameters() if p.is_floating_point()), torch.float32)
+        plan = cls(layout, chosen, kinds, cross, attention, devices, forward, dtype, int(samples))
         plan.plane_norms = bool(plane_norms)
         return plan
 
@@ -142,63 +199,124 @@ class CapturePlan:
         """Kinds whose vectors are split into heads (those get cross-layer statistics)."""
         return [k for k in self.kinds if self.layout.head_dim_of(k) is not None]
 
-    def bytes_by_device(self, batch_size: int, max_length: int) -> dict[torch.device, int]:
-        """Peak bytes per device: accumulators, one batch's working memory, the forward's activations.
+    def gram_mode(self, device: torch.device) -> GramMode:
+        """How the Grams of rows on ``device`` are formed: on a GPU's tensor cores for a 16-bit model."""
+        split = device.type == "cuda" and self.dtype in (torch.bfloat16, torch.float16)
+        return "split" if split else "exact"
+
+    def staged_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype rows are staged in on ``device``: the model's own for the tensor cores, else float32
+        (float64 for a float64 model)."""
+        if self.gram_mode(device) == "split":
+            return self.dtype
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    def fold_shapes(self, rows: int, most_layers: int | None = None) -> list[FoldShape]:
+        """The staging shapes of every device, for batches of up to ``rows`` token rows, with groups of
+        as many layers as :data:`FOLD_BYTES` (:data:`FOLD_BYTES_CPU` on the CPU) hold, at least one and
+        at most ``most_layers``."""
+        lay = self.layout
+        widths: dict[tuple[int, int | None], list[Kind]] = {}
+        for kind in self.kinds:
+            widths.setdefault((lay.channels_of(kind), lay.head_dim_of(kind)), []).append(kind)
+        shapes = []
+        for device in dict.fromkeys(self.devices):
+            layers = tuple(layer for layer, d in zip(self.layers, self.devices, strict=True) if d == device)
+            # a model on the meta device (shapes only, for an estimate) is counted as on the CPU
+            cap = FOLD_BYTES_CPU if device.type in ("cpu", "meta") else FOLD_BYTES
+            for (channels, head_dim), kinds in widths.items():
+                mode, dtype = self.gram_mode(device), self.staged_dtype(device)
+                shape = FoldShape(device, channels, head_dim, tuple(kinds), layers, mode, dtype)
+                k = 1
+                while k < len(layers) and shape.staging_bytes(rows, k + 1) <= cap:
+                    k += 1
+                shapes.append(replace(shape, group_layers=min(k, most_layers or k)))
+        return shapes
+
+    def cross_shapes(self) -> dict[Kind, FoldShape]:
+        """The staging shapes of the cross-layer statistics, per head kind: one entry of every cross
+        layer's channels side by side (none without cross layers)."""
+        if not self.cross_layers:
+            return {}
+        device = self.devices[self.layers.index(self.cross_layers[0])]
+        mode, dtype = self.gram_mode(device), self.staged_dtype(device)
+        out = {}
+        for kind in self.head_kinds():
+            width = len(self.cross_layers) * self.layout.channels_of(kind)
+            out[kind] = FoldShape(device, width, self.layout.head_dim_of(kind), (kind,), (0,), mode, dtype)
+        return out
+
+    def bytes_by_device(
+        self, batch_size: int, max_length: int, most_layers: int | None = None
+    ) -> dict[torch.device, int]:
+        """Peak bytes per device: accumulators, staging and fold buffers, one batch's working memory,
+        the forward's activations (with groups of at most ``most_layers`` layers).
 
         See :mod:`headwidget.capture.memory` for what each part covers.
         """
         lay, fwd = self.layout, self.forward
         tokens = batch_size * max_length
-        w, b = fwd.work_bytes, fwd.dtype_bytes
-        shapes = [(lay.channels_of(k), lay.head_dim_of(k)) for k in self.kinds]
-
-        def fold(channels: int, head_dim: int | None) -> int:
-            # the recorded tensor reshaped (a copy when it is a strided slice), its selected rows in
-            # the model's dtype and converted, and the update itself
-            heads = channels // head_dim if head_dim else 1
-            return tokens * channels * (b + w) + update_bytes(tokens, channels, heads, w)
-
+        b = fwd.dtype_bytes
         r = self.samples
-
-        def fold_and_sample(channels: int, head_dim: int | None) -> int:
-            return fold(channels, head_dim) + (sample_update_bytes(r, tokens, channels, w) if r else 0)
-
         planes = len(lay.rope.planes()) if self.plane_norms else 0
         out: dict[torch.device, int] = {}
+        shapes = self.fold_shapes(tokens, most_layers)
+        for shape in shapes:
+            kept = len(shape.kinds) * len(shape.layers)
+            out[shape.device] = out.get(shape.device, 0) + accumulator_bytes(
+                [(shape.channels, shape.head_dim)] * kept
+            )
+            out[shape.device] += kept * reservoir_bytes(r, shape.channels)
+            out[shape.device] += shape.staging_bytes(tokens)
         for device in self.devices:
-            out[device] = out.get(device, 0) + accumulator_bytes(shapes)
-            out[device] += sum(reservoir_bytes(r, c) for c, _ in shapes)
             out[device] += PlaneNorms.nbytes(lay.num_heads, lay.num_kv_heads, planes)
+        for cross in self.cross_shapes().values():
+            out[cross.device] = out.get(cross.device, 0) + accumulator_bytes(
+                [(cross.channels, cross.head_dim)]
+            )
+            out[cross.device] += cross.staging_bytes(tokens)
         for device in set(self.devices):
-            folds = [fold_and_sample(c, hd) for c, hd in shapes]
+            # one kind's rows on their way into the staging buffer: the recorded tensor reshaped (a copy
+            # when it is a strided slice) and its selected rows in the model's dtype
+            on = [s for s in shapes if s.device == device]
+            working = [2 * tokens * s.channels * b for s in on]
+            if r:
+                working += [sample_update_bytes(r, tokens, s.channels, s.dtype.itemsize) for s in on]
             if planes:
                 heads = (lay.num_heads, lay.num_kv_heads)
-                folds.append(plane_norm_update_bytes(tokens, heads, lay.head_dim, planes, b, w))
-            out[device] += max(folds)
-            out[device] += forward_bytes(fwd, batch_size, max_length)
+                working.append(
+                    plane_norm_update_bytes(tokens, heads, lay.head_dim, planes, b, fwd.work_bytes)
+                )
+            out[device] += max(working) + forward_peak_bytes(fwd, batch_size, max_length)
         if r:
             cpu = torch.device("cpu")
             out[cpu] = out.get(cpu, 0) + reservoir_key_bytes(r, tokens)
-        if self.cross_layers:
-            device = self.devices[self.layers.index(self.cross_layers[0])]
-            n = len(self.cross_layers)
-            joint = [(n * lay.channels_of(k), lay.head_dim_of(k)) for k in self.head_kinds()]
-            # every head kind's rows of the cross layers wait for the last one, then one kind's are
-            # concatenated and folded
-            waiting = sum(tokens * c * w for c, _ in joint)
-            out[device] = out.get(device, 0) + accumulator_bytes(joint) + waiting
-            out[device] += max(tokens * c * w + fold(c, hd) for c, hd in joint)
         return out
 
-    def check_budget(self, batch_size: int, max_length: int, max_memory: int | None) -> None:
-        for device, need in self.bytes_by_device(batch_size, max_length).items():
-            allowed = max_memory if max_memory is not None else default_budget(device)
-            if need > allowed:
-                source = "max_memory" if max_memory is not None else "half the free memory"
-                raise MemoryBudgetError(
-                    f"this capture would allocate {format_bytes(need)} on {device}, over the "
-                    f"{format_bytes(allowed)} allowed ({source}). Capture fewer layers (layers=[...]), "
-                    "a shorter cross_layer list, rope='pre' instead of 'both', inputs=False, fewer "
-                    "samples=, a smaller batch_size/max_length, or raise max_memory= (bytes) if the "
-                    "memory is there."
-                )
+    def check_budget(self, batch_size: int, max_length: int, max_memory: int | None) -> list[FoldShape]:
+        """The fold shapes of a capture of batches of ``batch_size × max_length`` tokens that stays within
+        ``max_memory`` (default: half the free memory) on every device: groups of fewer layers where
+        the default ones do not fit. Raises :class:`~headwidget.errors.MemoryBudgetError` when even
+        one layer at a time does not."""
+        rows = batch_size * max_length
+        most = max(s.group_layers for s in self.fold_shapes(rows))
+        while True:
+            over = [
+                (device, need, allowed)
+                for device, need in self.bytes_by_device(batch_size, max_length, most).items()
+                if need > (allowed := max_memory if max_memory is not None else default_budget(device))
+            ]
+            if not over:
+                return self.fold_shapes(rows, most)
+            if most == 1:
+                break
+            most = max(1, most // 2)
+        device, need, allowed = over[0]
+        source = "max_memory" if max_memory is not None else "half the free memory"
+        raise MemoryBudgetError(
+            f"this capture would allocate {format_bytes(need)} on {device}, over the "
+            f"{format_bytes(allowed)} allowed ({source}). Capture fewer layers (layers=[...]), "
+            "a shorter cross_layer list, rope='pre' instead of 'both', inputs=False, fewer "
+            "samples=, a smaller batch_size/max_length, or raise max_memory= (bytes) if the "
+            "memory is there."
+        )

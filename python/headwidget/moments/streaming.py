@@ -10,7 +10,9 @@ A :class:`Moments` holds, for token vectors ``x ∈ R^C`` seen so far:
   two disjoint token splits (2×C×C) so that alignments can be fitted on one split and scored on the other.
 
 Each batch is reduced on the device it lives on: the batch is centred on its own mean, its Gram is
-formed in float32, and the result is merged into the float64 totals with Chan et al.'s pairwise update.
+formed in float32 (by block rows of its upper triangle; see :mod:`headwidget.moments.folding`, which
+folds many moments of one shape together), and the result is merged into the float64 totals with
+Chan et al.'s pairwise update.
 That keeps correlations accurate to about 1e-8 even for activations with large means, where the naive
 ``E[xx^T] − E[x]E[x]^T`` in float32 loses most of its digits.
 
@@ -29,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Moments", "normalise_heads"]
+from headwidget.moments.folding import F64, FoldWork, StackedMoments
 
-F64 = torch.float64
+__all__ = ["Moments", "normalise_heads"]
 
 
 def normalise_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -54,42 +56,17 @@ def _normalise_heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torc
     return scaled.reshape(n, c), norms
 
 
-def _add_gram(acc: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Add ``xᵀx`` (formed in x's dtype) to ``acc`` (C×C, float64) in place; return its diagonal.
+def _own_cpu_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU, contiguous, in storage of its own (accumulators of a capture are views of one
+    stacked tensor, which a file writer would see as shared).
 
-    For wide x only the upper block row ``x[:, :h]ᵀ x`` and the lower-right block ``x[:, h:]ᵀ x[:, h:]``
-    are formed (3/4 of the work); the lower-left block is the transpose of the upper-right one. Each
-    block is added straight into the float64 accumulator, so no C×C temporary is converted.
-
-    >>> x = torch.arange(12.0).reshape(3, 4)
-    >>> acc = torch.zeros(4, 4, dtype=torch.float64)
-    >>> diag = _add_gram(acc, x)
-    >>> bool(torch.equal(acc, (x.T @ x).double())), diag.tolist()
-    (True, [80.0, 107.0, 140.0, 179.0])
+    >>> stacked = torch.zeros(2, 3)
+    >>> _own_cpu_copy(stacked[1]).untyped_storage().nbytes()
+    12
     """
-    c = int(x.shape[1])
-    if c < _SYMMETRIC_FROM:
-        gram = x.T @ x
-        acc.add_(gram)
-        return torch.diagonal(gram)
-    h = c // 2
-    top = x[:, :h].T @ x
-    bottom = x[:, h:].T @ x[:, h:]
-    acc[:h].add_(top)
-    acc[h:, :h].add_(top[:, h:].T)
-    acc[h:, h:].add_(bottom)
-    return torch.cat([torch.diagonal(top), torch.diagonal(bottom)])
-
-
-#: From this many channels on, :func:`_add_gram` forms only the upper block row and the last block.
-_SYMMETRIC_FROM = 128
-
-
-def _safe_diagonal(dtype: torch.dtype) -> float:
-    """A Gram of this dtype whose diagonal stays below this bound has no overflow anywhere: every
-    partial sum of ``Σ x_i x_j`` is bounded by ``max(Σ x_i², Σ x_j²)`` (Cauchy–Schwarz), and the bound is
-    half the dtype's largest value, which leaves room for rounding."""
-    return torch.finfo(dtype).max / 2
+    t = t.detach().cpu().contiguous()
+    shared = t.storage_offset() or t.untyped_storage().nbytes() != t.numel() * t.element_size()
+    return t.clone() if shared else t
 
 
 @dataclass
@@ -134,8 +111,7 @@ class Moments:
     @staticmethod
     def nbytes(channels: int, head_dim: int | None) -> int:
         """Bytes the float64 accumulators of this shape occupy."""
-        mats = 1 + (2 if head_dim is not None else 0)
-        return 8 * (channels + mats * channels * channels)
+        return StackedMoments.nbytes(1, channels, head_dim)
 
     # ------------------------------------------------------------------ streaming update
     def update(self, x: torch.Tensor, split_a: int, *, checks: list[torch.Tensor] | None = None) -> None:
@@ -157,55 +133,26 @@ class Moments:
         >>> [c.tolist() for c in checks]
         [[True, True], [True, False]]
         """
-        n = int(x.shape[0])
-        if n == 0:
-            return
-        batch_mean = x.sum(0, dtype=F64) / n
-        shift = batch_mean.to(x.dtype)
-        centred = x - shift
-        # Σ(x−μ)(x−μ)^T = Σ(x−s)(x−s)^T − n·δδ^T with δ = μ − s (s: μ rounded to x's dtype); merged
-        # (Chan et al.) straight into m2
-        delta = batch_mean - shift.to(F64)
-        diag = self._merge_parts(n, batch_mean, centred, delta)
-        second = diag.max() < _safe_diagonal(x.dtype) if checks is not None else None
-        if self.norm_gram is not None and self.head_dim is not None:
-            normed, norms = _normalise_heads(x, self.head_dim)
-            if second is not None:
-                second = second & torch.isfinite(norms).all()
-            part_a, part_b = normed[:split_a], normed[split_a:]
-            if split_a:
-                _add_gram(self.norm_gram[0], part_a)
-            if n - split_a:
-                _add_gram(self.norm_gram[1], part_b)
-            self.split_count = (self.split_count[0] + split_a, self.split_count[1] + n - split_a)
-        if checks is not None and second is not None:
-            checks.append(torch.stack([torch.isfinite(batch_mean).all(), second]))
+        rows = x.to(F64 if x.dtype == F64 else torch.float32, copy=True).unsqueeze(0)
+        stack = self._stacked()
+        work = FoldWork.make(1, int(x.shape[0]), self.channels, self.head_dim, rows.dtype, x.device)
+        flags = stack.fold(rows, split_a, work)
+        self.count, self.split_count = stack.count, stack.split_count
+        if checks is not None and flags is not None:
+            checks.append(flags[0])
 
-    def _merge_parts(
-        self, n: int, mean: torch.Tensor, centred: torch.Tensor, delta: torch.Tensor
-    ) -> torch.Tensor:
-        """Merge a batch of ``n`` rows given as its mean and its rows centred on ``mean − delta``;
-        return the diagonal of their Gram (for the overflow check)."""
-        diag = _add_gram(self.m2, centred)
-        self.m2.addr_(delta, delta, alpha=-n)
-        self._merge_mean(n, mean)
-        return diag
+    def _stacked(self) -> StackedMoments:
+        """These moments as a stack of one (views of their own tensors)."""
+        gram = None if self.norm_gram is None else self.norm_gram.unsqueeze(0)
+        mean, m2 = self.mean.unsqueeze(0), self.m2.unsqueeze(0)
+        return StackedMoments(mean, m2, gram, self.head_dim, self.count, self.split_count)
 
     def _merge_comoment(self, n: int, mean: torch.Tensor, m2: torch.Tensor) -> None:
         """Merge moments of ``n`` rows given as their mean and centred co-moment."""
         self.m2.add_(m2)
-        self._merge_mean(n, mean)
-
-    def _merge_mean(self, n: int, mean: torch.Tensor) -> None:
-        """Fold in the mean of ``n`` more rows: the running mean, the count, and the between-means term
-        of the co-moment (Chan et al.), once the rows' own centred co-moment is in ``m2``."""
-        total = self.count + n
-        between = mean - self.mean
-        weight = self.count * n / total
-        self.mean.add_(between, alpha=n / total)
-        if weight:
-            self.m2.addr_(between, between, alpha=weight)
-        self.count = total
+        stack = self._stacked()
+        stack.merge_mean(n, mean.unsqueeze(0))
+        self.count = stack.count
 
     # ------------------------------------------------------------------ combination
     def merge(self, other: Moments) -> Moments:
@@ -315,11 +262,11 @@ class Moments:
         """Flat ``name → tensor`` dict (CPU, contiguous) for safetensors."""
         out = {
             f"{prefix}.count": torch.tensor([self.count], dtype=torch.int64),
-            f"{prefix}.mean": self.mean.detach().cpu().contiguous(),
-            f"{prefix}.m2": self.m2.detach().cpu().contiguous(),
+            f"{prefix}.mean": _own_cpu_copy(self.mean),
+            f"{prefix}.m2": _own_cpu_copy(self.m2),
         }
         if self.norm_gram is not None:
-            out[f"{prefix}.norm_gram"] = self.norm_gram.detach().cpu().contiguous()
+            out[f"{prefix}.norm_gram"] = _own_cpu_copy(self.norm_gram)
             out[f"{prefix}.split_count"] = torch.tensor(self.split_count, dtype=torch.int64)
         return out
 
