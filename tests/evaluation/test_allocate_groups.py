@@ -297,9 +297,9 @@ def test_a_merge_measured_over_the_budget_is_solved_again_below_it(llama, ids, m
     """A merge's bytes are its sweep's retention; the allocation's own prefills may retain more. Here
     the sweep is made to see no retention at all: the first solve takes a merge that measures over the
     budget, and the solve below the budget by the excess is the allocation."""
-    import headwidget.evaluation._allocate as module
+    import headwidget.evaluation.running as module
 
-    real, calls = module._sum_retention, []
+    real, calls = module.sum_retention, []
 
     def sweep_sees_none(plans, ranks):
         real(plans, ranks)
@@ -308,7 +308,7 @@ def test_a_merge_measured_over_the_budget_is_solved_again_below_it(llama, ids, m
                 cache.retained = {kind: [0, total] for kind, (_, total) in cache.retained.items()}
         calls.append(1)
 
-    monkeypatch.setattr(module, "_sum_retention", sweep_sees_none)
+    monkeypatch.setattr(module, "sum_retention", sweep_sees_none)
     alloc = allocate(
         llama,
         ids,
