@@ -154,7 +154,7 @@ def forward_to_last_attention(model: nn.Module, ids: torch.Tensor) -> None:
     def stop(*_: object) -> None:
         raise _Stop
 
-    attention = headwidget.adapter_for(model).attention_at(-1)
+    attention = headwidget.adapters.adapter_for(model).attention_at(-1)
     handle = attention.register_forward_hook(stop)
     try:
         with torch.no_grad(), suppress(_Stop):

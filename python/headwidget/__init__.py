@@ -17,11 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from headwidget._version import __version__
 from headwidget.analysis import (
-    AlignmentResult,
-    ChannelEntropy,
-    ChannelEntropyError,
-    Conversion,
-    HeadWeights,
     align,
     align_model,
     channel_entropy,
@@ -29,17 +24,17 @@ from headwidget.analysis import (
     downsample,
     group_heads,
     head_diversity,
-    head_weights,
     layer_similarity,
     mechanism_sweep,
     operator_similarity,
 )
-from headwidget.capture import AttentionLayout, RopeLayout, adapter_for, capture, estimate, supported_families
+from headwidget.capture import capture, estimate, supported_families
 from headwidget.errors import (
     ArgumentError,
     BudgetError,
     CaptureConflictError,
     CaptureInputError,
+    ChannelEntropyError,
     CrossLayerMissingError,
     DegenerateHeadsError,
     GroupCountError,
@@ -51,6 +46,7 @@ from headwidget.errors import (
     MemoryBudgetError,
     NonFiniteActivationError,
     NonFiniteLossError,
+    NoSamplesError,
     RankRangeError,
     RopeAlignmentError,
     RopeCaptureError,
@@ -69,22 +65,16 @@ from headwidget.errors import (
     UnsupportedModelError,
 )
 from headwidget.evaluation import (
-    Allocation,
-    Codebooks,
     EvaluationReport,
-    KVQuantizer,
     allocate,
     allocate_frontier,
     apply,
     estimate_allocation,
     estimate_evaluation,
     evaluate,
-    fit_codebooks,
-    fit_quantizer,
 )
 from headwidget.healing import HealingRun, estimate_healing, heal
-from headwidget.moments import Moments
-from headwidget.stats import KVStats, NoSamplesError, StatsMeta
+from headwidget.stats import KVStats
 from headwidget.tracking import Timeline, Tracker
 from headwidget.views import (
     AlignmentView,
@@ -101,7 +91,7 @@ from headwidget.views import (
 
 if TYPE_CHECKING:
     from headwidget.notebook import explore
-    from headwidget.widget import HeadWidget, LayerTrends
+    from headwidget.widget import HeadWidget
 
 #: What ``headwidget.<name>`` imports on first use: the notebook layer and the widgets (ipywidgets, bqplot,
 #: pandas, matplotlib) are imported when first asked for, or when a view is first displayed or saved, so
@@ -109,7 +99,6 @@ if TYPE_CHECKING:
 _ON_FIRST_USE = {
     "explore": "headwidget.notebook",
     "HeadWidget": "headwidget.widget",
-    "LayerTrends": "headwidget.widget",
 }
 
 
@@ -164,40 +153,30 @@ def unload_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "AlignmentResult",
     "AlignmentView",
-    "Allocation",
     "ArgumentError",
-    "AttentionLayout",
     "BudgetError",
     "CaptureConflictError",
     "CaptureInputError",
-    "ChannelEntropy",
     "ChannelEntropyError",
     "ChannelView",
-    "Codebooks",
     "ConsequenceView",
-    "Conversion",
     "CrossLayerMissingError",
     "DegenerateHeadsError",
     "EvaluationReport",
     "GroupCountError",
-    "HeadWeights",
     "HeadWidget",
     "HeadwidgetError",
     "HealingInputError",
     "HealingRun",
     "HealingView",
     "HeldOutSplitError",
-    "KVQuantizer",
     "KVStats",
     "LayerIndexError",
     "LayerSimilarityView",
-    "LayerTrends",
     "MechanismSpecError",
     "MechanismView",
     "MemoryBudgetError",
-    "Moments",
     "NoSamplesError",
     "NonFiniteActivationError",
     "NonFiniteLossError",
@@ -205,9 +184,7 @@ __all__ = [
     "RankRangeError",
     "RopeAlignmentError",
     "RopeCaptureError",
-    "RopeLayout",
     "StatsFileError",
-    "StatsMeta",
     "StatsMismatchError",
     "Timeline",
     "TimelineFileError",
@@ -225,7 +202,6 @@ __all__ = [
     "UnsupportedAlignmentError",
     "UnsupportedModelError",
     "__version__",
-    "adapter_for",
     "align",
     "align_model",
     "allocate",
@@ -241,11 +217,8 @@ __all__ = [
     "estimate_healing",
     "evaluate",
     "explore",
-    "fit_codebooks",
-    "fit_quantizer",
     "group_heads",
     "head_diversity",
-    "head_weights",
     "heal",
     "layer_similarity",
     "load_ipython_extension",

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import EmbeddedModelMissingError, UnknownEmbeddedModelError
 
 __all__ = [
     "EMBEDDED_MODELS",
@@ -47,17 +47,6 @@ __all__ = [
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-v1"
-
-
-class EmbeddedModelMissingError(HeadwidgetError, ImportError):
-    """The package that ships an embedded model is not installed."""
-
-
-class UnknownEmbeddedModelError(HeadwidgetError, KeyError):
-    """A name that is not one of :data:`EMBEDDED_MODELS`."""
-
-    def __str__(self) -> str:  # KeyError would print the message with quotes around it
-        return str(self.args[0]) if self.args else ""
 
 
 @contextmanager

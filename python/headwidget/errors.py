@@ -187,3 +187,53 @@ class PathRefusedError(HeadwidgetError, OSError):
     """A path headwidget does not read or write: a symlink where a file must be (a link planted in a
     shared folder would redirect the read or the write outside it), a name that leaves its folder, a NUL
     byte, or something other than a regular file."""
+
+
+class ChartError(HeadwidgetError, ValueError):
+    """A chart or series that cannot be drawn as given (mismatched lengths, an unknown style)."""
+
+
+class NotRegularFileError(PathRefusedError):
+    """The path to read or write names something other than a regular file (a directory, FIFO...)."""
+
+
+class NoSamplesError(HeadwidgetError, ValueError):
+    """Token samples were asked of statistics captured without them (``capture(..., samples=R)``)."""
+
+
+class ChannelEntropyError(ArgumentError):
+    """Arguments of :func:`channel_entropy` that give no entropy (a group size outside 1..C, bins
+    outside 1..:data:`BINS_MAX`, a flag that is not a bool, fewer than two samples, samples that are
+    not a finite 2-D array). An :class:`~headwidget.errors.ArgumentError` (a ``ValueError`` and a
+    ``TypeError``)."""
+
+
+class EmbeddedModelMissingError(HeadwidgetError, ImportError):
+    """The package that ships an embedded model is not installed."""
+
+
+class UnknownEmbeddedModelError(HeadwidgetError, KeyError):
+    """A name that is not one of :data:`EMBEDDED_MODELS`."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0]) if self.args else ""
+
+
+class ExportError(HeadwidgetError, ValueError):
+    """A grid or an export request that cannot be written (empty grid, bad matrix, unknown format…)."""
+
+
+class MagicUsageError(HeadwidgetError, ValueError):
+    """The ``%headwidget`` line could not be used as written."""
+
+
+class ModelLoadError(HeadwidgetError, OSError):
+    """A model directory whose config, weights or tokenizer cannot be loaded."""
+
+
+class FigureError(HeadwidgetError, ValueError):
+    """The requested figure cannot be drawn from these statistics."""
+
+
+class VariantError(HeadwidgetError, ValueError):
+    """A variant spec the model cannot take (the message names the spec and what is possible)."""

@@ -71,7 +71,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from headwidget.errors import PathRefusedError
+from headwidget.errors import NotRegularFileError, PathRefusedError
 
 __all__ = [
     "PARTIAL_SUFFIX",
@@ -94,10 +94,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 #: A read never follows a last-part symlink, and never waits (a FIFO put in a file's place).
 _READ = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
-
-
-class NotRegularFileError(PathRefusedError):
-    """The path to read or write names something other than a regular file (a directory, FIFO...)."""
 
 
 def _what(mode: int) -> str:

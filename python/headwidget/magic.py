@@ -29,7 +29,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from headwidget.embedded import EMBEDDED_MODELS
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import MagicUsageError
 from headwidget.stats import KVStats
 from headwidget.views import view_class, view_names
 
@@ -38,10 +38,6 @@ __all__ = ["HeadwidgetMagics", "load_ipython_extension", "unload_ipython_extensi
 VIEWS = ("all", *view_names())
 #: What an embedded model is captured over when no ``--texts`` is given (as ``explore()`` does).
 SAMPLE_CAPTURE = {"max_tokens": 4096, "max_length": 256}
-
-
-class MagicUsageError(HeadwidgetError, ValueError):
-    """The ``%headwidget`` line could not be used as written."""
 
 
 def _layers(text: str | None) -> list[int]:

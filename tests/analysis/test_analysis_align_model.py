@@ -143,7 +143,7 @@ def key_rotation_from_weights(before: torch.Tensor, after: torch.Tensor) -> torc
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_every_family_keeps_its_outputs_and_rotates_what_it_says(name: str) -> None:
     model = make_model(name)
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     ids = torch.randint(1, VOCAB, (3, 40), generator=torch.Generator().manual_seed(4))
     stats = headwidget.capture(model, ids, progress=False)
     lay = adapter.layout()

@@ -210,7 +210,7 @@ def falcon_split(config: Any, fused: torch.Tensor) -> tuple[torch.Tensor, torch.
 @pytest.mark.parametrize("name", list(CASES))
 def test_weights_reproduce_the_forward_pass(name: str) -> None:
     model = build(name)
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     attn = adapter.attention_modules()[0]
     w = head_weights(model, 0)
     assert isinstance(w, HeadWeights)

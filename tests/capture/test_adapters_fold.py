@@ -55,7 +55,7 @@ def outputs(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 @pytest.fixture(params=sorted(FACTORIES))
 def case(request):
     model = make_model(request.param)
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     gen = torch.Generator().manual_seed(7)
     ids = torch.randint(1, VOCAB, (2, 20), generator=gen)
     return request.param, model, adapter, gen, ids
@@ -70,7 +70,7 @@ def test_folded_rotations_keep_the_outputs_and_rotate_the_weights(case):
             adapter.fold_rotations(0, rope_compatible(layout, shared, gen), eye)
         return
     folded = copy.deepcopy(model)
-    target = headwidget.adapter_for(folded)
+    target = headwidget.adapters.adapter_for(folded)
     rotations = {}
     for layer in range(layout.num_layers):
         rk = rope_compatible(layout, shared, gen)
@@ -110,19 +110,19 @@ def test_folding_non_orthogonal_matrices_changes_the_outputs(case):
     scale[[i for i in range(layout.head_dim) if i not in shared]] = 1.05
     rk = rope_compatible(layout, shared, gen) * scale
     rv = random_orthogonal(layout.num_kv_heads, layout.value_head_dim, gen) * 1.05
-    headwidget.adapter_for(folded).fold_rotations(0, rk, rv)
+    headwidget.adapters.adapter_for(folded).fold_rotations(0, rk, rv)
     assert float((outputs(folded, ids) - outputs(model, ids)).abs().max()) > 1e3 * ATOL
 
 
 def test_a_rotation_that_does_not_commute_with_rope_changes_the_outputs():
     """Why key rotations must respect the rotary planes: a random orthogonal one breaks the function."""
     model = make_model("llama_gqa")
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(1, VOCAB, (2, 20), generator=gen)
     folded = copy.deepcopy(model)
     lay = adapter.layout()
-    headwidget.adapter_for(folded).fold_rotations(
+    headwidget.adapters.adapter_for(folded).fold_rotations(
         0, random_orthogonal(lay.num_kv_heads, lay.head_dim, gen), torch.eye(lay.head_dim).repeat(2, 1, 1)
     )
     assert float((outputs(folded, ids) - outputs(model, ids)).abs().max()) > 1e3 * ATOL
@@ -130,7 +130,7 @@ def test_a_rotation_that_does_not_commute_with_rope_changes_the_outputs():
 
 def test_deepseek_refuses_rotations_of_its_shared_rotary_key():
     model = make_model("deepseek_v3")
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     lay = adapter.layout()
     assert adapter.shared_key_dims() == tuple(range(8, 12))  # qk_nope_head_dim=8, qk_rope_head_dim=4
     gen = torch.Generator().manual_seed(0)
@@ -141,7 +141,7 @@ def test_deepseek_refuses_rotations_of_its_shared_rotary_key():
 
 def test_rotations_of_the_wrong_shape_are_refused():
     model = make_model("gpt2")
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     with pytest.raises(StatsMismatchError, match=r"\(4, 12, 12\)"):
         adapter.fold_rotations(0, torch.eye(12).repeat(2, 1, 1), torch.eye(12).repeat(4, 1, 1))
 

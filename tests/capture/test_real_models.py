@@ -31,7 +31,7 @@ def _batches(tokenizer, texts, max_length=64):
 
 def test_smollm2_gqa_statistics_match_reference(smollm2, english_texts):
     model, tokenizer = smollm2
-    lay = headwidget.adapter_for(model).layout()
+    lay = headwidget.adapters.adapter_for(model).layout()
     assert (lay.family, lay.mechanism, lay.num_layers, lay.num_heads, lay.num_kv_heads, lay.head_dim) == (
         "llama",
         "gqa",

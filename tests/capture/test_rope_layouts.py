@@ -43,7 +43,7 @@ CASES += [(n, lambda n=n: make_model(n)) for n in ROPE_FAMILIES]
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_rope_families_are_the_ones_whose_adapters_declare_capturable_rope(name):
     """``ROPE_FAMILIES`` (written by hand) and the adapters' declarations agree for every tiny model."""
-    adapter = headwidget.adapter_for(make_model(name))
+    adapter = headwidget.adapters.adapter_for(make_model(name))
     declared = adapter.layout().rope.uses_rope and adapter.routes_through_interface
     assert declared == (name in ROPE_FAMILIES)
 

@@ -200,11 +200,11 @@ def test_the_refine_sweep_equals_evaluate_of_every_swapped_spec(llama) -> None:
     """swap_sweep replays the current allocation's hidden states up to the swapped layer: each swapped
     spec's KL, NLL and top-1 equal evaluate's full forwards of that spec (float64)."""
     from headwidget.adapters import adapter_for
-    from headwidget.evaluation._evaluate import protocol_batches
     from headwidget.evaluation._inputs import parse_protocol
     from headwidget.evaluation._outputs import OutputRunner
     from headwidget.evaluation._plan import plan_variant
     from headwidget.evaluation._sweep import swap_sweep
+    from headwidget.evaluation.running import protocol_batches
 
     calibration = ragged_batches(seed=7)
     batches = protocol_batches(

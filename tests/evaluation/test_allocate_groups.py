@@ -189,11 +189,11 @@ def test_the_refine_sweep_with_groups_equals_evaluate_of_every_swapped_spec(llam
     swapped spec equal evaluate's, with the groups before the swapped layer replayed."""
     from headwidget.adapters import adapter_for
     from headwidget.evaluation._allocate import _Cell, _fit_candidates
-    from headwidget.evaluation._evaluate import protocol_batches
     from headwidget.evaluation._inputs import parse_protocol
     from headwidget.evaluation._model_facts import layer_kv_elements
     from headwidget.evaluation._prefill import PrefillRunner
     from headwidget.evaluation._sweep import swap_sweep
+    from headwidget.evaluation.running import protocol_batches
 
     adapter = adapter_for(llama)
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(3)}
@@ -297,9 +297,9 @@ def test_a_merge_measured_over_the_budget_is_solved_again_below_it(llama, ids, m
     """A merge's bytes are its sweep's retention; the allocation's own prefills may retain more. Here
     the sweep is made to see no retention at all: the first solve takes a merge that measures over the
     budget, and the solve below the budget by the excess is the allocation."""
-    import headwidget.evaluation._allocate as module
+    import headwidget.evaluation.running as module
 
-    real, calls = module._sum_retention, []
+    real, calls = module.sum_retention, []
 
     def sweep_sees_none(plans, ranks):
         real(plans, ranks)
@@ -308,7 +308,7 @@ def test_a_merge_measured_over_the_budget_is_solved_again_below_it(llama, ids, m
                 cache.retained = {kind: [0, total] for kind, (_, total) in cache.retained.items()}
         calls.append(1)
 
-    monkeypatch.setattr(module, "_sum_retention", sweep_sees_none)
+    monkeypatch.setattr(module, "sum_retention", sweep_sees_none)
     alloc = allocate(
         llama,
         ids,

@@ -56,9 +56,9 @@ def _groups(kv: int) -> list[list[int]]:
 
 def test_aligned_heads_leave_the_function_unchanged(aligned_case: dict) -> None:
     model, stats = aligned_case["model"], aligned_case["stats"]
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     rotated = copy.deepcopy(model)
-    target = headwidget.adapter_for(rotated)
+    target = headwidget.adapters.adapter_for(rotated)
     planes = adapter.layout().rope.planes()
     for layer in range(2):
         w = head_weights(model, layer)
@@ -74,7 +74,7 @@ def test_alignment_raises_the_token_cosine_of_grouped_heads(aligned_case: dict) 
     acts = reference_activations(name, model, ragged_batches(seed=3), layers=[0])[0]
     w = head_weights(model, 0)
     groups = _groups(w.num_kv_heads)
-    new = aligned_heads(w, stats, 0, groups, headwidget.adapter_for(model).layout().rope.planes())
+    new = aligned_heads(w, stats, 0, groups, headwidget.adapters.adapter_for(model).layout().rope.planes())
     x = torch.from_numpy(acts["input"])
     d = int(w.k.shape[1])
 
@@ -102,7 +102,7 @@ def test_align_then_merge_is_the_mean_of_aligned_heads_and_differs_from_the_plai
             stats,
             layer,
             fit.groups,
-            headwidget.adapter_for(model).layout().rope.planes(),
+            headwidget.adapters.adapter_for(model).layout().rope.planes(),
         )
         got = head_weights(merged, layer)
         per = aligned.num_kv_heads // (1 if spec == "mqa" else 2)

@@ -499,7 +499,7 @@ def test_an_attention_that_computes_its_own_attention_is_refused(monkeypatch) ->
 
     monkeypatch.setattr(FalconAttention, "forward", forward)
     model = make_model("falcon_new", torch.float32)
-    assert not headwidget.adapter_for(model).routes_through_interface
+    assert not headwidget.adapters.adapter_for(model).routes_through_interface
     before = state(model)
     with pytest.raises(UnsupportedConversionError, match="AttentionInterface"):
         evaluate(model, torch.tensor([[1, 2, 3]]), ["kv:int4"], progress=False)
@@ -528,7 +528,7 @@ def test_falcon_attention_gets_the_kivi_of_its_post_rope_keys_and_values(monkeyp
         return original(module, query, key, value, *args, **kwargs)
 
     monkeypatch.setitem(AttentionInterface._global_mapping, impl, recording)
-    attention = headwidget.adapter_for(model).attention_modules()[1]
+    attention = headwidget.adapters.adapter_for(model).attention_modules()[1]
     inputs: list[torch.Tensor] = []
     handle = attention.register_forward_pre_hook(
         lambda m, args, kwargs: inputs.append(kwargs.get("hidden_states", args[0] if args else None)),

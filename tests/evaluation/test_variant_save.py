@@ -134,7 +134,7 @@ def test_a_mask_that_keeps_every_pair_is_plain_rope(tmp_path) -> None:
 def test_uniform_mqa_updates_the_config(tmp_path) -> None:
     model = model_of("llama_gqa")
     apply(model, "mqa").save_pretrained(tmp_path)
-    loaded = headwidget.adapter_for(reload(model, tmp_path))
+    loaded = headwidget.adapters.adapter_for(reload(model, tmp_path))
     assert loaded.model.config.num_key_value_heads == 1
     assert [loaded.kv_heads_of(a) for a in loaded.attention_modules()] == [1, 1]
 

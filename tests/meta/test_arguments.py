@@ -188,7 +188,9 @@ for _name in ("per_layer", "progress"):
     flags("evaluate", _name, lambda e, v, n=_name: _evaluate(e, **{n: v}))
 layer_lists("evaluate", "layers", lambda e, v: _evaluate(e, layers=v))
 layer_lists("apply", "layers", lambda e, v: headwidget.apply(e.model, "mqa", layers=v))
-layer_lists("fit_quantizer", "layers", lambda e, v: headwidget.fit_quantizer(e.model, "kv:int4", layers=v))
+layer_lists(
+    "fit_quantizer", "layers", lambda e, v: headwidget.evaluation.fit_quantizer(e.model, "kv:int4", layers=v)
+)
 case(
     "evaluate variants='mqa'",
     lambda e: _evaluate(e, variants="mqa"),
@@ -205,7 +207,7 @@ for _where, _call in [
     ("apply", lambda e: headwidget.apply(e.model, "mqa", stats={})),
     ("convert", lambda e: headwidget.convert(e.model, 0, "lrkv:2", stats={})),
     ("mechanism_sweep", lambda e: headwidget.mechanism_sweep(e.model, 0, ["mqa"], stats={})),
-    ("fit_quantizer", lambda e: headwidget.fit_quantizer(e.model, "kv:cq2c2b", {})),
+    ("fit_quantizer", lambda e: headwidget.evaluation.fit_quantizer(e.model, "kv:cq2c2b", {})),
     ("align", lambda e: headwidget.align({}, 0)),
     ("align_model", lambda e: headwidget.align_model(e.model, {}, [[0, 1]])),
 ]:
@@ -352,17 +354,24 @@ flags("evaluate", "distributed", lambda e, v: _evaluate(e, distributed=v))
 for _where, _call in [
     ("apply", lambda e: headwidget.apply(e.model, None)),
     ("convert", lambda e: headwidget.convert(e.model, 0, 4)),
-    ("fit_quantizer", lambda e: headwidget.fit_quantizer(e.model, ["kv:int4"])),
+    ("fit_quantizer", lambda e: headwidget.evaluation.fit_quantizer(e.model, ["kv:int4"])),
 ]:
     case(f"{_where} spec not a string", _call, errors.MechanismSpecError, r"spec must be a string")
 case(
     "fit_quantizer kv:int4/g99999999999999999999",
-    lambda e: headwidget.fit_quantizer(e.model, "kv:int4/g99999999999999999999"),
+    lambda e: headwidget.evaluation.fit_quantizer(e.model, "kv:int4/g99999999999999999999"),
     errors.MechanismSpecError,
     r"1 ≤ n ≤ 1048576",
 )
-counts("fit_quantizer", "iters", lambda e, v: headwidget.fit_quantizer(e.model, "kv:int4", iters=v))
-counts("fit_quantizer", "seed", lambda e, v: headwidget.fit_quantizer(e.model, "kv:int4", seed=v), seed=True)
+counts(
+    "fit_quantizer", "iters", lambda e, v: headwidget.evaluation.fit_quantizer(e.model, "kv:int4", iters=v)
+)
+counts(
+    "fit_quantizer",
+    "seed",
+    lambda e, v: headwidget.evaluation.fit_quantizer(e.model, "kv:int4", seed=v),
+    seed=True,
+)
 
 
 # analyses -------------------------------------------------------------------------------------------
@@ -374,18 +383,18 @@ for _name in ("c", "b"):
     counts(
         "fit_codebooks",
         _name,
-        lambda e, v, n=_name: headwidget.fit_codebooks(_samples(), **{"c": 2, "b": 2, n: v}),
+        lambda e, v, n=_name: headwidget.evaluation.fit_codebooks(_samples(), **{"c": 2, "b": 2, n: v}),
     )
 for _name in ("iters", "seed"):
     counts(
         "fit_codebooks",
         _name,
-        lambda e, v, n=_name: headwidget.fit_codebooks(_samples(), 2, 2, **{n: v}),
+        lambda e, v, n=_name: headwidget.evaluation.fit_codebooks(_samples(), 2, 2, **{n: v}),
         seed=_name == "seed",
     )
 case(
     "fit_codebooks samples=list",
-    lambda e: headwidget.fit_codebooks([[1.0, 2.0]], 1, 1),
+    lambda e: headwidget.evaluation.fit_codebooks([[1.0, 2.0]], 1, 1),
     ArgumentError,
     r"samples must be a floating",
 )
@@ -404,7 +413,7 @@ for _where, _call in [
     ("convert", lambda e, v: headwidget.convert(e.model, v, "mqa")),
     ("mechanism_sweep", lambda e, v: headwidget.mechanism_sweep(e.model, v, ["mqa"])),
     ("operator_similarity", lambda e, v: headwidget.operator_similarity(e.model, v)),
-    ("head_weights", lambda e, v: headwidget.head_weights(e.model, v)),
+    ("head_weights", lambda e, v: headwidget.analysis.head_weights(e.model, v)),
     ("channel_entropy", lambda e, v: headwidget.channel_entropy(e.stats, v)),
     ("KVStats.channel_corr", lambda e, v: e.stats.channel_corr(v)),
     ("KVStats.covariance", lambda e, v: e.stats.covariance(v)),
@@ -727,7 +736,7 @@ def test_a_group_larger_than_the_sequence_is_one_group_and_allocates_nothing(env
     real = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
     for group in (7, 8, 2**20):
         assert torch.equal(quantize_int_keys(key, 3, group, real), quantize_int_keys(key, 3, 7, real))
-    whole = headwidget.fit_quantizer(env.model, "kv:int4/g1048576")
+    whole = headwidget.evaluation.fit_quantizer(env.model, "kv:int4/g1048576")
     assert whole.group == 2**20
 
 
@@ -746,7 +755,7 @@ def test_mla_of_a_layer_with_all_zero_key_weights_is_built(env: Env) -> None:
     for spec in ("mla:1", "mla:3"):
         variant = headwidget.apply(model, spec, layers=[0])
         fit = headwidget.convert(model, 0, spec)
-        w = headwidget.head_weights(variant, 0)
+        w = headwidget.analysis.head_weights(variant, 0)
         assert float(w.k.abs().max()) < 1e-12
         np.testing.assert_allclose(w.v[w.kv_of].numpy(), fit.v_weight.numpy(), rtol=0, atol=1e-6)
 
@@ -755,7 +764,9 @@ def test_coupled_quantization_refuses_fewer_samples_than_centroids(env: Env) -> 
     """kv:cq{c}c{b}b fits 2**b centroids per group: on fewer samples the k-means cannot be trusted (some
     centroids are single samples, or empty), so it is refused, saying how many samples it needs."""
     assert env.stats.samples(0, "value").shape[0] == 64
-    fit = headwidget.fit_quantizer(env.model, "kv:cq2c6b", env.stats)  # 64 centroids, 64 samples: enough
+    fit = headwidget.evaluation.fit_quantizer(
+        env.model, "kv:cq2c6b", env.stats
+    )  # 64 centroids, 64 samples: enough
     assert set(fit.codebooks) == {0, 1}
     with pytest.raises(
         errors.MissingStatisticsError,
@@ -763,10 +774,10 @@ def test_coupled_quantization_refuses_fewer_samples_than_centroids(env: Env) -> 
         r"2\*\*7 = 128 centroids needs at least 128 calibration samples, got 64; capture "
         r"with samples=128 or more",
     ):
-        headwidget.fit_quantizer(env.model, "kv:cq2c7b", env.stats)
+        headwidget.evaluation.fit_quantizer(env.model, "kv:cq2c7b", env.stats)
     with pytest.raises(
         errors.MissingStatisticsError, match=r"needs at least 256 calibration samples, got 64"
     ):
         _evaluate(env, variants=["kv:cq4c8b"], stats=env.stats)
     with pytest.raises(errors.MissingStatisticsError, match=r"needs at least 16 calibration samples, got 10"):
-        headwidget.fit_codebooks(torch.randn(10, 4), 2, 4)
+        headwidget.evaluation.fit_codebooks(torch.randn(10, 4), 2, 4)

@@ -185,7 +185,7 @@ def test_estimate_grows_with_options(model):
 
     staging = 4 * 1 * 16 * 4 + FoldWork.nbytes(4, rows=1, channels=16, head_dim=8, element=4)
     working = 2 * 1 * 16 * 4
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     shape = ForwardShape.of(model, adapter.layout(), adapter.mlp_width())
     need = accum + staging + working + forward_peak_bytes(shape, 1, 1)
     assert headwidget.estimate(model, batch_size=1, max_length=1) == need

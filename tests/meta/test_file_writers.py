@@ -19,7 +19,7 @@ from disk_full import check_the_limit_works, disk_full_after, snapshot
 from headwidget.cli._report_files import REPORT_SUFFIXES, write_report
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.evaluation import EvaluationReport
-from headwidget.evaluation._report_file import REPORT_SUFFIXES as SAVED_SUFFIXES
+from headwidget.evaluation.report_file import REPORT_SUFFIXES as SAVED_SUFFIXES
 from headwidget.export import save, save_all, save_html
 from headwidget.export._tabs import save_tabbed_html
 from headwidget.files import partial_leftovers

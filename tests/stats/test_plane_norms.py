@@ -201,7 +201,7 @@ def rtol_of(name: str) -> float:
 
 def test_sums_equal_a_token_loop(case: dict) -> None:
     stats, rtol = case["stats"], rtol_of(case["name"])
-    assert headwidget.adapter_for(case["model"]).layout().rope.planes() == PLANES[case["name"]]
+    assert headwidget.adapters.adapter_for(case["model"]).layout().rope.planes() == PLANES[case["name"]]
     for layer, (q_sum, k_sum, tokens) in case["reference"].items():
         norms = stats.plane_norms(layer)
         assert norms.count == tokens == stats.tokens
@@ -227,7 +227,7 @@ def test_skip_first_token_leaves_each_rows_first_token_out(name: str) -> None:
 @pytest.mark.parametrize("r", [1, 2, 3])
 def test_kept_planes_equal_a_brute_force_ranking(case: dict, r: int) -> None:
     model, stats = case["model"], case["stats"]
-    adapter = headwidget.adapter_for(model)
+    adapter = headwidget.adapters.adapter_for(model)
     planes = adapter.layout().rope.planes()
     for layer, (q_sum, k_sum, tokens) in case["reference"].items():
         _, kept = rope_keep(adapter.head_weights(layer), stats, layer, r, planes)
@@ -337,7 +337,7 @@ def test_estimate_counts_the_sums_and_their_working_memory() -> None:
     from headwidget.capture.plan import CapturePlan
 
     def plan(name: str, inputs: bool) -> CapturePlan:
-        adapter = headwidget.adapter_for(make_model(name))
+        adapter = headwidget.adapters.adapter_for(make_model(name))
         return CapturePlan.make(adapter, layers=None, rope="pre", inputs=inputs, cross_layer=None)
 
     assert plan("gpt_neox", True).plane_norms and plan("falcon_new", True).plane_norms

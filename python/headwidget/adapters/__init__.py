@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from headwidget.adapters._heads import HeadProjections
+from headwidget.adapters._partial_rope import partial_rope_mask
 from headwidget.adapters.base import Adapter, Tap
 from headwidget.adapters.bert import BertAdapter
 from headwidget.adapters.bigcode import GPTBigCodeAdapter
@@ -15,7 +17,16 @@ from headwidget.adapters.llama import LlamaAdapter
 from headwidget.adapters.neox import GPTNeoXAdapter
 from headwidget.errors import UnsupportedModelError
 
-__all__ = ["ADAPTERS", "Adapter", "Tap", "adapter_for", "supported_families", "weight_fingerprint"]
+__all__ = [
+    "ADAPTERS",
+    "Adapter",
+    "HeadProjections",
+    "Tap",
+    "adapter_for",
+    "partial_rope_mask",
+    "supported_families",
+    "weight_fingerprint",
+]
 
 ADAPTERS: tuple[type[Adapter], ...] = (
     LlamaAdapter,

@@ -185,7 +185,8 @@ def align_model(
 
     Args:
         model: a supported model whose adapter can fold rotations into it
-            (``headwidget.adapter_for(model).alignment_blocker()`` is None, else it names the reason).
+            (``headwidget.adapters.adapter_for(model).alignment_blocker()`` is None, else it names the
+            reason).
         stats: its :class:`~headwidget.stats.KVStats` with kinds ``"key"`` and ``"value"``.
         groups: KV-head groups, either ``{layer: [[heads], ...]}`` or one grouping for every layer.
         layers: the layers to rotate when ``groups`` is not a mapping (default: every captured layer).

@@ -53,7 +53,7 @@ import torch
 
 from headwidget.checks import flag, whole_number, whole_numbers
 from headwidget.core.kinds import Kind
-from headwidget.errors import ArgumentError
+from headwidget.errors import ArgumentError, ChannelEntropyError
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -75,13 +75,6 @@ _CHUNK = 1 << 24
 BINS_MAX = 2**20
 
 T = TypeVar("T")
-
-
-class ChannelEntropyError(ArgumentError):
-    """Arguments of :func:`channel_entropy` that give no entropy (a group size outside 1..C, bins
-    outside 1..:data:`BINS_MAX`, a flag that is not a bool, fewer than two samples, samples that are
-    not a finite 2-D array). An :class:`~headwidget.errors.ArgumentError` (a ``ValueError`` and a
-    ``TypeError``)."""
 
 
 def _checked(check: Callable[..., T], *args: Any, **kwargs: Any) -> T:

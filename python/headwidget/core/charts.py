@@ -25,15 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from headwidget.core.protocol import CHART_FIELDS, SERIES_FIELDS
+from headwidget.errors import ChartError
 
 __all__ = ["SERIES_STYLES", "Chart", "ChartError", "Series", "encode_chart", "pareto_front"]
 
 SeriesStyle = Literal["points", "line", "points+line"]
 SERIES_STYLES: tuple[SeriesStyle, ...] = ("points", "line", "points+line")
-
-
-class ChartError(ValueError):
-    """A chart or series that cannot be drawn as given (mismatched lengths, an unknown style)."""
 
 
 @dataclass

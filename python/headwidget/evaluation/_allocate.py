@@ -83,13 +83,12 @@ from headwidget.capture.inputs import Batch
 from headwidget.capture.memory import default_budget, format_bytes
 from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
 from headwidget.errors import ArgumentError, BudgetError, MemoryBudgetError
+from headwidget.evaluation import running
 from headwidget.evaluation._apply import fit_parts
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._cache_transforms import MergedCache
 from headwidget.evaluation._chosen import per_layer_specs, remember, token_pieces
 from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
-from headwidget.evaluation._evaluate import Progress, _working_copy, prefilling, protocol_batches, runner_for
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
 from headwidget.evaluation._model_facts import check_stats
 from headwidget.evaluation._outputs import OutputRunner
@@ -108,7 +107,6 @@ __all__ = [
     "allocate",
     "allocate_frontier",
     "estimate_allocation",
-    "forward_working_bytes",
 ]
 
 #: The candidates of :func:`allocate` when none are given.
@@ -340,26 +338,6 @@ def _fit_candidates(
     return found, plans
 
 
-def _merges(plans: Iterable[VariantPlan]) -> list[MergedCache]:
-    return [c for plan in plans for c in plan.cross.caches if isinstance(c, MergedCache)]
-
-
-def _reset_retention(plans: Iterable[VariantPlan]) -> None:
-    for cache in _merges(plans):
-        cache.retained = {kind: [0, 0] for kind in cache.retained}
-
-
-def _sum_retention(plans: Iterable[VariantPlan], ranks: Ranks) -> None:
-    """A merge's retention over every rank's prefills (what its bytes count)."""
-    caches = _merges(plans)
-    if not caches:
-        return
-    kinds = sorted(caches[0].retained)
-    summed = iter(ranks.sum([v for c in caches for kind in kinds for v in c.retained[kind]]))
-    for cache in caches:
-        cache.retained = {kind: [round(next(summed)), round(next(summed))] for kind in kinds}
-
-
 class _Scorer:
     """Whole-model damage of plans on fixed batches against the original's outputs."""
 
@@ -369,23 +347,15 @@ class _Scorer:
         batches: list[Batch],
         runner: OutputRunner,
         objective: str,
-        tick: Progress,
+        tick: running.Progress,
         ranks: Ranks,
     ):
         self.base, self.batches, self.runner, self.objective = base, batches, runner, objective
         self.tick, self.ranks = tick, ranks
-        self.reference = []
-        for batch in batches:
-            self.reference.append(runner(base, batch))
-            tick(1)
-        self.model_nll = math.nan
-        if objective == "nll":  # the original's own NLL, what a variant's is measured against
-            model = PredictionTotals()
-            for ref in self.reference:
-                assert ref.targets is not None
-                model.add_rows(ref.values, ref.values, ref.targets)
-            ranks.merge([model])
-            self.model_nll = model.nll
+        totals, kept = running.reference_pass(base, batches, runner, ranks, tick=tick)
+        assert isinstance(totals, PredictionTotals) and kept is not None
+        self.reference = kept
+        self.model_nll = totals.nll  # the original's own NLL, what a variant's is measured against
 
     def of(self, totals: PredictionTotals) -> float:
         """The objective from a plan's totals: its mean KL, or its NLL less the original's."""
@@ -393,17 +363,14 @@ class _Scorer:
 
     def damage(self, plan: VariantPlan) -> float:
         """One plan, full forwards (a merge's retention counted over them, on every rank)."""
-        totals = PredictionTotals()
         self.tick.grow(len(self.batches))
-        _reset_retention([plan])
-        with plan.running(self.base, prefill=prefilling(self.runner)) as variant:
-            for ref, batch in zip(self.reference, self.batches, strict=True):
-                out = self.runner(variant, batch)
-                assert out.targets is not None
-                totals.add_rows(ref.values, out.values, out.targets)
-                self.tick(1)
-        self.ranks.merge([totals])
-        _sum_retention([plan], self.ranks)
+        running.reset_retention([plan])
+        with plan.running(self.base, prefill=running.prefilling(self.runner)) as variant:
+            totals = running.measure(
+                self.base, variant, self.batches, self.reference, self.runner, self.ranks, tick=self.tick
+            )
+        running.sum_retention([plan], self.ranks)
+        assert isinstance(totals, PredictionTotals)
         return self.of(totals)
 
     def swapped(
@@ -540,30 +507,6 @@ class _Search:
 _RESOLVES = 4
 
 
-def forward_working_bytes(model: nn.Module, rows: int, length: int, dtype_bytes: int, *, scores: bool) -> int:
-    """The working memory of one forward of ``model``'s layers under ``no_grad`` (the head left out): about
-    ``4·D + 3·F`` elements a token (hidden size D, MLP width F: one layer's residual, normed input and
-    MLP activations at a time; ``5·F`` for a GELU written out in Python, GPT-2's ``gelu_new``), and with
-    ``scores`` (eager attention, or ``sdpa`` given a padding mask) the (heads × length) attention scores
-    and their softmax. Fitted to the CPU allocator's peak on Llama-family and GPT-2 models.
-
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=384,
-    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
-    >>> forward_working_bytes(model, 4, 64, 4, scores=False)  # (4·128 + 3·384) × 4 bytes × 256 tokens
-    1703936
-    """
-    adapter = adapter_for(model)
-    lay = adapter.layout()
-    config = getattr(model, "config", None)
-    act = getattr(config, "activation_function", None) or getattr(config, "hidden_act", None)
-    mlp = 5 if act in ("gelu_new", "gelu_fast", "quick_gelu") else 3
-    per_token = (4 * lay.hidden_size + mlp * adapter.mlp_width()) * dtype_bytes
-    if scores:
-        per_token += 3 * lay.num_heads * length * max(dtype_bytes, 4) // 2
-    return rows * length * per_token
-
-
 @dataclass(frozen=True)
 class AllocationMemory:
     """The parts (bytes) of an allocation's peak on the model's device:
@@ -605,9 +548,10 @@ class AllocationMemory:
         *,
         dtype: torch.dtype,
         record_budget: int = RECORD_BUDGET,
+        adapter: Adapter | None = None,
     ) -> AllocationMemory:
-        """``shapes``: per batch (rows, length, predicted tokens)."""
-        adapter = adapter_for(model)
+        """``shapes``: per batch (rows, length, predicted tokens); ``adapter``: ``model``'s, when known."""
+        adapter = adapter or adapter_for(model)
         lay = adapter.layout()
         b = torch.empty((), dtype=dtype).element_size()
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
@@ -639,7 +583,9 @@ class AllocationMemory:
             logits = predicted * vocab * b  # the head computes the predicted rows alone
             measures = 5 * min(predicted, chunk_rows(vocab)) * vocab * max(b, 4)
             padded = predicted < rows * (length - 1)
-            work = forward_working_bytes(model, rows, length, b, scores=impl == "eager" or padded)
+            work = running.forward_working_bytes(
+                model, rows, length, b, scores=impl == "eager" or padded, adapter=adapter
+            )
             forward = max(forward, work + 2 * logits, predicted * vocab * b + measures)
         recorded = [rows * length * lay.hidden_size * lay.num_layers * b for rows, length, _ in shapes]
         chunks: list[list[int]] = [[]]  # the batches of each chunk, as the sweeps form them
@@ -719,7 +665,7 @@ def estimate_allocation(
     reading = parse_protocol(protocol)
     length = max_length if reading.window is None else reading.window
     if texts is not None:
-        batches = protocol_batches(
+        batches = running.protocol_batches(
             model,
             texts,
             tokenizer,
@@ -835,7 +781,7 @@ def allocate_frontier(
     reading = parse_protocol(protocol)
     if reading.prefill is None:
         refuse_cache_transforms([parse_variant(s) for s in specs], reading.text)
-    runner = runner_for(model, reading)
+    runner = running.runner_for(model, reading, adapter)
     if runner.kind != "causal-lm":
         raise ArgumentError(
             f"allocate measures next-token damage, so it takes a causal LM, not {runner.kind}"
@@ -844,7 +790,7 @@ def allocate_frontier(
     num_layers = adapter.layout().num_layers
     layers = list(range(num_layers))
     length = max_length if reading.window is None else reading.window
-    batches = protocol_batches(
+    batches = running.protocol_batches(
         model,
         texts,
         tokenizer,
@@ -857,8 +803,10 @@ def allocate_frontier(
     check_token_ids(model, batches)
     every, batches = batches, ranks.shard(batches)
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
-    check_allocation_budget(AllocationMemory.of(model, specs, _shapes(batches), dtype=dtype), max_memory)
-    base = _working_copy(model, dtype)
+    check_allocation_budget(
+        AllocationMemory.of(model, specs, _shapes(batches), dtype=dtype, adapter=adapter), max_memory
+    )
+    base = running.working_copy(model, dtype, adapter)
     weight_dtype = next(base.parameters()).dtype
     model_plan = plan_variant(adapter, parse_variant("model"), None, layers)
     fitted, plans = _fit_candidates(adapter, specs, stats, layers, weight_dtype, model_plan.layer_elements)
@@ -883,7 +831,7 @@ def allocate_frontier(
     }
     for cell, (group, _) in groups.items():
         cells.setdefault(cell.spec, {})[cell.start] = group
-    tick = Progress(
+    tick = running.Progress(
         len(batches) * (2 + sum(c is not None for row in cells.values() for c in row.values())),
         progress,
         desc="allocate",
@@ -899,7 +847,7 @@ def allocate_frontier(
             ranks=ranks,
             measure="kl" if objective == "kl" else "delta_nll",
         )
-        _sum_retention([plan for _, plan in groups.values()], ranks)  # the sweep's merges: their bytes
+        running.sum_retention([plan for _, plan in groups.values()], ranks)  # the sweep's merges: their bytes
         damage = {cell: 0.0 if cell.spec == "model" else swept[cell.spec][cell.start] for cell in options}
         cost = {cell: cell_bytes(cell) for cell in options}
         scorer = _Scorer(base, batches, runner, objective, tick, ranks)

@@ -64,8 +64,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from headwidget.adapters import Adapter, adapter_for
-from headwidget.adapters._partial_rope import partial_rope_mask
+from headwidget.adapters import Adapter, adapter_for, partial_rope_mask
 from headwidget.analysis.variant_fits import LayerFit, alignments, fit_layer
 from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, parse_uniform, parse_variant
 from headwidget.errors import (
@@ -298,11 +297,11 @@ def _copy(model: nn.Module, adapter: Adapter, layers: Sequence[int], share: bool
     return copy.deepcopy(model, memo)
 
 
-def shared_copy(model: nn.Module) -> nn.Module:
+def shared_copy(model: nn.Module, adapter: Adapter | None = None) -> nn.Module:
     """A copy of ``model``'s modules that shares every parameter and buffer with it (for evaluation: a
     model whose layer blocks can be replaced, or whose attention modules can be told apart, without
-    copying a weight; never hand such a copy out)."""
-    return _copy(model, adapter_for(model), [], share=True)
+    copying a weight; never hand such a copy out). ``adapter``: ``model``'s, when the caller has it."""
+    return _copy(model, adapter or adapter_for(model), [], share=True)
 
 
 def compact_fits(fits: dict[int, LayerFit], dtype: torch.dtype) -> dict[int, LayerFit]:

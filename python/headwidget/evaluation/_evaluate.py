@@ -39,7 +39,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -47,97 +46,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwidget.adapters import adapter_for
-from headwidget.analysis.variants import MixedSpec, parse_variant
+from headwidget.adapters import Adapter, adapter_for
+from headwidget.analysis.variants import MixedSpec, Variant, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.checks import model_with_weights, optional_whole_number
 from headwidget.errors import ArgumentError
-from headwidget.evaluation._apply import refuse_layers_with_mixed, shared_copy
-from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
-from headwidget.evaluation._cache_transforms import MergedCache
+from headwidget.evaluation import running
+from headwidget.evaluation._apply import refuse_layers_with_mixed
+from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._chosen import FLAG_SHARE, chosen_shares
 from headwidget.evaluation._cross_layer import refuse_cache_transforms
-from headwidget.evaluation._distributed import Ranks
-from headwidget.evaluation._inputs import (
-    Protocol,
-    check_window,
-    chunk_batches,
-    evaluation_batches,
-    fingerprint,
-    parse_protocol,
-    predicted_count,
-    stride_batches,
-)
+from headwidget.evaluation._inputs import Protocol, check_window, parse_protocol, predicted_count
 from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_budget
-from headwidget.evaluation._model_facts import check_stats, layer_kv_elements, resolve_layers
-from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
+from headwidget.evaluation._model_facts import check_stats, layer_kv_elements
 from headwidget.evaluation._plan import VariantPlan, plan_variant
-from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
 from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep
-from headwidget.evaluation.measures import EncoderTotals, PredictionTotals
 from headwidget.stats import KVStats
 
-__all__ = ["LOGITS_BUDGET", "evaluate", "prefilling", "protocol_batches", "runner_for"]
+__all__ = ["LOGITS_BUDGET", "evaluate"]
 
 #: Bytes of reference logits kept between variants (beyond it they are recomputed per variant).
 LOGITS_BUDGET = 4 * 2**30
-
-
-def _working_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """An eval-mode copy of ``model``'s modules in ``dtype``, never ``model`` itself.
-
-    When ``model`` is already in ``dtype`` the copy shares every parameter and buffer with it (no weight
-    is copied); its modules are its own, so hooks on them see only this evaluation's forwards and
-    another thread switching ``model`` to training mode changes nothing here.
-    """
-    floating = [p for p in (*model.parameters(), *model.buffers()) if p.is_floating_point()]
-    if all(p.dtype == dtype for p in floating):
-        return shared_copy(model).eval()
-    return copy.deepcopy(model).to(dtype).eval()
-
-
-class Progress:
-    """A progress bar in forwards (nothing when not ``enabled``); ``grow`` adds forwards to its total."""
-
-    def __init__(self, total: int, enabled: bool, desc: str = "evaluate") -> None:
-        self.bar: Any = None
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, unit="fwd", desc=desc)
-
-    def __call__(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def grow(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.total += n
-            self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _totals(kind: str) -> PredictionTotals | EncoderTotals:
-    return PredictionTotals() if kind == "causal-lm" else EncoderTotals()
-
-
-def _add(totals: PredictionTotals | EncoderTotals, ref: BatchOutput, var: BatchOutput) -> None:
-    if isinstance(totals, PredictionTotals):
-        assert var.targets is not None
-        totals.add_rows(ref.values, var.values, var.targets)
-    else:
-        assert var.mask is not None
-        totals.add(ref.values, var.values, var.mask)
-
-
-def _summary(totals: PredictionTotals | EncoderTotals) -> dict[str, float]:
-    if isinstance(totals, PredictionTotals):
-        return {"nll": totals.nll, "perplexity": totals.perplexity, "kl": totals.kl, "top1": totals.top1}
-    return {"hidden_rel_error": totals.hidden_rel_error, "embedding_cosine": totals.embedding_cosine}
 
 
 def evaluate(
@@ -221,232 +151,167 @@ def evaluate(
         NonFiniteLogitsError: a variant's outputs are not finite (the message names it and the layer).
     """
     adapter = adapter_for(model)
-    given_layers = layers
-    variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress = (
-        check_evaluate_arguments(
-            adapter, variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress
-        )
+    args = check_evaluate_arguments(
+        adapter, variants, stats, layers, per_layer, dtype, batch_size, max_length, max_tokens, progress
     )
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
     model_with_weights("model", model)
-    ranks = Ranks.of(distributed)
-    reading = parse_protocol(protocol)
-    if reading.window is not None:
-        check_window(reading, model_context(model))
-        max_length = reading.window
-    if reading.prefill is not None and reading.prefill + 2 > max_length:
-        raise ArgumentError(
-            f"protocol {reading.text} prefills {reading.prefill} tokens and scores from token "
-            f"{reading.prefill + 1} on, so it needs max_length ≥ {reading.prefill + 2} (got {max_length}); "
-            "raise max_length or use a shorter prefill"
-        )
-    parsed = {p.text: p for p in (parse_variant(v) for v in variants)}
-    specs = list(parsed)
-    if not specs:
-        raise ValueError("give at least one variant, e.g. ['model', 'mqa']")
-    if reading.prefill is None:
-        refuse_cache_transforms(list(parsed.values()), reading.text)
-    refuse_layers_with_mixed(list(parsed.values()), given_layers)
-    check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)
-    chosen = resolve_layers(adapter, layers)
-    for p in parsed.values():
-        if isinstance(p, MixedSpec):
-            p.check_layers(adapter.layout().num_layers)
-    need = EvaluationMemory.of(
-        model,
-        adapter,
-        list(parsed.values()),
-        chosen,
-        per_layer=per_layer,
-        dtype=dtype,
-        batch_size=batch_size,
-        max_length=max_length,
-        protocol=reading,
-    )
+    ranks = running.Ranks.of(distributed)
+    args, reading, parsed, runner = _checked(model, adapter, args, protocol, layers, allow_other_weights)
+    need = EvaluationMemory.of(model, adapter, list(parsed.values()), args, reading)
     spare = check_evaluation_budget(need, max_memory)
-    runner = runner_for(model, reading)
-    lm = runner.kind == "causal-lm"
-    if reading.kind in ("stride", "prefill") and not lm:
-        raise ArgumentError(
-            f"protocol {reading.text} scores next-token predictions, and {type(model).__name__} makes none; "
-            "evaluate an encoder with protocol='documents' or 'chunks:W'"
-        )
-    batches = protocol_batches(
+    every = running.protocol_batches(
         model,
         texts,
         tokenizer,
         reading,
-        batch_size=batch_size,
-        max_length=max_length,
-        max_tokens=max_tokens,
-        min_tokens=2 if lm else 1,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_tokens=args.max_tokens,
+        min_tokens=2 if runner.kind == "causal-lm" else 1,
     )
-    check_token_ids(model, batches)
-    every, batches = batches, ranks.shard(batches)
-    base = _working_copy(model, dtype)
+    running.check_token_ids(model, every)
+    batches = ranks.shard(every)
+    base = running.working_copy(model, args.dtype, adapter)
     weight_dtype = next(base.parameters()).dtype
     plans = {
-        s: plan_variant(adapter, p, stats, chosen, weight_dtype=weight_dtype)
+        s: plan_variant(adapter, p, args.stats, args.layers, weight_dtype=weight_dtype)
         for s, p in parsed.items()
         if s != "model"
     }
-    base_adapter = adapter_for(base)
-    sweep_cells = sum(
-        len({id(c) for c in (plan.cell(layer) for layer in chosen) if c is not None})
-        for plan in plans.values()
+    cells = sum(len({id(c) for c in map(plan.cell, args.layers) if c is not None}) for plan in plans.values())
+    tick = running.Progress(
+        len(batches) * (1 + len(plans) + (1 + cells if args.per_layer else 0)), args.progress
     )
-    sweep_forwards = len(batches) * (1 + sweep_cells) if per_layer else 0
-    tick = Progress(len(batches) * (1 + len(plans)) + sweep_forwards, progress)
     try:
-        reference_totals = _totals(runner.kind)
-        cached: list[BatchOutput] | None = []
-        width = 0
-        for batch in batches:
-            out = runner(base, batch)
-            if not out.finite():
-                raise_non_finite(base, batch, runner.device, "model", "nothing converted")
-            _add(reference_totals, out, out)
-            width += out.values.numel() * out.values.element_size()
-            cached = None if cached is None or width > min(LOGITS_BUDGET, spare) else [*cached, out]
-            tick(1)
-            del out  # not held through the next batch's forward, nor the variants' (the cache holds it)
-        ranks.merge([reference_totals])
-        measures: dict[str, dict[str, float]] = {}
-        size = torch.empty((), dtype=dtype).element_size()
-        num_layers = base_adapter.layout().num_layers
-        layer_bytes = [size * layer_kv_elements(base_adapter, i) for i in range(num_layers)]
-        kv_bytes: dict[str, float] = {}
-        constant: dict[str, int] = {}
-        for spec in specs:
-            if spec == "model":
-                measures[spec] = _summary(reference_totals)
-                kv_bytes[spec] = sum(layer_bytes)
-                continue
-            plan = plans[spec]
-            measures[spec] = _measure_plan(base, plan, batches, cached, runner, tick, ranks)
-            kv_bytes[spec] = plan.kv_bytes_per_token(dtype, reading.prefill)
-            if plan.quantizers:
-                constant[spec] = plan.constant_bytes
-            if not per_layer:
-                del plans[spec]  # measured: only the sweep would need its fits again
+        measures, kv_bytes = _variants(
+            base, plans, batches, runner, ranks, tick, min(LOGITS_BUDGET, spare), args, reading.prefill
+        )
         sweep = None
-        cached = None
-        if per_layer:
-            cells = {s: {layer: plan.cell(layer) for layer in chosen} for s, plan in plans.items()}
+        if args.per_layer:
+            cell_of = {s: {layer: plan.cell(layer) for layer in args.layers} for s, plan in plans.items()}
+            record = max(0, min(RECORD_BUDGET, spare))
             swept = layer_sweep(
-                base,
-                batches,
-                cells,
-                chosen,
-                runner,
-                tick=tick,
-                ranks=ranks,
-                record_budget=max(0, min(RECORD_BUDGET, spare)),
+                base, batches, cell_of, args.layers, runner, tick=tick, ranks=ranks, record_budget=record
             )
-            sweep = {s: [0.0] * len(chosen) if s == "model" else swept[s] for s in specs}
+            sweep = {s: [0.0] * len(args.layers) if s == "model" else swept[s] for s in parsed}
     finally:
         tick.close()
-    calibration = {} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)}
-    tokens_seen = fingerprint(every)
-    shares = chosen_shares(specs, tokens_seen, every, stream=reading.kind != "documents", layers=chosen)
+    return _report(model, adapter, runner, args, reading, every, list(parsed), measures, kv_bytes, sweep)
+
+
+def _checked(
+    model: nn.Module, adapter: Adapter, args: EvaluateArguments, protocol: Any, given_layers: Any, other: bool
+) -> tuple[EvaluateArguments, Protocol, dict[str, Variant], running.OutputRunner]:
+    """The checks of evaluate's protocol and variants, before any work: the arguments (``max_length`` a
+    window's under ``chunks``/``stride``), the protocol, the parsed variants by spec and the runner."""
+    reading = parse_protocol(protocol)
+    if reading.window is not None:
+        check_window(reading, running.model_context(model))
+        args = args._replace(max_length=reading.window)
+    if reading.prefill is not None and reading.prefill + 2 > args.max_length:
+        raise ArgumentError(
+            f"protocol {reading.text} prefills {reading.prefill} tokens and scores from token "
+            f"{reading.prefill + 1} on, so it needs max_length ≥ {reading.prefill + 2} "
+            f"(got {args.max_length}); raise max_length or use a shorter prefill"
+        )
+    parsed = {p.text: p for p in (parse_variant(v) for v in args.variants)}
+    if reading.prefill is None:
+        refuse_cache_transforms(list(parsed.values()), reading.text)
+    refuse_layers_with_mixed(list(parsed.values()), given_layers)
+    check_stats(model, adapter, args.stats, allow_other_weights=other)
+    for p in parsed.values():
+        if isinstance(p, MixedSpec):
+            p.check_layers(adapter.layout().num_layers)
+    runner = running.runner_for(model, reading, adapter)
+    if reading.kind in ("stride", "prefill") and runner.kind != "causal-lm":
+        raise ArgumentError(
+            f"protocol {reading.text} scores next-token predictions, and {type(model).__name__} makes none; "
+            "evaluate an encoder with protocol='documents' or 'chunks:W'"
+        )
+    return args, reading, parsed, runner
+
+
+def _variants(
+    base: nn.Module,
+    plans: dict[str, VariantPlan],
+    batches: list[Batch],
+    runner: running.OutputRunner,
+    ranks: running.Ranks,
+    tick: running.Progress,
+    keep: int,
+    args: EvaluateArguments,
+    prefill: int | None,
+) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, int | None]]]:
+    """The reference pass (its outputs kept while they fit ``keep`` bytes), then each variant measured
+    against it: the measures by spec (``"model"``: the reference's own), and each variant's KV bytes per
+    token and constant bytes (a quantizer's; else None). A plan measured is dropped, but for the sweep."""
+    reference, kept = running.reference_pass(base, batches, runner, ranks, keep=keep, tick=tick)
+    measures, kv_bytes = {"model": running.summary(reference)}, {}
+    for spec, plan in list(plans.items()):
+        running.reset_retention([plan])  # a merge's bytes: the retention of these prefills, on every rank
+        with plan.running(base, prefill=running.prefilling(runner)) as variant:
+            named = (plan.spec, _changed(plan))
+            totals = running.measure(base, variant, batches, kept, runner, ranks, tick=tick, named=named)
+        running.sum_retention([plan], ranks)
+        measures[spec] = running.summary(totals)
+        kv_bytes[spec] = (
+            plan.kv_bytes_per_token(args.dtype, prefill),
+            plan.constant_bytes if plan.quantizers else None,
+        )
+        if not args.per_layer:
+            del plans[spec]  # measured: only the sweep would need its fits again
+    return measures, kv_bytes
+
+
+def _report(
+    model: nn.Module,
+    adapter: Adapter,
+    runner: running.OutputRunner,
+    args: EvaluateArguments,
+    reading: Protocol,
+    every: list[Batch],
+    specs: list[str],
+    measures: dict[str, dict[str, float]],
+    kv_bytes: dict[str, tuple[float, int | None]],
+    sweep: dict[str, list[float]] | None,
+) -> EvaluationReport:
+    """The report of the measured variants, in the order given; a spec ``allocate`` chose on these
+    tokens is flagged (a warning, and the report's list)."""
+    size, lm = torch.empty((), dtype=args.dtype).element_size(), runner.kind == "causal-lm"
+    num_layers = adapter.layout().num_layers
+    layer_bytes = [size * layer_kv_elements(adapter, i) for i in range(num_layers)]
+    kv_bytes["model"] = sum(layer_bytes), None
+    stats, tokens_seen = args.stats, running.fingerprint(every)
+    shares = chosen_shares(specs, tokens_seen, every, stream=reading.kind != "documents", layers=args.layers)
     leaked = [s for s in specs if shares.get(s, 0.0) >= FLAG_SHARE]
     if leaked:
         said = ", ".join(f"{s} (on {shares[s]:.0%} of them)" for s in leaked)
         warnings.warn(
             f"{said} was chosen by headwidget.allocate on these tokens, so its numbers here are not "
             "held-out; evaluate it on other text (the report's table marks it †)",
-            stacklevel=2,
+            stacklevel=3,
         )
     return EvaluationReport(
         model=str(getattr(model.config, "name_or_path", "") or type(model).__name__),
         kind=runner.kind,
         variants=specs,
-        measures=measures,
-        kv_bytes_per_token=kv_bytes,
+        measures={s: measures[s] for s in specs},
+        kv_bytes_per_token={s: kv_bytes[s][0] for s in specs},
         tokens=predicted_count(every) if lm else sum(int(b.attention_mask.sum()) for b in every),
         sequences=sum(int((b.attention_mask.sum(-1) > 0).sum()) for b in every),
         fingerprint=tokens_seen,
-        dtype=str(dtype),
-        layers=chosen,
+        dtype=str(args.dtype),
+        layers=args.layers,
         per_layer=sweep,
         per_layer_measure=None if sweep is None else ("delta_nll" if lm else "hidden_rel_error"),
-        calibration=calibration,
-        constant_bytes=constant,
+        calibration={} if stats is None else {"tokens": stats.tokens, "kinds": list(stats.kinds)},
+        constant_bytes={s: c for s in specs if (c := kv_bytes[s][1]) is not None},
         num_layers=num_layers,
-        converted_kv_bytes=sum(layer_bytes[i] for i in chosen),
+        converted_kv_bytes=sum(layer_bytes[i] for i in args.layers),
         chosen_on_these_tokens=leaked,
         protocol=reading.text,
     )
-
-
-def protocol_batches(
-    model: nn.Module,
-    texts: Any,
-    tokenizer: Any,
-    reading: Protocol,
-    *,
-    batch_size: int,
-    max_length: int,
-    max_tokens: int | None,
-    min_tokens: int,
-) -> list[Batch]:
-    """The evaluation batches of a protocol: documents, ``chunks:W`` or ``stride:W/S`` windows, or the
-    documents of ``prefill:P`` (:func:`~headwidget.evaluation._prefill.prefill_batches`)."""
-    if reading.prefill is not None:
-        documents = evaluation_batches(
-            texts,
-            tokenizer,
-            batch_size=batch_size,
-            max_length=max_length,
-            max_tokens=max_tokens,
-            min_tokens=reading.prefill + 2,
-        )
-        return prefill_batches(documents, reading.prefill, batch_size=batch_size)
-    if reading.window is None:
-        return evaluation_batches(
-            texts,
-            tokenizer,
-            batch_size=batch_size,
-            max_length=max_length,
-            max_tokens=max_tokens,
-            min_tokens=min_tokens,
-        )
-    if reading.stride is None:
-        return chunk_batches(
-            texts,
-            tokenizer,
-            reading.window,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            context=model_context(model),
-        )
-    return stride_batches(
-        texts,
-        tokenizer,
-        reading.window,
-        reading.stride,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        context=model_context(model),
-    )
-
-
-def runner_for(model: nn.Module, reading: Protocol) -> OutputRunner:
-    """How a protocol runs a batch: one forward, or (``prefill:P``) a prefill and a scored forward."""
-    if reading.prefill is not None:
-        return PrefillRunner.for_model(model, reading.prefill)
-    return OutputRunner.for_model(model)
-
-
-def prefilling(runner: OutputRunner) -> bool:
-    """Whether ``runner`` prefills a cache first (the variants' cache transforms then run)."""
-    return isinstance(runner, PrefillRunner)
-
-
-def model_context(model: nn.Module) -> int | None:
-    """The positions the model was made for (``config.max_position_embeddings``), None when unknown."""
-    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return context if isinstance(context, int) and not isinstance(context, bool) else None
 
 
 def _changed(plan: VariantPlan) -> str:
@@ -458,37 +323,3 @@ def _changed(plan: VariantPlan) -> str:
     if quantized:
         parts.append(f"K/V of layers {quantized} quantized")
     return ", ".join(parts) or "nothing changed"
-
-
-def _measure_plan(
-    base: nn.Module,
-    plan: VariantPlan,
-    batches: list[Batch],
-    cached: list[BatchOutput] | None,
-    runner: OutputRunner,
-    tick: Progress,
-    ranks: Ranks,
-) -> dict[str, float]:
-    """The measures of ``base`` run as ``plan``'s variant, against the reference (summed over ``ranks``)."""
-    totals = _totals(runner.kind)
-    for cache in plan.cross.caches:
-        if isinstance(cache, MergedCache):  # its bytes: the retention of these prefills
-            cache.retained = {kind: [0, 0] for kind in cache.retained}
-    with plan.running(base, prefill=prefilling(runner)) as variant:
-        for b, batch in enumerate(batches):
-            ref = cached[b] if cached is not None else runner(base, batch)
-            out = runner(variant, batch)
-            if not out.finite():
-                raise_non_finite(variant, batch, runner.device, plan.spec, _changed(plan))
-            _add(totals, ref, out)
-            tick(1)
-            del ref, out  # not held through the next batch's forwards
-    ranks.merge([totals])
-    for cache in plan.cross.caches:  # a merge's retention over every rank's prefills (its bytes)
-        if isinstance(cache, MergedCache):
-            kinds = sorted(cache.retained)
-            summed = ranks.sum([v for kind in kinds for v in cache.retained[kind]])
-            cache.retained = {
-                kind: [round(summed[2 * i]), round(summed[2 * i + 1])] for i, kind in enumerate(kinds)
-            }
-    return _summary(totals)

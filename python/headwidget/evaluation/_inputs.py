@@ -43,6 +43,7 @@ __all__ = [
     "position_ids_from_mask",
     "predicted_count",
     "stride_batches",
+    "token_stream",
 ]
 
 
@@ -155,7 +156,7 @@ def parse_protocol(protocol: Any) -> Protocol:
     raise ArgumentError(f"protocol must be {PROTOCOL_FORMS}, with W ≥ 2 and P ≥ 1; got {protocol!r}")
 
 
-def _stream(texts: Any, tokenizer: Any, max_tokens: int | None) -> torch.Tensor:
+def token_stream(texts: Any, tokenizer: Any, max_tokens: int | None) -> torch.Tensor:
     """Every real token of ``texts`` as one stream, its first ``max_tokens`` (all for None): strings
     joined by :data:`CHUNK_SEPARATOR` and tokenized once; token ids (and dict batches) row after row,
     padding left out."""
@@ -209,7 +210,7 @@ def chunk_batches(
             fewer than ``window`` tokens.
     """
     check_window(Protocol("chunks", window), context)
-    stream = _stream(texts, tokenizer, max_tokens)
+    stream = token_stream(texts, tokenizer, max_tokens)
     count = stream.numel() // window
     if count == 0:
         raise EvaluationInputError(
@@ -256,7 +257,7 @@ def stride_batches(
             fewer than two tokens.
     """
     check_window(Protocol("stride", window, stride), context)
-    stream = _stream(texts, tokenizer, max_tokens)
+    stream = token_stream(texts, tokenizer, max_tokens)
     n = stream.numel()
     if n < 2:
         raise EvaluationInputError(

@@ -35,8 +35,9 @@ Example:
     >>> from headwidget.analysis.variants import parse_variant
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
     ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
-    >>> need = EvaluationMemory.of(model, adapter_for(model), [parse_variant("mqa")], [0, 1],
-    ...                            per_layer=True, dtype=torch.float32, batch_size=2, max_length=16)
+    >>> adapter = adapter_for(model)
+    >>> args = check_evaluate_arguments(adapter, ["mqa"], None, None, True, torch.float32, 2, 16, None, False)
+    >>> need = EvaluationMemory.of(model, adapter, [parse_variant("mqa")], args)
     >>> sorted(need.parts), need.total == sum(need.parts.values())
     (['copy', 'fits', 'forward', 'sweep', 'variant'], True)
 """
@@ -60,6 +61,7 @@ from headwidget.capture.memory import (
     forward_bytes,
 )
 from headwidget.errors import MemoryBudgetError
+from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._inputs import Protocol, parse_protocol
 from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements
 from headwidget.evaluation.measures import measure_work_bytes
@@ -165,14 +167,11 @@ class EvaluationMemory:
         model: nn.Module,
         adapter: Adapter,
         variants: Sequence[Variant],
-        layers: Sequence[int],
-        *,
-        per_layer: bool,
-        dtype: torch.dtype,
-        batch_size: int,
-        max_length: int,
+        args: EvaluateArguments,
         protocol: Protocol = DOCUMENTS,
     ) -> EvaluationMemory:
+        layers, per_layer, dtype = args.layers, args.per_layer, args.dtype
+        batch_size, max_length = args.batch_size, args.max_length
         b = _size(dtype)
         length = protocol.window or max_length  # a window is as long as the protocol says
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
@@ -261,23 +260,9 @@ def estimate_evaluation(
     >>> large > 16 * 512 * 50257 * 4 > small  # the logits of one forward alone
     True
     """
-    from headwidget.evaluation._arguments import check_evaluate_arguments
-    from headwidget.evaluation._model_facts import resolve_layers
-
     adapter = adapter_for(model)
-    variants, _, layers, per_layer, dtype, batch_size, max_length, _, _ = check_evaluate_arguments(
+    args = check_evaluate_arguments(
         adapter, variants, None, layers, per_layer, dtype, batch_size, max_length, None, False
     )
-    parsed = [parse_variant(v) for v in variants]
-    chosen = resolve_layers(adapter, layers)
-    return EvaluationMemory.of(
-        model,
-        adapter,
-        parsed,
-        chosen,
-        per_layer=per_layer,
-        dtype=dtype,
-        batch_size=batch_size,
-        max_length=max_length,
-        protocol=parse_protocol(protocol),
-    ).total
+    parsed = [parse_variant(v) for v in args.variants]
+    return EvaluationMemory.of(model, adapter, parsed, args, parse_protocol(protocol)).total

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from headwidget.adapters import adapter_for
+from headwidget.adapters import Adapter, adapter_for
 from headwidget.capture.inputs import Batch
 from headwidget.errors import NonFiniteLogitsError
 from headwidget.evaluation._inputs import forward_kwargs
@@ -82,8 +82,8 @@ class OutputRunner:
     device: torch.device
 
     @classmethod
-    def for_model(cls, model: nn.Module) -> OutputRunner:
-        adapter = adapter_for(model)
+    def for_model(cls, model: nn.Module, *, adapter: Adapter | None = None) -> OutputRunner:
+        adapter = adapter or adapter_for(model)
         get_head = getattr(model, "get_output_embeddings", None)
         has_head = callable(get_head) and get_head() is not None
         kind = "causal-lm" if adapter.causal and has_head else "encoder"

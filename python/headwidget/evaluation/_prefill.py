@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from headwidget.adapters import Adapter
 from headwidget.capture.inputs import Batch
 from headwidget.errors import EvaluationInputError
 from headwidget.evaluation._cache_transforms import cache_argument
@@ -104,8 +105,10 @@ class PrefillRunner(OutputRunner):
     prefill: int = 0
 
     @classmethod
-    def for_model(cls, model: nn.Module, prefill: int = 0) -> PrefillRunner:
-        plain = OutputRunner.for_model(model)
+    def for_model(
+        cls, model: nn.Module, prefill: int = 0, *, adapter: Adapter | None = None
+    ) -> PrefillRunner:
+        plain = OutputRunner.for_model(model, adapter=adapter)
         return cls(plain.kind, plain.device, prefill)
 
     @torch.no_grad()

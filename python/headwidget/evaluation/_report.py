@@ -38,7 +38,7 @@ from typing import Annotated, Any
 
 from headwidget.core.stored import Stored, stored
 from headwidget.errors import EncoderMeasureError, PathRefusedError, ReportFileError
-from headwidget.evaluation._report_file import (
+from headwidget.evaluation.report_file import (
     ENCODER_MEASURES,
     FORMAT,
     LM_MEASURES,

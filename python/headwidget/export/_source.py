@@ -25,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from headwidget.core.panels import PanelGrid
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import ExportError
 from headwidget.export._axes import Axis, page_axes
 from headwidget.export._colormaps import colormap
 from headwidget.export._frames import Frames, frame_json, state_key
@@ -41,10 +41,6 @@ __all__ = [
     "grid_of",
     "window_control",
 ]
-
-
-class ExportError(HeadwidgetError, ValueError):
-    """A grid or an export request that cannot be written (empty grid, bad matrix, unknown format…)."""
 
 
 @runtime_checkable

@@ -240,7 +240,7 @@ def head_lm_loss(
 
 def same_logits(model: nn.Module, head: OutputHead, kwargs: dict[str, Any]) -> bool:
     """Whether ``head`` on ``model``'s body gives ``model``'s own logits on one small input (``kwargs``,
-    as :func:`~headwidget.evaluation._inputs.forward_kwargs` builds them), to float rounding: a family
+    as :func:`~headwidget.evaluation.running.forward_kwargs` builds them), to float rounding: a family
     whose forward changes its logits in a way :class:`OutputHead` does not know keeps the whole-logits
     loss."""
     with torch.no_grad():

@@ -54,19 +54,18 @@ with FSDP2 instead (:mod:`headwidget.healing._sharded`): a model too large for o
 
 from __future__ import annotations
 
-import functools
 import math
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from dataclasses import InitVar, dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
-from headwidget.adapters import adapter_for
+from headwidget.adapters import Adapter, adapter_for
 from headwidget.capture.inputs import Batch
 from headwidget.checks import flag, model_with_weights, optional_whole_number, real_number, whole_number
 from headwidget.errors import (
@@ -75,15 +74,7 @@ from headwidget.errors import (
     HealingInputError,
     NonFiniteLossError,
 )
-from headwidget.evaluation._apply import AppliedVariant
-from headwidget.evaluation._arguments import check_token_ids, checked_dtype
-from headwidget.evaluation._distributed import ONE_PROCESS, Ranks
-from headwidget.evaluation._evaluate import _add, _summary, _totals, _working_copy, model_context
-from headwidget.evaluation._inputs import _stream, evaluation_batches, fingerprint, forward_kwargs
-from headwidget.evaluation._layers import LayerBlocks
-from headwidget.evaluation._model_facts import converted_modules
-from headwidget.evaluation._outputs import BatchOutput, OutputRunner
-from headwidget.evaluation._sharing import teacher_forced_sharing
+from headwidget.evaluation import AppliedVariant, running
 from headwidget.healing._chunked import OutputHead, same_logits
 from headwidget.healing._data import (
     OVERLAP_TOKENS,
@@ -95,8 +86,8 @@ from headwidget.healing._data import (
 )
 from headwidget.healing._layers import AttentionErrors
 from headwidget.healing._loss import LOSS_NAMES
-from headwidget.healing._memory import HealingMemory, check_healing_budget
-from headwidget.healing._run import HealingRun
+from headwidget.healing._memory import HealingMemory, autocast_dtype, check_healing_budget
+from headwidget.healing._run import CURVE_MEASURES, HealingRun
 from headwidget.healing._sharded import distribution, gather_trained, mesh_device, sharded, shared_module
 from headwidget.healing._student import StepLoss, checkpointed, handed_over, trained_copy
 from headwidget.healing._trainable import TrainableParts, parse_trainable
@@ -197,7 +188,7 @@ def _applied(variant: nn.Module, model: nn.Module) -> AppliedVariant:
 def _check_ids(model: nn.Module, batches: list[Batch], texts: str) -> None:
     """Token ids outside ``model``'s vocabulary (or negative) refused before any work, naming ``texts``."""
     try:
-        check_token_ids(model, batches)
+        running.check_token_ids(model, batches)
     except CaptureInputError as err:
         said = str(err).removeprefix("batch 0: ") if len(batches) == 1 else str(err)
         raise CaptureInputError(f"{texts}: {said}") from None
@@ -271,15 +262,13 @@ class _Evaluation:
     """The evaluation batches, the original's cached outputs on them, and how to measure the variant."""
 
     batches: list[Batch]
-    reference: list[BatchOutput]
-    runner: OutputRunner
-    ranks: Ranks
+    reference: list[running.BatchOutput]
+    runner: running.OutputRunner
+    ranks: running.Ranks
     layers: list[int]
     per_layer: bool
     autocast: Any
     reference_nll: float = math.nan
-    fingerprint: str = ""
-    tokens: int = 0
     rows: list[dict[str, float]] = field(default_factory=list)
     layer_rows: list[list[float]] = field(default_factory=list)
 
@@ -289,52 +278,32 @@ class _Evaluation:
             del self.rows[len(self.layer_rows) :]
 
     def point(self, teacher: nn.Module, student: nn.Module, tokens: int, step: int) -> None:
-        totals = _totals(self.runner.kind)
         with torch.no_grad(), self.autocast():
-            for batch, ref in zip(self.batches, self.reference, strict=True):
-                _add(totals, ref, self.runner(student, batch))
-        self.ranks.merge([totals])
-        measures = _summary(totals)
-        if self.runner.kind == "causal-lm":
-            row = {
-                "nll": measures["nll"],
-                "kl": measures["kl"],
-                "top1": measures["top1"],
-                "delta_nll": measures["nll"] - self.reference_nll,
-            }
-        else:
-            row = {k: measures[k] for k in ("hidden_rel_error", "embedding_cosine")}
-        self.rows.append({"tokens": tokens, "step": step, **row})
+            measures = running.summary(
+                running.measure(teacher, student, self.batches, self.reference, self.runner, self.ranks)
+            )
+        measures["delta_nll"] = measures.get("nll", math.nan) - self.reference_nll
+        self.rows.append(
+            {"tokens": tokens, "step": step, **{k: measures[k] for k in CURVE_MEASURES[self.runner.kind]}}
+        )
         if self.per_layer:
             errors = AttentionErrors(self.layers)
-            with self.autocast(), teacher_forced_sharing(student):  # share:g readers read their group's K/V
+            with (
+                self.autocast(),
+                running.teacher_forced_sharing(student),
+            ):  # share:g readers read their group's K/V
                 errors.measure(teacher, student, self.batches)
             if self.ranks.world > 1:
                 errors.merge(self.ranks.sum(errors.flat()))
             self.layer_rows.append(errors.values())
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _with_grad(function: Callable[P, R]) -> Callable[P, R]:
-    """``function`` run with gradients on, also when called under ``torch.no_grad()`` or
-    ``torch.inference_mode()`` (training needs them); the caller's mode is back when it returns."""
-
-    @functools.wraps(function)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        with torch.inference_mode(False), torch.enable_grad():
-            return function(*args, **kwargs)
-
-    return run
-
-
 def _model_name(model: nn.Module) -> str:
     return str(getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__)
 
 
-@_with_grad
+@torch.inference_mode(False)  # gradients on, also under no_grad() or inference_mode(): training needs
+@torch.enable_grad()  # them; the caller's mode is back when it returns
 def heal(
     variant: nn.Module,
     model: nn.Module,
@@ -424,81 +393,158 @@ def heal(
         True
     """
     info = _applied(variant, model)
-    tokens = whole_number("tokens", tokens, minimum=1, hint="healing tokens")
-    batch_size = whole_number("batch_size", batch_size, minimum=1, maximum=1 << 20, hint="windows a step")
-    max_length = whole_number("max_length", max_length, minimum=2, maximum=1 << 24, hint="tokens a window")
-    eval_every = whole_number("eval_every", eval_every, minimum=1, hint="healing tokens between evaluations")
-    eval_tokens = whole_number("eval_tokens", eval_tokens, minimum=2, hint="evaluation tokens")
-    seed = whole_number("seed", seed, minimum=0, maximum=2**63 - 1)
-    per_layer = flag("per_layer", per_layer)
-    progress = flag("progress", progress)
-    if method not in ("kd", "lm"):
-        raise ArgumentError(
-            f"method={method!r} is not one of 'kd' (distil the original's next-token distributions; an "
-            "encoder: its last hidden states) or 'lm' (next-token cross-entropy on the texts)"
-        )
-    mode, rank = parse_trainable(trainable)
-    trainable = mode if rank is None else f"lora:{rank}"
-    peak = (
-        DEFAULT_LR[mode]
-        if lr is None
-        else real_number("lr", lr, above=0.0, maximum=10.0, hint="peak learning rate")
+    s = _Settings(
+        model,
+        adapter_for(model),
+        tokens,
+        batch_size,
+        max_length,
+        eval_every,
+        eval_tokens,
+        seed,
+        per_layer,
+        progress,
+        method,
+        trainable,
+        lr,
+        callbacks,
+        distributed,
+        dtype,
+        checkpoint,
     )
-    callbacks = _checked_callbacks(callbacks)
-    ranks, sharded = distribution(distributed)
-    if batch_size % ranks.world:
-        raise ArgumentError(
-            f"batch_size={batch_size} does not split evenly over {ranks.world} ranks: give a multiple of "
-            f"{ranks.world} (each rank trains on batch_size / world windows a step)"
-        )
-    runner = OutputRunner.for_model(model)
-    loss_name = LOSS_NAMES.get((method, runner.kind))
-    if loss_name is None:
-        raise HealingInputError(
-            f"method='lm' needs next-token predictions, and {type(model).__name__} has no language-model "
-            "head; heal an encoder with method='kd' (the MSE of its last hidden states)"
-        )
-    context = model_context(model)
-    if context is not None and max_length > context:
-        raise HealingInputError(
-            f"max_length={max_length} is longer than the model's context of {context} positions; give "
-            f"max_length ≤ {context}"
-        )
-    device = runner.device
-    if sharded:  # the sharded models run on this rank's GPU (NCCL) or where the model is (gloo)
-        device = mesh_device(device)
-        runner = OutputRunner(runner.kind, device)
-    if dtype is None:
-        cast = torch.bfloat16 if device.type == "cuda" else None
-    else:
-        cast = checked_dtype(dtype)
-        cast = None if cast == torch.float32 else cast
-
-    def autocast() -> Any:
-        return nullcontext() if cast is None else torch.autocast(device.type, dtype=cast)
-
-    # ------------------------------------------------------------------ memory
-    checkpoint = flag("checkpoint", checkpoint)
     check_healing_budget(
         HealingMemory.of(
             variant,
             model,
             method=method,
-            trainable=trainable,
-            batch_size=batch_size,
-            max_length=max_length,
-            eval_tokens=eval_tokens,
-            per_layer=per_layer,
-            cast=cast,
-            checkpoint=checkpoint,
-            world=ranks.world,
-            sharded=sharded,
-            device=device,
+            trainable=s.trainable,
+            batch_size=s.batch_size,
+            max_length=s.max_length,
+            eval_tokens=s.eval_tokens,
+            per_layer=s.per_layer,
+            cast=s.cast,
+            checkpoint=s.checkpoint,
+            world=s.ranks.world,
+            sharded=s.sharded,
+            device=s.device,
+            adapter=s.adapter,
         ),
         optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes"),
     )
+    every_batch, plan = _texts(model, texts, eval_texts, tokenizer, s)
+    training = _prepared(variant, model, info, every_batch, plan, s)
 
-    # ------------------------------------------------------------------ texts
+    def finished(stopped: bool) -> HealingRun:
+        return _report(training, variant, model, info, every_batch, s, stopped)
+
+    interrupts = _Interrupts()
+    with interrupts.installed():  # from the first step to the run returned: no press loses the run
+        try:
+            stopped = training.run(s.progress, interrupts)
+        except _NonFinite as err:
+            with interrupts.update():
+                run = finished(True)
+            raise NonFiniteLossError(str(err), run) from None
+        with interrupts.update():  # writing the weights back and making the run: a press waits
+            return finished(stopped)
+
+
+@dataclass
+class _Settings:
+    """The arguments of :func:`heal` checked, in its signature's order and before any work (each field
+    as given, then as checked), and what follows from them: the runner (the model's kind, the device),
+    the loss, the ranks, the peak learning rate and the autocast dtype."""
+
+    model: InitVar[nn.Module]
+    adapter: Adapter
+    tokens: int
+    batch_size: int
+    max_length: int
+    eval_every: int
+    eval_tokens: int
+    seed: int
+    per_layer: bool
+    progress: bool
+    method: str
+    trainable: str
+    lr: float | None
+    callbacks: Sequence[Any]
+    distributed: bool | str
+    dtype: torch.dtype | str | None
+    checkpoint: bool
+    mode: str = field(init=False)
+    peak: float = field(init=False)
+    ranks: running.Ranks = field(init=False)
+    sharded: bool = field(init=False)
+    runner: running.OutputRunner = field(init=False)
+    loss_name: str = field(init=False)
+    cast: torch.dtype | None = field(init=False)
+
+    def __post_init__(self, model: nn.Module) -> None:
+        self.tokens = whole_number("tokens", self.tokens, minimum=1, hint="healing tokens")
+        self.batch_size = whole_number(
+            "batch_size", self.batch_size, minimum=1, maximum=1 << 20, hint="windows a step"
+        )
+        self.max_length = whole_number(
+            "max_length", self.max_length, minimum=2, maximum=1 << 24, hint="tokens a window"
+        )
+        self.eval_every = whole_number(
+            "eval_every", self.eval_every, minimum=1, hint="healing tokens between evaluations"
+        )
+        self.eval_tokens = whole_number("eval_tokens", self.eval_tokens, minimum=2, hint="evaluation tokens")
+        self.seed = whole_number("seed", self.seed, minimum=0, maximum=2**63 - 1)
+        self.per_layer, self.progress = flag("per_layer", self.per_layer), flag("progress", self.progress)
+        if self.method not in ("kd", "lm"):
+            raise ArgumentError(
+                f"method={self.method!r} is not one of 'kd' (distil the original's next-token distributions; "
+                "an encoder: its last hidden states) or 'lm' (next-token cross-entropy on the texts)"
+            )
+        self.mode, rank = parse_trainable(self.trainable)
+        self.trainable = self.mode if rank is None else f"lora:{rank}"
+        lr = self.lr
+        self.peak = (
+            DEFAULT_LR[self.mode]
+            if lr is None
+            else real_number("lr", lr, above=0.0, maximum=10.0, hint="peak learning rate")
+        )
+        self.callbacks = _checked_callbacks(self.callbacks)
+        self.ranks, self.sharded = distribution(self.distributed)
+        if self.batch_size % self.ranks.world:
+            raise ArgumentError(
+                f"batch_size={self.batch_size} does not split evenly over {self.ranks.world} ranks: give a "
+                f"multiple of {self.ranks.world} (each rank trains on batch_size / world windows a step)"
+            )
+        self.runner = running.OutputRunner.for_model(model, adapter=self.adapter)
+        loss_name = LOSS_NAMES.get((self.method, self.runner.kind))
+        if loss_name is None:
+            raise HealingInputError(
+                f"method='lm' needs next-token predictions, and {type(model).__name__} has no language-model "
+                "head; heal an encoder with method='kd' (the MSE of its last hidden states)"
+            )
+        self.loss_name, context = loss_name, running.model_context(model)
+        if context is not None and self.max_length > context:
+            raise HealingInputError(
+                f"max_length={self.max_length} is longer than the model's context of {context} positions; "
+                f"give max_length ≤ {context}"
+            )
+        if self.sharded:  # the sharded models run on this rank's GPU (NCCL) or where the model is (gloo)
+            self.runner = running.OutputRunner(self.runner.kind, mesh_device(self.runner.device))
+        self.cast = autocast_dtype(self.dtype, self.device)
+        self.checkpoint = flag("checkpoint", self.checkpoint)
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    def autocast(self) -> Any:
+        return nullcontext() if self.cast is None else torch.autocast(self.device.type, dtype=self.cast)
+
+
+def _texts(
+    model: nn.Module, texts: Any, eval_texts: Any, tokenizer: Any, s: _Settings
+) -> tuple[list[Batch], TrainingWindows]:
+    """Every rank's evaluation batches and the healing windows, checked: ids in the vocabulary, no run of
+    :data:`OVERLAP_TOKENS` tokens in both (``None``: the English sample's splits)."""
     from headwidget.texts import english_sample
 
     if (texts is None or eval_texts is None) and tokenizer is None:
@@ -510,33 +556,35 @@ def heal(
         eval_texts = english_sample(split="evaluation")
     elif not isinstance(eval_texts, (str, list, tuple, torch.Tensor)):
         eval_texts = list(eval_texts)  # dict batches from an iterator: read twice below
-    shortest = 2 if runner.kind == "causal-lm" else 1
-    every_batch = evaluation_batches(
+    shortest = 2 if s.runner.kind == "causal-lm" else 1
+    every_batch = running.evaluation_batches(
         eval_texts,
         tokenizer,
-        batch_size=batch_size,
-        max_length=max_length,
-        max_tokens=eval_tokens,
+        batch_size=s.batch_size,
+        max_length=s.max_length,
+        max_tokens=s.eval_tokens,
         min_tokens=shortest,
     )
     _check_ids(model, every_batch, "eval_texts")
     judged = every_batch
-    if max_length < OVERLAP_TOKENS:  # windows shorter than a run: judge the texts they come from
-        longer = evaluation_batches(
+    if s.max_length < OVERLAP_TOKENS:  # windows shorter than a run: judge the texts they come from
+        longer = running.evaluation_batches(
             eval_texts,
             tokenizer,
-            batch_size=batch_size,
+            batch_size=s.batch_size,
             max_length=OVERLAP_TOKENS,
-            max_tokens=eval_tokens * math.ceil(OVERLAP_TOKENS / max_length),
+            max_tokens=s.eval_tokens * math.ceil(OVERLAP_TOKENS / s.max_length),
             min_tokens=1,
         )
         judged = judged_rows(every_batch, longer)
     if texts is None:
         texts = held_out_paragraphs(english_sample(split="calibration"), tokenizer, judged)
-    stream = _stream(texts, tokenizer, None)
+    stream = running.token_stream(texts, tokenizer, None)
     if stream.numel():
         _check_ids(model, [Batch(stream.reshape(1, -1), torch.ones(1, stream.numel()))], "texts")
-    plan = TrainingWindows.of(stream, max_length=max_length, batch_size=batch_size, tokens=tokens, seed=seed)
+    plan = TrainingWindows.of(
+        stream, max_length=s.max_length, batch_size=s.batch_size, tokens=s.tokens, seed=s.seed
+    )
     shared = overlap_runs(plan.windows.reshape(-1), judged)
     if shared:
         raise HealingInputError(
@@ -545,103 +593,102 @@ def heal(
             "curve would not be held out. Heal on other text (english_sample(split='calibration') for "
             "healing, split='evaluation' for the curve)"
         )
+    return every_batch, plan
 
-    # ------------------------------------------------------------------ models
-    variant_dtype = next(variant.parameters()).dtype
-    train_dtype = variant_dtype if variant_dtype in (torch.float32, torch.float64) else torch.float32
-    teacher = _working_copy(model, train_dtype if cast is None else next(model.parameters()).dtype)
+
+def _prepared(
+    variant: nn.Module,
+    model: nn.Module,
+    info: AppliedVariant,
+    every_batch: list[Batch],
+    plan: TrainingWindows,
+    s: _Settings,
+) -> _Training:
+    """The teacher and the trained student (sharded under FSDP), the reference pass and the untrained
+    point measured: the training, ready to run."""
+    train_dtype = _train_dtype(variant)
+    copy_dtype = train_dtype if s.cast is None else next(model.parameters()).dtype
+    teacher = running.working_copy(model, copy_dtype, s.adapter)
     layers = sorted(info.fits)
-    converted = converted_modules(variant, adapter_for(variant), layers)
+    converted = running.converted_modules(variant, adapter_for(variant), layers)
     held = next(teacher.parameters()).dtype
-    student = trained_copy(variant, teacher, converted, held, share=mode != "all").eval()
-    heads = _chunked_heads(teacher, student, loss_name, plan, next(teacher.parameters()).device)
+    student = trained_copy(variant, teacher, converted, held, share=s.mode != "all").eval()
+    heads = _chunked_heads(teacher, student, s.loss_name, plan, next(teacher.parameters()).device)
     # under FSDP every rank runs every evaluation batch (a sharded forward is a collective)
-    judge = ONE_PROCESS if sharded else ranks
+    judge = running.ONE_PROCESS if s.sharded else s.ranks
     pair = (teacher, student)
-    if sharded:
-        pair = (_sharded_copy(teacher, [], ranks, device), _sharded_copy(student, layers, ranks, device))
-    evaluation = _Evaluation(judge.shard(every_batch), [], runner, judge, layers, per_layer, autocast)
-    with torch.no_grad(), autocast():
-        evaluation.reference = [runner(pair[0], b) for b in evaluation.batches]
-    reference_totals = _totals(runner.kind)
-    for out in evaluation.reference:
-        _add(reference_totals, out, out)
-    judge.merge([reference_totals])
-    evaluation.reference_nll = _summary(reference_totals).get("nll", math.nan)
+    if s.sharded:
+        pair = (
+            _sharded_copy(teacher, [], s.ranks, s.device),
+            _sharded_copy(student, layers, s.ranks, s.device),
+        )
+    evaluation = _Evaluation(judge.shard(every_batch), [], s.runner, judge, layers, s.per_layer, s.autocast)
+    with torch.no_grad(), s.autocast():
+        reference, kept = running.reference_pass(pair[0], evaluation.batches, s.runner, judge)
+    assert kept is not None
+    evaluation.reference, evaluation.reference_nll = kept, running.summary(reference).get("nll", math.nan)
     evaluation.point(*pair, 0, 0)
 
-    parts = _installed(student, trainable, seed, train_dtype)
+    parts = _installed(student, s.trainable, s.seed, train_dtype)
     skeleton, origin = None, teacher
-    if sharded:  # train a sharded copy; the unsharded student receives its trained weights at the end
-        skeleton, teacher, student = student, pair[0], _sharded_copy(student, layers, ranks, device)
+    if s.sharded:  # train a sharded copy; the unsharded student receives its trained weights at the end
+        skeleton, teacher, student = student, pair[0], _sharded_copy(student, layers, s.ranks, s.device)
         if heads is not None:
             heads = (heads[0].on(teacher), heads[1].on(student))
-    del pair
-    training = _Training(
-        student=student,
-        teacher=teacher,
-        parts=parts,
-        skeleton=skeleton,
-        origin=origin,
-        variant=variant,
-        plan=plan,
-        evaluation=evaluation,
-        ranks=ranks,
-        device=device,
-        autocast=autocast,
-        loss_name=loss_name,
-        peak=peak,
-        eval_every=eval_every,
-        callbacks=callbacks,
-        heads=heads,
-        checkpoint=checkpoint,
+    return _Training(student, teacher, parts, plan, evaluation, s, heads, skeleton, origin, variant)
+
+
+def _train_dtype(variant: nn.Module) -> torch.dtype:
+    """The dtype the student trains in: the variant's when float32 or float64, else float32."""
+    dtype = next(variant.parameters()).dtype
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _report(
+    training: _Training,
+    variant: nn.Module,
+    model: nn.Module,
+    info: AppliedVariant,
+    every_batch: list[Batch],
+    s: _Settings,
+    stopped: bool,
+) -> HealingRun:
+    """The run: the healed model (the variant's dtype, modes and structure) and its curve."""
+    healed = training.finish()
+    variant_dtype = next(variant.parameters()).dtype
+    if variant_dtype != _train_dtype(variant):
+        healed = healed.to(variant_dtype)
+    modes = {name: m.training for name, m in variant.named_modules()}
+    for name, m in healed.named_modules():  # trained in eval mode; back to the variant's modes
+        m.training = modes.get(name, m.training)
+    evaluation, plan = training.evaluation, training.plan
+    return HealingRun(
+        model_name=_model_name(model),
+        spec=info.spec,
+        kind=s.runner.kind,
+        method=s.method,
+        loss=s.loss_name,
+        trainable=s.trainable,
+        lr=s.peak,
+        batch_size=s.batch_size,
+        max_length=plan.max_length,
+        tokens=s.tokens,
+        seed=s.seed,
+        dtype=str(s.cast or _train_dtype(variant)),
+        steps=len(training.losses),
+        tokens_seen=training.seen,
+        reference_nll=evaluation.reference_nll,
+        kv_bytes_per_token=float(info.kv_bytes_per_token(variant_dtype)),
+        layers=evaluation.layers,
+        curve=list(evaluation.rows),
+        per_layer=list(evaluation.layer_rows) if s.per_layer else None,
+        losses=list(training.losses),
+        healing_fingerprint=stream_fingerprint(plan.windows.reshape(-1)),
+        evaluation_fingerprint=running.fingerprint(every_batch),
+        evaluation_tokens=sum(int(b.attention_mask.sum()) for b in every_batch),
+        stopped_early=stopped,
+        model=healed,
     )
-
-    def finished(stopped: bool) -> HealingRun:
-        healed = training.finish()
-        if variant_dtype != train_dtype:
-            healed = healed.to(variant_dtype)
-        modes = {name: m.training for name, m in variant.named_modules()}
-        for name, m in healed.named_modules():  # trained in eval mode; back to the variant's modes
-            m.training = modes.get(name, m.training)
-        return HealingRun(
-            model_name=_model_name(model),
-            spec=info.spec,
-            kind=runner.kind,
-            method=method,
-            loss=loss_name,
-            trainable=trainable,
-            lr=peak,
-            batch_size=batch_size,
-            max_length=plan.max_length,
-            tokens=tokens,
-            seed=seed,
-            dtype=str(cast or train_dtype),
-            steps=len(training.losses),
-            tokens_seen=training.seen,
-            reference_nll=evaluation.reference_nll,
-            kv_bytes_per_token=float(info.kv_bytes_per_token(variant_dtype)),
-            layers=layers,
-            curve=list(evaluation.rows),
-            per_layer=list(evaluation.layer_rows) if per_layer else None,
-            losses=list(training.losses),
-            healing_fingerprint=stream_fingerprint(plan.windows.reshape(-1)),
-            evaluation_fingerprint=fingerprint(every_batch),
-            evaluation_tokens=sum(int(b.attention_mask.sum()) for b in every_batch),
-            stopped_early=stopped,
-            model=healed,
-        )
-
-    interrupts = _Interrupts()
-    with interrupts.installed():  # from the first step to the run returned: no press loses the run
-        try:
-            stopped = training.run(progress, interrupts)
-        except _NonFinite as err:
-            with interrupts.update():
-                run = finished(True)
-            raise NonFiniteLossError(str(err), run) from None
-        with interrupts.update():  # writing the weights back and making the run: a press waits
-            return finished(stopped)
 
 
 class _NonFinite(Exception):
@@ -658,13 +705,15 @@ def _installed(student: nn.Module, trainable: str, seed: int, dtype: torch.dtype
     return parts
 
 
-def _sharded_copy(model: nn.Module, layers: list[int], ranks: Ranks, device: torch.device) -> nn.Module:
+def _sharded_copy(
+    model: nn.Module, layers: list[int], ranks: running.Ranks, device: torch.device
+) -> nn.Module:
     """``model`` sharded with FSDP2 (:mod:`headwidget.healing._sharded`): its decoder layers, and the
     attention of each of ``layers``, FSDP units."""
     shards = shared_module(model)
     adapter = adapter_for(shards)
     units = [adapter.attention_at(layer) for layer in layers]
-    units += LayerBlocks.of(shards, adapter).modules(shards)
+    units += running.LayerBlocks.of(shards, adapter).modules(shards)
     return sharded(shards, units, ranks.world, device)
 
 
@@ -681,7 +730,7 @@ def _chunked_heads(
         return None
     probe = plan.windows[:1, : min(8, plan.max_length)]
     if not same_logits(
-        teacher, heads[0], forward_kwargs(teacher, Batch(probe, torch.ones_like(probe)), device)
+        teacher, heads[0], running.forward_kwargs(teacher, Batch(probe, torch.ones_like(probe)), device)
     ):
         return None
     return heads[0], heads[1]
@@ -692,7 +741,7 @@ def _hidden(output: Any) -> torch.Tensor:
     return output[0] if hidden is None else hidden
 
 
-def _global_mean(value: float, ranks: Ranks) -> float:
+def _global_mean(value: float, ranks: running.Ranks) -> float:
     """The mean of ``value`` over the ranks (every rank's loss is a mean over as many tokens)."""
     return ranks.sum([value])[0] / ranks.world
 
@@ -714,7 +763,9 @@ class HealingArguments:
     logging_steps: int = 1
 
 
-def _callback_state(callbacks: list[Any], peak: float, batch_size: int, steps: int) -> tuple[Any, Any, Any]:
+def _callback_state(
+    callbacks: Sequence[Any], peak: float, batch_size: int, steps: int
+) -> tuple[Any, Any, Any]:
     """``(state, control, args)`` for the callbacks: transformers' own TrainerState and TrainerControl."""
     if not callbacks:
         return _Step(), None, None
@@ -728,24 +779,6 @@ class _Step:
     global_step: int = 0
 
 
-class _Bar:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar: Any = None
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, unit="step", desc="heal")
-
-    def __call__(self, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}")
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 @dataclass
 class _Training:
     """The training loop of one healing run (see the module docstring)."""
@@ -755,15 +788,8 @@ class _Training:
     parts: TrainableParts
     plan: TrainingWindows
     evaluation: _Evaluation
-    ranks: Ranks
-    device: torch.device
-    autocast: Any
-    loss_name: str
-    peak: float
-    eval_every: int
-    callbacks: list[Any]
+    s: _Settings
     heads: tuple[OutputHead, OutputHead] | None = None
-    checkpoint: bool = False
     skeleton: nn.Module | None = None  # under FSDP: the unsharded student the trained weights go to
     origin: nn.Module | None = None  # the unsharded teacher, whose tensors the student borrows
     variant: nn.Module | None = None  # the variant given, whose tensors the healed model keeps
@@ -772,10 +798,10 @@ class _Training:
 
     def __post_init__(self) -> None:
         self.params = [p for p in self.student.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=self.peak, betas=BETAS, weight_decay=0.0)
-        self.objective = StepLoss(self.student, self.loss_name, self.heads, whole=self.skeleton is not None)
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.s.peak, betas=BETAS, weight_decay=0.0)
+        self.objective = StepLoss(self.student, self.s.loss_name, self.heads, whole=self.skeleton is not None)
         self.trained: nn.Module = self.objective
-        if self.ranks.world > 1 and self.skeleton is None:
+        if self.s.ranks.world > 1 and self.skeleton is None:
             from torch.nn.parallel import DistributedDataParallel
 
             # what is not trained is left alone: DDP would broadcast rank 0's copy into every rank's
@@ -784,39 +810,39 @@ class _Training:
             left += [n for n, _ in self.objective.named_buffers()]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.objective, left)
             self.trained = DistributedDataParallel(self.objective)
-        blocks = LayerBlocks.of(self.student, adapter_for(self.student)).modules(self.student)
-        self.restore = checkpointed(blocks) if self.checkpoint else lambda: None
+        blocks = running.LayerBlocks.of(self.student, adapter_for(self.student)).modules(self.student)
+        self.restore = checkpointed(blocks) if self.s.checkpoint else lambda: None
         self.state, self.control, self.arguments = _callback_state(
-            self.callbacks, self.peak, self.plan.batch_size, self.plan.steps
+            self.s.callbacks, self.s.peak, self.plan.batch_size, self.plan.steps
         )
 
     def target(self, batch: Batch) -> torch.Tensor | None:
         """What the student is compared with on ``batch``: the teacher's last hidden states (an encoder,
         or a chunked head), its logits, or nothing (``lm``); the teacher run without gradients."""
-        if self.loss_name == "lm":
+        if self.s.loss_name == "lm":
             return None
         with torch.no_grad():
-            if self.loss_name == "hidden_mse":
-                return _hidden(self.teacher(**forward_kwargs(self.teacher, batch, self.device)))
+            if self.s.loss_name == "hidden_mse":
+                return _hidden(self.teacher(**running.forward_kwargs(self.teacher, batch, self.s.device)))
             if self.heads is not None:
-                return self.objective.hidden(self.teacher, batch, self.device)
-            return self.teacher(**forward_kwargs(self.teacher, batch, self.device)).logits
+                return self.objective.hidden(self.teacher, batch, self.s.device)
+            return self.teacher(**running.forward_kwargs(self.teacher, batch, self.s.device)).logits
 
     def loss(self, batch: Batch) -> torch.Tensor:
         """This rank's loss on ``batch``."""
-        with self.autocast():
+        with self.s.autocast():
             target = self.target(batch)
-            kwargs = self.objective.kwargs(batch, self.device)
-            ids, mask = batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
+            kwargs = self.objective.kwargs(batch, self.s.device)
+            ids, mask = batch.input_ids.to(self.s.device), batch.attention_mask.to(self.s.device)
             return self.trained(kwargs, target, ids, mask)
 
     def step(self, step: int) -> float:
         """One optimizer step; the global mean loss. Raises _NonFinite before changing any weight."""
         # share:g readers read their group's K/V also where the student's body runs without its own
         # forward (the chunked head) and where checkpoints compute a layer again in the backward pass
-        with teacher_forced_sharing(self.student):
-            loss = self.loss(self.plan.batch(step, self.ranks.rank, self.ranks.world))
-            value = _global_mean(float(loss.detach()), self.ranks)
+        with running.teacher_forced_sharing(self.student):
+            loss = self.loss(self.plan.batch(step, self.s.ranks.rank, self.s.ranks.world))
+            value = _global_mean(float(loss.detach()), self.s.ranks)
             if not math.isfinite(value):
                 raise _NonFinite(
                     f"the healing loss is {value} at step {step + 1} of {self.plan.steps}: training "
@@ -836,16 +862,16 @@ class _Training:
 
     def update(self, step: int) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.peak, step, self.plan.steps)
+            group["lr"] = learning_rate(self.s.peak, step, self.plan.steps)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def run(self, progress: bool, interrupts: _Interrupts) -> bool:
         """Train every step (or until interrupted); whether it stopped early. ``interrupts`` must be
         installed around it (and around what makes the run of it: see :func:`heal`)."""
-        for c in self.callbacks:
+        for c in self.s.callbacks:
             _call(c, "on_train_begin", self.arguments, self.state, self.control, model=self.student)
-        bar = _Bar(self.plan.steps, progress)
+        bar = running.Progress(self.plan.steps, progress, desc="heal", unit="step")
         stopped = False
         try:
             with interrupts.installed():
@@ -860,7 +886,7 @@ class _Training:
                         self.update(step)
                     self.losses.append(value)
                     self.seen += self.plan.tokens_per_step
-                    bar(value)
+                    bar(1, loss=f"{value:.4f}")
                     try:
                         stopped = self.after_step(step, value) or bool(interrupts.requested)
                         stopped = stopped or interrupts.deferred
@@ -882,15 +908,15 @@ class _Training:
 
     def due(self) -> bool:
         """Whether the last step crossed a multiple of ``eval_every`` healing tokens."""
-        return self.seen // self.eval_every > (self.seen - self.plan.tokens_per_step) // self.eval_every
+        return self.seen // self.s.eval_every > (self.seen - self.plan.tokens_per_step) // self.s.eval_every
 
     def after_step(self, step: int, value: float) -> bool:
         """The callbacks of a finished step; whether one asked to stop."""
         self.state.global_step = step + 1
-        if not self.callbacks:
+        if not self.s.callbacks:
             return False
-        logs = {"loss": value, "learning_rate": learning_rate(self.peak, step, self.plan.steps)}
-        for c in self.callbacks:
+        logs = {"loss": value, "learning_rate": learning_rate(self.s.peak, step, self.plan.steps)}
+        for c in self.s.callbacks:
             _call(c, "on_log", self.arguments, self.state, self.control, logs=logs)
             _call(c, "on_step_end", self.arguments, self.state, self.control, model=self.student)
         return bool(self.control.should_training_stop)
@@ -906,7 +932,7 @@ class _Training:
         if self.parts.installed:
             self.parts.write_back()
             self.student.headwidget_variant = self.parts.healed_variant()  # type: ignore[assignment]
-            for c in self.callbacks:
+            for c in self.s.callbacks:
                 _call(c, "on_train_end", self.arguments, self.state, self.control, model=self.student)
         assert self.origin is not None and self.variant is not None
         return handed_over(self.student, self.origin, self.variant)

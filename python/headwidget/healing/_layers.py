@@ -32,8 +32,7 @@ from torch import nn
 
 from headwidget.adapters import adapter_for
 from headwidget.capture.inputs import Batch
-from headwidget.evaluation._inputs import forward_kwargs
-from headwidget.evaluation._layers import first_tensor
+from headwidget.evaluation.running import first_tensor, forward_kwargs
 
 __all__ = ["AttentionErrors"]
 

@@ -62,12 +62,12 @@ from headwidget.analysis.variants import MixedSpec, VariantSpec, parse_variant, 
 from headwidget.capture.memory import default_budget, format_bytes
 from headwidget.errors import MemoryBudgetError, UnsupportedModelError
 from headwidget.evaluation import AppliedVariant
-from headwidget.evaluation._allocate import forward_working_bytes
 from headwidget.evaluation.measures import CHUNK_BYTES
+from headwidget.evaluation.running import checked_dtype, forward_working_bytes
 from headwidget.healing import _chunked
 from headwidget.healing._trainable import parse_trainable
 
-__all__ = ["HealingMemory", "check_healing_budget", "estimate_healing"]
+__all__ = ["HealingMemory", "autocast_dtype", "check_healing_budget", "estimate_healing"]
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -194,8 +194,9 @@ class HealingMemory:
         world: int = 1,
         sharded: bool = False,
         device: torch.device | None = None,
+        adapter: Adapter | None = None,
     ) -> HealingMemory:
-        adapter = adapter_for(model)
+        adapter = adapter or adapter_for(model)
         lay = adapter.layout()
         mode, rank = parse_trainable(trainable)
         conversion = _Conversion.of(variant, model, adapter)
@@ -257,7 +258,7 @@ class HealingMemory:
         e_length = min(max_length, eval_tokens)
         e_rows = min(batch_size, -(-eval_tokens // e_length))
         e_tokens = e_rows * e_length
-        working = forward_working_bytes(model, e_rows, e_length, a_b, scores=impl == "eager")
+        working = forward_working_bytes(model, e_rows, e_length, a_b, scores=impl == "eager", adapter=adapter)
         if vocab:
             logits = e_tokens * vocab * a_b
             measures = 5 * min(e_tokens, max(1, CHUNK_BYTES // (4 * vocab))) * vocab * max(a_b, 4)
@@ -319,6 +320,13 @@ def check_healing_budget(need: HealingMemory, max_memory: int | None) -> None:
     )
 
 
+def autocast_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype | None:
+    """What :func:`~headwidget.healing.heal` autocasts to for ``dtype`` on ``device``: None for float32
+    (no autocast), bfloat16 on CUDA for None."""
+    cast = checked_dtype(dtype) if dtype is not None else torch.bfloat16 if device.type == "cuda" else None
+    return None if cast == torch.float32 else cast
+
+
 def estimate_healing(
     variant: nn.Module | str,
     model: nn.Module,
@@ -357,19 +365,13 @@ def estimate_healing(
     True
     """
     from headwidget.checks import flag, whole_number
-    from headwidget.evaluation._arguments import checked_dtype
 
     batch_size = whole_number("batch_size", batch_size, minimum=1, maximum=1 << 20, hint="windows a step")
     max_length = whole_number("max_length", max_length, minimum=2, maximum=1 << 24, hint="tokens a window")
     eval_tokens = whole_number("eval_tokens", eval_tokens, minimum=2, hint="evaluation tokens")
     per_layer = flag("per_layer", per_layer)
     checkpoint = flag("checkpoint", checkpoint)
-    device = next(model.parameters()).device
-    if dtype is None:
-        cast = torch.bfloat16 if device.type == "cuda" else None
-    else:
-        cast = checked_dtype(dtype)
-        cast = None if cast == torch.float32 else cast
+    cast = autocast_dtype(dtype, next(model.parameters()).device)
     world = 1
     sharded = distributed == "fsdp"
     if distributed is True or sharded:

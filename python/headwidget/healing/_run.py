@@ -48,7 +48,7 @@ from torch import nn
 
 from headwidget.core.stored import Stored, describe, key, saved_fields, some, unsaved
 from headwidget.errors import ArgumentError, PathRefusedError, ReportFileError
-from headwidget.evaluation._report_file import (
+from headwidget.evaluation.report_file import (
     ReportCheck,
     dtype_problem,
     read_json,
@@ -236,16 +236,7 @@ class RunCheck(ReportCheck):
         if isinstance(data, dict) and data.get("kind") == "encoder":  # written when it was NaN
             nll = data.get("reference_nll")
             data = {**data, "reference_nll": None} if isinstance(nll, float) and math.isnan(nll) else data
-        fields = self.document(
-            data,
-            self.report_class,
-            tag=self.format,
-            version=self.version,
-            noun=self.noun,
-            how_to_save=self.how_to_save,
-        )
-        self.meaning(fields)
-        return fields
+        return super().report(data)
 
     def meaning(self, f: dict[str, Any]) -> None:
         kind, method = f["kind"], f["method"]

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from headwidget.errors import ArgumentError
-from headwidget.evaluation._distributed import Ranks
+from headwidget.evaluation.running import Ranks
 
 __all__ = ["distribution", "gather_trained", "mesh_device", "sharded", "shared_module"]
 

@@ -45,7 +45,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from headwidget.capture.inputs import Batch
-from headwidget.evaluation._inputs import forward_kwargs
+from headwidget.evaluation.running import forward_kwargs
 from headwidget.healing._chunked import OutputHead, body, head_kd_loss, head_lm_loss, last_hidden
 from headwidget.healing._loss import hidden_mse, kd_loss, lm_loss
 

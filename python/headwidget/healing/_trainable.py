@@ -55,12 +55,11 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers.pytorch_utils import Conv1D
 
-from headwidget.adapters import Adapter, adapter_for
-from headwidget.adapters._heads import HeadProjections
+from headwidget.adapters import Adapter, HeadProjections, adapter_for
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.core.weights import HeadWeights
 from headwidget.errors import ArgumentError, HealingInputError
-from headwidget.evaluation._apply import AppliedVariant
+from headwidget.evaluation import AppliedVariant
 
 __all__ = ["TRAINABLE_FORMS", "Source", "TrainableParts", "parse_trainable"]
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from headwidget.core.kinds import Kind
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import NoSamplesError
 
 __all__ = ["SAMPLE_SEED", "NoSamplesError", "SamplePart", "merge_samples", "merged_seed"]
 
@@ -45,10 +45,6 @@ SAMPLE_SEED = 20240602
 SEED_LIMIT = 2**63
 
 SampleRows = dict[tuple[int, Kind], torch.Tensor]
-
-
-class NoSamplesError(HeadwidgetError, ValueError):
-    """Token samples were asked of statistics captured without them (``capture(..., samples=R)``)."""
 
 
 @dataclass(frozen=True)
