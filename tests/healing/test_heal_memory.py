@@ -217,13 +217,13 @@ def test_a_budget_too_small_is_refused_before_any_forward() -> None:
 
 
 def test_the_default_budget_is_the_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    import headwidget.healing._memory as memory
+    from headwidget.capture import memory
 
     model = llama()
     variant = headwidget.apply(model, "mqa")
     need = headwidget.estimate_healing(variant, model, batch_size=4, max_length=16, eval_tokens=120)
     monkeypatch.setattr(memory, "default_budget", lambda device: need - 1)
-    with pytest.raises(MemoryBudgetError, match="the default budget"):
+    with pytest.raises(MemoryBudgetError, match="allowed \\(half the free memory"):
         small_heal(variant, model)
 
 

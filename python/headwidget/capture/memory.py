@@ -32,7 +32,7 @@ LLaMA 2) the peak is 0.8 to 1.0 of it; ``tests/capture/test_capture_memory.py`` 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from torch import nn
 
 from headwidget.core.layout import AttentionLayout
 from headwidget.core.memory_limits import memory_headroom
+from headwidget.errors import MemoryBudgetError
 from headwidget.moments import Moments
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "forward_peak_bytes",
     "free_memory",
     "plane_norm_update_bytes",
+    "refuse_over_budget",
     "reservoir_bytes",
     "reservoir_key_bytes",
     "sample_update_bytes",
@@ -138,6 +140,41 @@ def default_budget_source(device: torch.device) -> str:
     """
     limit = free_memory(device).limit
     return "half the free memory" + (f" under {limit}" if limit else "")
+
+
+def refuse_over_budget(
+    call: str,
+    need: int,
+    device: torch.device,
+    max_memory: int | None,
+    advice: str,
+    parts: Mapping[str, int] | None = None,
+    detail: str = "",
+    *,
+    allowed: int | None = None,
+) -> int:
+    """Refuse ``need`` bytes of ``call`` on ``device`` over ``max_memory`` (default: :func:`default_budget`)
+    with :class:`~headwidget.errors.MemoryBudgetError`, naming the non-zero ``parts``, where the budget
+    comes from and the ``advice`` (what to change); return what the budget leaves over. ``allowed``: the
+    budget as the caller already read it (the default budget reads the free memory, which moves).
+
+    >>> refuse_over_budget("heal", 2**30, torch.device("cpu"), 3 * 2**30, "Heal less.") == 2 * 2**30
+    True
+    >>> refuse_over_budget("heal", 2**30, torch.device("cpu"), 2**20, "Heal less.", {"work": 2**30})
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    headwidget.errors.MemoryBudgetError: heal would allocate 1.00 GiB on cpu (work 1.00 GiB), over the ...
+    """
+    if allowed is None:
+        allowed = max_memory if max_memory is not None else default_budget(device)
+    if need > allowed:
+        source = "max_memory" if max_memory is not None else default_budget_source(device)
+        listed = ", ".join(f"{k} {format_bytes(v)}" for k, v in (parts or {}).items() if v) + detail
+        raise MemoryBudgetError(
+            f"{call} would allocate {format_bytes(need)} on {device}{f' ({listed})' if listed else ''}, "
+            f"over the {format_bytes(allowed)} allowed ({source}). {advice}"
+        )
+    return allowed - need
 
 
 def accumulator_bytes(shapes: Iterable[tuple[int, int | None]]) -> int:

@@ -28,16 +28,16 @@ from headwidget.capture.memory import (
     ForwardShape,
     accumulator_bytes,
     default_budget,
-    format_bytes,
     forward_peak_bytes,
     plane_norm_update_bytes,
+    refuse_over_budget,
     reservoir_bytes,
     reservoir_key_bytes,
     sample_update_bytes,
 )
 from headwidget.core.kinds import Kind
 from headwidget.core.layout import AttentionLayout
-from headwidget.errors import CaptureInputError, LayerIndexError, MemoryBudgetError, RopeCaptureError
+from headwidget.errors import CaptureInputError, LayerIndexError, RopeCaptureError
 from headwidget.moments import FoldWork, GramMode
 from headwidget.stats import PlaneNorms
 
@@ -312,11 +312,14 @@ class CapturePlan:
                 break
             most = max(1, most // 2)
         device, need, allowed = over[0]
-        source = "max_memory" if max_memory is not None else "half the free memory"
-        raise MemoryBudgetError(
-            f"this capture would allocate {format_bytes(need)} on {device}, over the "
-            f"{format_bytes(allowed)} allowed ({source}). Capture fewer layers (layers=[...]), "
-            "a shorter cross_layer list, rope='pre' instead of 'both', inputs=False, fewer "
-            "samples=, a smaller batch_size/max_length, or raise max_memory= (bytes) if the "
-            "memory is there."
+        refuse_over_budget(
+            "this capture",
+            need,
+            device,
+            max_memory,
+            "Capture fewer layers (layers=[...]), a shorter cross_layer list, rope='pre' instead of 'both', "
+            "inputs=False, fewer samples=, a smaller batch_size/max_length, or raise max_memory= (bytes) if "
+            "the memory is there.",
+            allowed=allowed,
         )
+        raise AssertionError("unreachable: the need is over the budget")

@@ -80,9 +80,9 @@ from headwidget.analysis.cross_layer import within_layer
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.analysis.variants import MixedSpec, VariantSpec, layer_ranges, parse_variant, uniform_parts
 from headwidget.capture.inputs import Batch
-from headwidget.capture.memory import default_budget, format_bytes
+from headwidget.capture.memory import refuse_over_budget
 from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
-from headwidget.errors import ArgumentError, BudgetError, MemoryBudgetError
+from headwidget.errors import ArgumentError, BudgetError
 from headwidget.evaluation import running
 from headwidget.evaluation._apply import fit_parts
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
@@ -613,17 +613,15 @@ def _shapes(batches: Sequence[Batch]) -> list[tuple[int, int, int]]:
 def check_allocation_budget(need: AllocationMemory, max_memory: int | None) -> None:
     """Refuse ``need`` over ``max_memory`` (default: the device's default budget) with
     :class:`MemoryBudgetError`, naming what to change."""
-    allowed = max_memory if max_memory is not None else default_budget(need.device)
-    if need.total <= allowed:
-        return
-    source = "max_memory" if max_memory is not None else "the default budget"
-    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.parts.items() if v)
-    raise MemoryBudgetError(
-        f"allocate would allocate {format_bytes(need.total)} on {need.device} ({parts}), over the "
-        f"{format_bytes(allowed)} allowed ({source}). Use a smaller batch_size or max_length (one forward's "
-        "logits are batch_size × max_length × vocabulary), fewer max_tokens (the original's logits of every "
-        "calibration token are kept while allocations are measured), fewer candidates, or raise "
-        "max_memory= (bytes) if the memory is there."
+    refuse_over_budget(
+        "allocate",
+        need.total,
+        need.device,
+        max_memory,
+        "Use a smaller batch_size or max_length (one forward's logits are batch_size × max_length × "
+        "vocabulary), fewer max_tokens (the original's logits of every calibration token are kept while "
+        "allocations are measured), fewer candidates, or raise max_memory= (bytes) if the memory is there.",
+        need.parts,
     )
 
 

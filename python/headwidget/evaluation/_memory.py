@@ -53,14 +53,7 @@ from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.variants import Variant, parse_variant, uniform_parts
-from headwidget.capture.memory import (
-    ForwardShape,
-    default_budget,
-    default_budget_source,
-    format_bytes,
-    forward_bytes,
-)
-from headwidget.errors import MemoryBudgetError
+from headwidget.capture.memory import ForwardShape, forward_bytes, refuse_over_budget
 from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._inputs import Protocol, parse_protocol
 from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements
@@ -206,11 +199,6 @@ class EvaluationMemory:
         sizes = f"batch_size or {'max_length' if protocol.window is None else window}"
         return cls(parts, device, sizes)
 
-    def budget(self, max_memory: int | None) -> int:
-        """``max_memory``, or half the device's free memory now (on the host: under the process's limits,
-        :func:`~headwidget.capture.memory.free_memory`)."""
-        return max_memory if max_memory is not None else default_budget(self.device)
-
 
 def check_evaluation_budget(need: EvaluationMemory, max_memory: int | None) -> int:
     """Refuse ``need`` over the budget (:class:`MemoryBudgetError`); return what the budget leaves over.
@@ -223,17 +211,16 @@ def check_evaluation_budget(need: EvaluationMemory, max_memory: int | None) -> i
     ...
     headwidget.errors.MemoryBudgetError: evaluate would allocate 3.00 GiB on cpu (forward 3.00 GiB), over ...
     """
-    allowed = need.budget(max_memory)
-    if need.total > allowed:
-        source = "max_memory" if max_memory is not None else default_budget_source(need.device)
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.parts.items() if v)
-        raise MemoryBudgetError(
-            f"evaluate would allocate {format_bytes(need.total)} on {need.device} ({parts}), over the "
-            f"{format_bytes(allowed)} allowed ({source}). Use a smaller {need.sizes} (the logits of one "
-            "forward are its predicted tokens × vocabulary), fewer converted layers (layers=[...]) "
-            "or variants per call, or raise max_memory= (bytes) if the memory is there."
-        )
-    return allowed - need.total
+    return refuse_over_budget(
+        "evaluate",
+        need.total,
+        need.device,
+        max_memory,
+        f"Use a smaller {need.sizes} (the logits of one forward are its predicted tokens × vocabulary), "
+        "fewer converted layers (layers=[...]) or variants per call, or raise max_memory= (bytes) if the "
+        "memory is there.",
+        need.parts,
+    )
 
 
 def estimate_evaluation(

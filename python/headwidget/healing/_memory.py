@@ -59,8 +59,8 @@ from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.variants import MixedSpec, VariantSpec, parse_variant, uniform_parts
-from headwidget.capture.memory import default_budget, format_bytes
-from headwidget.errors import MemoryBudgetError, UnsupportedModelError
+from headwidget.capture.memory import format_bytes, refuse_over_budget
+from headwidget.errors import UnsupportedModelError
 from headwidget.evaluation import AppliedVariant
 from headwidget.evaluation.measures import CHUNK_BYTES
 from headwidget.evaluation.running import checked_dtype, forward_working_bytes
@@ -288,11 +288,6 @@ class HealingMemory:
         phases = {"step": step, "evaluation": evaluation, "install": install, "healed": healed}
         return cls(parts, phases, where)
 
-    def budget(self, max_memory: int | None) -> int:
-        """``max_memory``, or the default budget of the model's device
-        (:func:`~headwidget.capture.memory.default_budget`)."""
-        return max_memory if max_memory is not None else default_budget(self.device)
-
 
 def check_healing_budget(need: HealingMemory, max_memory: int | None) -> None:
     """Refuse ``need`` over the budget with :class:`MemoryBudgetError`, naming what to change.
@@ -304,19 +299,17 @@ def check_healing_budget(need: HealingMemory, max_memory: int | None) -> None:
     ...
     headwidget.errors.MemoryBudgetError: heal would allocate 3.00 GiB on cpu (work 3.00 GiB), over ...
     """
-    allowed = need.budget(max_memory)
-    if need.total <= allowed:
-        return
-    source = "max_memory" if max_memory is not None else "the default budget"
-    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.parts.items() if v)
     phases = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.phases.items())
-    raise MemoryBudgetError(
-        f"heal would allocate {format_bytes(need.total)} on {need.device} ({parts}"
-        + (f"; work is the larger of {phases}" if phases else "")
-        + f"), over the {format_bytes(allowed)} allowed ({source}). Use a smaller batch_size or max_length "
-        "(a step's activations grow with batch_size × max_length), checkpoint=True (keeps one layer's "
-        "activations instead of every layer's), fewer eval_tokens, or raise max_memory= (bytes) if the "
-        "memory is there."
+    refuse_over_budget(
+        "heal",
+        need.total,
+        need.device,
+        max_memory,
+        "Use a smaller batch_size or max_length (a step's activations grow with batch_size × max_length), "
+        "checkpoint=True (keeps one layer's activations instead of every layer's), fewer eval_tokens, or "
+        "raise max_memory= (bytes) if the memory is there.",
+        need.parts,
+        f"; work is the larger of {phases}" if phases else "",
     )
 
 
