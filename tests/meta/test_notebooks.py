@@ -10,9 +10,10 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "example_notebooks").glob("*.ipynb"))
 #: Token counts, and the layers captured and converted or quantized, of the notebooks that read them from
-#: the environment (consequences, quantization, allocation, healing; their defaults are the full run's:
-#: every layer). Three of SmolLM2's 30 layers, the first among them, keep each layer-dependent path (the first
-#: layer, a middle one, the last) at a tenth of the fits.
+#: the environment (consequences, quantization, allocation, healing, cross_layer; their defaults are the full
+#: run's: every layer). Three of SmolLM2's 30 layers, the first among them, keep each layer-dependent path
+#: (the first layer, a middle one, the last) at a tenth of the fits; cross_layer takes the pairs they start
+#: (0-1, 14-15, and 28-29 for the last).
 SMALL_RUN = {
     "HEADWIDGET_NOTEBOOK_TOKENS": "64",
     "HEADWIDGET_NOTEBOOK_CALIBRATION_TOKENS": "256",
@@ -23,6 +24,11 @@ SMALL_RUN = {
     # allocation: two candidates beside the model, no refine round (the full run is the saved outputs)
     "HEADWIDGET_NOTEBOOK_CANDIDATES": "model,mla:64,kv:int4",
     "HEADWIDGET_NOTEBOOK_REFINE": "0",
+    # cross_layer: the held-out tokens of its per-pair sweeps under prefill:32 (the saved outputs: 1,024),
+    # and its third axis beside the candidates above: one cross-layer candidate, the only one under 1/12
+    # of the float32 cache (the per-layer candidates' 1/12 is refused before any forward, and said)
+    "HEADWIDGET_NOTEBOOK_GROUP_TOKENS": "64",
+    "HEADWIDGET_NOTEBOOK_CROSS_CANDIDATES": "mla:64+share:2",
     # allocation: float32 (bfloat16 is emulated, about 5× slower, on CPUs without bfloat16 instructions)
     "HEADWIDGET_NOTEBOOK_DTYPE": "float32",
     # training: 20 steps with a snapshot every 10 (the saved outputs are 2,000 steps, every 100)
@@ -44,6 +50,7 @@ def test_there_is_a_quickstart_and_one_notebook_per_reference_figure():
     names = {p.stem for p in NOTEBOOKS}
     assert {"quickstart", "channel_correlation", "head_alignment", "mechanisms", "consequences"} <= names
     assert {"quantization", "allocation", "training", "healing"} <= names  # costs, allocator, training runs
+    assert "cross_layer" in names  # the third axis: layer × layer similarity, sharing, merging, xKV
 
 
 @pytest.mark.slow
