@@ -118,28 +118,30 @@ def _fits_in_process(args: argparse.Namespace) -> None:
         print(f"FITS 0 0 {need}")
 
 
-def fits(args: argparse.Namespace) -> None:
-    """Part 3: the 8B heal step, and SmolLM2's heal rate and untrained point."""
-    print("\n3. heal that fits")
+def _in_fresh_process(args: argparse.Namespace, flag: str, tag: str) -> list[str] | None:
+    """Run this script with ``flag`` (one part) in a fresh process on ``args.device``; the fields of its
+    stdout line that starts with ``tag``, or None (its stderr printed) when it failed."""
     done = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--fits-in-process",
-            "--device",
-            args.device,
-            *(["--dry-run"] * args.dry_run),
-        ],
+        [sys.executable, __file__, flag, "--device", args.device, *(["--dry-run"] * args.dry_run)],
         capture_output=True,
         text=True,
         env=dict(os.environ),
     )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("FITS ")), None)
+    line = next((x for x in done.stdout.splitlines() if x.startswith(tag + " ")), None)
     if done.returncode or line is None:
         print(done.stderr[-3000:])
-        verdict("Llama-3-8B heal step at 8×2048 with checkpoint=True", f"failed ({done.returncode})", False)
+        return None
+    return line.split()[1:]
+
+
+def fits(args: argparse.Namespace) -> None:
+    """Part 3: the 8B heal step, and SmolLM2's heal rate and untrained point."""
+    print("\n3. heal that fits")
+    fields = _in_fresh_process(args, "--fits-in-process", "FITS")
+    if fields is None:
+        verdict("Llama-3-8B heal step at 8×2048 with checkpoint=True", "failed", False)
     else:
-        device_peak, heal_peak, need = (int(x) for x in line.split()[1:])
+        device_peak, heal_peak, need = (int(x) for x in fields)
         if device_peak:
             verdict(
                 "Llama-3-8B, 32 layers, 8×2048, bf16, checkpoint: device peak ≤ 70 GB",
@@ -262,25 +264,11 @@ def _sharded_in_process(args: argparse.Namespace) -> None:
 def past_one_gpu(args: argparse.Namespace) -> None:
     """Part 4: the FSDP path on this device, and the 70B estimate per GPU."""
     print("\n4. past one GPU")
-    done = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--sharded-in-process",
-            "--device",
-            args.device,
-            *(["--dry-run"] * args.dry_run),
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("SHARDED ")), None)
-    if done.returncode or line is None:
-        print(done.stderr[-3000:])
-        verdict('heal(distributed="fsdp") on one rank = heal', f"failed ({done.returncode})", False)
+    fields = _in_fresh_process(args, "--sharded-in-process", "SHARDED")
+    if fields is None:
+        verdict('heal(distributed="fsdp") on one rank = heal', "failed", False)
     else:
-        gap = float(line.split()[1])
+        gap = float(fields[0])
         verdict(
             'heal(distributed="fsdp"), model on the CPU, shards on the device = heal, to 1e-5',
             f"{gap:.1e}",
