@@ -211,9 +211,11 @@ def installed_sharing(model: nn.Module) -> list[SharedKV]:
 @contextmanager
 def teacher_forced_sharing(model: nn.Module) -> Iterator[None]:
     """Inside, the ``share`` parts installed on ``model`` (:func:`installed_sharing`) also act on calls of
-    its attention modules made one at a time, in layer order, outside its forward (the per-layer
-    attention errors of :mod:`headwidget.healing._layers`, each layer fed the original's hidden states):
-    a reader receives the K/V its first layer's attention computed in the last such call."""
+    its attention modules made outside its own forward, in layer order: the per-layer attention errors of
+    :mod:`headwidget.healing._layers` (each layer fed the original's hidden states), a heal step's body
+    run without the head, and a checkpointed layer computed again in the backward pass (which reads what
+    its first layer computed in the forward). A reader receives the K/V its first layer's attention
+    computed in the last such call."""
     with ExitStack() as stack:
         for part in installed_sharing(model):
             stack.enter_context(_SharedRun(part, model).transforming())
