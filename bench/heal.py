@@ -11,7 +11,10 @@
     default the last commit before the chunked head), and this one without and with ``checkpoint=True``:
     each one's peak resident set during the heal call (and the process's, load and ``apply`` included),
     its median step after the first, and this heal's estimate (:func:`headwidget.estimate_healing`).
-    Targets (``checkpoint=True``): peak ≤ 1/3 of ``--against``'s at its tokens/s ± 5 %. The resident set
+    Targets (``checkpoint=True``): peak ≤ 1/3 of ``--against``'s at its tokens/s ± 5 %. Beside them, the
+    floor of any heal that recomputes no matmul: the activations the student's forward saves for its
+    backward (parameters left out; the SiLU's output, which a fused kernel would recompute from its
+    input, counted apart), read with ``torch.autograd.graph.saved_tensors_hooks``. The resident set
     counts what glibc keeps after frees; ``--returned`` runs the processes with
     ``MALLOC_MMAP_THRESHOLD_=131072`` (blocks above 128 KiB go back to the system when freed), where the
     resident set follows the tensors alive.
@@ -176,6 +179,34 @@ def _one(config: dict[str, Any]) -> None:
     )
 
 
+#: Saved outputs of elementwise ops that backward could recompute from another saved tensor for free.
+_RECOMPUTABLE = ("SiluBackward0", "GeluBackward0")
+
+
+def _saved(config: dict[str, Any]) -> None:
+    """(b)'s floor in this process: bytes of the activations one student forward keeps for backward."""
+    model, _ = load_smollm2(dtype=torch.float32)
+    student = headwidget.apply(model, "mqa")
+    student.requires_grad_(False)
+    for layer in student.model.layers:
+        layer.self_attn.k_proj.requires_grad_(True)
+        layer.self_attn.v_proj.requires_grad_(True)
+    weights = {t.untyped_storage().data_ptr() for t in (*student.parameters(), *student.buffers())}
+    kept: dict[int, tuple[int, bool]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        where = t.untyped_storage().data_ptr()
+        if where not in weights:
+            kept[where] = t.untyped_storage().nbytes(), type(t.grad_fn).__name__ in _RECOMPUTABLE
+        return t
+
+    ids = torch.randint(0, model.config.vocab_size, (config["batch"], config["length"]))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        student.model(input_ids=ids)
+    total = sum(n for n, _ in kept.values())
+    print(json.dumps({"saved": total, "recomputable": sum(n for n, free in kept.values() if free)}))
+
+
 def _fresh(config: dict[str, Any], source: Path | None, returned: bool) -> dict[str, Any]:
     """:func:`_one` in a fresh process (its headwidget from ``source``, else this checkout's)."""
     env = dict(os.environ)
@@ -214,7 +245,8 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        _one(json.loads(args.one))
+        config = json.loads(args.one)
+        (_saved if config.get("saved") else _one)(config)
         return
     batch, length = (2, 128) if args.quick else (args.batch, args.length)
     repeats = 1 if args.quick else args.repeats
@@ -252,6 +284,7 @@ def _part_b(steps: int, batch: int, length: int, against: str, returned: bool) -
         before = _fresh(config, _revision(against, Path(tmp)), returned)
     now = _fresh(config, None, returned)
     checkpointed = _fresh({**config, "checkpoint": True}, None, returned)
+    floor = _fresh({**config, "saved": True}, None, returned)
     how = "MALLOC_MMAP_THRESHOLD_=131072" if returned else "glibc's defaults"
     print(f"(b) heal(kd, kv) of mqa, {batch}×{length} tokens, {steps} steps, fresh processes, {how}")
     print(
@@ -269,6 +302,12 @@ def _part_b(steps: int, batch: int, length: int, against: str, returned: bool) -
         "    targets (checkpoint): peak ≤ 1/3 of before's: "
         f"{'PASS' if checkpointed['peak'] <= before['peak'] / 3 else 'FAIL'}; tokens/s within ±5 %: "
         f"{'PASS' if abs(before['step'] / checkpointed['step'] - 1) <= 0.05 else 'FAIL'}"
+    )
+    needed = floor["saved"] - floor["recomputable"]
+    print(
+        f"    floor without recomputing a matmul: the student's forward saves {floor['saved'] / 2**30:.2f}"
+        f" GiB for backward, {needed / 2**30:.2f} GiB\n    of it not recomputable elementwise; 1/3 of"
+        f" before's peak is {before['peak'] / 3 / 2**30:.2f} GiB"
     )
 
 
