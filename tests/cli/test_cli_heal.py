@@ -279,3 +279,28 @@ def test_ctrl_c_before_any_healing_writes_nothing(model_dir: Path, tmp_path: Pat
         "mqa, gqa:1"
     ]
     assert not (tmp_path / "heal.json").exists()
+
+
+def test_micro_batches_and_checkpoints_reach_heal(model_dir: Path, tmp_path: Path, capfd) -> None:
+    out = tmp_path / "heal.json"
+    extra = ["--micro-batch-size", "2", "--checkpoint"]
+    code, _, err = run(
+        capfd, ["heal", "--model", str(model_dir), "--variants", "mqa", *SMALL, *extra, "--out", str(out)]
+    )
+    assert code == 0, err
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    want = headwidget.heal(
+        headwidget.apply(model, "mqa"),
+        model,
+        tokenizer=AutoTokenizer.from_pretrained(model_dir),
+        tokens=512,
+        batch_size=4,
+        max_length=64,
+        micro_batch_size=2,
+        checkpoint=True,
+        eval_tokens=128,
+        eval_every=256,
+        lr=1e-3,
+        progress=False,
+    )
+    assert load_runs(out)["mqa"] == want

@@ -16,16 +16,18 @@ from ports import free_port, run_ranks
 SPEC = "mla:8"
 
 
-def _heal(distributed: bool) -> headwidget.HealingRun:
+def _heal(distributed: bool, micro_batch_size: int | None = None) -> headwidget.HealingRun:
     model = llama()
-    return small_heal(headwidget.apply(model, SPEC), model, distributed=distributed)
+    return small_heal(
+        headwidget.apply(model, SPEC), model, distributed=distributed, micro_batch_size=micro_batch_size
+    )
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, micro_batch_size: int | None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        run = _heal(distributed=True)
+        run = _heal(distributed=True, micro_batch_size=micro_batch_size)
         run.save(Path(out) / f"run{rank}.json")
         torch.save(run.model.state_dict(), Path(out) / f"weights{rank}.pt")
     finally:
@@ -33,8 +35,11 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_two_ranks_heal_the_weights_of_one_process(tmp_path: Path) -> None:
-    run_ranks(_worker, (2, free_port(), str(tmp_path)))
+@pytest.mark.parametrize("micro_batch_size", [None, 1], ids=["whole", "micro-batches"])
+def test_two_ranks_heal_the_weights_of_one_process(tmp_path: Path, micro_batch_size: int | None) -> None:
+    """Also with each rank's 2 windows a step run one at a time (DDP reduces the gradients once, with
+    the second)."""
+    run_ranks(_worker, (2, free_port(), str(tmp_path), micro_batch_size))
     single = _heal(distributed=False)
     weights = single.model.state_dict()
     for rank in (0, 1):

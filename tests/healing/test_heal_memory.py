@@ -145,6 +145,7 @@ CASES = [
     ("llama", "mla:8@1-2", {"trainable": "attention"}),
     ("llama", "mqa", {"batch_size": 8, "max_length": 64, "eval_tokens": 512}),
     ("llama", "mqa", {"batch_size": 8, "max_length": 64, "checkpoint": True, "trainable": "lora:2"}),
+    ("llama", "mqa", {"batch_size": 8, "max_length": 64, "eval_tokens": 64, "micro_batch_size": 2}),
     ("gpt2", "mqa", {}),
 ]
 
@@ -206,7 +207,10 @@ def test_a_budget_too_small_is_refused_before_any_forward() -> None:
     handles = [m.register_forward_pre_hook(lambda *_: forwards.append(1)) for m in (model, variant)]
     try:
         need = headwidget.estimate_healing(variant, model, batch_size=4, max_length=16, eval_tokens=120)
-        with pytest.raises(MemoryBudgetError, match=r"batch_size or max_length.*checkpoint=True.*max_memory"):
+        with pytest.raises(
+            MemoryBudgetError,
+            match=r"batch_size or max_length.*checkpoint=True.*micro_batch_size.*max_memory",
+        ):
             small_heal(variant, model, max_memory=need - 1)
         assert forwards == []
         run = small_heal(variant, model, max_memory=need)

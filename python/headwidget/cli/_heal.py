@@ -73,6 +73,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-size", type=count, default=8, help="windows a step (default: 8)")
     p.add_argument("--max-length", type=count, default=512, help="tokens a window (default: 512)")
     p.add_argument(
+        "--micro-batch-size",
+        type=count,
+        default=None,
+        help="windows run at a time in a step, their gradients summed (the same steps, less memory; "
+        "default: the whole batch)",
+    )
+    p.add_argument(
+        "--checkpoint", action="store_true", help="compute each layer's activations again in the backward"
+    )
+    p.add_argument(
         "--calibration-tokens",
         type=count,
         default=CALIBRATION_TOKENS,
@@ -174,6 +184,8 @@ def _heal_all(args: argparse.Namespace, load: Loader, specs: list[str], runs: di
             lr=args.lr,
             batch_size=args.batch_size,
             max_length=args.max_length,
+            micro_batch_size=args.micro_batch_size,
+            checkpoint=args.checkpoint,
             eval_every=args.eval_every,
             eval_tokens=args.eval_tokens,
             per_layer=not args.no_per_layer,

@@ -19,7 +19,10 @@ The run, in order:
    gradients) or the next-token cross-entropy (``"lm"``); for a language model the head and the loss
    run on chunks of rows of both models' last hidden states (:mod:`headwidget.healing._chunked`): no
    batch's logits are ever whole. ``checkpoint=True`` keeps only each decoder layer's input and
-   computes its activations again in the backward pass. Both models run in eval mode (no dropout), so a
+   computes its activations again in the backward pass. ``micro_batch_size`` runs a step's windows
+   through the models that many at a time and sums their gradients (each micro-batch's loss weighted by
+   its share of the step's predicted tokens) before the one optimizer step: the same step to float
+   rounding, with one micro-batch's activations alive. Both models run in eval mode (no dropout), so a
    seed fixes the run: two runs on CPU give bit-identical weights, with or without checkpoints.
 4. **Evaluation points** every ``eval_every`` healing tokens and at the end: the curve row and, with
    ``per_layer``, each converted layer's teacher-forced attention-output error.
@@ -75,6 +78,7 @@ from headwidget.errors import (
     NonFiniteLossError,
 )
 from headwidget.evaluation import AppliedVariant, running
+from headwidget.evaluation.measures import predicted_positions
 from headwidget.healing._chunked import OutputHead, same_logits
 from headwidget.healing._data import (
     OVERLAP_TOKENS,
@@ -323,6 +327,7 @@ def heal(
     seed: int = 0,
     dtype: torch.dtype | str | None = None,
     checkpoint: bool = False,
+    micro_batch_size: int | None = None,
     distributed: bool | str = False,
     max_memory: int | None = None,
     progress: bool = True,
@@ -353,6 +358,11 @@ def heal(
             dtype to autocast to (float32: none).
         checkpoint: keep only each decoder layer's input for the backward pass and compute its
             activations again there (one more forward of the layers; a fraction of the memory).
+        micro_batch_size: windows a training step runs through the models at a time (default: this
+            rank's whole share of ``batch_size``); their gradients are summed into one step of
+            ``batch_size`` windows, the same step to float rounding, at the activations of
+            ``micro_batch_size × max_length`` tokens. Evaluation points still run ``batch_size`` windows
+            a forward (``eval_tokens`` bounds them).
         distributed: ``True``: train with DistributedDataParallel over the initialized
             ``torch.distributed`` group; ``"fsdp"``: shard the models over it with FSDP2.
         max_memory: bytes the run may allocate beyond ``model`` and ``variant`` (default: the default
@@ -375,7 +385,7 @@ def heal(
             ``trainable`` names the accepted ones); a model on the meta device.
         NonFiniteLossError: a loss or gradient that is not finite (the message names the step).
         MemoryBudgetError: the estimate is over ``max_memory`` (the message names ``batch_size``,
-            ``max_length`` and ``checkpoint``).
+            ``max_length``, ``checkpoint`` and ``micro_batch_size``).
 
     Example:
         >>> import torch, headwidget
@@ -411,6 +421,7 @@ def heal(
         distributed,
         dtype,
         checkpoint,
+        micro_batch_size,
     )
     check_healing_budget(
         HealingMemory.of(
@@ -424,6 +435,7 @@ def heal(
             per_layer=s.per_layer,
             cast=s.cast,
             checkpoint=s.checkpoint,
+            micro_batch_size=s.micro_batch_size,
             world=s.ranks.world,
             sharded=s.sharded,
             device=s.device,
@@ -472,6 +484,7 @@ class _Settings:
     distributed: bool | str
     dtype: torch.dtype | str | None
     checkpoint: bool
+    micro_batch_size: int | None
     mode: str = field(init=False)
     peak: float = field(init=False)
     ranks: running.Ranks = field(init=False)
@@ -531,6 +544,15 @@ class _Settings:
             self.runner = running.OutputRunner(self.runner.kind, mesh_device(self.runner.device))
         self.cast = autocast_dtype(self.dtype, self.device)
         self.checkpoint = flag("checkpoint", self.checkpoint)
+        share = self.batch_size // self.ranks.world
+        self.micro_batch_size = optional_whole_number(
+            "micro_batch_size",
+            self.micro_batch_size,
+            minimum=1,
+            maximum=share,
+            hint=f"windows run at a time, at most the {share} windows of a step"
+            + ("" if self.ranks.world == 1 else " on each rank"),
+        )
 
     @property
     def device(self) -> torch.device:
@@ -741,6 +763,29 @@ def _hidden(output: Any) -> torch.Tensor:
     return output[0] if hidden is None else hidden
 
 
+def _micro_batches(batch: Batch, size: int | None, loss_name: str) -> list[tuple[Batch, float]]:
+    """``batch`` in runs of ``size`` windows (None: whole), each with its share of the batch's loss: the
+    tokens its loss is a mean over (predicted tokens; real tokens for ``hidden_mse``) ÷ the batch's.
+
+    >>> ids = torch.arange(12).reshape(3, 4)
+    >>> mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0]])
+    >>> [(tuple(b.input_ids.shape), w) for b, w in _micro_batches(Batch(ids, mask), 2, "kd")]
+    [((2, 4), 0.8571428571428571), ((1, 4), 0.14285714285714285)]
+    """
+    rows = int(batch.input_ids.shape[0])
+    if size is None or size >= rows:
+        return [(batch, 1.0)]
+    parts = [
+        Batch(batch.input_ids[a : a + size], batch.attention_mask[a : a + size]) for a in range(0, rows, size)
+    ]
+    if loss_name == "hidden_mse":
+        counts = [int(p.attention_mask.sum()) for p in parts]
+    else:
+        counts = [int(predicted_positions(p.attention_mask).sum()) for p in parts]
+    total = max(1, sum(counts))
+    return [(p, n / total) for p, n in zip(parts, counts, strict=True)]
+
+
 def _global_mean(value: float, ranks: running.Ranks) -> float:
     """The mean of ``value`` over the ranks (every rank's loss is a mean over as many tokens)."""
     return ranks.sum([value])[0] / ranks.world
@@ -838,18 +883,26 @@ class _Training:
 
     def step(self, step: int) -> float:
         """One optimizer step; the global mean loss. Raises _NonFinite before changing any weight."""
+        batch = self.plan.batch(step, self.s.ranks.rank, self.s.ranks.world)
+        parts = _micro_batches(batch, self.s.micro_batch_size, self.s.loss_name)
+        value = 0.0
         # share:g readers read their group's K/V also where the student's body runs without its own
         # forward (the chunked head) and where checkpoints compute a layer again in the backward pass
         with running.teacher_forced_sharing(self.student):
-            loss = self.loss(self.plan.batch(step, self.s.ranks.rank, self.s.ranks.world))
-            value = _global_mean(float(loss.detach()), self.s.ranks)
-            if not math.isfinite(value):
-                raise _NonFinite(
-                    f"the healing loss is {value} at step {step + 1} of {self.plan.steps}: training "
-                    "stopped there, and the run up to the step before is on this error (err.run, its "
-                    "model with the last good weights). Lower lr, or heal in float32 (dtype=torch.float32)"
-                )
-            loss.backward()
+            for i, (part, weight) in enumerate(parts):
+                loss = self.loss(part)
+                part_value = _global_mean(float(loss.detach()), self.s.ranks)
+                if not math.isfinite(part_value):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise _NonFinite(
+                        f"the healing loss is {part_value} at step {step + 1} of {self.plan.steps}: "
+                        "training stopped there, and the run up to the step before is on this error "
+                        "(err.run, its model with the last good weights). Lower lr, or heal in float32 "
+                        "(dtype=torch.float32)"
+                    )
+                value += weight * part_value
+                with self._no_sync(last=i + 1 == len(parts)):
+                    (loss * weight if len(parts) > 1 else loss).backward()
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM))
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -859,6 +912,12 @@ class _Training:
                 "Lower lr, or heal in float32 (dtype=torch.float32)"
             )
         return value
+
+    def _no_sync(self, last: bool) -> Any:
+        """DistributedDataParallel's ``no_sync`` for a micro-batch before a step's last one (its gradients
+        are reduced once, with the last); otherwise nothing."""
+        no_sync = getattr(self.trained, "no_sync", None)
+        return nullcontext() if last or no_sync is None else no_sync()
 
     def update(self, step: int) -> None:
         for group in self.optimizer.param_groups:

@@ -32,7 +32,7 @@ The coefficients were fitted to the CPU allocator's peak on Llama-family models
 (``tests/healing/test_heal_memory.py`` keeps the measured peak within 0.8–1.2 of the estimate).
 Under ``distributed="fsdp"`` the teacher's and the student's frozen weights are sharded over the ranks
 (a copy of each's shards, plus two layers gathered at a time), and a step's activations are those of
-the rank's share of the batch.
+the rank's share of the batch; with ``micro_batch_size``, those of one micro-batch.
 
 Example:
     >>> import torch
@@ -191,6 +191,7 @@ class HealingMemory:
         per_layer: bool = True,
         cast: torch.dtype | None = None,
         checkpoint: bool = False,
+        micro_batch_size: int | None = None,
         world: int = 1,
         sharded: bool = False,
         device: torch.device | None = None,
@@ -229,8 +230,9 @@ class HealingMemory:
             student = (total_numel * h_b + trained * t_b) // world
             optimizer //= world
 
-        # ---- one training step (this rank's share of the batch)
+        # ---- one training step (this rank's share of the batch, one micro-batch of it at a time)
         rows = max(1, batch_size // world)
+        rows = rows if micro_batch_size is None else min(rows, micro_batch_size)
         tokens = rows * max_length
         layer = 2 * d * n4 + (d + 3 * f + 2 * q + kv) * a_b + 4 * lay.num_heads * 4 // 3
         impl = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager")
@@ -306,7 +308,8 @@ def check_healing_budget(need: HealingMemory, max_memory: int | None) -> None:
         need.device,
         max_memory,
         "Use a smaller batch_size or max_length (a step's activations grow with batch_size × max_length), "
-        "checkpoint=True (keeps one layer's activations instead of every layer's), fewer eval_tokens, or "
+        "checkpoint=True (keeps one layer's activations instead of every layer's), a micro_batch_size "
+        "below batch_size (the same steps, fewer windows' activations at a time), fewer eval_tokens, or "
         "raise max_memory= (bytes) if the memory is there.",
         need.parts,
         f"; work is the larger of {phases}" if phases else "",
@@ -333,6 +336,7 @@ def estimate_healing(
     per_layer: bool = True,
     dtype: torch.dtype | str | None = None,
     checkpoint: bool = False,
+    micro_batch_size: int | None = None,
     distributed: bool | str = False,
     world_size: int | None = None,
     **ignored: Any,
@@ -357,7 +361,7 @@ def estimate_healing(
     >>> 0 < need < 70 * 10**9
     True
     """
-    from headwidget.checks import flag, whole_number
+    from headwidget.checks import flag, optional_whole_number, whole_number
 
     batch_size = whole_number("batch_size", batch_size, minimum=1, maximum=1 << 20, hint="windows a step")
     max_length = whole_number("max_length", max_length, minimum=2, maximum=1 << 24, hint="tokens a window")
@@ -384,6 +388,9 @@ def estimate_healing(
         per_layer=per_layer,
         cast=cast,
         checkpoint=checkpoint,
+        micro_batch_size=optional_whole_number(
+            "micro_batch_size", micro_batch_size, minimum=1, hint="windows run at a time"
+        ),
         world=world,
         sharded=sharded,
     ).total
