@@ -20,10 +20,11 @@ of panels for the keys (before RoPE, or after it when captured with ``rope="post
    them, are the same before and after RoPE: only the keys' matrix changes with ``kind``.)
 
 Every panel is on a 0..1 scale (magma); a panel with scores below 0 says so. The matrices are kept
-per kind and metric, the pairs' heads per pair: ``cka`` reads each kind's joint co-moment once (about
-40 ms a kind for SmolLM2's 30 layers), a pair aligns 2·G heads (10–40 ms), ``subspace`` takes an
-eigendecomposition per layer (about 0.5 s a kind), and ``aligned`` aligns every head of every cross
-layer with every other (seconds: 3–7 s a kind for SmolLM2).
+per kind and metric, the pairs' heads per pair: ``cka`` reads half of each kind's joint co-moment
+once (its blocks on and above the diagonal: 15–30 ms a kind for SmolLM2's 30 layers), a pair aligns
+2·G heads (10–40 ms), ``subspace`` takes an eigendecomposition per layer (about 0.5 s a kind), and
+``aligned`` aligns every head of every cross layer with every other (seconds: 3–7 s a kind for
+SmolLM2).
 
 Example:
     >>> import torch, headwidget
