@@ -41,6 +41,10 @@
     and the kernel's own times, in the kernel. Target ≤ 100 ms for the first paint and a click.
     ``--screenshot PATH`` saves the view as JupyterLab shows it.
 
+    ``--compare DIR`` runs (f) side by side with another checkout of headwidget (``npm run build``
+    done there): a notebook and kernel each, importing headwidget from its own ``python/``, in one
+    JupyterLab, their trials taken in turn; both are printed, and their ratios.
+
 Run: ``.venv/bin/python bench/render.py`` (after ``npm run build``; needs chromium, playwright and
 jupyterlab as for the browser tests; ``--quick`` for a smaller run; ``--only layer_similarity`` for
 (f) alone, ``--layer-stats FILE`` to read its statistics from a file instead of capturing them).
@@ -534,7 +538,12 @@ _clicks = [_ms(lambda: (_v.select_cell("key-layers", a, b), _v.grid)) for a, b i
 print(round(statistics.median(_built), 1), round(statistics.median(_clicks), 1), len(_v.layers))"""
 
 
-def bench_layer_view(browser: Any, stats_path: Path, runs: int, screenshot: Path | None) -> dict[str, Any]:
+def bench_layer_view(
+    browser: Any, stats_path: Path, runs: int, screenshot: Path | None, sources: dict[str, Path]
+) -> dict[str, dict[str, Any]]:
+    """(f) for each of ``sources`` (a name → the ``python/`` folder its kernel imports headwidget from,
+    with its built bundle), side by side: one notebook and kernel each in one JupyterLab, their trials
+    taken in turn."""
     sys.path.insert(0, str(BROWSER_TESTS))
     from jupyter_fixtures import LabPage, running_jupyterlab, write_notebook
 
@@ -542,46 +551,63 @@ def bench_layer_view(browser: Any, stats_path: Path, runs: int, screenshot: Path
         root, work = Path(tmp, "notebooks"), Path(tmp, "jupyter")
         root.mkdir()
         work.mkdir()
-        cells = [LAYER_CELLS[0].format(path=str(stats_path)), *LAYER_CELLS[1:]]
-        write_notebook(root / "layer_bench.ipynb", *cells)
+        for n, python in enumerate(sources.values()):
+            first = f"import sys\nsys.path.insert(0, {str(python)!r})\n" + LAYER_CELLS[0].format(
+                path=str(stats_path)
+            )
+            first += "\nprint(headwidget.__file__)"  # (the checkout this kernel imports)
+            write_notebook(root / f"layer_bench_{n}.ipynb", first, *LAYER_CELLS[1:])
         with running_jupyterlab(root, work) as lab:
-            context = browser.new_context(viewport={"width": 1400, "height": 1100})
-            context.add_init_script(LAB_RECORDER)
-            page = context.new_page()
-            page.set_default_timeout(120_000)
-            lp = LabPage(page=page, lab=lab)
-            lp.open("layer_bench.ipynb")
-            page.evaluate(RUN_RECORDER)
-            lp.run_cell(0, timeout_s=300)  # the statistics read (not timed)
-            built, shown, channels = [], [], []
+            pages: dict[str, tuple[Any, Any]] = {}
+            for n, (name, python) in enumerate(sources.items()):
+                context = browser.new_context(viewport={"width": 1400, "height": 1100})
+                context.add_init_script(LAB_RECORDER)
+                page = context.new_page()
+                page.set_default_timeout(120_000)
+                lp = LabPage(page=page, lab=lab)
+                lp.open(f"layer_bench_{n}.ipynb")
+                page.evaluate(RUN_RECORDER)
+                where = lp.run_cell(0, timeout_s=300).split()[-1]  # the statistics read (not timed)
+                assert where.startswith(str(python)), (name, where, python)
+                pages[name] = (page, lp)
+            trials = {name: {"built": [], "shown": [], "channels": []} for name in sources}
             for _ in range(runs):
-                for cell, into, panels in ((1, built, 6), (3, shown, 6), (5, channels, 2)):
-                    if cell in (3, 5):
-                        lp.run_cell(cell - 1, timeout_s=60)  # a new view, not yet shown
-                    time.sleep(0.3)
-                    since = page.evaluate("performance.now()")
-                    lp.run_cell(cell, timeout_s=60)
-                    page.wait_for_function(REDRAWN, arg=[since, panels], polling=5)
-                    into.append(page.evaluate(PAINTED, [since, panels]))
-            npanels = page.locator('.hw-root[data-view="layer_similarity"]').last.locator(".hw-panel").count()
+                for name, (page, lp) in pages.items():  # (the sources in turn: side by side)
+                    for cell, into, panels in ((1, "built", 6), (3, "shown", 6), (5, "channels", 2)):
+                        if cell in (3, 5):
+                            lp.run_cell(cell - 1, timeout_s=60)  # a new view, not yet shown
+                        time.sleep(0.3)
+                        since = page.evaluate("performance.now()")
+                        lp.run_cell(cell, timeout_s=60)
+                        page.wait_for_function(REDRAWN, arg=[since, panels], polling=5)
+                        trials[name][into].append(page.evaluate(PAINTED, [since, panels]))
+            first_page, first_lp = next(iter(pages.values()))
+            root_panels = first_page.locator('.hw-root[data-view="layer_similarity"]').last.locator(
+                ".hw-panel"
+            )
+            npanels = root_panels.count()
             assert npanels == 6, npanels
-            layers = int(lp.run("print(len(built.layers))").split()[-1])
+            layers = int(first_lp.run("print(len(built.layers))").split()[-1])
             pairs = [(a % layers, b % layers) for a, b in LAYER_PAIRS]
-            first, again = [], []
+            clicked: dict[str, tuple[list[Any], list[Any]]] = {name: ([], []) for name in sources}
             for n, (a, b) in enumerate(pairs + pairs[: len(pairs) // 2]):
-                page.evaluate(SHOW_CELL, [a, b])
-                time.sleep(0.3)  # let the previous update settle
-                since = page.evaluate(CLICK_CELL, [a, b, layers])
-                page.wait_for_function(REDRAWN, arg=[since, npanels], polling=5)
-                (first if n < len(pairs) else again).append(page.evaluate(CLICKED, [since, npanels]))
+                for name, (page, _) in pages.items():
+                    page.evaluate(SHOW_CELL, [a, b])
+                    time.sleep(0.3)  # let the previous update settle
+                    since = page.evaluate(CLICK_CELL, [a, b, layers])
+                    page.wait_for_function(REDRAWN, arg=[since, npanels], polling=5)
+                    clicked[name][0 if n < len(pairs) else 1].append(page.evaluate(CLICKED, [since, npanels]))
             last = pairs[len(pairs) // 2 - 1]
-            check = lp.run("print(built.layer, built.paired, built.error or 'ok')").split()
-            assert check == [str(built_layer) for built_layer in last] + ["ok"], (check, last)
-            kernel = [float(x) for x in lp.run(KERNEL_TIMES, timeout_s=300).split()]
+            kernel: dict[str, list[float]] = {}
+            for name, (_, lp) in pages.items():
+                check = lp.run("print(built.layer, built.paired, built.error or 'ok')").split()
+                assert check == [str(built_layer) for built_layer in last] + ["ok"], (name, check, last)
+                kernel[name] = [float(x) for x in lp.run(KERNEL_TIMES, timeout_s=300).split()]
             if screenshot is not None:
-                page.evaluate(SHOW_CELL, list(last))
-                page.locator(".jp-Cell").nth(3).screenshot(path=str(screenshot))
-            context.close()
+                first_page.evaluate(SHOW_CELL, list(last))
+                first_page.locator(".jp-Cell").nth(3).screenshot(path=str(screenshot))
+            for page, _ in pages.values():
+                page.context.close()
 
     def paint(trials: list[dict[str, float]]) -> dict[str, float]:
         marked = [t for t in trials if t["start"] is not None]
@@ -603,17 +629,20 @@ def bench_layer_view(browser: Any, stats_path: Path, runs: int, screenshot: Path
         }
 
     return {
-        "built": paint(built),
-        "shown": paint(shown),
-        "channels": paint(channels),
-        "runs": runs,
-        "first": clicks(first),
-        "again": clicks(again),
-        "n_first": len(first),
-        "n_again": len(again),
-        "kernel_built": kernel[0],
-        "kernel_click": kernel[1],
-        "layers": int(kernel[2]),
+        name: {
+            "built": paint(trials[name]["built"]),
+            "shown": paint(trials[name]["shown"]),
+            "channels": paint(trials[name]["channels"]),
+            "runs": runs,
+            "first": clicks(clicked[name][0]),
+            "again": clicks(clicked[name][1]),
+            "n_first": len(clicked[name][0]),
+            "n_again": len(clicked[name][1]),
+            "kernel_built": kernel[name][0],
+            "kernel_click": kernel[name][1],
+            "layers": int(kernel[name][2]),
+        }
+        for name in sources
     }
 
 
@@ -676,6 +705,26 @@ def layer_rows(f: dict[str, Any], source: str) -> list[tuple[str, str, str, str]
     return rows
 
 
+def compared_rows(views: dict[str, dict[str, Any]], source: str) -> list[tuple[str, str, str, str]]:
+    """(f)'s rows for this checkout, then for each checkout it was compared with (measured in turn
+    with it), with the ratios of the two."""
+    (_, this), *others = views.items()
+    rows = layer_rows(this, source)
+    for name, other in others:
+        rows.append((f"(f) compared with {name}", "", "", "the same trials, taken in turn with the above"))
+        rows += [(f"  {a}" if a else a, b, c, d) for a, b, c, d in layer_rows(other, source)]
+        for what, get in (
+            ("first paint", lambda f: f["built"]["total"]),
+            ("display of a view built before", lambda f: f["shown"]["total"]),
+            ("kernel: a view built", lambda f: f["kernel_built"]),
+            ("click, a new pair", lambda f: f["first"]["total"]),
+            ("kernel: a click on a new pair", lambda f: f["kernel_click"]),
+        ):
+            ratio = f"{get(other) / get(this):.2f}×"
+            rows.append((f"    {name} / this: {what}", ratio, "", f"{get(other):.0f} / {get(this):.0f} ms"))
+    return rows
+
+
 def print_rows(rows: list[tuple[str, str, str, str]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     print()
@@ -728,6 +777,12 @@ def main() -> None:
     parser.add_argument("--only", choices=("all", "layer_similarity"), default="all", help="(f) alone")
     parser.add_argument("--layer-stats", type=Path, default=None, help="(f)'s cross-layer statistics file")
     parser.add_argument("--screenshot", type=Path, default=None, help="(f): save the view as shown (.png)")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        help="(f) side by side with another checkout of headwidget (its bundle built), e.g. main's",
+    )
     args = parser.parse_args()
     if args.quick:
         args.channels, args.runs, args.revisits = 2048, 3, 2
@@ -747,11 +802,14 @@ def main() -> None:
         print(f"(f)'s statistics: {source}, {time.perf_counter() - started:.0f} s", flush=True)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-            layer_view = bench_layer_view(browser, stats_path, args.runs, args.screenshot)
+            sources = {"this checkout": ROOT / "python"}
+            if args.compare is not None:
+                sources[f"{args.compare}"] = args.compare.resolve() / "python"
+            layer_views = bench_layer_view(browser, stats_path, args.runs, args.screenshot, sources)
             browser.close()
         print("JupyterLab, layer similarity view: done", flush=True)
     if args.only == "layer_similarity":
-        print_rows(layer_rows(layer_view, source))
+        print_rows(compared_rows(layer_views, source))
         print(f"\ncommand: cd {ROOT} && {sys.executable} {' '.join(sys.argv)}")
         print(f"total {time.perf_counter() - started:.0f} s")
         return
@@ -871,7 +929,7 @@ def main() -> None:
     note = "JSON holds the full C×C; headwidget sends what is displayed"
     rows.append(("    JSON / headwidget bytes", f"{js['bytes'] / sent:.0f}×", "", note))
 
-    rows += layer_rows(layer_view, source)
+    rows += compared_rows(layer_views, source)
     print_rows(rows)
     print(f"\ncommand: cd {ROOT} && {sys.executable} {' '.join(sys.argv)}")
     print(f"total {time.perf_counter() - started:.0f} s")

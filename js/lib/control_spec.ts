@@ -3,8 +3,10 @@
  * one entry per control, naming the trait it sets and the traits it reads.
  * Pure: parsing, the traits to listen to, and the texts beside sliders.
  *
- * - slider: `trait` in 0 .. `count` - 1, with the `text` trait beside it; with `play`, a
- *   play/pause button that moves it one position at a time to the last (see `playNext`);
+ * - slider: `trait` in 0 .. `count` - 1, with the `text` trait beside it; with a `positions`
+ *   trait (a list of numbers, not empty), only those values, in its order (see `sliderStops`);
+ *   with `play`, a play/pause button that moves it one position at a time to the last (see
+ *   `playNext`);
  * - window: a window [`trait`, `trait` + `width`) inside 0 .. `total`; with a `step` trait
  *   holding more than 1 (e.g. a head's channels), start and width snap to its multiples;
  * - toggles / select: one entry of the `options` list; checklist: a sub-list; each option shown
@@ -26,13 +28,15 @@ export interface ControlSpec {
   total: string;
   options: string;
   step: string;
+  /** A slider's trait listing the values it stops at ("": every one of 0 .. count - 1). */
+  positions: string;
   /** What an option is shown as: option → text. */
   labels: Record<string, string>;
   /** A slider with a play/pause button: true, else absent (every other type: absent). */
   play?: true;
 }
 
-const REFERENCES = ["count", "text", "width", "total", "options", "step"] as const;
+const REFERENCES = ["count", "text", "width", "total", "options", "step", "positions"] as const;
 
 /** Whether `type` is a control type this page knows (`protocol.ts`: CONTROL_TYPES). */
 export function isControlType(type: unknown): type is ControlType {
@@ -82,6 +86,7 @@ export function parseControls(value: unknown): ParsedControls {
       total: text(e.total),
       options: text(e.options),
       step: text(e.step),
+      positions: text(e.positions),
       labels: stringMap(e.labels),
     };
     if (type === "slider" && e.play === true) spec.play = true;
@@ -145,6 +150,34 @@ export function snapWindow(
   s = Math.min(Math.max(s, 0), last);
   if (s % k !== 0) s = Math.floor(s / k) * k; // the end of a total that is not a multiple
   return { start: s, width: w };
+}
+
+/**
+ * The values a slider stops at, in order: its `positions` when they are a non-empty list of
+ * numbers, else 0 .. `count` - 1.  The range input runs over their indices.
+ *
+ *     sliderStops(3, []) -> [0, 1, 2];  sliderStops(30, [8, 9, 10]) -> [8, 9, 10]
+ */
+export function sliderStops(count: number, positions: unknown): number[] {
+  if (Array.isArray(positions) && positions.length > 0) {
+    const numbers = positions.map(Number);
+    if (numbers.every(Number.isFinite)) return numbers;
+  }
+  return Array.from({ length: Math.max(0, Math.floor(count)) }, (_, i) => i);
+}
+
+/**
+ * The index of `value` among `stops`; a value that is not one of them: the nearest (the first
+ * of two as near), so the thumb stays on the track.
+ *
+ *     stopIndex([8, 9, 12], 12) -> 2;  stopIndex([8, 9, 12], 3) -> 0
+ */
+export function stopIndex(stops: readonly number[], value: number): number {
+  let best = 0;
+  for (let i = 1; i < stops.length; i++) {
+    if (Math.abs(stops[i] - value) < Math.abs(stops[best] - value)) best = i;
+  }
+  return best;
 }
 
 /**

@@ -118,6 +118,7 @@ export const CONTROL_FIELDS = {
   total: "string?",
   options: "string?",
   step: "string?",
+  positions: "string?",
   labels: "object?",
   play: "boolean?",
 } as const;

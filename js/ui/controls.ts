@@ -18,8 +18,10 @@ import {
   parseControls,
   playNext,
   playStart,
+  sliderStops,
   snapStep,
   snapWindow,
+  stopIndex,
   windowText,
 } from "../lib/control_spec";
 import { h } from "./dom";
@@ -54,8 +56,8 @@ export class SliderControl implements BoundControl {
       doc,
       spec.label,
       spec.trait,
-      (v) => commit(model, { [spec.trait]: v }),
-      (v) => this.slider.setOutput(`${this.noun} ${v}…`),
+      (i) => commit(model, { [spec.trait]: this.stopAt(i) }),
+      (i) => this.slider.setOutput(`${this.noun} ${this.stopAt(i)}…`),
     );
     if (spec.play) {
       this.playButton = h(doc, "button", {
@@ -73,15 +75,33 @@ export class SliderControl implements BoundControl {
     return this.timer !== null;
   }
 
+  /** The values the slider stops at (its positions, else 0 .. count - 1). */
+  private stops(): number[] {
+    const positions = this.spec.positions ? this.model.get(this.spec.positions) : null;
+    return sliderStops(getNumber(this.model, this.spec.count), positions);
+  }
+
+  /** The value at index `i` of the range input. */
+  private stopAt(i: number): number {
+    const stops = this.stops();
+    return stops[Math.min(Math.max(0, i), stops.length - 1)] ?? i;
+  }
+
+  /** Where the trait's value is on the range input. */
+  private index(): number {
+    return stopIndex(this.stops(), getNumber(this.model, this.spec.trait));
+  }
+
   /** Move the slider one position every PLAY_INTERVAL_MS until the last (from the first when it
    * is at the last already). */
   play(): void {
     if (this.playing) return;
-    const count = getNumber(this.model, this.spec.count);
-    const value = getNumber(this.model, this.spec.trait);
+    const count = this.stops().length;
+    const at = this.index();
     if (count < 2) return;
-    const start = playStart(value, count);
-    if (start !== value) commit(this.model, { [this.spec.trait]: start });
+    const start = this.stopAt(playStart(at, count));
+    if (start !== getNumber(this.model, this.spec.trait))
+      commit(this.model, { [this.spec.trait]: start });
     this.timer = setInterval(() => this.tick(), PLAY_INTERVAL_MS);
     this.showPlaying();
   }
@@ -93,9 +113,9 @@ export class SliderControl implements BoundControl {
   }
 
   private tick(): void {
-    const count = getNumber(this.model, this.spec.count);
-    const next = playNext(getNumber(this.model, this.spec.trait), count);
-    if (next !== null) commit(this.model, { [this.spec.trait]: next });
+    const count = this.stops().length;
+    const next = playNext(this.index(), count);
+    if (next !== null) commit(this.model, { [this.spec.trait]: this.stopAt(next) });
     if (next === null || playNext(next, count) === null) this.pause(); // the last: nothing more
   }
 
@@ -114,12 +134,13 @@ export class SliderControl implements BoundControl {
   }
 
   sync(): void {
-    const count = getNumber(this.model, this.spec.count);
+    const stops = this.stops();
+    const count = stops.length;
     const value = getNumber(this.model, this.spec.trait);
     this.el.hidden = count < 1;
-    this.slider.set(0, count - 1, value);
+    this.slider.set(0, count - 1, stopIndex(stops, value));
     const text = this.spec.text ? getString(this.model, this.spec.text) : "";
-    const d = "8".repeat(String(count).length);
+    const d = "8".repeat(String(Math.max(count, ...stops.map((s) => s + 1))).length);
     this.slider.reserve(`${this.noun} ${d} of ${d}`);
     this.slider.setOutput(text || `${this.noun} ${value} of ${count}`);
     if (this.playButton !== null) this.playButton.disabled = count < 2;

@@ -21,7 +21,7 @@ from headwidget.core.panels import encode_panel
 from headwidget.evaluation import evaluate
 from headwidget.export import save
 from headwidget.views import view_names
-from tiny_models import make_model, ragged_batches
+from tiny_models import make_model, ragged_batches, three_layer_llama
 
 from .test_html_export import Page
 
@@ -214,6 +214,36 @@ def test_the_play_button_moves_a_saved_timeline_through_its_steps(tiny, report, 
         page.page.wait_for_function(
             "() => document.querySelector('button[data-play=step]').ariaPressed === 'false'"
         )
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_the_layer_sliders_of_a_saved_layer_view_stop_at_its_cross_layers(browser, bundle, tmp_path):
+    """Joint statistics of layers 1 and 2 of three: both sliders run over those two alone, say them as
+    the model numbers them, and every state they reach is one the view computes."""
+    model = three_layer_llama(seed=3)
+    stats = headwidget.capture(model, ragged_batches(), cross_layer=[1, 2], progress=False)
+    view = headwidget.LayerSimilarityView(stats)
+    page = Page(browser, save(view, tmp_path / "layers_1_2.html"))
+    try:
+        fields = ["layer", "paired", "metric"]  # (one kind of keys: no kind toggles)
+        assert check(page, view, fields) == {"layer": 1, "paired": 2, "metric": "cka"}
+        for trait, label in (("layer", "layer 1 of 1, 2"), ("paired", "layer 2 of 1, 2")):
+            slider = page.page.locator(f"input[data-trait={trait}]")
+            assert (slider.get_attribute("min"), slider.get_attribute("max")) == ("0", "1")
+            assert label in page.text(f"label:has(input[data-trait={trait}]) output")
+        slider = page.page.locator("input[data-trait=layer]")
+        slider.focus()
+        page.page.keyboard.press("ArrowLeft")  # at the first captured layer: nowhere lower to go
+        page.page.keyboard.press("End")
+        wait_for(page, "layer", 2)
+        assert check(page, view, fields)["layer"] == 2
+        page.page.locator("input[data-trait=paired]").focus()
+        page.page.keyboard.press("Home")
+        wait_for(page, "paired", 1)
+        assert check(page, view, fields) == {"layer": 2, "paired": 1, "metric": "cka"}
+        assert "layer 1 of 1, 2" in page.text("label:has(input[data-trait=paired]) output")
         assert page.errors == []
     finally:
         page.close()

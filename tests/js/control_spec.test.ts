@@ -3,8 +3,10 @@ import {
   controlTraits,
   longestWindowText,
   parseControls,
+  sliderStops,
   snapStep,
   snapWindow,
+  stopIndex,
   windowText,
 } from "../../js/lib/control_spec";
 import { CONTROL_TYPES } from "../../js/lib/protocol";
@@ -27,6 +29,7 @@ describe("parseControls", () => {
         total: "",
         options: "",
         step: "",
+        positions: "",
         labels: {},
       },
       {
@@ -39,6 +42,7 @@ describe("parseControls", () => {
         total: "",
         options: "kinds_available",
         step: "",
+        positions: "",
         labels: {},
       },
     ]);
@@ -104,6 +108,28 @@ describe("controlTraits", () => {
     ]);
     expect(specs[0].step).toBe("head");
     expect(controlTraits(specs)).toEqual(["start", "w", "n", "head"]);
+  });
+});
+
+describe("a slider's positions", () => {
+  it("are its positions trait when it lists numbers, else 0 .. count - 1", () => {
+    const { specs } = parseControls([
+      { trait: "paired", type: "slider", label: "P", count: "n", positions: "layer_positions" },
+    ]);
+    expect(specs[0].positions).toBe("layer_positions");
+    expect(controlTraits(specs)).toEqual(["paired", "n", "layer_positions"]);
+    expect(sliderStops(30, [8, 9, 10, 12])).toEqual([8, 9, 10, 12]);
+    expect(sliderStops(3, [])).toEqual([0, 1, 2]);
+    expect(sliderStops(2, null)).toEqual([0, 1]);
+    expect(sliderStops(2, ["x"])).toEqual([0, 1]);
+    expect(sliderStops(0, undefined)).toEqual([]);
+  });
+
+  it("place a value at its index, and one they lack at the nearest", () => {
+    expect(stopIndex([8, 9, 12], 12)).toBe(2);
+    expect(stopIndex([8, 9, 12], 3)).toBe(0);
+    expect(stopIndex([8, 9, 12], 11)).toBe(2);
+    expect(stopIndex([0, 1, 2], 1)).toBe(1);
   });
 });
 

@@ -147,6 +147,29 @@ describe("Controls", () => {
     expect(fm.saves).toHaveLength(1);
   });
 
+  it("a slider with positions stops at those alone and says them as they are", () => {
+    const positions = [8, 9, 10, 12];
+    const { fm, c } = bar({
+      controls: [{ ...CONTROLS[0], positions: "layer_positions" }],
+      layer: 10,
+      layer_positions: positions,
+      layer_label: "layer 10 of 8, 9, 10, 12",
+    });
+    const layer = (c.control("layer") as SliderControl).slider;
+    expect([layer.input.min, layer.input.max, layer.input.value]).toEqual(["0", "3", "2"]);
+    layer.input.value = "3";
+    fire(layer.input, "input");
+    expect(layer.output.textContent).toBe("layer 12…");
+    fire(layer.input, "change");
+    expect(fm.state.layer).toBe(12);
+    fm.set("layer", 8); // from Python
+    expect(layer.input.value).toBe("0");
+    fm.set("layer", 3); // a value it lacks (the kernel refuses it): the thumb at the nearest
+    expect(layer.input.value).toBe("0");
+    fm.set("layer_positions", [1, 2, 3]);
+    expect([layer.input.max, layer.input.value]).toEqual(["2", "2"]);
+  });
+
   it("keeps the channel window inside when the width grows", () => {
     const { fm, channels } = setup({ channel_start: 60, channel_width: 32 });
     channels.width.input.value = "100";

@@ -4,6 +4,8 @@ reached (registry, dashboard, command line, magic) or refused (statistics withou
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -193,17 +195,23 @@ def test_a_subset_of_cross_layers(run: dict) -> None:
     matrix = view.grid.panels[0]
     assert matrix.row_labels == matrix.col_labels == ["0", "2"]
     assert (matrix.row_axis, matrix.col_axis) == ("layer", "paired with")  # what the tooltip names
-    np.testing.assert_array_equal(matrix.matrix, layer_similarity(stats, "key", "cka"))
-    view.layer = 1  # no cross-layer statistics: the matrices alone, and why
-    assert [p.id for p in view.grid.panels] == ["key-layers", "value-layers"] and view.grid.columns == 2
-    shown = view.grid.panels[0]
-    assert "layer 1 is not among these layers (layers 0, 2)" in shown.note and "click" not in shown.note
-    assert shown.hint == "a click on a cell shows its pair's heads" and (shown.mark_row, shown.mark_col) == (
-        -1,
-        -1,
+    assert matrix.hint == "a click on a cell shows its pair's heads" and (
+        matrix.mark_row,
+        matrix.mark_col,
+    ) == (
+        0,
+        1,
     )
+    np.testing.assert_array_equal(matrix.matrix, layer_similarity(stats, "key", "cka"))
+    assert view.layer_positions == [0, 2] and view.layer_label == "layer 0 of 0, 2"
+    before = view.grid
+    view.layer = 1  # no cross-layer statistics: refused, the panels kept
+    assert view.error.startswith(
+        "layer 1 has no cross-layer statistics here: the matrices are over layers 0, 2"
+    )
+    assert view.grid is before
     view.select_cell("key-layers", 1, 0)
-    assert (view.layer, view.paired) == (2, 0) and len(view.grid.panels) == 6
+    assert (view.layer, view.paired) == (2, 0) and len(view.grid.panels) == 6 and view.error == ""
     shown = view.grid.panels[0]  # the selected pair's row and column outlined
     assert (shown.mark_row, shown.mark_col) == (1, 0)
     with pytest.raises(CrossLayerMissingError, match=r"layers \[1\] have no cross-layer statistics"):
@@ -212,6 +220,89 @@ def test_a_subset_of_cross_layers(run: dict) -> None:
     assert whole.layers == [0, 2] and whole.grid.panels[0].row_labels == ["0", "2"]
     full = layer_similarity(run["stats"], "value", "cka")
     np.testing.assert_array_equal(whole.grid.panels[3].matrix, full[np.ix_([0, 2], [0, 2])])
+    with pytest.raises(
+        CrossLayerMissingError, match="the matrices are over layers 0, 2: build the view with"
+    ):
+        whole.compute(whole.current_state().replace(paired=1))  # captured, but not among the view's layers
+
+
+def five_layer_llama() -> torch.nn.Module:
+    """A float32 Llama of five layers (2 KV heads of 8 dims): joint statistics of its middle three
+    stand for SmolLM2's layers 8–15 of 30."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def middle() -> headwidget.KVStats:
+    """Keys (before and after RoPE) and values of every layer; joint moments of layers 1–3 only."""
+    return headwidget.capture(
+        five_layer_llama(), ragged_batches(seed=6), rope="both", cross_layer=[1, 2, 3], progress=False
+    )
+
+
+def test_the_sliders_span_only_the_captured_cross_layers(middle: headwidget.KVStats) -> None:
+    view = LayerSimilarityView(middle)
+    assert view.layers == [1, 2, 3] and (view.layer, view.paired) == (1, 2) and view.num_layers == 5
+    controls = {c.trait: c.to_json() for c in view.view_controls()}
+    for trait in ("layer", "paired"):  # the positions of both sliders: the captured layers, as numbered
+        assert controls[trait]["type"] == "slider"
+        assert getattr(view, controls[trait]["positions"]) == [1, 2, 3]
+    assert (view.layer_label, view.paired_label) == ("layer 1 of 1–3", "layer 2 of 1–3")
+    view.select_cell("value-layers", 2, 0)  # the click targets: the matrices' rows and columns
+    assert (view.layer, view.paired, view.error) == (3, 1, "")
+    assert view.grid.panels[1].title == "Key heads · L3 × L1 · before"
+    view.select_cell("value-layers", 3, 0)  # past the matrix: nothing
+    assert (view.layer, view.paired) == (3, 1)
+
+
+@pytest.mark.parametrize(("field", "value"), [("layer", 0), ("paired", 4), ("layer", 7)])
+def test_a_layer_without_joint_statistics_is_refused_naming_the_captured_ones(
+    middle: headwidget.KVStats, field: str, value: int
+) -> None:
+    said = (
+        "layer 7 is out of range: the model has 5 layers (0..4)"
+        if value == 7
+        else f"layer {value} has no cross-layer statistics here: the matrices are over layers 1–3 (captured "
+        "with cross_layer=[1, 2, 3]): choose one of them, or capture with cross_layer=[...] naming it"
+    )
+    with pytest.raises((CrossLayerMissingError, headwidget.LayerIndexError)) as raised:
+        LayerSimilarityView(middle, **{field: value})
+    assert str(raised.value) == said
+    view = LayerSimilarityView(middle)
+    before = view.grid
+    setattr(view, field, value)  # from Python: said in the error line, the panels kept
+    assert view.error == said and view.grid is before and view.caption.endswith("layer 1 × layer 2")
+    view.set_state(layer=3, paired=3)
+    assert view.error == "" and view.grid.panels[1].title == "Key heads · L3 × L3 · before"
+
+
+def test_the_saved_page_holds_and_counts_the_captured_layers_states_only(middle: headwidget.KVStats) -> None:
+    from headwidget.export import page_data
+
+    view = LayerSimilarityView(middle)
+    metrics, kinds = view.metrics_available, view.kinds_available
+    assert metrics == ["cka", "aligned", "subspace:4", "subspace:8"] and kinds == ["key", "key_post"]
+    data = page_data(view, max_states=10, progress=False)
+    axes = {a["trait"]: a["values"] for a in data["axes"]}
+    assert axes == {"layer": [1, 2, 3], "paired": [1, 2, 3], "metric": metrics, "kind": kinds}
+    reachable = 3 * 3 * len(metrics) * len(kinds)
+    assert f"this page holds 10 of the {reachable} states its controls reach" in data["state"]["status"]
+    assert data["state"]["layer_positions"] == [1, 2, 3] and data["errors"] == {}
+    whole = page_data(view, max_states=reachable, progress=False)
+    assert len(whole["frames"]) == reachable and whole["errors"] == {} and whole["state"]["status"] == ""
+    held = {tuple(json.loads(key)[:2]) for key in whole["frames"]}
+    assert held == {(a, b) for a in (1, 2, 3) for b in (1, 2, 3)}
 
 
 def test_the_metric_options_and_refusals(run: dict) -> None:
@@ -300,3 +391,17 @@ def test_the_magic_captures_the_cross_layer_statistics_it_needs() -> None:
         assert view.stats.meta.cross_layers == [0, 1]
     finally:
         shell.run_line_magic("unload_ext", "headwidget")
+
+
+def test_a_dashboard_opens_the_tab_on_its_layers_and_moves_it_only_to_them(
+    middle: headwidget.KVStats,
+) -> None:
+    dash = Dashboard(middle)  # (its other tabs open on layer 0, which has no joint statistics)
+    tab = dash.layer_similarity
+    assert (dash.channels.layer, tab.layer, tab.paired, tab.error) == (0, 1, 2, "")
+    dash.channels.layer = 4  # not offered: the tab keeps its pair
+    assert (tab.layer, tab.paired, tab.error) == (1, 2, "")
+    dash.channels.layer = 3
+    assert (tab.layer, tab.paired, tab.error) == (3, 2, "")
+    tab.select_cell("key-layers", 1, 0)
+    assert dash.channels.layer == dash.alignment.layer == 2 and tab.paired == 1

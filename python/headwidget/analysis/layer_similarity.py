@@ -96,26 +96,34 @@ def _chosen(stats: KVStats, kind: Kind, layers: Iterable[int] | None) -> tuple[M
     return moments, chosen, [cross.index(layer) for layer in chosen]
 
 
-def _blocks(moments: Moments, width: int, positions: list[int]) -> Iterator[torch.Tensor]:
-    """The co-moment rows of each chosen layer (width × every chosen layer's channels), one at a time
-    (views of the stored rows when the chosen layers are consecutive cross layers in order)."""
+def _blocks(
+    moments: Moments, width: int, positions: list[int], *, upper: bool = False
+) -> Iterator[torch.Tensor]:
+    """The co-moment rows of each chosen layer (width × every chosen layer's channels; ``upper``: the
+    channels of that layer and the chosen layers after it alone), one at a time (views of the stored
+    rows when the chosen layers are consecutive cross layers in order)."""
     first = positions[0]
     if positions == list(range(first, first + len(positions))):
         stop = (first + len(positions)) * width
         for p in positions:
-            yield moments.m2[p * width : (p + 1) * width, first * width : stop].to(F64)
+            yield moments.m2[p * width : (p + 1) * width, (p if upper else first) * width : stop].to(F64)
         return
     columns = torch.cat([torch.arange(p * width, (p + 1) * width) for p in positions]).to(moments.m2.device)
-    for p in positions:
-        yield moments.m2[p * width : (p + 1) * width].index_select(1, columns).to(F64)
+    for a, p in enumerate(positions):
+        yield (
+            moments.m2[p * width : (p + 1) * width]
+            .index_select(1, columns[a * width if upper else 0 :])
+            .to(F64)
+        )
 
 
 def _cka(moments: Moments, width: int, positions: list[int]) -> np.ndarray:
     n = len(positions)
     frob = torch.zeros(n, n, dtype=F64)
-    for a, rows in enumerate(_blocks(moments, width, positions)):
-        frob[a] = (rows * rows).sum(0).reshape(n, width).sum(1).cpu()  # (rows first: contiguous)
-    frob = (frob + frob.T) / 2  # the co-moment's two halves can differ in their last bits
+    # ‖X̃_aᵀX̃_b‖_F = ‖X̃_bᵀX̃_a‖_F: the blocks on and above the diagonal are read (half the co-moment)
+    for a, rows in enumerate(_blocks(moments, width, positions, upper=True)):
+        frob[a, a:] = (rows * rows).sum(0).reshape(n - a, width).sum(1).cpu()  # (rows first: contiguous)
+    frob = frob + torch.triu(frob, 1).T
     diag = torch.sqrt(torch.diagonal(frob))
     den = torch.outer(diag, diag)
     out = torch.where(den > 0, frob / torch.where(den > 0, den, torch.ones_like(den)), float("nan"))

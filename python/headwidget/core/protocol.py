@@ -23,7 +23,8 @@ the fields listed here. A view's state traits are named by its controls (``contr
   before padding (empty: the data's; charts that share an axis give the same), ``label_points``
   whether each point's name is written beside it (False: lines a legend names);
 - ``CONTROL_TYPES``: each kind of control, with the fields it cannot do without; ``CONTROL_FIELDS``:
-  one entry of the ``controls`` trait (``Control.to_json``). A
+  one entry of the ``controls`` trait (``Control.to_json``; a slider's ``positions``: the trait listing
+  the values it stops at, when not every one of ``0 .. count - 1``). A
   control of a type the page does not know is an error there, never dropped;
 - the saved page (``export/_html.py``; read by ``js/offline.ts``): ``PAGE_FIELDS``, its JSON;
   ``AXIS_FIELDS``, one control the page holds frames for; ``FRAME_FIELDS``, one state's grid (its
@@ -163,6 +164,7 @@ CONTROL_FIELDS: dict[str, str] = {
     "total": "string?",
     "options": "string?",
     "step": "string?",
+    "positions": "string?",
     "labels": "object?",
     "play": "boolean?",
 }

@@ -5,7 +5,8 @@ value is from the saved one (nearest states first), how a value is written in a 
 :data:`RULES` has a :class:`ControlRules` per control type (``tests/export/test_protocol.py`` checks
 none is missing); its twin on the page is ``js/lib/offline.ts``'s ``OFFLINE_RULES``:
 
-- ``slider``: every position (``layers=``: those layers); no distance while it moves freely, but
+- ``slider``: every position (its ``positions`` when it lists them; ``layers=``: those layers); no
+  distance while it moves freely, but
   when another slider plays (a timeline's steps), one per position away from the saved one;
 - ``toggles``, ``select``: every option; 1 when it is another;
 - ``checklist``: every subset of at most :data:`MAX_CHECKLIST_OPTIONS` options (else the saved
@@ -101,7 +102,8 @@ class _Slider(ControlRules):
         self, view: View[Any], control: Control, saved: Any, layers: Sequence[int] | None
     ) -> Axis | None:
         count = int(getattr(view, control.count))
-        positions = range(count) if layers is None or control.trait != "layer" else layers
+        listed = list(getattr(view, control.positions)) if control.positions else []
+        positions = (listed or range(count)) if layers is None or control.trait != "layer" else layers
         return Axis(control, sorted({int(x) for x in positions}), saved) if count > 0 else None
 
     def distance(self, axis: Axis, value: Any) -> int:

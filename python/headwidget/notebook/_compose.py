@@ -60,6 +60,8 @@ def _offers(view: View[Any], field: str, value: Any) -> bool:
     control = next((c for c in view.view_controls() if c.trait == field), None)
     if control is not None and control.options:
         return value in getattr(view, control.options)
+    if control is not None and control.type == "slider" and control.positions:
+        return value in getattr(view, control.positions)
     if control is not None and control.type == "slider":
         return isinstance(value, int) and 0 <= value < int(getattr(view, control.count))
     return True

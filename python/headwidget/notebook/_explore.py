@@ -85,7 +85,9 @@ class Dashboard:
             if name == "trends" and mechanisms_trend and "mechanisms" in built:
                 shown = built["mechanisms"].current_state()
                 chosen.setdefault(name, {}).setdefault("mechanisms", list(getattr(shown, "mechanisms", ())))
-            built[name] = cls.create(layers=[stats.layers[0]], **given, **chosen.get(name, {}))
+            offered = cls.layers_offered(stats)  # (a view of some layers only opens on the first of them)
+            first = next(layer for layer in stats.layers if offered is None or layer in offered)
+            built[name] = cls.create(layers=[first], **given, **chosen.get(name, {}))
         #: The views shown above the tabs, and the tabs' views, by name.
         self.above = {name: view for name, view in built.items() if view.placement == "above"}
         self.views = {name: view for name, view in built.items() if view.placement != "above"}

@@ -315,6 +315,12 @@ class View(t.HasTraits, Generic[S], metaclass=_ViewClass):
         return {}
 
     @classmethod
+    def layers_offered(cls, stats: KVStats) -> list[int] | None:
+        """The layers the view of ``stats`` can select, when not every one (default: None); a
+        dashboard opens the view on the first of them."""
+        return None
+
+    @classmethod
     def _stats(cls, stats: KVStats | None, model: nn.Module | None = None) -> KVStats:
         """``stats``, checked to be statistics, and to come from ``model`` when one is given."""
         if stats is None:

@@ -5,7 +5,9 @@ front end (``js/ui/controls.ts``) builds the bar from these descriptions, in dec
 knows nothing about any particular view. A control names the traits it reads besides its own:
 
 - ``slider``: an integer in ``0 .. count - 1`` (``count`` names the trait holding the number of
-  positions; hidden below 1), with the text of the ``text`` trait beside it; with ``play``, a
+  positions; hidden below 1), with the text of the ``text`` trait beside it; with ``positions``, only
+  the values listed in that trait (the layers captured, say: a slider over ``[8, ..., 15]`` of a
+  model's 30 layers stops at those alone, and says them as they are); with ``play``, a
   play/pause button beside it steps through the positions in turn (training steps, say), and a saved
   page holds every position of that slider before any other (:mod:`headwidget.export._source`);
 - ``window``: a window ``[trait, trait + width)`` inside ``0 .. total`` (two sliders: start and width,
@@ -57,6 +59,7 @@ class Control:
     total: str = ""
     options: str = ""
     step: str = ""
+    positions: str = ""
     trait: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     play: bool = False
@@ -71,6 +74,8 @@ class Control:
             raise ValueError(f"play must be True or False, got {self.play!r}")
         if self.play and self.type != "slider":
             raise ValueError(f"only a slider has a play button, not a {self.type}")
+        if self.positions and self.type != "slider":
+            raise ValueError(f"only a slider stops at listed positions, not a {self.type}")
 
     def bind(self, trait: str) -> Control:
         """This control, setting ``trait``."""
@@ -99,16 +104,19 @@ class Control:
         return {f: v for f, v in values.items() if v or f in ("trait", "type", "label")}
 
 
-def slider(label: str, *, count: str, text: str = "", play: bool = False) -> Control:
+def slider(label: str, *, count: str, text: str = "", play: bool = False, positions: str = "") -> Control:
     """An integer slider over ``0 .. count - 1`` with the ``text`` trait as its read-out; ``play``: with
     a play/pause button that moves it one position at a time up to the last (pressed at the last, it
-    starts again from the first).
+    starts again from the first); ``positions``: the trait listing the values it stops at, in order,
+    when not all of ``0 .. count - 1`` (an empty list: all of them).
 
     Example:
         >>> slider("Step", count="num_steps", text="step_label", play=True).bind("step").to_json()["play"]
         True
+        >>> slider("Layer", count="num_layers", positions="layer_positions").bind("layer").traits()
+        ['layer', 'num_layers', 'layer_positions']
     """
-    return Control("slider", label, count=count, text=text, play=flag("play", play))
+    return Control("slider", label, count=count, text=text, play=flag("play", play), positions=positions)
 
 
 def window(label: str, *, width: str, total: str, step: str = "") -> Control:

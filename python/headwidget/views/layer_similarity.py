@@ -9,8 +9,9 @@ of panels for the keys (before RoPE, or after it when captured with ``rope="post
    the G × G pairs of one head of each layer, of their token cosine after the best rotation) or
    ``"subspace:r"`` (xKV's overlap of the two layers' top-r singular subspaces, ``‖U_aᵀU_b‖²_F / r``);
 2. the heads of the selected pair (``layer`` × ``paired``; a click on a cell of a matrix selects its
-   pair, as do the two sliders): the G × G per-token cosine of each head of ``layer`` (rows) with each
-   head of ``paired`` (columns) before alignment,
+   pair, as do the two sliders, which stop at the matrices' layers alone, numbered as the model's;
+   a layer without joint statistics is refused, naming those it has): the G × G per-token cosine
+   of each head of ``layer`` (rows) with each head of ``paired`` (columns) before alignment,
 3. and after it, as the alignment view aligns them (:func:`~headwidget.analysis.alignment.align` of
    the two layers: RoPE-compatible rotations for the keys of a RoPE model, orthogonal Procrustes
    otherwise; held-out scores where ``align`` shows them). Under ``aligned`` the mean of this panel is
@@ -19,10 +20,11 @@ of panels for the keys (before RoPE, or after it when captured with ``rope="post
    them, are the same before and after RoPE: only the keys' matrix changes with ``kind``.)
 
 Every panel is on a 0..1 scale (magma); a panel with scores below 0 says so. The matrices are kept
-per kind and metric, the pairs' heads per pair: ``cka`` reads each kind's joint co-moment once (about
-40 ms a kind for SmolLM2's 30 layers), a pair aligns 2·G heads (10–40 ms), ``subspace`` takes an
-eigendecomposition per layer (about 0.5 s a kind), and ``aligned`` aligns every head of every cross
-layer with every other (seconds: 3–7 s a kind for SmolLM2).
+per kind and metric, the pairs' heads per pair: ``cka`` reads half of each kind's joint co-moment
+once (its blocks on and above the diagonal: 15–30 ms a kind for SmolLM2's 30 layers), a pair aligns
+2·G heads (10–40 ms), ``subspace`` takes an eigendecomposition per layer (about 0.5 s a kind), and
+``aligned`` aligns every head of every cross layer with every other (seconds: 3–7 s a kind for
+SmolLM2).
 
 Example:
     >>> import torch, headwidget
@@ -173,10 +175,16 @@ class LayerPairHeads(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class LayerSimilarityState(LayerState):
-    """The selected pair of layers (``layer``, shared by a dashboard's views, and ``paired``), the
-    layer × layer metric (``cka``, ``aligned`` or ``subspace:r``) and the kind of keys."""
+    """The selected pair of layers (``layer``, shared by a dashboard's views, and ``paired``: both
+    among the matrices' layers, which their sliders stop at), the layer × layer metric (``cka``,
+    ``aligned`` or ``subspace:r``) and the kind of keys."""
 
-    paired: int = state(0, slider("Paired with", count="num_layers", text="paired_label"))
+    layer: int = state(
+        0, slider("Layer", count="num_layers", text="layer_label", positions="layer_positions"), shared=True
+    )
+    paired: int = state(
+        0, slider("Paired with", count="num_layers", text="paired_label", positions="layer_positions")
+    )
     metric: str = state("cka", select("Metric", options="metrics_available", labels=METRIC_LABELS))
     kind: str = state("key", toggles("Kind", options="kinds_available", labels=KIND_LABELS))
 
@@ -189,6 +197,8 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
     sources = ViewSources("stats", layers="layers")
 
     paired_label = t.Unicode("").tag(sync=True)
+    #: The layers the two sliders stop at: the matrices' (:attr:`layers`).
+    layer_positions = t.List(t.Int()).tag(sync=True)
     metrics_available = t.List(t.Unicode()).tag(sync=True)
     kinds_available = t.List(t.Unicode()).tag(sync=True)
 
@@ -212,7 +222,7 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
         :func:`~headwidget.analysis.alignment.align` takes it (None: it chooses).
 
         Raises :class:`~headwidget.errors.CrossLayerMissingError` for statistics without cross-layer
-        moments, or ``layers`` that have none.
+        moments, or ``layers``, ``layer`` or ``paired`` that have none.
         """
         stats = self._stats(stats)
         self.stats = stats
@@ -248,6 +258,7 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
                 layer=layer, paired=paired, metric=first, kind=(keys or ["key"])[0] if kind is None else kind
             ),
             num_layers=num_layers,
+            layer_positions=chosen,
             metrics_available=["cka", "aligned", *(f"subspace:{k}" for k in subspace_ranks(channels, rank))],
             kinds_available=keys if len(keys) > 1 else [],
         )
@@ -268,7 +279,7 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
 
     def _next(self, layer: int) -> int:
         """The layer paired with ``layer`` first: the next of the matrices' layers (else the one
-        before, else itself; the first when ``layer`` is not among them)."""
+        before, else itself; the first when ``layer`` is not among them: refused then)."""
         if layer not in self.layers:
             return self.layers[0]
         at = self.layers.index(layer)
@@ -278,6 +289,11 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
     def shows(cls, stats: KVStats | None) -> bool:
         """Whether the view can be built from ``stats``: they hold cross-layer moments."""
         return stats is not None and bool(cross_layer_kinds(stats))
+
+    @classmethod
+    def layers_offered(cls, stats: KVStats) -> list[int] | None:
+        """The layers with cross-layer moments: those the sliders can stop at."""
+        return list(stats.meta.cross_layers or [])
 
     @classmethod
     def capture_options(cls, layers: Sequence[int]) -> dict[str, Any]:
@@ -320,27 +336,33 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
         return heads if layer <= paired else heads.transposed()
 
     # ------------------------------------------------------------------ panels
-    def _shown_pair(self, state: LayerSimilarityState) -> tuple[int, int] | None:
-        return (state.layer, state.paired) if {state.layer, state.paired} <= set(self.layers) else None
-
-    def _missing_pair(self, state: LayerSimilarityState) -> str:
-        absent = [each for each in dict.fromkeys((state.layer, state.paired)) if each not in self.layers]
-        which = ", ".join(map(str, absent))
-        return (
-            f"layer{'s' if len(absent) > 1 else ''} {which} {'are' if len(absent) > 1 else 'is'} not "
-            f"among these layers ({_layer_list(self.layers)})"
+    def check_layer(self, layer: int) -> None:
+        """Refuse a layer outside the model (:class:`~headwidget.errors.LayerIndexError`), or one that
+        is not among the matrices' layers (:class:`~headwidget.errors.CrossLayerMissingError`, naming
+        them)."""
+        super().check_layer(layer)
+        if layer in self.layers:
+            return
+        cross = list(self.stats.meta.cross_layers or [])
+        among = f"the matrices are over {_layer_list(self.layers)}"
+        if layer in cross:
+            raise CrossLayerMissingError(
+                f"layer {layer} is not among this view's layers: {among}: build the view with "
+                f"layers=[...] naming it, or choose one of them"
+            )
+        raise CrossLayerMissingError(
+            f"layer {layer} has no cross-layer statistics here: {among} (captured with cross_layer={cross}): "
+            "choose one of them, or capture with cross_layer=[...] naming it"
         )
+
+    def layer_text(self, layer: int) -> str:
+        """``layer`` among the matrices' layers, as the sliders say it: ``"layer 9 of 8–15"``."""
+        return f"layer {layer} of {_layer_span(self.layers)}"
 
     def _layer_panel(self, kind: Kind, state: LayerSimilarityState) -> Panel:
         matrix = self.matrix(kind, state.metric)
-        pair = self._shown_pair(state)
-        marked = (-1, -1)
-        if pair is None:
-            note = self._missing_pair(state)
-        else:
-            marked = (self.layers.index(pair[0]), self.layers.index(pair[1]))
-            a, b = marked
-            note = f"layer {pair[0]} × layer {pair[1]}: {_score(matrix[a, b])}"
+        a, b = self.layers.index(state.layer), self.layers.index(state.paired)
+        note = f"layer {state.layer} × layer {state.paired}: {_score(matrix[a, b])}"
         contiguous = self.layers == list(range(self.layers[0], self.layers[0] + len(self.layers)))
         labels = None if contiguous else [str(each) for each in self.layers]
         title = METRIC_TITLES.get(state.metric.split(":")[0], state.metric)
@@ -357,8 +379,8 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
             row_axis="layer",
             col_axis="paired with",  # (what a click selects: the row's layer, paired with the column's)
             hint="a click on a cell shows its pair's heads",
-            mark_row=marked[0],  # the selected pair: its row and its column outlined
-            mark_col=marked[1],
+            mark_row=a,  # the selected pair: its row and its column outlined
+            mark_col=b,
         )
 
     def _pair_panels(self, kind: Kind, layer: int, paired: int) -> list[Panel]:
@@ -388,17 +410,13 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
 
     def compute(self, state: LayerSimilarityState, resolution: int | None = None) -> PanelGrid:
         """A row for the keys and one for the values: the L × L matrix, then the selected pair's heads
-        before and after alignment (the matrices alone, side by side, when the pair is not among the
-        matrices' layers)."""
+        before and after alignment."""
         self.check_layer(state.layer)
         self.check_layer(state.paired)
-        rows = self.rows(state)
-        pair = self._shown_pair(state)
         panels: list[Panel] = []
-        for kind in rows:
+        for kind in self.rows(state):
             panels.append(self._layer_panel(kind, state))
-            if pair is not None:
-                panels += self._pair_panels(kind, *pair)
+            panels += self._pair_panels(kind, state.layer, state.paired)
         label = "similarity"
         for panel in panels:
             finite = panel.matrix[np.isfinite(panel.matrix)]
@@ -406,8 +424,7 @@ class LayerSimilarityView(LayerView[LayerSimilarityState]):
             if lowest < 0:  # the scale starts at 0: say so rather than clip silently
                 panel.note = " · ".join(filter(None, (panel.note, f"lowest score {lowest:.3f}, drawn as 0")))
                 label = "similarity (scores below 0 drawn as 0)"
-        columns = 3 if pair is not None else len(rows)
-        return PanelGrid(panels, 0.0, 1.0, "magma", label, columns=columns)
+        return PanelGrid(panels, 0.0, 1.0, "magma", label, columns=3)
 
     def labels(self, state: LayerSimilarityState) -> dict[str, Any]:
         """The two layers' read-outs beside their sliders."""
@@ -445,12 +462,21 @@ def _score(value: float) -> str:
     return "undefined (no variance)" if math.isnan(value) else f"{value:.3f}"
 
 
+def _layer_span(layers: Sequence[int]) -> str:
+    """Layers as numbers: ``8–15`` for a run of more than two, else the list.
+
+    >>> _layer_span([8, 9, 10, 11]), _layer_span([0, 2, 4]), _layer_span([3])
+    ('8–11', '0, 2, 4', '3')
+    """
+    if len(layers) > 2 and list(layers) == list(range(layers[0], layers[0] + len(layers))):
+        return f"{layers[0]}–{layers[-1]}"
+    return ", ".join(map(str, layers))
+
+
 def _layer_list(layers: Sequence[int]) -> str:
-    """Layers in words: ``0–29`` for a run, else the list.
+    """Layers in words: ``layers 0–29`` for a run, else the list.
 
     >>> _layer_list([0, 1, 2, 3]), _layer_list([0, 2, 4])
     ('layers 0–3', 'layers 0, 2, 4')
     """
-    if len(layers) > 2 and list(layers) == list(range(layers[0], layers[0] + len(layers))):
-        return f"layers {layers[0]}–{layers[-1]}"
-    return f"layers {', '.join(map(str, layers))}"
+    return f"layers {_layer_span(layers)}"
