@@ -522,7 +522,8 @@ class AllocationMemory:
       batch's, and the original's predicted-row logits of those batches) and the search (the original's
       predicted-row logits of every batch, kept while the allocations are measured and refined, and the
       recorded layer outputs of one chunk, and the converted attention of the plan measured, each layer
-      as large as a candidate makes it), each with one forward of a variant (its working memory, its
+      as large as a candidate makes it, beside the sweep's last cell, which may still await the cycle
+      collector), each with one forward of a variant (its working memory, its
       whole logits and the rows picked from them, or its logits and the measures' work on one chunk:
       :func:`~headwidget.evaluation.measures.measure_work_bytes`).
 
@@ -595,10 +596,11 @@ class AllocationMemory:
                 used = 0
             chunks[-1].append(i)
             used += size
-        # a sweep's cell holds one layer's converted attention, a measured plan (search) every layer's
-        sweep = max(sum(recorded[i] + kept[i] for i in c) for c in chunks) + forward
-        sweep += converted // lay.num_layers
-        search = sum(kept) + max(sum(recorded[i] for i in c) for c in chunks) + forward + converted
+        # a sweep's cell holds one layer's converted attention, a measured plan (search) every layer's, and
+        # the sweep's last cell can still be alive then (a module copy is freed by the cycle collector)
+        cell = converted // lay.num_layers
+        sweep = max(sum(recorded[i] + kept[i] for i in c) for c in chunks) + forward + cell
+        search = sum(kept) + max(sum(recorded[i] for i in c) for c in chunks) + forward + converted + cell
         device = next(model.parameters()).device
         return cls({"copy": copy, "fits": fits, "work": max(sweep, search, fitting)}, device)
 
