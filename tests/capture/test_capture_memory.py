@@ -106,3 +106,26 @@ def test_the_statistics_hold_the_accumulators_of_a_device_in_one_piece():
     tensors = m.to_tensors("p")
     assert tensors["p.m2"].untyped_storage().nbytes() == m.m2.numel() * 8
     assert torch.equal(tensors["p.m2"], m.m2)
+
+
+def test_a_capture_that_stops_in_the_first_layer_counts_no_mlp():
+    """Capturing layer 0 only, the forward stops after its attention: no MLP runs, so a wide MLP (8 × the
+    hidden size) is not in the peak, which stays within 0.8–1.0 of the estimate (0.73 with the MLP
+    counted; the 8B ladder rung with one layer was at 0.74)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=512,
+        intermediate_size=4096,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=64,
+    )
+    model = LlamaForCausalLM(config).eval()
+    options: dict[str, Any] = {"batch_size": 2, "max_length": 64, "layers": [0]}
+    need = headwidget.estimate(model, **options)
+    ids = torch.randint(1, VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))
+    peak = allocated_peak(lambda: headwidget.capture(model, ids, progress=False, **options))
+    print(f"\nlayer 0 of 2: peak ÷ estimate {peak / need:.3f}")
+    assert 0.8 <= peak / need <= 1.0

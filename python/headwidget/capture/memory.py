@@ -317,7 +317,7 @@ def forward_bytes(shape: ForwardShape, batch_size: int, max_length: int) -> int:
     return tokens * per_token + mask + scores
 
 
-def forward_peak_bytes(shape: ForwardShape, batch_size: int, max_length: int) -> int:
+def forward_peak_bytes(shape: ForwardShape, batch_size: int, max_length: int, *, mlp: bool = True) -> int:
     """The activations one forward pass holds at its peak, under ``no_grad``: what a capture counts.
 
     Layers run one after another, so this is one layer's working set, per token: the embeddings (which
@@ -325,8 +325,9 @@ def forward_peak_bytes(shape: ForwardShape, batch_size: int, max_length: int) ->
     two phases. Attention: the query/key/value
     projections and, while they are rotated, a rotated copy and one temporary of the queries and keys,
     and for GQA and MQA the keys and values repeated to every query head (sdpa with a padding mask).
-    MLP: one more hidden-size tensor and
-    ``mlp_temporaries`` MLP-wide ones. A 16-bit model's norms add float32 copies. Per
+    MLP (``mlp``: whether a layer's MLP runs before the forward stops, i.e. a layer before the last
+    captured one is in the forward): one more hidden-size tensor and ``mlp_temporaries`` MLP-wide ones.
+    A 16-bit model's norms add float32 copies. Per
     batch: the (B, 1, T, T) attention mask (boolean and additive, when there is padding), and the
     attention scores with their softmax where they are certainly materialised (``materialised``: eager
     attention, or sdpa falling back to its math kernel).
@@ -338,14 +339,16 @@ def forward_peak_bytes(shape: ForwardShape, batch_size: int, max_length: int) ->
     ...                      scores=True)
     >>> forward_peak_bytes(shape, batch_size=2, max_length=10)
     92520
+    >>> forward_peak_bytes(shape, batch_size=2, max_length=10, mlp=False)  # stopped in the first layer
+    61800
     """
     tokens = batch_size * max_length
     b = shape.dtype_bytes
     h, g, d = shape.heads, shape.kv_heads, shape.head_dim
     repeated = 2 * h * d if g < h else 0
     attention = (h + 2 * g) * d + 2 * (h + g) * d + repeated
-    mlp = shape.hidden + shape.mlp_temporaries * shape.ffn
-    per_token = b * (3 * shape.hidden + max(attention, mlp)) + (8 * shape.hidden if b < 4 else 0)
+    mlp_phase = shape.hidden + shape.mlp_temporaries * shape.ffn if mlp else 0
+    per_token = b * (3 * shape.hidden + max(attention, mlp_phase)) + (8 * shape.hidden if b < 4 else 0)
     mask = batch_size * max_length * max_length * (b + 1)
     scores = 0
     if shape.materialised:

@@ -287,7 +287,9 @@ class CapturePlan:
                 working.append(
                     plane_norm_update_bytes(tokens, heads, lay.head_dim, planes, b, fwd.work_bytes)
                 )
-            out[device] += max(working) + forward_peak_bytes(fwd, batch_size, max_length)
+            # the forward stops after the last captured attention: no MLP runs when that is the first layer's
+            mlp = self.layers[-1] > 0
+            out[device] += max(working) + forward_peak_bytes(fwd, batch_size, max_length, mlp=mlp)
         if r:
             cpu = torch.device("cpu")
             out[cpu] = out.get(cpu, 0) + reservoir_key_bytes(r, tokens)

@@ -78,7 +78,7 @@ from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.allocation import Span, cheapest_spans, choose_per_layer, choose_spans
 from headwidget.analysis.cross_layer import within_layer
 from headwidget.analysis.variant_fits import LayerFit
-from headwidget.analysis.variants import MixedSpec, VariantSpec, layer_ranges, parse_variant, uniform_parts
+from headwidget.analysis.variants import MixedSpec, VariantSpec, layer_ranges, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.capture.memory import refuse_over_budget
 from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
@@ -90,13 +90,14 @@ from headwidget.evaluation._chosen import per_layer_specs, remember, token_piece
 from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
+from headwidget.evaluation._memory import conversion_sizes
 from headwidget.evaluation._model_facts import check_stats
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._plan import GroupCell, VariantPlan, plan_variant
 from headwidget.evaluation._quantize import KVQuantizer
 from headwidget.evaluation._report import bytes_text
 from headwidget.evaluation._sweep import RECORD_BUDGET, layer_sweep, swap_sweep
-from headwidget.evaluation.measures import PredictionTotals, chunk_rows, predicted_positions
+from headwidget.evaluation.measures import PredictionTotals, measure_work_bytes, predicted_positions
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -512,16 +513,19 @@ class AllocationMemory:
     """The parts (bytes) of an allocation's peak on the model's device:
 
     - ``copy``: the working copy in ``dtype``, when the model is held in another;
-    - ``fits``: every conversion candidate's fitted attention weights, for every layer, in ``dtype``;
-    - ``work``: the largest of the fitting (one candidate's float64 fits of every layer, before they are
-      cast, and the work of fitting one layer: four query-sized matrices in float64), the sweep (the
-      recorded layer outputs of one chunk of batches, at most
-      :data:`~headwidget.evaluation._sweep.RECORD_BUDGET` bytes but always one batch's, and the
-      original's predicted-row logits of those batches) and the search (the original's predicted-row
-      logits of every batch, kept while the allocations are measured and refined, and the recorded layer
-      outputs of one chunk, and the converted attention of the plan measured), each with one forward of a
-      variant (its working memory, its whole logits and the rows picked from them, or the measures'
-      float32 chunks).
+    - ``fits``: every conversion candidate's fitted attention weights, for every layer, in ``dtype``, in
+      the candidate's own shape (:func:`~headwidget.evaluation._memory.conversion_sizes`);
+    - ``work``: the largest of the fitting (one candidate's float64 fits of every layer, or of all but one
+      and the work of fitting that one: its attention weights read in float64, its keys and values
+      repeated per query head and their group means), the sweep (the recorded layer outputs of one chunk
+      of batches, at most :data:`~headwidget.evaluation._sweep.RECORD_BUDGET` bytes but always one
+      batch's, and the original's predicted-row logits of those batches) and the search (the original's
+      predicted-row logits of every batch, kept while the allocations are measured and refined, and the
+      recorded layer outputs of one chunk, and the converted attention of the plan measured, each layer
+      as large as a candidate makes it, beside the sweep's last cell, which may still await the cycle
+      collector), each with one forward of a variant (its working memory, its
+      whole logits and the rows picked from them, or its logits and the measures' work on one chunk:
+      :func:`~headwidget.evaluation.measures.measure_work_bytes`).
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -560,19 +564,15 @@ class AllocationMemory:
         attention = {
             id(t): t for layer in range(lay.num_layers) for t in adapter.attention_at(layer).parameters()
         }
-        conversions = [
-            s
-            for s in specs
-            if any(p.mechanism != "model" and not p.quantizer for p in uniform_parts(parse_variant(s)))
-        ]
+        conversions = conversion_sizes(adapter, [parse_variant(s) for s in specs], range(lay.num_layers))
         weights = sum(t.numel() for t in attention.values())
-        fits = len(conversions) * weights * b
-        # one candidate's float64 fits of every layer before they are cast, and the fit of one layer at work
-        # (its keys and values read in float64 and repeated per query head, their group means so too)
-        work_of_one = 4 * lay.num_heads * lay.head_dim * lay.hidden_size
-        fitting = (
-            8 * (weights + work_of_one) - weights * b if conversions else 0
-        )  # its own cast fits not yet made
+        fits = sum(sum(c.fitted) for c in conversions) * b
+        # one candidate's float64 fits of every layer (or of all but one and the work of fitting that one),
+        # beside the other candidates' fits in dtype
+        fitting = max((c.fitting_bytes(b) for c in conversions), default=0)
+        # a plan's converted attention: per layer, the largest a candidate makes it
+        widest = [max(deltas) for deltas in zip(*(c.delta for c in conversions), strict=True)]
+        converted = (weights + sum(widest)) * b if conversions else 0
         get_head = getattr(model, "get_output_embeddings", None)
         weight = getattr(get_head() if callable(get_head) else None, "weight", None)
         vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
@@ -581,7 +581,7 @@ class AllocationMemory:
         forward = 0
         for rows, length, predicted in shapes:
             logits = predicted * vocab * b  # the head computes the predicted rows alone
-            measures = 5 * min(predicted, chunk_rows(vocab)) * vocab * max(b, 4)
+            measures = measure_work_bytes(predicted, vocab, b)
             padded = predicted < rows * (length - 1)
             work = running.forward_working_bytes(
                 model, rows, length, b, scores=impl == "eager" or padded, adapter=adapter
@@ -596,11 +596,11 @@ class AllocationMemory:
                 used = 0
             chunks[-1].append(i)
             used += size
-        # a sweep's cell holds one layer's converted attention, a measured plan (search) every layer's
-        sweep = max(sum(recorded[i] + kept[i] for i in c) for c in chunks) + forward
-        sweep += weights * b // lay.num_layers if conversions else 0
-        search = sum(kept) + max(sum(recorded[i] for i in c) for c in chunks) + forward
-        search += weights * b if conversions else 0
+        # a sweep's cell holds one layer's converted attention, a measured plan (search) every layer's, and
+        # the sweep's last cell can still be alive then (a module copy is freed by the cycle collector)
+        cell = converted // lay.num_layers
+        sweep = max(sum(recorded[i] + kept[i] for i in c) for c in chunks) + forward + cell
+        search = sum(kept) + max(sum(recorded[i] for i in c) for c in chunks) + forward + converted + cell
         device = next(model.parameters()).device
         return cls({"copy": copy, "fits": fits, "work": max(sweep, search, fitting)}, device)
 

@@ -1,32 +1,47 @@
 """How much memory an evaluation will allocate on the model's device, and the refusal when it is too much.
 
 An upper bound for batches of ``batch_size × max_length`` tokens (of windows of W tokens under
-``chunks:W`` and ``stride:W/S``), as the sum of:
+``chunks:W`` and ``stride:W/S``). An evaluation first fits every variant, then runs them, so its peak is
+what it keeps throughout plus the larger of those two phases:
 
 - ``copy``: the working copy of the model in ``dtype`` (nothing when the model already is in ``dtype``:
   the copy then shares its weights); a copy in another dtype holds the deep copy in the model's own dtype
   while it is cast;
 - ``fits``: the fitted attention weights every converted variant keeps (in ``dtype``) for all its
-  layers, plus the float64 fit of one variant while it is made;
-- ``variant``: one converted copy at a time, whose converted layers' attention modules (and the modules
-  holding their head projections) are its own;
-- ``forward``: one forward pass (:func:`~headwidget.capture.memory.forward_bytes`: one layer's
-  activations), the logits of its predicted rows
-  (the head computes no others: :func:`predicted_rows` of ``vocab``) for the variant and for the
-  original beside it, a second copy of
-  the variant's while a model rescales its head's output (``final_logit_softcapping``,
-  ``logit_scale``, ``logits_scaling``), and the measures' work on one chunk of rows
-  (:func:`~headwidget.evaluation.measures.measure_work_bytes`; a quantizer adds its fake-quantized
-  K/V of one layer);
-- ``sweep`` (``per_layer``): one batch's recorded block outputs of every layer;
-- ``cache`` (``prefill:P``): the KV cache a prefill builds and the scored forward extends, every layer
-  at ``max_length`` tokens (in the model's own KV heads, or its attention heads for an ``mha``
-  variant), one layer's copy while the scored forward appends to it, and, for ``merge``/``xkv``
-  parts, their work on one group of the prefill's tokens.
+  layers, in the variant's own shape (a merge to G KV heads keeps G heads' key and value rows where the
+  family can hold them: :func:`conversion_sizes`);
+- **fitting** (``fitting``): one variant's float64 fits of every layer, or, while its last layer is fitted,
+  those of the other layers and the work of fitting one layer (its attention weights read in float64, its
+  keys and values repeated per query head and their group means: :class:`ConversionSize`);
+- **running** (the rest):
+
+  - ``variant``: one converted copy at a time, whose converted layers' attention modules (and the modules
+    holding their head projections) are its own, in the variant's shape;
+  - ``forward``: one forward's working memory (:func:`~headwidget.capture.memory.forward_bytes`: one
+    layer's activations; a quantizer adds its fake-quantized K/V of one layer), the original's and the
+    variant's logits of its predicted rows (the head computes no others: :func:`predicted_rows` of
+    ``vocab``; a second copy of the variant's while a model rescales its head's output:
+    ``final_logit_softcapping``, ``logit_scale``, ``logits_scaling``) and the measures' work on one chunk
+    of rows (:func:`~headwidget.evaluation.measures.measure_work_bytes`). The working memory and the
+    measures are not alive at once (the measures run after the forward), but the token batches of the
+    whole text are, which the estimate does not see (it is made before the text is read, and under
+    ``stride:W/S`` they hold each token W/S times): the working memory stands in for them;
+  - ``sweep`` (``per_layer``): one batch's recorded block outputs of every layer;
+  - ``cache`` (``prefill:P``): the KV cache a prefill builds and the scored forward extends, every layer
+    at ``max_length`` tokens (in the model's own KV heads, or its attention heads for an ``mha``
+    variant), one layer's copy while the scored forward appends to it, and, for ``merge``/``xkv``
+    parts, their work on one group of the prefill's tokens.
+
+  ``parts`` names the larger phase's parts (``fitting``, or those of running), beside ``copy`` and
+  ``fits``.
 
 What adapts to the budget instead of being counted: the original's predicted-position logits are kept
 between variants only while they fit in what the budget leaves (else recomputed per variant), and the
 sweep records as many batches at once as the rest of the budget holds.
+
+Measured against the CPU allocator's peak (``bench/scale.py``, Llama-family shapes from SmolLM2-135M to
+Llama-3-8B): the fitting phase within a few percent (its float64 tensors are counted one by one), the
+running phase above the peak by about the forward's working memory.
 
 Example:
     >>> import torch
@@ -40,6 +55,10 @@ Example:
     >>> need = EvaluationMemory.of(model, adapter, [parse_variant("mqa")], args)
     >>> sorted(need.parts), need.total == sum(need.parts.values())
     (['copy', 'fits', 'forward', 'sweep', 'variant'], True)
+    >>> wide = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=512, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8))  # fitting is the peak
+    >>> sorted(EvaluationMemory.of(wide, adapter_for(wide), [parse_variant("mqa")], args).parts)
+    ['copy', 'fits', 'fitting']
 """
 
 from __future__ import annotations
@@ -52,14 +71,20 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
-from headwidget.analysis.variants import Variant, parse_variant, uniform_parts
+from headwidget.analysis.variants import Variant, VariantSpec, parse_variant, uniform_parts
 from headwidget.capture.memory import ForwardShape, forward_bytes, refuse_over_budget
 from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._inputs import Protocol, parse_protocol
 from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements
 from headwidget.evaluation.measures import measure_work_bytes
 
-__all__ = ["EvaluationMemory", "check_evaluation_budget", "estimate_evaluation"]
+__all__ = [
+    "ConversionSize",
+    "EvaluationMemory",
+    "check_evaluation_budget",
+    "conversion_sizes",
+    "estimate_evaluation",
+]
 
 #: Config fields of a scale a model applies to its head's output (out of place: a second copy of the
 #: logits), with the value that means none.
@@ -91,6 +116,81 @@ def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], 
     return sum(
         t.numel() * (_size(dtype) if t.is_floating_point() else t.element_size()) for t in tensors.values()
     )
+
+
+#: Mechanisms whose fit merges the KV heads (each into as many as the family can hold).
+MERGES = {"mha", "gqa", "mqa"}
+
+
+def _fitted_kv_heads(adapter: Adapter, part: VariantSpec, layer: int) -> int:
+    """The KV heads of the weights ``part`` fits for ``layer``: a merge's (``mha``: every query head,
+    ``gqa:G``: G, ``mqa``: 1) where the family can change them, else the layer's own."""
+    own = adapter.kv_heads_of(adapter.attention_at(layer))
+    if not adapter.resizable_kv_heads or part.mechanism not in MERGES:
+        return own
+    heads = adapter.layout().num_heads
+    return heads if part.mechanism == "mha" else 1 if part.mechanism == "mqa" else int(part.arg or own)
+
+
+@dataclass(frozen=True)
+class ConversionSize:
+    """A converted variant's tensors (elements) per converted layer: ``fitted``, its fitted attention
+    weights (the layer's attention modules' tensors, their key and value rows as many as the fit's KV
+    heads), ``delta``, what that changes from the layer's own, and ``work``, the float64 work of fitting the
+    layer: its attention weights read, its keys and values repeated to every query head (H·d_h·D each)
+    with their group means (as large, and the means themselves while they are formed).
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    >>> size = conversion_sizes(adapter_for(model), [parse_variant("mqa")], [0, 1])[0]
+    >>> size.fitted  # q and o 32 × 32, k and v 8 × 32 (1 KV head of 8): the model's 2 KV heads less one
+    [2560, 2560]
+    >>> size.delta, size.work  # 32·32·2 + 16·32·2 attention weights read; (4·4 + 1)·8·32 repeated and means
+    ([-512, -512], [7424, 7424])
+    """
+
+    fitted: list[int]
+    delta: list[int]
+    work: list[int]
+
+    def fitting_bytes(self, b: int) -> int:
+        """Bytes beyond the variant's fits in ``b``-byte elements while it is fitted: all its float64 fits,
+        or, while its last layer is fitted (its fits in ``b`` not yet made), the others' and the work."""
+        f64 = 8 * sum(self.fitted)
+        last = max(8 * (w - f) for w, f in zip(self.work, self.fitted, strict=True)) - b * sum(self.fitted)
+        return f64 + max(0, last)
+
+
+def conversion_sizes(
+    adapter: Adapter, variants: Sequence[Variant], layers: Sequence[int]
+) -> list[ConversionSize]:
+    """The :class:`ConversionSize` of each variant that converts ``layers`` (a variant that only quantizes
+    or leaves them as they are has none); a mixed spec's layer is counted under its largest part."""
+    lay = adapter.layout()
+    d, heads = lay.hidden_size, lay.num_heads
+    kv_width = lay.head_dim + lay.value_head_dim
+    own = {layer: sum(t.numel() for t in _attention_tensors(adapter, layer)) for layer in layers}
+    out = []
+    for variant in variants:
+        parts = [p for p in uniform_parts(variant) if p.mechanism != "model" and not p.quantizer]
+        if not parts:
+            continue
+        fitted, delta, work = [], [], []
+        for layer in layers:
+            kv = adapter.kv_heads_of(adapter.attention_at(layer))
+            fit_kv = max(_fitted_kv_heads(adapter, p, layer) for p in parts)
+            change = (fit_kv - kv) * kv_width * d
+            fitted.append(own[layer] + change)
+            delta.append(change)
+            work.append(own[layer] + (4 * heads + fit_kv) * lay.head_dim * d)
+        out.append(ConversionSize(fitted, delta, work))
+    return out
+
+
+def _attention_tensors(adapter: Adapter, layer: int) -> list[torch.Tensor]:
+    """The parameters of ``layer``'s attention module, each once."""
+    return list({id(t): t for t in adapter.attention_at(layer).parameters()}.values())
 
 
 def _rescales_logits(model: nn.Module) -> bool:
@@ -169,31 +269,31 @@ class EvaluationMemory:
         length = protocol.window or max_length  # a window is as long as the protocol says
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
         copy = 0 if own == dtype else _tensor_bytes(model) + _tensor_bytes(model, dtype)
-        attentions = [adapter.attention_at(layer) for layer in layers]
-        attention = sum(_tensor_bytes(a, dtype) for a in attentions)
-        converted = [
-            v for v in variants if any(p.mechanism != "model" and not p.quantizer for p in uniform_parts(v))
-        ]
-        fits = (len(converted) * attention + attention * 8 // b) if converted else 0
+        conversions = conversion_sizes(adapter, variants, layers)
+        fits = sum(sum(c.fitted) for c in conversions) * b
+        fitting = max((c.fitting_bytes(b) for c in conversions), default=0)
         lay = adapter.layout()
         tokens = batch_size * length
         vocab = _vocab(model)
         rows = predicted_rows(protocol, batch_size, length)
-        # the variant's rows (twice while the model rescales them) and the original's
-        copies = 3 if _rescales_logits(model) else 2
-        logits = copies * rows * vocab * b
+        logits = rows * vocab * b  # one forward's predicted rows
+        copies = 2 if _rescales_logits(model) else 1  # the variant's (twice while the model rescales them)
         measures = measure_work_bytes(rows, vocab, b) if vocab else 0
         shape = ForwardShape.of(model, lay, adapter.mlp_width())
         shape = ForwardShape(**{**shape.__dict__, "dtype_bytes": b})
-        forward = forward_bytes(shape, batch_size, length) + logits + measures
+        working = forward_bytes(shape, batch_size, length)
         if any(p.quantizer for v in variants for p in uniform_parts(v)):
-            forward += 4 * tokens * (lay.num_kv_heads * (lay.head_dim + lay.value_head_dim)) * max(b, 4)
-        variant = _converted_bytes(model, adapter, layers, dtype) if converted else 0
-        parts = {"copy": copy, "fits": fits, "variant": variant, "forward": forward}
+            working += 4 * tokens * (lay.num_kv_heads * (lay.head_dim + lay.value_head_dim)) * max(b, 4)
+        forward = working + (1 + copies) * logits + measures
+        converted = _converted_bytes(model, adapter, layers, dtype)
+        variant = max((converted + sum(c.delta) * b for c in conversions), default=0)
+        running = {"variant": variant, "forward": forward}
         if per_layer:
-            parts["sweep"] = tokens * lay.hidden_size * lay.num_layers * b
+            running["sweep"] = tokens * lay.hidden_size * lay.num_layers * b
         if protocol.prefill is not None:
-            parts["cache"] = _cache_bytes(adapter, variants, batch_size, length, protocol.prefill, b)
+            running["cache"] = _cache_bytes(adapter, variants, batch_size, length, protocol.prefill, b)
+        phase = {"fitting": fitting} if fitting > sum(running.values()) else running
+        parts = {"copy": copy, "fits": fits, **phase}
         device = next(model.parameters()).device
         window = f"the {protocol.text} window"
         sizes = f"batch_size or {'max_length' if protocol.window is None else window}"
