@@ -385,6 +385,8 @@ def _largest(fits: Callable[[int], bool], limit: int = 4096) -> int:
     """The largest batch in 1..limit that ``fits`` (0 when even one row does not)."""
     if not fits(1):
         return 0
+    if fits(limit):
+        return limit
     low, high = 1, limit
     while low < high:
         mid = (low + high + 1) // 2
@@ -414,26 +416,36 @@ def _largest_row(config: dict[str, Any], gpu: float, length: int, world: int) ->
         options = {"dtype": bf16, "batch_size": b, "max_length": length, "max_tokens": 8 * b * length}
         return headwidget.estimate_allocation(model, candidates=candidates, **options)
 
-    def heal(b: int, checkpoint: bool) -> int:
+    def heal(b: int, options: dict[str, Any]) -> int:
         return headwidget.estimate_healing(
-            "mqa", model, batch_size=b, max_length=length, dtype=bf16, checkpoint=checkpoint
+            "mqa", model, batch_size=b, max_length=length, dtype=bf16, **options
         )
 
-    def heal_sharded(b: int, checkpoint: bool) -> int:  # a rank's share of the batch and of the weights
-        options = {"distributed": "fsdp", "world_size": world, "checkpoint": checkpoint}
+    def heal_sharded(b: int, options: dict[str, Any]) -> int:  # a rank's share of the batch and weights
+        options = {"distributed": "fsdp", "world_size": world, **options}
         return headwidget.estimate_healing(
             "mqa", model, batch_size=b * world, max_length=length, dtype=bf16, **options
         )
 
+    def most(rows: int) -> str:
+        return f"≥ {rows}" if rows == limit else str(rows)
+
+    limit = 4096
     cells = [f"{weights / 1e9:.0f} GB"]
-    cells += [str(_largest(lambda b, f=f: f(b) + weights <= gpu)) for f in (capture, evaluate, allocate)]
-    for checkpoint in (False, True):
+    cells += [
+        most(_largest(lambda b, f=f: f(b) + weights <= gpu, limit)) for f in (capture, evaluate, allocate)
+    ]
+    for options in HEALS:
         if 2 * weights <= gpu:
-            cells.append(str(_largest(lambda b, c=checkpoint: heal(b, c) + 2 * weights <= gpu)))
+            cells.append(most(_largest(lambda b, o=options: heal(b, o) + 2 * weights <= gpu, limit)))
         else:
-            rows = _largest(lambda b, c=checkpoint: heal_sharded(b, c) <= gpu)
-            cells.append(f"{rows * world} on {world} GPUs (FSDP)")
+            rows = _largest(lambda b, o=options: heal_sharded(b, o) <= gpu, limit // world)
+            cells.append(f"{most(rows * world)} on {world} GPUs (FSDP)")
     return cells
+
+
+#: The heals of :func:`largest_batches`' columns: as it is, with checkpoints, one window at a time.
+HEALS: tuple[dict[str, Any], ...] = ({}, {"checkpoint": True}, {"micro_batch_size": 1})
 
 
 def largest_batches(gpu: float = 80e9, length: int = 2048, world: int = 8) -> str:
@@ -443,8 +455,8 @@ def largest_batches(gpu: float = 80e9, length: int = 2048, world: int = 8) -> st
     a 70B model's heal with FSDP over ``world`` GPUs (the batch over all of them). Markdown."""
     lines = [
         "| shape (bfloat16) | weights | capture | evaluate (mqa, per layer) | allocate (3 candidates, "
-        "8 batches) | heal (mqa) | heal, checkpoint=True |",
-        "|---|---|---|---|---|---|---|",
+        "8 batches) | heal (mqa) | heal, checkpoint=True | heal, micro_batch_size=1 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, config in (("Llama-3-8B", RUNGS["llama-3-8b"]), ("Llama-3-70B", LLAMA_3_70B)):
         lines.append(f"| {name} | " + " | ".join(_largest_row(config, gpu, length, world)) + " |")
