@@ -53,9 +53,6 @@ PRIVATE: dict[tuple[str, str], str] = {
     ("headwidget.cli._heal", "headwidget.healing._run"): "run files",
     ("headwidget.cli._variants", "headwidget.evaluation._apply"): "variant specs",
     ("headwidget.demo", "headwidget.evaluation._plan"): "fit plans",
-    # capture's own token-id check, which capture does not export yet.
-    ("headwidget.evaluation._arguments", "headwidget.capture.session._check_ids"): "token ids",
-    ("headwidget.evaluation._arguments", "headwidget.capture.session._vocab_size"): "vocabulary",
 }
 
 #: By-name imports whose name is not a literal, each deliberate (module → what it imports).

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter
+from headwidget.capture.feed import check_batch_ids, vocab_size
 from headwidget.capture.inputs import Batch
-from headwidget.capture.session import _check_ids, _vocab_size  # capture's own token-id check
 from headwidget.checks import (
     flag,
     layer_indices,
@@ -168,6 +168,6 @@ def check_token_ids(model: nn.Module, batches: list[Batch]) -> None:
     Raises:
         CaptureInputError: the message names the batch, the id and the vocabulary size.
     """
-    vocab = _vocab_size(model)
+    vocab = vocab_size(model)
     for number, batch in enumerate(batches):
-        _check_ids(batch, number, vocab, model)
+        check_batch_ids(batch, number, vocab, model)
