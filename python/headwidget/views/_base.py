@@ -59,7 +59,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import traitlets as t
 from torch import nn
 
-from headwidget.analysis.conversions import _check_stats_source
+from headwidget.analysis.conversions import check_stats_source
 from headwidget.core.panels import PanelGrid, encode_ahead
 from headwidget.errors import HeadwidgetError, LayerIndexError
 from headwidget.stats import KVStats
@@ -130,7 +130,7 @@ def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "v
     if model is not None and not isinstance(model, nn.Module):
         raise ViewSourceError(f"the {what} needs a torch model (its weights), got {type(model).__name__}")
     if stats is not None and model is not None:
-        _check_stats_source(model, stats, opt_out=False)
+        check_stats_source(model, stats, opt_out=False)
 
 
 class ViewScreen(Protocol):

@@ -58,8 +58,7 @@ from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
 from headwidget.errors import HeadwidgetError, TrackingError, UnknownOptionError
 from headwidget.stats import KVStats
-from headwidget.tracking import Timeline
-from headwidget.tracking._timeline import SUMMARY_METRICS
+from headwidget.tracking import SUMMARY_METRICS, Timeline
 from headwidget.views._base import View, ViewSourceError, check_view_layer, stats_model_name
 from headwidget.views._controls import slider, toggles
 from headwidget.views._memo import Memo
