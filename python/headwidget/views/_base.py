@@ -61,7 +61,7 @@ from torch import nn
 
 from headwidget.analysis.conversions import check_stats_source
 from headwidget.core.panels import PanelGrid, encode_ahead
-from headwidget.errors import HeadwidgetError, LayerIndexError
+from headwidget.errors import HeadwidgetError, LayerIndexError, ViewSourceError
 from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
 from headwidget.views._memo import Memo
@@ -93,10 +93,6 @@ V = TypeVar("V", bound="View[Any]")
 STATE_ERRORS: tuple[type[Exception], ...] = (HeadwidgetError, ValueError, IndexError, KeyError)
 #: The grids a view keeps, by (state, resolution): the most recently shown or computed ahead.
 GRIDS_KEPT = 16
-
-
-class ViewSourceError(HeadwidgetError, ValueError):
-    """A view was asked for without what it is computed from (statistics, or a model's weights)."""
 
 
 def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "view") -> None:
