@@ -75,7 +75,7 @@ from headwidget.errors import (
     NonFiniteLossError,
 )
 from headwidget.evaluation import AppliedVariant, running
-from headwidget.healing._chunked import OutputHead, same_logits
+from headwidget.healing._chunked import OutputHead, last_hidden, same_logits
 from headwidget.healing._data import (
     OVERLAP_TOKENS,
     TrainingWindows,
@@ -736,11 +736,6 @@ def _chunked_heads(
     return heads[0], heads[1]
 
 
-def _hidden(output: Any) -> torch.Tensor:
-    hidden = getattr(output, "last_hidden_state", None)
-    return output[0] if hidden is None else hidden
-
-
 def _global_mean(value: float, ranks: running.Ranks) -> float:
     """The mean of ``value`` over the ranks (every rank's loss is a mean over as many tokens)."""
     return ranks.sum([value])[0] / ranks.world
@@ -823,7 +818,7 @@ class _Training:
             return None
         with torch.no_grad():
             if self.s.loss_name == "hidden_mse":
-                return _hidden(self.teacher(**running.forward_kwargs(self.teacher, batch, self.s.device)))
+                return last_hidden(self.teacher(**running.forward_kwargs(self.teacher, batch, self.s.device)))
             if self.heads is not None:
                 return self.objective.hidden(self.teacher, batch, self.s.device)
             return self.teacher(**running.forward_kwargs(self.teacher, batch, self.s.device)).logits
