@@ -66,7 +66,8 @@ CSP = (
     "default-src 'none'; script-src {script_hashes} data:; style-src 'unsafe-inline'; "
     "img-src data: blob:; base-uri 'none'; form-action 'none'"
 )
-TEMPLATE = """<!doctype html>
+#: The start of every page, up to its own style rules (a single view's page has none).
+HEAD = """<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -75,7 +76,10 @@ TEMPLATE = """<!doctype html>
 <meta name="generator" content="headwidget">
 <title>{title}</title>
 <style>body {{ margin: 16px; background: #fff; color: #1f1f1f; font-family: system-ui, sans-serif; }}
-h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}</style>
+h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}"""
+TEMPLATE = (
+    HEAD
+    + """</style>
 </head>
 <body>
 {heading}<div id="headwidget-root"></div>
@@ -85,6 +89,7 @@ h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}</style>
 </body>
 </html>
 """
+)
 
 
 def page_data(
