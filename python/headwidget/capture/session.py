@@ -11,12 +11,8 @@ wanted), so the rest of the network (and the LM head) is never computed.
 
 Nothing is changed in the model: hooks are removed on normal exit, on exceptions and on
 KeyboardInterrupt, training flags are never touched, and the computation of every layer is the
-model's own.
-
-Threads: the hooks act only on the forward passes the capture itself runs, in the thread that called
-:func:`capture`; forwards of the same model in other threads (or other captures of it) pass through
-them untouched. A model in training mode is captured without dropout, in the capturing thread only
-(:mod:`headwidget.capture.dropout`), so a training loop in another thread keeps its dropout.
+model's own. The hooks act only in the capture's own forward passes (threads: :func:`capture`; the
+dropout of a training-mode model: :mod:`headwidget.capture.dropout`).
 
 :func:`capture` runs in phases: ``_checked`` (arguments, plan, budget), ``_hooked`` (the hooks),
 ``_stream`` (the batches through the model, :mod:`headwidget.capture.feed`) and ``_finished`` (the
