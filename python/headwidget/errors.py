@@ -237,3 +237,31 @@ class FigureError(HeadwidgetError, ValueError):
 
 class VariantError(HeadwidgetError, ValueError):
     """A variant spec the model cannot take (the message names the spec and what is possible)."""
+
+
+class ChannelSelectionError(ArgumentError, IndexError):
+    """A channel selection that holds no channel, reaches outside the channels, or is not integers."""
+
+
+class ViewSourceError(HeadwidgetError, ValueError):
+    """A view was asked for without what it is computed from (statistics, or a model's weights)."""
+
+
+class UnknownDamageMeasureError(HeadwidgetError, ValueError):
+    """A damage measure the report does not hold (``perplexity`` of an encoder, a misspelling)."""
+
+
+class ChannelWindowError(HeadwidgetError, IndexError):
+    """A channel window (``channel_start``, ``channel_width``) that holds no channel of the layer."""
+
+
+class QuantizationViewError(HeadwidgetError, ValueError):
+    """A quantization view asked of statistics without token samples, or with a bad option."""
+
+
+class StepIndexError(HeadwidgetError, IndexError):
+    """A step index outside the timeline's snapshots (the slider counts them from 0)."""
+
+
+class TimelineStepsError(TrackingError):
+    """Timelines shown side by side that do not hold the same steps (they share one step slider)."""

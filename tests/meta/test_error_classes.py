@@ -19,14 +19,6 @@ ELSEWHERE: dict[tuple[str, str], str] = {
     ("capture/session.py", "_ForwardDone"): "ends a forward early",
     # the command line's usage mistake: printed with exit code 2, not a headwidget error (its doctest)
     ("cli/_errors.py", "UsageError"): "argparse-like",
-    # packages another change is rewriting now; they move with it
-    ("views/_base.py", "ViewSourceError"): "views",
-    ("views/consequences.py", "UnknownDamageMeasureError"): "views",
-    ("views/channels.py", "ChannelWindowError"): "views",
-    ("views/quantization.py", "QuantizationViewError"): "views",
-    ("views/timeline.py", "StepIndexError"): "views",
-    ("views/timeline.py", "TimelineStepsError"): "views",
-    ("moments/correlation.py", "ChannelSelectionError"): "moments",
 }
 
 
@@ -79,6 +71,13 @@ def test_every_error_class_is_a_headwidget_error() -> None:
         ("headwidget.cli._errors", "ModelLoadError"),
         ("headwidget.cli._errors", "FigureError"),
         ("headwidget.cli._errors", "VariantError"),
+        ("headwidget.moments.correlation", "ChannelSelectionError"),
+        ("headwidget.views", "ViewSourceError"),
+        ("headwidget.views.consequences", "UnknownDamageMeasureError"),
+        ("headwidget.views", "ChannelWindowError"),
+        ("headwidget.views.quantization", "QuantizationViewError"),
+        ("headwidget.views", "StepIndexError"),
+        ("headwidget.views", "TimelineStepsError"),
     ],
 )
 def test_a_moved_error_is_still_importable_where_it_was(module: str, name: str) -> None:

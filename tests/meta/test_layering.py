@@ -37,26 +37,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 
-#: Imports of another unit's private module or name, each a deliberate exception (importer, imported).
-#: All but the first are older code of the units named, which is being consolidated: each entry goes
-#: when its import does (test_the_named_exceptions_are_still_there says when).
-PRIVATE: dict[tuple[str, str], str] = {
-    # The one check that statistics come from a model (class, config, weights), which convert() runs:
-    # a view that combines statistics with a model's weights refuses a mismatch the same way.
-    ("headwidget.views._base", "headwidget.analysis.conversions._check_stats_source"): "shared check",
-    ("headwidget.evaluation._model_facts", "headwidget.analysis.conversions._check_stats_source"): "same",
-    # The words of a timeline's trend lines: tracking does not export them yet.
-    ("headwidget.views.timeline", "headwidget.tracking._timeline"): "SUMMARY_METRICS",
-    # The command line and the demo reach into evaluation's and healing's modules.
-    ("headwidget.cli._evaluate", "headwidget.evaluation._inputs"): "protocols",
-    ("headwidget.cli._evaluate", "headwidget.evaluation._model_facts"): "model facts",
-    ("headwidget.cli._heal", "headwidget.healing._run"): "run files",
-    ("headwidget.cli._variants", "headwidget.evaluation._apply"): "variant specs",
-    ("headwidget.demo", "headwidget.evaluation._plan"): "fit plans",
-    # capture's own token-id check, which capture does not export yet.
-    ("headwidget.evaluation._arguments", "headwidget.capture.session._check_ids"): "token ids",
-    ("headwidget.evaluation._arguments", "headwidget.capture.session._vocab_size"): "vocabulary",
-}
+#: Imports of another unit's private module or name, each a deliberate exception (importer, imported),
+#: with a comment saying why; an entry goes when its import does (test_the_named_exceptions_are_still_there).
+PRIVATE: dict[tuple[str, str], str] = {}
 
 #: By-name imports whose name is not a literal, each deliberate (module → what it imports).
 UNREAD: dict[str, str] = {

@@ -19,7 +19,7 @@ from headwidget import Timeline, Tracker, notebook
 from headwidget.analysis.alignment import align
 from headwidget.errors import ArgumentError, LayerIndexError, UnknownKindError, UnknownOptionError
 from headwidget.export import ExportError, figure, page_data, save
-from headwidget.tracking._timeline import SUMMARY_METRICS
+from headwidget.tracking import SUMMARY_METRICS
 from headwidget.views import (
     AlignmentView,
     ChannelView,

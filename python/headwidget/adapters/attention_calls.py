@@ -18,6 +18,21 @@ Several watchers may be active at once, in different threads (concurrent capture
 different models): each sees only its own thread's calls. A transforming watcher leaves the dropout
 as the caller gave it and hands the original function its own key and value states; watchers of one
 thread act in the order they were entered (a key watcher entered first sees the untransformed keys).
+
+Example:
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+    ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).eval()
+    >>> attn, ids, seen = model.model.layers[0].self_attn, torch.tensor([[1, 2, 3]]), []
+    >>> with watch_attention_keys(model, {id(attn): 0}, lambda layer, k: seen.append(k.shape)):
+    ...     _ = model(ids)
+    >>> seen
+    [torch.Size([1, 1, 3, 8])]
+    >>> with transform_attention_kv(model, {id(attn): 0}, lambda layer, k, v: (k, torch.zeros_like(v))):
+    ...     zeroed = model(ids).logits
+    >>> bool(torch.allclose(zeroed, model(ids).logits))
+    False
 """
 
 from __future__ import annotations
@@ -109,18 +124,6 @@ def watch_attention_keys(
     Only calls made in the calling thread while ``active()`` is true are seen (and have their
     attention dropout set to 0). ``layer_of`` maps ``id(attention_module)`` to its layer index;
     ``key_states`` is (B, G, T, d_h).
-
-    Example:
-        >>> import torch
-        >>> from transformers import LlamaConfig, LlamaForCausalLM
-        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
-        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).eval()
-        >>> seen = []
-        >>> attn = model.model.layers[0].self_attn
-        >>> with watch_attention_keys(model, {id(attn): 0}, lambda layer, k: seen.append(k.shape)):
-        ...     _ = model(torch.tensor([[1, 2, 3]]))
-        >>> seen
-        [torch.Size([1, 1, 3, 8])]
     """
     with _watching(model, _Watcher(layer_of, on_key, active)):
         yield
@@ -141,18 +144,6 @@ def transform_attention_kv(
     keys and the values, each (B, G, T, d), before any repetition over query heads); every other
     argument, and every other call, is passed through unchanged. The registry entry is restored on
     exit, also when the forward raised.
-
-    Example:
-        >>> import torch
-        >>> from transformers import LlamaConfig, LlamaForCausalLM
-        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
-        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).eval()
-        >>> attn = model.model.layers[0].self_attn
-        >>> ids = torch.tensor([[1, 2, 3]])
-        >>> with transform_attention_kv(model, {id(attn): 0}, lambda layer, k, v: (k, torch.zeros_like(v))):
-        ...     zeroed = model(ids).logits
-        >>> bool(torch.allclose(zeroed, model(ids).logits))
-        False
     """
     with _watching(model, _Watcher(layer_of, None, active, transform)):
         yield

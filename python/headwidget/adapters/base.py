@@ -85,6 +85,30 @@ class Adapter:
     heads are not plain row blocks of Linear layers overrides :meth:`read_head_weights` and
     :meth:`fold_rotations` instead, and one with a reason its heads cannot be rotated exactly
     overrides :meth:`fold_blocker`.
+
+    Example (GPT-2's adapter; 4 heads of 8 dims):
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> from headwidget.adapters import adapter_for
+        >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4)).eval()
+        >>> adapter = adapter_for(gpt2)
+        >>> adapter.mlp_width(), adapter.shared_key_dims(), adapter.alignment_blocker()  # n_inner: 4 × 32
+        (128, (), None)
+        >>> w = adapter.head_weights(0)
+        >>> tuple(w.q.shape), tuple(w.o.shape), tuple(w.k_bias.shape)
+        ((4, 8, 32), (4, 32, 8), (4, 8))
+        >>> rows = adapter.fingerprint_rows(0)
+        >>> list(rows), tuple(rows["k.weight"].shape), tuple(rows["k.bias"].shape)
+        (['q.weight', 'q.bias', 'k.weight', 'k.bias', 'v.weight', 'v.bias'], (2, 32), (2,))
+        >>> adapter.write_head_weights(adapter.attention_at(0), w)  # the same weights, written back
+        >>> bool(torch.equal(adapter.head_weights(0).k, w.k))
+        True
+        >>> ids = torch.randint(0, 64, (1, 8))
+        >>> before = gpt2(ids).logits
+        >>> flip = torch.eye(8, dtype=torch.float64).flip(0).repeat(4, 1, 1)  # orthogonal
+        >>> adapter.fold_rotations(0, flip, flip)  # the keys and values rotated, the outputs the same
+        >>> bool(torch.allclose(gpt2(ids).logits, before, atol=1e-5))
+        True
     """
 
     family: ClassVar[str] = ""
@@ -131,14 +155,7 @@ class Adapter:
         return list(self._attentions)
 
     def mlp_width(self) -> int:
-        """Width of the MLP's hidden layer, from the config field the family names.
-
-        >>> from transformers import GPT2Config, GPT2LMHeadModel
-        >>> from headwidget.adapters import adapter_for
-        >>> gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4))  # n_inner None: 4 × 32
-        >>> adapter_for(gpt2).mlp_width()
-        128
-        """
+        """Width of the MLP's hidden layer, from the config field the family names."""
         config = getattr(self.model, "config", None)
         value = getattr(config, self.mlp_width_field, None)
         if value is None and self.mlp_width_default:
@@ -227,14 +244,6 @@ class Adapter:
     def head_weights(self, layer: int) -> HeadWeights:
         """The per-head Q/K/V/O weights of ``layer`` in the :mod:`headwidget.core.weights` convention.
 
-        Example:
-            >>> from transformers import GPT2Config, GPT2LMHeadModel
-            >>> from headwidget.adapters import adapter_for
-            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
-            >>> w = adapter_for(gpt2).head_weights(0)
-            >>> tuple(w.q.shape), tuple(w.o.shape), tuple(w.k_bias.shape)
-            ((4, 8, 32), (4, 32, 8), (4, 8))
-
         Raises:
             LayerIndexError: ``layer`` is not a layer of the model.
         """
@@ -249,14 +258,6 @@ class Adapter:
         cannot be read: a projection that is not a plain floating-point Linear/Conv1D (a quantised
         model), weights on the meta device (offloaded), or a family that does not say where its heads'
         weights are. See :func:`~headwidget.adapters.fingerprint.weight_fingerprint`.
-
-        Example:
-            >>> from transformers import GPT2Config, GPT2LMHeadModel
-            >>> from headwidget.adapters import adapter_for
-            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
-            >>> rows = adapter_for(gpt2).fingerprint_rows(0)
-            >>> list(rows), tuple(rows["k.weight"].shape), tuple(rows["k.bias"].shape)
-            (['q.weight', 'q.bias', 'k.weight', 'k.bias', 'v.weight', 'v.bias'], (2, 32), (2,))
         """
         try:
             projections = self.head_projections(self.attention_at(layer))
@@ -282,11 +283,6 @@ class Adapter:
 
         A per-head rotation must leave them fixed; :func:`~headwidget.analysis.align_model.align_model`
         rotates only the other dims.
-
-        >>> from transformers import GPT2Config, GPT2LMHeadModel
-        >>> from headwidget.adapters import adapter_for
-        >>> adapter_for(GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4))).shared_key_dims()
-        ()
         """
         return ()
 
@@ -306,15 +302,7 @@ class Adapter:
         return None
 
     def alignment_blocker(self) -> str | None:
-        """Why this model's heads cannot be rotated exactly, naming the cause (None: they can).
-
-        Example:
-            >>> from transformers import GPT2Config, GPT2LMHeadModel
-            >>> from headwidget.adapters import adapter_for
-            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
-            >>> adapter_for(gpt2).alignment_blocker() is None
-            True
-        """
+        """Why this model's heads cannot be rotated exactly, naming the cause (None: they can)."""
         for attention in self.attention_modules():
             reason = self.fold_blocker(attention)
             if reason is not None:
@@ -329,18 +317,6 @@ class Adapter:
         plane as a 2×2 rotation, so that it commutes with RoPE). ``value_rotations`` (G, d_v, d_v)
         turn values ``v → v S`` and the output projection's columns of the query heads reading them
         ``W_O[h] → W_O[h] S``. Both must be orthogonal.
-
-        Example:
-            >>> import torch
-            >>> from transformers import GPT2Config, GPT2LMHeadModel
-            >>> from headwidget.adapters import adapter_for
-            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4)).eval()
-            >>> ids = torch.randint(0, 64, (1, 8))
-            >>> before = gpt2(ids).logits
-            >>> flip = torch.eye(8, dtype=torch.float64).flip(0).repeat(4, 1, 1)  # orthogonal
-            >>> adapter_for(gpt2).fold_rotations(0, flip, flip)
-            >>> bool(torch.allclose(gpt2(ids).logits, before, atol=1e-5))
-            True
 
         Raises:
             UnsupportedAlignmentError: :meth:`fold_blocker` names a reason for this layer.
@@ -364,16 +340,6 @@ class Adapter:
         """Overwrite ``attention``'s per-head Q/K/V/O weights and biases with ``weights`` (in place).
 
         ``weights`` must have as many KV heads as the layer unless :attr:`resizable_kv_heads`.
-
-        Example:
-            >>> from transformers import GPT2Config, GPT2LMHeadModel
-            >>> from headwidget.adapters import adapter_for
-            >>> gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
-            >>> adapter = adapter_for(gpt2)
-            >>> w = adapter.head_weights(0)
-            >>> adapter.write_head_weights(adapter.attention_at(0), w)
-            >>> bool(torch.equal(adapter.head_weights(0).k, w.k))
-            True
 
         Raises:
             UnsupportedConversionError: the family does not say where its heads' weights are (MLA),

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from headwidget.adapters import adapter_for
-from headwidget.analysis.conversions import _check_stats_source
+from headwidget.analysis.conversions import check_stats_source
 from headwidget.analysis.procrustes import HeadSplit, fit_rotations
 from headwidget.checks import layer_index, whole_numbers
 from headwidget.errors import ArgumentError, GroupCountError, StatsMismatchError, UnsupportedAlignmentError
@@ -222,7 +222,7 @@ def align_model(
         )
     if layout != stats.meta.layout:
         raise StatsMismatchError("these statistics were captured from a model of another shape")
-    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
+    check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     if layers is not None:
         layers = [
             layer_index("layers", x, layout.num_layers)

@@ -67,6 +67,7 @@ from headwidget.stats import KVStats, config_matches
 
 __all__ = [
     "Conversion",
+    "check_stats_source",
     "convert",
     "input_sqrt",
     "mechanism_sweep",
@@ -182,7 +183,7 @@ def _source_weights(model: nn.Module | HeadWeights, layer: Any) -> tuple[HeadWei
     return w, int(layer)
 
 
-def _check_stats_source(
+def check_stats_source(
     model: nn.Module | HeadWeights,
     stats: KVStats | None,
     *,
@@ -387,7 +388,7 @@ def convert(
         LayerIndexError: ``layer`` is not a layer of the model.
     """
     name, arg = parse_spec(spec)
-    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
+    check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     factors: dict[str, torch.Tensor] = {}
     w, layer = _source_weights(model, layer)
     heads, d_h, d_v, d = w.num_heads, int(w.k.shape[1]), int(w.v.shape[1]), int(w.k.shape[2])
@@ -449,7 +450,7 @@ def mechanism_sweep(
     [128, 32, 64]
     """
     specs = text_list("specs", specs, example="['mha', 'mqa', 'lrkv:16']", what="mechanism specs")
-    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
+    check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     w, layer = _source_weights(model, layer)
     rows = []
     for spec in specs:

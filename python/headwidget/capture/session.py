@@ -11,20 +11,20 @@ wanted), so the rest of the network (and the LM head) is never computed.
 
 Nothing is changed in the model: hooks are removed on normal exit, on exceptions and on
 KeyboardInterrupt, training flags are never touched, and the computation of every layer is the
-model's own.
+model's own. The hooks act only in the capture's own forward passes (threads: :func:`capture`; the
+dropout of a training-mode model: :mod:`headwidget.capture.dropout`).
 
-Threads: the hooks act only on the forward passes the capture itself runs, in the thread that called
-:func:`capture`; forwards of the same model in other threads (or other captures of it) pass through
-them untouched. A model in training mode is captured without dropout, in the capturing thread only
-(:mod:`headwidget.capture.dropout`), so a training loop in another thread keeps its dropout.
+:func:`capture` runs in phases: ``_checked`` (arguments, plan, budget), ``_hooked`` (the hooks),
+``_stream`` (the batches through the model, :mod:`headwidget.capture.feed`) and ``_finished`` (the
+statistics and what they came from).
 """
 
 from __future__ import annotations
 
-import inspect
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,11 +34,12 @@ from torch import nn
 from headwidget.adapters import Adapter, Tap, adapter_for
 from headwidget.adapters.attention_calls import watch_attention_keys
 from headwidget.adapters.fingerprint import weight_fingerprint
-from headwidget.capture.arguments import check_capture_arguments, check_estimate_arguments
+from headwidget.capture.arguments import CaptureArguments, check_capture_arguments, check_estimate_arguments
 from headwidget.capture.dropout import NoDropout, any_training
+from headwidget.capture.feed import ModelFeed
 from headwidget.capture.folds import StagedFolds
 from headwidget.capture.inputs import Batch, length_batches
-from headwidget.capture.plan import CapturePlan, FoldShape, module_device
+from headwidget.capture.plan import CapturePlan, FoldShape
 from headwidget.capture.tokens import (
     ReservoirStep,
     TokenReservoir,
@@ -247,19 +248,6 @@ class _Recorder:
             )
 
 
-def _forward_parameters(model: nn.Module) -> set[str]:
-    return set(inspect.signature(model.forward).parameters)
-
-
-def _vocab_size(model: nn.Module) -> int | None:
-    get_embeddings = getattr(model, "get_input_embeddings", None)
-    embeddings = get_embeddings() if callable(get_embeddings) else None
-    if isinstance(embeddings, nn.Embedding):
-        return int(embeddings.num_embeddings)
-    size = getattr(getattr(model, "config", None), "vocab_size", None)
-    return int(size) if size else None
-
-
 def _narrowed(batch: Batch, recorder: _Recorder, *, causal: bool) -> Batch:
     """``batch`` cut to the rows and columns its selected tokens need (a ``max_tokens`` budget that
     ends inside it), the recorder's selection indexed into the cut batch."""
@@ -269,43 +257,6 @@ def _narrowed(batch: Batch, recorder: _Recorder, *, causal: bool) -> Batch:
     if (rows, width) == (b, t):
         return batch
     return Batch(batch.input_ids[:rows, :width], batch.attention_mask[:rows, :width])
-
-
-def _check_ids(batch: Batch, number: int, vocab: int | None, model: nn.Module) -> None:
-    ids = batch.input_ids
-    low, high = int(ids.min()), int(ids.max())
-    name = type(model).__name__
-    if low < 0:
-        raise CaptureInputError(
-            f"batch {number}: its smallest token id is {low}, but token ids cannot be negative "
-            "(-100 marks ignored labels, not inputs). Pad input_ids with the tokenizer's pad_token_id "
-            "and mark the padding with attention_mask 0"
-        )
-    if vocab is not None and high >= vocab:
-        raise CaptureInputError(
-            f"batch {number}: its largest token id is {high}, but {name}'s vocabulary has {vocab} ids "
-            f"(0..{vocab - 1}). Tokenize with this model's own tokenizer"
-        )
-
-
-def _position_kwargs(batch: Batch, number: int, takes: set[str], model: nn.Module) -> dict[str, Any]:
-    positions = batch.position_ids()
-    if positions is None:
-        return {}
-    if "position_ids" not in takes:
-        raise CaptureInputError(
-            f"batch {number} is left-padded (or has gaps), but {type(model).__name__}.forward takes no "
-            "position_ids, so its real tokens would sit at shifted positions. Pad on the right"
-        )
-    return {"position_ids": positions}
-
-
-def _input_device(model: nn.Module) -> torch.device:
-    get_embeddings = getattr(model, "get_input_embeddings", None)
-    embeddings = get_embeddings() if callable(get_embeddings) else None
-    if isinstance(embeddings, nn.Module):
-        return module_device(embeddings)
-    return module_device(model)
 
 
 def _versions() -> dict[str, str]:
@@ -320,12 +271,6 @@ def _model_dtype(model: nn.Module) -> str:
     for p in model.parameters():
         return str(p.dtype).removeprefix("torch.")
     return "float32"
-
-
-def _check_seed(seed: object) -> int:
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= int(seed) < 2**63:
-        raise CaptureInputError(f"sample_seed must be an integer with 0 ≤ seed < 2**63, got {seed!r}")
-    return int(seed)
 
 
 def capture(
@@ -409,123 +354,152 @@ def capture(
         (60, 'mha')
     """
     adapter = adapter_for(model)
-    (
-        layers,
-        cross_layer,
-        batch_size,
-        max_length,
-        max_tokens,
-        max_memory,
-        skip_first_token,
-        inputs,
-        progress,
-    ) = check_capture_arguments(
+    run = _checked(
         adapter,
-        layers=layers,
-        cross_layer=cross_layer,
-        batch_size=batch_size,
-        max_length=max_length,
-        max_tokens=max_tokens,
-        max_memory=max_memory,
-        skip_first_token=skip_first_token,
-        inputs=inputs,
-        progress=progress,
+        check_capture_arguments(
+            adapter,
+            layers=layers,
+            cross_layer=cross_layer,
+            batch_size=batch_size,
+            max_length=max_length,
+            max_tokens=max_tokens,
+            max_memory=max_memory,
+            skip_first_token=skip_first_token,
+            inputs=inputs,
+            progress=progress,
+        ),
+        rope=rope,
+        samples=samples,
+        sample_seed=sample_seed,
     )
-    plan = CapturePlan.make(
-        adapter, layers=layers, rope=rope, inputs=inputs, cross_layer=cross_layer, samples=samples
-    )
-    sample_seed = _check_seed(sample_seed)
-    shapes = plan.check_budget(batch_size, max_length, max_memory)
     batches = length_batches(
         texts,
         tokenizer,
-        batch_size=batch_size,
-        max_length=max_length,
-        max_tokens=max_tokens,
-        skip_first_token=skip_first_token,
+        batch_size=run.args.batch_size,
+        max_length=run.args.max_length,
+        max_tokens=run.args.max_tokens,
+        skip_first_token=run.args.skip_first_token,
     )
-    recorder = _Recorder(adapter, plan, shapes, batch_size * max_length, sample_seed)
-    device = _input_device(model)
-    takes = _forward_parameters(model)
-    kwargs: dict[str, Any] = {"use_cache": False} if "use_cache" in takes else {}
-    vocab = _vocab_size(model)
-    modules = list(model.modules())
-    impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    total = 0
+    recorder = _Recorder(adapter, run.plan, run.shapes, run.args.batch_size * run.args.max_length, run.seed)
+    feed = ModelFeed.of(model)
+    with ExitStack() as stack:
+        _hooked(stack, model, recorder)
+        total = _stream(stack, feed, batches, recorder, run.args)
+    return _finished(model, adapter, run, recorder, total)
 
+
+@dataclass(frozen=True)
+class _Run:
+    """What :func:`capture` checked and planned before any hook: its arguments, the layers' groups and
+    their fold shapes, the samples' seed."""
+
+    args: CaptureArguments
+    plan: CapturePlan
+    shapes: list[FoldShape]
+    seed: int
+
+
+def _checked(
+    adapter: Adapter, args: CaptureArguments, *, rope: str, samples: int, sample_seed: object
+) -> _Run:
+    """The plan of a capture with ``args`` (the kinds, groups and devices of its layers), checked against
+    its memory budget, before any hook or batch."""
+    plan = CapturePlan.make(
+        adapter,
+        layers=args.layers,
+        rope=rope,
+        inputs=args.inputs,
+        cross_layer=args.cross_layer,
+        samples=samples,
+    )
+    seed = sample_seed
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= int(seed) < 2**63:
+        raise CaptureInputError(f"sample_seed must be an integer with 0 ≤ seed < 2**63, got {seed!r}")
+    return _Run(args, plan, plan.check_budget(args.batch_size, args.max_length, args.max_memory), int(seed))
+
+
+def _hooked(stack: ExitStack, model: nn.Module, recorder: _Recorder) -> None:
+    """Install the recorder's hooks on every captured layer, each removed when ``stack`` closes."""
+    adapter, plan = recorder.adapter, recorder.plan
+    for layer, attention in zip(plan.layers, plan.attention, strict=True):
+        taps = list(adapter.taps(attention))
+        if "input" in plan.kinds:
+            taps.append(adapter.input_tap(attention))
+        if plan.plane_norms:
+            taps.extend(adapter.query_taps(attention) or [])
+        # the last layer's taps end the forward once they have all fired, unless post-RoPE keys
+        # (handed over inside the attention) are wanted
+        last = layer == plan.layers[-1] and "key_post" not in plan.kinds
+        complete = frozenset(tap.slot for tap in taps) if last else None
+        for tap in taps:
+            stack.callback(recorder.tap_hook(layer, tap, complete).remove)
+        stack.callback(recorder.layer_done_hook(layer, attention).remove)
+    # Post-RoPE keys come through AttentionInterface; so does the dropout of attention kernels
+    # outside torch (flash attention), which the watcher sets to 0 in this capture's forwards.
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if "key_post" in plan.kinds or impl not in ("eager", "sdpa"):
+        layer_of = {id(m): layer for layer, m in zip(plan.layers, plan.attention, strict=True)}
+        stack.enter_context(watch_attention_keys(model, layer_of, recorder.on_post_rope_key, recorder.active))
+    stack.enter_context(torch.no_grad())
+
+
+def _stream(
+    stack: ExitStack, feed: ModelFeed, batches: Iterable[Batch], recorder: _Recorder, args: CaptureArguments
+) -> int:
+    """Run the batches through the hooked model until ``max_tokens`` are counted, folding each batch's
+    selected tokens in and checking them finite; the number of tokens counted."""
     from tqdm.auto import tqdm
 
-    with ExitStack() as stack:
-        for layer, attention in zip(plan.layers, plan.attention, strict=True):
-            taps = list(adapter.taps(attention))
-            if "input" in plan.kinds:
-                taps.append(adapter.input_tap(attention))
-            if plan.plane_norms:
-                taps.extend(adapter.query_taps(attention) or [])
-            # the last layer's taps end the forward once they have all fired, unless post-RoPE keys
-            # (handed over inside the attention) are wanted
-            last = layer == plan.layers[-1] and "key_post" not in plan.kinds
-            complete = frozenset(tap.slot for tap in taps) if last else None
-            for tap in taps:
-                stack.callback(recorder.tap_hook(layer, tap, complete).remove)
-            stack.callback(recorder.layer_done_hook(layer, attention).remove)
-        # Post-RoPE keys come through AttentionInterface; so does the dropout of attention kernels
-        # outside torch (flash attention), which the watcher sets to 0 in this capture's forwards.
-        if "key_post" in plan.kinds or impl not in ("eager", "sdpa"):
-            layer_of = {id(m): layer for layer, m in zip(plan.layers, plan.attention, strict=True)}
-            stack.enter_context(
-                watch_attention_keys(model, layer_of, recorder.on_post_rope_key, recorder.active)
+    bar = stack.enter_context(
+        tqdm(total=args.max_tokens, unit="tok", unit_scale=True, disable=not args.progress, desc="capture")
+    )
+    modules = list(feed.model.modules())
+    total = 0
+    for number, batch in enumerate(batches):
+        if not bool(batch.attention_mask.any()):
+            raise CaptureInputError(
+                f"batch {number} has no real tokens: its attention_mask is all zero. "
+                "Remove empty texts or all-padding batches"
             )
-        stack.enter_context(torch.no_grad())
-        bar = stack.enter_context(
-            tqdm(total=max_tokens, unit="tok", unit_scale=True, disable=not progress, desc="capture")
+        remaining = None if args.max_tokens is None else args.max_tokens - total
+        recorder.selection = select_tokens(
+            batch.attention_mask, batch_number=number, skip_first_token=args.skip_first_token, limit=remaining
         )
-        for number, batch in enumerate(batches):
-            if not bool(batch.attention_mask.any()):
-                raise CaptureInputError(
-                    f"batch {number} has no real tokens: its attention_mask is all zero. "
-                    "Remove empty texts or all-padding batches"
-                )
-            remaining = None if max_tokens is None else max_tokens - total
-            recorder.selection = select_tokens(
-                batch.attention_mask,
-                batch_number=number,
-                skip_first_token=skip_first_token,
-                limit=remaining,
+        if recorder.selection.count == 0:
+            continue
+        feed.check_ids(batch, number)
+        batch = _narrowed(batch, recorder, causal=recorder.adapter.causal)
+        count = recorder.selection.count
+        if recorder.reservoir is not None:
+            recorder.sample_step = recorder.reservoir.step(count)
+        call = feed.call(batch, number)
+        training = any_training(modules)
+        recorder.forward(feed.model, call, no_dropout=training)
+        if not training and any_training(modules):
+            raise CaptureConflictError(
+                f"{type(feed.model).__name__} was switched to training mode while batch {number} ran "
+                "through it (by another thread?), so dropout may have entered the statistics. "
+                "Capture while nothing switches the model's mode (capture a training-mode model "
+                "as it is: its dropout is turned off for the capture alone)"
             )
-            if recorder.selection.count == 0:
-                continue
-            _check_ids(batch, number, vocab, model)
-            batch = _narrowed(batch, recorder, causal=adapter.causal)
-            if recorder.reservoir is not None:
-                recorder.sample_step = recorder.reservoir.step(recorder.selection.count)
-            tensors = {
-                "input_ids": batch.input_ids,
-                "attention_mask": batch.attention_mask,
-                **_position_kwargs(batch, number, takes, model),
-            }
-            call = {**{k: v.to(device) for k, v in tensors.items()}, **kwargs}
-            training = any_training(modules)
-            recorder.forward(model, call, no_dropout=training)
-            if not training and any_training(modules):
-                raise CaptureConflictError(
-                    f"{type(model).__name__} was switched to training mode while batch {number} ran "
-                    "through it (by another thread?), so dropout may have entered the statistics. "
-                    "Capture while nothing switches the model's mode (capture a training-mode model "
-                    "as it is: its dropout is turned off for the capture alone)"
-                )
-            recorder.check_finite()
-            total += recorder.selection.count
-            bar.update(recorder.selection.count)
-            if max_tokens is not None and total >= max_tokens:
-                break
+        recorder.check_finite()
+        total += count
+        bar.update(count)
+        if args.max_tokens is not None and total >= args.max_tokens:
+            break
+    return total
 
+
+def _finished(model: nn.Module, adapter: Adapter, run: _Run, recorder: _Recorder, total: int) -> KVStats:
+    """The statistics of ``total`` captured tokens: the recorder's moments, samples and pair norms, with
+    what they were captured from (model, layers, kinds, fingerprints, versions)."""
     if total == 0:
         raise CaptureInputError(
             "no tokens were captured: every text was empty, or every position padding (or skipped as a "
             "first token); give texts with real tokens"
         )
     cfg: Any = model.config
+    plan = run.plan
     meta = StatsMeta(
         model_name=str(getattr(cfg, "name_or_path", "") or ""),
         model_class=type(model).__name__,
@@ -534,13 +508,13 @@ def capture(
         kinds=plan.kinds,
         tokens=total,
         dtype=_model_dtype(model),
-        skip_first_token=skip_first_token,
+        skip_first_token=run.args.skip_first_token,
         cross_layers=plan.cross_layers,
         config_fingerprint=config_fingerprint(cfg),
         weights_fingerprint=weight_fingerprint(adapter, plan.layers),
         versions=_versions(),
         sample_size=plan.samples,
-        sample_seed=sample_seed if plan.samples else 0,
+        sample_seed=run.seed if plan.samples else 0,
     )
     folds = recorder.folds
     return KVStats(meta, folds.moments(), folds.cross_moments(), recorder.samples(), recorder.plane_norms)

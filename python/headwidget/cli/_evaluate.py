@@ -142,8 +142,7 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     import torch
 
     from headwidget.capture import capture
-    from headwidget.evaluation import evaluate
-    from headwidget.evaluation._inputs import parse_protocol
+    from headwidget.evaluation import evaluate, parse_protocol
     from headwidget.stats import KVStats
 
     specs = variant_specs(args.variants, args.variant)
@@ -175,7 +174,7 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     calibration_texts = english_sample(split="calibration")
     if stats is None and needs_statistics(specs):
         from headwidget.adapters import adapter_for
-        from headwidget.evaluation._model_facts import resolve_layers
+        from headwidget.evaluation import resolve_layers
 
         first = resolve_layers(adapter_for(model), layers)[0]
         check_variants(model, tokenizer, specs, first, calibration_texts)

@@ -114,7 +114,7 @@ def _specs(args: argparse.Namespace) -> list[str]:
 
 def _interrupted(runs: dict[str, Any], specs: list[str], out: Path) -> int:
     """Ctrl-C: write the runs so far (the last one stopped early), say so on stderr, exit status 130."""
-    from headwidget.healing._run import save_runs
+    from headwidget.healing import save_runs
 
     left = [s for s in specs if s not in runs or runs[s].stopped_early]
     if runs:
@@ -152,8 +152,7 @@ def _heal_all(args: argparse.Namespace, load: Loader, specs: list[str], runs: di
     """Load, calibrate, heal each variant into ``runs`` (a stopped run ends the command), print, write."""
     from headwidget.capture import capture
     from headwidget.evaluation import apply
-    from headwidget.healing import heal
-    from headwidget.healing._run import save_runs, summary_table
+    from headwidget.healing import heal, save_runs, summary_table
     from headwidget.texts import english_sample
 
     progress = not args.no_progress and sys.stderr.isatty()

@@ -2,15 +2,25 @@
 (what ``EvaluationReport.load`` reads) or as Markdown (a header with its facts, then its table).
 
 Example:
+    >>> import pathlib, tempfile
     >>> from headwidget.evaluation import EvaluationReport
     >>> report = EvaluationReport(
     ...     model="tiny", kind="causal-lm", variants=["model", "mqa"],
     ...     measures={"model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0},
     ...               "mqa": {"nll": 2.5, "perplexity": 12.18, "kl": 0.4, "top1": 0.8}},
     ...     kv_bytes_per_token={"model": 512, "mqa": 128}, tokens=100, sequences=4,
-    ...     fingerprint="0123456789abcdef", dtype="torch.float32")
-    >>> print(report_facts(report, evaluation="evaluation.txt", calibration="none")[2])
+    ...     fingerprint="0123456789abcdef", dtype="torch.float32", layers=[0, 1])
+    >>> facts = report_facts(report, evaluation="evaluation.txt", calibration="none")
+    >>> facts[0]
+    '- model: tiny (causal-lm)'
+    >>> print(facts[2])
     - evaluation: 100 predicted tokens in 4 sequences of evaluation.txt (fingerprint 0123456789abcdef)
+    >>> print(report_markdown(report, evaluation="text", calibration="none").splitlines()[0])
+    # Attention variants of tiny
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> path = write_report(report, folder / "report.json", evaluation="text", calibration="none")
+    >>> EvaluationReport.load(path).nll
+    {'model': 2.0, 'mqa': 2.5}
 """
 
 from __future__ import annotations
@@ -34,15 +44,6 @@ def report_facts(report: EvaluationReport, *, evaluation: str, calibration: str)
     """The facts a reader needs to compare two reports knowingly, one Markdown list item each:
     model, dtype, the evaluation tokens (their fingerprint, the protocol), the calibration, the converted
     layers.
-
-    Example:
-        >>> from headwidget.evaluation import EvaluationReport
-        >>> report = EvaluationReport(model="tiny", kind="causal-lm", variants=["model"],
-        ...     measures={"model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0}},
-        ...     kv_bytes_per_token={"model": 512}, tokens=100, sequences=4, fingerprint="0123",
-        ...     dtype="torch.float32", layers=[0, 1])
-        >>> report_facts(report, evaluation="text", calibration="none")[0]
-        '- model: tiny (causal-lm)'
     """
     measured = "predicted tokens" if report.kind == "causal-lm" else "tokens"
     layers = ", ".join(str(i) for i in report.layers) if report.layers else "all"
@@ -61,15 +62,6 @@ def report_facts(report: EvaluationReport, *, evaluation: str, calibration: str)
 def report_markdown(report: EvaluationReport, *, evaluation: str, calibration: str) -> str:
     """A Markdown page: a title, :func:`report_facts` and ``report.table()`` (with the per-layer table
     when the report has one).
-
-    Example:
-        >>> from headwidget.evaluation import EvaluationReport
-        >>> report = EvaluationReport(model="tiny", kind="causal-lm", variants=["model"],
-        ...     measures={"model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0}},
-        ...     kv_bytes_per_token={"model": 512}, tokens=100, sequences=4, fingerprint="0123",
-        ...     dtype="torch.float32")
-        >>> print(report_markdown(report, evaluation="text", calibration="none").splitlines()[0])
-        # Attention variants of tiny
     """
     facts = report_facts(report, evaluation=evaluation, calibration=calibration)
     title = f"# Attention variants of {report.model}"
@@ -79,18 +71,6 @@ def report_markdown(report: EvaluationReport, *, evaluation: str, calibration: s
 def write_report(report: EvaluationReport, path: Path, *, evaluation: str, calibration: str) -> Path:
     """Write ``report`` to ``path`` by its suffix (:data:`REPORT_SUFFIXES`), atomically (see
     :mod:`headwidget.files`): JSON with ``report.save``, Markdown with :func:`report_markdown`.
-
-    Example:
-        >>> import pathlib, tempfile
-        >>> from headwidget.evaluation import EvaluationReport
-        >>> report = EvaluationReport(model="tiny", kind="causal-lm", variants=["model"],
-        ...     measures={"model": {"nll": 2.0, "perplexity": 7.389, "kl": 0.0, "top1": 1.0}},
-        ...     kv_bytes_per_token={"model": 512}, tokens=100, sequences=4, fingerprint="0123",
-        ...     dtype="torch.float32")
-        >>> folder = pathlib.Path(tempfile.mkdtemp())
-        >>> path = write_report(report, folder / "report.json", evaluation="text", calibration="none")
-        >>> EvaluationReport.load(path).nll
-        {'model': 2.0}
     """
     if path.suffix.lower() == ".md":
         with atomic_write(path, "w") as fh:

@@ -186,8 +186,7 @@ def check_variants(model: Any, tokenizer: Any, specs: Sequence[str], layer: int,
     """
     from headwidget.adapters import adapter_for
     from headwidget.capture import capture
-    from headwidget.evaluation import fit_quantizer
-    from headwidget.evaluation._apply import fit_variant
+    from headwidget.evaluation import fit_quantizer, fit_variant
 
     probe = None
     if needs_statistics(specs):

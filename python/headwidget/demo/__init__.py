@@ -51,8 +51,7 @@ from headwidget.demo._quantization import (
     reduced_run,
 )
 from headwidget.embedded import load_minilm, load_smollm2
-from headwidget.evaluation import EvaluationReport, evaluate
-from headwidget.evaluation._plan import reusing_plans
+from headwidget.evaluation import EvaluationReport, evaluate, reusing_plans
 from headwidget.export import save_all
 from headwidget.files import atomic_write
 from headwidget.moments import off_diagonal_mean

@@ -19,6 +19,14 @@ Example:
     ...                            progress=False)
     >>> entropy_lines(stats, [0])[2].split(" | ")[:3]
     ['| layer', 'K pre-RoPE c=2/16 bins', 'K pre-RoPE c=4/4 bins']
+    >>> cut = first_rows(stats, 16)
+    >>> rows = cut.samples(0, "value")
+    >>> rows.shape, torch.equal(rows, stats.samples(0, "value")[:16])
+    (torch.Size([16, 16]), True)
+    >>> cut.tokens == stats.tokens, first_rows(stats, 64) is stats
+    (True, True)
+    >>> reduced_run(stats, 200), reduced_run(stats, 2000)[:2], reduced_run(stats, 2000, full=True)
+    ((64, 200, ''), (64, 256), (64, 2000, ''))
 """
 
 from __future__ import annotations
@@ -104,20 +112,7 @@ def entropy_lines(stats: KVStats, layers: Sequence[int]) -> list[str]:
 def first_rows(stats: KVStats, rows: int) -> KVStats:
     """``stats`` with every (layer, kind)'s token sample cut to its first ``rows`` rows (``stats`` itself
     when it holds no more): the same moments and meta, no cross-layer moments. The samples are in a random
-    order, so the first rows are a uniform sample of the token rows as well.
-
-    Example:
-        >>> import torch, headwidget
-        >>> from transformers import GPT2Config, GPT2LMHeadModel
-        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50)).eval()
-        >>> stats = headwidget.capture(model, torch.randint(0, 50, (3, 20)), samples=40, progress=False)
-        >>> cut = first_rows(stats, 16)
-        >>> rows = cut.samples(1, "value")
-        >>> rows.shape, torch.equal(rows, stats.samples(1, "value")[:16])
-        (torch.Size([16, 32]), True)
-        >>> cut.tokens == stats.tokens, first_rows(stats, 40) is stats
-        (True, True)
-    """
+    order, so the first rows are a uniform sample of the token rows as well."""
     keys = [(layer, kind) for layer in stats.layers for kind in stats.kinds]
     if stats.samples(*keys[0]).shape[0] <= rows:  # every (layer, kind) holds the same token rows
         return stats
@@ -128,18 +123,7 @@ def first_rows(stats: KVStats, rows: int) -> KVStats:
 
 def reduced_run(stats: KVStats, max_tokens: int, full: bool = False) -> tuple[int, int, str]:
     """The rows the CQ codebooks are fitted on, the tokens the quantizers are measured on (at most), and
-    the sentence that says how this run was reduced ("" when it was not: ``full``, or small inputs).
-
-    Example:
-        >>> import torch, headwidget
-        >>> from transformers import GPT2Config, GPT2LMHeadModel
-        >>> model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50)).eval()
-        >>> stats = headwidget.capture(model, torch.randint(0, 50, (3, 20)), samples=40, progress=False)
-        >>> reduced_run(stats, 200)
-        (40, 200, '')
-        >>> reduced_run(stats, 2000)[:2], reduced_run(stats, 2000, full=True)
-        ((40, 256), (40, 2000, ''))
-    """
+    the sentence that says how this run was reduced ("" when it was not: ``full``, or small inputs)."""
     sampled = stats.samples(stats.layers[0], "value").shape[0]
     if full:
         return sampled, max_tokens, ""

@@ -27,10 +27,12 @@ from headwidget.evaluation._allocate import (
     allocate_frontier,
     estimate_allocation,
 )
-from headwidget.evaluation._apply import AppliedVariant, apply
+from headwidget.evaluation._apply import AppliedVariant, apply, fit_variant
 from headwidget.evaluation._evaluate import evaluate
-from headwidget.evaluation._inputs import position_ids_from_mask
+from headwidget.evaluation._inputs import parse_protocol, position_ids_from_mask
 from headwidget.evaluation._memory import estimate_evaluation
+from headwidget.evaluation._model_facts import resolve_layers
+from headwidget.evaluation._plan import reusing_plans
 from headwidget.evaluation._quantize import KVQuantizer, fit_quantizer
 from headwidget.evaluation._report import EvaluationReport
 from headwidget.evaluation.measures import EncoderTotals, PredictionTotals, predicted_positions
@@ -52,8 +54,12 @@ __all__ = [
     "evaluate",
     "fit_codebooks",
     "fit_quantizer",
+    "fit_variant",
+    "parse_protocol",
     "position_ids_from_mask",
     "predicted_positions",
     "quantize_int_keys",
     "quantize_int_values",
+    "resolve_layers",
+    "reusing_plans",
 ]

@@ -52,6 +52,8 @@ Example:
     (1, 2)
     >>> mqa.headwidget_variant.kv_bytes_per_token(torch.bfloat16)  # 2 layers × (8 + 8) × 2 bytes
     64
+    >>> save_blocker(mqa) is None, save_blocker(apply(model, "mqa", layers=[1]))[:55]
+    (True, 'its layers hold different numbers of KV heads (layer 0:')
 """
 
 from __future__ import annotations
@@ -394,16 +396,7 @@ def save_blocker(model: nn.Module) -> str | None:
 
     It looks at the model as it is now: attention that applies RoPE to only part of each KV head's dims
     (a mask no config field or transformers code expresses), and, where a layer's KV-head count can be
-    changed, layers whose counts differ from the one in the config.
-
-    Example:
-        >>> from transformers import LlamaConfig, LlamaForCausalLM
-        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
-        >>> save_blocker(apply(model, "mqa")) is None
-        True
-        >>> save_blocker(apply(model, "mqa", layers=[1]))[:55]
-        'its layers hold different numbers of KV heads (layer 0:'
+    changed, layers whose counts differ from the one in the config (the module's example).
     """
     problem = _save_problem(model)
     return None if problem is None else problem[1]

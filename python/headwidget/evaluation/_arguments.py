@@ -20,24 +20,23 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from headwidget.adapters import Adapter
+from headwidget.capture.feed import check_batch_ids, vocab_size
 from headwidget.capture.inputs import Batch
-from headwidget.capture.session import _check_ids, _vocab_size  # capture's own token-id check
 from headwidget.checks import (
     flag,
-    layer_indices,
     model_with_weights,
     optional_whole_number,
     text_list,
     whole_number,
 )
 from headwidget.errors import ArgumentError
+from headwidget.evaluation._model_facts import resolve_layers
 from headwidget.stats import KVStats
 
 __all__ = [
@@ -47,7 +46,6 @@ __all__ = [
     "check_evaluate_arguments",
     "check_token_ids",
     "checked_dtype",
-    "checked_layers",
     "checked_stats",
 ]
 
@@ -107,14 +105,6 @@ def checked_stats(stats: Any) -> KVStats | None:
     )
 
 
-def checked_layers(adapter: Adapter, layers: Iterable[int] | None) -> list[int]:
-    """Sorted, distinct, non-negative layer indices of the adapter's model (None: every layer)."""
-    total = adapter.layout().num_layers
-    if layers is None:
-        return list(range(total))
-    return layer_indices("layers", layers, total)
-
-
 def check_evaluate_arguments(
     adapter: Adapter,
     variants: Any,
@@ -139,7 +129,7 @@ def check_evaluate_arguments(
     return EvaluateArguments(
         variants=specs,
         stats=checked_stats(stats),
-        layers=checked_layers(adapter, layers),
+        layers=resolve_layers(adapter, layers),
         per_layer=flag("per_layer", per_layer),
         dtype=checked_dtype(dtype),
         batch_size=whole_number("batch_size", batch_size, minimum=1, hint="sequences per forward pass"),
@@ -158,7 +148,7 @@ def check_apply_arguments(adapter: Adapter, stats: Any, layers: Any) -> tuple[KV
         LayerIndexError: a layer outside the model.
     """
     model_with_weights("model", adapter.model)
-    return checked_stats(stats), checked_layers(adapter, layers)
+    return checked_stats(stats), resolve_layers(adapter, layers)
 
 
 def check_token_ids(model: nn.Module, batches: list[Batch]) -> None:
@@ -168,6 +158,6 @@ def check_token_ids(model: nn.Module, batches: list[Batch]) -> None:
     Raises:
         CaptureInputError: the message names the batch, the id and the vocabulary size.
     """
-    vocab = _vocab_size(model)
+    vocab = vocab_size(model)
     for number, batch in enumerate(batches):
-        _check_ids(batch, number, vocab, model)
+        check_batch_ids(batch, number, vocab, model)

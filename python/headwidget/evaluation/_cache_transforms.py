@@ -48,6 +48,7 @@ from headwidget.adapters import adapter_for
 from headwidget.analysis.cross_layer import merge_elements, minicache_merge, rotate, shared_svd, xkv_elements
 from headwidget.core.layout import RopeLayout
 from headwidget.errors import UnsupportedConversionError
+from headwidget.evaluation._forwards import PartsForward
 from headwidget.evaluation._quantize import KVQuantizer
 from headwidget.evaluation._sharing import cross_layer_blocker
 
@@ -362,47 +363,23 @@ def transforming_prefill(model: nn.Module, transforms: Sequence[CacheTransform])
             handle.remove()
 
 
-class CacheTransformForward:
+class CacheTransformForward(PartsForward):
     """The ``forward`` of a model built by :func:`~headwidget.evaluation.apply` with ``merge``/``xkv``
-    parts: each call runs inside :func:`transforming_prefill`, so a ``generate`` call's prefill is
-    transformed before its first decoding step (a forward without a cache is exact: the prefill's own
-    attention is). Kept in the instance's ``__dict__``; it holds its model, as
-    :class:`~headwidget.evaluation._quantize.QuantizedForward` does."""
+    parts (:mod:`~headwidget.evaluation._forwards`): each call runs inside :func:`transforming_prefill`,
+    so a ``generate`` call's prefill is transformed before its first decoding step (a forward without a
+    cache is exact: the prefill's own attention is)."""
 
-    def __init__(self, model: nn.Module, transforms: Sequence[CacheTransform]) -> None:
-        self.model = model
-        self.transforms = list(transforms)
-        self.inner = model.__dict__.get("forward")
-
-    @property
-    def __wrapped__(self) -> object:
-        return type(self.model).forward.__get__(self.model)
-
-    def __repr__(self) -> str:
-        specs = ", ".join(f"{t.spec} on layers {t.layers}" for t in self.transforms)
-        return f"<forward of {type(self.model).__name__} that transforms its prefilled cache: {specs}>"
+    doing = "that transforms its prefilled cache"
+    parts: list[CacheTransform]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        run = _PrefillRun(self.model, self.transforms)  # called as the forward: the model's hooks have run
+        run = _PrefillRun(self.model, self.parts)  # called as the forward: the model's hooks have run
         run.start(kwargs)
         with run.watching_angles():
-            if self.inner is not None:
-                output = self.inner(*args, **kwargs)
-            else:
-                output = type(self.model).forward(self.model, *args, **kwargs)
+            output = self.wrapped_forward(*args, **kwargs)
         run.finish(output)
         return output
 
 
-def install_cache_transforms(model: nn.Module, transforms: Sequence[CacheTransform]) -> None:
-    """Make every forward of ``model`` (a copy it owns) transform the caches its prefills build."""
-    if transforms:
-        model.forward = CacheTransformForward(model, transforms)
-
-
-def installed_cache_transforms(model: nn.Module) -> list[CacheTransform]:
-    """The cache transforms a model's forward runs (none: ``[]``), under any wrapper installed after."""
-    forward = model.__dict__.get("forward")
-    while forward is not None and not isinstance(forward, CacheTransformForward):
-        forward = getattr(forward, "inner", None)
-    return list(forward.transforms) if isinstance(forward, CacheTransformForward) else []
+install_cache_transforms = CacheTransformForward.install
+installed_cache_transforms = CacheTransformForward.installed

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from torch import nn
 
 from headwidget.adapters import Adapter
-from headwidget.analysis.conversions import _check_stats_source
+from headwidget.analysis.conversions import check_stats_source
 from headwidget.checks import layer_indices
 from headwidget.errors import StatsMismatchError, UnsupportedModelError
 from headwidget.stats import KVStats
@@ -54,7 +54,7 @@ def check_stats(
         StatsMismatchError: the model class, its config or its attention layout differ, or the
             statistics come from other weights (a base model's statistics for its fine-tune).
     """
-    _check_stats_source(model, stats, allow_other_weights=allow_other_weights)
+    check_stats_source(model, stats, allow_other_weights=allow_other_weights)
     if stats is None:
         return
     if stats.meta.layout != adapter.layout():

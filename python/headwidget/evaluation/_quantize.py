@@ -64,6 +64,7 @@ from headwidget.errors import (
     StatsMismatchError,
     UnsupportedConversionError,
 )
+from headwidget.evaluation._forwards import PartsForward
 from headwidget.evaluation._model_facts import check_stats, layer_kv_elements, resolve_layers
 from headwidget.stats import KVStats
 
@@ -258,37 +259,23 @@ class _QuantizedRun:
             )
 
 
-class QuantizedForward:
-    """The ``forward`` of a model built by :func:`~headwidget.evaluation.apply` with ``kv:`` parts: every
-    call runs the class's forward with each quantizer's layers fake-quantized, as
-    :meth:`KVQuantizer.active` does, in the thread that makes the call (so the model quantizes wherever
-    it runs, two threads running it at once each quantize their own forward, and the original model, or
-    any other, runs untouched meanwhile). Nothing stays installed between calls.
-
-    Kept in the instance's ``__dict__`` (the class is untouched); it holds the model it belongs to, so
-    ``copy.deepcopy`` and pickling give a copy whose quantizers act on the copy's attention. A forward
-    the instance already had of its own (accelerate's device hooks) is the one it calls.
+class QuantizedForward(PartsForward):
+    """The ``forward`` of a model built by :func:`~headwidget.evaluation.apply` with ``kv:`` parts
+    (:mod:`~headwidget.evaluation._forwards`): every call runs the class's forward with each quantizer's
+    layers fake-quantized, as :meth:`KVQuantizer.active` does, in the thread that makes the call (so the
+    model quantizes wherever it runs, two threads running it at once each quantize their own forward, and
+    the original model, or any other, runs untouched meanwhile). Nothing stays installed between calls.
     """
 
-    def __init__(self, model: nn.Module, quantizers: Sequence[KVQuantizer]) -> None:
-        self.model = model
-        self.quantizers = list(quantizers)
-        self.inner = model.__dict__.get("forward")
-        self._runs: tuple[int, list[_QuantizedRun]] | None = None
-
-    @property
-    def __wrapped__(self) -> object:  # inspect.signature / help() show the transformers method
-        return type(self.model).forward.__get__(self.model)
-
-    def __repr__(self) -> str:
-        specs = ", ".join(f"{q.spec} on layers {q.layers}" for q in self.quantizers)
-        return f"<forward of {type(self.model).__name__} with fake-quantized K/V: {specs}>"
+    doing = "with fake-quantized K/V"
+    parts: list[KVQuantizer]
+    _runs: tuple[int, list[_QuantizedRun]] | None = None
 
     def _prepared(self) -> list[_QuantizedRun]:
         """Each quantizer's run on this model, prepared once (a deep copy, whose model is another,
         prepares its own: the runs name attention modules by identity)."""
         if self._runs is None or self._runs[0] != id(self.model):
-            self._runs = (id(self.model), [_QuantizedRun(q, self.model, None) for q in self.quantizers])
+            self._runs = (id(self.model), [_QuantizedRun(q, self.model, None) for q in self.parts])
         return self._runs[1]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -298,25 +285,14 @@ class QuantizedForward:
             for run, state in zip(runs, states, strict=True):
                 state.start(args, kwargs)
                 stack.enter_context(run.transforming(state))
-            if self.inner is not None:
-                output = self.inner(*args, **kwargs)
-            else:
-                output = type(self.model).forward(self.model, *args, **kwargs)
+            output = self.wrapped_forward(*args, **kwargs)
         for run, state in zip(runs, states, strict=True):
             run.check_all_seen(state)
         return output
 
 
-def installed_quantizers(model: nn.Module) -> list[KVQuantizer]:
-    """The quantizers whose K/V quantization runs in every forward of ``model`` (none: ``[]``)."""
-    forward = model.__dict__.get("forward")
-    return list(forward.quantizers) if isinstance(forward, QuantizedForward) else []
-
-
-def install_quantizers(model: nn.Module, quantizers: Sequence[KVQuantizer]) -> None:
-    """Make every forward of ``model`` (a copy it owns, never a user's model) quantize its K/V."""
-    if quantizers:
-        model.forward = QuantizedForward(model, quantizers)
+installed_quantizers = QuantizedForward.installed
+install_quantizers = QuantizedForward.install
 
 
 class _ForwardState:

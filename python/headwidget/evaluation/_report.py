@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from headwidget.core.stored import Stored, stored
-from headwidget.errors import EncoderMeasureError, PathRefusedError, ReportFileError
+from headwidget.errors import EncoderMeasureError, ReportFileError
 from headwidget.evaluation.report_file import (
     ENCODER_MEASURES,
     FORMAT,
@@ -46,8 +46,8 @@ from headwidget.evaluation.report_file import (
     VERSION,
     read_report,
     report_text,
+    save_text,
 )
-from headwidget.files import atomic_write
 
 __all__ = ["EvaluationReport", "bytes_text"]
 
@@ -267,17 +267,7 @@ class EvaluationReport:
                 f"(fingerprint {self.fingerprint}); dtype {self.dtype}"
             )
             text = f"{facts}\n\n{self.table()}\n"
-        try:
-            with atomic_write(target, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        except PathRefusedError as err:
-            raise ReportFileError(f"cannot save the report: {err}") from err
-        except OSError as err:
-            raise ReportFileError(
-                f"cannot save the report to {target}: {err.strerror or err}; the file there before, if "
-                "any, is unchanged"
-            ) from err
-        return target
+        return save_text(target, text, "report")
 
     @classmethod
     def load(cls, path: str | Path) -> EvaluationReport:

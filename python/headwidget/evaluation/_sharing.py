@@ -30,7 +30,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +41,7 @@ from torch import nn
 from headwidget.adapters import adapter_for
 from headwidget.adapters.attention_calls import transform_attention_kv
 from headwidget.errors import UnsupportedConversionError
+from headwidget.evaluation._forwards import PartsForward
 
 __all__ = [
     "SharedForward",
@@ -159,24 +160,17 @@ class _SharedRun:
             )
 
 
-class SharedForward:
-    """The ``forward`` of a model built by :func:`~headwidget.evaluation.apply` with ``share:g`` parts:
-    every call runs with each part's readers reading their group's first layer (as
-    :meth:`SharedKV.active`), in the thread that makes the call; nothing stays installed between calls.
-    Kept in the instance's ``__dict__``; it holds its model, so a deep copy shares its own copy's K/V."""
+class SharedForward(PartsForward):
+    """The ``forward`` of a model built by :func:`~headwidget.evaluation.apply` with ``share:g`` parts
+    (:mod:`~headwidget.evaluation._forwards`): every call runs with each part's readers reading their
+    group's first layer (as :meth:`SharedKV.active`), in the thread that makes the call; nothing stays
+    installed between calls."""
 
-    def __init__(self, model: nn.Module, parts: Sequence[SharedKV]) -> None:
-        self.model = model
-        self.parts = list(parts)
-        self.inner = model.__dict__.get("forward")
+    doing = "with shared K/V"
+    parts: list[SharedKV]
 
-    @property
-    def __wrapped__(self) -> object:  # inspect.signature / help() show the transformers method
-        return type(self.model).forward.__get__(self.model)
-
-    def __repr__(self) -> str:
-        groups = "; ".join(f"{p.spec} on groups {p.groups}" for p in self.parts)
-        return f"<forward of {type(self.model).__name__} with shared K/V: {groups}>"
+    def described(self) -> str:
+        return "; ".join(f"{p.spec} on groups {p.groups}" for p in self.parts)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         runs = [_SharedRun(part, self.model) for part in self.parts]
@@ -184,28 +178,14 @@ class SharedForward:
             for run in runs:
                 run.start()
                 stack.enter_context(run.transforming())
-            if self.inner is not None:
-                output = self.inner(*args, **kwargs)
-            else:
-                output = type(self.model).forward(self.model, *args, **kwargs)
+            output = self.wrapped_forward(*args, **kwargs)
         for run in runs:
             run.check()
         return output
 
 
-def install_sharing(model: nn.Module, parts: Sequence[SharedKV]) -> None:
-    """Make every forward of ``model`` (a copy it owns, never a user's model) share its groups' K/V."""
-    if parts:
-        model.forward = SharedForward(model, parts)
-
-
-def installed_sharing(model: nn.Module) -> list[SharedKV]:
-    """The ``share:g`` parts whose sharing runs in every forward of ``model`` (none: ``[]``), found under
-    any forward wrapper installed after it."""
-    forward = model.__dict__.get("forward")
-    while forward is not None and not isinstance(forward, SharedForward):
-        forward = getattr(forward, "inner", None)
-    return list(forward.parts) if isinstance(forward, SharedForward) else []
+install_sharing = SharedForward.install
+installed_sharing = SharedForward.installed
 
 
 @contextmanager

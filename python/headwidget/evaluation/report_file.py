@@ -33,7 +33,7 @@ from headwidget.core.kinds import KINDS
 from headwidget.core.stored import Stored, StoredReader, describe, key, parse_json, some
 from headwidget.errors import ArgumentError, MechanismSpecError, PathRefusedError, ReportFileError
 from headwidget.evaluation._inputs import parse_protocol
-from headwidget.files import read_regular
+from headwidget.files import atomic_write, read_regular
 
 __all__ = [
     "ENCODER_MEASURES",
@@ -47,6 +47,7 @@ __all__ = [
     "read_json",
     "read_report",
     "report_text",
+    "save_text",
 ]
 
 LM_MEASURES = ("nll", "perplexity", "kl", "top1")
@@ -328,3 +329,23 @@ def read_report(report_class: type, path: Path, check: type[ReportCheck] = Repor
     cannot be true.
     """
     return check(report_class, str(path)).report(read_json(path, check))
+
+
+def save_text(target: Path, text: str, what: str) -> Path:
+    """``text`` written to ``target`` atomically (:mod:`headwidget.files`), failures named.
+
+    Raises:
+        ReportFileError: the message names ``what`` and the path; the file there before, if any, is
+            unchanged.
+    """
+    try:
+        with atomic_write(target, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except PathRefusedError as err:
+        raise ReportFileError(f"cannot save the {what}: {err}") from err
+    except OSError as err:
+        raise ReportFileError(
+            f"cannot save the {what} to {target}: {err.strerror or err}; the file there before, if any, is "
+            "unchanged"
+        ) from err
+    return target

@@ -13,6 +13,19 @@ key toggles are the same), a symmetric one as its upper triangle, and each disti
 (``series``: a timeline's trend lines are the same at every step). A Content-Security-Policy forbids
 every network request, so the page shows the same thing offline, and runs no script but its own (by
 hash: :func:`script_hash`) and the bundle.
+
+Example:
+    >>> import numpy as np
+    >>> from headwidget.core.panels import Panel, PanelGrid
+    >>> grid = PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r")
+    >>> data = page_data(grid)
+    >>> sorted(data), list(data["frames"]), data["frames"]["[]"]["panels"][0]["title"]
+    (['axes', 'blobs', 'bundle', 'errors', 'frames', 'series', 'state'], ['[]'], 'A')
+    >>> data["frames"]["[]"]["panels"][0]["packed"]  # symmetric: stored as its upper triangle
+    'upper'
+    >>> page = page_html(grid, title="A")
+    >>> page.startswith("<!doctype html>"), "<h1>A</h1>" in page, default_title(grid)
+    (True, True, '')
 """
 
 from __future__ import annotations
@@ -53,7 +66,8 @@ CSP = (
     "default-src 'none'; script-src {script_hashes} data:; style-src 'unsafe-inline'; "
     "img-src data: blob:; base-uri 'none'; form-action 'none'"
 )
-TEMPLATE = """<!doctype html>
+#: The start of every page, up to its own style rules (a single view's page has none).
+HEAD = """<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -62,7 +76,10 @@ TEMPLATE = """<!doctype html>
 <meta name="generator" content="headwidget">
 <title>{title}</title>
 <style>body {{ margin: 16px; background: #fff; color: #1f1f1f; font-family: system-ui, sans-serif; }}
-h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}</style>
+h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}"""
+TEMPLATE = (
+    HEAD
+    + """</style>
 </head>
 <body>
 {heading}<div id="headwidget-root"></div>
@@ -72,6 +89,7 @@ h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}</style>
 </body>
 </html>
 """
+)
 
 
 def page_data(
@@ -87,17 +105,7 @@ def page_data(
     values held), ``frames`` by state key (:func:`~headwidget.export._frames.state_key` of the axes'
     values), ``errors`` (the view's message for a state it cannot show), ``blobs`` (the panels'
     matrices: a panel names its own by ``blob``), ``series`` (the charts' series: a chart names its
-    own by index), ``bundle``.
-
-    Example:
-        >>> import numpy as np
-        >>> from headwidget.core.panels import Panel, PanelGrid
-        >>> data = page_data(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
-        >>> sorted(data), list(data["frames"]), data["frames"]["[]"]["panels"][0]["title"]
-        (['axes', 'blobs', 'bundle', 'errors', 'frames', 'series', 'state'], ['[]'], 'A')
-        >>> data["frames"]["[]"]["panels"][0]["packed"]  # symmetric: stored as its upper triangle
-        'upper'
-    """
+    own by index), ``bundle``."""
     states = (
         DEFAULT_MAX_STATES
         if max_states is None
@@ -148,15 +156,7 @@ def page_html(
     progress: bool = True,
 ) -> str:
     """The standalone page :func:`save_html` writes, as text: titled and headed ``title`` (default:
-    :func:`default_title`, the view and its model; ``""``: no heading).
-
-    Example:
-        >>> import numpy as np
-        >>> from headwidget.core.panels import Panel, PanelGrid
-        >>> page = page_html(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"), title="A")
-        >>> page.startswith("<!doctype html>"), "<h1>A</h1>" in page
-        (True, True)
-    """
+    :func:`default_title`, the view and its model; ``""``: no heading)."""
     data = page_data(source, layers=layers, max_bytes=max_bytes, max_states=max_states, progress=progress)
     name = printable(default_title(source) if title is None else title)
     script = offline_script()
@@ -172,14 +172,7 @@ def page_html(
 def default_title(source: GridSource) -> str:
     """A page's title (and heading) when none is given: a view's title and what it is of, the model
     (``"Channels · SmolLM2-135M"``; the panels of each state are headed by what they show); a grid's:
-    none.
-
-    Example:
-        >>> import numpy as np
-        >>> from headwidget.core.panels import Panel, PanelGrid
-        >>> default_title(PanelGrid([Panel("a", "A", np.eye(2))], -1.0, 1.0, "diverging", "r"))
-        ''
-    """
+    none."""
     if not isinstance(source, View):
         return ""
     return " · ".join(part for part in (source.title or source.view_name, source.subject) if part)

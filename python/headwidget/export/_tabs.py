@@ -12,22 +12,15 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from headwidget.export._html import page_csp
+from headwidget.export._html import HEAD, page_csp
 from headwidget.export._labels import printable
 from headwidget.files import atomic_write
 
 __all__ = ["save_tabbed_html", "tabbed_html"]
 
-TABBED_TEMPLATE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="headwidget">
-<title>{title}</title>
-<style>body {{ margin: 16px; background: #fff; color: #1f1f1f; font-family: system-ui, sans-serif; }}
-h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}
+TABBED_TEMPLATE = (
+    HEAD
+    + """
 .hw-tabs > input {{ position: absolute; opacity: 0; }}
 .hw-tabs > label {{ display: inline-block; padding: 6px 12px; border: 1px solid #ccc; border-bottom: none;
   cursor: pointer; background: #f4f4f4; }}
@@ -43,6 +36,7 @@ h1 {{ font-size: 16px; font-weight: 600; margin: 0 0 10px; }}
 </body>
 </html>
 """
+)
 
 
 def tabbed_html(pages: Sequence[tuple[str, str]], title: str) -> str:

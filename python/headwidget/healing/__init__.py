@@ -10,7 +10,7 @@
 
 from headwidget.healing._heal import DEFAULT_LR, HealingArguments, heal, learning_rate
 from headwidget.healing._memory import estimate_healing
-from headwidget.healing._run import HealingRun
+from headwidget.healing._run import HealingRun, load_runs, save_runs, summary_table
 from headwidget.healing._trainable import TrainableParts, parse_trainable
 
 __all__ = [
@@ -21,5 +21,8 @@ __all__ = [
     "estimate_healing",
     "heal",
     "learning_rate",
+    "load_runs",
     "parse_trainable",
+    "save_runs",
+    "summary_table",
 ]

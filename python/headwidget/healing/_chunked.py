@@ -40,7 +40,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -250,12 +250,3 @@ def same_logits(model: nn.Module, head: OutputHead, kwargs: dict[str, Any]) -> b
         return False
     tol = 1e-12 if whole.dtype == F64 else 1e-5 if whole.dtype == torch.float32 else 1e-2
     return bool(torch.allclose(whole, parts, rtol=tol, atol=tol * float(whole.abs().max().clamp(min=1))))
-
-
-def trained_tensors(heads: Sequence[OutputHead]) -> list[torch.Tensor]:
-    """The trained tensors of ``heads`` (each once)."""
-    seen: dict[int, torch.Tensor] = {}
-    for head in heads:
-        for p in _trained(head):
-            seen.setdefault(id(p), p)
-    return list(seen.values())

@@ -79,7 +79,7 @@ from headwidget.errors import (
 )
 from headwidget.evaluation import AppliedVariant, running
 from headwidget.evaluation.measures import predicted_positions
-from headwidget.healing._chunked import OutputHead, same_logits
+from headwidget.healing._chunked import OutputHead, last_hidden, same_logits
 from headwidget.healing._data import (
     OVERLAP_TOKENS,
     TrainingWindows,
@@ -758,11 +758,6 @@ def _chunked_heads(
     return heads[0], heads[1]
 
 
-def _hidden(output: Any) -> torch.Tensor:
-    hidden = getattr(output, "last_hidden_state", None)
-    return output[0] if hidden is None else hidden
-
-
 def _micro_batches(batch: Batch, size: int | None, loss_name: str) -> list[tuple[Batch, float]]:
     """``batch`` in runs of ``size`` windows (None: whole), each with its share of the batch's loss: the
     tokens its loss is a mean over (predicted tokens; real tokens for ``hidden_mse``) ÷ the batch's.
@@ -868,7 +863,7 @@ class _Training:
             return None
         with torch.no_grad():
             if self.s.loss_name == "hidden_mse":
-                return _hidden(self.teacher(**running.forward_kwargs(self.teacher, batch, self.s.device)))
+                return last_hidden(self.teacher(**running.forward_kwargs(self.teacher, batch, self.s.device)))
             if self.heads is not None:
                 return self.objective.hidden(self.teacher, batch, self.s.device)
             return self.teacher(**running.forward_kwargs(self.teacher, batch, self.s.device)).logits

@@ -47,15 +47,15 @@ from typing import Annotated, Any
 from torch import nn
 
 from headwidget.core.stored import Stored, describe, key, saved_fields, some, unsaved
-from headwidget.errors import ArgumentError, PathRefusedError, ReportFileError
+from headwidget.errors import ArgumentError, ReportFileError
 from headwidget.evaluation.report_file import (
     ReportCheck,
     dtype_problem,
     read_json,
     report_text,
+    save_text,
     spec_problem,
 )
-from headwidget.files import atomic_write
 from headwidget.healing._loss import LOSS_NAMES
 from headwidget.healing._trainable import parse_trainable
 
@@ -168,7 +168,7 @@ class HealingRun:
                 f"lr {self.lr:g}; "
                 f"evaluated on {self.evaluation_tokens:,} held-out tokens\n\n{self.table()}\n"
             )
-        return _write(target, text, "healing run")
+        return save_text(target, text, "healing run")
 
     @classmethod
     def load(cls, path: str | Path) -> HealingRun:
@@ -398,28 +398,13 @@ def save_runs(runs: dict[str, HealingRun], path: str | Path) -> Path:
             for spec, run in runs.items()
         }
         text = json.dumps({"format": RUNS_FORMAT, "version": 1, "runs": each}, indent=1, allow_nan=True)
-    return _write(target, text, "healing runs")
+    return save_text(target, text, "healing runs")
 
 
 def _document(run: HealingRun) -> dict[str, Any]:
     """What the file of ``run`` holds: the format, its version and the saved fields."""
     fields = {f.name: getattr(run, f.name) for f in saved_fields(HealingRun)}
     return {"format": RunCheck.format, "version": RunCheck.version, **fields}
-
-
-def _write(target: Path, text: str, what: str) -> Path:
-    """``text`` written to ``target`` atomically (:mod:`headwidget.files`), failures named."""
-    try:
-        with atomic_write(target, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    except PathRefusedError as err:
-        raise ReportFileError(f"cannot save the {what}: {err}") from err
-    except OSError as err:
-        raise ReportFileError(
-            f"cannot save the {what} to {target}: {err.strerror or err}; the file there before, if any, is "
-            "unchanged"
-        ) from err
-    return target
 
 
 def load_runs(path: str | Path) -> dict[str, HealingRun]:

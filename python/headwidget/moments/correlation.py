@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from headwidget.checks import optional_whole_number, whole_numbers
-from headwidget.errors import ArgumentError
+from headwidget.errors import ArgumentError, ChannelSelectionError
 from headwidget.moments.streaming import Moments
 
 __all__ = [
@@ -77,10 +77,6 @@ def effective_rank(m2: Any) -> float:
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
-class ChannelSelectionError(ArgumentError, IndexError):
-    """A channel selection that holds no channel, reaches outside the channels, or is not integers."""
-
-
 def corr_from_comoment(m2: torch.Tensor) -> torch.Tensor:
     """Normalise a (C×C) co-moment or covariance to a correlation; NaN where a variance is zero."""
     std = torch.sqrt(torch.diagonal(m2).clamp_min(0))
@@ -100,7 +96,7 @@ def resolve_channels(channels: slice | range | list[int] | None, total: int) -> 
     >>> resolve_channels([0.5], 8)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    headwidget.moments.correlation.ChannelSelectionError: channels[0] must be an integer, got 0.5 (float)...
+    headwidget.errors.ChannelSelectionError: channels[0] must be an integer, got 0.5 (float)...
 
     Raises:
         ChannelSelectionError: an empty selection, indices outside the channels, or not integers.

@@ -47,9 +47,18 @@ class KVStats:
         >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         ...                   num_attention_heads=4, num_key_value_heads=2)
         >>> stats = headwidget.capture(LlamaForCausalLM(cfg).eval(), torch.randint(0, 64, (2, 16)),
-        ...                            progress=False)
+        ...                            inputs=True, samples=16, progress=False)
         >>> stats.channel_corr(0, "key").shape, stats.head_similarity(1, "value").shape, stats.tokens
         ((16, 16), (2, 2), 32)
+        >>> stats.samples(1, "value").shape, stats.samples(0, "key").dtype
+        (torch.Size([16, 16]), torch.float32)
+        >>> norms = stats.plane_norms(0)
+        >>> tuple(norms.query_mean().shape), tuple(norms.key_mean().shape), norms.count
+        ((4, 4), (2, 4), 32)
+        >>> sorted(stats.summary()[0])
+        ['key_abs_corr', 'key_head_cos', 'layer', 'value_abs_corr', 'value_head_cos']
+        >>> sorted(stats.summary("pearson", channels=False)[0])
+        ['key_head_cos', 'layer', 'value_head_cos']
     """
 
     def __init__(
@@ -123,14 +132,6 @@ class KVStats:
 
         Raises:
             NoSamplesError: the statistics were captured without ``samples=R``.
-
-        Example:
-            >>> import torch, headwidget
-            >>> from transformers import GPT2Config, GPT2LMHeadModel
-            >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50)).eval()
-            >>> stats = headwidget.capture(model, torch.randint(0, 50, (3, 20)), samples=16, progress=False)
-            >>> stats.samples(1, "value").shape, stats.samples(0, "key").dtype
-            (torch.Size([16, 32]), torch.float32)
         """
         key = (self._check_layer(layer), self._check_kind(kind))
         if self.meta.sample_size == 0 or key not in self._samples:
@@ -151,17 +152,6 @@ class KVStats:
         Raises:
             MissingStatisticsError: the statistics hold none (captured without ``inputs=True``, of a
                 model without rotary embeddings, or by a headwidget that did not record them).
-
-        Example:
-            >>> import torch, headwidget
-            >>> from transformers import LlamaConfig, LlamaForCausalLM
-            >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-            ...                   num_attention_heads=4, num_key_value_heads=2)
-            >>> stats = headwidget.capture(LlamaForCausalLM(cfg).eval(), torch.randint(0, 64, (2, 8)),
-            ...                            inputs=True, progress=False)
-            >>> norms = stats.plane_norms(0)
-            >>> tuple(norms.query_mean().shape), tuple(norms.key_mean().shape), norms.count
-            ((4, 4), (2, 4), 16)
         """
         layer = self._check_layer(layer)
         norms = self._plane_norms.get(layer)
@@ -470,16 +460,6 @@ class KVStats:
         The one source of these per-layer means: the demo's table, a timeline's series and the trend
         chart (which adds the aligned similarity) read them here. ``channels=False`` leaves out the
         channel correlations (what a trend needs when only the metric changed).
-
-        Example:
-            >>> import torch, headwidget
-            >>> from transformers import GPT2Config, GPT2LMHeadModel
-            >>> m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40)).eval()
-            >>> stats = headwidget.capture(m, torch.randint(0, 40, (2, 30)), progress=False)
-            >>> sorted(stats.summary()[0])
-            ['key_abs_corr', 'key_head_cos', 'layer', 'value_abs_corr', 'value_head_cos']
-            >>> sorted(stats.summary("pearson", channels=False)[0])
-            ['key_head_cos', 'layer', 'value_head_cos']
         """
         channels = flag("channels", channels)
         rows = []

@@ -8,7 +8,7 @@
   :meth:`Timeline.from_checkpoints` captures a series of saved checkpoints.
 """
 
-from headwidget.tracking._timeline import Timeline
+from headwidget.tracking._timeline import SUMMARY_METRICS, Timeline
 from headwidget.tracking._tracker import Tracker
 
-__all__ = ["Timeline", "Tracker"]
+__all__ = ["SUMMARY_METRICS", "Timeline", "Tracker"]

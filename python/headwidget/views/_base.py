@@ -59,9 +59,9 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import traitlets as t
 from torch import nn
 
-from headwidget.analysis.conversions import _check_stats_source
+from headwidget.analysis.conversions import check_stats_source
 from headwidget.core.panels import PanelGrid, encode_ahead
-from headwidget.errors import HeadwidgetError, LayerIndexError
+from headwidget.errors import HeadwidgetError, LayerIndexError, ViewSourceError
 from headwidget.stats import KVStats
 from headwidget.views._controls import Control, slider
 from headwidget.views._memo import Memo
@@ -95,10 +95,6 @@ STATE_ERRORS: tuple[type[Exception], ...] = (HeadwidgetError, ValueError, IndexE
 GRIDS_KEPT = 16
 
 
-class ViewSourceError(HeadwidgetError, ValueError):
-    """A view was asked for without what it is computed from (statistics, or a model's weights)."""
-
-
 def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "view") -> None:
     """Refuse statistics and a model that do not belong together, as :func:`~headwidget.convert` does.
 
@@ -130,7 +126,7 @@ def check_sources(stats: KVStats | None, model: nn.Module | None, what: str = "v
     if model is not None and not isinstance(model, nn.Module):
         raise ViewSourceError(f"the {what} needs a torch model (its weights), got {type(model).__name__}")
     if stats is not None and model is not None:
-        _check_stats_source(model, stats, opt_out=False)
+        check_stats_source(model, stats, opt_out=False)
 
 
 class ViewScreen(Protocol):

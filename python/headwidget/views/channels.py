@@ -33,7 +33,7 @@ from headwidget.analysis.downsample import downsampled_corr
 from headwidget.checks import flag, optional_whole_number, whole_number, whole_numbers
 from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.errors import HeadwidgetError, UnknownKindError
+from headwidget.errors import ChannelWindowError, UnknownKindError
 from headwidget.stats import KVStats
 from headwidget.views._base import LayerState, LayerView, stats_model_name
 from headwidget.views._controls import toggles, window
@@ -79,10 +79,6 @@ def channel_panel(
         axis_prefix="V" if kind == "value" else "K",
         **text,  # type: ignore[arg-type]
     )
-
-
-class ChannelWindowError(HeadwidgetError, IndexError):
-    """A channel window (``channel_start``, ``channel_width``) that holds no channel of the layer."""
 
 
 def check_key_kind(kind: str, stats: KVStats, what: str) -> None:

@@ -50,7 +50,7 @@ from headwidget.checks import optional_whole_number
 from headwidget.core.charts import Chart, Series, pareto_front
 from headwidget.core.kv_bytes import kv_bytes_text
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import UnknownDamageMeasureError
 from headwidget.evaluation import EvaluationReport
 from headwidget.views._base import View, ViewSourceError
 from headwidget.views._controls import toggles
@@ -94,10 +94,6 @@ PER_LAYER_TITLES = {
         "hidden-state relative error, one layer converted",
     ),
 }
-
-
-class UnknownDamageMeasureError(HeadwidgetError, ValueError):
-    """A damage measure the report does not hold (``perplexity`` of an encoder, a misspelling)."""
 
 
 def _at(spec: str, layer: int) -> str:

@@ -50,7 +50,7 @@ from headwidget.core.charts import Chart, Series
 from headwidget.core.kinds import Kind
 from headwidget.core.kv_bytes import kv_bytes_text
 from headwidget.core.panels import PanelGrid
-from headwidget.errors import HeadwidgetError
+from headwidget.errors import QuantizationViewError
 from headwidget.evaluation import EvaluationReport
 from headwidget.stats import KVStats
 from headwidget.views._base import LayerState, LayerView, ViewSourceError, check_view_layer, stats_model_name
@@ -61,7 +61,13 @@ from headwidget.views._registry import register_view
 from headwidget.views._sources import ViewSources
 from headwidget.views._state import state
 
-__all__ = ["COUPLING_KINDS", "QuantizationState", "QuantizationView", "bits_per_channel"]
+__all__ = [
+    "COUPLING_KINDS",
+    "QuantizationState",
+    "QuantizationView",
+    "QuantizationViewError",
+    "bits_per_channel",
+]
 
 
 #: The kinds the coupling chart shows, with their names and colours.
@@ -141,10 +147,6 @@ def coupling_reading(real: ChannelEntropy, control: ChannelEntropy, c: int) -> s
             "not the ratio"
         )
     return f"{line}\ncoupling beyond the estimator's bias: {baseline - ratio:.1%} of the marginal bits"
-
-
-class QuantizationViewError(HeadwidgetError, ValueError):
-    """A quantization view asked of statistics without token samples, or with a bad option."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,10 +56,13 @@ from headwidget.checks import flag, optional_whole_number, whole_number
 from headwidget.core.charts import Chart, Series
 from headwidget.core.kinds import KIND_LABELS, check_kind
 from headwidget.core.panels import Panel, PanelGrid
-from headwidget.errors import HeadwidgetError, TrackingError, UnknownOptionError
+from headwidget.errors import (
+    StepIndexError,
+    TimelineStepsError,
+    UnknownOptionError,
+)
 from headwidget.stats import KVStats
-from headwidget.tracking import Timeline
-from headwidget.tracking._timeline import SUMMARY_METRICS
+from headwidget.tracking import SUMMARY_METRICS, Timeline
 from headwidget.views._base import View, ViewSourceError, check_view_layer, stats_model_name
 from headwidget.views._controls import slider, toggles
 from headwidget.views._memo import Memo
@@ -88,14 +91,6 @@ MARKER_COLOR = "#5f5f5f"
 KEEP_RESULTS = 128
 
 
-class StepIndexError(HeadwidgetError, IndexError):
-    """A step index outside the timeline's snapshots (the slider counts them from 0)."""
-
-
-class TimelineStepsError(TrackingError):
-    """Timelines shown side by side that do not hold the same steps (they share one step slider)."""
-
-
 def checked_timelines(source: Any) -> dict[str, Timeline]:
     """``source`` (a :class:`~headwidget.Timeline`, or a mapping of names to timelines) as names →
     timelines, each checked to hold a snapshot and all to hold the same steps.
@@ -109,7 +104,7 @@ def checked_timelines(source: Any) -> dict[str, Timeline]:
         >>> checked_timelines(Timeline({}))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        headwidget.views._base.ViewSourceError: the timeline view needs snapshots: this timeline holds none...
+        headwidget.errors.ViewSourceError: the timeline view needs snapshots: this timeline holds none...
     """
     if isinstance(source, Timeline):
         timelines = {"": source}
