@@ -217,6 +217,9 @@ import os, signal, sys
 from headwidget import cli
 from headwidget.healing import _heal
 
+# Ctrl-C as a terminal's foreground process takes it, also where this test's runner ignores SIGINT (a
+# job started in the background of a shell without job control: its children inherit the ignoring)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 where, argv = sys.argv[1], sys.argv[2:]
 if where == "step":  # a real SIGINT at the start of the first variant's second step
     step = _heal._Training.step
