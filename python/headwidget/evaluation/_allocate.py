@@ -91,7 +91,7 @@ from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_t
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
 from headwidget.evaluation._memory import conversion_sizes
-from headwidget.evaluation._model_facts import check_stats
+from headwidget.evaluation._model_facts import check_stats, output_vocab
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._plan import GroupCell, VariantPlan, plan_variant
 from headwidget.evaluation._quantize import KVQuantizer
@@ -573,9 +573,7 @@ class AllocationMemory:
         # a plan's converted attention: per layer, the largest a candidate makes it
         widest = [max(deltas) for deltas in zip(*(c.delta for c in conversions), strict=True)]
         converted = (weights + sum(widest)) * b if conversions else 0
-        get_head = getattr(model, "get_output_embeddings", None)
-        weight = getattr(get_head() if callable(get_head) else None, "weight", None)
-        vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
+        vocab = output_vocab(model)
         impl = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager")
         kept = [predicted * vocab * b for _, _, predicted in shapes]
         forward = 0

@@ -75,7 +75,7 @@ from headwidget.analysis.variants import Variant, VariantSpec, parse_variant, un
 from headwidget.capture.memory import ForwardShape, forward_bytes, refuse_over_budget
 from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._inputs import Protocol, parse_protocol
-from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements
+from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements, output_vocab
 from headwidget.evaluation.measures import measure_work_bytes
 
 __all__ = [
@@ -232,15 +232,6 @@ def _cache_bytes(
     return cache + work
 
 
-def _vocab(model: nn.Module) -> int:
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    weight = getattr(head, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.ndim == 2:
-        return int(weight.shape[0])
-    return 0
-
-
 @dataclass(frozen=True)
 class EvaluationMemory:
     """The parts (bytes) of an evaluation's peak on the model's device; see the module docstring."""
@@ -274,7 +265,7 @@ class EvaluationMemory:
         fitting = max((c.fitting_bytes(b) for c in conversions), default=0)
         lay = adapter.layout()
         tokens = batch_size * length
-        vocab = _vocab(model)
+        vocab = output_vocab(model)
         rows = predicted_rows(protocol, batch_size, length)
         logits = rows * vocab * b  # one forward's predicted rows
         copies = 2 if _rescales_logits(model) else 1  # the variant's (twice while the model rescales them)

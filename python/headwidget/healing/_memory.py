@@ -63,7 +63,7 @@ from headwidget.capture.memory import format_bytes, refuse_over_budget
 from headwidget.errors import UnsupportedModelError
 from headwidget.evaluation import AppliedVariant
 from headwidget.evaluation.measures import CHUNK_BYTES
-from headwidget.evaluation.running import checked_dtype, forward_working_bytes
+from headwidget.evaluation.running import checked_dtype, forward_working_bytes, output_vocab
 from headwidget.healing import _chunked
 from headwidget.healing._trainable import parse_trainable
 
@@ -80,13 +80,6 @@ def _numel(tensors: Iterable[torch.Tensor]) -> int:
 
 def _float_dtype(model: nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
-def _vocab(model: nn.Module) -> int:
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    weight = getattr(head, "weight", None)
-    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else 0
 
 
 def _attention_tensors(adapter: Adapter, layers: Iterable[int]) -> list[torch.Tensor]:
@@ -211,7 +204,7 @@ class HealingMemory:
         d, f = lay.hidden_size, adapter.mlp_width()
         q = lay.num_heads * lay.head_dim
         kv = conversion.kv_heads * (lay.head_dim + lay.value_head_dim)
-        vocab = _vocab(model)
+        vocab = output_vocab(model)
 
         # ---- persistent: teacher copy, the student's own tensors, the optimizer's moments
         teacher = 0 if m_b == h_b else total_numel * h_b
