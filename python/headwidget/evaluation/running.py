@@ -248,25 +248,17 @@ def protocol_batches(
 ) -> list[Batch]:
     """The evaluation batches of a protocol: documents, ``chunks:W`` or ``stride:W/S`` windows, or the
     documents of ``prefill:P`` (:func:`~headwidget.evaluation._prefill.prefill_batches`)."""
-    if reading.prefill is not None:
+    if reading.window is None:  # documents, or prefill's documents of at least P + 2 tokens
+        prefill = reading.prefill
         documents = evaluation_batches(
             texts,
             tokenizer,
             batch_size=batch_size,
             max_length=max_length,
             max_tokens=max_tokens,
-            min_tokens=reading.prefill + 2,
+            min_tokens=min_tokens if prefill is None else prefill + 2,
         )
-        return prefill_batches(documents, reading.prefill, batch_size=batch_size)
-    if reading.window is None:
-        return evaluation_batches(
-            texts,
-            tokenizer,
-            batch_size=batch_size,
-            max_length=max_length,
-            max_tokens=max_tokens,
-            min_tokens=min_tokens,
-        )
+        return documents if prefill is None else prefill_batches(documents, prefill, batch_size=batch_size)
     if reading.stride is None:
         return chunk_batches(
             texts,
