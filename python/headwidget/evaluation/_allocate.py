@@ -557,7 +557,7 @@ class AllocationMemory:
         """``shapes``: per batch (rows, length, predicted tokens); ``adapter``: ``model``'s, when known."""
         adapter = adapter or adapter_for(model)
         lay = adapter.layout()
-        b = torch.empty((), dtype=dtype).element_size()
+        b = dtype.itemsize
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
         numel = sum(t.numel() for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values())
         copy = 0 if own == dtype else numel * b

@@ -144,7 +144,7 @@ class AppliedVariant:
         """K/V cache bytes per token of each layer: a quantized layer by its quantizer's formula, any
         other by its elements in ``dtype`` (as :meth:`VariantPlan.layer_bytes
         <headwidget.evaluation._plan.VariantPlan.layer_bytes>` counts them for evaluate)."""
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         by_quantizer = {layer: q for q in self.quantizers for layer in q.layers}
         by_cache = {layer: c for c in self.cache_transforms for g in c.groups if len(g) > 1 for layer in g}
         return [

@@ -96,13 +96,9 @@ DOCUMENTS = Protocol("documents")
 def _tensor_bytes(module: nn.Module, dtype: torch.dtype | None = None) -> int:
     total = 0
     for t in (*module.parameters(), *module.buffers()):
-        size = t.element_size() if dtype is None or not t.is_floating_point() else _size(dtype)
+        size = t.element_size() if dtype is None or not t.is_floating_point() else dtype.itemsize
         total += t.numel() * size
     return total
-
-
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], dtype: torch.dtype) -> int:
@@ -114,7 +110,7 @@ def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], 
         for t in (*model.get_submodule(name).parameters(), *model.get_submodule(name).buffers())
     }
     return sum(
-        t.numel() * (_size(dtype) if t.is_floating_point() else t.element_size()) for t in tensors.values()
+        t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size()) for t in tensors.values()
     )
 
 
@@ -256,7 +252,7 @@ class EvaluationMemory:
     ) -> EvaluationMemory:
         layers, per_layer, dtype = args.layers, args.per_layer, args.dtype
         batch_size, max_length = args.batch_size, args.max_length
-        b = _size(dtype)
+        b = dtype.itemsize
         length = protocol.window or max_length  # a window is as long as the protocol says
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
         copy = 0 if own == dtype else _tensor_bytes(model) + _tensor_bytes(model, dtype)

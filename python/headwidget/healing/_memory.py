@@ -70,10 +70,6 @@ from headwidget.healing._trainable import parse_trainable
 __all__ = ["HealingMemory", "autocast_dtype", "check_healing_budget", "estimate_healing"]
 
 
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def _numel(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() for t in {id(t): t for t in tensors}.values())
 
@@ -195,10 +191,10 @@ class HealingMemory:
         mode, rank = parse_trainable(trainable)
         conversion = _Conversion.of(variant, model, adapter)
         own_dtype = _float_dtype(model)
-        m_b = _size(own_dtype)
+        m_b = own_dtype.itemsize
         t_b = 8 if m_b == 8 else 4  # the trained parameters and the optimizer
         h_b = m_b if cast is not None else t_b  # what the teacher and the student hold their weights in
-        a_b = _size(cast) if cast is not None else h_b  # activations
+        a_b = cast.itemsize if cast is not None else h_b  # activations
         n4 = max(h_b, 4)
         total_numel = _numel([*model.parameters(), *model.buffers()])
         d, f = lay.hidden_size, adapter.mlp_width()
