@@ -30,7 +30,7 @@ from headwidget.adapters._heads import (
     write_projections,
 )
 from headwidget.adapters._partial_rope import PARTIAL_ROPE_MODEL_TYPES
-from headwidget.core.layout import AttentionLayout
+from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
 from headwidget.core.weights import HeadWeights
 from headwidget.errors import (
     LayerIndexError,
@@ -169,6 +169,23 @@ class Adapter:
 
     def layout(self) -> AttentionLayout:
         raise NotImplementedError
+
+    def heads_layout(
+        self, heads: int, kv: int, head_dim: int, hidden: int, rope: RopeLayout | None = None
+    ) -> AttentionLayout:
+        """The layout of ``heads`` query heads over ``kv`` K/V heads, keys and values both ``head_dim``
+        wide (MHA, GQA or MQA by the counts), on every layer of the model."""
+        return AttentionLayout(
+            family=self.family,
+            mechanism=mechanism_of(heads, kv),
+            num_layers=len(self.attention_modules()),
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            value_head_dim=head_dim,
+            hidden_size=hidden,
+            rope=rope or RopeLayout(),
+        )
 
     def taps(self, attention: Any) -> list[Tap]:
         """The submodules to record for one layer: slots are read back by :meth:`split`."""

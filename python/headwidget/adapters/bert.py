@@ -28,16 +28,7 @@ class BertAdapter(Adapter):
     def layout(self) -> AttentionLayout:
         c = self.config
         heads = c.num_attention_heads
-        return AttentionLayout(
-            family=self.family,
-            mechanism="mha",
-            num_layers=len(self.attention_modules()),
-            num_heads=heads,
-            num_kv_heads=heads,
-            head_dim=c.hidden_size // heads,
-            value_head_dim=c.hidden_size // heads,
-            hidden_size=c.hidden_size,
-        )
+        return self.heads_layout(heads, heads, c.hidden_size // heads, c.hidden_size)
 
     def taps(self, attention: Any) -> list[Tap]:
         return [Tap(attention.key, "key"), Tap(attention.value, "value")]

@@ -9,7 +9,7 @@ from functools import cached_property
 
 from headwidget.adapters._heads import FusedLayout
 from headwidget.adapters.fused import FusedQKVAdapter
-from headwidget.core.layout import AttentionLayout, mechanism_of
+from headwidget.core.layout import AttentionLayout
 
 
 class GPTBigCodeAdapter(FusedQKVAdapter):
@@ -24,16 +24,7 @@ class GPTBigCodeAdapter(FusedQKVAdapter):
         c = self.config
         heads = c.n_head
         kv = 1 if c.multi_query else heads
-        return AttentionLayout(
-            family=self.family,
-            mechanism=mechanism_of(heads, kv),
-            num_layers=len(self.attention_modules()),
-            num_heads=heads,
-            num_kv_heads=kv,
-            head_dim=c.n_embd // heads,
-            value_head_dim=c.n_embd // heads,
-            hidden_size=c.n_embd,
-        )
+        return self.heads_layout(heads, kv, c.n_embd // heads, c.n_embd)
 
     @cached_property
     def fused(self) -> FusedLayout:

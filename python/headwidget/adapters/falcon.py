@@ -20,7 +20,7 @@ from torch import nn
 from headwidget.adapters._heads import FusedLayout
 from headwidget.adapters.base import calls_attention_interface, config_get
 from headwidget.adapters.fused import FusedQKVAdapter
-from headwidget.core.layout import AttentionLayout, RopeLayout, mechanism_of
+from headwidget.core.layout import AttentionLayout, RopeLayout
 
 
 class FalconAdapter(FusedQKVAdapter):
@@ -48,17 +48,7 @@ class FalconAdapter(FusedQKVAdapter):
         head_dim = c.hidden_size // heads
         kv = self._kv_heads()
         rope = RopeLayout() if c.alibi else RopeLayout("half", rotary_dim=head_dim)
-        return AttentionLayout(
-            family=self.family,
-            mechanism=mechanism_of(heads, kv),
-            num_layers=len(self.attention_modules()),
-            num_heads=heads,
-            num_kv_heads=kv,
-            head_dim=head_dim,
-            value_head_dim=head_dim,
-            hidden_size=c.hidden_size,
-            rope=rope,
-        )
+        return self.heads_layout(heads, kv, head_dim, c.hidden_size, rope)
 
     @cached_property
     def fused(self) -> FusedLayout:

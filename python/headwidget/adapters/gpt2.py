@@ -19,16 +19,7 @@ class GPT2Adapter(FusedQKVAdapter):
 
     def layout(self) -> AttentionLayout:
         c = self.config
-        return AttentionLayout(
-            family=self.family,
-            mechanism="mha",
-            num_layers=len(self.attention_modules()),
-            num_heads=c.n_head,
-            num_kv_heads=c.n_head,
-            head_dim=c.n_embd // c.n_head,
-            value_head_dim=c.n_embd // c.n_head,
-            hidden_size=c.n_embd,
-        )
+        return self.heads_layout(c.n_head, c.n_head, c.n_embd // c.n_head, c.n_embd)
 
     @cached_property
     def fused(self) -> FusedLayout:

@@ -19,7 +19,7 @@ from torch import nn
 from headwidget.adapters._heads import HeadProjections, HeadSlices, head_index
 from headwidget.adapters._partial_rope import PARTIAL_ROPE_MODEL_TYPES, install_partial_rope
 from headwidget.adapters.base import Adapter, Tap, config_get
-from headwidget.core.layout import AttentionLayout, Pairing, RopeLayout, mechanism_of
+from headwidget.core.layout import AttentionLayout, Pairing, RopeLayout
 from headwidget.core.weights import HeadWeights
 from headwidget.errors import UnsupportedConversionError
 
@@ -54,17 +54,7 @@ class LlamaAdapter(Adapter):
         factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
         rotary = int(head_dim * factor)
         pairing: Pairing = "interleaved" if c.model_type in self.interleaved_rope else "half"
-        return AttentionLayout(
-            family=self.family,
-            mechanism=mechanism_of(heads, kv),
-            num_layers=len(self.attention_modules()),
-            num_heads=heads,
-            num_kv_heads=kv,
-            head_dim=head_dim,
-            value_head_dim=head_dim,
-            hidden_size=c.hidden_size,
-            rope=RopeLayout(pairing, rotary_dim=rotary),
-        )
+        return self.heads_layout(heads, kv, head_dim, c.hidden_size, RopeLayout(pairing, rotary_dim=rotary))
 
     def taps(self, attention: Any) -> list[Tap]:
         # Qwen3-style models normalise each key head before RoPE: that normed key is the pre-RoPE key.

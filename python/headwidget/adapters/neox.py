@@ -22,17 +22,8 @@ class GPTNeoXAdapter(FusedQKVAdapter):
         head_dim = c.hidden_size // heads
         rope = getattr(c, "rope_parameters", None) or {}
         factor = rope.get("partial_rotary_factor", getattr(c, "rotary_pct", 1.0))
-        return AttentionLayout(
-            family=self.family,
-            mechanism="mha",
-            num_layers=len(self.attention_modules()),
-            num_heads=heads,
-            num_kv_heads=heads,
-            head_dim=head_dim,
-            value_head_dim=head_dim,
-            hidden_size=c.hidden_size,
-            rope=RopeLayout("half", rotary_dim=int(head_dim * factor)),
-        )
+        rope_layout = RopeLayout("half", rotary_dim=int(head_dim * factor))
+        return self.heads_layout(heads, heads, head_dim, c.hidden_size, rope_layout)
 
     @cached_property
     def fused(self) -> FusedLayout:

@@ -150,7 +150,7 @@ class Conversion:
         >>> convert(gpt2, 0, "mla:12").kv_bytes_per_token(torch.float32)
         48
         """
-        return self.kv_elements * torch.empty((), dtype=dtype).element_size()
+        return self.kv_elements * dtype.itemsize
 
     @property
     def q_weight(self) -> torch.Tensor:

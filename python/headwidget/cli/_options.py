@@ -55,18 +55,30 @@ def ascii_int(text: str) -> int | None:
     return int(stripped)
 
 
+def _whole(text: str, low: int, high: int, words: str) -> int:
+    value = ascii_int(text)
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"takes {words}, got {text!r}")
+    return value
+
+
+def _ascii_float(text: str) -> float:
+    """``float(text)``, or NaN for what is not a number in ASCII without ``_`` (``float()`` also reads
+    ``"４"`` and ``"1_0"``)."""
+    try:
+        return float(text) if text.isascii() and "_" not in text else math.nan
+    except ValueError:
+        return math.nan
+
+
 def gib(text: str) -> float:
-    """``--max-memory``: a finite number of GiB > 0 (ASCII digits, no ``_``: ``float()`` also reads
-    ``"４"`` and ``"1_0"``).
+    """``--max-memory``: a finite number of GiB > 0 (ASCII digits, no ``_``).
 
     Example:
         >>> gib("4")
         4.0
     """
-    try:
-        value = float(text) if text.isascii() and "_" not in text else math.nan
-    except ValueError:
-        value = math.nan
+    value = _ascii_float(text)
     if not (math.isfinite(value) and 0 < value <= MAX_GIB):
         raise argparse.ArgumentTypeError(
             f"takes a finite number of GiB > 0 and at most {MAX_GIB} (like 4 or 0.5), got {text!r}"
@@ -82,12 +94,7 @@ def dpi(text: str) -> int:
         150
     """
     low, high = DPI_RANGE
-    value = ascii_int(text)
-    if value is None or not low <= value <= high:
-        raise argparse.ArgumentTypeError(
-            f"takes a whole number of dots per inch in {low}..{high}, got {text!r}"
-        )
-    return value
+    return _whole(text, low, high, f"a whole number of dots per inch in {low}..{high}")
 
 
 def int_list(text: str | None, option: str) -> list[int] | None:
@@ -125,12 +132,7 @@ def count(text: str) -> int:
         >>> count("2048")
         2048
     """
-    value = ascii_int(text)
-    if value is None or not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(
-            f"takes a whole number ≥ 1 in ASCII digits (at most {MAX_COUNT}), got {text!r}"
-        )
-    return value
+    return _whole(text, 1, MAX_COUNT, f"a whole number ≥ 1 in ASCII digits (at most {MAX_COUNT})")
 
 
 def seed(text: str) -> int:
@@ -140,12 +142,7 @@ def seed(text: str) -> int:
         >>> seed("99999999999999999")
         99999999999999999
     """
-    value = ascii_int(text)
-    if value is None or not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(
-            f"takes a whole number in 0..{MAX_SEED} in ASCII digits, got {text!r}"
-        )
-    return value
+    return _whole(text, 0, MAX_SEED, f"a whole number in 0..{MAX_SEED} in ASCII digits")
 
 
 def real(text: str) -> float:
@@ -155,10 +152,7 @@ def real(text: str) -> float:
         >>> real("1e-3"), real(" 0.5 ")
         (0.001, 0.5)
     """
-    try:
-        value = float(text) if text.isascii() and "_" not in text else math.nan
-    except ValueError:
-        value = math.nan
+    value = _ascii_float(text)
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(
             f"takes a finite number in ASCII (like 1e-3 or 0.0003), got {text!r}"

@@ -91,7 +91,7 @@ from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_t
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
 from headwidget.evaluation._memory import conversion_sizes
-from headwidget.evaluation._model_facts import check_stats
+from headwidget.evaluation._model_facts import check_stats, output_vocab
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._plan import GroupCell, VariantPlan, plan_variant
 from headwidget.evaluation._quantize import KVQuantizer
@@ -557,7 +557,7 @@ class AllocationMemory:
         """``shapes``: per batch (rows, length, predicted tokens); ``adapter``: ``model``'s, when known."""
         adapter = adapter or adapter_for(model)
         lay = adapter.layout()
-        b = torch.empty((), dtype=dtype).element_size()
+        b = dtype.itemsize
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
         numel = sum(t.numel() for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values())
         copy = 0 if own == dtype else numel * b
@@ -573,9 +573,7 @@ class AllocationMemory:
         # a plan's converted attention: per layer, the largest a candidate makes it
         widest = [max(deltas) for deltas in zip(*(c.delta for c in conversions), strict=True)]
         converted = (weights + sum(widest)) * b if conversions else 0
-        get_head = getattr(model, "get_output_embeddings", None)
-        weight = getattr(get_head() if callable(get_head) else None, "weight", None)
-        vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
+        vocab = output_vocab(model)
         impl = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "eager")
         kept = [predicted * vocab * b for _, _, predicted in shapes]
         forward = 0

@@ -99,7 +99,6 @@ from headwidget.stats import KVStats
 
 __all__ = [
     "AppliedVariant",
-    "applied_variant",
     "apply",
     "build_variant",
     "compact_fits",
@@ -145,7 +144,7 @@ class AppliedVariant:
         """K/V cache bytes per token of each layer: a quantized layer by its quantizer's formula, any
         other by its elements in ``dtype`` (as :meth:`VariantPlan.layer_bytes
         <headwidget.evaluation._plan.VariantPlan.layer_bytes>` counts them for evaluate)."""
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         by_quantizer = {layer: q for q in self.quantizers for layer in q.layers}
         by_cache = {layer: c for c in self.cache_transforms for g in c.groups if len(g) > 1 for layer in g}
         return [
@@ -162,14 +161,6 @@ class AppliedVariant:
         :meth:`layer_bytes` (an int when whole)."""
         total = math.fsum(self.layer_bytes(dtype))
         return int(total) if float(total).is_integer() else total
-
-
-def applied_variant(model: nn.Module) -> AppliedVariant:
-    """The :class:`AppliedVariant` a model built by :func:`apply` carries."""
-    info = getattr(model, "headwidget_variant", None)
-    if not isinstance(info, AppliedVariant):
-        raise TypeError(f"{type(model).__name__} was not built by headwidget.apply")
-    return info
 
 
 def _check_buildable(adapter: Adapter, spec: VariantSpec) -> None:

@@ -75,7 +75,7 @@ from headwidget.analysis.variants import Variant, VariantSpec, parse_variant, un
 from headwidget.capture.memory import ForwardShape, forward_bytes, refuse_over_budget
 from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._inputs import Protocol, parse_protocol
-from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements
+from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements, output_vocab
 from headwidget.evaluation.measures import measure_work_bytes
 
 __all__ = [
@@ -96,13 +96,9 @@ DOCUMENTS = Protocol("documents")
 def _tensor_bytes(module: nn.Module, dtype: torch.dtype | None = None) -> int:
     total = 0
     for t in (*module.parameters(), *module.buffers()):
-        size = t.element_size() if dtype is None or not t.is_floating_point() else _size(dtype)
+        size = t.element_size() if dtype is None or not t.is_floating_point() else dtype.itemsize
         total += t.numel() * size
     return total
-
-
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], dtype: torch.dtype) -> int:
@@ -114,7 +110,7 @@ def _converted_bytes(model: nn.Module, adapter: Adapter, layers: Sequence[int], 
         for t in (*model.get_submodule(name).parameters(), *model.get_submodule(name).buffers())
     }
     return sum(
-        t.numel() * (_size(dtype) if t.is_floating_point() else t.element_size()) for t in tensors.values()
+        t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size()) for t in tensors.values()
     )
 
 
@@ -232,15 +228,6 @@ def _cache_bytes(
     return cache + work
 
 
-def _vocab(model: nn.Module) -> int:
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    weight = getattr(head, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.ndim == 2:
-        return int(weight.shape[0])
-    return 0
-
-
 @dataclass(frozen=True)
 class EvaluationMemory:
     """The parts (bytes) of an evaluation's peak on the model's device; see the module docstring."""
@@ -265,7 +252,7 @@ class EvaluationMemory:
     ) -> EvaluationMemory:
         layers, per_layer, dtype = args.layers, args.per_layer, args.dtype
         batch_size, max_length = args.batch_size, args.max_length
-        b = _size(dtype)
+        b = dtype.itemsize
         length = protocol.window or max_length  # a window is as long as the protocol says
         own = next((p.dtype for p in model.parameters() if p.is_floating_point()), dtype)
         copy = 0 if own == dtype else _tensor_bytes(model) + _tensor_bytes(model, dtype)
@@ -274,7 +261,7 @@ class EvaluationMemory:
         fitting = max((c.fitting_bytes(b) for c in conversions), default=0)
         lay = adapter.layout()
         tokens = batch_size * length
-        vocab = _vocab(model)
+        vocab = output_vocab(model)
         rows = predicted_rows(protocol, batch_size, length)
         logits = rows * vocab * b  # one forward's predicted rows
         copies = 2 if _rescales_logits(model) else 1  # the variant's (twice while the model rescales them)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from headwidget.adapters import Adapter
@@ -23,7 +24,7 @@ from headwidget.checks import layer_indices
 from headwidget.errors import StatsMismatchError, UnsupportedModelError
 from headwidget.stats import KVStats
 
-__all__ = ["check_stats", "converted_modules", "layer_kv_elements", "resolve_layers"]
+__all__ = ["check_stats", "converted_modules", "layer_kv_elements", "output_vocab", "resolve_layers"]
 
 
 def resolve_layers(adapter: Adapter, layers: Iterable[int] | None) -> list[int]:
@@ -70,6 +71,13 @@ def layer_kv_elements(adapter: Adapter, layer: int) -> int:
     if lay.mechanism == "mla" and lay.latent_dim:
         return int(lay.latent_dim) + lay.rope.rotary_dim
     return adapter.kv_heads_of(adapter.attention_at(layer)) * (lay.head_dim + lay.value_head_dim)
+
+
+def output_vocab(model: nn.Module) -> int:
+    """The rows of ``model``'s output embedding (the logits' width), or 0 without an LM head."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    weight = getattr(get_head() if callable(get_head) else None, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else 0
 
 
 def converted_modules(model: nn.Module, adapter: Adapter, layers: Iterable[int]) -> list[str]:

@@ -144,7 +144,7 @@ class VariantPlan:
         ``merge``/``xkv`` group by what its cache holds (``prefill``: the prefill length that an xKV
         basis is spread over; a merge's retention as measured so far), a converted one by its
         mechanism's elements in ``dtype`` (a ``share`` reader: 0), any other as the model holds it."""
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         by_cache = {layer: c for c in self.cross.caches for g in c.groups if len(g) > 1 for layer in g}
         out: list[float] = []
         for layer, elements in sorted(self.layer_elements.items()):

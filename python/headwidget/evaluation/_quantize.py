@@ -145,7 +145,7 @@ class KVQuantizer:
 
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> float:
         """K/V bytes per token of the whole model: quantized layers as above, the others in ``dtype``."""
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         return _number(
             sum(
                 self.layer_bytes_per_token(layer) if layer in self.layers else size * elements

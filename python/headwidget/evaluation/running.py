@@ -7,7 +7,7 @@
 - **Runs**: :func:`working_copy` (an eval-mode copy; the model itself is never run), an
   :class:`OutputRunner` (:func:`runner_for` a protocol) giving a :class:`BatchOutput` per batch,
   :class:`LayerBlocks` (the decoder layers), :func:`teacher_forced_sharing` (``share:g`` readers),
-  :func:`forward_working_bytes` (what one forward holds).
+  :func:`forward_working_bytes` (what one forward holds), :func:`output_vocab` (the logits' width).
 - **Totals**: :func:`reference_pass` (the original on every batch, its outputs kept) and :func:`measure`
   (a model against them), summed over the :class:`Ranks` of a distributed run; :func:`summary` reads
   the measures off the totals; a merge's retention (its bytes) summed likewise (:func:`sum_retention`).
@@ -52,7 +52,7 @@ from headwidget.evaluation._inputs import (
     token_stream,
 )
 from headwidget.evaluation._layers import LayerBlocks, first_tensor
-from headwidget.evaluation._model_facts import converted_modules
+from headwidget.evaluation._model_facts import converted_modules, output_vocab
 from headwidget.evaluation._outputs import BatchOutput, OutputRunner, raise_non_finite
 from headwidget.evaluation._plan import VariantPlan
 from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
@@ -77,6 +77,7 @@ __all__ = [
     "forward_working_bytes",
     "measure",
     "model_context",
+    "output_vocab",
     "prefilling",
     "protocol_batches",
     "reference_pass",
@@ -247,25 +248,17 @@ def protocol_batches(
 ) -> list[Batch]:
     """The evaluation batches of a protocol: documents, ``chunks:W`` or ``stride:W/S`` windows, or the
     documents of ``prefill:P`` (:func:`~headwidget.evaluation._prefill.prefill_batches`)."""
-    if reading.prefill is not None:
+    if reading.window is None:  # documents, or prefill's documents of at least P + 2 tokens
+        prefill = reading.prefill
         documents = evaluation_batches(
             texts,
             tokenizer,
             batch_size=batch_size,
             max_length=max_length,
             max_tokens=max_tokens,
-            min_tokens=reading.prefill + 2,
+            min_tokens=min_tokens if prefill is None else prefill + 2,
         )
-        return prefill_batches(documents, reading.prefill, batch_size=batch_size)
-    if reading.window is None:
-        return evaluation_batches(
-            texts,
-            tokenizer,
-            batch_size=batch_size,
-            max_length=max_length,
-            max_tokens=max_tokens,
-            min_tokens=min_tokens,
-        )
+        return documents if prefill is None else prefill_batches(documents, prefill, batch_size=batch_size)
     if reading.stride is None:
         return chunk_batches(
             texts,

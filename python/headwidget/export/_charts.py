@@ -24,6 +24,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+from matplotlib.typing import CoordsType
 
 from headwidget.core.charts import Chart
 from headwidget.export._labels import printable, text_width, wrap
@@ -196,20 +197,7 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
     names = [printable(s.name) for s in chart.series if s.name]
     columns, rows = legend_rows(names, text_w - AXIS_LABELS_IN)
     legend_pt = legend_height_pt(rows)
-    pad = 2.0 + (SUBTITLE_PT * 1.2 * len(subtitle) + 2.0 if subtitle else 0.0) + legend_pt
-    ax.set_title(printable(chart.title), loc="left", fontsize=TITLE_PT, fontweight="bold", pad=pad)
-    if subtitle:
-        ax.annotate(
-            "\n".join(subtitle),
-            xy=(0, 1),
-            xycoords="axes fraction",
-            xytext=(0, 3 + legend_pt),
-            textcoords="offset points",
-            ha="left",
-            va="bottom",
-            fontsize=SUBTITLE_PT,
-            color=MUTED_COLOR,
-        )
+    title_axes(ax, printable(chart.title), subtitle, legend_pt)
     if names:
         # Its rows and columns are sized to the chart's text width above, so the layout need not
         # make room for it (counted in, a legend wider than the plot squeezes the plot instead).
@@ -227,19 +215,44 @@ def draw_chart(ax: Axes, chart: Chart, text_w: float = 3.8) -> None:
         legend.set_in_layout(False)
     if chart.note:
         note = "\n".join(wrap(printable(chart.note), text_w, NOTE_PT, style="italic"))
+        note_under(ax, note, "axes fraction", 30)
+    ax.set_gid(chart.id)
+
+
+def title_axes(ax: Axes, title: str, subtitle: list[str], above: float = 0.0) -> None:
+    """``title`` over ``ax`` in bold, left-aligned, the wrapped ``subtitle`` lines under it, and ``above``
+    points (a chart's legend) between them and the plot."""
+    pad = 2.0 + (SUBTITLE_PT * 1.2 * len(subtitle) + 2.0 if subtitle else 0.0) + above
+    ax.set_title(title, loc="left", fontsize=TITLE_PT, fontweight="bold", pad=pad)
+    if subtitle:
         ax.annotate(
-            note,
-            xy=(0, 0),
+            "\n".join(subtitle),
+            xy=(0, 1),
             xycoords="axes fraction",
-            xytext=(0, -30),
+            xytext=(0, 3 + above),
             textcoords="offset points",
             ha="left",
-            va="top",
-            fontsize=NOTE_PT,
-            style="italic",
+            va="bottom",
+            fontsize=SUBTITLE_PT,
             color=MUTED_COLOR,
         )
-    ax.set_gid(chart.id)
+
+
+def note_under(ax: Axes, note: str, below: CoordsType, gap: float) -> None:
+    """``note`` in muted italics from the left edge of ``ax``, ``gap`` points under ``below`` (the axes'
+    bottom edge, ``"axes fraction"``, or what is drawn there)."""
+    ax.annotate(
+        note,
+        xy=(0, 0),
+        xycoords=below,
+        xytext=(0, -gap),
+        textcoords="offset points",
+        ha="left",
+        va="top",
+        fontsize=NOTE_PT,
+        style="italic",
+        color=MUTED_COLOR,
+    )
 
 
 def place_point_labels(fig: Figure) -> None:

@@ -38,10 +38,19 @@ from headwidget.export._cells import label_cells, mark_cells
 from headwidget.export._charts import (
     AXIS_LABELS_IN,
     CHART_IN,
+    LABEL_PT,
+    MUTED_COLOR,
+    NOTE_PT,
+    SUBTITLE_PT,
+    TEXT_COLOR,
+    TICK_PT,
+    TITLE_PT,
     draw_chart,
     legend_height_pt,
     legend_rows,
+    note_under,
     place_point_labels,
+    title_axes,
 )
 from headwidget.export._colormaps import LutNorm, colormap, nan_color
 from headwidget.export._labels import MAX_LABEL_CHARS, fit_label, panel_axis, printable, text_width, wrap
@@ -49,8 +58,7 @@ from headwidget.export._source import ExportError, GridSource, grid_of
 
 __all__ = ["PANEL_LABEL", "export_style", "figure", "group_edges"]
 
-TEXT_COLOR, MUTED_COLOR, FRAME_COLOR = "#1f1f1f", "#5f5f5f", "#444444"
-TITLE_PT, SUBTITLE_PT, TICK_PT, NOTE_PT, LABEL_PT = 9.0, 7.5, 7.0, 6.5, 8.0
+FRAME_COLOR = "#444444"
 AXIS_TITLE_PT = 7.5
 PLOT_IN = 2.2  # longest plot side on an automatically sized figure (the widget's 320 px)
 COLORBAR_IN = 0.75  # colorbar, its ticks and one label line
@@ -225,38 +233,14 @@ def _draw_panel(ax: Axes, index: int, panel: Panel, grid: PanelGrid, text_w: flo
         axis.set_major_formatter(formatter)
     ax.tick_params(length=2.5, width=0.6, pad=1.5, labelsize=TICK_PT, colors=TEXT_COLOR)
     subtitle = wrap(panel.subtitle, text_w, SUBTITLE_PT)
-    pad = 2.0 + (SUBTITLE_PT * 1.2 * len(subtitle) + 2.0 if subtitle else 0.0)
-    ax.set_title(panel.title, loc="left", fontsize=TITLE_PT, fontweight="bold", pad=pad)
-    if subtitle:
-        ax.annotate(
-            "\n".join(subtitle),
-            xy=(0, 1),
-            xycoords="axes fraction",
-            xytext=(0, 3),
-            textcoords="offset points",
-            ha="left",
-            va="bottom",
-            fontsize=SUBTITLE_PT,
-            color=MUTED_COLOR,
-        )
+    title_axes(ax, panel.title, subtitle)
     note = "\n".join(wrap(panel.note, text_w, NOTE_PT, style="italic"))
     if panel.axis_titles and panel.row_axis:
         ax.set_ylabel(panel.row_axis, fontsize=AXIS_TITLE_PT, labelpad=2)
     if panel.axis_titles and panel.col_axis:
         ax.set_xlabel(panel.col_axis, fontsize=AXIS_TITLE_PT, labelpad=2)
         if note:  # under the axis title, from the plot's left edge
-            ax.annotate(
-                note,
-                xy=(0, 0),
-                xycoords=("axes fraction", ax.xaxis.label),
-                xytext=(0, -3),
-                textcoords="offset points",
-                ha="left",
-                va="top",
-                fontsize=NOTE_PT,
-                style="italic",
-                color=MUTED_COLOR,
-            )
+            note_under(ax, note, ("axes fraction", ax.xaxis.label), 3)
     elif note:
         ax.set_xlabel(note, loc="left", fontsize=NOTE_PT, style="italic", color=MUTED_COLOR, labelpad=3)
     ax.set_label(PANEL_LABEL.format(index))

@@ -63,15 +63,11 @@ from headwidget.capture.memory import format_bytes, refuse_over_budget
 from headwidget.errors import UnsupportedModelError
 from headwidget.evaluation import AppliedVariant
 from headwidget.evaluation.measures import CHUNK_BYTES
-from headwidget.evaluation.running import checked_dtype, forward_working_bytes
+from headwidget.evaluation.running import checked_dtype, forward_working_bytes, output_vocab
 from headwidget.healing import _chunked
 from headwidget.healing._trainable import parse_trainable
 
 __all__ = ["HealingMemory", "autocast_dtype", "check_healing_budget", "estimate_healing"]
-
-
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _numel(tensors: Iterable[torch.Tensor]) -> int:
@@ -80,13 +76,6 @@ def _numel(tensors: Iterable[torch.Tensor]) -> int:
 
 def _float_dtype(model: nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
-def _vocab(model: nn.Module) -> int:
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    weight = getattr(head, "weight", None)
-    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else 0
 
 
 def _attention_tensors(adapter: Adapter, layers: Iterable[int]) -> list[torch.Tensor]:
@@ -202,16 +191,16 @@ class HealingMemory:
         mode, rank = parse_trainable(trainable)
         conversion = _Conversion.of(variant, model, adapter)
         own_dtype = _float_dtype(model)
-        m_b = _size(own_dtype)
+        m_b = own_dtype.itemsize
         t_b = 8 if m_b == 8 else 4  # the trained parameters and the optimizer
         h_b = m_b if cast is not None else t_b  # what the teacher and the student hold their weights in
-        a_b = _size(cast) if cast is not None else h_b  # activations
+        a_b = cast.itemsize if cast is not None else h_b  # activations
         n4 = max(h_b, 4)
         total_numel = _numel([*model.parameters(), *model.buffers()])
         d, f = lay.hidden_size, adapter.mlp_width()
         q = lay.num_heads * lay.head_dim
         kv = conversion.kv_heads * (lay.head_dim + lay.value_head_dim)
-        vocab = _vocab(model)
+        vocab = output_vocab(model)
 
         # ---- persistent: teacher copy, the student's own tensors, the optimizer's moments
         teacher = 0 if m_b == h_b else total_numel * h_b

@@ -4,17 +4,8 @@ Holds a :class:`~headwidget.moments.Moments` for every captured (layer, kind) â€
 (pre-RoPE), ``"key_post"`` (post-RoPE), ``"value"``, ``"input"`` (the attention input) and ``"latent"``
 (MLA) â€” plus optional cross-layer moments over a set of layers, token samples, the token sums of every
 rotary pair's query/key norm (:class:`PlaneNorms`), and the metadata needed to interpret them.
-Everything derived (correlations, head similarities) is computed on demand in float64.
-
-Example:
-    >>> import torch, headwidget
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    ...                   num_attention_heads=4, num_key_value_heads=2)
-    >>> model = LlamaForCausalLM(cfg).eval()
-    >>> stats = headwidget.capture(model, torch.randint(0, 64, (2, 16)), progress=False)
-    >>> stats.channel_corr(0, "key").shape, stats.head_similarity(1, "value").shape
-    ((16, 16), (2, 2))
+Everything derived (correlations, head similarities) is computed on demand in float64: the examples
+are :class:`KVStats`'s.
 """
 
 from headwidget.stats._kvstats import KVStats

@@ -174,10 +174,6 @@ class KVStats:
             )
         return norms
 
-    def heads_of(self, kind: Kind) -> int:
-        hd = self.meta.layout.head_dim_of(kind)
-        return self.meta.layout.channels_of(kind) // hd if hd else 1
-
     # ------------------------------------------------------------------ derived views
     def channel_corr(
         self, layer: int, kind: Kind = "key", channels: slice | range | list[int] | None = None

@@ -257,27 +257,9 @@ class QuantizationView(LayerView[QuantizationState]):
                 return f"{head}\n{coupling_reading(e, ctl, c)}"
 
             xs = [float(c) for c in sizes]
-            series.append(
-                Series(
-                    f"{name} · joint",
-                    xs,
-                    [e.joint[c] for c in sizes],
-                    [label(c) for c in sizes],
-                    style="points+line",
-                    color=colour,
-                )
-            )
-            series.append(
-                Series(
-                    f"{name} · Σ marginals",
-                    xs,
-                    [e.marginal_sum[c] for c in sizes],
-                    [label(c) for c in sizes],
-                    style="points+line",
-                    color=colour,
-                    dashed=True,
-                )
-            )
+            for part, values, dashed in (("joint", e.joint, False), ("Σ marginals", e.marginal_sum, True)):
+                points, labels = [values[c] for c in sizes], [label(c) for c in sizes]
+                series.append(Series(f"{name} · {part}", xs, points, labels, "points+line", colour, dashed))
         corrected = " + Miller–Madow" if self.miller_madow else ""
         # N samples hold at most N distinct tuples: no joint entropy above log2(N) can be measured.
         ceiling = math.log2(max(samples, 1))
