@@ -77,10 +77,13 @@ def test_onednn_s_chunked_products_keep_the_blas_route_s_accuracy(monkeypatch: p
     calls = []
     original = folding.add_gram_onednn
     monkeypatch.setattr(folding, "add_gram_onednn", lambda *a, **k: calls.append(1) or original(*a, **k))
-    errors = {}
-    for route, fewest in (("onednn", 512), ("blas", 10**9)):
+    errors, m2 = {}, {}
+    # "tiles": block rows of 64 by tiles of 96 columns, some starting inside the diagonal block
+    for route, fewest, tile in (("onednn", 512, 10**9), ("tiles", 512, 96), ("blas", 10**9, 96)):
         monkeypatch.setattr(folding, "ONEDNN_CHANNELS", fewest)
+        monkeypatch.setattr(folding, "ONEDNN_TILE", tile)
         stack = fold_stream(x, head_dim=64, mode="exact")
+        m2[route] = stack.m2[0].clone()
         corr = corr_from_comoment(stack.m2[0]).numpy()
         unit = unit_heads(x64, 64)
         assert stack.norm_gram is not None
@@ -90,8 +93,12 @@ def test_onednn_s_chunked_products_keep_the_blas_route_s_accuracy(monkeypatch: p
         np.testing.assert_allclose(stack.mean[0].numpy(), x64.mean(0), rtol=0, atol=1e-12)
         if route == "onednn":
             assert len(calls) == 3 * 3  # each batch: the co-moment and both splits' normalised Grams
+    assert len(calls) == 2 * 3 * 3
     assert errors["onednn"][0] <= 1e-6 and errors["onednn"][1] <= errors["blas"][1]
     assert errors["onednn"][2] <= 1e-8 and errors["onednn"][2] <= 1.5 * errors["blas"][2]
+    scale = float(m2["onednn"].diagonal().max())
+    torch.testing.assert_close(m2["tiles"], m2["onednn"], rtol=0, atol=1e-12 * scale)
+    assert errors["tiles"][1] <= errors["blas"][1] and errors["tiles"][2] <= 1e-8
 
 
 def test_without_the_split_bfloat16_products_lose_the_correlations():
