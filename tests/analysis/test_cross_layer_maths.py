@@ -14,6 +14,7 @@ from headwidget.analysis.cross_layer import (
     minicache_merge,
     rotate,
     shared_svd,
+    shared_svd_is_exact,
     xkv_elements,
 )
 
@@ -113,6 +114,51 @@ def test_shared_svd_is_numpy_s_truncated_svd_of_the_side_by_side_caches() -> Non
     full = shared_svd(caches, 100)
     for c, o in zip(caches, full, strict=True):
         torch.testing.assert_close(o, c, atol=1e-12, rtol=0)
+
+
+def _svd_reconstruction(caches: list[torch.Tensor], rank: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The side-by-side caches' truncated SVD by ``torch.linalg.svd`` in ``dtype`` (the float32 route is
+    how ``shared_svd`` formed it before it used the float64 Gram)."""
+    b, _, t, _ = caches[0].shape
+    joint = torch.cat([c.to(dtype).transpose(1, 2).reshape(b, t, -1) for c in caches], dim=-1)
+    u, s, vh = torch.linalg.svd(joint, full_matrices=False)
+    approx = (u[..., :rank] * s[..., None, :rank]) @ vh[..., :rank, :]
+    widths = [int(c.shape[1] * c.shape[3]) for c in caches]
+    return [
+        p.reshape(b, t, c.shape[1], c.shape[3]).transpose(1, 2)
+        for p, c in zip(torch.split(approx, widths, dim=-1), caches, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("tokens", [12, 40])  # wide (the T × T Gram) and tall (the W × W Gram)
+def test_shared_svd_of_float32_caches_is_the_float64_svd_to_float32_rounding(tokens: int) -> None:
+    gen = torch.Generator().manual_seed(3)
+    spectrum = 0.7 ** torch.arange(24, dtype=F64)  # singular values over 3 decades
+    caches = []
+    for g in (2, 1):
+        mix = torch.randn(24, g * 8, generator=gen, dtype=F64)
+        rows = torch.randn(3, tokens, 24, generator=gen, dtype=F64) * spectrum
+        caches.append((rows @ mix).reshape(3, tokens, g, 8).transpose(1, 2).float())
+    out = shared_svd(caches, 5)
+    reference = _svd_reconstruction(caches, 5, F64)
+    previous = _svd_reconstruction(caches, 5, torch.float32)
+    scale = max(float(c.abs().max()) for c in caches)
+    for o, ref, prev in zip(out, reference, previous, strict=True):
+        assert o.dtype == torch.float32
+        float64_gap = float((o.double() - ref).abs().max()) / scale
+        previous_gap = float((prev.double() - ref).abs().max()) / scale
+        assert float64_gap < 4 * 2**-24  # float32 rounding of the result
+        assert float((o.double() - prev.double()).abs().max()) / scale < max(previous_gap, 1e-7) * 2
+
+
+def test_shared_svd_of_full_rank_returns_the_caches_unchanged() -> None:
+    gen = torch.Generator().manual_seed(4)
+    caches = [torch.randn(2, 1, 6, 4, generator=gen) for _ in range(2)]
+    for rank in (6, 8, 100):  # at or above min(T = 6, W = 8)
+        out = shared_svd(caches, rank)
+        for o, c in zip(out, caches, strict=True):
+            assert torch.equal(o, c) and o.data_ptr() != c.data_ptr()
+    assert not shared_svd_is_exact(6, 8, 5) and shared_svd_is_exact(6, 8, 6)
 
 
 def test_rotate_back_is_the_exact_inverse_even_for_rounded_angles() -> None:

@@ -7,16 +7,20 @@ import pytest
 import torch
 
 import headwidget
+from gram_routes import onednn_route
 from headwidget.analysis.layer_similarity import cross_layer_bytes, layer_similarity
 from headwidget.errors import ArgumentError, CrossLayerMissingError, UnknownKindError, UnknownMetricError
 from tiny_models import ragged_batches, reference_activations, three_layer_llama
 
 
-@pytest.fixture(scope="module")
-def run() -> dict:
+@pytest.fixture(scope="module", params=["blas", "onednn"])
+def run(request: pytest.FixtureRequest) -> dict:
+    """The capture of every layer, its Grams by batched BLAS products or (for every width here) by
+    oneDNN's chunked products, the route of the joint Gram of many cross layers."""
     model = three_layer_llama(seed=3)
     batches = ragged_batches(seed=4, lengths=((40, 33, 37), (38, 29)))
-    stats = headwidget.capture(model, batches, rope="both", cross_layer=True, progress=False)
+    with onednn_route(request.param == "onednn"):
+        stats = headwidget.capture(model, batches, rope="both", cross_layer=True, progress=False)
     acts = reference_activations("llama_gqa", model, batches)
     return {"stats": stats, "acts": acts, "layers": sorted(acts)}
 

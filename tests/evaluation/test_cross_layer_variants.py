@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -236,6 +237,26 @@ def test_xkv_is_one_svd_of_the_group_s_pre_rope_keys_and_values(llama: torch.nn.
     assert report.nll[spec] == pytest.approx(want, abs=1e-12)
     per_layer = 2 * (rank / 2 + rank * G * D_H / P)  # token factor share + basis over the prefill
     assert report.kv_bytes_per_token[spec] == pytest.approx(8 * (2 * per_layer + 2 * G * D_H), abs=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_xkv_of_a_rank_that_holds_the_prefill_leaves_the_cache_as_it_is(
+    llama: torch.nn.Module, dtype: torch.dtype
+) -> None:
+    """A rank at or above the prefill's length keeps the whole of each group's matrix: the cache is the
+    prefill's own, to the bit (no SVD's rounding, no turning the keys back and again)."""
+    from headwidget.evaluation._cache_transforms import SharedSVDCache, transforming_prefill
+
+    model = copy.deepcopy(llama).to(dtype)
+    x = ids()[:, :P]
+    caches = []
+    for transforms in ([], [SharedSVDCache(f"xkv:{P}/2", [[0, 1]], P)]):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad(), transforming_prefill(model, transforms):
+            model(x, cache=cache, use_cache=True)
+        caches.append(cache)
+    for plain, kept in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert torch.equal(plain.keys, kept.keys) and torch.equal(plain.values, kept.values)
 
 
 def test_an_applied_xkv_model_compresses_its_prefill_in_generate(llama: torch.nn.Module) -> None:

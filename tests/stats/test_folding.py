@@ -14,6 +14,7 @@ from headwidget.moments import (
     MomentStack,
     StackedMoments,
     bf16_products,
+    folding,
     split_bf16,
 )
 from headwidget.moments.correlation import corr_from_comoment
@@ -63,6 +64,41 @@ def test_the_tensor_core_split_keeps_correlations_within_1e_5_of_float64():
     assert stack.norm_gram is not None and stack.split_count == (len(in_a), len(x64) - len(in_a))
     assert np.abs(stack.norm_gram[0, 0].numpy() - a.T @ a).max() / len(a) <= 1e-6
     assert np.abs(stack.norm_gram[0].sum(0).numpy() - unit.T @ unit).max() / len(unit) <= 1e-6
+
+
+def test_onednn_s_chunked_products_keep_the_blas_route_s_accuracy(monkeypatch: pytest.MonkeyPatch):
+    """The joint Gram of many cross layers goes through oneDNN in chunks of 128 tokens: its correlations
+    (mean error) and normalised Grams stay as close to float64 as the batched BLAS products' (stress
+    data, 3 batches of up to 2,048 rows, the last one short)."""
+    if folding.onednn_linear() is None:
+        pytest.skip("this PyTorch has no oneDNN matmul")
+    x = torch.from_numpy(hard_activations(4500, 512, seed=5))
+    x64 = x.double().numpy()
+    calls = []
+    original = folding.add_gram_onednn
+    monkeypatch.setattr(folding, "add_gram_onednn", lambda *a, **k: calls.append(1) or original(*a, **k))
+    errors, m2 = {}, {}
+    # "tiles": block rows of 64 by tiles of 96 columns, some starting inside the diagonal block
+    for route, fewest, tile in (("onednn", 512, 10**9), ("tiles", 512, 96), ("blas", 10**9, 96)):
+        monkeypatch.setattr(folding, "ONEDNN_CHANNELS", fewest)
+        monkeypatch.setattr(folding, "ONEDNN_TILE", tile)
+        stack = fold_stream(x, head_dim=64, mode="exact")
+        m2[route] = stack.m2[0].clone()
+        corr = corr_from_comoment(stack.m2[0]).numpy()
+        unit = unit_heads(x64, 64)
+        assert stack.norm_gram is not None
+        gram = np.abs(stack.norm_gram[0].sum(0).numpy() - unit.T @ unit).max() / len(unit)
+        off = np.abs(corr - np.corrcoef(x64.T))
+        errors[route] = (off.max(), off.mean(), gram)
+        np.testing.assert_allclose(stack.mean[0].numpy(), x64.mean(0), rtol=0, atol=1e-12)
+        if route == "onednn":
+            assert len(calls) == 3 * 3  # each batch: the co-moment and both splits' normalised Grams
+    assert len(calls) == 2 * 3 * 3
+    assert errors["onednn"][0] <= 1e-6 and errors["onednn"][1] <= errors["blas"][1]
+    assert errors["onednn"][2] <= 1e-8 and errors["onednn"][2] <= 1.5 * errors["blas"][2]
+    scale = float(m2["onednn"].diagonal().max())
+    torch.testing.assert_close(m2["tiles"], m2["onednn"], rtol=0, atol=1e-12 * scale)
+    assert errors["tiles"][1] <= errors["blas"][1] and errors["tiles"][2] <= 1e-8
 
 
 def test_without_the_split_bfloat16_products_lose_the_correlations():

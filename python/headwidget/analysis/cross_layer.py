@@ -25,8 +25,9 @@
 - :func:`shared_svd`: xKV (Chang et al., arXiv 2503.18893; abdelfattah-lab/xKV,
   ``fake_layer_merge_dynamic_cache.py``): per sequence, the group's caches side by side — a
   (T, g·G·d) matrix, the layers' KV heads in order — are replaced by their rank-``r`` truncated SVD
-  ``U_r S_r V_rᵀ`` (uncentred, in float32 or wider). The authors compress the keys before RoPE and
-  rotate the reconstruction again; :func:`rotate` un-rotates and re-rotates cached keys.
+  ``U_r S_r V_rᵀ`` (uncentred; computed in float64 from the smaller Gram). The authors compress the
+  keys before RoPE and rotate the reconstruction again; :func:`rotate` un-rotates and re-rotates cached
+  keys.
 - :func:`merge_elements`, :func:`xkv_elements`: the cached elements per token of one layer.
 
 Example:
@@ -55,6 +56,7 @@ __all__ = [
     "minicache_merge",
     "rotate",
     "shared_svd",
+    "shared_svd_is_exact",
     "within_layer",
     "xkv_elements",
 ]
@@ -144,7 +146,15 @@ def shared_svd(caches: Sequence[torch.Tensor], rank: int) -> list[torch.Tensor]:
     """xKV's rank-``rank`` SVD shared by a group of layers' caches (module docstring).
 
     ``caches`` are (B, G_l, T, d) per layer of the group, one kind; returns each layer's
-    reconstruction, in its dtype. A rank at or above ``min(T, Σ G_l·d)`` reconstructs exactly.
+    reconstruction, in its dtype. A rank at or above ``min(T, Σ G_l·d)`` (:func:`shared_svd_is_exact`)
+    reconstructs exactly: the caches come back as they are (copies).
+
+    The truncated SVD ``U_r S_r V_rᵀ`` of a sequence's side-by-side matrix ``X`` (T × W) is the
+    projection ``U_r U_rᵀ X`` onto its top-``r`` left singular vectors (``X V_r V_rᵀ`` onto the right
+    ones), and those are the top eigenvectors of the Gram ``X Xᵀ`` (``Xᵀ X``, the smaller of the two),
+    formed and decomposed in float64, all sequences in one batched call. The Gram squares the
+    condition, which float64 holds for float32 caches: the reconstruction agrees with a float64 SVD's
+    to float32 rounding (a float32 SVD's is further from it).
 
     >>> x = torch.randn(2, 1, 5, 3, dtype=torch.float64)
     >>> y = 2 * x  # the same token subspace: rank 3 holds both
@@ -152,18 +162,32 @@ def shared_svd(caches: Sequence[torch.Tensor], rank: int) -> list[torch.Tensor]:
     >>> bool(torch.allclose(rx, x)), bool(torch.allclose(ry, y))
     (True, True)
     """
-    work = _work(caches[0])
     b, _, t, _ = caches[0].shape
     widths = [int(c.shape[1] * c.shape[3]) for c in caches]
-    joint = torch.cat([c.to(work).transpose(1, 2).reshape(b, t, -1) for c in caches], dim=-1)
-    u, s, vh = torch.linalg.svd(joint, full_matrices=False)
-    r = min(rank, int(s.shape[-1]))
-    approx = (u[..., :r] * s[..., None, :r]) @ vh[..., :r, :]
+    if shared_svd_is_exact(t, sum(widths), rank):
+        return [c.clone() for c in caches]
+    joint = torch.cat([c.to(torch.float64).transpose(1, 2).reshape(b, t, -1) for c in caches], dim=-1)
+    if t <= joint.shape[-1]:
+        top = torch.linalg.eigh(joint @ joint.mT).eigenvectors[..., -rank:]  # U_r (ascending order)
+        approx = top @ (top.mT @ joint)
+    else:
+        top = torch.linalg.eigh(joint.mT @ joint).eigenvectors[..., -rank:]  # V_r
+        approx = (joint @ top) @ top.mT
     out = []
     for piece, cache in zip(torch.split(approx, widths, dim=-1), caches, strict=True):
         g, d = int(cache.shape[1]), int(cache.shape[3])
         out.append(piece.reshape(b, t, g, d).transpose(1, 2).to(cache.dtype))
     return out
+
+
+def shared_svd_is_exact(tokens: int, width: int, rank: int) -> bool:
+    """Whether a rank-``rank`` SVD of a ``tokens`` × ``width`` matrix keeps all of it (the rank is at
+    least the matrix's): :func:`shared_svd` then changes nothing.
+
+    >>> shared_svd_is_exact(32, 384, 64), shared_svd_is_exact(128, 384, 64)
+    (True, False)
+    """
+    return rank >= min(tokens, width)
 
 
 def rotate(

@@ -45,7 +45,14 @@ import torch
 from torch import nn
 
 from headwidget.adapters import adapter_for
-from headwidget.analysis.cross_layer import merge_elements, minicache_merge, rotate, shared_svd, xkv_elements
+from headwidget.analysis.cross_layer import (
+    merge_elements,
+    minicache_merge,
+    rotate,
+    shared_svd,
+    shared_svd_is_exact,
+    xkv_elements,
+)
 from headwidget.core.layout import RopeLayout
 from headwidget.errors import UnsupportedConversionError
 from headwidget.evaluation._forwards import PartsForward
@@ -218,10 +225,22 @@ class SharedSVDCache:
             if len(group) < 2:
                 continue  # a layer alone keeps its cache
             pairs = [prefilled.kv(layer) for layer in group]
-            keys = shared_svd([prefilled.keys_before_rope(k) for k, _ in pairs], self.rank)
-            values = shared_svd([v for _, v in pairs], self.rank)
+            tokens = int(pairs[0][0].shape[2])
+            # a rank that keeps the whole of a kind's matrix leaves that kind's cache as it is (no
+            # turning back and again by RoPE either)
+            exact = [
+                shared_svd_is_exact(tokens, sum(int(p[i].shape[1] * p[i].shape[3]) for p in pairs), self.rank)
+                for i in (0, 1)
+            ]
+            keys = [k for k, _ in pairs]
+            if not exact[0]:
+                turned = shared_svd([prefilled.keys_before_rope(k) for k in keys], self.rank)
+                keys = [prefilled.keys_after_rope(k) for k in turned]
+            values = [v for _, v in pairs]
+            if not exact[1]:
+                values = shared_svd(values, self.rank)
             for layer, k, v in zip(group, keys, values, strict=True):
-                prefilled.set(layer, prefilled.keys_after_rope(k), v)
+                prefilled.set(layer, k, v)
 
     def only(self, groups: list[list[int]]) -> SharedSVDCache:
         """The same shared SVD on ``groups`` only."""
