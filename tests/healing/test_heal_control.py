@@ -92,6 +92,31 @@ def test_a_non_finite_loss_raises_naming_the_step_with_the_last_good_run() -> No
         assert torch.equal(got, kept) and bool(torch.isfinite(got).all())
 
 
+@pytest.mark.parametrize("micro_batch_size", [None, 2])
+def test_a_non_finite_gradient_raises_naming_the_step_with_the_last_good_run(micro_batch_size: Any) -> None:
+    """The loss stays finite; a trained tensor's gradient turns infinite from step 3 on: step 3 changes no
+    weight (with micro-batches too, whose gradients are summed before the check)."""
+    model = llama()
+
+    class _Poison(_Keeper):
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+            super().on_step_end(args, state, control, model=model, **kwargs)
+            if state.global_step == self.at:
+                trained = next(p for p in model.parameters() if p.requires_grad)
+                trained.register_hook(lambda grad: torch.full_like(grad, math.inf))
+
+    keeper = _Poison(2)
+    message = r"the gradient norm is (inf|nan) \(loss [0-9.e-]+\) at step 3 of 4: training stopped"
+    with pytest.raises(NonFiniteLossError, match=message) as err:
+        small_heal(
+            headwidget.apply(model, "mqa"), model, callbacks=[keeper], micro_batch_size=micro_batch_size
+        )
+    run = err.value.run
+    assert run.steps == 2 and run.stopped_early and len(run.losses) == 2
+    for got, kept in zip(_k_weights(run.model), keeper.kept[2], strict=True):
+        assert torch.equal(got, kept) and bool(torch.isfinite(got).all())
+
+
 def test_the_tracker_follows_a_healing_run_as_a_callback() -> None:
     model = llama()
     tracker = headwidget.Tracker(held_out(7), every=2, max_tokens=64)

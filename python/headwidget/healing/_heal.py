@@ -888,25 +888,23 @@ class _Training:
                 loss = self.loss(part)
                 part_value = _global_mean(float(loss.detach()), self.s.ranks)
                 if not math.isfinite(part_value):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    raise _NonFinite(
-                        f"the healing loss is {part_value} at step {step + 1} of {self.plan.steps}: "
-                        "training stopped there, and the run up to the step before is on this error "
-                        "(err.run, its model with the last good weights). Lower lr, or heal in float32 "
-                        "(dtype=torch.float32)"
-                    )
+                    raise self._non_finite(f"the healing loss is {part_value}", step)
                 value += weight * part_value
                 with self._no_sync(last=i + 1 == len(parts)):
                     (loss * weight if len(parts) > 1 else loss).backward()
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM))
         if not math.isfinite(norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise _NonFinite(
-                f"the gradient norm is {norm} at step {step + 1} of {self.plan.steps} (loss {value:.4g}): "
-                "training stopped there, and the run up to the step before is on this error (err.run). "
-                "Lower lr, or heal in float32 (dtype=torch.float32)"
-            )
+            raise self._non_finite(f"the gradient norm is {norm} (loss {value:.4g})", step)
         return value
+
+    def _non_finite(self, what: str, step: int) -> _NonFinite:
+        """The error of a step whose ``what`` is not finite; its gradients dropped."""
+        self.optimizer.zero_grad(set_to_none=True)
+        return _NonFinite(
+            f"{what} at step {step + 1} of {self.plan.steps}: training stopped there, and the run up to "
+            "the step before is on this error (err.run, its model with the last good weights). Lower lr, "
+            "or heal in float32 (dtype=torch.float32)"
+        )
 
     def _no_sync(self, last: bool) -> Any:
         """DistributedDataParallel's ``no_sync`` for a micro-batch before a step's last one (its gradients
