@@ -182,8 +182,7 @@ def _onednn_op() -> Any:
 
 
 def onednn_linear() -> Any:
-    """oneDNN's float32 matmul, ``op(x, w, None, "none", [], "") = x @ wᵀ`` and
-    ``op.binary(x, other, w, None, "add") = x @ wᵀ + other``, where this PyTorch has it and float32
+    """oneDNN's float32 matmul, ``op(x, w, None, "none", [], "") = x @ wᵀ``, where this PyTorch has it and float32
     matmuls are to be exact (``torch.get_float32_matmul_precision() == "highest"``: oneDNN would
     otherwise form them from bfloat16 or TF32 parts); else None.
 
@@ -251,11 +250,11 @@ def add_gram_onednn(
                 last = min(c, first + max(ONEDNN_TILE, width))
                 tile = op(parts[0][start:stop], parts[0][first:last], None, "none", [], "")
                 for part in parts[1:]:
-                    tile = op.binary(part[start:stop], tile, part[first:last], None, "add")
+                    tile.add_(op(part[start:stop], part[first:last], None, "none", [], ""))
                 acc[i, start:stop, first:last].add_(tile)
                 below = max(first, stop)  # the tile's columns past the diagonal block, mirrored
                 if below < last:
-                    acc[i, below:last, start:stop].add_(tile[:, below - first :].T)
+                    acc[i, below:last, start:stop].add_(tile[:, below - first :].T.contiguous())
                 if track and first == start:
                     diagonal.append(torch.diagonal(tile[:, :width]).amax())
         if track:
