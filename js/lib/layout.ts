@@ -7,8 +7,9 @@
  *
  * Panels fill the available width.  A grid row holds `columns` panels (all
  * of them when `columns` is 0) and always starts a new line; when a row's
- * panels do not fit side by side with plots of at least PLOT_MIN_FIT px it
- * wraps onto as many lines as needed, like text.  Each plot then grows into
+ * panels do not fit side by side with plots of at least their `fitSide` (
+ * PLOT_MIN_FIT px, or FIT_CELL px a cell for a matrix of few cells) it wraps
+ * onto as many lines as needed, like text.  Each plot then grows into
  * its column: up to GROW_CELL px per cell, never below PLOT_BASE when there
  * is room for it, never above `maxSide` (the caller passes what the screen
  * shows, so that a plot fits in view).
@@ -34,6 +35,8 @@ export const FONTS = {
 
 export const PLOT_BASE = 320; // plot side of a small matrix when there is room
 export const PLOT_MIN_FIT = 220; // panels wrap onto a new line rather than shrink below this
+export const FIT_CELL = 5; // ... or below this many px a cell, for a matrix of fewer than 44 cells a side
+export const FIT_SMALL = 140; // ... and never below this
 export const PLOT_FLOOR = 64; // smallest plot, in a container narrower than one panel
 export const GROW_CELL = 16; // a plot grows beyond PLOT_BASE up to this many px per cell
 export const PLOT_MIN_SIDE = 96; // a very thin matrix is stretched up to this
@@ -133,6 +136,16 @@ export function plotSize(rows: number, cols: number, side = PLOT_BASE): { w: num
 /** Longest plot side a panel asks for when space is no limit. */
 export function wantedSide(rows: number, cols: number): number {
   return Math.max(PLOT_BASE, Math.max(rows, cols) * GROW_CELL);
+}
+
+/**
+ * The smallest plot side a panel keeps before its row wraps: PLOT_MIN_FIT,
+ * or FIT_CELL px a cell (at least FIT_SMALL) for a small matrix, whose
+ * cells stay legible smaller (a 30-layer matrix and two 3-head panels share
+ * a 730 px notebook cell on one line).
+ */
+export function fitSide(rows: number, cols: number): number {
+  return Math.min(PLOT_MIN_FIT, Math.max(FIT_SMALL, Math.max(rows, cols) * FIT_CELL));
 }
 
 /**
@@ -263,12 +276,13 @@ export function computeLayout(
   const maxSide = Math.max(PLOT_BASE, options.maxSide ?? Infinity);
   const perRow = rowLength(n, columns);
   const limits = panels.map((p) => Math.min(wantedSide(p.rows, p.cols), maxSide));
-  // The most panels per line whose plots all keep PLOT_MIN_FIT px (or what they ask for).
+  // The most panels per line whose plots all keep their fitSide (or what they ask for).
+  const least = panels.map((p, i) => Math.min(fitSide(p.rows, p.cols), limits[i]));
   let k = perRow;
   let fitted = panels.map((p, i) =>
     fitPanel(p, measure, columnWidth(availableWidth, k), limits[i]),
   );
-  while (k > 1 && fitted.some((f, i) => f.side < Math.min(PLOT_MIN_FIT, limits[i]))) {
+  while (k > 1 && fitted.some((f, i) => f.side < least[i])) {
     k--;
     const colW = columnWidth(availableWidth, k);
     fitted = panels.map((p, i) => fitPanel(p, measure, colW, limits[i]));

@@ -21,6 +21,9 @@ import {
   PLOT_BASE,
   PLOT_FLOOR,
   PLOT_MIN_FIT,
+  FIT_CELL,
+  FIT_SMALL,
+  fitSide,
   plotPixels,
   plotSize,
   rowLength,
@@ -109,11 +112,12 @@ describe("layoutPanel", () => {
 });
 
 describe("computeLayout", () => {
-  const five = Array.from({ length: 5 }, () => spec(16, 16));
-  const boxW = layoutPanel(spec(16, 16), approxMeasure).w;
+  // 44 cells a side: they wrap rather than shrink below PLOT_MIN_FIT (fitSide)
+  const five = Array.from({ length: 5 }, () => spec(44, 44));
+  const boxW = layoutPanel(spec(44, 44), approxMeasure).w;
 
   it("wraps by the available width", () => {
-    const l = computeLayout(five, 2 * boxW + GRID_GAP + 5, 0, approxMeasure);
+    const l = computeLayout(five, 2 * boxW + GRID_GAP, 0, approxMeasure);
     expect(l.columns).toBe(2);
     expect(l.boxes.map((b) => [b.x, b.y])).toEqual([
       [0, 0],
@@ -152,6 +156,36 @@ describe("computeLayout", () => {
     expect(l.boxes.map((b) => lines.indexOf(b.y))).toEqual([0, 0, 0, 1, 1, 2, 2, 2, 3, 3]);
     expect(l.boxes[5].x).toBe(0);
     for (const b of l.boxes) expect(b.plot.w).toBeGreaterThanOrEqual(PLOT_MIN_FIT);
+  });
+
+  it("keeps a layer matrix and two head panels on one line of a notebook cell", () => {
+    // LayerSimilarityView of SmolLM2: a 30 × 30 matrix and two 3 × 3 head panels, keys over values.
+    const titles = ["Keys · linear CKA", "Key heads · L8 × L9 · before", "Key heads · L8 × L9 · after"];
+    const row = (kind: string) =>
+      [spec(30, 30), spec(3, 3), spec(3, 3)].map((p, i) => ({
+        ...p,
+        title: titles[i].replace("Key", kind),
+        subtitle: i === 0 ? "layer × layer, 30 cross layers" : "per-token cosine",
+      }));
+    const six = [...row("Key"), ...row("Value")];
+    for (const width of [610, 730]) {
+      const l = computeLayout(six, width, 3, approxMeasure);
+      expect(l.columns).toBe(3);
+      expect(l.width).toBeLessThanOrEqual(width);
+      expect(new Set(l.boxes.map((b) => b.y)).size).toBe(2);
+      expect(l.boxes[0].plot.w).toBeGreaterThanOrEqual(fitSide(30, 30));
+      expect(l.boxes[0].plot.w / 30).toBeGreaterThanOrEqual(FIT_CELL);
+    }
+    expect(fitSide(30, 30)).toBe(30 * FIT_CELL); // above FIT_SMALL
+    expect(fitSide(3, 3)).toBe(FIT_SMALL);
+    // a matrix of many cells keeps PLOT_MIN_FIT: three 192-channel panels wrap at 730 px
+    expect(fitSide(192, 192)).toBe(PLOT_MIN_FIT);
+    const channels = [spec(192, 192), spec(192, 192), spec(192, 192)];
+    expect(computeLayout(channels, 730, 3, approxMeasure).columns).toBe(2);
+    // and at 420 px the layer row wraps too rather than squeeze the matrix below FIT_CELL a cell
+    const narrow = computeLayout(six, 420, 3, approxMeasure);
+    expect(narrow.columns).toBeLessThan(3);
+    expect(narrow.boxes[0].plot.w).toBeGreaterThanOrEqual(fitSide(30, 30));
   });
 
   it("grows a large matrix into the width, up to maxSide", () => {
