@@ -218,6 +218,56 @@ def bench_cross_layer(repeats: int, batch: int, length: int) -> None:
     folds = statistics.median(cross_share)
     base = statistics.median(wall[reference])
     print(f"time inside the cross-layer folds: {folds:.3f} s = {folds / base:.1%} of the capture without")
+    _cross_layer_floor(model, batch * length, base)
+
+
+def _cross_layer_floor(model: torch.nn.Module, tokens: int, base: float) -> None:
+    """What the cross-layer statistics cannot cost less than with their float64 accumulators: the first
+    touch of the accumulators (one capture allocates them once) and the Gram products of one fold per
+    kind on accumulators already touched (the m2 pass and the normalised pass), timed on random rows of
+    the same shape, beside the products alone at the rate of its own float32 products."""
+    from headwidget.moments.folding import ONEDNN_CHUNK, gram_blocks, onednn_linear
+
+    config = model.config
+    head_dim = int(config.hidden_size) // int(config.num_attention_heads)
+    width = int(config.num_hidden_layers) * int(config.num_key_value_heads) * head_dim
+    kinds = 2  # keys (before RoPE, the default) and values
+    start = time.perf_counter()
+    stacks = [StackedMoments.empty(1, width, head_dim=head_dim) for _ in range(kinds)]
+    touch = time.perf_counter() - start
+    stack = stacks.pop()
+    del stacks
+    work = FoldWork.make(1, tokens, width, head_dim, torch.float32)
+    rows = torch.randn(1, tokens, width)
+    stack.fold(rows.clone(), tokens // 2, work)  # warm-up
+    start = time.perf_counter()
+    stack.fold(rows.clone(), tokens // 2, work)
+    fold = (time.perf_counter() - start) * kinds
+    flops = kinds * 2 * sum(2.0 * (e - s) * (width - s) * tokens for s, e in gram_blocks(width))
+    rate = float("nan")
+    op = onednn_linear()
+    if op is not None:  # one block row's tile, chunk by chunk, as the route forms it
+        a, b = torch.randn(256, ONEDNN_CHUNK), torch.randn(720, ONEDNN_CHUNK)
+        op(a, b, None, "none", [], "")
+        calls = 200
+        start = time.perf_counter()
+        for _ in range(calls):
+            op(a, b, None, "none", [], "")
+        rate = calls * 2.0 * 256 * 720 * ONEDNN_CHUNK / (time.perf_counter() - start)
+    print(
+        f"floor of these statistics ({kinds} kinds × {width} channels, {tokens} tokens, float64 full-square "
+        "accumulators):"
+    )
+    print(
+        f"  first touch of the accumulators ({kinds * StackedMoments.nbytes(1, width, head_dim) / 2**30:.2f} "
+        "GiB) "
+        f"{touch:.3f} s; the folds on touched accumulators {fold:.3f} s"
+    )
+    print(f"  the products alone at the route's rate ({rate / 1e9:.0f} GFLOP/s): {flops / rate:.3f} s")
+    print(
+        f"  → capture with ÷ without ≥ {(base + touch + fold) / base:.3f} (touch + folds), "
+        f"≥ {(base + flops / rate) / base:.3f} (products alone)"
+    )
 
 
 def _activations(tokens: int, channels: int, seed: int = 0) -> np.ndarray:
