@@ -38,7 +38,9 @@
     display alone); a click on a cell of the keys' matrix (a layer pair not shown before: the kernel
     aligns the pair's heads) to the frame after the panels of that pair are drawn, split at the
     click message's send and the panels' arrival; the same pairs clicked again (kept: frame keys);
-    and the kernel's own times, in the kernel. Target ≤ 100 ms for the first paint and a click.
+    and the kernel's own times, in the kernel. Target ≤ 100 ms for the first paint and a click. The
+    display of a minimal anywidget (its render draws one canvas), built in an earlier cell, is timed
+    the same way beside them: the floor of any widget's first paint in this JupyterLab.
     ``--screenshot PATH`` saves the view as JupyterLab shows it.
 
     ``--compare DIR`` runs (f) side by side with another checkout of headwidget (``npm run build``
@@ -59,6 +61,7 @@ import functools
 import http.server
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -524,7 +527,17 @@ LAYER_CELLS = (
     "built",
     "channels = headwidget.ChannelView(stats, layer=0, prefetch=False)",
     "channels",
+    "tiny = Tiny()",
+    "tiny",
 )
+#: The floor of any widget's display in this JupyterLab: an anywidget whose render draws one canvas
+#: (of the class the page's recorder times).
+TINY_ESM = (
+    "export default { render({ el }) {"
+    ' const c = document.createElement("canvas"); c.className = "hw-heatmap"; c.width = c.height = 8;'
+    ' el.appendChild(c); c.getContext("2d").drawImage(document.createElement("canvas"), 0, 0); } };'
+)
+TINY_WIDGET = f"\nimport anywidget\nclass Tiny(anywidget.AnyWidget):\n    _esm = {TINY_ESM!r}"
 #: Pairs of layers clicked (row, column of the keys' matrix), each a pair not shown before.
 LAYER_PAIRS = [(3, 7), (10, 11), (29, 0), (15, 16), (5, 25), (20, 21), (1, 2), (27, 28), (12, 19), (24, 8)]
 #: What the kernel times in itself: a view built (its first grid computed) and a click on a new pair.
@@ -555,7 +568,7 @@ def bench_layer_view(
             first = f"import sys\nsys.path.insert(0, {str(python)!r})\n" + LAYER_CELLS[0].format(
                 path=str(stats_path)
             )
-            first += "\nprint(headwidget.__file__)"  # (the checkout this kernel imports)
+            first += TINY_WIDGET + "\nprint(headwidget.__file__)"  # (the checkout this kernel imports)
             write_notebook(root / f"layer_bench_{n}.ipynb", first, *LAYER_CELLS[1:])
         with running_jupyterlab(root, work) as lab:
             pages: dict[str, tuple[Any, Any]] = {}
@@ -570,11 +583,12 @@ def bench_layer_view(
                 where = lp.run_cell(0, timeout_s=300).split()[-1]  # the statistics read (not timed)
                 assert where.startswith(str(python)), (name, where, python)
                 pages[name] = (page, lp)
-            trials = {name: {"built": [], "shown": [], "channels": []} for name in sources}
+            trials = {name: {"built": [], "shown": [], "channels": [], "tiny": []} for name in sources}
+            shown = ((1, "built", 6), (3, "shown", 6), (5, "channels", 2), (7, "tiny", 1))
             for _ in range(runs):
                 for name, (page, lp) in pages.items():  # (the sources in turn: side by side)
-                    for cell, into, panels in ((1, "built", 6), (3, "shown", 6), (5, "channels", 2)):
-                        if cell in (3, 5):
+                    for cell, into, panels in shown:
+                        if cell in (3, 5, 7):
                             lp.run_cell(cell - 1, timeout_s=60)  # a new view, not yet shown
                         time.sleep(0.3)
                         since = page.evaluate("performance.now()")
@@ -610,12 +624,12 @@ def bench_layer_view(
                 page.context.close()
 
     def paint(trials: list[dict[str, float]]) -> dict[str, float]:
-        marked = [t for t in trials if t["start"] is not None]
+        marked = [t for t in trials if t["start"] is not None]  # (none for the minimal widget)
         return {
             "total": median([t["frame"] - t["run"] for t in trials]),
             "lab_out": median([t["send"] - t["run"] for t in trials]),
-            "kernel": median([t["start"] - t["send"] for t in marked]),
-            "widget": median([t["drawn"] - t["start"] for t in marked]),
+            "kernel": median([t["start"] - t["send"] for t in marked]) if marked else math.nan,
+            "widget": median([t["drawn"] - t["start"] for t in marked]) if marked else math.nan,
             "frame": median([t["frame"] - t["drawn"] for t in trials]),
         }
 
@@ -633,6 +647,7 @@ def bench_layer_view(
             "built": paint(trials[name]["built"]),
             "shown": paint(trials[name]["shown"]),
             "channels": paint(trials[name]["channels"]),
+            "tiny": paint(trials[name]["tiny"]),
             "runs": runs,
             "first": clicks(clicked[name][0]),
             "again": clicks(clicked[name][1]),
@@ -655,6 +670,8 @@ def layer_rows(f: dict[str, Any], source: str) -> list[tuple[str, str, str, str]
             f"frame {t['frame']:.0f} ms"
         )
 
+    tiny = f["tiny"]
+    tiny_between = tiny["total"] - tiny["lab_out"] - tiny["frame"]
     rows = [
         (
             "(f) layer view: first paint",
@@ -675,6 +692,14 @@ def layer_rows(f: dict[str, Any], source: str) -> list[tuple[str, str, str, str]
             f"{f['channels']['total']:.0f} ms",
             "",
             f"the same for `ChannelView(stats, layer=0)` (K and V, 192²): {split(f['channels'])}",
+        ),
+        (
+            "    a minimal anywidget built before",
+            f"{tiny['total']:.0f} ms",
+            "",
+            "the same for an anywidget whose render draws one canvas (any widget's floor here): lab "
+            f"{tiny['lab_out']:.0f} + kernel, wire, lab & render {tiny_between:.0f} + frame "
+            f"{tiny['frame']:.0f} ms",
         ),
         (
             "    kernel: a view built",
