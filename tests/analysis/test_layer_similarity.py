@@ -115,6 +115,26 @@ def test_a_layer_subset_is_the_submatrix_in_layer_order(run: dict) -> None:
     np.testing.assert_allclose(sub, whole_sub[1:, 1:], atol=1e-12)
 
 
+def test_consecutive_cross_layers_are_views_equal_to_the_gathered_moments(run: dict) -> None:
+    """head_moments of consecutive cross layers reads the stored moments in place (the aligned metric
+    of every layer copied both joint matrices first); any other order gathers a copy. Both agree."""
+    stats = run["stats"]
+    joint, cross = stats.cross_moments("value")
+    width = joint.channels // len(cross)
+    for layers in ([0, 1, 2], [1, 2]):
+        view = stats.head_moments(layers, "value")
+        index = torch.cat([torch.arange(width) + cross.index(layer) * width for layer in layers])
+        copy = joint.select(index)
+        assert view.m2.untyped_storage().data_ptr() == joint.m2.untyped_storage().data_ptr()
+        for name in ("mean", "m2", "norm_gram"):
+            assert torch.equal(getattr(view, name), getattr(copy, name)), name
+        assert (view.count, view.split_count, view.head_dim) == (copy.count, copy.split_count, copy.head_dim)
+    gathered = stats.head_moments([2, 0], "value")
+    assert gathered.m2.untyped_storage().data_ptr() != joint.m2.untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match=r"channels \[4, 2\) are not within"):
+        joint.window(4, 2)
+
+
 def test_bad_arguments_are_refused_with_what_to_change(run: dict) -> None:
     stats = run["stats"]
     with pytest.raises(UnknownMetricError, match="cka, aligned, subspace"):

@@ -199,6 +199,29 @@ class Moments:
             split_count=self.split_count,
         )
 
+    def window(self, start: int, stop: int) -> Moments:
+        """The moments of channels ``[start, stop)`` as views of these (nothing copied: never change
+        them); equal to ``select(torch.arange(start, stop))``.
+
+        >>> m = Moments.empty(6, head_dim=2)
+        >>> m.update(torch.randn(50, 6, dtype=torch.float64), split_a=20)
+        >>> w = m.window(2, 6)
+        >>> bool(torch.equal(w.m2, m.select(torch.arange(2, 6)).m2)), w.m2.data_ptr() == m.m2[2, 2].data_ptr()
+        (True, True)
+        """
+        if not 0 <= start < stop <= self.channels:
+            raise ValueError(
+                f"channels [{start}, {stop}) are not within the {self.channels} of these moments"
+            )
+        return Moments(
+            count=self.count,
+            mean=self.mean[start:stop],
+            m2=self.m2[start:stop, start:stop],
+            head_dim=self.head_dim,
+            norm_gram=None if self.norm_gram is None else self.norm_gram[:, start:stop, start:stop],
+            split_count=self.split_count,
+        )
+
     def to(self, device: torch.device | str) -> Moments:
         """A copy of these moments on ``device``."""
         return Moments(

@@ -197,7 +197,8 @@ class KVStats:
         return self.moments(layer, kind).mean.cpu().numpy()
 
     def head_moments(self, layers: int | Sequence[int], kind: Kind = "key") -> Moments:
-        """Moments over the heads of one layer, or of several layers flattened layer-major.
+        """Moments over the heads of one layer, or of several layers flattened layer-major (the stored
+        ones, or views of them for consecutive cross layers: never change them).
 
         Several layers need the cross-layer statistics (``capture(..., cross_layer=[...])``).
         """
@@ -218,7 +219,11 @@ class KVStats:
                 f"(captured cross_layer={cross or None}); capture with cross_layer={layers}"
             )
         width = self.meta.layout.channels_of(kind)
-        index = torch.cat([torch.arange(width) + cross.index(layer) * width for layer in layers])
+        positions = [cross.index(layer) for layer in layers]
+        first = positions[0]
+        if positions == list(range(first, first + len(positions))):  # consecutive: views, no copy
+            return self._cross[kind].window(first * width, (first + len(positions)) * width)
+        index = torch.cat([torch.arange(width) + p * width for p in positions])
         return self._cross[kind].select(index)
 
     def cross_moments(self, kind: Kind = "key") -> tuple[Moments, list[int]]:
