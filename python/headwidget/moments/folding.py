@@ -182,8 +182,8 @@ def _onednn_op() -> Any:
 
 
 def onednn_linear() -> Any:
-    """oneDNN's float32 matmul, ``op(x, w, None, "none", [], "") = x @ wᵀ``, where this PyTorch has it and float32
-    matmuls are to be exact (``torch.get_float32_matmul_precision() == "highest"``: oneDNN would
+    """oneDNN's float32 matmul, ``op(x, w, None, "none", [], "") = x @ wᵀ``, where this PyTorch has it
+    and float32 matmuls are to be exact (``torch.get_float32_matmul_precision() == "highest"``: oneDNN would
     otherwise form them from bfloat16 or TF32 parts); else None.
 
     >>> op = onednn_linear()
