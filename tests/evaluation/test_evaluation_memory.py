@@ -355,3 +355,27 @@ def test_the_estimate_is_the_peak_of_the_larger_phase(case: str) -> None:
     peak = measured_peak(model, ids, ["mqa"], 2**34, **options)
     print(f"\n{case}: estimate {need / 2**20:.2f} MiB, peak {peak / 2**20:.2f} MiB ({peak / need:.3f})")
     assert 0.8 <= peak / need <= 1.2
+
+
+def test_fits_held_on_the_host_are_refused_over_the_host_s_budget() -> None:
+    """A model on another device than the CPU keeps its fits in the host's memory: they are refused over
+    the host's own budget (the process's real limit), whatever the device's allows, naming them."""
+    from headwidget.evaluation._allocate import AllocationMemory, check_allocation_budget
+    from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_budget
+
+    meta = torch.device("meta")
+    host = {"fits": 2**30, "fitting": 2**62}
+    for call, need, check in (
+        ("evaluate", EvaluationMemory({"forward": 2**20}, meta, host=host), check_evaluation_budget),
+        ("allocate", AllocationMemory({"work": 2**20}, meta, host), check_allocation_budget),
+    ):
+        with pytest.raises(
+            MemoryBudgetError,
+            match=rf"^{call} would allocate \S+ TiB on cpu \(fits 1\.00 GiB, fitting 4194304\.00 TiB\), over the "
+            r".* The fits are made in float64 in the host's memory",
+        ):
+            check(need, 2**40)
+        within = type(need)({"work": 2**20}, meta, host={"fits": 1024})  # (the device's budget alone then)
+        assert check(within, 2**21) in (None, 2**20)
+        with pytest.raises(MemoryBudgetError, match=rf"^{call} would allocate 1\.00 MiB on meta"):
+            check(within, 2**19)

@@ -177,6 +177,20 @@ def refuse_over_budget(
     return allowed - need
 
 
+def refuse_host_over_budget(call: str, host: Mapping[str, int], advice: str) -> None:
+    """Refuse the ``host`` parts (bytes) of ``call``, what it holds in the host's memory while its model is
+    on another device (float64 fits), over the host's default budget (:func:`default_budget` of the CPU:
+    the process's real limit), with :class:`~headwidget.errors.MemoryBudgetError`; nothing for none.
+
+    >>> refuse_host_over_budget("evaluate", {}, "Fit less.")
+    >>> refuse_host_over_budget("evaluate", {"fitting": 2**60}, "Fit less.")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    headwidget.errors.MemoryBudgetError: evaluate would allocate ... on cpu (fitting ...), over ... Fit less.
+    """
+    if host:
+        refuse_over_budget(call, sum(host.values()), torch.device("cpu"), None, advice, host)
+
+
 def accumulator_bytes(shapes: Iterable[tuple[int, int | None]]) -> int:
     """Bytes of float64 accumulators for (channels, head_dim) shapes."""
     return sum(Moments.nbytes(c, hd) for c, hd in shapes)

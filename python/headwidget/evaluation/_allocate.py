@@ -80,7 +80,7 @@ from headwidget.analysis.cross_layer import within_layer
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.analysis.variants import MixedSpec, VariantSpec, layer_ranges, parse_variant
 from headwidget.capture.inputs import Batch
-from headwidget.capture.memory import refuse_over_budget
+from headwidget.capture.memory import refuse_host_over_budget, refuse_over_budget
 from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
 from headwidget.errors import ArgumentError, BudgetError
 from headwidget.evaluation import running
@@ -90,7 +90,7 @@ from headwidget.evaluation._chosen import per_layer_specs, remember, token_piece
 from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
-from headwidget.evaluation._memory import conversion_sizes
+from headwidget.evaluation._memory import HOST_ADVICE, conversion_sizes
 from headwidget.evaluation._model_facts import check_stats, output_vocab
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._plan import GroupCell, VariantPlan, plan_variant
@@ -510,7 +510,9 @@ _RESOLVES = 4
 
 @dataclass(frozen=True)
 class AllocationMemory:
-    """The parts (bytes) of an allocation's peak on the model's device:
+    """The parts (bytes) of an allocation's peak on the model's device (for a model on another device than
+    the CPU, ``fits`` and the fitting are the host's: ``host``, as for
+    :class:`~headwidget.evaluation._memory.EvaluationMemory`):
 
     - ``copy``: the working copy in ``dtype``, when the model is held in another;
     - ``fits``: every conversion candidate's fitted attention weights, for every layer, in ``dtype``, in
@@ -538,6 +540,7 @@ class AllocationMemory:
 
     parts: dict[str, int]
     device: torch.device
+    host: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -600,6 +603,8 @@ class AllocationMemory:
         sweep = max(sum(recorded[i] + kept[i] for i in c) for c in chunks) + forward + cell
         search = sum(kept) + max(sum(recorded[i] for i in c) for c in chunks) + forward + converted + cell
         device = next(model.parameters()).device
+        if device.type != "cpu":  # the fits are the host's
+            return cls({"copy": copy, "work": max(sweep, search)}, device, {"fits": fits, "fitting": fitting})
         return cls({"copy": copy, "fits": fits, "work": max(sweep, search, fitting)}, device)
 
 
@@ -610,7 +615,8 @@ def _shapes(batches: Sequence[Batch]) -> list[tuple[int, int, int]]:
 
 def check_allocation_budget(need: AllocationMemory, max_memory: int | None) -> None:
     """Refuse ``need`` over ``max_memory`` (default: the device's default budget) with
-    :class:`MemoryBudgetError`, naming what to change."""
+    :class:`MemoryBudgetError`, naming what to change; and its host parts over the host's budget."""
+    refuse_host_over_budget("allocate", need.host, HOST_ADVICE)
     refuse_over_budget(
         "allocate",
         need.total,

@@ -7,12 +7,12 @@ what it keeps throughout plus the larger of those two phases:
 - ``copy``: the working copy of the model in ``dtype`` (nothing when the model already is in ``dtype``:
   the copy then shares its weights); a copy in another dtype holds the deep copy in the model's own dtype
   while it is cast;
-- ``fits``: the fitted attention weights every converted variant keeps (in ``dtype``) for all its
-  layers, in the variant's own shape (a merge to G KV heads keeps G heads' key and value rows where the
-  family can hold them: :func:`conversion_sizes`);
+- ``fits``: the fitted attention weights every converted variant keeps (in ``dtype``, in the host's
+  memory) for all its layers, in the variant's own shape (a merge to G KV heads keeps G heads' key and
+  value rows where the family can hold them: :func:`conversion_sizes`);
 - **fitting** (``fitting``): one variant's float64 fits of every layer, or, while its last layer is fitted,
-  those of the other layers and the work of fitting one layer (its attention weights read in float64, its
-  keys and values repeated per query head and their group means: :class:`ConversionSize`);
+  those of the other layers and the work of fitting one layer (its attention weights read in float64 on
+  the host, its keys and values repeated per query head and their group means: :class:`ConversionSize`);
 - **running** (the rest):
 
   - ``variant``: one converted copy at a time, whose converted layers' attention modules (and the modules
@@ -34,6 +34,13 @@ what it keeps throughout plus the larger of those two phases:
 
   ``parts`` names the larger phase's parts (``fitting``, or those of running), beside ``copy`` and
   ``fits``.
+
+Fits are made and kept in the host's memory (float64 on the CPU, then cast to ``dtype``), and written
+into a variant's modules on the model's device when it runs. For a model on the CPU both phases share
+one memory, as above; for a model on another device (a GPU) ``parts`` are the device's (``copy`` and
+running) and ``host`` holds ``fits`` and ``fitting``, refused over the host's own budget (the process's
+real limit), so that a GPU's estimate does not count the float64 fits (11 GB for an 8B model's ``mqa``)
+and the host is not run out of memory by them.
 
 What adapts to the budget instead of being counted: the original's predicted-position logits are kept
 between variants only while they fit in what the budget leaves (else recomputed per variant), and the
@@ -65,14 +72,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.variants import Variant, VariantSpec, parse_variant, uniform_parts
-from headwidget.capture.memory import ForwardShape, forward_bytes, refuse_over_budget
+from headwidget.capture.memory import ForwardShape, forward_bytes, refuse_host_over_budget, refuse_over_budget
 from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._inputs import Protocol, parse_protocol
 from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements, output_vocab
@@ -91,6 +98,11 @@ __all__ = [
 HEAD_RESCALES = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0}
 
 DOCUMENTS = Protocol("documents")
+#: What to change when the fits are over the host's budget.
+HOST_ADVICE = (
+    "The fits are made in float64 in the host's memory: convert fewer layers (layers=[...]) or give fewer "
+    "variants (or candidates) per call."
+)
 
 
 def _tensor_bytes(module: nn.Module, dtype: torch.dtype | None = None) -> int:
@@ -230,12 +242,14 @@ def _cache_bytes(
 
 @dataclass(frozen=True)
 class EvaluationMemory:
-    """The parts (bytes) of an evaluation's peak on the model's device; see the module docstring."""
+    """The parts (bytes) of an evaluation's peak on the model's device, and on the host when that is
+    another device (``host``: the fits); see the module docstring."""
 
     parts: dict[str, int]
     device: torch.device
     #: The arguments that size a batch, for a message.
     sizes: str = "batch_size or max_length"
+    host: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -279,12 +293,13 @@ class EvaluationMemory:
             running["sweep"] = tokens * lay.hidden_size * lay.num_layers * b
         if protocol.prefill is not None:
             running["cache"] = _cache_bytes(adapter, variants, batch_size, length, protocol.prefill, b)
-        phase = {"fitting": fitting} if fitting > sum(running.values()) else running
-        parts = {"copy": copy, "fits": fits, **phase}
         device = next(model.parameters()).device
         window = f"the {protocol.text} window"
         sizes = f"batch_size or {'max_length' if protocol.window is None else window}"
-        return cls(parts, device, sizes)
+        if device.type != "cpu":  # the fits are the host's (module docstring)
+            return cls({"copy": copy, **running}, device, sizes, {"fits": fits, "fitting": fitting})
+        phase = {"fitting": fitting} if fitting > sum(running.values()) else running
+        return cls({"copy": copy, "fits": fits, **phase}, device, sizes)
 
 
 def check_evaluation_budget(need: EvaluationMemory, max_memory: int | None) -> int:
@@ -298,6 +313,7 @@ def check_evaluation_budget(need: EvaluationMemory, max_memory: int | None) -> i
     ...
     headwidget.errors.MemoryBudgetError: evaluate would allocate 3.00 GiB on cpu (forward 3.00 GiB), over ...
     """
+    refuse_host_over_budget("evaluate", need.host, HOST_ADVICE)
     return refuse_over_budget(
         "evaluate",
         need.total,
@@ -322,7 +338,8 @@ def estimate_evaluation(
     protocol: str = "documents",
 ) -> int:
     """Peak bytes :func:`~headwidget.evaluation.evaluate` with these arguments may allocate on the model's
-    device (the bound it checks against ``max_memory``; see the module docstring). Under ``chunks:W`` and
+    device (the bound it checks against ``max_memory``; see the module docstring: a model on a GPU keeps
+    its fits in the host's memory, checked apart). Under ``chunks:W`` and
     ``stride:W/S`` a sequence is a window of W tokens (``max_length`` is not read); ``prefill:P`` adds the
     KV cache.
 
