@@ -6,8 +6,11 @@ import {
   cellIndex,
   cellRect,
   computeLayout,
+  FIT_CELL,
+  FIT_SMALL,
   figureSize,
   fitPanel,
+  fitSide,
   GRID_GAP,
   GROW_CELL,
   groupEdges,
@@ -21,9 +24,6 @@ import {
   PLOT_BASE,
   PLOT_FLOOR,
   PLOT_MIN_FIT,
-  FIT_CELL,
-  FIT_SMALL,
-  fitSide,
   plotPixels,
   plotSize,
   rowLength,
@@ -160,7 +160,11 @@ describe("computeLayout", () => {
 
   it("keeps a layer matrix and two head panels on one line of a notebook cell", () => {
     // LayerSimilarityView of SmolLM2: a 30 × 30 matrix and two 3 × 3 head panels, keys over values.
-    const titles = ["Keys · linear CKA", "Key heads · L8 × L9 · before", "Key heads · L8 × L9 · after"];
+    const titles = [
+      "Keys · linear CKA",
+      "Key heads · L8 × L9 · before",
+      "Key heads · L8 × L9 · after",
+    ];
     const row = (kind: string) =>
       [spec(30, 30), spec(3, 3), spec(3, 3)].map((p, i) => ({
         ...p,
