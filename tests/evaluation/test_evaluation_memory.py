@@ -371,8 +371,8 @@ def test_fits_held_on_the_host_are_refused_over_the_host_s_budget() -> None:
     ):
         with pytest.raises(
             MemoryBudgetError,
-            match=rf"^{call} would allocate \S+ TiB on cpu \(fits 1\.00 GiB, fitting 4194304\.00 TiB\), over the "
-            r".* The fits are made in float64 in the host's memory",
+            match=rf"^{call} would allocate \S+ TiB on cpu \(fits 1\.00 GiB, fitting 4194304\.00 TiB\), "
+            r"over the .* The fits are made in float64 in the host's memory",
         ):
             check(need, 2**40)
         within = type(need)({"work": 2**20}, meta, host={"fits": 1024})  # (the device's budget alone then)
