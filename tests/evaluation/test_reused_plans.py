@@ -76,3 +76,34 @@ def test_plans_are_reused_only_for_the_same_model_statistics_layers_and_dtype(se
         worker.join()
         assert seen and seen[0] is not first
     assert plan_variant(adapter, mqa, stats, [0, 1]) is not first  # the block is over
+
+
+def test_one_call_fits_a_layer_converted_alike_once(monkeypatch) -> None:
+    """Within one evaluate (or allocate), a layer that several variants convert the same way is fitted
+    once: a mixed spec's mqa layers and a cross-layer variant's mqa beside uniform mqa. Each variant's
+    numbers equal those of an evaluation of it alone (float64, bit for bit)."""
+    from headwidget.evaluation import _apply
+    from tiny_models import three_layer_llama
+
+    model = three_layer_llama(seed=2)
+    texts = ragged_batches(seed=6, lengths=((12, 9, 11), (10, 8)))
+    specs = ["mqa", "mqa@0-1;kv:int4@2", "mqa+share:2", "mla:8@1;mqa@2"]
+    fitted: list[int] = []
+    original = _apply.fit_layer
+
+    def fit_layer(weights, layer, *args, **kwargs):
+        fitted.append(layer)
+        return original(weights, layer, *args, **kwargs)
+
+    monkeypatch.setattr(_apply, "fit_layer", fit_layer)
+    together = headwidget.evaluate(model, texts, specs, dtype=F64, progress=False)
+    assert sorted(fitted) == [0, 1, 1, 2]  # mqa for every layer once, mla:8 for layer 1
+    fitted.clear()
+    alone = {s: headwidget.evaluate(model, texts, [s], dtype=F64, progress=False) for s in specs}
+    assert sorted(fitted) == [0, 0, 0, 1, 1, 1, 1, 2, 2, 2]  # (each call fits its own)
+    for spec in specs:
+        assert together.kl[spec] == alone[spec].kl[spec], spec
+        assert together.nll[spec] == alone[spec].nll[spec], spec
+    fitted.clear()
+    headwidget.allocate(model, texts, budget=0.5, candidates=["model", "mqa", "mqa+share:2"], progress=False)
+    assert sorted(fitted) == [0, 1, 2]  # the cross-layer candidate's within-layer fits are mqa's

@@ -84,7 +84,7 @@ from headwidget.capture.memory import refuse_host_over_budget, refuse_over_budge
 from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
 from headwidget.errors import ArgumentError, BudgetError
 from headwidget.evaluation import running
-from headwidget.evaluation._apply import fit_parts
+from headwidget.evaluation._apply import KeptFits, fit_parts
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
 from headwidget.evaluation._chosen import per_layer_specs, remember, token_pieces
 from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_transforms
@@ -318,12 +318,15 @@ def _fit_candidates(
     """:class:`_Candidates`, and the plans of the per-layer candidates (for the sweep's cells)."""
     found = _Candidates(adapter, specs, elements)
     plans = {}
+    kept: KeptFits = {}  # a cross-layer candidate's within-layer fits are a per-layer candidate's
     for spec in specs:
         parsed = parse_variant(spec)
         assert isinstance(parsed, VariantSpec)
         if parsed.cross is None:
             if spec != "model":
-                plans[spec] = plan_variant(adapter, parsed, stats, layers, weight_dtype=weight_dtype)
+                plans[spec] = plan_variant(
+                    adapter, parsed, stats, layers, weight_dtype=weight_dtype, kept=kept
+                )
                 found.fits[spec], found.quantizers[spec] = plans[spec].fits, plans[spec].quantizers
             continue
         if parsed.cross.group > len(layers):
@@ -333,7 +336,7 @@ def _fit_candidates(
             )
         found.group[spec] = parsed.cross.group
         found.within[spec] = within_layer(parsed)
-        found.fits[spec], _ = fit_parts(adapter, parsed, stats, layers, weight_dtype=weight_dtype)
+        found.fits[spec], _ = fit_parts(adapter, parsed, stats, layers, weight_dtype=weight_dtype, kept=kept)
         if found.within[spec] != "model":  # what a layer of a broken group keeps
             found.fits.setdefault(found.within[spec], found.fits[spec])
     return found, plans

@@ -67,6 +67,7 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for, partial_rope_mask
+from headwidget.analysis.cross_layer import within_layer
 from headwidget.analysis.variant_fits import LayerFit, alignments, fit_layer
 from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, parse_uniform, parse_variant
 from headwidget.errors import (
@@ -99,9 +100,11 @@ from headwidget.stats import KVStats
 
 __all__ = [
     "AppliedVariant",
+    "KeptFits",
     "apply",
     "build_variant",
     "compact_fits",
+    "fit_parts",
     "fit_variant",
     "refuse_layers_with_mixed",
     "save_blocker",
@@ -581,6 +584,11 @@ def part_layers(parsed: Variant, chosen: Sequence[int]) -> list[tuple[VariantSpe
     return [(part, list(layers)) for part, layers in parsed.parts if not part.unchanged]
 
 
+#: Fits one call keeps for all its variants (:func:`fit_parts`), by (what the part does within a layer,
+#: layer, weight dtype).
+KeptFits = dict[tuple[str, int, torch.dtype | None], LayerFit]
+
+
 def fit_parts(
     adapter: Adapter,
     parsed: Variant,
@@ -588,11 +596,17 @@ def fit_parts(
     chosen: Sequence[int],
     *,
     weight_dtype: torch.dtype | None = None,
+    kept: KeptFits | None = None,
 ) -> tuple[dict[int, LayerFit], list[KVQuantizer]]:
     """Fit every part of ``parsed`` on ``adapter.model`` (float64, from its weights; :func:`part_layers`
     says which layers): the converted layers' fits, kept in ``weight_dtype`` (default: float64), and one
     quantizer per ``kv:`` part. ``stats`` are checked against the model by the caller
     (:func:`~headwidget.evaluation._model_facts.check_stats`), once.
+
+    ``kept``: the fits of the call's variants so far (one dict per call, for one model and statistics
+    that stay as they are): a layer converted as one of them converts it is not fitted again (a mixed
+    spec's ``mla:64`` layers beside uniform ``mla:64``, or ``mla:64+share:2`` beside it). Parts with
+    ``+align``, whose rotations are fitted over their layers together, are fitted anew.
 
     Raises:
         MechanismSpecError: a mixed spec naming a layer the model does not have.
@@ -606,6 +620,27 @@ def fit_parts(
         if part.quantizer:
             quantizers.append(quantizer_for(adapter, part, stats, layers))
         else:
-            fitted = fits_for(adapter, part, stats, layers)
-            fits.update(fitted if weight_dtype is None else compact_fits(fitted, weight_dtype))
+            fits.update(_fits_kept(adapter, part, stats, layers, weight_dtype, kept))
     return fits, quantizers
+
+
+def _fits_kept(
+    adapter: Adapter,
+    part: VariantSpec,
+    stats: KVStats | None,
+    layers: list[int],
+    weight_dtype: torch.dtype | None,
+    kept: KeptFits | None,
+) -> dict[int, LayerFit]:
+    """:func:`fits_for` of ``layers`` in ``weight_dtype``, those in ``kept`` taken from it (and the new
+    ones added to it)."""
+    if kept is None or part.align:
+        fitted = fits_for(adapter, part, stats, layers)
+        return fitted if weight_dtype is None else compact_fits(fitted, weight_dtype)
+    within = within_layer(part)
+    missing = [layer for layer in layers if (within, layer, weight_dtype) not in kept]
+    if missing:
+        fitted = fits_for(adapter, part, stats, missing)
+        for layer, fit in (fitted if weight_dtype is None else compact_fits(fitted, weight_dtype)).items():
+            kept[(within, layer, weight_dtype)] = fit
+    return {layer: kept[(within, layer, weight_dtype)] for layer in layers}

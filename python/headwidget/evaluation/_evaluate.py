@@ -52,7 +52,7 @@ from headwidget.capture.inputs import Batch
 from headwidget.checks import model_with_weights, optional_whole_number
 from headwidget.errors import ArgumentError
 from headwidget.evaluation import running
-from headwidget.evaluation._apply import refuse_layers_with_mixed
+from headwidget.evaluation._apply import KeptFits, refuse_layers_with_mixed
 from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._chosen import FLAG_SHARE, chosen_shares
 from headwidget.evaluation._cross_layer import refuse_cache_transforms
@@ -174,8 +174,9 @@ def evaluate(
     batches = ranks.shard(every)
     base = running.working_copy(model, args.dtype, adapter)
     weight_dtype = next(base.parameters()).dtype
+    kept: KeptFits = {}  # a layer converted alike by several variants is fitted once
     plans = {
-        s: plan_variant(adapter, p, args.stats, args.layers, weight_dtype=weight_dtype)
+        s: plan_variant(adapter, p, args.stats, args.layers, weight_dtype=weight_dtype, kept=kept)
         for s, p in parsed.items()
         if s != "model"
     }

@@ -41,7 +41,7 @@ from headwidget.adapters import Adapter
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.analysis.variants import Variant
 from headwidget.errors import UnsupportedConversionError
-from headwidget.evaluation._apply import build_variant, fit_parts, shared_copy
+from headwidget.evaluation._apply import KeptFits, build_variant, fit_parts, shared_copy
 from headwidget.evaluation._cache_transforms import (
     CacheTransform,
     GroupTransform,
@@ -202,10 +202,12 @@ def plan_variant(
     chosen: Sequence[int],
     *,
     weight_dtype: torch.dtype | None = None,
+    kept: KeptFits | None = None,
 ) -> VariantPlan:
     """Fit every part of ``parsed`` on ``adapter.model`` (float64, from its weights;
     :func:`~headwidget.evaluation._apply.fit_parts`), the fits kept in ``weight_dtype`` (default:
-    float64). ``stats`` are checked against the model by the caller, once.
+    float64); ``kept``: the fits the call's other variants made (:func:`fit_parts`). ``stats`` are
+    checked against the model by the caller, once.
 
     Raises:
         Whatever :func:`~headwidget.evaluation._apply.fit_parts` raises.
@@ -216,7 +218,7 @@ def plan_variant(
         model, of_stats, plan = reused[key]
         if model is adapter.model and of_stats is stats:
             return plan
-    fits, quantizers = fit_parts(adapter, parsed, stats, chosen, weight_dtype=weight_dtype)
+    fits, quantizers = fit_parts(adapter, parsed, stats, chosen, weight_dtype=weight_dtype, kept=kept)
     cross = cross_layer_parts(adapter, parsed, chosen, fits)
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(adapter.layout().num_layers)}
     plan = VariantPlan(parsed.text, fits, quantizers, elements, cross)
