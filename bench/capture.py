@@ -229,7 +229,7 @@ def _cross_layer_floor(model: torch.nn.Module, tokens: int, base: float) -> None
     from headwidget.moments.folding import ONEDNN_CHUNK, gram_blocks, onednn_linear
 
     config = model.config
-    head_dim = int(config.hidden_size) // int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     width = int(config.num_hidden_layers) * int(config.num_key_value_heads) * head_dim
     kinds = 2  # keys (before RoPE, the default) and values
     start = time.perf_counter()

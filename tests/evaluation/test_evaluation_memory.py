@@ -379,3 +379,20 @@ def test_fits_held_on_the_host_are_refused_over_the_host_s_budget() -> None:
         assert check(within, 2**21) in (None, 2**20)
         with pytest.raises(MemoryBudgetError, match=rf"^{call} would allocate 1\.00 MiB on meta"):
             check(within, 2**19)
+
+
+def test_the_host_s_fits_are_counted_for_every_process_torchrun_starts_on_it(monkeypatch) -> None:
+    """Each rank fits every variant itself: what one rank's fits need, times the processes on the host
+    (``LOCAL_WORLD_SIZE``), is checked against the host's budget."""
+    from headwidget.capture.memory import default_budget
+    from headwidget.evaluation._memory import EvaluationMemory, check_evaluation_budget
+
+    third = default_budget(torch.device("cpu")) // 3
+    need = EvaluationMemory({"forward": 1}, torch.device("meta"), host={"fits": third})
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    check_evaluation_budget(need, 2**20)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(
+        MemoryBudgetError, match=r"on cpu \(fits .*, for the 4 processes on this host\), over"
+    ):
+        check_evaluation_budget(need, 2**20)

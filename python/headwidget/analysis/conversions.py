@@ -265,7 +265,8 @@ def input_sqrt(stats: KVStats | None, layer: int) -> torch.Tensor | None:
     cached = _SQRT_CACHE.setdefault(stats, {}).get(layer)
     if cached is not None and cached[0] == m.count:
         return cached[1]
-    second = (m.gram() / max(m.count, 1)).to("cpu", F64)
+    # on the host, where fits are made: a device holding the statistics keeps no hidden² temporaries
+    second = m.to("cpu").gram().to(F64) / max(m.count, 1)
     vals, vecs = torch.linalg.eigh((second + second.T) / 2)
     vals = vals.clamp_min(1e-12 * float(vals.max().clamp_min(0)))
     root = (vecs * vals.sqrt()) @ vecs.T

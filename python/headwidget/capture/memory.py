@@ -180,15 +180,21 @@ def refuse_over_budget(
 def refuse_host_over_budget(call: str, host: Mapping[str, int], advice: str) -> None:
     """Refuse the ``host`` parts (bytes) of ``call``, what it holds in the host's memory while its model is
     on another device (float64 fits), over the host's default budget (:func:`default_budget` of the CPU:
-    the process's real limit), with :class:`~headwidget.errors.MemoryBudgetError`; nothing for none.
+    half the free memory under the process's limit), with :class:`~headwidget.errors.MemoryBudgetError`;
+    nothing for none. Every process ``torchrun`` starts on this host (``LOCAL_WORLD_SIZE``) holds as
+    much: they are counted together.
 
     >>> refuse_host_over_budget("evaluate", {}, "Fit less.")
     >>> refuse_host_over_budget("evaluate", {"fitting": 2**60}, "Fit less.")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     headwidget.errors.MemoryBudgetError: evaluate would allocate ... on cpu (fitting ...), over ... Fit less.
     """
-    if host:
-        refuse_over_budget(call, sum(host.values()), torch.device("cpu"), None, advice, host)
+    if not host:
+        return
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    parts = {name: ranks * size for name, size in host.items()}
+    detail = f", for the {ranks} processes on this host" if ranks > 1 else ""
+    refuse_over_budget(call, sum(parts.values()), torch.device("cpu"), None, advice, parts, detail)
 
 
 def accumulator_bytes(shapes: Iterable[tuple[int, int | None]]) -> int:

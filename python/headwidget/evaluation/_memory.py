@@ -38,9 +38,12 @@ what it keeps throughout plus the larger of those two phases:
 Fits are made and kept in the host's memory (float64 on the CPU, then cast to ``dtype``), and written
 into a variant's modules on the model's device when it runs. For a model on the CPU both phases share
 one memory, as above; for a model on another device (a GPU) ``parts`` are the device's (``copy`` and
-running) and ``host`` holds ``fits`` and ``fitting``, refused over the host's own budget (the process's
-real limit), so that a GPU's estimate does not count the float64 fits (11 GB for an 8B model's ``mqa``)
-and the host is not run out of memory by them.
+running) and ``host`` holds ``fits`` and ``fitting``, refused over the host's own default budget (half
+its free memory under the process's limit, every ``torchrun`` process on the host counted: each fits
+for itself), so that a GPU's estimate does not count the float64 fits (11 GB for an 8B model's ``mqa``)
+and the host is not run out of memory by them. ``max_memory`` is the device's budget; the host's cannot
+be raised. The statistics the fits read are moved to the host first; ``+align`` rotations are fitted on
+the statistics' device (head_dim² per pair of heads: not counted).
 
 What adapts to the budget instead of being counted: the original's predicted-position logits are kept
 between variants only while they fit in what the budget leaves (else recomputed per variant), and the
