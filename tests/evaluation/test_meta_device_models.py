@@ -60,3 +60,12 @@ def test_the_estimates_still_take_a_meta_model(meta) -> None:
         on_cpu = headwidget.estimate_evaluation(real, variants, dtype=torch.float32, batch_size=8)
         on_device = headwidget.estimate_evaluation(meta, variants, dtype=torch.float32, batch_size=8)
         assert fitted <= on_cpu - on_device <= 1.01 * fitted, variants
+        # where="host": the fits, and the float64 fitting beside them (more than the fits themselves)
+        host = headwidget.estimate_evaluation(meta, variants, dtype=torch.float32, where="host")
+        assert host > on_cpu - on_device
+        assert headwidget.estimate_evaluation(real, variants, dtype=torch.float32, where="host") == 0
+    options = {"candidates": ["model", "mqa"], "dtype": torch.float32, "max_tokens": 512}
+    assert headwidget.estimate_allocation(meta, where="host", **options) > fitted
+    assert headwidget.estimate_allocation(real, where="host", **options) == 0
+    with pytest.raises(ArgumentError, match=r"where must be 'device' or 'host' .*, got 'gpu'"):
+        headwidget.estimate_evaluation(meta, ["mqa"], where="gpu")

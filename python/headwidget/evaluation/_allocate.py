@@ -90,7 +90,7 @@ from headwidget.evaluation._chosen import per_layer_specs, remember, token_piece
 from headwidget.evaluation._cross_layer import cross_layer_parts, refuse_cache_transforms
 from headwidget.evaluation._distributed import Ranks
 from headwidget.evaluation._inputs import fingerprint, parse_protocol, predicted_count
-from headwidget.evaluation._memory import HOST_ADVICE, conversion_sizes
+from headwidget.evaluation._memory import HOST_ADVICE, conversion_sizes, estimated_part
 from headwidget.evaluation._model_facts import check_stats, output_vocab
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._plan import GroupCell, VariantPlan, plan_variant
@@ -643,10 +643,12 @@ def estimate_allocation(
     max_length: int = 512,
     max_tokens: int | None = None,
     protocol: str = "documents",
+    where: str = "device",
     **ignored: Any,
 ) -> int:
     """Peak bytes :func:`allocate` (or :func:`allocate_frontier`) with these arguments allocates on the
-    model's device (:class:`AllocationMemory`: the bound it checks against ``max_memory``).
+    model's device (:class:`AllocationMemory`: the bound it checks against ``max_memory``), or with
+    ``where="host"`` in the host's memory (the fits of a model off the CPU, checked apart).
 
     Takes the call's arguments (``budget``, ``stats``, ``refine`` and the others the memory does not depend
     on are accepted and ignored). With ``texts`` the estimate reads their batches as the call would;
@@ -692,7 +694,8 @@ def estimate_allocation(
             "estimate_allocation needs the calibration texts (as allocate takes them) or max_tokens, to know "
             "how many tokens' logits the allocation keeps"
         )
-    return AllocationMemory.of(model, specs, shapes, dtype=dtype).total
+    need = AllocationMemory.of(model, specs, shapes, dtype=dtype)
+    return estimated_part(need.total, need.host, where)
 
 
 def allocate(model: nn.Module, texts: Any, *, budget: float | int, **options: Any) -> Allocation:

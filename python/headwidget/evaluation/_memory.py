@@ -83,6 +83,7 @@ from torch import nn
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.analysis.variants import Variant, VariantSpec, parse_variant, uniform_parts
 from headwidget.capture.memory import ForwardShape, forward_bytes, refuse_host_over_budget, refuse_over_budget
+from headwidget.errors import ArgumentError
 from headwidget.evaluation._arguments import EvaluateArguments, check_evaluate_arguments
 from headwidget.evaluation._inputs import Protocol, parse_protocol
 from headwidget.evaluation._model_facts import converted_modules, layer_kv_elements, output_vocab
@@ -94,6 +95,7 @@ __all__ = [
     "check_evaluation_budget",
     "conversion_sizes",
     "estimate_evaluation",
+    "estimated_part",
 ]
 
 #: Config fields of a scale a model applies to its head's output (out of place: a second copy of the
@@ -305,6 +307,20 @@ class EvaluationMemory:
         return cls({"copy": copy, "fits": fits, **phase}, device, sizes)
 
 
+def estimated_part(device: int, host: dict[str, int], where: str) -> int:
+    """The bytes an estimate reports ``where``: ``"device"`` (the model's) or ``"host"`` (the fits of a
+    model off the CPU, one process's; 0 for a model on the CPU, whose device total counts them).
+
+    >>> estimated_part(5, {"fits": 2, "fitting": 1}, "host"), estimated_part(5, {}, "device")
+    (3, 5)
+    """
+    if where == "device":
+        return device
+    if where == "host":
+        return sum(host.values())
+    raise ArgumentError(f"where must be 'device' or 'host' (the fits of a model off the CPU), got {where!r}")
+
+
 def check_evaluation_budget(need: EvaluationMemory, max_memory: int | None) -> int:
     """Refuse ``need`` over the budget (:class:`MemoryBudgetError`); return what the budget leaves over.
 
@@ -339,10 +355,11 @@ def estimate_evaluation(
     batch_size: int = 8,
     max_length: int = 512,
     protocol: str = "documents",
+    where: str = "device",
 ) -> int:
     """Peak bytes :func:`~headwidget.evaluation.evaluate` with these arguments may allocate on the model's
     device (the bound it checks against ``max_memory``; see the module docstring: a model on a GPU keeps
-    its fits in the host's memory, checked apart). Under ``chunks:W`` and
+    its fits in the host's memory, checked apart, and ``where="host"`` gives those). Under ``chunks:W`` and
     ``stride:W/S`` a sequence is a window of W tokens (``max_length`` is not read); ``prefill:P`` adds the
     KV cache.
 
@@ -359,4 +376,5 @@ def estimate_evaluation(
         adapter, variants, None, layers, per_layer, dtype, batch_size, max_length, None, False
     )
     parsed = [parse_variant(v) for v in args.variants]
-    return EvaluationMemory.of(model, adapter, parsed, args, parse_protocol(protocol)).total
+    need = EvaluationMemory.of(model, adapter, parsed, args, parse_protocol(protocol))
+    return estimated_part(need.total, need.host, where)
