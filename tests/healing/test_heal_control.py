@@ -73,7 +73,10 @@ def test_a_keyboard_interrupt_inside_a_callback_and_a_callback_asking_to_stop() 
     assert run.stopped_early and run.steps == 1 and [r["step"] for r in run.curve] == [0, 1]
 
 
-def test_a_non_finite_loss_raises_naming_the_step_with_the_last_good_run() -> None:
+@pytest.mark.parametrize("micro_batch_size", [None, 2])
+def test_a_non_finite_loss_raises_naming_the_step_with_the_last_good_run(micro_batch_size: Any) -> None:
+    """(With micro-batches, the loss is read once a step, after the earlier ones' backward: their
+    gradients are dropped with the step.)"""
     model = llama()
 
     def poison(control: Any) -> None:  # the original's head goes NaN: the next step's KD loss is NaN
@@ -84,7 +87,9 @@ def test_a_non_finite_loss_raises_naming_the_step_with_the_last_good_run() -> No
     with pytest.raises(
         NonFiniteLossError, match=r"the healing loss is nan at step 3 of 4: training stopped"
     ) as err:
-        small_heal(headwidget.apply(model, "mqa"), model, callbacks=[keeper])
+        small_heal(
+            headwidget.apply(model, "mqa"), model, callbacks=[keeper], micro_batch_size=micro_batch_size
+        )
     run = err.value.run
     assert isinstance(run, headwidget.HealingRun)
     assert run.steps == 2 and run.stopped_early

@@ -880,18 +880,23 @@ class _Training:
         """One optimizer step; the global mean loss. Raises _NonFinite before changing any weight."""
         batch = self.plan.batch(step, self.s.ranks.rank, self.s.ranks.world)
         parts = _micro_batches(batch, self.s.micro_batch_size, self.s.loss_name)
-        value = 0.0
+        *earlier, (last, last_weight) = parts
+        local: torch.Tensor | float = 0.0  # this rank's loss of the earlier micro-batches, on the device
         # share:g readers read their group's K/V also where the student's body runs without its own
         # forward (the chunked head) and where checkpoints compute a layer again in the backward pass
         with running.teacher_forced_sharing(self.student):
-            for i, (part, weight) in enumerate(parts):
-                loss = self.loss(part)
-                part_value = _global_mean(float(loss.detach()), self.s.ranks)
-                if not math.isfinite(part_value):
-                    raise self._non_finite(f"the healing loss is {part_value}", step)
-                value += weight * part_value
-                with self._no_sync(last=i + 1 == len(parts)):
-                    (loss * weight if len(parts) > 1 else loss).backward()
+            for part, weight in earlier:  # their gradients are reduced with the last micro-batch's
+                loss = self.loss(part) * weight
+                local = local + loss.detach()
+                with self._no_sync():
+                    loss.backward()
+            loss = self.loss(last) * last_weight  # (a weight of 1 changes no bit)
+            # the loss is read once a step, as the ranks' mean, before the backward that reduces their
+            # gradients: every rank stops at the same step (an earlier part's gradients are dropped too)
+            value = _global_mean(float(local + loss.detach()), self.s.ranks)
+            if not math.isfinite(value):
+                raise self._non_finite(f"the healing loss is {value}", step)
+            loss.backward()
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM))
         if not math.isfinite(norm):
             raise self._non_finite(f"the gradient norm is {norm} (loss {value:.4g})", step)
@@ -906,11 +911,11 @@ class _Training:
             "or heal in float32 (dtype=torch.float32)"
         )
 
-    def _no_sync(self, last: bool) -> Any:
-        """DistributedDataParallel's ``no_sync`` for a micro-batch before a step's last one (its gradients
-        are reduced once, with the last); otherwise nothing."""
+    def _no_sync(self) -> Any:
+        """DistributedDataParallel's ``no_sync``, for a micro-batch before a step's last one (its gradients
+        are reduced once, with the last); nothing for a model that does not reduce them."""
         no_sync = getattr(self.trained, "no_sync", None)
-        return nullcontext() if last or no_sync is None else no_sync()
+        return nullcontext() if no_sync is None else no_sync()
 
     def update(self, step: int) -> None:
         for group in self.optimizer.param_groups:
