@@ -24,6 +24,16 @@ def _ids(rows: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(1, VOCAB, (rows, length), generator=torch.Generator().manual_seed(seed))
 
 
+def _peak_over_estimate(model: torch.nn.Module, ids: torch.Tensor, **options: Any) -> float:
+    """allocate's measured peak ÷ its estimate, for a budget of half the cache and no refine round."""
+    need = headwidget.estimate_allocation(model, ids, **options)
+    peak = allocated_peak(
+        lambda: headwidget.allocate(model, ids, budget=0.5, refine=0, progress=False, **options)
+    )
+    print(f"\nestimate {need / 2**20:.2f} MiB, peak {peak / 2**20:.2f} MiB ({peak / need:.3f})")
+    return peak / need
+
+
 @pytest.mark.parametrize(("name", "model_dtype", "dtype", "candidates", "options"), CASES)
 def test_the_estimate_is_the_measured_peak(
     name: str, model_dtype: torch.dtype, dtype: torch.dtype, candidates: list[str], options: dict
@@ -31,16 +41,8 @@ def test_the_estimate_is_the_measured_peak(
     model = make_model(name, dtype=model_dtype)
     args: dict[str, Any] = {"batch_size": 4, "max_length": 64, **options}
     ids = _ids(12, args["max_length"])
-    need = headwidget.estimate_allocation(model, ids, candidates=candidates, dtype=dtype, **args)
-    peak = allocated_peak(
-        lambda: headwidget.allocate(
-            model, ids, budget=0.5, candidates=candidates, dtype=dtype, refine=0, progress=False, **args
-        )
-    )
-    print(
-        f"\n{name} {model_dtype}→{dtype} {candidates}: estimate {need / 2**20:.2f}, peak {peak / 2**20:.2f}"
-    )
-    assert 0.8 <= peak / need <= 1.2
+    print(f"\n{name} {model_dtype}→{dtype} {candidates}:", end="")
+    assert 0.8 <= _peak_over_estimate(model, ids, candidates=candidates, dtype=dtype, **args) <= 1.2
 
 
 def test_without_texts_max_tokens_gives_full_batches() -> None:
@@ -109,11 +111,7 @@ def test_the_estimate_holds_where_fitting_is_the_peak(kv_heads: int) -> None:
         "batch_size": 4,
         "max_length": 16,
     }
-    need = headwidget.estimate_allocation(model, ids, **options)
-    peak = allocated_peak(
-        lambda: headwidget.allocate(model, ids, budget=0.5, refine=0, progress=False, **options)
-    )
-    assert 0.8 <= peak / need <= 1.2
+    assert 0.8 <= _peak_over_estimate(model, ids, **options) <= 1.2
 
 
 def test_the_estimate_holds_where_the_measures_are_the_peak() -> None:
@@ -141,9 +139,4 @@ def test_the_estimate_holds_where_the_measures_are_the_peak() -> None:
         "batch_size": 2,
         "max_length": 32,
     }
-    need = headwidget.estimate_allocation(model, ids, **options)
-    peak = allocated_peak(
-        lambda: headwidget.allocate(model, ids, budget=0.5, refine=0, progress=False, **options)
-    )
-    print(f"\nestimate {need / 2**20:.2f} MiB, peak {peak / 2**20:.2f} MiB ({peak / need:.3f})")
-    assert 0.8 <= peak / need <= 1.2
+    assert 0.8 <= _peak_over_estimate(model, ids, **options) <= 1.2
