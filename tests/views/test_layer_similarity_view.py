@@ -405,3 +405,28 @@ def test_a_dashboard_opens_the_tab_on_its_layers_and_moves_it_only_to_them(
     assert (tab.layer, tab.paired, tab.error) == (3, 2, "")
     tab.select_cell("key-layers", 1, 0)
     assert dash.channels.layer == dash.alignment.layer == 2 and tab.paired == 1
+
+
+def test_the_read_out_of_many_spaced_layers_stays_short() -> None:
+    """Every other layer of a 12-layer model: the sliders' read-out names the spacing, not ten numbers
+    (a saved page of SmolLM2's 15 even layers overflowed a 760 px window with the list)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=12,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    stats = headwidget.capture(
+        model, torch.randint(0, 64, (2, 24)), cross_layer=list(range(0, 12, 2)), progress=False
+    )
+    view = LayerSimilarityView(stats)
+    assert view.layer_positions == [0, 2, 4, 6, 8, 10]
+    assert (view.layer_label, view.paired_label) == ("layer 0 of 0–10 every 2", "layer 2 of 0–10 every 2")
+    view.layer = 1
+    assert "the matrices are over layers 0–10 every 2" in view.error

@@ -464,14 +464,28 @@ def _score(value: float) -> str:
 
 
 def _layer_span(layers: Sequence[int]) -> str:
-    """Layers as numbers: ``8–15`` for a run of more than two, else the list.
+    """Layers as numbers, short enough for a slider's read-out: ``8–15`` for a run of more than two,
+    ``0–28 every 2`` for more than four evenly spaced, else the list with its runs joined, and past
+    six pieces its count and ends.
 
-    >>> _layer_span([8, 9, 10, 11]), _layer_span([0, 2, 4]), _layer_span([3])
-    ('8–11', '0, 2, 4', '3')
+    >>> _layer_span([8, 9, 10, 11]), _layer_span([0, 2, 4]), _layer_span([3]), _layer_span(range(0, 30, 2))
+    ('8–11', '0, 2, 4', '3', '0–28 every 2')
+    >>> _layer_span([0, 1, 2, 3, 8, 10, 11, 12]), _layer_span([0, 3, 4, 9, 12, 17, 20, 27, 29])
+    ('0–3, 8, 10–12', '9 layers, 0 … 29')
     """
-    if len(layers) > 2 and list(layers) == list(range(layers[0], layers[0] + len(layers))):
-        return f"{layers[0]}–{layers[-1]}"
-    return ", ".join(map(str, layers))
+    layers = list(layers)
+    step = layers[1] - layers[0] if len(layers) > 1 else 0
+    if len(layers) > 4 and step > 1 and layers == list(range(layers[0], layers[-1] + 1, step)):
+        return f"{layers[0]}–{layers[-1]} every {step}"
+    pieces, start = [], 0
+    for end in range(1, len(layers) + 1):
+        if end == len(layers) or layers[end] != layers[end - 1] + 1:
+            run = layers[start:end]
+            pieces += [f"{run[0]}–{run[-1]}"] if len(run) > 2 else [str(x) for x in run]
+            start = end
+    if len(pieces) > 6:
+        return f"{len(layers)} layers, {layers[0]} … {layers[-1]}"
+    return ", ".join(pieces)
 
 
 def _layer_list(layers: Sequence[int]) -> str:
