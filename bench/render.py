@@ -40,7 +40,9 @@
     click message's send and the panels' arrival; the same pairs clicked again (kept: frame keys);
     and the kernel's own times, in the kernel. Target ≤ 100 ms for the first paint and a click. The
     display of a minimal anywidget (its render draws one canvas), built in an earlier cell, is timed
-    the same way beside them: the floor of any widget's first paint in this JupyterLab.
+    the same way beside them: the floor of any widget's display in this JupyterLab; and the same widget
+    made in the cell that shows it (``Tiny()``), as a view's widget is: its comm opened and its model
+    and module made on the page, the floor of any first paint.
     ``--screenshot PATH`` saves the view as JupyterLab shows it.
 
     ``--compare DIR`` runs (f) side by side with another checkout of headwidget (``npm run build``
@@ -529,6 +531,7 @@ LAYER_CELLS = (
     "channels",
     "tiny = Tiny()",
     "tiny",
+    "Tiny()",
 )
 #: The floor of any widget's display in this JupyterLab: an anywidget whose render draws one canvas
 #: (of the class the page's recorder times).
@@ -583,8 +586,16 @@ def bench_layer_view(
                 where = lp.run_cell(0, timeout_s=300).split()[-1]  # the statistics read (not timed)
                 assert where.startswith(str(python)), (name, where, python)
                 pages[name] = (page, lp)
-            trials = {name: {"built": [], "shown": [], "channels": [], "tiny": []} for name in sources}
-            shown = ((1, "built", 6), (3, "shown", 6), (5, "channels", 2), (7, "tiny", 1))
+            trials = {
+                name: {k: [] for k in ("built", "shown", "channels", "tiny", "tiny_made")} for name in sources
+            }
+            shown = (
+                (1, "built", 6),
+                (3, "shown", 6),
+                (5, "channels", 2),
+                (7, "tiny", 1),
+                (8, "tiny_made", 1),
+            )
             for _ in range(runs):
                 for name, (page, lp) in pages.items():  # (the sources in turn: side by side)
                     for cell, into, panels in shown:
@@ -648,6 +659,7 @@ def bench_layer_view(
             "shown": paint(trials[name]["shown"]),
             "channels": paint(trials[name]["channels"]),
             "tiny": paint(trials[name]["tiny"]),
+            "tiny_made": paint(trials[name]["tiny_made"]),
             "runs": runs,
             "first": clicks(clicked[name][0]),
             "again": clicks(clicked[name][1]),
@@ -670,7 +682,8 @@ def layer_rows(f: dict[str, Any], source: str) -> list[tuple[str, str, str, str]
             f"frame {t['frame']:.0f} ms"
         )
 
-    tiny = f["tiny"]
+    tiny, made = f["tiny"], f["tiny_made"]
+    made_between = made["total"] - made["lab_out"] - made["frame"]
     tiny_between = tiny["total"] - tiny["lab_out"] - tiny["frame"]
     rows = [
         (
@@ -700,6 +713,14 @@ def layer_rows(f: dict[str, Any], source: str) -> list[tuple[str, str, str, str]
             "the same for an anywidget whose render draws one canvas (any widget's floor here): lab "
             f"{tiny['lab_out']:.0f} + kernel, wire, lab & render {tiny_between:.0f} + frame "
             f"{tiny['frame']:.0f} ms",
+        ),
+        (
+            "    a minimal anywidget made and shown",
+            f"{made['total']:.0f} ms",
+            "",
+            "Shift+Enter on `Tiny()`: the same widget made in the cell that shows it, as a view's widget "
+            f"is (its comm opened, its model and module made): lab {made['lab_out']:.0f} + kernel, wire, "
+            f"lab & render {made_between:.0f} + frame {made['frame']:.0f} ms",
         ),
         (
             "    kernel: a view built",
@@ -741,6 +762,7 @@ def compared_rows(views: dict[str, dict[str, Any]], source: str) -> list[tuple[s
         for what, get in (
             ("first paint", lambda f: f["built"]["total"]),
             ("display of a view built before", lambda f: f["shown"]["total"]),
+            ("a minimal anywidget made and shown", lambda f: f["tiny_made"]["total"]),
             ("kernel: a view built", lambda f: f["kernel_built"]),
             ("click, a new pair", lambda f: f["first"]["total"]),
             ("kernel: a click on a new pair", lambda f: f["kernel_click"]),
