@@ -15,7 +15,10 @@
 4. **Past one GPU**: ``heal(distributed="fsdp")`` in a one-rank NCCL group, the model on the CPU and its
    shards on the GPU, against the same heal on the GPU without sharding (float32: the weights agree to
    1e-5); and from the estimates, the memory per GPU of a 70B model's heal on 8 GPUs.
-5. Analyses on the device (no target): batched head alignment (RoPE and orthogonal, 128 heads × d_h 128)
+5. **The third axis** (``bench/third_axis_gpu.py``): SmolLM2's capture with the joint moments of all
+   30 layers ÷ the same capture without them (≤ 1.3), and ``prefill:128`` ÷ the documents protocol on
+   the same scored tokens (≤ 1.2), on the device.
+6. Analyses on the device (no target): batched head alignment (RoPE and orthogonal, 128 heads × d_h 128)
    against a per-pair loop on a subset, and operator similarity of a 7B-shaped layer (Frobenius trick
    against dense d×d forms), with the helpers of ``bench/analysis.py``.
 
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale
 from capture_gpu import capture_section  # capture at the limit: accuracy and capture ÷ forward per shape
 from heal import _Clock, _plain
+from third_axis_gpu import third_axis_section  # cross-layer statistics and prefill:P on the device
 
 CAPTURE_TARGETS = {"smollm2-135m": 1.3, "llama-3-8b": 1.05, "llama-2-7b": 1.4}
 RESULTS: list[tuple[str, str, bool]] = []
@@ -311,7 +315,7 @@ def analyses(args: argparse.Namespace) -> None:
     from headwidget.analysis import align, operator_similarity
     from headwidget.analysis.weights import HeadWeights
 
-    print("\n5. analyses on the device")
+    print("\n6. analyses on the device")
     device, small = torch.device(args.device), args.dry_run
     heads, d = (8, 16) if small else (128, 128)
     stats = synthetic_stats(heads, d, tokens=512).to(device)
@@ -372,12 +376,19 @@ def capture_part(args: argparse.Namespace) -> None:
         verdict(target, "(printed above)", passed)
 
 
+def third_axis(args: argparse.Namespace) -> None:
+    print("\n5. the third axis")
+    rounds, small = (1, True) if args.dry_run else (3, False)
+    for target, measured, passed in third_axis_section(args.device, rounds=rounds, small=small):
+        verdict(target, measured, passed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, every model shrunk")
     parser.add_argument(
-        "--skip", default="", help="parts to leave out: capture, ladder, fits, sharded, analyses"
+        "--skip", default="", help="parts to leave out: capture, ladder, fits, sharded, third, analyses"
     )
     parser.add_argument("--layers", type=int, default=32, help="layers of the ladder's 8B and 7B rungs")
     parser.add_argument("--batch", type=int, default=4)
@@ -402,6 +413,7 @@ def main() -> None:
         "ladder": ladder,
         "fits": fits,
         "sharded": past_one_gpu,
+        "third": third_axis,
         "analyses": analyses,
     }
     for key, part in parts.items():
