@@ -28,6 +28,7 @@ from headwidget.errors import CaptureInputError, HeadwidgetError, LayerIndexErro
 from headwidget.moments import Moments
 from headwidget.stats import StatsMeta
 from headwidget.stats._samples import NoSamplesError
+from memory_peak import allocated_peak
 from ports import free_port, run_ranks
 from tiny_models import VOCAB, make_model, rope_half
 
@@ -514,25 +515,6 @@ def test_estimate_counts_the_reservoirs(llama: nn.Module, size: int) -> None:
     staging = 2 * tokens * channels * 8
     extra = max(write, size * channels * 4) - staging
     assert sampled - plain == reservoirs + max(extra, 0) + keys
-
-
-def allocated_peak(fn: Callable[[], object]) -> int:
-    """Peak bytes the CPU allocator held while ``fn`` ran (``torch.profiler`` memory events)."""
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    return max(
-        e["args"]["Total Allocated"]
-        for e in events
-        if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0
-    )
 
 
 def test_estimate_covers_the_measured_peak_with_samples() -> None:
