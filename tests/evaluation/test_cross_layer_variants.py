@@ -317,3 +317,86 @@ def test_share_heals_the_same_with_checkpoints(llama: torch.nn.Module) -> None:
     assert not torch.equal(
         plain.model.model.layers[0].self_attn.k_proj.weight, variant.model.layers[0].self_attn.k_proj.weight
     )
+
+
+def test_a_padded_prefill_is_refused_before_the_forward(llama: torch.nn.Module) -> None:
+    """A transform acts on each sequence's whole prefilled cache: a left-padded ``generate`` batch is
+    refused, saying why, and the same rows unpadded still generate."""
+    x = ids(rows=2)
+    mask = torch.ones_like(x)
+    mask[0, :3] = 0
+    for spec in ("xkv:3/2", "merge:2"):
+        variant = headwidget.apply(llama, spec)
+        with pytest.raises(UnsupportedConversionError, match="pads 1 of its 2 sequences"):
+            variant.generate(x, max_new_tokens=1, do_sample=False, attention_mask=mask)
+        generated = variant.generate(x, max_new_tokens=1, do_sample=False, attention_mask=torch.ones_like(x))
+        assert generated.shape == (2, 19)
+
+
+def sliding_then_full(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A Gemma 2 whose layers 0–1 attend through a sliding window of 4 tokens and 2–3 to every token."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        layer_types=["sliding_attention"] * 2 + ["full_attention"] * 2,
+    )
+    torch.manual_seed(0)
+    return Gemma2ForCausalLM(config).eval().to(dtype)
+
+
+def test_layers_that_attend_differently_are_not_grouped() -> None:
+    """Gemma 2 alternates sliding-window and full layers, whose caches hold different tokens: a group
+    mixing them is refused for every cross-layer part, naming the layers' kinds; groups of alike
+    layers are built."""
+    model = sliding_then_full()
+    x = ids(rows=2, length=14)
+    for spec in ("share:2@1-2", "merge:2@1-2", "xkv:2/2@1-2"):
+        with pytest.raises(UnsupportedConversionError, match=r"layers 1 and 2 attend differently") as err:
+            headwidget.evaluate(model, x, [spec], protocol="prefill:8", progress=False)
+        assert "sliding_attention: 0-1; full_attention: 2-3" in str(err.value)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    report = headwidget.evaluate(model, x, ["share:2", "xkv:2/2"], protocol="prefill:8", progress=False)
+    assert all(math.isfinite(report.nll[s]) for s in ("share:2", "xkv:2/2"))
+
+
+def test_xkv_of_sliding_window_layers_turns_the_keys_their_caches_hold() -> None:
+    """A sliding-window layer caches its last tokens only: xkv turns those keys back by their own
+    positions' angles (transformers' RoPE, inverted by the opposite angles), takes the shared SVD, and
+    turns them again; checked in float64 against that reference built from the plain prefill's cache.
+    (Angles of positions shifted alike give the same cache, RoPE being relative: what is checked is that
+    each cached token is turned by its own angle, where the prefill's angles of all its tokens did not
+    fit the window's cache.)"""
+    from transformers.models.gemma2.modeling_gemma2 import apply_rotary_pos_emb
+
+    from headwidget.analysis.cross_layer import shared_svd
+    from headwidget.evaluation._cache_transforms import SharedSVDCache, transforming_prefill
+
+    model = sliding_then_full(F64)
+    x = ids(rows=2, length=P)
+    caches = []
+    for transforms in ([], [SharedSVDCache("xkv:2/2", [[0, 1]], 2)]):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad(), transforming_prefill(model, transforms):
+            model(x, cache=cache, use_cache=True)
+        caches.append(cache)
+    plain, done = caches
+    held = int(plain.layers[0].keys.shape[2])
+    assert held < P  # (the window keeps fewer tokens than the prefill)
+    positions = torch.arange(P - held, P).expand(2, held)
+    cos, sin = model.model.rotary_emb(plain.layers[0].keys, positions)
+    before = [apply_rotary_pos_emb(plain.layers[i].keys, plain.layers[i].keys, cos, -sin)[0] for i in (0, 1)]
+    keys = [apply_rotary_pos_emb(k, k, cos, sin)[0] for k in shared_svd(before, 2)]
+    values = shared_svd([plain.layers[i].values for i in (0, 1)], 2)
+    for i in (0, 1):
+        torch.testing.assert_close(done.layers[i].keys, keys[i], atol=1e-6, rtol=0)  # (float32 angles)
+        torch.testing.assert_close(done.layers[i].values, values[i], atol=1e-12, rtol=0)
+    for i in (2, 3):  # (not in the group: the prefill's own)
+        assert torch.equal(done.layers[i].keys, plain.layers[i].keys)

@@ -116,7 +116,7 @@ class PrefilledCache:
         planes = self._planes()
         if not planes:
             return keys
-        cos, sin = self._angles()
+        cos, sin = self._angles(int(keys.shape[2]))
         return rotate(keys, cos, sin, planes, self.rope.offset, inverse=True)
 
     def keys_after_rope(self, keys: torch.Tensor) -> torch.Tensor:
@@ -124,17 +124,19 @@ class PrefilledCache:
         planes = self._planes()
         if not planes:
             return keys
-        cos, sin = self._angles()
+        cos, sin = self._angles(int(keys.shape[2]))
         return rotate(keys, cos, sin, planes, self.rope.offset)
 
-    def _angles(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _angles(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The angles of the last ``tokens`` positions of the prefill (a sliding-window layer's cache
+        holds its last tokens only)."""
         if self.cos is None or self.sin is None:
             raise UnsupportedConversionError(
                 "xkv compresses the keys before RoPE, as its authors do, but this model's attention was not "
                 "given its rotary angles (position_embeddings) in the prefill, so its cached keys cannot be "
                 "turned back; xkv is for models whose attention takes them (Llama, Qwen, Mistral, GPT-NeoX)"
             )
-        return self.cos, self.sin
+        return self.cos[:, -tokens:], self.sin[:, -tokens:]
 
 
 class CacheTransform(Protocol):
@@ -336,6 +338,23 @@ class _PrefillRun:
             self.state["fresh"] = use is True or (use is None and bool(getattr(config, "use_cache", False)))
         elif use is not False and cache.get_seq_length() == 0:
             self.state["cache"] = cache
+        if self.state.get("fresh") or "cache" in self.state:
+            self._refuse_padding(kwargs.get("attention_mask"))
+
+    def _refuse_padding(self, mask: Any) -> None:
+        """Refuse a prefill with pad positions: a transform acts on each sequence's whole prefilled
+        cache, so they would enter its merge, SVD or quantization groups."""
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or bool(mask.bool().all()):
+            return
+        self.state.clear()
+        padded, rows = int((~mask.bool().all(-1)).sum()), int(mask.shape[0])
+        names = ", ".join(t.spec for t in self.transforms)
+        raise UnsupportedConversionError(
+            f"{names}: this prefill's attention_mask pads {padded} of its {rows} sequences, and "
+            "the transform acts on each sequence's whole prefilled cache, whose pad positions would enter "
+            "its merge, SVD or quantization groups; prefill sequences without padding (one at a time, or "
+            "batches of one length)"
+        )
 
     def finish(self, output: Any) -> None:
         """The forward returned ``output``: transform the cache it filled, if it was a prefill."""

@@ -29,7 +29,7 @@ from headwidget.analysis.variant_fits import LayerFit
 from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, uniform_parts
 from headwidget.errors import UnsupportedConversionError
 from headwidget.evaluation._cache_transforms import GroupTransform, MergedCache, SharedSVDCache
-from headwidget.evaluation._sharing import SharedKV, cross_layer_blocker
+from headwidget.evaluation._sharing import SharedKV, cross_layer_blocker, mixed_attention_blocker
 
 __all__ = ["CrossLayerParts", "cross_layer_parts", "refuse_cache_transforms"]
 
@@ -80,7 +80,8 @@ def cross_layer_parts(
 
     Raises:
         UnsupportedConversionError: a family whose attention does not go through
-            ``transformers.AttentionInterface``, or an MLA model.
+            ``transformers.AttentionInterface``, an MLA model, or a group of layers that attend
+            differently (sliding-window and full).
     """
     out = CrossLayerParts()
     parts = parsed.parts if isinstance(parsed, MixedSpec) else ((parsed, tuple(chosen)),)
@@ -89,7 +90,7 @@ def cross_layer_parts(
         if cross is None:
             continue
         groups = layer_groups(layers, cross.group)
-        reason = cross_layer_blocker(adapter.model)
+        reason = cross_layer_blocker(adapter.model) or mixed_attention_blocker(adapter.model, groups)
         if reason is not None:
             raise UnsupportedConversionError(f"{part.text}: {reason}")
         if cross.kind == "share":

@@ -30,7 +30,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +72,51 @@ def cross_layer_blocker(model: nn.Module) -> str | None:
             "cross-layer variants here share or transform per-head K/V caches (MHA/GQA/MQA models)"
         )
     return None
+
+
+def mixed_attention_blocker(model: nn.Module, groups: Sequence[Sequence[int]]) -> str | None:
+    """Why ``groups`` of ``model``'s layers cannot share or transform their K/V together (None: they
+    can): a group whose layers attend differently (the config's ``layer_types``, e.g. Gemma 2's
+    sliding-window and full layers), whose caches then hold different tokens.
+
+    >>> from transformers import Gemma2Config, Gemma2ForCausalLM
+    >>> gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4))
+    >>> print(mixed_attention_blocker(gemma, [[0, 1]]))  # doctest: +ELLIPSIS
+    layers 0 and 1 attend differently (sliding_attention, full_attention): ...
+    >>> mixed_attention_blocker(gemma, [[0], [1]]) is None
+    True
+    """
+    kinds = getattr(getattr(model, "config", None), "layer_types", None)
+    if not kinds:
+        return None
+    for group in groups:
+        inside = {layer: kinds[layer] for layer in group if layer < len(kinds)}
+        differ = [layer for layer, kind in inside.items() if kind != inside[group[0]]]
+        if differ:
+            alike: dict[str, list[int]] = {}
+            for layer, kind in enumerate(kinds):
+                alike.setdefault(kind, []).append(layer)
+            where = "; ".join(f"{kind}: {_layer_runs(layers)}" for kind, layers in alike.items())
+            first, other = group[0], differ[0]
+            return (
+                f"layers {first} and {other} attend differently ({inside[first]}, {inside[other]}): a "
+                "sliding-window layer caches only its last tokens, so the group's caches would hold "
+                "different tokens; group only adjacent layers that attend alike, with a mixed spec naming "
+                f"them ({where})"
+            )
+    return None
+
+
+def _layer_runs(layers: Sequence[int]) -> str:
+    """Layers as ranges of adjacent ones: ``0-3,8``."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 @dataclass(frozen=True)
