@@ -400,3 +400,21 @@ def test_xkv_of_sliding_window_layers_turns_the_keys_their_caches_hold() -> None
         torch.testing.assert_close(done.layers[i].values, values[i], atol=1e-12, rtol=0)
     for i in (2, 3):  # (not in the group: the prefill's own)
         assert torch.equal(done.layers[i].keys, plain.layers[i].keys)
+
+
+def test_an_applied_xkv_model_counts_its_basis_over_the_prefill_as_evaluate_does(
+    llama: torch.nn.Module,
+) -> None:
+    """xKV holds r coefficients a token per kind and group, and a rank-r basis of the group's channels
+    per sequence: over a prefill of P tokens, r/g + r·C/P elements a token per layer and kind (the
+    authors' count). The applied model's count, given P, is evaluate's under prefill:P; without P it
+    leaves the basis out, and says so."""
+    x = ids()
+    r, g, c = 3, 2, 2 * D_H  # 2 KV heads of 16 in each of the group's two layers
+    grouped = 2 * (r / g + r * c / P) * 8  # per layer (K and V), in float64
+    alone = 2 * c * 8  # layer 2, left as it is
+    report = headwidget.evaluate(llama, x, ["xkv:3/2"], protocol=f"prefill:{P}", dtype=F64, progress=False)
+    applied = headwidget.apply(llama, "xkv:3/2").headwidget_variant
+    assert report.kv_bytes_per_token["xkv:3/2"] == pytest.approx(2 * grouped + alone, rel=1e-12)
+    assert applied.kv_bytes_per_token(F64, prefill=P) == pytest.approx(2 * grouped + alone, rel=1e-12)
+    assert applied.layer_bytes(F64) == pytest.approx([2 * r / g * 8] * 2 + [alone], rel=1e-12)

@@ -143,26 +143,29 @@ class AppliedVariant:
         """The mechanism's factors per converted layer (LRKV, MLA; empty dicts otherwise)."""
         return {layer: fit.factors for layer, fit in self.fits.items()}
 
-    def layer_bytes(self, dtype: torch.dtype = torch.bfloat16) -> list[float]:
-        """K/V cache bytes per token of each layer: a quantized layer by its quantizer's formula, any
-        other by its elements in ``dtype`` (as :meth:`VariantPlan.layer_bytes
-        <headwidget.evaluation._plan.VariantPlan.layer_bytes>` counts them for evaluate)."""
+    def layer_bytes(self, dtype: torch.dtype = torch.bfloat16, prefill: int | None = None) -> list[float]:
+        """K/V cache bytes per token of each layer: a quantized layer by its quantizer's formula, a layer
+        of a ``merge``/``xkv`` group by what its cache holds (``prefill``: the prefill length that an
+        xKV group's basis is spread over, left out for None; a merge's retention as measured so far),
+        any other by its elements in ``dtype``: as :meth:`VariantPlan.layer_bytes
+        <headwidget.evaluation._plan.VariantPlan.layer_bytes>` counts them for evaluate with the same
+        ``prefill``."""
         size = dtype.itemsize
         by_quantizer = {layer: q for q in self.quantizers for layer in q.layers}
         by_cache = {layer: c for c in self.cache_transforms for g in c.groups if len(g) > 1 for layer in g}
         return [
             by_quantizer[layer].layer_bytes_per_token(layer)
             if layer in by_quantizer
-            else size * by_cache[layer].layer_elements(layer, None)
+            else size * by_cache[layer].layer_elements(layer, prefill)
             if layer in by_cache
             else size * elements
             for layer, elements in sorted(self.kv_elements.items())
         ]
 
-    def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> float:
+    def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16, prefill: int | None = None) -> float:
         """K/V cache bytes per token of the whole model (all layers, K and V): the sum of
         :meth:`layer_bytes` (an int when whole)."""
-        total = math.fsum(self.layer_bytes(dtype))
+        total = math.fsum(self.layer_bytes(dtype, prefill))
         return int(total) if float(total).is_integer() else total
 
 
