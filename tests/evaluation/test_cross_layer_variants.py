@@ -207,12 +207,16 @@ def rope_as_llama(k: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     return k * cos + rotated * sin
 
 
-def test_xkv_is_one_svd_of_the_group_s_pre_rope_keys_and_values(llama: torch.nn.Module) -> None:
+@pytest.mark.parametrize(("spec", "ranks"), [("xkv:5/2@0-1", (5, 5)), ("xkv:k3v6/2@0-1", (3, 6))])
+def test_xkv_is_one_svd_of_the_group_s_pre_rope_keys_and_values(
+    llama: torch.nn.Module, spec: str, ranks: tuple[int, int]
+) -> None:
     """The group's prefilled keys before RoPE (recomputed from each layer's attention input and
-    weights) and values, each side by side per sequence, truncated to rank 5 by numpy's SVD; the keys
-    rotated again; written into the cache; the scored tokens read it."""
+    weights) and values, each side by side per sequence, truncated to their rank (one for both, or
+    xKV's rank_k and rank_v) by numpy's SVD; the keys rotated again; written into the cache; the
+    scored tokens read it."""
     x = ids()
-    rank = 5
+    by_kind = dict(zip(("key", "value"), ranks, strict=True))
     inputs = record_attention_inputs(llama, [{"input_ids": x[:, :P], "attention_mask": torch.ones(3, P)}])
     modules = [llama.model.layers[i].self_attn for i in (0, 1)]
 
@@ -222,6 +226,7 @@ def test_xkv_is_one_svd_of_the_group_s_pre_rope_keys_and_values(llama: torch.nn.
             for kind in ("key", "value"):
                 joint = np.concatenate([kv[i][kind].reshape(P, -1).numpy() for i in (0, 1)], axis=1)
                 u, s, vh = np.linalg.svd(joint, full_matrices=False)
+                rank = by_kind[kind]
                 approx = (u[:, :rank] * s[:rank]) @ vh[:rank]
                 for i, part in enumerate(np.split(approx, 2, axis=1)):
                     block = torch.from_numpy(part.copy()).reshape(P, G, D_H)
@@ -232,10 +237,9 @@ def test_xkv_is_one_svd_of_the_group_s_pre_rope_keys_and_values(llama: torch.nn.
                         cache.layers[i].values[row] = block.transpose(0, 1)
 
     want = prefilled_nll(llama, x, edit)
-    spec = f"xkv:{rank}/2@0-1"
     report = headwidget.evaluate(llama, x, [spec], protocol="prefill:8", dtype=F64, progress=False)
     assert report.nll[spec] == pytest.approx(want, abs=1e-12)
-    per_layer = 2 * (rank / 2 + rank * G * D_H / P)  # token factor share + basis over the prefill
+    per_layer = sum(r / 2 + r * G * D_H / P for r in ranks)  # token factor share + basis over the prefill
     assert report.kv_bytes_per_token[spec] == pytest.approx(8 * (2 * per_layer + 2 * G * D_H), abs=1e-9)
 
 
@@ -286,6 +290,25 @@ def test_no_checkpoint_holds_a_cross_layer_variant(llama: torch.nn.Module, tmp_p
             variant.save_pretrained(out)
         assert "without its share/merge/xkv parts saves" in str(err.value)
         assert not out.exists()
+
+
+def test_xkv_takes_a_rank_for_keys_and_one_for_values() -> None:
+    """``xkv:k{r_k}v{r_v}/g`` (xKV's rank_k and rank_v); equal ranks are written ``xkv:r/g``."""
+    for text, canonical, ranks in (
+        ("xkv:k192v288/2", "xkv:k192v288/2", {"key": 192, "value": 288}),
+        ("mqa+xkv:k8v8/4", "mqa+xkv:8/4", {"key": 8, "value": 8}),
+        ("xkv:16/2", "xkv:16/2", {"key": 16, "value": 16}),
+    ):
+        parsed = parse_variant(text)
+        assert parsed.text == canonical
+        assert parsed.cross is not None and parsed.cross.ranks == ranks
+    for bad, match in (
+        ("xkv:k0v4/2", "keys' shared rank"),
+        ("xkv:k4v/2", "cannot read variant spec"),
+        ("xkv:k4v4/1", "g ≥ 2"),
+    ):
+        with pytest.raises(MechanismSpecError, match=match):
+            parse_variant(bad)
 
 
 def test_cross_layer_specs_say_what_they_need(llama: torch.nn.Module) -> None:

@@ -241,13 +241,18 @@ def merge_elements(channels: dict[str, int], heads: int, retained: dict[str, flo
     return float(sum(c / 2 + heads + retained.get(kind, 0.0) * c for kind, c in channels.items()))
 
 
-def xkv_elements(channels: dict[str, int], rank: int, group: int, prefill: int | None) -> float:
-    """Cached elements per token of one layer of an xKV group of ``group`` layers: per kind, its share of
-    the shared token factor ``U_r S_r`` (r/g) and, over a prefill of ``prefill`` tokens, its block of
-    the basis ``V_rᵀ`` (r·C per sequence, r·C/P per token; left out when ``prefill`` is None).
+def xkv_elements(channels: dict[str, int], ranks: dict[str, int], group: int, prefill: int | None) -> float:
+    """Cached elements per token of one layer of an xKV group of ``group`` layers: per kind, with its
+    rank ``r`` (``ranks``), its share of the shared token factor ``U_r S_r`` (r/g) and, over a prefill
+    of ``prefill`` tokens, its block of the basis ``V_rᵀ`` (r·C per sequence, r·C/P per token; left out
+    when ``prefill`` is None).
 
-    >>> xkv_elements({"key": 64, "value": 64}, 8, 2, 128)  # 2·(8/2 + 8·64/128)
+    >>> xkv_elements({"key": 64, "value": 64}, {"key": 8, "value": 8}, 2, 128)  # 2·(8/2 + 8·64/128)
     16.0
+    >>> xkv_elements({"key": 64, "value": 64}, {"key": 8, "value": 16}, 2, None)  # 8/2 + 16/2
+    12.0
     """
-    per_token = sum(rank / group + (rank * c / prefill if prefill else 0.0) for c in channels.values())
+    per_token = sum(
+        ranks[kind] / group + (ranks[kind] * c / prefill if prefill else 0.0) for kind, c in channels.items()
+    )
     return float(per_token)

@@ -22,6 +22,7 @@ spec                   meaning
                        K/V are read by the others, whose own K/V are never used (0 bytes)
 ``merge:g``            MiniCache: the group's prefilled K/V merged after prefill (``g`` = 2: pairs)
 ``xkv:r/g``            xKV: one shared rank-``r`` SVD of the group's prefilled K (pre-RoPE) and V
+                       (``xkv:k{r_k}v{r_v}/g``: a rank for each, as xKV's ``rank_k`` and ``rank_v``)
 =====================  ===============================================================================
 
 A cross-layer part (``share:g``, ``merge:g``, ``xkv:r/g``) stands alone or ends a conversion, joined by
@@ -58,7 +59,7 @@ Example:
     ('mla:64@0-9;mla:128@10-11', 'mla:128', 'model')
     >>> cla = parse_variant("MQA+Share:2")
     >>> cla.text, cla.mechanism, cla.cross
-    ('mqa+share:2', 'mqa', CrossLayer(kind='share', group=2, rank=None))
+    ('mqa+share:2', 'mqa', CrossLayer(kind='share', group=2, rank=None, value_rank=None))
     >>> parse_variant("xkv:64/4").text, parse_variant("xkv:64/4").base
     ('xkv:64/4', 'model')
 """
@@ -97,14 +98,16 @@ __all__ = [
 
 VARIANT_FORMS = (
     "model, mha, gqa:G, mqa, lrkv:r, mla:d_c, gqa:G+align, mqa+align, rope:r, mla:d_c+rope:r, "
-    "kv:int{b}, kv:int{b}/g{n}, kv:cq{c}c{b}b, a cross-layer share:g, merge:g or xkv:r/g alone or after "
-    "a conversion (mqa+share:2), or spec@layers parts joined by ';' (mla:64@0-9;mla:128@10-29)"
+    "kv:int{b}, kv:int{b}/g{n}, kv:cq{c}c{b}b, a cross-layer share:g, merge:g, xkv:r/g or "
+    "xkv:k{r}v{r}/g alone or after a conversion (mqa+share:2), or spec@layers parts joined by ';' "
+    "(mla:64@0-9;mla:128@10-29)"
 )
 #: The cross-layer mechanisms: ``share`` changes the model, ``merge`` and ``xkv`` a prefilled cache.
 CROSS_LAYER_KINDS = ("share", "merge", "xkv")
 # a cross-layer part: at the end of a spec, alone or after '+'
 _CROSS = re.compile(
-    r"(?:^|\+)(?P<cross>(?P<kind>share|merge):(?P<g>[0-9]+)|xkv:(?P<r>[0-9]+)/(?P<xg>[0-9]+))$"
+    r"(?:^|\+)(?P<cross>(?P<kind>share|merge):(?P<g>[0-9]+)"
+    r"|xkv:(?:(?P<r>[0-9]+)|k(?P<rk>[0-9]+)v(?P<rv>[0-9]+))/(?P<xg>[0-9]+))$"
 )
 #: Bits of ``kv:int{b}`` (inclusive range).
 INT_BITS = (1, 16)
@@ -193,20 +196,35 @@ def spec_number(
 @dataclass(frozen=True)
 class CrossLayer:
     """A cross-layer part of a spec: ``kind`` (``"share"``, ``"merge"``, ``"xkv"``) over groups of
-    ``group`` adjacent layers; ``rank``: xKV's shared rank ``r``.
+    ``group`` adjacent layers; ``rank``: xKV's shared rank ``r`` of the keys, and of the values unless
+    ``value_rank`` gives theirs (xKV's ``rank_k`` and ``rank_v``).
 
-    >>> CrossLayer("xkv", 4, 64).text, CrossLayer("share", 2).cache_transform
-    ('xkv:64/4', False)
+    >>> CrossLayer("xkv", 4, 64).text, CrossLayer("xkv", 2, 192, 288).text
+    ('xkv:64/4', 'xkv:k192v288/2')
+    >>> CrossLayer("share", 2).cache_transform
+    False
     """
 
     kind: str
     group: int
     rank: int | None = None
+    value_rank: int | None = None
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """xKV's rank per kind (``{"key": r_k, "value": r_v}``; empty for the other kinds)."""
+        if self.rank is None:
+            return {}
+        return {"key": self.rank, "value": self.rank if self.value_rank is None else self.value_rank}
 
     @property
     def text(self) -> str:
-        """The canonical form (``share:2``, ``merge:2``, ``xkv:64/4``)."""
-        return f"xkv:{self.rank}/{self.group}" if self.kind == "xkv" else f"{self.kind}:{self.group}"
+        """The canonical form (``share:2``, ``merge:2``, ``xkv:64/4``, ``xkv:k64v96/4``)."""
+        if self.kind != "xkv":
+            return f"{self.kind}:{self.group}"
+        if self.value_rank is None or self.value_rank == self.rank:
+            return f"xkv:{self.rank}/{self.group}"
+        return f"xkv:k{self.rank}v{self.value_rank}/{self.group}"
 
     @property
     def cache_transform(self) -> bool:
@@ -510,13 +528,17 @@ def _parse_cross(spec: str, text: str, m: re.Match[str]) -> VariantSpec:
         group = spec_number(spec, m.group("g"), what.format(kind=kind), "g", 1)
         cross = CrossLayer(kind, group)
     else:
-        rank = spec_number(spec, m.group("r"), "the shared rank of xkv:r/g", "r", 1)
+        if m.group("r") is not None:
+            rank = value_rank = spec_number(spec, m.group("r"), "the shared rank of xkv:r/g", "r", 1)
+        else:
+            rank = spec_number(spec, m.group("rk"), "the keys' shared rank of xkv:k{r}v{r}/g", "r", 1)
+            value_rank = spec_number(spec, m.group("rv"), "the values' shared rank of xkv:k{r}v{r}/g", "r", 1)
         group = spec_number(spec, m.group("xg"), what.format(kind="xkv:r/g"), "g", 1)
-        cross = CrossLayer("xkv", group, rank)
+        cross = CrossLayer("xkv", group, rank, value_rank if value_rank != rank else None)
     if group < 2:
         raise MechanismSpecError(
             f"{short(spec)}: {cross.kind} acts across the layers of each group of g, so g ≥ 2 (a group of "
-            f"one layer shares nothing); write e.g. {CrossLayer(cross.kind, 2, cross.rank).text!r}"
+            f"one layer shares nothing); write e.g. {replace(cross, group=2).text!r}"
         )
     if cross.kind == "merge" and group != 2:
         raise MechanismSpecError(

@@ -210,13 +210,19 @@ class MergedCache:
 
 @dataclass
 class SharedSVDCache:
-    """``xkv:r/g``: xKV's shared rank-``rank`` SVD of each group's keys (before RoPE) and values;
-    ``shapes``: each layer's cache shape."""
+    """``xkv:r/g``: xKV's shared rank-``rank`` SVD of each group's keys (before RoPE) and values (of
+    rank ``value_rank`` where given: ``xkv:k{r_k}v{r_v}/g``); ``shapes``: each layer's cache shape."""
 
     spec: str
     groups: list[list[int]]
     rank: int
     shapes: Shapes = field(default_factory=dict)
+    value_rank: int | None = None
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """The rank of each kind."""
+        return {"key": self.rank, "value": self.rank if self.value_rank is None else self.value_rank}
 
     @property
     def layers(self) -> list[int]:
@@ -230,30 +236,33 @@ class SharedSVDCache:
             tokens = int(pairs[0][0].shape[2])
             # a rank that keeps the whole of a kind's matrix leaves that kind's cache as it is (no
             # turning back and again by RoPE either)
+            ranks = self.ranks
             exact = [
-                shared_svd_is_exact(tokens, sum(int(p[i].shape[1] * p[i].shape[3]) for p in pairs), self.rank)
-                for i in (0, 1)
+                shared_svd_is_exact(
+                    tokens, sum(int(p[i].shape[1] * p[i].shape[3]) for p in pairs), ranks[kind]
+                )
+                for i, kind in enumerate(("key", "value"))
             ]
             keys = [k for k, _ in pairs]
             if not exact[0]:
-                turned = shared_svd([prefilled.keys_before_rope(k) for k in keys], self.rank)
+                turned = shared_svd([prefilled.keys_before_rope(k) for k in keys], ranks["key"])
                 keys = [prefilled.keys_after_rope(k) for k in turned]
             values = [v for _, v in pairs]
             if not exact[1]:
-                values = shared_svd(values, self.rank)
+                values = shared_svd(values, ranks["value"])
             for layer, k, v in zip(group, keys, values, strict=True):
                 prefilled.set(layer, k, v)
 
     def only(self, groups: list[list[int]]) -> SharedSVDCache:
         """The same shared SVD on ``groups`` only."""
-        return SharedSVDCache(self.spec, groups, self.rank, self.shapes)
+        return SharedSVDCache(self.spec, groups, self.rank, self.shapes, self.value_rank)
 
     def layer_elements(self, layer: int, prefill: int | None) -> float:
         """Cached elements per token of ``layer``: its share of the group's token factor and, over a
         prefill of ``prefill`` tokens, of its basis (left out for None)."""
         _, channels = _channels(self.shapes, layer)
         size = next(len(group) for group in self.groups if layer in group)
-        return xkv_elements(channels, self.rank, size, prefill)
+        return xkv_elements(channels, self.ranks, size, prefill)
 
 
 #: A cross-layer cache transform (over groups of layers).

@@ -104,7 +104,8 @@ def cross_layer_parts(
         if cross.kind == "merge":
             out.caches.append(MergedCache(part.text, groups, shapes))
         else:
-            out.caches.append(SharedSVDCache(part.text, groups, int(cross.rank or 0), shapes))
+            ranks = cross.ranks
+            out.caches.append(SharedSVDCache(part.text, groups, ranks["key"], shapes, ranks["value"]))
     return out
 
 

@@ -45,9 +45,7 @@ from headwidget.evaluation._apply import KeptFits, build_variant, fit_parts, sha
 from headwidget.evaluation._cache_transforms import (
     CacheTransform,
     GroupTransform,
-    MergedCache,
     QuantizedCache,
-    SharedSVDCache,
     transforming_prefill,
 )
 from headwidget.evaluation._cross_layer import CrossLayerParts, cross_layer_parts
@@ -115,12 +113,7 @@ class VariantPlan:
                     cells.update(dict.fromkeys(group, cell))
             for cache in self.cross.caches:
                 for group in (g for g in cache.groups if len(g) > 1):
-                    one = (
-                        MergedCache(cache.spec, [group], cache.shapes)
-                        if isinstance(cache, MergedCache)
-                        else SharedSVDCache(cache.spec, [group], cache.rank, cache.shapes)
-                    )
-                    cell = GroupCell(group, self._fits_of(group), caches=[one])
+                    cell = GroupCell(group, self._fits_of(group), caches=[cache.only([group])])
                     cells.update(dict.fromkeys(group, cell))
             self._groups = cells
         return self._groups
