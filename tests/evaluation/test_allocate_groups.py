@@ -258,6 +258,9 @@ def test_a_layer_alone_in_its_group_is_its_within_layer_spec_to_the_leak_flag() 
     assert per_layer_specs("share:2@0-2", 3) == per_layer_specs("share:2@0-1", 3)
     assert per_layer_specs("share:2@1-2", 3) != per_layer_specs("share:2@0-1", 3)
     assert per_layer_specs("merge:2", 4) == ("merge:2",) * 4
+    # xKV compresses a layer left over by its own SVD, as its authors do: it is that layer's xkv:r/1
+    assert per_layer_specs("xkv:4/2", 3) == per_layer_specs("xkv:4/2@0-1;xkv:4/1@2", 3)
+    assert per_layer_specs("xkv:4/2", 3) != per_layer_specs("xkv:4/2@0-1", 3)
 
 
 def test_cross_layer_candidates_say_what_they_need(llama, ids) -> None:
@@ -325,3 +328,31 @@ def test_a_merge_measured_over_the_budget_is_solved_again_below_it(llama, ids, m
     report = quietly(llama, ids, [first.spec, second.spec])
     assert report.kv_bytes_per_token[first.spec] == pytest.approx(first.kv_bytes_per_token, rel=1e-12)
     assert report.kl[second.spec] == pytest.approx(second.measured, rel=1e-9, abs=1e-13)
+
+
+def test_single_layer_xkv_cells_are_evaluate_s_of_that_layer_alone(llama, ids) -> None:
+    """``xkv:r/1`` (xKV's single-layer SVD) as a candidate beside ``xkv:r/2``: each of its cells is one
+    layer, whose damage and bytes (the basis over the prefill included) are evaluate's of that layer
+    alone, and the allocation measures as evaluate measures its spec."""
+    alloc = allocate(
+        llama,
+        ids,
+        budget=0.6,
+        candidates=["model", "xkv:4/1", "xkv:4/2"],
+        refine=0,
+        protocol=PREFILL,
+        dtype=F64,
+        progress=False,
+    )
+    alone = {s: f"xkv:4/1@{s}" for s in range(3)}
+    report = quietly(llama, ids, ["model", *alone.values(), alloc.spec])
+    other = 2 * report.kv_bytes_per_token["model"] / 3  # the two layers left as the model has them
+    for s, spec in alone.items():
+        assert alloc.damage["xkv:4/1"][s] == pytest.approx(report.kl[spec], rel=1e-9, abs=1e-13), spec
+        assert alloc.layer_bytes["xkv:4/1"][s] == pytest.approx(
+            report.kv_bytes_per_token[spec] - other, rel=1e-12
+        )
+    assert alloc.layer_bytes["xkv:4/1"][0] == pytest.approx(8 * 2 * (4 + 4 * 32 / 32), rel=1e-12)  # r + r·C/P
+    assert alloc.kv_bytes_per_token <= alloc.budget
+    kept = next(r for r in alloc.rounds if r.spec == alloc.spec)
+    assert kept.measured == pytest.approx(report.kl[alloc.spec], rel=1e-9, abs=1e-13)

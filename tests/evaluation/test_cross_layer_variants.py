@@ -207,40 +207,62 @@ def rope_as_llama(k: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     return k * cos + rotated * sin
 
 
-@pytest.mark.parametrize(("spec", "ranks"), [("xkv:5/2@0-1", (5, 5)), ("xkv:k3v6/2@0-1", (3, 6))])
-def test_xkv_is_one_svd_of_the_group_s_pre_rope_keys_and_values(
-    llama: torch.nn.Module, spec: str, ranks: tuple[int, int]
-) -> None:
-    """The group's prefilled keys before RoPE (recomputed from each layer's attention input and
-    weights) and values, each side by side per sequence, truncated to their rank (one for both, or
-    xKV's rank_k and rank_v) by numpy's SVD; the keys rotated again; written into the cache; the
-    scored tokens read it."""
-    x = ids()
+def hand_built_xkv(llama: torch.nn.Module, x: torch.Tensor, groups: list[list[int]], ranks: tuple[int, int]):
+    """An edit of the prefilled cache that does xKV by hand: each group's keys before RoPE (recomputed
+    from each layer's attention input and weights) and values, side by side per sequence, truncated to
+    their rank (keys', values') by numpy's SVD; the keys rotated again; written into the cache."""
     by_kind = dict(zip(("key", "value"), ranks, strict=True))
     inputs = record_attention_inputs(llama, [{"input_ids": x[:, :P], "attention_mask": torch.ones(3, P)}])
-    modules = [llama.model.layers[i].self_attn for i in (0, 1)]
 
     def edit(cache: DynamicCache) -> None:
-        for row in range(x.shape[0]):
-            kv = [reference_kv("llama_gqa", llama, m, inputs[i][0][row]) for i, m in enumerate(modules)]
-            for kind in ("key", "value"):
-                joint = np.concatenate([kv[i][kind].reshape(P, -1).numpy() for i in (0, 1)], axis=1)
-                u, s, vh = np.linalg.svd(joint, full_matrices=False)
-                rank = by_kind[kind]
-                approx = (u[:, :rank] * s[:rank]) @ vh[:rank]
-                for i, part in enumerate(np.split(approx, 2, axis=1)):
-                    block = torch.from_numpy(part.copy()).reshape(P, G, D_H)
-                    if kind == "key":
-                        block = rope_as_llama(block)
-                        cache.layers[i].keys[row] = block.transpose(0, 1)
-                    else:
-                        cache.layers[i].values[row] = block.transpose(0, 1)
+        for group in groups:
+            for row in range(x.shape[0]):
+                modules = [llama.model.layers[i].self_attn for i in group]
+                kv = [
+                    reference_kv("llama_gqa", llama, m, inputs[i][0][row])
+                    for i, m in zip(group, modules, strict=True)
+                ]
+                for kind in ("key", "value"):
+                    joint = np.concatenate([part[kind].reshape(P, -1).numpy() for part in kv], axis=1)
+                    u, s, vh = np.linalg.svd(joint, full_matrices=False)
+                    rank = by_kind[kind]
+                    approx = (u[:, :rank] * s[:rank]) @ vh[:rank]
+                    for layer, part in zip(group, np.split(approx, len(group), axis=1), strict=True):
+                        block = torch.from_numpy(part.copy()).reshape(P, G, D_H)
+                        if kind == "key":
+                            cache.layers[layer].keys[row] = rope_as_llama(block).transpose(0, 1)
+                        else:
+                            cache.layers[layer].values[row] = block.transpose(0, 1)
 
-    want = prefilled_nll(llama, x, edit)
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("spec", "groups", "ranks"),
+    [
+        ("xkv:5/2@0-1", [[0, 1]], (5, 5)),
+        ("xkv:k3v6/2@0-1", [[0, 1]], (3, 6)),
+        ("xkv:3/2", [[0, 1], [2]], (3, 3)),  # the last layer left over: compressed alone, as xKV's authors do
+        ("xkv:4/1@1-2", [[1], [2]], (4, 4)),  # one layer a group: their single-layer SVD
+    ],
+)
+def test_xkv_is_one_svd_of_the_group_s_pre_rope_keys_and_values(
+    llama: torch.nn.Module, spec: str, groups: list[list[int]], ranks: tuple[int, int]
+) -> None:
+    """xKV against the cache edited by hand (:func:`hand_built_xkv`), one rank for both kinds or xKV's
+    rank_k and rank_v, for a pair, a pair and a layer left over, and single layers; bytes by the
+    authors' count r/g + r·C/P per kind and layer."""
+    x = ids()
+    want = prefilled_nll(llama, x, hand_built_xkv(llama, x, groups, ranks))
     report = headwidget.evaluate(llama, x, [spec], protocol="prefill:8", dtype=F64, progress=False)
     assert report.nll[spec] == pytest.approx(want, abs=1e-12)
-    per_layer = sum(r / 2 + r * G * D_H / P for r in ranks)  # token factor share + basis over the prefill
-    assert report.kv_bytes_per_token[spec] == pytest.approx(8 * (2 * per_layer + 2 * G * D_H), abs=1e-9)
+    grouped = {layer: len(group) for group in groups for layer in group}
+    c = G * D_H
+    per_layer = [
+        sum(r / grouped[layer] + r * c / P for r in ranks) if layer in grouped else 2 * c
+        for layer in range(3)
+    ]
+    assert report.kv_bytes_per_token[spec] == pytest.approx(8 * sum(per_layer), abs=1e-9)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -305,7 +327,7 @@ def test_xkv_takes_a_rank_for_keys_and_one_for_values() -> None:
     for bad, match in (
         ("xkv:k0v4/2", "keys' shared rank"),
         ("xkv:k4v/2", "cannot read variant spec"),
-        ("xkv:k4v4/1", "g ≥ 2"),
+        ("xkv:k4v4/0", "1 ≤ g"),
     ):
         with pytest.raises(MechanismSpecError, match=match):
             parse_variant(bad)
@@ -435,9 +457,9 @@ def test_an_applied_xkv_model_counts_its_basis_over_the_prefill_as_evaluate_does
     x = ids()
     r, g, c = 3, 2, 2 * D_H  # 2 KV heads of 16 in each of the group's two layers
     grouped = 2 * (r / g + r * c / P) * 8  # per layer (K and V), in float64
-    alone = 2 * c * 8  # layer 2, left as it is
+    alone = 2 * (r + r * c / P) * 8  # layer 2, left over: its own SVD
     report = headwidget.evaluate(llama, x, ["xkv:3/2"], protocol=f"prefill:{P}", dtype=F64, progress=False)
     applied = headwidget.apply(llama, "xkv:3/2").headwidget_variant
     assert report.kv_bytes_per_token["xkv:3/2"] == pytest.approx(2 * grouped + alone, rel=1e-12)
     assert applied.kv_bytes_per_token(F64, prefill=P) == pytest.approx(2 * grouped + alone, rel=1e-12)
-    assert applied.layer_bytes(F64) == pytest.approx([2 * r / g * 8] * 2 + [alone], rel=1e-12)
+    assert applied.layer_bytes(F64) == pytest.approx([2 * r / g * 8] * 2 + [2 * r * 8], rel=1e-12)

@@ -29,7 +29,8 @@ A cross-layer part (``share:g``, ``merge:g``, ``xkv:r/g``) stands alone or ends 
 ``+``: ``mqa+share:2`` converts every layer to MQA and shares each pair's K/V (CLA's MQA + CLA),
 ``mla:128+xkv:64/2`` compresses the MLA-converted layers' caches. The groups are the layers a spec
 applies to, sorted, cut into runs of adjacent layers, each run into groups of ``g`` (a last shorter
-group keeps what is left; a group of one layer is left as the conversion made it):
+group keeps what is left; a group of one layer is left as the conversion made it, except by ``xkv``,
+which compresses it by its own SVD as xKV's authors do, and takes ``g = 1``: their single-layer SVD):
 :func:`~headwidget.analysis.cross_layer.layer_groups`. ``merge`` and ``xkv`` transform a prefilled cache
 and exist only under ``protocol="prefill:P"``; ``share`` is exact in any protocol.
 
@@ -209,6 +210,12 @@ class CrossLayer:
     group: int
     rank: int | None = None
     value_rank: int | None = None
+
+    @property
+    def smallest_group(self) -> int:
+        """The smallest group it acts on: xKV compresses a layer alone by its own SVD (its authors'
+        single-layer baseline, and a run's last layer left over), while sharing and merging need two."""
+        return 1 if self.kind == "xkv" else 2
 
     @property
     def ranks(self) -> dict[str, int]:
@@ -535,7 +542,7 @@ def _parse_cross(spec: str, text: str, m: re.Match[str]) -> VariantSpec:
             value_rank = spec_number(spec, m.group("rv"), "the values' shared rank of xkv:k{r}v{r}/g", "r", 1)
         group = spec_number(spec, m.group("xg"), what.format(kind="xkv:r/g"), "g", 1)
         cross = CrossLayer("xkv", group, rank, value_rank if value_rank != rank else None)
-    if group < 2:
+    if group < cross.smallest_group:
         raise MechanismSpecError(
             f"{short(spec)}: {cross.kind} acts across the layers of each group of g, so g ≥ 2 (a group of "
             f"one layer shares nothing); write e.g. {replace(cross, group=2).text!r}"

@@ -422,8 +422,8 @@ class _Search:
 
     @property
     def grouped(self) -> bool:
-        """Whether any cell is a cross-layer group (the span solver then chooses)."""
-        return any(cell.length > 1 for cell in self.cost)
+        """Whether any cell is a cross-layer candidate's group (the span solver then chooses)."""
+        return any(cell.spec in self.candidates.group for cell in self.cost)
 
     def solver_cost(self, cell: _Cell) -> float:
         """The bytes the solver reads: the cell's own, on the span solver's grid when it chooses."""
@@ -819,14 +819,14 @@ def allocate_frontier(
     model_plan = plan_variant(adapter, parse_variant("model"), None, layers)
     fitted, plans = _fit_candidates(adapter, specs, stats, layers, weight_dtype, model_plan.layer_elements)
     options = fitted.options()
-    groups = {cell: fitted.group_cell(cell) for cell in options if cell.length > 1}
+    groups = {cell: fitted.group_cell(cell) for cell in options if cell.spec in fitted.group}
     model_bytes = math.fsum(model_plan.layer_bytes(dtype))
     per_layer = {
         s: (plans[s] if s != "model" else model_plan).layer_bytes(dtype) for s in plans.keys() | {"model"}
     }
 
     def cell_bytes(cell: _Cell) -> float:
-        if cell.length == 1:
+        if cell not in groups:
             return per_layer[cell.spec][cell.start]
         plan = groups[cell][1]
         return math.fsum(plan.layer_bytes(dtype, reading.prefill)[cell.start : cell.stop])

@@ -152,7 +152,7 @@ class AppliedVariant:
         ``prefill``."""
         size = dtype.itemsize
         by_quantizer = {layer: q for q in self.quantizers for layer in q.layers}
-        by_cache = {layer: c for c in self.cache_transforms for g in c.groups if len(g) > 1 for layer in g}
+        by_cache = {layer: c for c in self.cache_transforms for layer in c.layers}
         return [
             by_quantizer[layer].layer_bytes_per_token(layer)
             if layer in by_quantizer

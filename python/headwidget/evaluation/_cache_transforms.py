@@ -172,13 +172,16 @@ class MergedCache:
     retained: dict[str, list[int]] = field(default_factory=lambda: {"key": [0, 0], "value": [0, 0]})
 
     @property
+    def acting(self) -> list[list[int]]:
+        """The pairs it merges (a layer left alone keeps its cache)."""
+        return [group for group in self.groups if len(group) > 1]
+
+    @property
     def layers(self) -> list[int]:
-        return sorted(layer for group in self.groups if len(group) > 1 for layer in group)
+        return sorted(layer for group in self.acting for layer in group)
 
     def transform(self, prefilled: PrefilledCache) -> None:
-        for group in self.groups:
-            if len(group) < 2:
-                continue
+        for group in self.acting:
             first, second = group
             k1, v1 = prefilled.kv(first)
             k2, v2 = prefilled.kv(second)
@@ -225,13 +228,16 @@ class SharedSVDCache:
         return {"key": self.rank, "value": self.rank if self.value_rank is None else self.value_rank}
 
     @property
+    def acting(self) -> list[list[int]]:
+        """Every group: a layer alone is compressed by its own SVD, as xKV's authors do."""
+        return list(self.groups)
+
+    @property
     def layers(self) -> list[int]:
-        return sorted(layer for group in self.groups if len(group) > 1 for layer in group)
+        return sorted(layer for group in self.acting for layer in group)
 
     def transform(self, prefilled: PrefilledCache) -> None:
-        for group in self.groups:
-            if len(group) < 2:
-                continue  # a layer alone keeps its cache
+        for group in self.acting:
             pairs = [prefilled.kv(layer) for layer in group]
             tokens = int(pairs[0][0].shape[2])
             # a rank that keeps the whole of a kind's matrix leaves that kind's cache as it is (no

@@ -35,7 +35,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -247,7 +247,8 @@ def per_layer_specs(
     every layer), as canonical uniform specs; None when it names a layer the model does not have. A layer
     of a cross-layer group has its part's spec (the grouping follows from the parts' layers); a layer
     left alone in its group has what it keeps (:func:`~headwidget.analysis.cross_layer.within_layer`), so
-    ``share:2@0-2`` and ``share:2@0-1`` on three layers are one spec.
+    ``share:2@0-2`` and ``share:2@0-1`` on three layers are one spec; a shorter last group that still
+    acts (xKV's) is the part with that group size.
 
     >>> per_layer_specs("KV:INT4", 2), per_layer_specs("kv:int4@1;mqa@0", 3)
     (('kv:int4', 'kv:int4'), ('mqa', 'kv:int4', 'model'))
@@ -255,6 +256,8 @@ def per_layer_specs(
     (('model', 'model', 'mqa'), None)
     >>> per_layer_specs("mqa+share:2", 3), per_layer_specs("share:2@0-2", 3)
     (('mqa+share:2', 'mqa+share:2', 'mqa'), ('share:2', 'share:2', 'model'))
+    >>> per_layer_specs("mqa+xkv:4/2", 3)  # xKV compresses a layer left over alone
+    ('mqa+xkv:4/2', 'mqa+xkv:4/2', 'mqa+xkv:4/1')
     """
     parsed = parse_variant(spec)
     if isinstance(parsed, MixedSpec):
@@ -266,11 +269,19 @@ def per_layer_specs(
         parts = [(parsed, tuple(on))]
     out = ["model"] * num_layers
     for part, part_layers in parts:
-        alone: set[int] = set()
-        if part.cross is not None:
-            alone = {g[0] for g in layer_groups(part_layers, part.cross.group) if len(g) == 1}
-        for layer in part_layers:
-            out[layer] = within_layer(part) if layer in alone else part.text
+        cross = part.cross
+        if cross is None:
+            for layer in part_layers:
+                out[layer] = part.text
+            continue
+        head = part.text[: -len(cross.text)]
+        for group in layer_groups(part_layers, cross.group):
+            # a shorter last group is the part with that group size (xkv:4/2's layer left over is
+            # xkv:4/1's); one that is too short to act keeps its within-layer spec
+            acts = len(group) >= cross.smallest_group
+            shown = head + replace(cross, group=len(group)).text if acts else within_layer(part)
+            for layer in group:
+                out[layer] = shown
     return tuple(out)
 
 

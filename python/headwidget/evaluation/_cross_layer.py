@@ -46,9 +46,9 @@ class CrossLayerParts:
         return {r: s for shared in self.sharing for r, s in shared.readers.items()}
 
     def groups(self) -> list[tuple[list[int], str]]:
-        """Every group of two or more layers and the spec part it belongs to."""
-        out = [(g, s.spec) for s in self.sharing for g in s.groups if len(g) > 1]
-        return out + [(g, c.spec) for c in self.caches for g in c.groups if len(g) > 1]
+        """Every group a part acts on (two or more layers; xKV's also one) and the spec part it belongs to."""
+        out = [(g, s.spec) for s in self.sharing for g in s.acting]
+        return out + [(g, c.spec) for c in self.caches for g in c.acting]
 
     def __bool__(self) -> bool:
         return bool(self.sharing or self.caches)

@@ -108,11 +108,11 @@ class VariantPlan:
         if self._groups is None:
             cells: dict[int, GroupCell] = {}
             for shared in self.cross.sharing:
-                for group in (g for g in shared.groups if len(g) > 1):
+                for group in shared.acting:
                     cell = GroupCell(group, self._fits_of(group), sharing=[SharedKV(shared.spec, [group])])
                     cells.update(dict.fromkeys(group, cell))
             for cache in self.cross.caches:
-                for group in (g for g in cache.groups if len(g) > 1):
+                for group in cache.acting:
                     cell = GroupCell(group, self._fits_of(group), caches=[cache.only([group])])
                     cells.update(dict.fromkeys(group, cell))
             self._groups = cells
@@ -138,7 +138,7 @@ class VariantPlan:
         basis is spread over; a merge's retention as measured so far), a converted one by its
         mechanism's elements in ``dtype`` (a ``share`` reader: 0), any other as the model holds it."""
         size = dtype.itemsize
-        by_cache = {layer: c for c in self.cross.caches for g in c.groups if len(g) > 1 for layer in g}
+        by_cache = {layer: c for c in self.cross.caches for layer in c.layers}
         out: list[float] = []
         for layer, elements in sorted(self.layer_elements.items()):
             quantizer = next((q for q in self.quantizers if layer in q.layers), None)

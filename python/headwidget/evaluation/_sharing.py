@@ -132,9 +132,14 @@ class SharedKV:
         return {layer: group[0] for group in self.groups for layer in group[1:]}
 
     @property
+    def acting(self) -> list[list[int]]:
+        """The groups it shares K/V in: those of two or more layers (a layer alone keeps its own)."""
+        return [group for group in self.groups if len(group) > 1]
+
+    @property
     def layers(self) -> list[int]:
         """Every layer of a group of two or more, sorted."""
-        return sorted(layer for group in self.groups if len(group) > 1 for layer in group)
+        return sorted(layer for group in self.acting for layer in group)
 
     def blocker(self, model: nn.Module) -> str | None:
         """Why ``model``'s attention cannot share K/V here (None: it can)."""

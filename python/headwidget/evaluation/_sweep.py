@@ -313,19 +313,19 @@ def _running_from(plan: VariantPlan, base: nn.Module, layer: int, *, prefill: bo
     variant = build_variant(base, plan.spec, fits, share=True) if fits else shared_copy(base)
 
     def later(groups: list[list[int]], spec: str) -> list[list[int]]:
-        kept = [g for g in groups if len(g) > 1 and g[-1] >= layer]
+        kept = [g for g in groups if g[-1] >= layer]
         if any(g[0] < layer for g in kept):
             raise ValueError(f"{spec}: a group of {plan.spec} straddles layer {layer}, where the replay ends")
         return kept
 
     with ExitStack() as stack:
         for shared in plan.cross.sharing:
-            groups = later(shared.groups, shared.spec)
+            groups = later(shared.acting, shared.spec)
             if groups:
                 stack.enter_context(SharedKV(shared.spec, groups).active(variant))
         transforms: list[CacheTransform] = []
         for cache in plan.cross.caches:
-            groups = later(cache.groups, cache.spec)
+            groups = later(cache.acting, cache.spec)
             if groups:
                 transforms.append(cache.only(groups))
         for quantizer in plan.quantizers:
