@@ -21,7 +21,10 @@
   its KV heads and tokens; xKV takes them over the whole batch, which it runs one sequence at a time),
   so that a sequence is merged the same whatever it is batched with; ``t = 0.6`` where xKV's default
   is 0.5; near-parallel pairs (``Ω < 1e-7``) that are merged (only possible with γ = 0) take SLERP's
-  limit, the linear interpolation of the two directions; a zero vector has direction 0.
+  limit, the linear interpolation of the two directions; a zero vector has direction 0. **Layers.**
+  MiniCache merges from the middle of the model on (its start layer S = L/2); ``merge:2`` pairs the
+  layers its spec names, every layer when bare: its setting on SmolLM2's 30 layers is
+  ``merge:2@15-29``.
 - :func:`shared_svd`: xKV (Chang et al., arXiv 2503.18893; abdelfattah-lab/xKV,
   ``fake_layer_merge_dynamic_cache.py``): per sequence, the group's caches side by side — a
   (T, g·G·d) matrix, the layers' KV heads in order — are replaced by their rank-``r`` truncated SVD

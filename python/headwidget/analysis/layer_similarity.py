@@ -5,17 +5,20 @@
 
 - ``"cka"``: linear CKA of the two layers' token matrices ``X_a``, ``X_b`` (N × C, the captured tokens
   pooled), ``‖X̃_aᵀX̃_b‖²_F / (‖X̃_aᵀX̃_a‖_F ‖X̃_bᵀX̃_b‖_F)`` with ``X̃`` centred on the channel means
-  (Kornblith et al. 2019; the formula of xKV's ``scripts/cka_similarity_analysis.ipynb``), from the
-  blocks of the joint centred co-moment. A layer with no variance gives NaN.
+  (Kornblith et al. 2019; the formula of xKV's ``scripts/cka_similarity_analysis.ipynb``, which takes
+  one sequence's tokens where this pools every captured token), from the blocks of the joint centred
+  co-moment. A layer with no variance gives NaN.
 - ``"aligned"``: the mean over the G × G head pairs (head of layer a, head of layer b) of their token
   cosine after the best rotation (:func:`~headwidget.analysis.alignment.align` over the flattened layers:
   RoPE-compatible for keys of RoPE models, orthogonal otherwise; held-out or in-sample as ``align``
   shows by default, or as ``heldout`` says). The diagonal is the mean over a layer's own head pairs
   (1 only when its heads agree), as any other entry.
-- ``"subspace"``: xKV's criterion (its notebook's ``principal_angle_subspace_similarity_torch``): with
-  ``U_a`` the top-``r`` left singular vectors of ``X_a`` (token space, uncentred), the overlap
-  ``‖U_aᵀU_b‖²_F / r`` in [0, 1] — the mean squared cosine of the principal angles between the two
-  layers' top-r token subspaces, which is what lets one shared ``U_r`` serve a group (``xkv:r/g``).
+- ``"subspace"``: the subspace overlap of xKV's analysis notebook (its
+  ``principal_angle_subspace_similarity_torch``, defined there beside the CKA its figures and the paper
+  report): with ``U_a`` the top-``r`` left singular vectors of ``X_a`` (token space, uncentred), the
+  overlap ``‖U_aᵀU_b‖²_F / r`` in [0, 1] — the mean squared cosine of the principal angles between the
+  two layers' top-r token subspaces: the alignment of dominant singular vectors that xKV's shared
+  basis (``xkv:r/g``) exploits, there per sequence, here over the pooled tokens.
   Computed exactly from the uncentred C × C Grams: ``U_a = X_a V_a Σ_a⁻¹``, so
   ``U_aᵀU_b = Σ_a⁻¹ V_aᵀ (X_aᵀX_b) V_b Σ_b⁻¹``. Deviations from the notebook: the tokens are every
   captured token pooled (the notebook takes one sequence), and the SVD is exact (it uses the randomized
