@@ -187,5 +187,9 @@ def test_cached_elements_per_token() -> None:
     # MiniCache pair: half the merged direction per layer, a magnitude per head, retained states exact
     assert merge_elements({"key": 128, "value": 64}, 2, {"key": 0.25, "value": 0.0}) == 64 + 32 + 4 + 32
     # xKV group of 4: r/4 of the token factor per kind, the basis r·C spread over the prefill
-    assert xkv_elements({"key": 128, "value": 128}, 32, 4, 1024) == 2 * (8 + 32 * 128 / 1024)
-    assert xkv_elements({"key": 128, "value": 128}, 32, 4, None) == 16
+    same = {"key": 32, "value": 32}
+    assert xkv_elements({"key": 128, "value": 128}, same, 4, 1024) == 2 * (8 + 32 * 128 / 1024)
+    assert xkv_elements({"key": 128, "value": 128}, same, 4, None) == 16
+    # xKV's rank_k and rank_v: each kind by its own rank
+    both = {"key": 32, "value": 48}
+    assert xkv_elements({"key": 128, "value": 128}, both, 4, 1024) == (8 + 4) + (12 + 6)
