@@ -101,6 +101,17 @@ def test_kv_int_quantizes_the_prefilled_cache_only(llama: torch.nn.Module) -> No
     assert not math.isclose(report.nll[spec], brute_measures(llama, llama, x, P + 1)["nll"], abs_tol=1e-9)
 
 
+def test_a_prefill_shorter_than_a_kv_int_group_is_kept_exact(llama: torch.nn.Module) -> None:
+    """KIVI quantizes a key only once its group of n tokens is whole: a prefill of fewer than n tokens
+    stays exact, so the deployed reading scores as the model does (the whole-forward reading does not)."""
+    x = ids(rows=2)
+    spec = "kv:int2/g8"
+    report = headwidget.evaluate(llama, x, ["model", spec], protocol="prefill:6", dtype=F64, progress=False)
+    assert report.nll[spec] == pytest.approx(report.nll["model"], abs=1e-12)
+    whole = headwidget.evaluate(llama, x, ["model", spec], dtype=F64, progress=False, max_tokens=None)
+    assert not math.isclose(whole.nll[spec], whole.nll["model"], abs_tol=1e-6)
+
+
 def test_per_layer_cells_replay_both_forwards(llama: torch.nn.Module) -> None:
     """Each per-layer cell (layers before it replayed in the prefill and in the scored forward) equals
     the whole-model evaluation of that layer alone."""

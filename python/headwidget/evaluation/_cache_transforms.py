@@ -296,7 +296,7 @@ class QuantizedCache:
         for layer in self.layers:
             keys, values = prefilled.kv(layer)
             t = int(keys.shape[2])
-            whole = t if q.method != "kv:int" else t - t % min(q.group, t)
+            whole = t if q.method != "kv:int" else t - t % q.group  # (fewer than n tokens: all exact)
             qk, qv = q.quantize(layer, keys[:, :, :whole], values[:, :, :whole])
             prefilled.set(
                 layer,
