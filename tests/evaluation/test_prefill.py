@@ -10,6 +10,7 @@ from transformers import DynamicCache
 
 import headwidget
 from headwidget.analysis.quantizers import quantize_int_keys, quantize_int_values
+from headwidget.analysis.variants import parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.errors import ArgumentError, EvaluationInputError, UnsupportedConversionError
 from headwidget.evaluation._outputs import OutputRunner
@@ -76,23 +77,29 @@ def test_the_runner_s_logits_are_the_whole_forward_s_for_ragged_rows(llama: torc
         assert got.targets.numel() == sum(int(m.sum()) - P - 1 for m in batch.attention_mask)
 
 
-def test_kv_int_quantizes_the_prefilled_cache_only(llama: torch.nn.Module) -> None:
-    """The deployed reading: a cache built by hand (the prefill's K/V, keys quantized per channel in whole
-    groups of 4 tokens with the last P mod 4 kept exact, values per token; the scored tokens' own K/V
-    exact) gives evaluate's numbers; the whole-forward reading differs."""
+@pytest.mark.parametrize(
+    ("spec", "quantized"), [("kv:int3/g4", (4, 2)), ("kv:int3/g2r4", (4, 2)), ("kv:int3/g2", (6, 4))]
+)
+def test_kv_int_quantizes_the_prefilled_cache_only(
+    llama: torch.nn.Module, spec: str, quantized: tuple[int, int]
+) -> None:
+    """The deployed reading, as KIVI's prefill (jy-yuan/KIVI, ``models/llama_kivi.py``) with residual R
+    (``r{R}``, else the group size n): a cache built by hand from the prefill's K/V, keys per channel in
+    whole groups of n tokens with the last P mod R kept exact, values per token with the last R exact
+    (P = 6: R = 4 quantizes 4 keys and 2 values; R = 2, 6 and 4); the scored tokens' own K/V exact. It
+    gives evaluate's numbers; the whole-forward reading differs."""
     x = ids(rows=2)
-    spec = "kv:int3/g4"
+    bits, n = 3, parse_variant(spec).group
     report = headwidget.evaluate(llama, x, [spec], protocol="prefill:6", dtype=F64, progress=False)
     whole = headwidget.evaluate(llama, x, [spec], dtype=F64, progress=False, max_tokens=None)
+    keys, values = quantized
     cache = DynamicCache(config=llama.config)
     with torch.no_grad():
         llama(x[:, :P], cache=cache, use_cache=True)
         for entry in cache.layers:
             k, v = entry.keys, entry.values
-            qk = quantize_int_keys(k[:, :, :4], 3, 4)
-            qv = quantize_int_values(v[:, :, :4], 3, 4)
-            entry.keys = torch.cat([qk, k[:, :, 4:]], 2)
-            entry.values = torch.cat([qv, v[:, :, 4:]], 2)
+            entry.keys = torch.cat([quantize_int_keys(k[:, :, :keys], bits, n), k[:, :, keys:]], 2)
+            entry.values = torch.cat([quantize_int_values(v[:, :, :values], bits, n), v[:, :, values:]], 2)
         logits = llama(x[:, P:], cache=cache, use_cache=True, attention_mask=torch.ones_like(x)).logits
     out = torch.log_softmax(logits[:, :-1], -1)
     nll = float(-out.gather(-1, x[:, P + 1 :, None]).mean())

@@ -7,7 +7,9 @@ k-means codebooks and nearest centroids, on tensors (no model, no hook).
 default). Keys are quantized per channel over groups of ``n`` consecutive tokens of each batch row and
 KV head; the groups follow each row's real tokens in order (so left and right padding give the same
 groups), a last partial group is its own group (KIVI's own code keeps the newest tokens in full
-precision instead; here every token is quantized), and padding tokens never enter a group's min/max
+precision instead; here, in a whole forward, every token is quantized: the deployed reading of
+``protocol="prefill:P"`` keeps KIVI's residual, see :mod:`headwidget.evaluation._cache_transforms`),
+and padding tokens never enter a group's min/max
 (they are passed through unchanged; the attention masks them). Values are quantized per token over
 groups of ``n`` contiguous channels of the token's flattened K/V-head vector (``C = kv_heads·head_dim``
 channels, heads concatenated as a cache row stores them), so a group spans several KV heads when
@@ -22,7 +24,8 @@ which is the formula ``2·(C·b/8 + 4·C/n)`` when ``n`` divides ``C``.
 
 **kv:cq{c}c{b}b** (coupled). Per layer and kind (post-RoPE keys — pre-RoPE keys of a model without
 RoPE — and values), every group of ``c`` contiguous channels of a token's flattened vector is replaced by
-the nearest (Euclidean) of ``2**b`` centroids, stored in fp16, learned by :func:`fit_codebooks` on
+the nearest (Euclidean) of ``2**b`` centroids, stored in fp16, learned by :func:`fit_codebooks` (plain
+k-means: the paper's Fisher-guided centroids, which weight each sample by its gradient, are not these) on
 calibration samples of that layer and kind: ``KVStats.samples(layer, "key_post")`` and
 ``KVStats.samples(layer, "value")`` of statistics captured with ``rope="post"`` (or ``"both"``) and
 ``samples=R`` — never the evaluation texts. Bytes per token and layer: ``2·(C/c)·b/8``; the codebooks,

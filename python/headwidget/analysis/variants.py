@@ -15,9 +15,12 @@ spec                   meaning
 ``mla:d_c+rope:r``     partial RoPE, and the other key dims with the values through a rank-``d_c`` latent
 ``kv:int{b}``,         KIVI-style fake quantization of the K/V the attention uses: ``b`` bits
 ``kv:int{b}/g{n}``     (1 ≤ b ≤ 16), keys per channel over groups of ``n`` tokens, values per token over
-                       groups of ``n`` channels (default ``n`` = 32)
+``kv:int{b}/g{n}r{R}`` groups of ``n`` channels (default ``n`` = 32); after a prefill (``prefill:P``) the
+                       newest tokens stay exact as KIVI's residual of length ``R`` (a multiple of ``n``,
+                       default ``n``) keeps them: the keys' last ``P mod R``, the values' last ``R``
 ``kv:cq{c}c{b}b``      coupled quantization: every ``c`` contiguous channels → the nearest of ``2**b``
-                       k-means centroids (1 ≤ b ≤ 12; ``b/c`` bits per channel)
+                       k-means centroids (1 ≤ b ≤ 12; ``b/c`` bits per channel; plain k-means, where
+                       the paper's centroids are Fisher-guided)
 ``share:g``            cross-layer sharing (CLA): in each group of ``g`` adjacent layers the first layer's
                        K/V are read by the others, whose own K/V are never used (0 bytes)
 ``merge:g``            MiniCache: the group's prefilled K/V merged after prefill (``g`` = 2: pairs)
@@ -99,9 +102,9 @@ __all__ = [
 
 VARIANT_FORMS = (
     "model, mha, gqa:G, mqa, lrkv:r, mla:d_c, gqa:G+align, mqa+align, rope:r, mla:d_c+rope:r, "
-    "kv:int{b}, kv:int{b}/g{n}, kv:cq{c}c{b}b, a cross-layer share:g, merge:g, xkv:r/g or "
-    "xkv:k{r}v{r}/g alone or after a conversion (mqa+share:2), or spec@layers parts joined by ';' "
-    "(mla:64@0-9;mla:128@10-29)"
+    "kv:int{b}, kv:int{b}/g{n}, kv:int{b}/g{n}r{R}, kv:cq{c}c{b}b, a cross-layer share:g, merge:g, "
+    "xkv:r/g or xkv:k{r}v{r}/g alone or after a conversion (mqa+share:2), or spec@layers parts joined by "
+    "';' (mla:64@0-9;mla:128@10-29)"
 )
 #: The cross-layer mechanisms: ``share`` changes the model, ``merge`` and ``xkv`` a prefilled cache.
 CROSS_LAYER_KINDS = ("share", "merge", "xkv")
@@ -122,7 +125,10 @@ SPEC_NUMBER_MAX = 2**20
 #: The largest layer index a mixed spec may name (beyond it a layer list is a typo).
 LAYER_MAX = 2**16 - 1
 # ``[0-9]``, not ``\d``: Python's ``\d`` and ``int()`` also take other scripts' digits ("２").
-_QUANTIZER = re.compile(r"kv:(?:int(?P<bits>[0-9]+)(?:/g(?P<group>[0-9]+))?|cq(?P<c>[0-9]+)c(?P<cb>[0-9]+)b)")
+_QUANTIZER = re.compile(
+    r"kv:(?:int(?P<bits>[0-9]+)(?:/(?=[gr])(?:g(?P<group>[0-9]+))?(?:r(?P<residual>[0-9]+))?)?"
+    r"|cq(?P<c>[0-9]+)c(?P<cb>[0-9]+)b)"
+)
 _GRAMMAR = re.compile(
     r"(?:(?P<plain>model|mha|mqa)|(?P<named>gqa|lrkv|mla|rope):(?P<arg>[0-9]+))"
     r"(?P<align>\+align)?(?:\+rope:(?P<rope>[0-9]+))?"
@@ -252,6 +258,9 @@ class VariantSpec:
     bits: int | None = field(default=None, repr=False)
     #: Quantizers: the token / channel group size (``kv:int``) or the channels per codeword (``kv:cq``).
     group: int | None = field(default=None, repr=False)
+    #: ``kv:int``: KIVI's residual length R, the newest tokens a deployed cache keeps exact (a multiple
+    #: of ``group``; ``group`` itself when not given).
+    residual: int | None = field(default=None, repr=False)
     #: The cross-layer part (``share:g``, ``merge:g``, ``xkv:r/g``), None for a spec within layers.
     cross: CrossLayer | None = field(default=None, repr=False)
 
@@ -575,8 +584,8 @@ def _parse_cross(spec: str, text: str, m: re.Match[str]) -> VariantSpec:
 def _parse_quantizer(spec: str, text: str) -> VariantSpec:
     top = SPEC_NUMBER_MAX
     forms = (
-        f"kv:int{{b}} (1 ≤ b ≤ 16), kv:int{{b}}/g{{n}} (group size 1 ≤ n ≤ {top}) or kv:cq{{c}}c{{b}}b "
-        f"(1 ≤ c ≤ {top}, 1 ≤ b ≤ 12)"
+        f"kv:int{{b}} (1 ≤ b ≤ 16), kv:int{{b}}/g{{n}} (group size 1 ≤ n ≤ {top}), kv:int{{b}}/g{{n}}r{{R}} "
+        f"(KIVI's residual length R, a multiple of n) or kv:cq{{c}}c{{b}}b (1 ≤ c ≤ {top}, 1 ≤ b ≤ 12)"
     )
     if "+" in text:
         raise MechanismSpecError(
@@ -594,8 +603,19 @@ def _parse_quantizer(spec: str, text: str) -> VariantSpec:
         group = INT_GROUP
         if m.group("group") is not None:
             group = spec_number(spec, m.group("group"), "the group size of kv:int{b}/g{n}", "n", 1)
-        text = f"kv:int{bits}" + ("" if group == INT_GROUP else f"/g{group}")
-        return VariantSpec(text, "kv:int", None, bits=bits, group=group)
+        residual = group
+        if m.group("residual") is not None:
+            residual = spec_number(
+                spec, m.group("residual"), "KIVI's residual length of kv:int{b}/g{n}r{R}", "R", 1
+            )
+            if residual % group:
+                raise MechanismSpecError(
+                    f"{short(spec)}: KIVI's residual length R holds whole groups of n = {group} tokens, so R "
+                    f"is a multiple of n; got R = {residual} (e.g. r{group * max(1, residual // group)})"
+                )
+        suffix = ("" if group == INT_GROUP else f"g{group}") + ("" if residual == group else f"r{residual}")
+        text = f"kv:int{bits}" + (f"/{suffix}" if suffix else "")
+        return VariantSpec(text, "kv:int", None, bits=bits, group=group, residual=residual)
     channels = spec_number(spec, m.group("c"), "kv:cq{c}c{b}b: the coupled channels", "c", 1)
     what = "kv:cq{c}c{b}b: the bits per codeword (2**b centroids)"
     bits = spec_number(spec, m.group("cb"), what, "b", *CQ_BITS)

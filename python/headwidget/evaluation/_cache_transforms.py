@@ -11,9 +11,12 @@ attention is exact, and tokens that come later are cached exactly beside the tra
   compress them, and turned again after) and values replaced by
   :func:`~headwidget.analysis.cross_layer.shared_svd`;
 - :class:`QuantizedCache` (a ``kv:int``/``kv:cq`` quantizer under ``prefill:P``): the cached keys
-  and values quantized once, as a deployed KIVI or CQ cache holds them; ``kv:int`` keys in whole
-  groups of its ``n`` tokens, the last ``P mod n`` tokens kept exact (KIVI's full-precision residual
-  of the unfilled group), values per token.
+  and values quantized once, as a deployed KIVI or CQ cache holds them. ``kv:int`` keeps KIVI's
+  full-precision residual of length ``R`` (``kv:int{b}/g{n}r{R}``; ``R = n`` when not given), as its
+  authors' prefill does (jy-yuan/KIVI, ``models/llama_kivi.py``): the keys of the last ``P mod R``
+  tokens and the values of the last ``min(P, R)`` exact, the others quantized (keys per channel in
+  whole groups of ``n`` tokens, values per token). ``kv:cq`` quantizes every prefilled token (the CQ
+  paper's runs keep a window of recent tokens in full precision; not here).
 
 :func:`transforming_prefill` runs a model with its transforms: a forward that starts an empty cache
 (``use_cache`` with no cached token) has its cache transformed before it returns; later forwards read
@@ -296,12 +299,17 @@ class QuantizedCache:
         for layer in self.layers:
             keys, values = prefilled.kv(layer)
             t = int(keys.shape[2])
-            whole = t if q.method != "kv:int" else t - t % q.group  # (fewer than n tokens: all exact)
-            qk, qv = q.quantize(layer, keys[:, :, :whole], values[:, :, :whole])
+            keep_k = keep_v = 0
+            if q.method == "kv:int":  # KIVI's residual R: the keys' last P mod R, the values' last R exact
+                r = q.residual or q.group
+                keep_k, keep_v = t % r, min(t, r)
+            if keep_k == keep_v == t:
+                continue  # (a prefill within the residual: nothing quantized)
+            qk, qv = q.quantize(layer, keys[:, :, : t - keep_k], values[:, :, : t - keep_v])
             prefilled.set(
                 layer,
-                torch.cat([qk, keys[:, :, whole:]], dim=2),
-                torch.cat([qv, values[:, :, whole:]], dim=2),
+                torch.cat([qk, keys[:, :, t - keep_k :]], dim=2),
+                torch.cat([qv, values[:, :, t - keep_v :]], dim=2),
             )
 
 

@@ -129,6 +129,9 @@ class KVQuantizer:
     channels: dict[str, int]
     layer_elements: dict[int, int]
     codebooks: dict[int, dict[str, Codebooks]] = field(default_factory=dict, repr=False)
+    #: ``kv:int``: KIVI's residual length R, the newest prefilled tokens a deployed cache keeps exact
+    #: (None: ``group``).
+    residual: int | None = None
     _stored: dict[tuple[int, str, str, str], torch.Tensor] = field(default_factory=dict, repr=False)
 
     # -------------------------------------------------------------------------------------- bytes
@@ -455,6 +458,7 @@ def quantizer_for(
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(total)}
     layers = list(chosen)
     out = KVQuantizer(parsed.text, parsed.mechanism, parsed.bits, parsed.group, layers, channels, elements)
+    out.residual = parsed.residual
     if parsed.mechanism == "kv:cq":
         c = parsed.group
         for size in channels.values():
