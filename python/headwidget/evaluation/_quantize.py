@@ -457,8 +457,16 @@ def quantizer_for(
     total = adapter.layout().num_layers
     elements = {layer: layer_kv_elements(adapter, layer) for layer in range(total)}
     layers = list(chosen)
-    out = KVQuantizer(parsed.text, parsed.mechanism, parsed.bits, parsed.group, layers, channels, elements)
-    out.residual = parsed.residual
+    out = KVQuantizer(
+        parsed.text,
+        parsed.mechanism,
+        parsed.bits,
+        parsed.group,
+        layers,
+        channels,
+        elements,
+        residual=parsed.residual,
+    )
     if parsed.mechanism == "kv:cq":
         c = parsed.group
         for size in channels.values():
