@@ -152,14 +152,19 @@ def quietly(llama, texts, specs, **options) -> EvaluationReport:
 
 def test_each_group_s_damage_and_bytes_are_evaluate_s_of_that_group_alone(llama, ids, allocation) -> None:
     alone = {(c, s): f"{c}@{s}-{s + 1}" for c in CROSS for s in (0, 1)}
+    alone[("xkv:8/2", 2)] = "xkv:8/2@2"  # (xKV's last layer left over: a group of its own)
     report = quietly(llama, ids, ["model", *alone.values()])
     for (c, s), spec in alone.items():
         assert allocation.damage[c][s] == pytest.approx(report.kl[spec], rel=1e-9, abs=1e-13), spec
-        other = report.kv_bytes_per_token["model"] / 3  # the layer outside the group, as the model has it
+        size = 1 if s == 2 else 2
+        other = (
+            report.kv_bytes_per_token["model"] * (3 - size) / 3
+        )  # the layers outside, as the model has them
         assert allocation.layer_bytes[c][s] == pytest.approx(
             report.kv_bytes_per_token[spec] - other, rel=1e-12
         )
-        assert math.isnan(allocation.damage[c][2]) and math.isnan(allocation.layer_bytes[c][2])
+        if c != "xkv:8/2":
+            assert math.isnan(allocation.damage[c][2]) and math.isnan(allocation.layer_bytes[c][2])
     assert allocation.damage["mqa"][1] == pytest.approx(quietly(llama, ids, ["mqa@1"]).kl["mqa@1"], rel=1e-9)
 
 
@@ -356,3 +361,30 @@ def test_single_layer_xkv_cells_are_evaluate_s_of_that_layer_alone(llama, ids) -
     assert alloc.kv_bytes_per_token <= alloc.budget
     kept = next(r for r in alloc.rounds if r.spec == alloc.spec)
     assert kept.measured == pytest.approx(report.kl[alloc.spec], rel=1e-9, abs=1e-13)
+
+
+def test_an_xkv_candidate_covers_a_layer_left_over_as_evaluate_does(llama, ids) -> None:
+    """On three layers ``xkv:4/2`` is a pair and the last layer compressed alone (as evaluate reads the
+    spec): that shorter last group is a cell of the sweep, so the candidate alone covers the model, its
+    uniform spec is within reach of the budget evaluate prices it at, and its bytes and damage are
+    evaluate's of that layer alone."""
+    report = quietly(llama, ids, ["model", "xkv:4/2", "xkv:4/2@2"])
+    share = report.kv_bytes_per_token["xkv:4/2"] / report.kv_bytes_per_token["model"]
+    alloc = allocate(
+        llama,
+        ids,
+        budget=share,
+        candidates=["xkv:4/2"],
+        refine=0,
+        protocol=PREFILL,
+        dtype=F64,
+        progress=False,
+    )
+    assert alloc.cells == [(0, 2, "xkv:4/2"), (2, 1, "xkv:4/2")]
+    assert alloc.kv_bytes_per_token == pytest.approx(report.kv_bytes_per_token["xkv:4/2"], rel=1e-12)
+    assert alloc.rounds[0].measured == pytest.approx(report.kl["xkv:4/2"], rel=1e-9, abs=1e-13)
+    other = 2 * report.kv_bytes_per_token["model"] / 3
+    assert alloc.layer_bytes["xkv:4/2"][2] == pytest.approx(
+        report.kv_bytes_per_token["xkv:4/2@2"] - other, rel=1e-12
+    )
+    assert alloc.damage["xkv:4/2"][2] == pytest.approx(report.kl["xkv:4/2@2"], rel=1e-9, abs=1e-13)

@@ -408,6 +408,10 @@ def test_layers_that_attend_differently_are_not_grouped() -> None:
             headwidget.evaluate(model, x, [spec], protocol="prefill:8", progress=False)
         assert "sliding_attention: 0-1; full_attention: 2-3" in str(err.value)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    alternating = sliding_then_full()
+    alternating.config.layer_types = ["sliding_attention", "full_attention"] * 2
+    with pytest.raises(UnsupportedConversionError, match=r"no two adjacent layers attend alike .*xkv:r/1"):
+        headwidget.evaluate(alternating, x, ["share:2"], progress=False)
     report = headwidget.evaluate(model, x, ["share:2", "xkv:2/2"], protocol="prefill:8", progress=False)
     assert all(math.isfinite(report.nll[s]) for s in ("share:2", "xkv:2/2"))
 

@@ -91,7 +91,8 @@ def test_kv_int_quantizes_the_prefilled_cache_only(
     x = ids(rows=2)
     bits, n = 3, parse_variant(spec).group
     report = headwidget.evaluate(llama, x, [spec], protocol="prefill:6", dtype=F64, progress=False)
-    whole = headwidget.evaluate(llama, x, [spec], dtype=F64, progress=False, max_tokens=None)
+    plain = f"kv:int{bits}/g{n}"  # whole forwards, which quantize every token (a residual is refused)
+    whole = headwidget.evaluate(llama, x, [plain], dtype=F64, progress=False, max_tokens=None)
     keys, values = quantized
     cache = DynamicCache(config=llama.config)
     with torch.no_grad():
@@ -104,7 +105,13 @@ def test_kv_int_quantizes_the_prefilled_cache_only(
     out = torch.log_softmax(logits[:, :-1], -1)
     nll = float(-out.gather(-1, x[:, P + 1 :, None]).mean())
     assert report.nll[spec] == pytest.approx(nll, abs=1e-12)
-    assert report.kv_bytes_per_token[spec] == whole.kv_bytes_per_token[spec]
+    # bytes: what the cache of the P prefilled tokens holds, per token (its exact keys and values in
+    # float64); the whole-forward count quantizes every token
+    c = 2 * 16  # 2 KV heads of 16
+    quantized_k, quantized_v = c * bits / 8 + 4 * c / n, c * bits / 8 + 4 * math.ceil(c / n)
+    layer = (keys * quantized_k + (P - keys) * 8 * c + values * quantized_v + (P - values) * 8 * c) / P
+    assert report.kv_bytes_per_token[spec] == pytest.approx(3 * layer, rel=1e-12)
+    assert whole.kv_bytes_per_token[plain] == pytest.approx(3 * (quantized_k + quantized_v), rel=1e-12)
     assert not math.isclose(report.nll[spec], brute_measures(llama, llama, x, P + 1)["nll"], abs_tol=1e-9)
 
 
@@ -173,3 +180,21 @@ def test_bad_prefills_are_refused(llama: torch.nn.Module) -> None:
         headwidget.evaluate(
             bert, torch.randint(1, 90, (2, 12)), ["model"], protocol="prefill:4", progress=False
         )
+
+
+def test_a_kivi_residual_is_refused_where_no_prefilled_cache_keeps_it(llama: torch.nn.Module) -> None:
+    """``r{R}`` is what a deployed cache keeps exact after a prefill: with whole-window forwards (the
+    documents protocol, apply's model, allocate without a prefill) it would change nothing, so it is
+    refused there, saying so; under prefill:P it is taken."""
+    x = ids(rows=2)
+    for call in (
+        lambda: headwidget.evaluate(llama, x, ["kv:int4/g4r8"], dtype=F64, progress=False),
+        lambda: headwidget.apply(llama, "kv:int4/g4r8"),
+        lambda: headwidget.allocate(
+            llama, x, budget=0.5, candidates=["model", "kv:int2/g4r8"], progress=False
+        ),
+    ):
+        with pytest.raises(UnsupportedConversionError, match=r"r8 is KIVI's residual of a deployed cache"):
+            call()
+    report = headwidget.evaluate(llama, x, ["kv:int4/g4r8"], protocol="prefill:6", dtype=F64, progress=False)
+    assert math.isfinite(report.nll["kv:int4/g4r8"])

@@ -89,7 +89,8 @@ def layer_groups(layers: Sequence[int], group: int) -> list[list[int]]:
 
 def within_layer(spec: VariantSpec) -> str:
     """The canonical spec of what ``spec`` does within one layer: the conversion before its cross-layer
-    part (``model`` for a cross-layer part alone), which a layer alone in its group keeps.
+    part (``model`` for a cross-layer part alone), which a layer alone in its group keeps (under
+    ``share`` and ``merge``; ``xkv`` compresses it alone).
 
     >>> from headwidget.analysis.variants import parse_variant
     >>> [within_layer(parse_variant(s)) for s in ("share:2", "mqa+align+share:2", "gqa:2+xkv:8/2", "mqa")]

@@ -17,7 +17,8 @@ spec                   meaning
 ``kv:int{b}/g{n}``     (1 ≤ b ≤ 16), keys per channel over groups of ``n`` tokens, values per token over
 ``kv:int{b}/g{n}r{R}`` groups of ``n`` channels (default ``n`` = 32); after a prefill (``prefill:P``) the
                        newest tokens stay exact as KIVI's residual of length ``R`` (a multiple of ``n``,
-                       default ``n``) keeps them: the keys' last ``P mod R``, the values' last ``R``
+                       default ``n``) keeps them: the keys' last ``P mod R``, the values' last
+                       ``min(P, R)``; ``r`` is refused where no prefilled cache is read
 ``kv:cq{c}c{b}b``      coupled quantization: every ``c`` contiguous channels → the nearest of ``2**b``
                        k-means centroids (1 ≤ b ≤ 12; ``b/c`` bits per channel; plain k-means, where
                        the paper's centroids are Fisher-guided)

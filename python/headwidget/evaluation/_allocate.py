@@ -22,7 +22,8 @@ Method:
    fraction). The sum is a prediction: damage is not additive, so the chosen mixed spec is then
    **measured** whole on ``texts`` (one evaluation), and so is every uniform candidate within the budget
    (a cross-layer one in groups from layer 0, a layer left over under its within-layer conversion when
-   that is a candidate): one that measures better becomes the allocation (a round of its own in
+   that is a candidate; xKV's as its own spec does, the layers left over a shorter group, which is
+   also a cell of the sweep): one that measures better becomes the allocation (a round of its own in
    ``rounds``), so on ``texts`` an allocation is never worse than the best uniform candidate it could
    have been. A measured allocation whose bytes exceed the budget (a merge that retained more states
    than in its sweep) is solved again with the budget lowered by the excess, up to 4 times.
@@ -230,7 +231,8 @@ def _per_layer(choice: Choice) -> list[str]:
 class _Candidates:
     """Every candidate fitted once for every layer: per spec, its fits and quantizers (a cross-layer
     candidate's fits are those of its within-layer conversion, kept under that conversion's spec too);
-    per cross-layer candidate, its group size and its within-layer spec."""
+    per cross-layer candidate, its group size and its within-layer spec; ``short_end``: the cross-layer
+    candidates that act on a shorter last group too (xKV's, whose layer left over is compressed alone)."""
 
     adapter: Adapter
     specs: list[str]
@@ -239,6 +241,7 @@ class _Candidates:
     quantizers: dict[str, list[KVQuantizer]] = field(default_factory=dict)
     group: dict[str, int] = field(default_factory=dict)
     within: dict[str, str] = field(default_factory=dict)
+    short_end: set[str] = field(default_factory=set)
 
     @property
     def num_layers(self) -> int:
@@ -246,13 +249,17 @@ class _Candidates:
 
     def options(self) -> list[_Cell]:
         """Every cell a choice can hold: each per-layer candidate at each layer, each cross-layer
-        candidate's group at each layer where it fits; by first layer, then in the candidates' order."""
-        out = []
-        for start in range(self.num_layers):
+        candidate's group at each layer where it fits (and, for one in ``short_end``, the shorter group
+        of the layers left at the end, as its uniform spec leaves them); by first layer, then in the
+        candidates' order."""
+        out, n = [], self.num_layers
+        for start in range(n):
             for spec in self.specs:
                 length = self.group.get(spec, 1)
-                if start + length <= self.num_layers:
+                if start + length <= n:
                     out.append(_Cell(start, length, spec))
+                elif spec in self.short_end and start == n - n % length:
+                    out.append(_Cell(start, n - start, spec))
         return out
 
     def plan(self, cells: Sequence[_Cell]) -> VariantPlan:
@@ -282,10 +289,13 @@ class _Candidates:
 
     def uniform(self, spec: str) -> Choice | None:
         """A candidate on every layer as a choice (a cross-layer candidate's groups from layer 0, the last
-        layers left over under its within-layer conversion when that is a candidate; else None)."""
+        layers left over in a shorter group of their own for one in ``short_end``, else under its
+        within-layer conversion when that is a candidate; else None)."""
         g = self.group.get(spec, 1)
         whole = self.num_layers - self.num_layers % g
         cells = [_Cell(start, g, spec) for start in range(0, whole, g)]
+        if whole < self.num_layers and spec in self.short_end:
+            return (*cells, _Cell(whole, self.num_layers - whole, spec))
         rest = self.within.get(spec, spec)
         if whole < self.num_layers and rest not in self.specs:
             return None
@@ -293,8 +303,8 @@ class _Candidates:
 
     def swapped(self, choice: Choice, cell: _Cell) -> tuple[Choice, int]:
         """``choice`` with ``cell`` in place of what covered its layers, and the first layer that differs.
-        A group that ``cell`` cuts into keeps its other layers under its within-layer conversion (as a group
-        of one layer is left), and differs from its first layer on."""
+        A group that ``cell`` cuts into keeps its other layers under its within-layer conversion, and
+        differs from its first layer on."""
         out = [cell]
         first = cell.start
         for old in choice:
@@ -336,6 +346,8 @@ def _fit_candidates(
             )
         found.group[spec] = parsed.cross.group
         found.within[spec] = within_layer(parsed)
+        if parsed.cross.smallest_group < parsed.cross.group:
+            found.short_end.add(spec)
         found.fits[spec], _ = fit_parts(adapter, parsed, stats, layers, weight_dtype=weight_dtype, kept=kept)
         if found.within[spec] != "model":  # what a layer of a broken group keeps
             found.fits.setdefault(found.within[spec], found.fits[spec])
@@ -822,7 +834,8 @@ def allocate_frontier(
     groups = {cell: fitted.group_cell(cell) for cell in options if cell.spec in fitted.group}
     model_bytes = math.fsum(model_plan.layer_bytes(dtype))
     per_layer = {
-        s: (plans[s] if s != "model" else model_plan).layer_bytes(dtype) for s in plans.keys() | {"model"}
+        s: (plans[s] if s != "model" else model_plan).layer_bytes(dtype, reading.prefill)
+        for s in plans.keys() | {"model"}
     }
 
     def cell_bytes(cell: _Cell) -> float:

@@ -69,7 +69,14 @@ from torch import nn
 from headwidget.adapters import Adapter, adapter_for, partial_rope_mask
 from headwidget.analysis.cross_layer import within_layer
 from headwidget.analysis.variant_fits import LayerFit, alignments, fit_layer
-from headwidget.analysis.variants import MixedSpec, Variant, VariantSpec, parse_uniform, parse_variant
+from headwidget.analysis.variants import (
+    MixedSpec,
+    Variant,
+    VariantSpec,
+    parse_uniform,
+    parse_variant,
+    uniform_parts,
+)
 from headwidget.errors import (
     ArgumentError,
     UnsupportedAlignmentError,
@@ -82,7 +89,7 @@ from headwidget.evaluation._cache_transforms import (
     install_cache_transforms,
     installed_cache_transforms,
 )
-from headwidget.evaluation._cross_layer import CrossLayerParts, cross_layer_parts
+from headwidget.evaluation._cross_layer import CrossLayerParts, cross_layer_parts, refuse_residual
 from headwidget.evaluation._model_facts import (
     check_stats,
     converted_modules,
@@ -566,6 +573,8 @@ def apply(
     adapter = adapter_for(model)
     parsed = parse_variant(spec)
     _refuse_quantized_model(model)
+    for part in uniform_parts(parsed):
+        refuse_residual(part, "apply's model fake-quantizes every forward")
     refuse_layers_with_mixed([parsed], layers)
     stats, layers = check_apply_arguments(adapter, stats, layers)
     check_stats(model, adapter, stats, allow_other_weights=allow_other_weights)

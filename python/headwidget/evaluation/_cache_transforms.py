@@ -15,7 +15,9 @@ attention is exact, and tokens that come later are cached exactly beside the tra
   full-precision residual of length ``R`` (``kv:int{b}/g{n}r{R}``; ``R = n`` when not given), as its
   authors' prefill does (jy-yuan/KIVI, ``models/llama_kivi.py``): the keys of the last ``P mod R``
   tokens and the values of the last ``min(P, R)`` exact, the others quantized (keys per channel in
-  whole groups of ``n`` tokens, values per token). ``kv:cq`` quantizes every prefilled token (the CQ
+  whole groups of ``n`` tokens, values per token); its bytes count those exact tokens at full precision
+  (:meth:`~headwidget.evaluation._quantize.KVQuantizer.layer_bytes_per_token`).
+  ``kv:cq`` quantizes every prefilled token (the CQ
   paper's runs keep a window of recent tokens in full precision; not here).
 
 :func:`transforming_prefill` runs a model with its transforms: a forward that starts an empty cache

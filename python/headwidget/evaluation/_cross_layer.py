@@ -31,7 +31,7 @@ from headwidget.errors import UnsupportedConversionError
 from headwidget.evaluation._cache_transforms import GroupTransform, MergedCache, SharedSVDCache
 from headwidget.evaluation._sharing import SharedKV, cross_layer_blocker, mixed_attention_blocker
 
-__all__ = ["CrossLayerParts", "cross_layer_parts", "refuse_cache_transforms"]
+__all__ = ["CrossLayerParts", "cross_layer_parts", "refuse_cache_transforms", "refuse_residual"]
 
 
 @dataclass
@@ -110,13 +110,25 @@ def cross_layer_parts(
 
 
 def refuse_cache_transforms(specs: Sequence[VariantSpec | Variant], protocol: str) -> None:
-    """Refuse ``merge``/``xkv`` parts under a protocol without a prefill (they transform a prefilled
-    cache, and a forward of a whole window has none)."""
+    """Refuse ``merge``/``xkv`` parts, and a ``kv:int`` residual (``r{R}``), under a protocol without a
+    prefill (they act on a prefilled cache, and a forward of a whole window has none)."""
     for spec in specs:
         for part in uniform_parts(spec):
+            refuse_residual(part, f"protocol {protocol!r} scores whole windows in one forward")
             if part.cross is not None and part.cross.cache_transform:
                 raise UnsupportedConversionError(
                     f"{spec.text}: {part.cross.text} transforms the KV cache a prefill built, and protocol "
                     f"{protocol!r} scores whole windows in one forward with no cache; evaluate it with "
                     "protocol='prefill:P' (P prefill tokens, the rest scored from the transformed cache)"
                 )
+
+
+def refuse_residual(part: VariantSpec, where: str) -> None:
+    """Refuse a ``kv:int`` residual (``r{R}``) where no prefilled cache keeps it (``where`` says why):
+    there the spec would be the same numbers as without it."""
+    if part.residual is not None and part.residual != part.group:
+        raise UnsupportedConversionError(
+            f"{part.text}: r{part.residual} is KIVI's residual of a deployed cache, the newest prefilled "
+            f"tokens it keeps exact, and {where}, with no prefilled cache; evaluate it with "
+            "protocol='prefill:P', or drop r (fake quantization of whole forwards quantizes every token)"
+        )

@@ -133,9 +133,10 @@ class VariantPlan:
         return next((q for q in self.quantizers if layer in q.layers), None)
 
     def layer_bytes(self, dtype: torch.dtype, prefill: int | None = None) -> list[float]:
-        """K/V bytes per token of each layer: a quantized layer by its quantizer's formula, a layer of a
-        ``merge``/``xkv`` group by what its cache holds (``prefill``: the prefill length that an xKV
-        basis is spread over; a merge's retention as measured so far), a converted one by its
+        """K/V bytes per token of each layer: a quantized layer by its quantizer's formula (with
+        ``prefill``, what its cache of that many prefilled tokens holds: ``kv:int``'s residual exact), a
+        layer of a ``merge``/``xkv`` group by what its cache holds (``prefill``: the prefill length that
+        an xKV basis is spread over; a merge's retention as measured so far), a converted one by its
         mechanism's elements in ``dtype`` (a ``share`` reader: 0), any other as the model holds it."""
         size = dtype.itemsize
         by_cache = {layer: c for c in self.cross.caches for layer in c.layers}
@@ -143,7 +144,7 @@ class VariantPlan:
         for layer, elements in sorted(self.layer_elements.items()):
             quantizer = next((q for q in self.quantizers if layer in q.layers), None)
             if quantizer is not None:
-                out.append(quantizer.layer_bytes_per_token(layer))
+                out.append(quantizer.layer_bytes_per_token(layer, prefill, size))
             elif layer in by_cache:
                 out.append(size * by_cache[layer].layer_elements(layer, prefill))
             else:

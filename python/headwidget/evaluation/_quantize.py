@@ -135,16 +135,31 @@ class KVQuantizer:
     _stored: dict[tuple[int, str, str, str], torch.Tensor] = field(default_factory=dict, repr=False)
 
     # -------------------------------------------------------------------------------------- bytes
-    def layer_bytes_per_token(self, layer: int) -> float:
-        """K/V bytes per token of a quantized ``layer`` (module docstring); an int when whole."""
+    def layer_bytes_per_token(self, layer: int, prefill: int | None = None, exact: int = 2) -> float:
+        """K/V bytes per token of a quantized ``layer`` (module docstring); an int when whole.
+
+        With ``prefill``, what a cache of that many prefilled tokens holds, per token: ``kv:int`` keeps
+        KIVI's residual exact (:class:`~headwidget.evaluation._cache_transforms.QuantizedCache`: the keys
+        of the last P mod R tokens, the values of the last min(P, R)), ``exact`` bytes a value.
+
+        >>> q = KVQuantizer("kv:int2/g4r8", "kv:int", 2, 4, [0], {"key": 8, "value": 8}, {0: 16}, residual=8)
+        >>> # whole forwards: 10 + 10; 12 prefilled: 8 keys and 4 values at 10/12 each, the rest 2 × 8
+        >>> q.layer_bytes_per_token(0), q.layer_bytes_per_token(0, prefill=12)
+        (20, 26)
+        """
         del layer  # every layer of a supported model has the same C
         ck, cv = self.channels["key"], self.channels["value"]
-        if self.method == "kv:int":
-            n = self.group
-            total = ck * self.bits / 8 + 4 * ck / n + cv * self.bits / 8 + 4 * math.ceil(cv / n)
-        else:
-            total = (ck // self.group + cv // self.group) * self.bits / 8
-        return _number(total)
+        if self.method != "kv:int":
+            return _number((ck // self.group + cv // self.group) * self.bits / 8)
+        n = self.group
+        keys, values = ck * self.bits / 8 + 4 * ck / n, cv * self.bits / 8 + 4 * math.ceil(cv / n)
+        if not prefill:
+            return _number(keys + values)
+        r = self.residual or n
+        kept_k, kept_v = (prefill % r) / prefill, min(prefill, r) / prefill  # shares kept exact
+        return _number(
+            (1 - kept_k) * keys + kept_k * exact * ck + (1 - kept_v) * values + kept_v * exact * cv
+        )
 
     def kv_bytes_per_token(self, dtype: torch.dtype = torch.bfloat16) -> float:
         """K/V bytes per token of the whole model: quantized layers as above, the others in ``dtype``."""

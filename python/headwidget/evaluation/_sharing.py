@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -99,11 +100,18 @@ def mixed_attention_blocker(model: nn.Module, groups: Sequence[Sequence[int]]) -
                 alike.setdefault(kind, []).append(layer)
             where = "; ".join(f"{kind}: {_layer_runs(layers)}" for kind, layers in alike.items())
             first, other = group[0], differ[0]
-            return (
+            said = (
                 f"layers {first} and {other} attend differently ({inside[first]}, {inside[other]}): a "
                 "sliding-window layer caches only its last tokens, so the group's caches would hold "
-                "different tokens; group only adjacent layers that attend alike, with a mixed spec naming "
-                f"them ({where})"
+                "different tokens; "
+            )
+            if all(a != b for a, b in pairwise(kinds)):
+                return said + (
+                    f"here no two adjacent layers attend alike ({where}), so no group of two or more can "
+                    "be formed (xkv:r/1 compresses each layer's cache alone)"
+                )
+            return said + (
+                f"group only adjacent layers that attend alike, with a mixed spec naming them ({where})"
             )
     return None
 
