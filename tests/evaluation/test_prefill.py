@@ -126,18 +126,39 @@ def test_a_prefill_shorter_than_a_kv_int_group_is_kept_exact(llama: torch.nn.Mod
     assert not math.isclose(whole.nll[spec], whole.nll["model"], abs_tol=1e-6)
 
 
-def test_per_layer_cells_replay_both_forwards(llama: torch.nn.Module) -> None:
+def sliding_gemma() -> torch.nn.Module:
+    """A float64 Gemma 2 whose layers alternate a sliding window of 4 tokens and full attention."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+    )
+    return Gemma2ForCausalLM(config).eval().to(F64)
+
+
+@pytest.mark.parametrize("family", ["llama", "sliding-window gemma"])
+def test_per_layer_cells_replay_both_forwards(llama: torch.nn.Module, family: str) -> None:
     """Each per-layer cell (layers before it replayed in the prefill and in the scored forward) equals
-    the whole-model evaluation of that layer alone."""
+    the whole-model evaluation of that layer alone; also where sliding-window layers cache fewer tokens
+    than the prefill (the replayed layers' stand-in caches hold what theirs would)."""
+    model = llama if family == "llama" else sliding_gemma()
     x = ids(rows=3)
     specs = ["mqa", "kv:int2/g4"]
     report = headwidget.evaluate(
-        llama, x, ["model", *specs], protocol="prefill:6", dtype=F64, progress=False, per_layer=True
+        model, x, ["model", *specs], protocol="prefill:6", dtype=F64, progress=False, per_layer=True
     )
     for spec in specs:
         for layer in range(3):
             alone = f"{spec}@{layer}"
-            one = headwidget.evaluate(llama, x, [alone], protocol="prefill:6", dtype=F64, progress=False)
+            one = headwidget.evaluate(model, x, [alone], protocol="prefill:6", dtype=F64, progress=False)
             assert report.per_layer[spec][layer] == pytest.approx(
                 one.nll[alone] - report.nll["model"], abs=1e-12
             )

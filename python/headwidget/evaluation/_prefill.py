@@ -89,12 +89,17 @@ def prefill_batches(batches: list[Batch], prefill: int, *, batch_size: int | Non
 
 def _stand_ins(cache: Any, rows: int, length: int, dtype: torch.dtype, device: torch.device) -> None:
     """Give every layer of ``cache`` the prefill did not reach a never-read stand-in of ``length`` tokens
-    (one zero, expanded: no memory)."""
+    (one zero, expanded: no memory); a sliding-window layer's holds what its cache would, the last
+    ``window − 1`` of them, and counts all ``length`` as seen."""
     for entry in getattr(cache, "layers", []):
         if not getattr(entry, "is_initialized", True) or entry.keys is None or entry.keys.numel() == 0:
-            stand_in = torch.zeros((), dtype=dtype, device=device).expand(rows, 1, length, 1)
+            window = getattr(entry, "sliding_window", None)
+            held = length if not window else min(length, int(window) - 1)
+            stand_in = torch.zeros((), dtype=dtype, device=device).expand(rows, 1, held, 1)
             entry.keys, entry.values = stand_in, stand_in
             entry.is_initialized = True
+            if hasattr(entry, "cumulative_length"):
+                entry.cumulative_length = length
 
 
 @dataclass(frozen=True)
