@@ -373,3 +373,23 @@ def three_layer_llama(seed: int) -> nn.Module:
         num_key_value_heads=2,
     )
     return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
+def sliding_window_gemma2(layer_types: list[str], dtype: torch.dtype = torch.float64) -> nn.Module:
+    """A Gemma 2 of ``len(layer_types)`` layers, each ``"sliding_attention"`` (a window of 4 tokens) or
+    ``"full_attention"``: caches of different lengths in one model."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=4,
+        layer_types=layer_types,
+    )
+    return Gemma2ForCausalLM(config).eval().to(dtype)

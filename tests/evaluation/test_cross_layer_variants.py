@@ -21,7 +21,7 @@ from headwidget.errors import (
     VariantSaveError,
 )
 from healing_cases import held_out, small_heal
-from tiny_models import record_attention_inputs, reference_kv, three_layer_llama
+from tiny_models import record_attention_inputs, reference_kv, sliding_window_gemma2, three_layer_llama
 
 F64 = torch.float64
 P = 8
@@ -378,23 +378,12 @@ def test_a_padded_prefill_is_refused_before_the_forward(llama: torch.nn.Module) 
         assert generated.shape == (2, 19)
 
 
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
 def sliding_then_full(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A Gemma 2 whose layers 0–1 attend through a sliding window of 4 tokens and 2–3 to every token."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    config = Gemma2Config(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        sliding_window=4,
-        layer_types=["sliding_attention"] * 2 + ["full_attention"] * 2,
-    )
-    torch.manual_seed(0)
-    return Gemma2ForCausalLM(config).eval().to(dtype)
+    return sliding_window_gemma2([SLIDING, SLIDING, FULL, FULL], dtype)
 
 
 def test_layers_that_attend_differently_are_not_grouped() -> None:
@@ -408,8 +397,7 @@ def test_layers_that_attend_differently_are_not_grouped() -> None:
             headwidget.evaluate(model, x, [spec], protocol="prefill:8", progress=False)
         assert "sliding_attention: 0-1; full_attention: 2-3" in str(err.value)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-    alternating = sliding_then_full()
-    alternating.config.layer_types = ["sliding_attention", "full_attention"] * 2
+    alternating = sliding_window_gemma2([SLIDING, FULL] * 2, torch.float32)
     with pytest.raises(UnsupportedConversionError, match=r"no two adjacent layers attend alike .*xkv:r/1"):
         headwidget.evaluate(alternating, x, ["share:2"], progress=False)
     report = headwidget.evaluate(model, x, ["share:2", "xkv:2/2"], protocol="prefill:8", progress=False)

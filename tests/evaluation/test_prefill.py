@@ -15,7 +15,7 @@ from headwidget.capture.inputs import Batch
 from headwidget.errors import ArgumentError, EvaluationInputError, UnsupportedConversionError
 from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
-from tiny_models import make_model, ragged_batches, three_layer_llama
+from tiny_models import make_model, ragged_batches, sliding_window_gemma2, three_layer_llama
 
 F64 = torch.float64
 P = 6
@@ -126,30 +126,13 @@ def test_a_prefill_shorter_than_a_kv_int_group_is_kept_exact(llama: torch.nn.Mod
     assert not math.isclose(whole.nll[spec], whole.nll["model"], abs_tol=1e-6)
 
 
-def sliding_gemma() -> torch.nn.Module:
-    """A float64 Gemma 2 whose layers alternate a sliding window of 4 tokens and full attention."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Gemma2Config(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        sliding_window=4,
-    )
-    return Gemma2ForCausalLM(config).eval().to(F64)
-
-
 @pytest.mark.parametrize("family", ["llama", "sliding-window gemma"])
 def test_per_layer_cells_replay_both_forwards(llama: torch.nn.Module, family: str) -> None:
     """Each per-layer cell (layers before it replayed in the prefill and in the scored forward) equals
     the whole-model evaluation of that layer alone; also where sliding-window layers cache fewer tokens
     than the prefill (the replayed layers' stand-in caches hold what theirs would)."""
-    model = llama if family == "llama" else sliding_gemma()
+    alternating = ["sliding_attention", "full_attention", "sliding_attention"]
+    model = llama if family == "llama" else sliding_window_gemma2(alternating)
     x = ids(rows=3)
     specs = ["mqa", "kv:int2/g4"]
     report = headwidget.evaluate(
