@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,18 +34,11 @@ from headwidget.evaluation._outputs import OutputRunner
 from headwidget.evaluation._prefill import PrefillRunner, prefill_batches
 from headwidget.texts import english_sample
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from capture_gpu import _seconds  # a call's seconds, the device synchronised around it
+
 CROSS_TARGET = 1.3
 PREFILL_TARGET = 1.2
-
-
-def _seconds(fn: Callable[[], object], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
 
 
 def cross_layer_ratio(
