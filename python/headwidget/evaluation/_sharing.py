@@ -41,6 +41,7 @@ from torch import nn
 
 from headwidget.adapters import adapter_for
 from headwidget.adapters.attention_calls import transform_attention_kv
+from headwidget.analysis.variants import layer_ranges
 from headwidget.errors import UnsupportedConversionError
 from headwidget.evaluation._forwards import PartsForward
 
@@ -98,7 +99,7 @@ def mixed_attention_blocker(model: nn.Module, groups: Sequence[Sequence[int]]) -
             alike: dict[str, list[int]] = {}
             for layer, kind in enumerate(kinds):
                 alike.setdefault(kind, []).append(layer)
-            where = "; ".join(f"{kind}: {_layer_runs(layers)}" for kind, layers in alike.items())
+            where = "; ".join(f"{kind}: {layer_ranges(layers)}" for kind, layers in alike.items())
             first, other = group[0], differ[0]
             said = (
                 f"layers {first} and {other} attend differently ({inside[first]}, {inside[other]}): a "
@@ -114,17 +115,6 @@ def mixed_attention_blocker(model: nn.Module, groups: Sequence[Sequence[int]]) -
                 f"group only adjacent layers that attend alike, with a mixed spec naming them ({where})"
             )
     return None
-
-
-def _layer_runs(layers: Sequence[int]) -> str:
-    """Layers as ranges of adjacent ones: ``0-3,8``."""
-    runs: list[list[int]] = []
-    for layer in layers:
-        if runs and layer == runs[-1][-1] + 1:
-            runs[-1].append(layer)
-        else:
-            runs.append([layer])
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 @dataclass(frozen=True)
