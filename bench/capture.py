@@ -266,6 +266,7 @@ def _cross_layer_floor(model: torch.nn.Module, tokens: int, base: float) -> None
     print(f"  the products alone at the route's rate ({rate / 1e9:.0f} GFLOP/s): {flops / rate:.3f} s")
     print(
         f"  → capture with ÷ without ≥ {(base + touch + fold) / base:.3f} (touch + folds), "
+        f"≥ {(base + fold) / base:.3f} (the folds alone, nothing touched), "
         f"≥ {(base + flops / rate) / base:.3f} (products alone)"
     )
 
