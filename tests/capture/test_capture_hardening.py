@@ -343,6 +343,31 @@ def test_long_text_keeps_the_tokens_whole_text_tokenization_keeps(which, cut, lo
         tokenizer.truncation_side = side
 
 
+def test_a_left_padded_batch_cut_at_max_length_keeps_the_first_real_tokens_of_each_row():
+    """Rows of 7 to 13 tokens, padded left, cut at 8 columns: each keeps its first 8 real tokens (as
+    the same rows padded right do), and the statistics equal those of the rows cut by hand."""
+    model = make_model("llama_gqa")
+    right = ragged_batches(seed=2)
+    left, by_hand = [], []
+    for b in right:
+        ids, mask = b["input_ids"], b["attention_mask"]
+        n = mask.sum(1)
+        shifted = [torch.roll(row, int(ids.shape[1] - k)) for row, k in zip(ids, n, strict=True)]
+        left.append({"input_ids": torch.stack(shifted), "attention_mask": mask.flip(1)})
+        by_hand.append({"input_ids": ids[:, :8], "attention_mask": mask[:, :8]})  # (real tokens first)
+    stats = {
+        name: headwidget.capture(model, batches, max_length=8, progress=False)
+        for name, batches in (("left", left), ("right", right), ("by hand", by_hand))
+    }
+    kept = int(sum(b["attention_mask"].sum() for b in by_hand))
+    assert stats["left"].tokens == stats["right"].tokens == stats["by hand"].tokens == kept
+    for name in ("left", "right"):
+        for layer in range(2):
+            ours, want = stats[name].moments(layer, "value"), stats["by hand"].moments(layer, "value")
+            assert torch.allclose(ours.m2, want.m2, rtol=1e-5, atol=1e-6), (name, layer)
+            assert torch.allclose(ours.mean, want.mean, rtol=1e-6, atol=1e-7), (name, layer)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["minilm", "smollm2"])
 def test_long_and_short_texts_in_one_batch_keep_their_tokens(which, long_texts, request):

@@ -105,6 +105,32 @@ def test_left_padding_gives_the_numbers_of_right_padding(llama, batches) -> None
         assert left.top1[spec] == right.top1[spec]
 
 
+def first_real(batches: list[dict], length: int) -> list[dict]:
+    """Each row's first ``length`` real tokens, right-padded to ``length`` columns (cut by hand)."""
+    out = []
+    for b in batches:
+        ids = torch.zeros(b["input_ids"].shape[0], length, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, (row, real) in enumerate(zip(b["input_ids"], b["attention_mask"].bool(), strict=True)):
+            kept = row[real][:length]
+            ids[i, : len(kept)], mask[i, : len(kept)] = kept, 1
+        out.append({"input_ids": ids, "attention_mask": mask})
+    return out
+
+
+@pytest.mark.parametrize("protocol", ["documents", "prefill:3"])
+def test_max_length_keeps_each_rows_first_real_tokens_padded_left_or_right(llama, batches, protocol) -> None:
+    """Rows of 7 to 13 tokens cut at 8 columns: a left-padded row keeps its first 8 real tokens, as a
+    right-padded one does (a cut by column kept a left-padded row's padding and lost real tokens)."""
+    options = {"max_length": 8, "protocol": protocol, "dtype": F64, "progress": False}
+    by_hand = evaluate(llama, first_real(batches, 8), ["model", "mqa"], **options)
+    for padded in (batches, left_padded(batches)):
+        cut = evaluate(llama, padded, ["model", "mqa"], **options)
+        assert cut.tokens == by_hand.tokens and cut.sequences == by_hand.sequences
+        for spec in ("model", "mqa"):
+            assert cut.nll[spec] == pytest.approx(by_hand.nll[spec], rel=1e-12)
+
+
 @pytest.mark.parametrize("name", ["llama_gqa", "gpt2", "falcon_new", "gpt_neox", "bigcode_mha"])
 def test_per_layer_delta_equals_a_full_forward_with_that_layer_replaced(name: str) -> None:
     model = make_model(name)

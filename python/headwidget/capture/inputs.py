@@ -305,11 +305,31 @@ def _checked_mapping(i: int, item: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def _first_columns(
+    ids: torch.Tensor, mask: torch.Tensor, max_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of a dict batch cut to ``max_length`` columns from its first real token (the last
+    ``max_length`` columns where fewer remain): a row padded on the left keeps its first ``max_length``
+    real tokens, as one padded on the right does (a cut at column ``max_length`` would keep its padding
+    and lose real tokens).
+
+    >>> ids = torch.tensor([[1, 2, 3, 4], [0, 0, 5, 6], [0, 7, 8, 9], [0, 0, 0, 5]])
+    >>> [t.tolist() for t in _first_columns(ids, (ids > 0).long(), 2)]
+    [[[1, 2], [5, 6], [7, 8], [0, 5]], [[1, 1], [1, 1], [1, 1], [0, 1]]]
+    """
+    width = int(ids.shape[1])
+    if width <= max_length:
+        return ids, mask
+    real = mask.bool()
+    first = torch.where(real.any(1), real.int().argmax(1), 0)  # (argmax: the first real column)
+    index = first.clamp(max=width - max_length).unsqueeze(1) + torch.arange(max_length, device=ids.device)
+    return ids.gather(1, index), mask.gather(1, index)
+
+
 def _from_mappings(batches: Iterable[Any], batch_size: int, max_length: int) -> Iterator[Batch]:
     for i, item in enumerate(batches):
         ids, mask = _checked_mapping(i, item)
-        ids = ids[:, :max_length].long().cpu()
-        mask = mask[:, :max_length].long().cpu()
+        ids, mask = _first_columns(ids.long().cpu(), mask.long().cpu(), max_length)
         for start in range(0, ids.shape[0], batch_size):
             yield Batch(ids[start : start + batch_size], mask[start : start + batch_size])
 
@@ -348,7 +368,8 @@ def first_tokens(batches: list[Batch], max_tokens: int | None) -> list[Batch]:
 def iter_batches(
     texts: Any, tokenizer: Any = None, *, batch_size: int = 8, max_length: int = 512
 ) -> Iterator[Batch]:
-    """Batches of at most ``batch_size`` rows and ``max_length`` positions.
+    """Batches of at most ``batch_size`` rows and ``max_length`` positions (each text, or each row of a
+    dict batch whether padded on the left or the right, keeps its first ``max_length`` tokens).
 
     ``texts`` is a string, a list of strings, a LongTensor of ids, or an iterable of dict batches
     (a dict batch with more rows is split).
