@@ -4,6 +4,7 @@ every number equal to evaluate's."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import warnings
@@ -116,6 +117,76 @@ def test_bad_spans_are_refused() -> None:
         choose_spans([Span(1, 2, 0.0, 1)], 2, 10)
     with pytest.raises(BudgetError, match=r"finite"):
         choose_spans([Span(0, 1, math.nan, 1)], 1, 10)
+
+
+def exact_least(
+    choices: list[list[int]], damage: list[float], exact: list[Fraction], budget: Fraction
+) -> Fraction:
+    """The least damage of the ``choices`` (each a list of option indices) whose ``exact`` cost is within
+    ``budget``."""
+    return min(sum(Fraction(damage[i]) for i in c) for c in choices if sum(exact[i] for i in c) <= budget)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_costs_that_are_thirds_fifths_or_sevenths_are_solved_exactly(seed: int) -> None:
+    """Bytes per token such as r·C/P over P = 24 prefilled tokens are not binary fractions: at a budget
+    equal to any choice's exact cost (given as the nearest float), that choice is within reach and the
+    least damage is found (read on a grid of 1/8 byte, rounded up, such a budget could refuse or miss
+    it). Spans, and options of one layer each for the per-layer knapsack."""
+    rng = random.Random(200 + seed)
+    num_layers = rng.randint(1, 5)
+    spans, exact = [], []
+    for start in range(num_layers):
+        for length in (1, 1, 2, 3):
+            if start + length <= num_layers and (length == 1 or rng.random() < 0.6):
+                cost = Fraction(rng.randint(0, 60), rng.choice([3, 5, 7, 24]))
+                spans.append(Span(start, length, rng.randint(0, 40) / 16, float(cost)))
+                exact.append(cost)
+    damage = [x.damage for x in spans]
+    choices = covers(spans, num_layers)
+    for total in {sum(exact[i] for i in c) for c in choices}:
+        got = choose_spans(spans, num_layers, float(total))
+        assert sum(exact[i] for i in got) <= total
+        assert sum(Fraction(damage[i]) for i in got) == exact_least(choices, damage, exact, total)
+    rows = [
+        [i for i, x in enumerate(spans) if x.start == layer and x.length == 1] for layer in range(num_layers)
+    ]
+    per_layer = [list(c) for c in itertools.product(*rows)]
+    for total in {sum(exact[i] for i in c) for c in per_layer}:
+        picked = choose_per_layer(
+            [[damage[i] for i in row] for row in rows],
+            [[spans[i].cost for i in row] for row in rows],
+            float(total),
+        )
+        got = [row[o] for row, o in zip(rows, picked, strict=True)]
+        assert sum(exact[i] for i in got) <= total
+        assert sum(Fraction(damage[i]) for i in got) == exact_least(per_layer, damage, exact, total)
+
+
+def test_a_budget_equal_to_the_cheapest_choice_is_not_refused_for_a_float_above_it() -> None:
+    """Three layers at 116/3 bytes each (4-bit keys in groups of 48 channels), each given as a float one
+    unit in the last place above 116/3, as a float sum of byte counts can be: a budget of 116 reaches
+    them (read as binary fractions, their sum is over 116)."""
+    third = math.nextafter(116 / 3, math.inf)
+    assert 3 * Fraction(third) > 116
+    assert choose_per_layer([[0.0, 1.0]] * 3, [[512.0, third]] * 3, 116) == [1, 1, 1]
+    assert choose_spans([Span(layer, 1, 0.0, third) for layer in range(3)], 3, 116) == [0, 1, 2]
+
+
+def test_costs_too_fine_to_read_exactly_are_read_on_a_grid_of_an_eighth_of_a_byte() -> None:
+    """Costs whose common denominator is too large for exact units (here 1/65521 and 1/65519 of a byte,
+    primes) are read rounded up to a multiple of 1/8 and the budget rounded down: the choice never
+    exceeds the budget, and is the least damage among the choices whose rounded costs fit; a budget
+    that reaches none once rounded says so."""
+    fine = [9 + Fraction(1, 65521), 5 + Fraction(1, 65519)]
+    spans = [Span(0, 1, 0.0, float(fine[0])), Span(0, 1, 1.0, 2.0), Span(1, 1, 0.0, float(fine[1]))]
+    spans += [Span(1, 1, 0.5, 3.0), Span(0, 2, 0.25, 12.0)]
+    rounded = [Span(x.start, x.length, x.damage, math.ceil(x.cost * 8) / 8) for x in spans]
+    # rounded up: 9.125, 2, 5.125, 3 and 12; the budget rounded down to a multiple of 1/8
+    for budget, on_grid, want in ((14.2, 14.125, [4]), (14.3, 14.25, [0, 2]), (12.0, 12.0, [4])):
+        assert choose_spans(spans, 2, budget) == brute_force(rounded, 2, on_grid) == want
+    with pytest.raises(BudgetError, match=r"reaches no choice once the costs are read rounded up"):
+        choose_per_layer([[0.0], [0.0]], [[float(fine[0])], [float(fine[1])]], float(sum(fine)) + 0.01)
 
 
 # ------------------------------------------------------------------------------ allocate with groups
@@ -388,3 +459,47 @@ def test_an_xkv_candidate_covers_a_layer_left_over_as_evaluate_does(llama, ids) 
         report.kv_bytes_per_token["xkv:4/2@2"] - other, rel=1e-12
     )
     assert alloc.damage["xkv:4/2"][2] == pytest.approx(report.kl["xkv:4/2@2"], rel=1e-9, abs=1e-13)
+
+
+def test_xkv_bytes_in_thirds_are_allocated_exactly(llama, ids) -> None:
+    """Under ``prefill:24`` an xKV basis spread over 24 tokens gives bytes per token in thirds: a budget
+    equal to the candidate's own bytes reaches it, and at a budget equal to each cover's bytes the
+    least summed damage among the covers within it is chosen (brute force over the sweep's cells, their
+    bytes read as multiples of 1/48)."""
+    protocol, options = "prefill:24", {"refine": 0, "dtype": F64, "progress": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        report = evaluate(llama, ids, ["model", "xkv:4/2"], protocol=protocol, dtype=F64, progress=False)
+        share = report.kv_bytes_per_token["xkv:4/2"] / report.kv_bytes_per_token["model"]
+        alone = allocate(llama, ids, budget=share, candidates=["xkv:4/2"], protocol=protocol, **options)
+        assert alone.kv_bytes_per_token == pytest.approx(report.kv_bytes_per_token["xkv:4/2"], rel=1e-12)
+        first = allocate(
+            llama, ids, budget=1.0, candidates=["model", "xkv:4/2"], protocol=protocol, **options
+        )
+        cells = [
+            (start, length, spec)
+            for spec in ("model", "xkv:4/2")
+            for start, length in ((0, 1), (1, 1), (2, 1), (0, 2), (1, 2))
+            if (spec == "model") == (length == 1) or (spec, start, length) == ("xkv:4/2", 2, 1)
+        ]
+        damage = {c: first.damage[c[2]][c[0]] for c in cells}
+        cost = {c: Fraction(first.layer_bytes[c[2]][c[0]]).limit_denominator(48) for c in cells}
+        assert any(x.denominator == 3 for x in cost.values())
+        spans = [Span(start, length, 0.0, 0.0) for start, length, _ in cells]
+        choices = [[cells[i] for i in c] for c in covers(spans, 3)]
+        model_bytes = report.kv_bytes_per_token["model"]
+        for total in sorted({sum(cost[c] for c in choice) for choice in choices}):
+            alloc = allocate(
+                llama,
+                ids,
+                budget=float(total) / model_bytes,
+                candidates=["model", "xkv:4/2"],
+                protocol=protocol,
+                **options,
+            )
+            chosen = [tuple(c) for c in alloc.cells]
+            least = min(
+                sum(Fraction(damage[c]) for c in ch) for ch in choices if sum(cost[c] for c in ch) <= total
+            )
+            assert sum(cost[c] for c in chosen) <= total
+            assert alloc.rounds[0].predicted == pytest.approx(float(least), rel=1e-12, abs=1e-15)

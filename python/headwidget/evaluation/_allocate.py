@@ -13,20 +13,21 @@ Method:
    (:class:`~headwidget.evaluation._plan.VariantPlan`: a ``share`` reader's are 0, a merge's count the
    retention its sweep saw, an xKV basis is spread over the P prefill tokens).
 2. **Solve.** The least summed damage whose summed bytes are within the budget, exactly: with per-layer
-   candidates only, the multiple-choice knapsack
-   (:func:`~headwidget.analysis.allocation.choose_per_layer`, one candidate per layer); with cross-layer
-   ones, the cells that cover every layer once (:func:`~headwidget.analysis.allocation.choose_spans`):
-   a dynamic programme over layer positions whose state is the first layer not yet covered and the
-   bytes spent — a per-layer cell moves it on by one layer, a group by ``g``, so a group's readers never
-   need a state of their own (bytes read on a grid of 1/8 byte, rounded up: a merge's are any
-   fraction). The sum is a prediction: damage is not additive, so the chosen mixed spec is then
-   **measured** whole on ``texts`` (one evaluation), and so is every uniform candidate within the budget
-   (a cross-layer one in groups from layer 0, a layer left over under its within-layer conversion when
-   that is a candidate; xKV's as its own spec does, the layers left over a shorter group, which is
-   also a cell of the sweep): one that measures better becomes the allocation (a round of its own in
-   ``rounds``), so on ``texts`` an allocation is never worse than the best uniform candidate it could
-   have been. A measured allocation whose bytes exceed the budget (a merge that retained more states
-   than in its sweep) is solved again with the budget lowered by the excess, up to 4 times.
+   candidates only, the multiple-choice knapsack (:func:`~headwidget.analysis.allocation.choose_per_layer`,
+   one candidate per layer); with cross-layer ones, the cells that cover every layer once
+   (:func:`~headwidget.analysis.allocation.choose_spans`): a dynamic programme over layer positions whose
+   state is the first layer not yet covered and the bytes spent — a per-layer cell moves it on by one
+   layer, a group by ``g``, so a group's readers never need a state of their own. Bytes are read as the
+   fractions they stand for (an xKV basis spread over P tokens: r·C/P); where their common step is too fine
+   (a merge's count the share of tokens it retained), on a grid of 1/8 byte, rounded up
+   (:mod:`headwidget.analysis.allocation`). The sum is a prediction: damage is not additive, so the chosen
+   mixed spec is then **measured** whole on ``texts`` (one evaluation), and so is every uniform candidate
+   within the budget (a cross-layer one in groups from layer 0, a layer left over under its within-layer
+   conversion when that is a candidate; xKV's as its own spec does, the layers left over a shorter group,
+   which is also a cell of the sweep): one that measures better becomes the allocation (a round of its own
+   in ``rounds``), so on ``texts`` an allocation is never worse than the best uniform candidate it could
+   have been. A measured allocation whose bytes exceed the budget (a merge that retained more states than
+   in its sweep) is solved again with the budget lowered by the excess, up to 4 times.
 3. **Refine** (``refine`` rounds). With the current allocation applied elsewhere, every cell is
    measured again, each as the whole model with that cell swapped in, against the original, in one
    sweep around the allocation (:func:`~headwidget.evaluation._sweep.swap_sweep`: the allocation's
@@ -76,14 +77,21 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
-from headwidget.analysis.allocation import Span, cheapest_spans, choose_per_layer, choose_spans
+from headwidget.analysis.allocation import (
+    Span,
+    cheapest_spans,
+    check_span_budget,
+    choose_per_layer,
+    choose_spans,
+    exact_bytes,
+)
 from headwidget.analysis.cross_layer import within_layer
 from headwidget.analysis.variant_fits import LayerFit
 from headwidget.analysis.variants import MixedSpec, VariantSpec, layer_ranges, parse_variant
 from headwidget.capture.inputs import Batch
 from headwidget.capture.memory import refuse_host_over_budget, refuse_over_budget
 from headwidget.checks import flag, model_with_weights, number, optional_whole_number, whole_number
-from headwidget.errors import ArgumentError, BudgetError
+from headwidget.errors import ArgumentError
 from headwidget.evaluation import running
 from headwidget.evaluation._apply import KeptFits, fit_parts
 from headwidget.evaluation._arguments import check_evaluate_arguments, check_token_ids
@@ -407,16 +415,6 @@ class _Scorer:
         return self.of(whole), {key: self.of(t) for key, t in totals.items()}
 
 
-#: The span solver reads bytes per token rounded up to a multiple of 1/BYTE_GRID (a merge's retained
-#: share and xKV's basis over P tokens make arbitrary fractions, too fine for its exact units).
-BYTE_GRID = 8
-
-
-def _on_grid(value: float) -> float:
-    """``value`` rounded up to a multiple of ``1/BYTE_GRID`` (itself when it is one)."""
-    return math.ceil(value * BYTE_GRID) / BYTE_GRID
-
-
 #: Relative slack on a measured allocation's bytes against its budget (float sums of byte counts).
 _BYTES_SLACK = 1e-12
 
@@ -437,10 +435,6 @@ class _Search:
         """Whether any cell is a cross-layer candidate's group (the span solver then chooses)."""
         return any(cell.spec in self.candidates.group for cell in self.cost)
 
-    def solver_cost(self, cell: _Cell) -> float:
-        """The bytes the solver reads: the cell's own, on the span solver's grid when it chooses."""
-        return _on_grid(self.cost[cell]) if self.grouped else self.cost[cell]
-
     def solve(self, costs: dict[_Cell, float], limit: float) -> tuple[Choice, float]:
         """The exact least-damage choice within ``limit`` bytes and its predicted (summed) damage: the
         per-layer knapsack when every cell is one layer, else the span solver."""
@@ -454,7 +448,7 @@ class _Search:
             )
             choice = tuple(_Cell(layer, 1, specs[i]) for layer, i in enumerate(picked))
         else:
-            spans = [Span(c.start, c.length, costs[c], self.solver_cost(c)) for c in options]
+            spans = [Span(c.start, c.length, costs[c], self.cost[c]) for c in options]
             choice = tuple(options[i] for i in choose_spans(spans, self.candidates.num_layers, limit))
         return choice, math.fsum(costs[cell] for cell in choice)
 
@@ -473,7 +467,7 @@ class _Search:
             return r.kv_bytes_per_token <= limit * (1 + _BYTES_SLACK)
 
         least = cheapest_spans(
-            [Span(c.start, c.length, 0.0, self.solver_cost(c)) for c in self.cost], self.candidates.num_layers
+            [Span(c.start, c.length, 0.0, self.cost[c]) for c in self.cost], self.candidates.num_layers
         )
         lowered = limit
         for _ in range(_RESOLVES):  # a merge may retain more than in its sweep: solved again below the budget
@@ -488,7 +482,7 @@ class _Search:
             uniform = self.candidates.uniform(spec)
             if uniform is None or any(uniform == c for _, c in tried):
                 continue
-            if math.fsum(self.cost[cell] for cell in uniform) > limit:
+            if exact_bytes(math.fsum(self.cost[cell] for cell in uniform)) > exact_bytes(limit):
                 continue
             candidate = self.measured(uniform, math.fsum(self.damage[cell] for cell in uniform))
             if fits(candidate) and (best is None or candidate.measured < best[0].measured):
@@ -845,8 +839,7 @@ def allocate_frontier(
         return math.fsum(plan.layer_bytes(dtype, reading.prefill)[cell.start : cell.stop])
 
     limits = [_budget_bytes(b, model_bytes) for b in budgets]
-    grid = _on_grid if len(groups) else float  # the span solver's bytes (module docstring)
-    _check_cover(fitted, [Span(c.start, c.length, 0.0, grid(cell_bytes(c))) for c in options], limits)
+    _check_cover(fitted, [Span(c.start, c.length, 0.0, cell_bytes(c)) for c in options], limits)
     cells: dict[str, dict[int, LayerFit | KVQuantizer | GroupCell | None]] = {
         s: {layer: plan.cell(layer) for layer in layers} for s, plan in plans.items()
     }
@@ -916,15 +909,11 @@ def _check_cover(candidates: _Candidates, spans: list[Span], limits: list[float]
     """Refuse candidates that cannot cover every layer, and a budget below the cheapest cover (a merge
     counted with nothing retained, its least), before any forward."""
     try:
-        least = cheapest_spans(spans, candidates.num_layers)
+        cheapest_spans(spans, candidates.num_layers)
     except ValueError:
         raise ArgumentError(
             f"the candidates {candidates.specs} cannot cover all {candidates.num_layers} layers (their "
             "groups leave a layer over); add a per-layer candidate such as 'model'"
         ) from None
     for limit in limits:
-        if limit < least:
-            raise BudgetError(
-                f"a budget of {limit:g} bytes per token is below the cheapest choice, {least:g} (the "
-                "cheapest candidate at every layer or group); raise the budget or add a cheaper candidate"
-            )
+        check_span_budget(spans, candidates.num_layers, limit)
