@@ -108,7 +108,8 @@ def check_budget(cost: Sequence[Sequence[float]], budget: float) -> None:
     Traceback (most recent call last):
     ...
     headwidget.errors.BudgetError: a budget of 2.5 bytes per token is below the cheapest choice, 3 ...
-    >>> check_budget([[116 / 3]] * 3, 116)  # (the float sum of the three is 116.00000000000001)
+    >>> import math
+    >>> check_budget([[math.nextafter(116 / 3, 117)]] * 3, 116)  # (each a unit in the last place over)
     """
     _refuse_below(budget, sum((exact_bytes(min(row)) for row in cost), Fraction(0)), "layer")
 
@@ -151,7 +152,7 @@ def _unreached(budget: float) -> BudgetError:
     return BudgetError(
         f"a budget of {budget:g} bytes per token reaches no choice once the costs are read rounded up to "
         f"a multiple of 1/{BYTE_GRID} byte (their common step is too fine to be read exactly at this "
-        "budget); raise the budget by a byte per layer"
+        "budget); raise the budget by 1/{BYTE_GRID} byte per layer"
     )
 
 
