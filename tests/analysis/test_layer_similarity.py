@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import headwidget
 from gram_routes import onednn_route
@@ -57,6 +58,49 @@ def test_subspace_equals_brute_force(run: dict, kind: str, r: int) -> None:
     got = layer_similarity(run["stats"], kind, "subspace", r=r)
     np.testing.assert_allclose(got, want, atol=1e-7)
     np.testing.assert_allclose(np.diagonal(got), 1.0, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_subspace_counts_directions_a_layer_lacks_as_no_overlap(dtype: torch.dtype) -> None:
+    """Values of 2 heads × 16 channels fed by a hidden size of 16 span 16 of their 32 dimensions: at
+    r = 20, 24 and 32 a layer scores 16/r against itself, and every entry is the brute force's with the
+    zero singular values left out (the rounding of the captured Grams once gave those directions
+    weight: 1.046 for a layer against itself at r = 24)."""
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    ids = torch.randint(0, 96, (2, 100), generator=torch.Generator().manual_seed(1))
+    values: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    hooks = [
+        layer.self_attn.v_proj.register_forward_hook(
+            lambda _m, _a, out, i=i: values[i].append(out.detach().double().reshape(-1, 32).numpy())
+        )
+        for i, layer in enumerate(model.model.layers)
+    ]
+    with torch.no_grad():
+        model(input_ids=ids)
+    for hook in hooks:
+        hook.remove()
+    stats = headwidget.capture(model, ids, cross_layer=True, progress=False)
+    bases = []
+    for i in (0, 1):
+        u, sigma, _ = np.linalg.svd(np.concatenate(values[i]), full_matrices=False)
+        rank = int((sigma > sigma[0] * 1e-5).sum())
+        assert rank == 16
+        bases.append(u[:, :rank])
+    for r in (20, 24, 32):
+        want = np.array([[np.sum((a[:, :r].T @ b[:, :r]) ** 2) / r for b in bases] for a in bases])
+        got = layer_similarity(stats, "value", "subspace", r=r)
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        np.testing.assert_allclose(np.diagonal(got), 16 / r, atol=1e-9)
 
 
 def unit_heads(x: np.ndarray, head_dim: int) -> np.ndarray:

@@ -22,7 +22,14 @@
   Computed exactly from the uncentred C × C Grams: ``U_a = X_a V_a Σ_a⁻¹``, so
   ``U_aᵀU_b = Σ_a⁻¹ V_aᵀ (X_aᵀX_b) V_b Σ_b⁻¹``. Deviations from the notebook: the tokens are every
   captured token pooled (the notebook takes one sequence), and the SVD is exact (it uses the randomized
-  ``torch.svd_lowrank``). A singular vector of a zero singular value counts as no overlap.
+  ``torch.svd_lowrank``). A singular vector of a zero singular value counts as no overlap, and so does
+  one whose eigenvalue in the layer's Gram is below ``λ_max·ε`` (ε float32's unit roundoff for a
+  float32, bfloat16 or float16 capture, whose Grams are summed in float32; ``C`` times float64's for a
+  float64 one), where rounding leaves the zero eigenvalues: a layer whose tokens span fewer than ``r``
+  dimensions (more channels than the hidden size feeding them, or fewer tokens than channels) scores its
+  rank over ``r`` against itself. (SmolLM2's values over 120 tokens, float32: the 72 zero eigenvalues
+  at most 9e-9·λ_max, the least of the 120 others 6e-5·λ_max; its keys over 1,024 tokens: the least
+  1.5e-7·λ_max, as a float64 capture has it to 1e-4.)
 
 **Memory.** The joint statistics of ``n`` cross layers of C channels hold three (n·C)² float64
 matrices per kind (:func:`cross_layer_bytes`), and folding one batch into them forms its (n·C)² Gram
@@ -133,7 +140,7 @@ def _cka(moments: Moments, width: int, positions: list[int]) -> np.ndarray:
     return out.numpy()
 
 
-def _subspace(moments: Moments, width: int, positions: list[int], rank: int) -> np.ndarray:
+def _subspace(moments: Moments, width: int, positions: list[int], rank: int, eps: float) -> np.ndarray:
     n = len(positions)
     mean = moments.mean.to(F64)
     count = moments.count
@@ -143,8 +150,9 @@ def _subspace(moments: Moments, width: int, positions: list[int], rank: int) -> 
         block = slice(p * width, (p + 1) * width)
         gram = moments.m2[block, block].to(F64) + count * torch.outer(mean[block], mean[block])
         values, vectors = torch.linalg.eigh(gram)
-        top = values.flip(0)[:rank].clamp_min(0)
-        sigma = torch.sqrt(top)
+        top = values.flip(0)[:rank]
+        floor = values[-1].clamp_min(0) * max(eps, width * torch.finfo(F64).eps)  # (rounding: zero)
+        sigma = torch.sqrt(torch.where(top > floor, top, 0.0))
         inverse = torch.where(sigma > 0, 1 / torch.where(sigma > 0, sigma, torch.ones_like(sigma)), 0.0)
         bases.append(inverse[:, None] * vectors.flip(1)[:, :rank].T)
     stacked = torch.stack(bases)  # (n, r, C)
@@ -158,6 +166,12 @@ def _subspace(moments: Moments, width: int, positions: list[int], rank: int) -> 
         cross = torch.einsum("rnc,nsc->nrs", left, stacked)  # U_aᵀ U_b
         out[a] = (cross * cross).sum((1, 2)).cpu() / rank
     return ((out + out.T) / 2).numpy()  # ‖U_aᵀU_b‖ = ‖U_bᵀU_a‖: equal up to rounding
+
+
+def _gram_eps(stats: KVStats) -> float:
+    """The unit roundoff of the captured Grams: float64's for a float64 capture, else float32's (the
+    products of float32, bfloat16 and float16 runs are summed in float32)."""
+    return float(torch.finfo(F64 if stats.meta.dtype == "float64" else torch.float32).eps)
 
 
 def _aligned(stats: KVStats, kind: Kind, layers: list[int], heldout: bool | None) -> np.ndarray:
@@ -217,7 +231,7 @@ def layer_similarity(
                 "metric='subspace' compares the layers' top-r singular subspaces: give r (e.g. r=32)"
             )
         rank = whole_number("r", r, minimum=1, maximum=width, hint="the subspace rank")
-        return _subspace(moments, width, positions, rank)
+        return _subspace(moments, width, positions, rank, _gram_eps(stats))
     if r is not None:
         raise ArgumentError(f"r is the rank of metric='subspace'; {metric!r} takes none")
     if metric == "cka":
