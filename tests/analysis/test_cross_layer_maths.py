@@ -193,3 +193,6 @@ def test_cached_elements_per_token() -> None:
     # xKV's rank_k and rank_v: each kind by its own rank
     both = {"key": 32, "value": 48}
     assert xkv_elements({"key": 128, "value": 128}, both, 4, 1024) == (8 + 4) + (12 + 6)
+    # a rank that keeps the whole P × g·C matrix leaves that kind's cache as it is: its C
+    assert xkv_elements({"key": 128, "value": 128}, both, 4, 40) == (8 + 32 * 128 / 40) + 128
+    assert xkv_elements({"key": 8, "value": 8}, both, 4, 1024) == 16

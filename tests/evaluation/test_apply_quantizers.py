@@ -185,6 +185,20 @@ def test_generate_runs_the_quantized_model(llama) -> None:
     assert int(out[0, ids.shape[1]]) == int(first)
 
 
+def test_a_batch_of_unpadded_rows_generates_as_each_row_alone(llama) -> None:
+    """``generate`` drops an attention_mask of all ones and passes its cache: a forward with a cache and
+    no mask has no padding, so a batch of rows generates (it was refused as a batch without a mask),
+    each row as it does alone."""
+    variant = apply(llama, "kv:int2/g4")
+    ids = torch.randint(1, 96, (3, 9), generator=torch.Generator().manual_seed(2))
+    options = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        together = variant.generate(ids, attention_mask=torch.ones_like(ids), **options)
+        for row in range(3):
+            alone = variant.generate(ids[row : row + 1], attention_mask=torch.ones_like(ids[:1]), **options)
+            assert together[row].tolist() == alone[0].tolist()
+
+
 def test_saving_a_quantized_variant_is_refused_and_writes_nothing(llama, tmp_path) -> None:
     variant = apply(llama, "lrkv:4@0;kv:int4@1-2")
     assert "fake-quantizes its K/V while it runs (kv:int4 on layers 1, 2)" in save_blocker(variant)

@@ -439,6 +439,24 @@ def test_xkv_of_sliding_window_layers_turns_the_keys_their_caches_hold() -> None
         assert torch.equal(done.layers[i].keys, plain.layers[i].keys)
 
 
+def test_an_xkv_rank_that_keeps_the_whole_cache_counts_the_model_s_bytes(llama: torch.nn.Module) -> None:
+    """A rank at or above min(P, g·C) leaves the cache as it is: its scores and its bytes are the
+    model's (r/g + r·C/P would count 40/2 + 40·64/8 = 340 elements a token and kind, against 32);
+    a rank that keeps the keys' whole matrix and not the values' counts the keys as the model's."""
+    x = ids()
+    report = headwidget.evaluate(
+        llama, x, ["model", "xkv:40/2", "xkv:k8v3/2"], protocol=f"prefill:{P}", dtype=F64, progress=False
+    )
+    assert report.kv_bytes_per_token["xkv:40/2"] == report.kv_bytes_per_token["model"]
+    assert report.nll["xkv:40/2"] == report.nll["model"] and report.kl["xkv:40/2"] == 0.0
+    c = 2 * D_H
+    grouped = (c + (3 / 2 + 3 * c / P)) * 8  # keys whole (8 ≥ P), values at rank 3; per layer
+    alone = (c + (3 + 3 * c / P)) * 8  # layer 2 on its own SVD
+    assert report.kv_bytes_per_token["xkv:k8v3/2"] == pytest.approx(2 * grouped + alone, rel=1e-12)
+    applied = headwidget.apply(llama, "xkv:40/2").headwidget_variant
+    assert applied.kv_bytes_per_token(F64, prefill=P) == report.kv_bytes_per_token["model"]
+
+
 def test_an_applied_xkv_model_counts_its_basis_over_the_prefill_as_evaluate_does(
     llama: torch.nn.Module,
 ) -> None:

@@ -249,14 +249,21 @@ def xkv_elements(channels: dict[str, int], ranks: dict[str, int], group: int, pr
     """Cached elements per token of one layer of an xKV group of ``group`` layers: per kind, with its
     rank ``r`` (``ranks``), its share of the shared token factor ``U_r S_r`` (r/g) and, over a prefill
     of ``prefill`` tokens, its block of the basis ``V_rᵀ`` (r·C per sequence, r·C/P per token; left out
-    when ``prefill`` is None).
+    when ``prefill`` is None): the authors' count. A kind whose rank keeps its whole P × g·C matrix
+    (:func:`shared_svd_is_exact`) is left in the cache as it is, and counts its C.
 
     >>> xkv_elements({"key": 64, "value": 64}, {"key": 8, "value": 8}, 2, 128)  # 2·(8/2 + 8·64/128)
     16.0
     >>> xkv_elements({"key": 64, "value": 64}, {"key": 8, "value": 16}, 2, None)  # 8/2 + 16/2
     12.0
+    >>> xkv_elements({"key": 64, "value": 64}, {"key": 8, "value": 40}, 2, 32)  # 8/2 + 8·64/32, and 64
+    84.0
     """
-    per_token = sum(
-        ranks[kind] / group + (ranks[kind] * c / prefill if prefill else 0.0) for kind, c in channels.items()
-    )
+    per_token = 0.0
+    for kind, c in channels.items():
+        r = ranks[kind]
+        if prefill and shared_svd_is_exact(prefill, group * c, r):
+            per_token += c
+        else:
+            per_token += r / group + (r * c / prefill if prefill else 0.0)
     return float(per_token)

@@ -151,12 +151,14 @@ class AppliedVariant:
         return {layer: fit.factors for layer, fit in self.fits.items()}
 
     def layer_bytes(self, dtype: torch.dtype = torch.bfloat16, prefill: int | None = None) -> list[float]:
-        """K/V cache bytes per token of each layer: a quantized layer by its quantizer's formula, a layer
-        of a ``merge``/``xkv`` group by what its cache holds (``prefill``: the prefill length that an
-        xKV group's basis is spread over, left out for None; a merge's retention as measured so far),
-        any other by its elements in ``dtype``: as :meth:`VariantPlan.layer_bytes
-        <headwidget.evaluation._plan.VariantPlan.layer_bytes>` counts them for evaluate with the same
-        ``prefill``."""
+        """K/V cache bytes per token of each layer: a layer of a ``merge``/``xkv`` group by what its cache
+        holds (``prefill``: the prefill length that an xKV group's basis is spread over, left out for
+        None; a merge's retention as measured so far), any other by its elements in ``dtype``: as
+        :meth:`VariantPlan.layer_bytes <headwidget.evaluation._plan.VariantPlan.layer_bytes>` counts
+        them for evaluate with the same ``prefill``. A quantized layer is counted by its quantizer's
+        formula whatever ``prefill``: this model quantizes the K/V of every forward, keeping no recent
+        tokens exact (evaluate's ``prefill:P`` reads a deployed ``kv:int`` cache instead, whose KIVI
+        residual stays exact; its bytes count those tokens at full precision)."""
         size = dtype.itemsize
         by_quantizer = {layer: q for q in self.quantizers for layer in q.layers}
         by_cache = {layer: c for c in self.cache_transforms for layer in c.layers}

@@ -33,12 +33,13 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 from torch import nn
+from transformers import Cache
 
 from headwidget.adapters import Adapter, adapter_for
 from headwidget.adapters.attention_calls import transform_attention_kv
@@ -320,22 +321,25 @@ class _ForwardState:
         self.signature = signature
         self.method = method
         self.mask: torch.Tensor | None = None
+        self.cached = False
         self.seen: set[int] = set()
 
     def start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.seen = set()
-        mask = kwargs.get("attention_mask")
-        if mask is None and args:
-            try:
-                mask = self.signature.bind_partial(*args, **kwargs).arguments.get("attention_mask")
-            except TypeError:
-                mask = None
+        arguments = dict(kwargs)
+        if args:
+            with suppress(TypeError):
+                arguments = dict(self.signature.bind_partial(*args, **kwargs).arguments)
+        mask = arguments.get("attention_mask")
         self.mask = mask if isinstance(mask, torch.Tensor) else None
+        # ``generate`` passes its cache to every forward and drops an attention_mask of all ones (a
+        # padded row keeps it): a forward given a cache and no mask has no padding
+        self.cached = any(isinstance(arguments.get(name), Cache) for name in ("cache", "past_key_values"))
 
     def real_for(self, key: torch.Tensor, spec: str) -> torch.Tensor | None:
         b, _, t, _ = key.shape
         if self.mask is None:
-            if b > 1 and self.method == "kv:int":
+            if b > 1 and self.method == "kv:int" and not self.cached:
                 raise UnsupportedConversionError(
                     f"{spec}: a forward of {b} rows came without an attention_mask, so the keys' token "
                     "groups cannot tell padding from text (a padded row would quantize its real keys "
