@@ -31,6 +31,7 @@ LLaMA 2) the peak is 0.8 to 1.0 of it; ``tests/capture/test_capture_memory.py`` 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -164,15 +165,21 @@ def refuse_over_budget(
     ... # doctest: +ELLIPSIS
     Traceback (most recent call last):
     headwidget.errors.MemoryBudgetError: heal would allocate 1.00 GiB on cpu (work 1.00 GiB), over the ...
+    >>> refuse_over_budget("heal", 2**30 + 5, torch.device("cpu"), 2**30, "Heal less.")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    headwidget.errors.MemoryBudgetError: heal would allocate 1.00 GiB (5 bytes more than allowed) on cpu, ...
     """
     if allowed is None:
         allowed = max_memory if max_memory is not None else default_budget(device)
     if need > allowed:
         source = "max_memory" if max_memory is not None else default_budget_source(device)
         listed = ", ".join(f"{k} {format_bytes(v)}" for k, v in (parts or {}).items() if v) + detail
+        needed, budget = format_bytes(need), format_bytes(allowed)
+        if needed == budget:  # (over by less than the rounding shows: say by how many bytes)
+            needed += f" ({math.ceil(need - allowed):,} bytes more than allowed)"
         raise MemoryBudgetError(
-            f"{call} would allocate {format_bytes(need)} on {device}{f' ({listed})' if listed else ''}, "
-            f"over the {format_bytes(allowed)} allowed ({source}). {advice}"
+            f"{call} would allocate {needed} on {device}{f' ({listed})' if listed else ''}, "
+            f"over the {budget} allowed ({source}). {advice}"
         )
     return allowed - need
 
