@@ -343,6 +343,18 @@ def test_long_text_keeps_the_tokens_whole_text_tokenization_keeps(which, cut, lo
         tokenizer.truncation_side = side
 
 
+@pytest.mark.parametrize("cross_layer", [[1], [1, 1], [-1, 1]])
+def test_a_cross_layer_list_of_one_layer_is_refused(cross_layer):
+    """Joint statistics compare layers: a list naming one layer (once or twice, or as a negative index)
+    is refused before any work, where it was once dropped without a word."""
+    model = make_model("llama_gqa")
+    with pytest.raises(CaptureInputError, match=r"names one layer.*give two or more"):
+        headwidget.capture(model, ragged_batches(seed=2), cross_layer=cross_layer, progress=False)
+    with pytest.raises(CaptureInputError, match=r"names one layer"):
+        headwidget.estimate(model, cross_layer=cross_layer)
+    assert no_hooks(model)
+
+
 def test_a_left_padded_batch_cut_at_max_length_keeps_the_first_real_tokens_of_each_row():
     """Rows of 7 to 13 tokens, padded left, cut at 8 columns: each keeps its first 8 real tokens (as
     the same rows padded right do), and the statistics equal those of the rows cut by hand."""

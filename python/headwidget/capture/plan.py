@@ -183,7 +183,10 @@ class CapturePlan:
                     f"cross_layer {outside} are not among the captured layers {chosen}; add them to layers="
                 )
             if len(cross) < 2:
-                cross = None
+                raise CaptureInputError(
+                    f"cross_layer={list(cross_layer)} names one layer, and joint statistics compare layers: "
+                    "give two or more (or cross_layer=True for every captured layer)"
+                )
         attention = [modules[i] for i in chosen]
         taps = [adapter.taps(m)[0].module for m in attention]
         devices = [module_device(t) for t in taps]

@@ -314,8 +314,8 @@ def capture(
             with rotary embeddings, the token sums of every rotary pair's 2-norm of the queries and
             keys (:meth:`KVStats.plane_norms <headwidget.stats.KVStats.plane_norms>`), which partial
             RoPE (``rope:r``) ranks the pairs by.
-        cross_layer: layers (or ``True`` for all captured) whose heads get joint statistics, needed
-            to compare heads of different layers.
+        cross_layer: two or more layers (or ``True`` for all captured: none when one is) whose heads get
+            joint statistics, needed to compare heads of different layers.
         max_memory: bytes the capture may allocate per device — statistics, staging and fold buffers,
             one batch's working memory and the forward pass's activations, as :func:`estimate` counts
             them (default: half the free memory). Where the default groups of layers do not fit, fewer
