@@ -44,7 +44,8 @@
     made in the cell that shows it (``Tiny()``), as a view's widget is: its comm opened and its model
     and module made on the page, the floor of any first paint. The floor of this view is that widget's
     first paint plus what this view cannot leave out: the kernel's CKA of the matrices shown (timed
-    alone, in the kernel) and the page drawing its panels.
+    alone, in the kernel), computed before its widget is made as every view's panels are, and the page
+    drawing its panels.
     ``--screenshot PATH`` saves the view as JupyterLab shows it.
 
     ``--compare DIR`` runs (f) side by side with another checkout of headwidget (``npm run build``
@@ -737,8 +738,8 @@ def layer_rows(f: dict[str, Any], source: str) -> list[tuple[str, str, str, str]
             f"{made['total'] + f['kernel_cka'] + f['built']['widget']:.0f} ms",
             "",
             f"a minimal anywidget made and shown {made['total']:.0f} + the kernel's CKA of K and V alone "
-            f"{f['kernel_cka']:.0f} + this view's drawing {f['built']['widget']:.0f} ms: no view showing "
-            "these panels paints sooner on this machine",
+            f"{f['kernel_cka']:.0f} + this view's drawing {f['built']['widget']:.0f} ms: the soonest a view "
+            "computed before its widget is made (as every view is) paints these panels on this machine",
         ),
     ]
     for name, key, n in (("a new pair", "first", f["n_first"]), ("a pair again", "again", f["n_again"])):
