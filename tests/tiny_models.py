@@ -393,3 +393,33 @@ def sliding_window_gemma2(layer_types: list[str], dtype: torch.dtype = torch.flo
         layer_types=layer_types,
     )
     return Gemma2ForCausalLM(config).eval().to(dtype)
+
+
+def qk_norm_model(model_type: str) -> nn.Module:
+    """A tiny float64 Qwen3 (per-head q_norm/k_norm) or OLMo2 (q_norm/k_norm over all heads), GQA 6
+    over 2, its norms' learned scales not all one (so that the norms matter)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=VOCAB,
+        hidden_size=D,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=8,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(
+                    0.5 + 1.5 * torch.rand(norm.weight.shape, generator=gen, dtype=torch.float64)
+                )
+    return model

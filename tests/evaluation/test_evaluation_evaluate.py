@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -10,9 +11,15 @@ import torch
 from torch.nn.functional import cross_entropy
 
 import headwidget
-from headwidget.errors import EncoderMeasureError, EvaluationInputError, NonFiniteLogitsError, ReportFileError
+from headwidget.errors import (
+    EncoderMeasureError,
+    EvaluationInputError,
+    NonFiniteLogitsError,
+    ReportFileError,
+    UnsupportedConversionError,
+)
 from headwidget.evaluation import EvaluationReport, apply, evaluate
-from tiny_models import make_model, ragged_batches
+from tiny_models import make_model, qk_norm_model, ragged_batches
 
 F64 = torch.float64
 
@@ -131,6 +138,35 @@ def test_max_length_keeps_each_rows_first_real_tokens_padded_left_or_right(llama
             assert cut.nll[spec] == pytest.approx(by_hand.nll[spec], rel=1e-12)
 
 
+def test_a_key_norm_over_every_kv_head_refuses_another_head_count_before_any_forward() -> None:
+    """OLMo2's k_norm spans all its KV heads' channels: mha, gqa:1, mqa (and mqa+share:2) would leave it
+    without a norm to take, and are refused before any forward, saying what keeps its heads (they
+    raised a bare shape error after a few forwards); gqa:2, its own count, mla and share run, and
+    Qwen3's per-head norm takes mqa."""
+    olmo2, ids = (
+        qk_norm_model("olmo2"),
+        torch.randint(1, 96, (2, 12), generator=torch.Generator().manual_seed(4)),
+    )
+    forwards = []
+    hook = olmo2.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        for spec in ("mha", "gqa:1", "mqa", "mqa+share:2"):
+            with pytest.raises(
+                UnsupportedConversionError, match=r"normalises all its KV heads together.*keep its heads"
+            ):
+                evaluate(olmo2, ids, ["model", spec], dtype=F64, progress=False)
+            with pytest.raises(UnsupportedConversionError, match=r"normalises all its KV heads together"):
+                apply(olmo2, spec)
+        assert not forwards
+    finally:
+        hook.remove()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in olmo2.modules())
+    report = evaluate(olmo2, ids, ["model", "gqa:2", "mla:8", "share:2"], dtype=F64, progress=False)
+    assert report.nll["gqa:2"] == pytest.approx(report.nll["model"], rel=1e-12)
+    qwen3 = qk_norm_model("qwen3")
+    assert math.isfinite(evaluate(qwen3, ids, ["mqa"], dtype=F64, progress=False).nll["mqa"])
+
+
 @pytest.mark.parametrize("name", ["llama_gqa", "gpt2", "falcon_new", "gpt_neox", "bigcode_mha"])
 def test_per_layer_delta_equals_a_full_forward_with_that_layer_replaced(name: str) -> None:
     model = make_model(name)
@@ -195,7 +231,13 @@ def test_too_few_tokens(llama) -> None:
         evaluate(llama, [single], ["model"], progress=False)
 
 
-def test_a_non_finite_variant_names_itself_and_the_layer(llama, batches, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "advice"),
+    [(F64, r"It ran in float64, so this is not overflow"), (torch.bfloat16, r"Evaluate in a wider dtype")],
+)
+def test_a_non_finite_variant_names_itself_and_the_layer(llama, batches, monkeypatch, dtype, advice) -> None:
+    """The first layer whose output is not finite is named; a wider dtype is advised only to a run in a
+    narrow one."""
     import headwidget.evaluation._apply as ev
 
     real = ev.fits_for
@@ -208,8 +250,8 @@ def test_a_non_finite_variant_names_itself_and_the_layer(llama, batches, monkeyp
         return fits
 
     monkeypatch.setattr(ev, "fits_for", poisoned)
-    with pytest.raises(NonFiniteLogitsError, match=r"variant 'mqa' .* output of layer 1"):
-        evaluate(llama, batches, ["model", "mqa"], dtype=F64, progress=False)
+    with pytest.raises(NonFiniteLogitsError, match=rf"variant 'mqa' .* output of layer 1\. {advice}"):
+        evaluate(llama, batches, ["model", "mqa"], dtype=dtype, progress=False)
 
 
 def test_max_tokens_and_fingerprints(llama, batches) -> None:

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
 
 import headwidget
 from headwidget import KVStats
@@ -22,35 +21,10 @@ from headwidget.analysis.variant_fits import rope_keep
 from headwidget.errors import MissingStatisticsError
 from headwidget.evaluation import apply
 from headwidget.stats import PlaneNorms
-from tiny_models import VOCAB, D, make_model, ragged_batches, record_attention_inputs
+from tiny_models import D, make_model, qk_norm_model, ragged_batches, record_attention_inputs
 
 F64 = torch.float64
 LENGTHS = ((13, 7, 10), (9, 12, 3))
-
-
-def qk_norm_model(model_type: str) -> nn.Module:
-    """A tiny Qwen3 (per-head q_norm/k_norm) or OLMo2 (q_norm/k_norm over all heads), GQA 6 over 2."""
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=VOCAB,
-        hidden_size=D,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        head_dim=8,
-        pad_token_id=0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(F64).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # learned scales that are not all one, so that the norms matter
-        for layer in model.model.layers:
-            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
-                norm.weight.copy_(0.5 + 1.5 * torch.rand(norm.weight.shape, generator=gen, dtype=F64))
-    return model
 
 
 def model_of(name: str) -> nn.Module:

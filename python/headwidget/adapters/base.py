@@ -393,6 +393,11 @@ class Adapter:
             return str(err)
         return None
 
+    def kv_heads_blocker(self) -> str | None:
+        """Why this model's layers cannot be given another number of KV heads (``mha``, ``gqa:G``,
+        ``mqa``; None: they can)."""
+        return None
+
     def partial_rope_blocker(self) -> str | None:
         """Why this model's attention cannot apply RoPE per KV head (None: it can)."""
         return (

@@ -108,6 +108,20 @@ class LlamaAdapter(Adapter):
     # ------------------------------------------------------------------ conversions
     resizable_kv_heads = True
 
+    def kv_heads_blocker(self) -> str | None:
+        """A key norm over every KV head at once (OLMo2's ``k_norm``, over G·d_h channels, where Qwen3's
+        is per head) ties the heads together: another number of heads has no norm to take."""
+        norm = getattr(self.attention_at(0), "k_norm", None)
+        width = getattr(norm, "weight", None)
+        d = self.layout().head_dim
+        if width is None or width.numel() == d:
+            return None
+        return (
+            f"its key norm (k_norm) normalises all its KV heads together ({width.numel()} channels, not "
+            f"one head's {d}) with a learned scale per channel, so another number of KV heads (mha, gqa:G, "
+            "mqa) has no norm to take; mla, lrkv, the kv: quantizers and share/merge/xkv keep its heads"
+        )
+
     def write_head_weights(self, attention: Any, weights: HeadWeights) -> None:
         """As :meth:`Adapter.write_head_weights`; another KV-head count replaces ``k_proj``/``v_proj``."""
         d = self.layout().head_dim

@@ -178,10 +178,21 @@ class AppliedVariant:
         return int(total) if float(total).is_integer() else total
 
 
+def _kv_heads_after(adapter: Adapter, spec: VariantSpec) -> int | None:
+    """The KV heads per layer ``spec`` gives (None: a mechanism that keeps the model's heads)."""
+    if spec.mechanism == "mha":
+        return adapter.layout().num_heads
+    if spec.mechanism == "gqa":
+        return spec.arg
+    return 1 if spec.mechanism == "mqa" else None
+
+
 def _check_buildable(adapter: Adapter, spec: VariantSpec) -> None:
     if spec.mechanism == "model":
         return
     reason = adapter.conversion_blocker()
+    if reason is None and _kv_heads_after(adapter, spec) not in (None, adapter.layout().num_kv_heads):
+        reason = adapter.kv_heads_blocker()
     if reason is not None:
         raise UnsupportedConversionError(f"{type(adapter.model).__name__} ({adapter.family}): {reason}")
     if spec.align:

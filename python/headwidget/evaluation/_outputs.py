@@ -171,7 +171,13 @@ def raise_non_finite(model: nn.Module, batch: Batch, device: torch.device, spec:
         if layer is not None
         else "every layer's output is finite, so the final norm or the head overflows"
     )
-    raise NonFiniteLogitsError(
-        f"variant {spec!r} ({converted}) gives non-finite outputs: {where}. Evaluate in a wider dtype "
-        "(dtype=torch.float32), or convert fewer layers (layers=[...])"
-    )
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype.itemsize >= 4:  # (not rounding: a padded batch the model's own code cannot take, say)
+        advice = (
+            f"It ran in {str(dtype).removeprefix('torch.')}, so this is not overflow from a narrow dtype: "
+            "try the texts one at a time or without padding (batch_size=1), or convert fewer layers "
+            "(layers=[...])"
+        )
+    else:
+        advice = "Evaluate in a wider dtype (dtype=torch.float32), or convert fewer layers (layers=[...])"
+    raise NonFiniteLogitsError(f"variant {spec!r} ({converted}) gives non-finite outputs: {where}. {advice}")
