@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from headwidget.errors import ArgumentError
+import headwidget
+from headwidget.errors import ArgumentError, StatsMismatchError
 from headwidget.evaluation import EvaluationReport, allocate, evaluate
 from ports import free_port, run_ranks
 from tiny_models import ragged_batches, three_layer_llama
@@ -110,3 +112,75 @@ def test_distributed_without_a_process_group_says_what_to_do() -> None:
         allocate(
             model, texts, budget=0.5, candidates=["model", "mqa"], dtype=F64, distributed=True, progress=False
         )
+
+
+def _mismatched_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Each rank gives a call one argument of its own; every rank writes the error it raised."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    model = three_layer_llama(seed=1)
+    texts = ragged_batches(seed=7, lengths=LENGTHS)
+    calls = {
+        "variants": lambda: evaluate(
+            model, texts, ["model", ["mqa", "share:2"][rank]], dtype=F64, progress=False, distributed=True
+        ),
+        "protocol": lambda: evaluate(
+            model,
+            texts,
+            ["model"],
+            protocol=f"prefill:{5 + rank}",
+            dtype=F64,
+            progress=False,
+            distributed=True,
+        ),
+        "texts": lambda: evaluate(
+            model,
+            ragged_batches(seed=7 + rank, lengths=LENGTHS),
+            ["model"],
+            dtype=F64,
+            progress=False,
+            distributed=True,
+        ),
+        "budgets": lambda: allocate(
+            model,
+            texts,
+            budget=[0.4, 0.5][rank],
+            candidates=["model", "mqa"],
+            dtype=F64,
+            progress=False,
+            distributed=True,
+        ),
+        "stats layout": lambda: headwidget.capture(
+            model, texts, rope=["pre", "post"][rank], progress=False
+        ).all_reduce(),
+    }
+    said = {}
+    try:
+        for name, call in calls.items():
+            try:
+                call()
+                said[name] = "returned"
+            except (ArgumentError, StatsMismatchError) as err:
+                said[name] = str(err)
+        (Path(out) / f"said{rank}.json").write_text(json.dumps(said), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_given_different_calls_are_refused_on_every_rank(tmp_path: Path) -> None:
+    """Each rank computes its share of one call: ranks given other variants, protocols, texts or budgets,
+    or statistics of other captures (keys before RoPE on one, after on the other), once summed their
+    shares into numbers of no call, or waited on each other. Now every rank refuses, naming what
+    differs."""
+    run_ranks(_mismatched_worker, (2, free_port(), str(tmp_path)))
+    expected = {
+        "variants": r"evaluate\(distributed=True\).*they differ: variants: rank 0 \['model', 'mqa'\], rank 1",
+        "protocol": r"they differ: protocol: rank 0 'prefill:5', rank 1 'prefill:6'",
+        "texts": r"they differ: texts: rank 0 '",
+        "budgets": r"allocate\(distributed=True\).*they differ: budgets",
+        "stats layout": r"cannot all_reduce statistics of different captures: kinds: rank 0",
+    }
+    for rank in (0, 1):
+        said = json.loads((tmp_path / f"said{rank}.json").read_text(encoding="utf-8"))
+        for name, pattern in expected.items():
+            assert re.search(pattern, said[name]), (rank, name, said[name])

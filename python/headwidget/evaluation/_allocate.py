@@ -815,6 +815,21 @@ def allocate_frontier(
         min_tokens=2,
     )
     check_token_ids(model, batches)
+    ranks.agree(
+        "allocate",
+        {
+            "candidates": specs,
+            "budgets": list(budgets),
+            "objective": objective,
+            "refine": refine,
+            "protocol": reading.text,
+            "dtype": str(dtype),
+            "batch_size": batch_size,
+            "max_length": max_length,
+            "max_tokens": max_tokens,
+            **running.call_facts(adapter, batches, stats),
+        },
+    )
     every, batches = batches, ranks.shard(batches)
     max_memory = optional_whole_number("max_memory", max_memory, minimum=1, hint="bytes")
     check_allocation_budget(

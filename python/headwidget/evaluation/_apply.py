@@ -146,6 +146,18 @@ class AppliedVariant:
         return {r: s for shared in self.sharing for r, s in shared.readers.items()}
 
     @property
+    def left_alone(self) -> list[int]:
+        """The layers a ``share:g`` part with no conversion within the layer leaves as the model has
+        them: each alone in its group (the last of an odd run for ``share:2``)."""
+        return sorted(
+            group[0]
+            for shared in self.sharing
+            if _converts_nothing_within(shared.spec)
+            for group in shared.groups
+            if len(group) == 1
+        )
+
+    @property
     def factors(self) -> dict[int, dict[str, torch.Tensor]]:
         """The mechanism's factors per converted layer (LRKV, MLA; empty dicts otherwise)."""
         return {layer: fit.factors for layer, fit in self.fits.items()}
@@ -185,6 +197,13 @@ def _kv_heads_after(adapter: Adapter, spec: VariantSpec) -> int | None:
     if spec.mechanism == "gqa":
         return spec.arg
     return 1 if spec.mechanism == "mqa" else None
+
+
+def _converts_nothing_within(spec: str) -> bool:
+    """Whether a cross-layer part leaves each layer's own attention as it is (``share:2``, not
+    ``mqa+share:2``)."""
+    part = parse_variant(spec)
+    return isinstance(part, VariantSpec) and part.mechanism == "model" and not (part.align or part.rope)
 
 
 def _check_buildable(adapter: Adapter, spec: VariantSpec) -> None:

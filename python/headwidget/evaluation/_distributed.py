@@ -23,7 +23,7 @@ Example (one process: no group, so nothing is sharded or summed):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -68,6 +68,31 @@ class Ranks:
                 "first (every rank then calls evaluate with the same arguments)"
             )
         return cls(dist.get_rank(), dist.get_world_size())
+
+    def agree(self, call: str, facts: Mapping[str, object]) -> None:
+        """Refuse, on every rank at once, ``facts`` (what a call was given: its arguments, its tokens'
+        fingerprint, the model's weights') that differ between the ranks: each rank computes its share
+        of one call, so summing shares of different calls would give numbers of none of them.
+
+        Raises:
+            ArgumentError: the ranks were given different ``facts`` (the message names them, per rank).
+        """
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, dict(facts))
+        differ = [name for name in facts if any(e.get(name) != every[0].get(name) for e in every)]
+        if differ:
+            listed = "; ".join(
+                f"{name}: " + ", ".join(f"rank {r} {e.get(name)!r}" for r, e in enumerate(every))
+                for name in differ
+            )
+            raise ArgumentError(
+                f"{call}(distributed=True) shares one call over the ranks, so every rank must pass the same "
+                f"arguments, model and texts; they differ: {listed}"
+            )
 
     def shard(self, items: Sequence[T]) -> list[T]:
         """This rank's items: ``rank, rank + world, ...``."""

@@ -171,6 +171,20 @@ def evaluate(
         min_tokens=2 if runner.kind == "causal-lm" else 1,
     )
     running.check_token_ids(model, every)
+    ranks.agree(
+        "evaluate",
+        {
+            "variants": list(parsed),
+            "protocol": reading.text,
+            "dtype": str(args.dtype),
+            "layers": list(args.layers),
+            "per_layer": args.per_layer,
+            "batch_size": args.batch_size,
+            "max_length": args.max_length,
+            "max_tokens": args.max_tokens,
+            **running.call_facts(adapter, every, args.stats),
+        },
+    )
     batches = ranks.shard(every)
     base = running.working_copy(model, args.dtype, adapter)
     weight_dtype = next(base.parameters()).dtype

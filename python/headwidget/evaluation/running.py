@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from headwidget.adapters import Adapter, adapter_for
+from headwidget.adapters.fingerprint import weight_fingerprint
 from headwidget.capture.inputs import Batch
 from headwidget.evaluation._apply import shared_copy
 from headwidget.evaluation._arguments import check_token_ids, checked_dtype
@@ -67,6 +68,7 @@ __all__ = [
     "Progress",
     "Ranks",
     "Totals",
+    "call_facts",
     "check_token_ids",
     "checked_dtype",
     "converted_modules",
@@ -93,6 +95,15 @@ __all__ = [
 
 #: The running totals of a model's measures: next-token predictions, or an encoder's hidden states.
 Totals = PredictionTotals | EncoderTotals
+
+
+def call_facts(adapter: Adapter, batches: list[Batch], stats: Any) -> dict[str, object]:
+    """What a distributed call's ranks must agree on beside its arguments
+    (:meth:`~headwidget.evaluation._distributed.Ranks.agree`): its tokens, the model's weights and the
+    statistics (their weights and token count)."""
+    layers = range(adapter.layout().num_layers)
+    held = None if stats is None else (stats.meta.weights_fingerprint, stats.meta.tokens, list(stats.layers))
+    return {"texts": fingerprint(batches), "model": weight_fingerprint(adapter, layers), "stats": held}
 
 
 def working_copy(model: nn.Module, dtype: torch.dtype, adapter: Adapter | None = None) -> nn.Module:

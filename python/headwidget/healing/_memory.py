@@ -135,7 +135,7 @@ class _Conversion:
         if isinstance(parsed, MixedSpec):
             layers = sorted(x for ls in parsed.converted.values() for x in ls)
         else:
-            layers = [] if parsed.quantizer or parsed.mechanism == "model" else list(range(lay.num_layers))
+            layers = [] if parsed.quantizer or parsed.unchanged else list(range(lay.num_layers))
         kept = [p for p in uniform_parts(parsed) if p.mechanism != "model" and not p.quantizer]
         heads = lay.num_kv_heads
         for p in kept:

@@ -349,9 +349,10 @@ class TrainableParts:
         parts._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         for p in model.parameters():
             p.requires_grad_(mode == "all")
-        readers = dict(getattr(info, "readers", {}))  # share:g readers use their first layer's K/V
+        # share:g readers use their first layer's K/V; a layer alone in its group is the model's
+        untrained = {*getattr(info, "readers", {}), *getattr(info, "left_alone", [])}
         for layer in sorted(fits):
-            if layer not in readers:
+            if layer not in untrained:
                 parts._install_layer(adapter, layer, fits[layer], dtype, generator)
         return parts
 
