@@ -193,6 +193,8 @@ def test_cached_elements_per_token() -> None:
     # xKV's rank_k and rank_v: each kind by its own rank
     both = {"key": 32, "value": 48}
     assert xkv_elements({"key": 128, "value": 128}, both, 4, 1024) == (8 + 4) + (12 + 6)
-    # a rank that keeps the whole P × g·C matrix leaves that kind's cache as it is: its C
+    # a rank that keeps the whole P × g·C matrix leaves that kind's cache as it is: its C; so does one
+    # whose factors would hold more than the matrix (30/2 + 30·192/32 = 195 > 192)
     assert xkv_elements({"key": 128, "value": 128}, both, 4, 40) == (8 + 32 * 128 / 40) + 128
     assert xkv_elements({"key": 8, "value": 8}, both, 4, 1024) == 16
+    assert xkv_elements({"key": 192, "value": 192}, {"key": 30, "value": 8}, 2, 32) == 192 + (4 + 48)

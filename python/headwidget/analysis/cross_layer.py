@@ -249,8 +249,9 @@ def xkv_elements(channels: dict[str, int], ranks: dict[str, int], group: int, pr
     """Cached elements per token of one layer of an xKV group of ``group`` layers: per kind, with its
     rank ``r`` (``ranks``), its share of the shared token factor ``U_r S_r`` (r/g) and, over a prefill
     of ``prefill`` tokens, its block of the basis ``V_rᵀ`` (r·C per sequence, r·C/P per token; left out
-    when ``prefill`` is None): the authors' count. A kind whose rank keeps its whole P × g·C matrix
-    (:func:`shared_svd_is_exact`) is left in the cache as it is, and counts its C.
+    when ``prefill`` is None): the authors' count, or, over a prefill, the kind's C where that is less
+    (a rank that keeps the whole P × g·C matrix, :func:`shared_svd_is_exact`, leaves the cache as it
+    is; one just below it would store more as factors than as the matrix).
 
     >>> xkv_elements({"key": 64, "value": 64}, {"key": 8, "value": 8}, 2, 128)  # 2·(8/2 + 8·64/128)
     16.0
@@ -262,8 +263,5 @@ def xkv_elements(channels: dict[str, int], ranks: dict[str, int], group: int, pr
     per_token = 0.0
     for kind, c in channels.items():
         r = ranks[kind]
-        if prefill and shared_svd_is_exact(prefill, group * c, r):
-            per_token += c
-        else:
-            per_token += r / group + (r * c / prefill if prefill else 0.0)
+        per_token += min(r / group + r * c / prefill, c) if prefill else r / group
     return float(per_token)
