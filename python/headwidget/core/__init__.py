@@ -5,7 +5,8 @@
 - :mod:`.panels`: the panel model (matrices with labels and a colour scale) and its binary encoding;
 - :mod:`.bundle`: where the built front-end bundle lives;
 - :mod:`.weights`: the per-head Q/K/V/O weights of one layer (``HeadWeights``), read by the adapters;
-- :mod:`.memory_limits`: how much more host memory the process's cgroup and rlimits let it take.
+- :mod:`.memory_limits`: how much more host memory the process's cgroup and rlimits let it take;
+- :mod:`.ranks`: which of what the ranks of a ``torch.distributed`` group were given differ.
 
 Nothing in this package imports any other part of headwidget except :mod:`headwidget.errors`.
 """

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import torch
 
 from headwidget.checks import flag
+from headwidget.core.ranks import rank_differences
 from headwidget.errors import ArgumentError
 
 __all__ = ["ONE_PROCESS", "Ranks"]
@@ -71,27 +72,18 @@ class Ranks:
 
     def agree(self, call: str, facts: Mapping[str, object]) -> None:
         """Refuse, on every rank at once, ``facts`` (what a call was given: its arguments, its tokens'
-        fingerprint, the model's weights') that differ between the ranks: each rank computes its share
-        of one call, so summing shares of different calls would give numbers of none of them.
+        fingerprint, the model's weights') that differ between the ranks
+        (:func:`~headwidget.core.ranks.rank_differences`): each rank computes its share of one call, so
+        summing shares of different calls would give numbers of none of them.
 
         Raises:
             ArgumentError: the ranks were given different ``facts`` (the message names them, per rank).
         """
-        if self.world == 1:
-            return
-        import torch.distributed as dist
-
-        every: list[Any] = [None] * self.world
-        dist.all_gather_object(every, dict(facts))
-        differ = [name for name in facts if any(e.get(name) != every[0].get(name) for e in every)]
-        if differ:
-            listed = "; ".join(
-                f"{name}: " + ", ".join(f"rank {r} {e.get(name)!r}" for r, e in enumerate(every))
-                for name in differ
-            )
+        differ = rank_differences(facts, self.world)
+        if differ is not None:
             raise ArgumentError(
                 f"{call}(distributed=True) shares one call over the ranks, so every rank must pass the same "
-                f"arguments, model and texts; they differ: {listed}"
+                f"arguments, model and texts; they differ: {differ}"
             )
 
     def shard(self, items: Sequence[T]) -> list[T]:

@@ -12,6 +12,7 @@ import torch
 
 from headwidget.checks import flag
 from headwidget.core.kinds import Kind, check_kind
+from headwidget.core.ranks import rank_differences
 from headwidget.errors import (
     CrossLayerMissingError,
     LayerIndexError,
@@ -366,18 +367,12 @@ class KVStats:
         wait on each other forever."""
         import torch.distributed as dist
 
-        layout = {name: getattr(self.meta, name) for name in _LAYOUT}
+        layout: dict[str, object] = {name: getattr(self.meta, name) for name in _LAYOUT}
         layout["plane_norms"] = sorted(self._plane_norms)
-        every: list[Any] = [None] * dist.get_world_size(cast(Any, group))
-        dist.all_gather_object(every, layout, group=cast(Any, group))
-        differ = [name for name in layout if any(e[name] != every[0][name] for e in every)]
-        if differ:
-            listed = "; ".join(
-                f"{name}: " + ", ".join(f"rank {r} {e[name]!r}" for r, e in enumerate(every))
-                for name in differ
-            )
+        differ = rank_differences(layout, dist.get_world_size(cast(Any, group)), group)
+        if differ is not None:
             raise StatsMismatchError(
-                f"cannot all_reduce statistics of different captures: {listed}. Capture every rank with the "
+                f"cannot all_reduce statistics of different captures: {differ}. Capture every rank with the "
                 "same model and the same layers/rope/inputs/cross_layer/skip_first_token options"
             )
 
