@@ -219,3 +219,40 @@ def test_a_checkpoint_that_is_no_folder_says_so(tmp_path: Path) -> None:
     with pytest.raises(ArgumentError, match=r"models_or_dirs\[0\]: the path .* holds a NUL byte"):
         Timeline.from_checkpoints([str(tmp_path / "a\x00b")], [0], PROBE)
     assert os.listdir(tmp_path) == ["checkpoint-600"]
+
+
+def test_an_index_that_cannot_be_written_leaves_the_step_untaken(tmp_path: Path, monkeypatch) -> None:
+    """The snapshot file of step 1 is written, its index is not (a full disk): the tracker holds the
+    steps the folder holds, and step 1 can be taken again (it was refused as already held, and a later
+    index named it)."""
+    import headwidget.files as files
+
+    path = tmp_path / "run.track"
+    tracker, model = Tracker(PROBE, every=1, path=path), llama()
+    tracker.snapshot(model, 0)
+    real, calls = os.replace, []
+
+    def second_fails(*args: object, **kwargs: object) -> None:
+        calls.append(args)
+        if len(calls) == 2:  # the snapshot's file lands; the index's replace fails
+            raise OSError(28, "No space left on device")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(files.os, "replace", second_fails)
+    with pytest.raises(TimelineFileError, match="No space left"):
+        tracker.snapshot(model, 1)
+    monkeypatch.setattr(files.os, "replace", real)
+    assert tracker.timeline.steps == Timeline.load(path).steps == [0]
+    tracker.snapshot(model, 1)
+    assert tracker.timeline.steps == Timeline.load(path).steps == [0, 1]
+
+
+def test_the_probe_is_the_tracker_s_own_copy() -> None:
+    """A caller's id tensor changed after the tracker was made (max_tokens=None keeps every token) does
+    not change what the snapshots capture."""
+    probe = PROBE.clone()
+    tracker = Tracker(probe, every=1, max_tokens=None)
+    probe[:, :8] = 1
+    model = llama()
+    snapshot, want = tracker.snapshot(model, 0), headwidget.capture(model, PROBE, rope="pre", progress=False)
+    assert torch.equal(snapshot.moments(0, "key").m2, want.moments(0, "key").m2)

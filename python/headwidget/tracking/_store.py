@@ -193,9 +193,15 @@ class TimelineStore:
                 f"{self.path} already holds step {self.steps[-1]}; snapshots are written in step order"
             )
         written = stats.save(entry(self.path, snapshot_name(step)))  # refuses a link planted there
+        model = self.index.model
         self.index.model = TimelineModel.of(stats)
         self.index.snapshots.append(SnapshotEntry(step, snapshot_name(step)))
-        self._write_index()
+        try:
+            self._write_index()
+        except TimelineFileError:  # the folder does not hold the step: neither does the index kept here
+            self.index.snapshots.pop()
+            self.index.model = model
+            raise
         return written
 
     def set_logs(self, logs: dict[int, dict[str, float]]) -> None:

@@ -2,7 +2,11 @@
 callback or a hand-written loop.
 
 A snapshot at step s is exactly ``capture(model, probe, ...)`` of the model as it is at s, over the
-probe set the tracker tokenised once. It does not perturb training: capture draws its token split and
+probe set the tracker tokenised (and copied) once, cut to ``max_tokens`` with the columns left all
+padding dropped. Its moments equal those of a capture of the probe as given; the two token splits of
+its normalised Grams are drawn over the batches as the tracker holds them (and, under
+``torch.distributed``, per rank), so held-out alignment scores can differ from such a capture's as
+another split's would. It does not perturb training: capture draws its token split and
 samples from generators of its own (never the global random state), turns dropout off in its own forwards
 only, runs without gradients and leaves every flag, grad mode and gradient as it found them, so a seeded
 run has the same losses with the tracker as without it.
@@ -141,7 +145,10 @@ class Tracker(TrainerCallback):
             probe_texts, tokenizer, batch_size=batch_size, max_length=max_length, max_tokens=max_tokens
         )
         probe = first_tokens(list(read), max_tokens)
-        self._batches = [{"input_ids": b.input_ids, "attention_mask": b.attention_mask} for b in probe]
+        # (copies: a caller's tensor changed later must not change the probe)
+        self._batches = [
+            {"input_ids": b.input_ids.clone(), "attention_mask": b.attention_mask.clone()} for b in probe
+        ]
         if not any(bool(b["attention_mask"].any()) for b in self._batches):
             raise TrackingError("the probe set has no real token: give the tracker texts (or ids) to capture")
         self._options: dict[str, Any] = {
