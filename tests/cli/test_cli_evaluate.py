@@ -125,7 +125,7 @@ def test_markdown_report_and_plain_merges_capture_nothing(model_dirs, tmp_path, 
     assert "- calibration: none (no variant is fitted from statistics)" in page
     assert re.search(r"- evaluation: 12\d predicted tokens in \d sequences of the evaluation split", page)
     assert "| spec | KV bytes/token | NLL |" in page and "| mqa | 64 |" in page  # 2 layers × (8 + 8) × 2 B
-    assert "ΔNLL with only one layer converted:" in page
+    assert "ΔNLL with only one layer (or cross-layer group) converted:" in page
     assert "| layer | model | mqa | gqa:2 |" in page
     assert "| spec | KV bytes/token | NLL |" in stdout
 

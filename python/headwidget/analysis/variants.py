@@ -24,7 +24,7 @@ spec                   meaning
                        the paper's centroids are Fisher-guided)
 ``share:g``            cross-layer sharing (CLA): in each group of ``g`` adjacent layers the first layer's
                        K/V are read by the others, whose own K/V are never used (0 bytes)
-``merge:g``            MiniCache: the group's prefilled K/V merged after prefill (``g`` = 2: pairs)
+``merge:2``            MiniCache: each pair's prefilled K/V merged after prefill (pairs only)
 ``xkv:r/g``            xKV: one shared rank-``r`` SVD of the group's prefilled K (pre-RoPE) and V
                        (``xkv:k{r_k}v{r_v}/g``: a rank for each, as xKV's ``rank_k`` and ``rank_v``)
 =====================  ===============================================================================
@@ -103,7 +103,7 @@ __all__ = [
 
 VARIANT_FORMS = (
     "model, mha, gqa:G, mqa, lrkv:r, mla:d_c, gqa:G+align, mqa+align, rope:r, mla:d_c+rope:r, "
-    "kv:int{b}, kv:int{b}/g{n}, kv:int{b}/g{n}r{R}, kv:cq{c}c{b}b, a cross-layer share:g, merge:g, "
+    "kv:int{b}, kv:int{b}/g{n}, kv:int{b}/g{n}r{R}, kv:cq{c}c{b}b, a cross-layer share:g, merge:2, "
     "xkv:r/g or xkv:k{r}v{r}/g alone or after a conversion (mqa+share:2), or spec@layers parts joined by "
     "';' (mla:64@0-9;mla:128@10-29)"
 )

@@ -83,7 +83,8 @@ def add_parser(sub: Any) -> None:
     ev.add_argument(
         "--per-layer",
         action="store_true",
-        help="also measure each variant with only one layer converted, for every layer (ΔNLL)",
+        help="also measure each variant with only one layer (a cross-layer variant: one group) converted, "
+        "for every layer (ΔNLL; a group's is given to each of its layers)",
     )
     ev.add_argument("--layers", default=None, help="comma-separated layers to convert (default: all)")
     ev.add_argument(

@@ -107,7 +107,8 @@ def evaluate(
             ``model`` is checked as given, before the cast to ``dtype``.
         layers: the layers each variant converts or quantizes (default: all); with ``per_layer`` also the
             layers swept.
-        per_layer: also measure each variant with only one layer converted, for every layer.
+        per_layer: also measure each variant with only one layer converted (a cross-layer variant: one
+            group, whose ΔNLL each of its layers is given), for every layer.
         dtype: the dtype the model and the variants run in; KV bytes are counted in it too: a floating
             torch dtype, or its name (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``).
         max_tokens: use at most this many real tokens of ``texts``.

@@ -217,7 +217,7 @@ class EvaluationReport:
             ]
         if self.per_layer:
             name = "ΔNLL" if self.per_layer_measure == "delta_nll" else "hidden rel. error"
-            lines += ["", f"{name} with only one layer converted:", ""]
+            lines += ["", f"{name} with only one layer (or cross-layer group) converted:", ""]
             lines.append(_row(["layer", *self.per_layer]))
             lines.append(_row(["---"] * (len(self.per_layer) + 1)))
             for i, layer in enumerate(self.layers):
