@@ -486,3 +486,17 @@ def test_figure_from_saved_statistics(tmp_path, text_file, capsys):
     assert main(["figure", str(stats), "--view", "mechanisms", "--out", str(tmp_path / "m.png")]) == 2
     assert "needs --model" in capsys.readouterr().err
     assert main(["figure", str(stats), "--out", str(tmp_path / "fig.jpg")]) == 2
+
+
+def test_the_layer_view_figure_opens_on_a_cross_layer(tmp_path):
+    """Statistics whose joint moments skip layer 0: the figure selects the first layer the layer view
+    can (it selected layer 0, and the view refused it, asking for another capture)."""
+    import headwidget
+    from tiny_models import ragged_batches, three_layer_llama
+
+    model = three_layer_llama(seed=1)
+    path = tmp_path / "stats.safetensors"
+    headwidget.capture(model, ragged_batches(seed=2), cross_layer=[1, 2], progress=False).save(path)
+    out = tmp_path / "layers.svg"
+    assert main(["figure", str(path), "--view", "layer_similarity", "--out", str(out)]) == 0
+    assert "L1 × L2" in out.read_text()

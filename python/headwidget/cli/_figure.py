@@ -187,8 +187,8 @@ def run(args: argparse.Namespace, load: Loader) -> int:
     check_output_file(args.out)
     read = _read(given, load)
     stats = read["stats"]
-    if not layers and stats is not None:
-        layers = stats.layers[:1]
+    if not layers and stats is not None:  # the first the view can select (layer view: a cross layer)
+        layers = (cls.layers_offered(stats) or stats.layers)[:1]
     view = cls.create(layers=layers or (), interactive=False, **read, **state)
     if view.error:
         raise FigureError(view.error)
