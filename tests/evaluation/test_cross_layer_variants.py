@@ -15,6 +15,7 @@ from transformers import DynamicCache
 import headwidget
 from headwidget.analysis.variants import parse_variant
 from headwidget.errors import (
+    ArgumentError,
     HealingInputError,
     MechanismSpecError,
     UnsupportedConversionError,
@@ -147,6 +148,31 @@ def test_share_heals_the_first_layer_s_projections(llama: torch.nn.Module, spec:
         assert torch.equal(a.q_proj.weight, b.q_proj.weight)
     assert healed.headwidget_variant.readers == {1: 0}
     assert run.curve[-1]["kl"] < run.curve[0]["kl"]
+
+
+def test_share_heals_with_its_curve_measured_after_a_prefill(llama: torch.nn.Module, tmp_path) -> None:
+    """``heal(..., protocol="prefill:P")``: every point of the curve is evaluate's under prefill:P on the
+    same held-out tokens (the untrained variant's, and the healed model's), and the run records the
+    protocol, saved and loaded; training is unchanged (the same weights as under documents)."""
+    variant = headwidget.apply(llama, "share:2")
+    run = small_heal(variant, llama, trainable="kv", protocol="prefill:6", per_layer=False)
+    options = {"dtype": F64, "batch_size": 4, "max_length": 16, "max_tokens": 120, "progress": False}
+    first = headwidget.evaluate(llama, held_out(), ["share:2"], protocol="prefill:6", **options)
+    last = headwidget.evaluate(run.model, held_out(), ["model"], protocol="prefill:6", **options)
+    assert run.curve[0]["nll"] == pytest.approx(first.nll["share:2"], rel=1e-12)
+    assert run.curve[0]["kl"] == pytest.approx(first.kl["share:2"], rel=1e-9, abs=1e-15)
+    assert run.curve[-1]["nll"] == pytest.approx(last.nll["model"], rel=1e-12)
+    assert run.protocol == "prefill:6" and run.evaluation_fingerprint == first.fingerprint
+    run.save(tmp_path / "run.json")
+    assert headwidget.HealingRun.load(tmp_path / "run.json").protocol == "prefill:6"
+    documents = small_heal(variant, llama, trainable="kv", per_layer=False)
+    assert documents.protocol == "documents" and documents.curve[0]["nll"] != run.curve[0]["nll"]
+    for a, b in zip(run.model.parameters(), documents.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ArgumentError, match=r"protocol='documents' or 'prefill:P'"):
+        small_heal(variant, llama, protocol="chunks:8")
+    with pytest.raises(ArgumentError, match=r"give max_length ≥ 17"):
+        small_heal(variant, llama, protocol="prefill:15")
 
 
 # ---------------------------------------------------------------------------------------------- merge

@@ -49,6 +49,7 @@ from headwidget.evaluation._inputs import (
     evaluation_batches,
     fingerprint,
     forward_kwargs,
+    parse_protocol,
     stride_batches,
     token_stream,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "BatchOutput",
     "LayerBlocks",
     "OutputRunner",
+    "PrefillRunner",
     "Progress",
     "Ranks",
     "Totals",
@@ -80,6 +82,7 @@ __all__ = [
     "measure",
     "model_context",
     "output_vocab",
+    "parse_protocol",
     "prefilling",
     "protocol_batches",
     "reference_pass",

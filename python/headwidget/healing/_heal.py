@@ -323,6 +323,7 @@ def heal(
     eval_texts: Any = None,
     eval_every: int = 8192,
     eval_tokens: int = 4096,
+    protocol: str = "documents",
     per_layer: bool = True,
     seed: int = 0,
     dtype: torch.dtype | str | None = None,
@@ -351,6 +352,11 @@ def heal(
         eval_texts: held-out text for the curve (default: the evaluation split of ``english_sample``).
         eval_every: healing tokens between evaluation points.
         eval_tokens: real evaluation tokens used at each point.
+        protocol: how each point of the curve is measured: ``"documents"`` (each evaluation text its
+            own sequence, as :func:`~headwidget.evaluation.evaluate`'s default) or ``"prefill:P"`` (each
+            document of at least P + 2 tokens prefills a KV cache with its first P tokens and the rest
+            is scored in one forward reading it, as ``evaluate(..., protocol="prefill:P")``). Training
+            is the same either way: whole windows.
         per_layer: also measure each converted layer's teacher-forced attention-output error.
         seed: fixes the window order and LoRA's initialization.
         dtype: None: float32 on CPU, bfloat16 autocast on CUDA (trained weights and optimizer in float32
@@ -422,6 +428,7 @@ def heal(
         dtype,
         checkpoint,
         micro_batch_size,
+        protocol,
     )
     check_healing_budget(
         HealingMemory.of(
@@ -485,11 +492,15 @@ class _Settings:
     dtype: torch.dtype | str | None
     checkpoint: bool
     micro_batch_size: int | None
+    protocol: Any = "documents"
     mode: str = field(init=False)
     peak: float = field(init=False)
     ranks: running.Ranks = field(init=False)
     sharded: bool = field(init=False)
     runner: running.OutputRunner = field(init=False)
+    #: How the curve's points run a batch: :attr:`runner`, or under ``prefill:P`` a prefill and a forward
+    eval_runner: running.OutputRunner = field(init=False)
+    reading: Any = field(init=False)
     loss_name: str = field(init=False)
     cast: torch.dtype | None = field(init=False)
 
@@ -542,6 +553,26 @@ class _Settings:
             )
         if self.sharded:  # the sharded models run on this rank's GPU (NCCL) or where the model is (gloo)
             self.runner = running.OutputRunner(self.runner.kind, mesh_device(self.runner.device))
+        self.reading = running.parse_protocol(self.protocol)
+        prefill = self.reading.prefill
+        if self.reading.kind not in ("documents", "prefill") or (
+            prefill is not None and self.runner.kind != "causal-lm"
+        ):
+            raise ArgumentError(
+                f"heal measures its curve under protocol='documents' or 'prefill:P' (a causal LM's), not "
+                f"{self.reading.text!r} on a {self.runner.kind} model: evaluate the healed run.model under "
+                "another protocol"
+            )
+        if prefill is not None and prefill + 2 > self.max_length:
+            raise ArgumentError(
+                f"protocol={self.reading.text!r} scores the tokens after a prefill of {prefill}: give "
+                f"max_length ≥ {prefill + 2}"
+            )
+        self.eval_runner = (
+            self.runner
+            if prefill is None
+            else running.PrefillRunner(self.runner.kind, self.runner.device, prefill)
+        )
         self.cast = autocast_dtype(self.dtype, self.device)
         self.checkpoint = flag("checkpoint", self.checkpoint)
         share = self.batch_size // self.ranks.world
@@ -579,7 +610,7 @@ def _texts(
     elif not isinstance(eval_texts, (str, list, tuple, torch.Tensor)):
         eval_texts = list(eval_texts)  # dict batches from an iterator: read twice below
     shortest = 2 if s.runner.kind == "causal-lm" else 1
-    every_batch = running.evaluation_batches(
+    documents = running.evaluation_batches(
         eval_texts,
         tokenizer,
         batch_size=s.batch_size,
@@ -587,8 +618,25 @@ def _texts(
         max_tokens=s.eval_tokens,
         min_tokens=shortest,
     )
-    _check_ids(model, every_batch, "eval_texts")
-    judged = every_batch
+    _check_ids(model, documents, "eval_texts")
+    every_batch = documents
+    if s.reading.prefill is not None:  # the documents of at least P + 2 tokens, right-padded past P
+        every_batch = running.protocol_batches(
+            model,
+            eval_texts,
+            tokenizer,
+            s.reading,
+            batch_size=s.batch_size,
+            max_length=s.max_length,
+            max_tokens=s.eval_tokens,
+            min_tokens=shortest,
+        )
+        if not every_batch:
+            raise HealingInputError(
+                f"no evaluation text has the {s.reading.prefill + 2} tokens protocol={s.reading.text!r} "
+                "needs (a prefill and two scored): give longer eval_texts or a shorter prefill"
+            )
+    judged = documents
     if s.max_length < OVERLAP_TOKENS:  # windows shorter than a run: judge the texts they come from
         longer = running.evaluation_batches(
             eval_texts,
@@ -598,7 +646,7 @@ def _texts(
             max_tokens=s.eval_tokens * math.ceil(OVERLAP_TOKENS / s.max_length),
             min_tokens=1,
         )
-        judged = judged_rows(every_batch, longer)
+        judged = judged_rows(documents, longer)
     if texts is None:
         texts = held_out_paragraphs(english_sample(split="calibration"), tokenizer, judged)
     stream = running.token_stream(texts, tokenizer, None)
@@ -644,9 +692,11 @@ def _prepared(
             _sharded_copy(teacher, [], s.ranks, s.device),
             _sharded_copy(student, layers, s.ranks, s.device),
         )
-    evaluation = _Evaluation(judge.shard(every_batch), [], s.runner, judge, layers, s.per_layer, s.autocast)
+    evaluation = _Evaluation(
+        judge.shard(every_batch), [], s.eval_runner, judge, layers, s.per_layer, s.autocast
+    )
     with torch.no_grad(), s.autocast():
-        reference, kept = running.reference_pass(pair[0], evaluation.batches, s.runner, judge)
+        reference, kept = running.reference_pass(pair[0], evaluation.batches, s.eval_runner, judge)
     assert kept is not None
     evaluation.reference, evaluation.reference_nll = kept, running.summary(reference).get("nll", math.nan)
     evaluation.point(*pair, 0, 0)
@@ -709,6 +759,7 @@ def _report(
         evaluation_fingerprint=running.fingerprint(every_batch),
         evaluation_tokens=sum(int(b.attention_mask.sum()) for b in every_batch),
         stopped_early=stopped,
+        protocol=s.reading.text,
         model=healed,
     )
 

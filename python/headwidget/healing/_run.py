@@ -74,6 +74,10 @@ _LOSS_SLACK = 1e-5
 _FINGERPRINT = re.compile(r"[0-9a-f]{1,64}")
 
 
+#: A ``prefill:P`` protocol as a run records it.
+_PREFILL = re.compile(r"prefill:[1-9][0-9]*")
+
+
 @dataclass
 class HealingRun:
     """One healing run (see the module docstring); ``model`` is the healed copy (not saved)."""
@@ -104,6 +108,8 @@ class HealingRun:
     evaluation_fingerprint: str
     evaluation_tokens: Annotated[int, Stored(minimum=1)]
     stopped_early: bool = False
+    #: How the curve's held-out points were measured: ``"documents"`` or ``"prefill:P"``.
+    protocol: str = "documents"
     model: nn.Module | None = unsaved()
 
     def __post_init__(self) -> None:
@@ -166,7 +172,8 @@ class HealingRun:
                 f"{self.model_name}, variant {self.spec}: healed with {self.method} ({self.loss}) on "
                 f"{self.tokens_seen:,} tokens in {self.steps} steps, trainable {self.trainable}, "
                 f"lr {self.lr:g}; "
-                f"evaluated on {self.evaluation_tokens:,} held-out tokens\n\n{self.table()}\n"
+                f"evaluated on {self.evaluation_tokens:,} held-out tokens ({self.protocol} protocol)\n\n"
+                f"{self.table()}\n"
             )
         return save_text(target, text, "healing run")
 
@@ -240,6 +247,8 @@ class RunCheck(ReportCheck):
 
     def meaning(self, f: dict[str, Any]) -> None:
         kind, method = f["kind"], f["method"]
+        if f.get("protocol", "documents") != "documents" and not _PREFILL.fullmatch(str(f["protocol"])):
+            self.fail("protocol", f"is {describe(f['protocol'])}; it must be 'documents' or 'prefill:P'")
         if kind not in CURVE_MEASURES:
             self.fail("kind", f"is {kind!r}; it must be one of {', '.join(map(repr, CURVE_MEASURES))}")
         loss = LOSS_NAMES.get((method, kind))
