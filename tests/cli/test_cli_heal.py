@@ -83,6 +83,23 @@ def test_the_json_runs_are_heal_called_directly(model_dir: Path, tmp_path: Path,
         )
         assert got == want, spec
     assert [r["tokens"] for r in runs["mqa"].curve] == [0, 256, 512]
+    prefilled = tmp_path / "prefill.json"
+    args = ["heal", "--model", str(model_dir), "--variants", "mqa", *SMALL, "--protocol", "prefill:8"]
+    assert run(capfd, [*args, "--out", str(prefilled)])[0] == 0
+    want = headwidget.heal(
+        headwidget.apply(model, "mqa", stats),
+        model,
+        tokenizer=tok,
+        tokens=512,
+        batch_size=4,
+        max_length=64,
+        eval_tokens=128,
+        eval_every=256,
+        lr=1e-3,
+        protocol="prefill:8",
+        progress=False,
+    )
+    assert load_runs(prefilled)["mqa"] == want and want.protocol == "prefill:8"
     assert "| variant | KV bytes/token | ΔNLL at 0 tokens |" in stdout and f"saved {out}" in stdout
 
 
@@ -191,6 +208,7 @@ def test_a_seed_beyond_what_torch_took_before(model_dir: Path, tmp_path: Path, c
         (["--variants", "mqa", "--lr", "１e-3"], 2, r"--lr: takes a finite number in ASCII"),
         (["--variants", "mqa", "--lr", "nan"], 2, r"--lr: takes a finite number"),
         (["--variants", "mqa", "--trainable", "lora:８"], 2, r"--trainable lora:８: .* in ASCII digits"),
+        (["--variants", "mqa", "--protocol", "chunks:8"], 1, r"protocol='documents' or 'prefill:P'"),
     ],
 )
 def test_more_mistakes_are_one_line_and_write_nothing(model_dir, tmp_path, capfd, extra, code, message):

@@ -89,6 +89,13 @@ def add_parser(sub: Any) -> None:
         help="tokens the statistics of +align, LRKV, MLA and rope:r are captured on "
         f"(default: {CALIBRATION_TOKENS})",
     )
+    p.add_argument(
+        "--protocol",
+        default="documents",
+        help="how the curve's points are measured: documents (each evaluation text its own sequence) or "
+        "prefill:P (its first P tokens prefill a KV cache, the rest is scored reading it) (default: "
+        "documents)",
+    )
     p.add_argument("--seed", type=seed, default=0, help="window order and LoRA initialization (default: 0)")
     p.add_argument("--no-per-layer", action="store_true", help="skip the per-layer attention errors")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -187,6 +194,7 @@ def _heal_all(args: argparse.Namespace, load: Loader, specs: list[str], runs: di
             checkpoint=args.checkpoint,
             eval_every=args.eval_every,
             eval_tokens=args.eval_tokens,
+            protocol=args.protocol,
             per_layer=not args.no_per_layer,
             seed=args.seed,
             progress=progress,
