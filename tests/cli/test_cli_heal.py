@@ -68,8 +68,9 @@ def test_the_json_runs_are_heal_called_directly(model_dir: Path, tmp_path: Path,
         batch_size=4,
         progress=False,
     )
-    for spec, got in runs.items():
-        want = headwidget.heal(
+
+    def healed(spec: str, **protocol: str) -> headwidget.HealingRun:  # heal as the command's SMALL runs it
+        return headwidget.heal(
             headwidget.apply(model, spec, stats),
             model,
             tokenizer=tok,
@@ -80,25 +81,16 @@ def test_the_json_runs_are_heal_called_directly(model_dir: Path, tmp_path: Path,
             eval_every=256,
             lr=1e-3,
             progress=False,
+            **protocol,
         )
-        assert got == want, spec
+
+    for spec, got in runs.items():
+        assert got == healed(spec), spec
     assert [r["tokens"] for r in runs["mqa"].curve] == [0, 256, 512]
     prefilled = tmp_path / "prefill.json"
     args = ["heal", "--model", str(model_dir), "--variants", "mqa", *SMALL, "--protocol", "prefill:8"]
     assert run(capfd, [*args, "--out", str(prefilled)])[0] == 0
-    want = headwidget.heal(
-        headwidget.apply(model, "mqa", stats),
-        model,
-        tokenizer=tok,
-        tokens=512,
-        batch_size=4,
-        max_length=64,
-        eval_tokens=128,
-        eval_every=256,
-        lr=1e-3,
-        protocol="prefill:8",
-        progress=False,
-    )
+    want = healed("mqa", protocol="prefill:8")
     assert load_runs(prefilled)["mqa"] == want and want.protocol == "prefill:8"
     assert "| variant | KV bytes/token | ΔNLL at 0 tokens |" in stdout and f"saved {out}" in stdout
 
