@@ -817,7 +817,7 @@ def allocate_frontier(
     check_token_ids(model, batches)
     ranks.agree(
         "allocate",
-        {
+        lambda: {
             "candidates": specs,
             "budgets": list(budgets),
             "objective": objective,

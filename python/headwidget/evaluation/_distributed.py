@@ -23,7 +23,7 @@ Example (one process: no group, so nothing is sharded or summed):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -70,16 +70,18 @@ class Ranks:
             )
         return cls(dist.get_rank(), dist.get_world_size())
 
-    def agree(self, call: str, facts: Mapping[str, object]) -> None:
-        """Refuse, on every rank at once, ``facts`` (what a call was given: its arguments, its tokens'
-        fingerprint, the model's weights') that differ between the ranks
-        (:func:`~headwidget.core.ranks.rank_differences`): each rank computes its share of one call, so
-        summing shares of different calls would give numbers of none of them.
+    def agree(self, call: str, facts: Callable[[], Mapping[str, object]]) -> None:
+        """Refuse, on every rank at once, ``facts()`` (what a call was given: its arguments, its tokens'
+        fingerprint, the model's weights'; computed only over several ranks) that differ between the
+        ranks (:func:`~headwidget.core.ranks.rank_differences`): each rank computes its share of one
+        call, so summing shares of different calls would give numbers of none of them.
 
         Raises:
             ArgumentError: the ranks were given different ``facts`` (the message names them, per rank).
         """
-        differ = rank_differences(facts, self.world)
+        if self.world == 1:
+            return
+        differ = rank_differences(facts(), self.world)
         if differ is not None:
             raise ArgumentError(
                 f"{call}(distributed=True) shares one call over the ranks, so every rank must pass the same "

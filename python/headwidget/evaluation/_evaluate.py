@@ -174,7 +174,7 @@ def evaluate(
     running.check_token_ids(model, every)
     ranks.agree(
         "evaluate",
-        {
+        lambda: {
             "variants": list(parsed),
             "protocol": reading.text,
             "dtype": str(args.dtype),
